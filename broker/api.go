@@ -1,0 +1,297 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// Headers of a sample response that travels in parts because it is larger
+// than the connection's max payload. Parts arrive in order on the reply
+// subject; the client joins them and decodes the whole.
+const (
+	headerPart  = "Reprise-Part"
+	headerParts = "Reprise-Parts"
+	// Room left in every message for headers and protocol overhead.
+	payloadHeadroom = 1024
+)
+
+func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
+	svc, err := micro.AddService(s.nc, micro.Config{
+		Name:        "reprise",
+		Version:     Version,
+		Description: "Reprise experience replay table service",
+		Metadata:    map[string]string{"prefix": s.subj.prefix, "tables": strings.Join(s.names, ",")},
+		ErrorHandler: func(_ micro.Service, err *micro.NATSError) {
+			s.log.Warn("reprise service: request subscription", "subject", err.Subject, "error", err.Description)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("broker: starting micro service: %w", err)
+	}
+	g := svc.AddGroup(s.subj.apiGroup())
+	endpoints := []struct {
+		name    string
+		handler micro.HandlerFunc
+	}{
+		{"sample", func(r micro.Request) { s.spawn(ctx, r, s.handleSample) }},
+		{"info", func(r micro.Request) { s.handleInfo(r) }},
+		{"reset", func(r micro.Request) { s.spawn(ctx, r, s.handleReset) }},
+	}
+	for _, e := range endpoints {
+		if err := g.AddEndpoint(e.name, e.handler); err != nil {
+			return nil, errors.Join(fmt.Errorf("broker: adding endpoint %s: %w", e.name, err), svc.Stop())
+		}
+	}
+	return svc, nil
+}
+
+// spawn serves a request that may wait (for a rate limiter, for the stream)
+// on its own goroutine, so the endpoint's subscription keeps dispatching.
+func (s *Service) spawn(ctx context.Context, r micro.Request, h func(context.Context, micro.Request)) {
+	select {
+	case s.sampleSlots <- struct{}{}:
+	default:
+		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, fmt.Sprintf("service busy: %d requests in progress", cap(s.sampleSlots)))
+		return
+	}
+	s.handlers.Add(1)
+	go func() {
+		defer func() {
+			<-s.sampleSlots
+			s.handlers.Done()
+		}()
+		h(ctx, r)
+	}()
+}
+
+// microCode maps a status to the code NATS micro stats show.
+func microCode(c wire.Code) string {
+	switch c {
+	case wire.Code_CODE_INVALID_ARGUMENT:
+		return "400"
+	case wire.Code_CODE_NOT_FOUND:
+		return "404"
+	case wire.Code_CODE_RATE_LIMITED:
+		return "429"
+	case wire.Code_CODE_UNAVAILABLE:
+		return "503"
+	default:
+		return "500"
+	}
+}
+
+// respondStatus answers with an error status only; the body is the
+// endpoint's response message with just its status set, so clients decode
+// every answer the same way.
+func (s *Service) respondStatus(r micro.Request, code wire.Code, msg string) {
+	data, _ := proto.Marshal(&wire.SampleResponse{Status: &wire.Status{Code: code, Message: msg}})
+	if err := r.Error(microCode(code), msg, data); err != nil {
+		s.log.Debug("reprise service: replying", "error", err)
+	}
+}
+
+func (s *Service) handleSample(ctx context.Context, r micro.Request) {
+	start := time.Now()
+	var req wire.SampleRequest
+	if err := proto.Unmarshal(r.Data(), &req); err != nil {
+		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed sample request: %v", err))
+		return
+	}
+	t, ok := s.tables[req.Table]
+	if !ok {
+		s.respondStatus(r, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
+		return
+	}
+	if req.NumSamples < 1 || int(req.NumSamples) > s.o.maxBatch {
+		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("num_samples %d out of range [1, %d]", req.NumSamples, s.o.maxBatch))
+		return
+	}
+	wait := s.o.maxSampleWait
+	if req.TimeoutMs >= 0 {
+		wait = min(wait, time.Duration(req.TimeoutMs)*time.Millisecond)
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	code := wire.Code_CODE_INTERNAL
+	items := 0
+	if s.o.observer != nil {
+		defer func() { s.o.observer.SampleServed(req.Table, items, time.Since(start), code) }()
+	}
+	var (
+		samples []tables.Sample
+		err     error
+	)
+	if req.Flexible {
+		samples, err = t.SampleFlexible(wctx, int(req.NumSamples))
+	} else {
+		samples, err = t.Sample(wctx, int(req.NumSamples))
+	}
+	resp := &wire.SampleResponse{Status: &wire.Status{}}
+	switch {
+	case err == nil:
+	case len(samples) > 0:
+		resp.Status = &wire.Status{Code: wire.Code_CODE_PARTIAL, Message: fmt.Sprintf("%d of %d samples before the timeout: %v", len(samples), req.NumSamples, err)}
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		code = wire.Code_CODE_RATE_LIMITED
+		s.respondStatus(r, wire.Code_CODE_RATE_LIMITED, fmt.Sprintf("table %q: rate limiter allowed no sample within %v: %v", req.Table, wait, err))
+		return
+	case errors.Is(err, tables.ErrClosed):
+		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, "service shutting down")
+		return
+	default:
+		s.respondStatus(r, wire.Code_CODE_INTERNAL, err.Error())
+		return
+	}
+	seen := make(map[uint64]struct{})
+	resp.Items = make([]*wire.SampledItem, len(samples))
+	for i, smp := range samples {
+		in := smp.Info
+		it := &wire.SampledItem{
+			Info: &wire.SampleInfo{
+				Key: in.Key, Probability: in.Probability, TableSize: in.TableSize, Priority: in.Priority,
+				TimesSampled: in.TimesSampled, InsertedAtUnixNano: in.InsertedAt.UnixNano(), RateLimited: in.RateLimited,
+			},
+			Columns: make([]*wire.TrajectoryColumn, len(smp.Trajectory)),
+		}
+		for j, c := range smp.Trajectory {
+			tc := &wire.TrajectoryColumn{Name: c.Name, Squeeze: c.Squeeze, Slices: make([]*wire.ColumnSlice, len(c.Slices))}
+			for k, sl := range c.Slices {
+				tc.Slices[k] = &wire.ColumnSlice{ChunkKey: sl.Chunk, Offset: sl.Offset, Length: sl.Length}
+			}
+			it.Columns[j] = tc
+		}
+		resp.Items[i] = it
+		for _, ch := range smp.Chunks {
+			if _, dup := seen[ch.Key]; !dup {
+				seen[ch.Key] = struct{}{}
+				resp.Chunks = append(resp.Chunks, ch.Data)
+			}
+		}
+	}
+	code, items = resp.Status.Code, len(samples)
+	data, _ := proto.Marshal(resp)
+	s.respondParts(r, data)
+}
+
+// respondParts sends data in one message, or in parts when it exceeds the
+// connection's max payload.
+func (s *Service) respondParts(r micro.Request, data []byte) {
+	limit := int(s.nc.MaxPayload()) - payloadHeadroom
+	if len(data) <= limit {
+		if err := r.Respond(data); err != nil {
+			s.log.Debug("reprise service: replying", "error", err)
+		}
+		return
+	}
+	parts := (len(data) + limit - 1) / limit
+	total := strconv.Itoa(parts)
+	for i := range parts {
+		part := data[i*limit : min(len(data), (i+1)*limit)]
+		h := micro.Headers{headerPart: []string{strconv.Itoa(i)}, headerParts: []string{total}}
+		if err := r.Respond(part, micro.WithHeaders(h)); err != nil {
+			s.log.Debug("reprise service: replying", "part", i, "error", err)
+			return
+		}
+	}
+}
+
+func (s *Service) handleInfo(r micro.Request) {
+	var req wire.TableRequest
+	if err := proto.Unmarshal(r.Data(), &req); err != nil {
+		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed info request: %v", err))
+		return
+	}
+	resp := &wire.InfoResponse{
+		Status:           &wire.Status{},
+		AppliedSequence:  s.progress.get(),
+		Chunks:           int64(s.store.Len()),
+		ChunkBytes:       s.store.Bytes(),
+		RejectedMessages: s.stats.rejected.Load(),
+	}
+	names := s.names
+	if req.Table != "" {
+		if _, ok := s.tables[req.Table]; !ok {
+			s.respondStatus(r, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
+			return
+		}
+		names = []string{req.Table}
+	}
+	for _, name := range names {
+		resp.Tables = append(resp.Tables, tableInfo(s.tables[name].Info()))
+	}
+	data, _ := proto.Marshal(resp)
+	s.respondParts(r, data)
+}
+
+func tableInfo(in tables.Info) *wire.TableInfo {
+	c := in.Config
+	ti := &wire.TableInfo{
+		Name:            c.Name,
+		Sampler:         c.Sampler.String(),
+		Remover:         c.Remover.String(),
+		MaxSize:         c.MaxSize,
+		MaxTimesSampled: c.MaxTimesSampled,
+		Limiter: &wire.LimiterInfo{
+			SamplesPerInsert: in.Limiter.Config.SamplesPerInsert,
+			MinSize:          in.Limiter.Config.MinSize,
+			MinDiff:          in.Limiter.Config.MinDiff,
+			MaxDiff:          in.Limiter.Config.MaxDiff,
+			Inserts:          in.Limiter.Inserts,
+			Samples:          in.Limiter.Samples,
+			Deletes:          in.Limiter.Deletes,
+		},
+		Size:        in.Size,
+		BytesHeld:   in.BytesHeld,
+		Inserts:     in.Counters.Inserts,
+		Samples:     in.Counters.Samples,
+		Deletes:     in.Counters.Deletes,
+		Evictions:   in.Counters.Evictions,
+		InsertWaits: in.Counters.InsertWaits,
+		SampleWaits: in.Counters.SampleWaits,
+	}
+	for _, cs := range c.Signature {
+		ti.Signature = append(ti.Signature, &wire.ColumnSpec{Name: cs.Name, Dtype: cs.DType, Shape: cs.Shape})
+	}
+	return ti
+}
+
+// handleReset publishes the reset to the stream, so that it is replayed in
+// order with the inserts around it after a crash, and answers once the
+// apply loop has applied it.
+func (s *Service) handleReset(ctx context.Context, r micro.Request) {
+	var req wire.TableRequest
+	if err := proto.Unmarshal(r.Data(), &req); err != nil {
+		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed reset request: %v", err))
+		return
+	}
+	if _, ok := s.tables[req.Table]; req.Table != "" && !ok {
+		s.respondStatus(r, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
+		return
+	}
+	data, _ := proto.Marshal(&wire.ResetRequest{Table: req.Table})
+	wctx, cancel := context.WithTimeout(ctx, s.o.maxSampleWait)
+	defer cancel()
+	ack, err := s.js.Publish(wctx, s.subj.reset(), data)
+	if err != nil {
+		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, fmt.Sprintf("publishing reset: %v", err))
+		return
+	}
+	if err := s.progress.waitFor(wctx, ack.Sequence); err != nil {
+		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, fmt.Sprintf("reset stored at sequence %d but not applied yet (a rate limiter may be holding an insert before it): %v", ack.Sequence, err))
+		return
+	}
+	out, _ := proto.Marshal(&wire.ResetResponse{Status: &wire.Status{}})
+	if err := r.Respond(out); err != nil {
+		s.log.Debug("reprise service: replying", "error", err)
+	}
+}

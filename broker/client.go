@@ -1,0 +1,477 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// ClientOption configures a Client.
+type ClientOption interface {
+	configureClient(*clientOptions) error
+}
+
+type clientOptions struct {
+	prefix string
+	logger *slog.Logger
+}
+
+// Client is a learner's connection to a deployment: it samples, updates
+// priorities, deletes, and asks for info and resets. Safe for concurrent
+// use.
+type Client struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	subj  subjects
+	o     clientOptions
+	inbox string
+	sub   *nats.Subscription
+
+	mu      sync.Mutex
+	pending map[string]*call
+	nextID  atomic.Uint64
+}
+
+// call collects the reply to one request, which may come in parts.
+type call struct {
+	parts [][]byte
+	want  int
+	done  chan struct{}
+	err   error
+}
+
+// NewClient connects a client through nc.
+func NewClient(nc *nats.Conn, opts ...ClientOption) (*Client, error) {
+	o := clientOptions{prefix: DefaultPrefix, logger: slog.Default()}
+	for _, opt := range opts {
+		if err := opt.configureClient(&o); err != nil {
+			return nil, err
+		}
+	}
+	subj, err := newSubjects(o.prefix)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("broker: jetstream: %w", err)
+	}
+	c := &Client{nc: nc, js: js, subj: subj, o: o, inbox: nc.NewInbox(), pending: make(map[string]*call)}
+	// One subscription for every reply: a request's reply subject is the
+	// inbox plus a token, so parts of large replies find their call.
+	c.sub, err = nc.Subscribe(c.inbox+".*", c.onReply)
+	if err != nil {
+		return nil, fmt.Errorf("broker: subscribing to replies: %w", err)
+	}
+	return c, nil
+}
+
+// Close stops the client. Calls in progress fail with ErrClosed.
+func (c *Client) Close() error {
+	err := c.sub.Unsubscribe()
+	c.mu.Lock()
+	for id, cl := range c.pending {
+		cl.err = ErrClosed
+		close(cl.done)
+		delete(c.pending, id)
+	}
+	c.mu.Unlock()
+	return err
+}
+
+func (c *Client) onReply(m *nats.Msg) {
+	id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl, ok := c.pending[id]
+	if !ok {
+		return // the caller gave up
+	}
+	finish := func(err error) {
+		cl.err = err
+		close(cl.done)
+		delete(c.pending, id)
+	}
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		finish(fmt.Errorf("%w: no table service is listening on %s (is reprised running with prefix %q?)", ErrServer, m.Subject, c.subj.prefix))
+		return
+	}
+	parts := m.Header.Get(headerParts)
+	if parts == "" {
+		cl.parts = [][]byte{m.Data}
+		finish(nil)
+		return
+	}
+	n, err1 := strconv.Atoi(parts)
+	i, err2 := strconv.Atoi(m.Header.Get(headerPart))
+	if err1 != nil || err2 != nil || n < 1 || i != len(cl.parts) || (cl.want != 0 && cl.want != n) {
+		finish(fmt.Errorf("%w: reply part %q of %q out of order", ErrServer, m.Header.Get(headerPart), parts))
+		return
+	}
+	cl.want = n
+	cl.parts = append(cl.parts, m.Data)
+	if len(cl.parts) == n {
+		finish(nil)
+	}
+}
+
+// request sends req to subject and returns the whole reply.
+func (c *Client) request(ctx context.Context, subject string, req proto.Message) ([]byte, error) {
+	data, err := proto.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("broker: encoding request: %w", err)
+	}
+	id := strconv.FormatUint(c.nextID.Add(1), 36)
+	cl := &call{done: make(chan struct{})}
+	c.mu.Lock()
+	c.pending[id] = cl
+	c.mu.Unlock()
+	if err := c.nc.PublishRequest(subject, c.inbox+"."+id, data); err != nil {
+		c.forget(id)
+		return nil, fmt.Errorf("broker: sending request to %s: %w", subject, err)
+	}
+	select {
+	case <-cl.done:
+	case <-ctx.Done():
+		c.forget(id)
+		return nil, fmt.Errorf("broker: waiting for %s: %w", subject, ctx.Err())
+	}
+	if cl.err != nil {
+		return nil, cl.err
+	}
+	if len(cl.parts) == 1 {
+		return cl.parts[0], nil
+	}
+	var n int
+	for _, p := range cl.parts {
+		n += len(p)
+	}
+	whole := make([]byte, 0, n)
+	for _, p := range cl.parts {
+		whole = append(whole, p...)
+	}
+	return whole, nil
+}
+
+func (c *Client) forget(id string) {
+	c.mu.Lock()
+	delete(c.pending, id)
+	c.mu.Unlock()
+}
+
+// statusError turns a reply status into an error matching the sentinels.
+func statusError(st *wire.Status) error {
+	if st == nil || st.Code == wire.Code_CODE_OK || st.Code == wire.Code_CODE_PARTIAL {
+		return nil
+	}
+	var sentinel error
+	switch st.Code {
+	case wire.Code_CODE_NOT_FOUND:
+		sentinel = ErrUnknownTable
+	case wire.Code_CODE_RATE_LIMITED:
+		sentinel = ErrRateLimited
+	case wire.Code_CODE_INVALID_ARGUMENT:
+		sentinel = ErrInvalidMessage
+	default:
+		sentinel = ErrServer
+	}
+	return fmt.Errorf("%w: %s", sentinel, st.Message)
+}
+
+// Sample is one sampled item: its sample info and its columns as tensors.
+type Sample struct {
+	Info    tables.SampleInfo
+	Columns []NamedTensor
+}
+
+// NamedTensor is one column of a sampled item.
+type NamedTensor struct {
+	Name   string
+	Tensor *wire.Tensor
+}
+
+// Column returns the named column, or nil.
+func (s Sample) Column(name string) *wire.Tensor {
+	for _, c := range s.Columns {
+		if c.Name == name {
+			return c.Tensor
+		}
+	}
+	return nil
+}
+
+// SampleOption configures one Sample call.
+type SampleOption func(*wire.SampleRequest)
+
+// Flexible returns as soon as at least one item is allowed, with up to the
+// asked number.
+func Flexible() SampleOption { return func(r *wire.SampleRequest) { r.Flexible = true } }
+
+// Sample takes n items from table. It waits for the table's rate limiter as
+// long as ctx allows (the service caps the wait); when the limiter allows no
+// sample in that time the error matches ErrRateLimited. When it allows only
+// some, those are returned with an error matching ErrRateLimited: samples
+// are never dropped.
+func (c *Client) Sample(ctx context.Context, table string, n int, opts ...SampleOption) ([]Sample, error) {
+	req := &wire.SampleRequest{Table: table, NumSamples: int32(n), TimeoutMs: -1}
+	if n < 1 || n > 1<<30 {
+		return nil, fmt.Errorf("%w: sample size %d", ErrInvalidMessage, n)
+	}
+	for _, o := range opts {
+		o(req)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		// Leave the reply time to travel: a sample the service takes after
+		// the client stopped listening would be lost.
+		left := time.Until(dl)
+		req.TimeoutMs = max(0, (left - left/10).Milliseconds())
+	}
+	data, err := c.request(ctx, c.subj.sample(), req)
+	if err != nil {
+		return nil, err
+	}
+	var resp wire.SampleResponse
+	if err := proto.Unmarshal(data, &resp); err != nil {
+		return nil, fmt.Errorf("%w: malformed sample response: %v", ErrServer, err)
+	}
+	if err := statusError(resp.Status); err != nil {
+		return nil, err
+	}
+	out, err := decodeSamples(&resp)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Status.GetCode() == wire.Code_CODE_PARTIAL {
+		return out, fmt.Errorf("%w: %s", ErrRateLimited, resp.Status.Message)
+	}
+	return out, nil
+}
+
+func decodeSamples(resp *wire.SampleResponse) ([]Sample, error) {
+	decoded := make(map[uint64]*wire.Tensor, len(resp.Chunks))
+	for i, raw := range resp.Chunks {
+		var ch wire.Chunk
+		if err := proto.Unmarshal(raw, &ch); err != nil {
+			return nil, fmt.Errorf("%w: chunk %d of the response: %v", ErrServer, i, err)
+		}
+		t, err := wire.DecodeChunk(&ch)
+		if err != nil {
+			return nil, fmt.Errorf("%w: chunk %d: %v", ErrServer, ch.Key, err)
+		}
+		decoded[ch.Key] = t
+	}
+	lookup := func(key uint64) (*wire.Tensor, bool) {
+		t, ok := decoded[key]
+		return t, ok
+	}
+	out := make([]Sample, len(resp.Items))
+	for i, it := range resp.Items {
+		in := it.GetInfo()
+		s := Sample{
+			Info: tables.SampleInfo{
+				Key: in.GetKey(), Probability: in.GetProbability(), TableSize: in.GetTableSize(), Priority: in.GetPriority(),
+				TimesSampled: in.GetTimesSampled(), InsertedAt: time.Unix(0, in.GetInsertedAtUnixNano()), RateLimited: in.GetRateLimited(),
+			},
+			Columns: make([]NamedTensor, len(it.Columns)),
+		}
+		for j, col := range it.Columns {
+			t, err := wire.GatherColumn(col, lookup)
+			if err != nil {
+				return nil, fmt.Errorf("%w: item %d: %v", ErrServer, in.GetKey(), err)
+			}
+			s.Columns[j] = NamedTensor{Name: col.Name, Tensor: t}
+		}
+		out[i] = s
+	}
+	return out, nil
+}
+
+// Mutate updates priorities and deletes items of table, in the order given.
+// It goes through the stream like inserts, so it is durable once Mutate
+// returns and is applied in order with the inserts around it. Keys that are
+// not in the table are skipped.
+func (c *Client) Mutate(ctx context.Context, table string, muts ...tables.Mutation) error {
+	if table == "" {
+		return fmt.Errorf("%w: empty table name", ErrInvalidMessage)
+	}
+	m := &wire.Mutation{Table: table, Ops: make([]*wire.MutationOp, len(muts))}
+	for i, mu := range muts {
+		if !mu.Delete {
+			if err := checkPriority(mu.Priority); err != nil {
+				return fmt.Errorf("key %d: %w", mu.Key, err)
+			}
+		}
+		m.Ops[i] = &wire.MutationOp{Key: mu.Key, Priority: mu.Priority, Delete: mu.Delete}
+	}
+	data, err := proto.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("broker: encoding mutation: %w", err)
+	}
+	if _, err := c.js.Publish(ctx, c.subj.mutate(), data); err != nil {
+		return fmt.Errorf("broker: publishing mutation for table %q: %w", table, err)
+	}
+	return nil
+}
+
+// UpdatePriorities sets the priorities of items in table.
+func (c *Client) UpdatePriorities(ctx context.Context, table string, updates ...tables.PriorityUpdate) error {
+	muts := make([]tables.Mutation, len(updates))
+	for i, u := range updates {
+		muts[i] = tables.Mutation{Key: u.Key, Priority: u.Priority}
+	}
+	return c.Mutate(ctx, table, muts...)
+}
+
+// Delete removes items from table.
+func (c *Client) Delete(ctx context.Context, table string, keys ...uint64) error {
+	muts := make([]tables.Mutation, len(keys))
+	for i, k := range keys {
+		muts[i] = tables.Mutation{Key: k, Delete: true}
+	}
+	return c.Mutate(ctx, table, muts...)
+}
+
+// Info describes every table, or only the named one.
+func (c *Client) Info(ctx context.Context, table string) (*wire.InfoResponse, error) {
+	data, err := c.request(ctx, c.subj.info(), &wire.TableRequest{Table: table})
+	if err != nil {
+		return nil, err
+	}
+	var resp wire.InfoResponse
+	if err := proto.Unmarshal(data, &resp); err != nil {
+		return nil, fmt.Errorf("%w: malformed info response: %v", ErrServer, err)
+	}
+	if err := statusError(resp.Status); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+// Reset empties table (every table when table is empty) and zeroes its
+// rate limiter. Like a mutation it goes through the stream.
+func (c *Client) Reset(ctx context.Context, table string) error {
+	data, err := c.request(ctx, c.subj.resetAPI(), &wire.TableRequest{Table: table})
+	if err != nil {
+		return err
+	}
+	var resp wire.ResetResponse
+	if err := proto.Unmarshal(data, &resp); err != nil {
+		return fmt.Errorf("%w: malformed reset response: %v", ErrServer, err)
+	}
+	return statusError(resp.Status)
+}
+
+func checkPriority(p float64) error {
+	if math.IsNaN(p) || math.IsInf(p, 0) || p < 0 {
+		return fmt.Errorf("%w: priority %v (must be finite and >= 0)", ErrInvalidMessage, p)
+	}
+	return nil
+}
+
+// Sampler keeps several sample requests in flight so a learner rarely waits
+// for a round trip. Items it prefetched and nobody took are lost at Close;
+// with a Queue table use one request in flight.
+type Sampler struct {
+	results chan samplerResult
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+type samplerResult struct {
+	samples []Sample
+	err     error
+}
+
+// SamplerOption configures a Sampler.
+type SamplerOption func(*samplerOptions)
+
+type samplerOptions struct {
+	inFlight int
+	timeout  time.Duration
+	flexible bool
+}
+
+// WithInFlight sets how many requests are kept open (default 2).
+func WithInFlight(n int) SamplerOption {
+	return func(o *samplerOptions) { o.inFlight = max(1, n) }
+}
+
+// WithRateLimitTimeout bounds how long one request may wait for the rate
+// limiter (default: the service's maximum). Next then returns an error
+// matching ErrRateLimited instead of hanging.
+func WithRateLimitTimeout(d time.Duration) SamplerOption {
+	return func(o *samplerOptions) { o.timeout = d }
+}
+
+// WithFlexibleBatches lets a batch be smaller than asked when the limiter
+// allows only some items.
+func WithFlexibleBatches() SamplerOption {
+	return func(o *samplerOptions) { o.flexible = true }
+}
+
+// NewSampler starts prefetching batches of size items from table.
+func (c *Client) NewSampler(table string, size int, opts ...SamplerOption) *Sampler {
+	o := samplerOptions{inFlight: 2}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Sampler{results: make(chan samplerResult, o.inFlight), cancel: cancel}
+	var sopts []SampleOption
+	if o.flexible {
+		sopts = append(sopts, Flexible())
+	}
+	for range o.inFlight {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for ctx.Err() == nil {
+				rctx, rcancel := ctx, context.CancelFunc(func() {})
+				if o.timeout > 0 {
+					rctx, rcancel = context.WithTimeout(ctx, o.timeout)
+				}
+				samples, err := c.Sample(rctx, table, size, sopts...)
+				rcancel()
+				if ctx.Err() != nil {
+					return
+				}
+				select {
+				case s.results <- samplerResult{samples, err}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	return s
+}
+
+// Next returns the next batch. A batch cut short by the rate limiter comes
+// with an error matching ErrRateLimited, as from Client.Sample.
+func (s *Sampler) Next(ctx context.Context) ([]Sample, error) {
+	select {
+	case r := <-s.results:
+		return r.samples, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Close stops the sampler's requests and waits for them to end.
+func (s *Sampler) Close() {
+	s.cancel()
+	s.wg.Wait()
+}

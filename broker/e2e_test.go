@@ -1,0 +1,662 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/limiter"
+	"github.com/reprise-rl/reprise/selectors"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// TestRoundTrip: what an actor appends is what a learner samples, bit for
+// bit, for sequences that span chunks and for squeezed single steps.
+func TestRoundTrip(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("seq", 1000), uniformTable("single", 1000)}, deployOptions{})
+	ctx := testContext(t)
+	p := d.producer(WithChunkLength(4))
+	const obsLen = 5
+	for i := range int64(20) {
+		if err := p.Append(ctx, step(i, obsLen)); err != nil {
+			t.Fatal(err)
+		}
+		if i >= 2 {
+			if err := p.CreateItem(ctx, "seq", 1, Last(3, "obs", "id")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.CreateItem(ctx, "single", 1, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := d.client()
+	info, err := c.Info(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := map[string]int64{}
+	for _, ti := range info.Tables {
+		sizes[ti.Name] = ti.Size
+	}
+	if sizes["seq"] != 18 || sizes["single"] != 20 {
+		t.Fatalf("table sizes %v, want seq 18 and single 20", sizes)
+	}
+
+	samples, err := c.Sample(ctx, "seq", 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range samples {
+		idv := ids(t, s)
+		if len(idv) != 3 || idv[1] != idv[0]+1 || idv[2] != idv[1]+1 {
+			t.Fatalf("seq item has steps %v, want 3 consecutive", idv)
+		}
+		if got := s.Column("obs").Shape; !slices.Equal(got, []int64{3, obsLen}) {
+			t.Fatalf("seq obs shape %v, want [3 %d]", got, obsLen)
+		}
+		checkObs(t, s, obsLen)
+		if s.Info.TableSize != 18 || math.Abs(s.Info.Probability-1.0/18) > 1e-12 {
+			t.Fatalf("sample info %+v: want table size 18, probability 1/18", s.Info)
+		}
+	}
+	samples, err = c.Sample(ctx, "single", 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range samples {
+		if got := s.Column("obs").Shape; !slices.Equal(got, []int64{obsLen}) {
+			t.Fatalf("squeezed obs shape %v, want [%d]", got, obsLen)
+		}
+		if got := s.Column("id").Shape; len(got) != 0 {
+			t.Fatalf("squeezed id shape %v, want scalar", got)
+		}
+		checkObs(t, s, obsLen)
+	}
+}
+
+// TestSharedChunks: overlapping items in two tables reference the same
+// chunks, which the service stores once (Reverb paper §4).
+func TestSharedChunks(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("two", 1000), uniformTable("three", 1000)}, deployOptions{})
+	ctx := testContext(t)
+	p := d.producer()
+	const steps = 30
+	for i := range int64(steps) {
+		if err := p.Append(ctx, step(i, 100)); err != nil {
+			t.Fatal(err)
+		}
+		if i >= 1 {
+			if err := p.CreateItem(ctx, "two", 1, Last(2, "obs", "id")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i >= 2 {
+			if err := p.CreateItem(ctx, "three", 1, Last(3, "obs", "id")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := p.EndEpisode(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := d.client().Info(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two columns, one chunk per step each: every step stored once.
+	if info.Chunks != 2*steps {
+		t.Fatalf("service holds %d chunks, want %d (each step's two cells once)", info.Chunks, 2*steps)
+	}
+	var held int64
+	for _, ti := range info.Tables {
+		held += ti.BytesHeld
+	}
+	if held <= info.ChunkBytes {
+		t.Fatalf("tables hold %d bytes in all, store %d: the tables should share chunks", held, info.ChunkBytes)
+	}
+}
+
+// TestEverySelector: each selector serves as sampler over the network and
+// returns what its semantics say.
+func TestEverySelector(t *testing.T) {
+	kinds := []selectors.Options{
+		{Kind: selectors.KindFifo}, {Kind: selectors.KindLifo}, {Kind: selectors.KindUniform},
+		{Kind: selectors.KindPrioritized, Exponent: 1}, {Kind: selectors.KindMaxHeap}, {Kind: selectors.KindMinHeap},
+	}
+	var cfgs []tables.Config
+	for _, k := range kinds {
+		cfgs = append(cfgs, tableConfig(string(k.Kind), k, selectors.Options{Kind: selectors.KindFifo}, 100, limiter.MinSize(1)))
+	}
+	d := deploy(t, cfgs, deployOptions{})
+	ctx := testContext(t)
+	p := d.producer()
+	for i := range int64(10) {
+		if err := p.Append(ctx, step(i, 1)); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range kinds {
+			// Priority i: the heaps see 9 as max and 0 as min; prioritized
+			// never returns the zero-priority item 0.
+			if err := p.CreateItem(ctx, string(k.Kind), float64(i), LastStep("id")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := d.client()
+	want := map[selectors.Kind]int64{selectors.KindFifo: 0, selectors.KindLifo: 9, selectors.KindMaxHeap: 9, selectors.KindMinHeap: 0}
+	for _, k := range kinds {
+		samples, err := c.Sample(ctx, string(k.Kind), 20)
+		if err != nil {
+			t.Fatalf("%s: %v", k.Kind, err)
+		}
+		for _, s := range samples {
+			id := ids(t, s)[0]
+			if w, ok := want[k.Kind]; ok && id != w {
+				t.Fatalf("%s sampled step %d, want %d", k.Kind, id, w)
+			}
+			if k.Kind == selectors.KindPrioritized {
+				if id == 0 {
+					t.Fatalf("prioritized sampled the zero-priority item")
+				}
+				if w := float64(id) / 45; math.Abs(s.Info.Probability-w) > 1e-12 {
+					t.Fatalf("prioritized probability of step %d = %v, want %v", id, s.Info.Probability, w)
+				}
+			}
+		}
+	}
+}
+
+// TestQueueExactlyOnceInOrder: several actors feed a Queue table while a
+// learner drains it: every item arrives exactly once, and each actor's
+// items arrive in the order it created them.
+func TestQueueExactlyOnceInOrder(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 50)}, deployOptions{})
+	ctx := testContext(t)
+	const actors, perActor = 3, 200
+	var wg sync.WaitGroup
+	errc := make(chan error, actors)
+	for a := range actors {
+		p := d.producer(WithMaxUnapplied(16))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range int64(perActor) {
+				if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{int64(a)*1_000_000 + i})}); err != nil {
+					errc <- err
+					return
+				}
+				if err := p.CreateItem(ctx, "queue", 1, LastStep("id")); err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- p.Flush(ctx)
+		}()
+	}
+	c := d.client()
+	seen := make(map[int64]bool)
+	last := make([]int64, actors)
+	for a := range last {
+		last[a] = -1
+	}
+	for len(seen) < actors*perActor {
+		samples, err := c.Sample(ctx, "queue", 1+len(seen)%7, Flexible())
+		if err != nil {
+			t.Fatalf("after %d items: %v", len(seen), err)
+		}
+		for _, s := range samples {
+			id := ids(t, s)[0]
+			if seen[id] {
+				t.Fatalf("item %d delivered twice", id)
+			}
+			seen[id] = true
+			a, i := id/1_000_000, id%1_000_000
+			if i <= last[a] {
+				t.Fatalf("actor %d: item %d after item %d", a, i, last[a])
+			}
+			last[a] = i
+		}
+	}
+	wg.Wait()
+	for range actors {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Nothing left: a further sample is rate limited.
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := c.Sample(short, "queue", 1); !errors.Is(err, ErrRateLimited) {
+		t.Fatalf("sample from the drained queue: %v, want ErrRateLimited", err)
+	}
+}
+
+// TestSampleToInsertRatio: concurrent actors and learners under a ratio
+// limiter; the achieved samples per insert stays within the error buffer.
+func TestSampleToInsertRatio(t *testing.T) {
+	const spi, minSize, buffer = 4.0, 20, 40.0
+	lim, err := limiter.SampleToInsertRatio(spi, minSize, buffer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := deploy(t, []tables.Config{tableConfig("ratio", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 1000, lim)}, deployOptions{})
+	ctx := testContext(t)
+	const actors, perActor = 2, 300
+	stop := make(chan struct{})
+	var actorsDone sync.WaitGroup
+	for a := range actors {
+		p := d.producer(WithMaxUnapplied(8))
+		actorsDone.Add(1)
+		go func() {
+			defer actorsDone.Done()
+			for i := range int64(perActor) {
+				if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{int64(a)<<32 | i})}); err != nil {
+					t.Error(err)
+					return
+				}
+				if err := p.CreateItem(ctx, "ratio", 1, LastStep("id")); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			if err := p.Flush(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	c := d.client()
+	var learners sync.WaitGroup
+	for range 2 {
+		learners.Add(1)
+		go func() {
+			defer learners.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				_, err := c.Sample(short, "ratio", 3, Flexible())
+				cancel()
+				if err != nil && !errors.Is(err, ErrRateLimited) {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	check := func() {
+		info, err := c.Info(ctx, "ratio")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := info.Tables[0].Limiter
+		if l.Inserts < minSize {
+			return
+		}
+		diff := float64(l.Inserts)*spi - float64(l.Samples)
+		if diff < lim.MinDiff-3 || diff > lim.MaxDiff {
+			t.Fatalf("inserts %d samples %d: inserts*spi - samples = %v outside [%v, %v]", l.Inserts, l.Samples, diff, lim.MinDiff-3, lim.MaxDiff)
+		}
+	}
+	waitUntil(t, "all inserts applied", func() bool {
+		check()
+		info, err := c.Info(ctx, "ratio")
+		return err == nil && info.Tables[0].Inserts == actors*perActor
+	})
+	actorsDone.Wait()
+	close(stop)
+	learners.Wait()
+	check()
+}
+
+// TestLimiterHoldsProducers: while a table's limiter holds inserts, the
+// producer's window fills and its calls block until their deadline; once
+// a learner samples, they resume and nothing was dropped.
+func TestLimiterHoldsProducers(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 5)}, deployOptions{})
+	ctx := testContext(t)
+	p := d.producer(WithMaxUnapplied(4), WithLinger(0))
+	created := 0
+	var blockedErr error
+	for i := range int64(100) {
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		err := p.Append(short, Step{"id": wire.Int64s(nil, []int64{i})})
+		if err == nil {
+			err = p.CreateItem(short, "queue", 1, LastStep("id"))
+		}
+		cancel()
+		if err != nil {
+			blockedErr = err
+			break
+		}
+		created++
+	}
+	if !errors.Is(blockedErr, ErrNotApplied) || !errors.Is(blockedErr, context.DeadlineExceeded) {
+		t.Fatalf("after %d items the producer said %v, want ErrNotApplied and DeadlineExceeded", created, blockedErr)
+	}
+	// Queue(5) holds 5 items, the window 4 more, give or take one in the
+	// batch being sent.
+	if created < 5 || created > 11 {
+		t.Fatalf("producer created %d items before blocking, want 5..11", created)
+	}
+	c := d.client()
+	var got []int64
+	done := make(chan error, 1)
+	go func() {
+		for len(got) < created+1 {
+			s, err := c.Sample(ctx, "queue", 1)
+			if err != nil {
+				done <- err
+				return
+			}
+			got = append(got, ids(t, s[0])[0])
+		}
+		done <- nil
+	}()
+	// The item the blocked call was creating is still queued: Flush sends
+	// it once the learner makes room.
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range got {
+		if id != int64(i) {
+			t.Fatalf("queue delivered %v, want 0..%d in order", got, created)
+		}
+	}
+}
+
+// TestLargeSample: a response larger than the max payload arrives whole.
+func TestLargeSample(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("big", 100)}, deployOptions{maxPayload: 64 << 10})
+	ctx := testContext(t)
+	p := d.producer(WithCompression(wire.Uncompressed))
+	const obsLen = 4000 // 16 kB per item
+	for i := range int64(40) {
+		if err := p.Append(ctx, step(i, obsLen)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "big", 1, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	samples, err := d.client().Sample(ctx, "big", 64) // ~1 MB, 16 parts
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(samples) != 64 {
+		t.Fatalf("got %d samples, want 64", len(samples))
+	}
+	for _, s := range samples {
+		checkObs(t, s, obsLen)
+	}
+}
+
+// TestGarbageRejected: bytes published straight onto the data subjects are
+// rejected and counted while valid traffic goes on.
+func TestGarbageRejected(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("t", 1000)}, deployOptions{})
+	ctx := testContext(t)
+	nc := d.connect()
+	p := d.producer()
+	garbage := [][]byte{
+		{0xff, 0xff, 0xff},
+		[]byte("hello"),
+		{},
+		// A batch whose chunk claims a gigantic raw size.
+		mustMarshal(t, &wire.InsertBatch{ProducerId: "evil", Sequence: 1, Chunks: []*wire.Chunk{{Key: 7, Dtype: "float32", StepShape: []int64{1 << 40}, Length: 1, RawSize: 4 << 40}},
+			Items: []*wire.Item{{Key: 1, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{{Name: "x", Slices: []*wire.ColumnSlice{{ChunkKey: 7, Length: 1}}}}}}}),
+		// An item for an unknown table, one with a negative priority, one
+		// with a NaN priority, one referencing a chunk nobody sent.
+		mustMarshal(t, &wire.InsertBatch{ProducerId: "evil", Sequence: 2, Items: []*wire.Item{
+			{Key: 2, Table: "nope", Priority: 1},
+			{Key: 3, Table: "t", Priority: -1},
+			{Key: 4, Table: "t", Priority: math.NaN()},
+			{Key: 5, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{{Name: "x", Slices: []*wire.ColumnSlice{{ChunkKey: 99, Length: 1}}}}},
+		}}),
+	}
+	for i := range int64(50) {
+		if err := p.Append(ctx, step(i, 3)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+		if i%10 == 0 {
+			g := garbage[i/10]
+			if _, err := d.svc.js.Publish(ctx, d.svc.subj.insert(), g); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.svc.js.Publish(ctx, d.svc.subj.mutate(), g); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := nc.Publish(d.svc.subj.prefix+".data.insert", []byte{1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := d.client().Info(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Tables[0].Size != 50 {
+		t.Fatalf("table holds %d items, want the 50 valid ones", info.Tables[0].Size)
+	}
+	if info.RejectedMessages < 8 {
+		t.Fatalf("service counted %d rejections, want at least 8", info.RejectedMessages)
+	}
+	samples, err := d.client().Sample(ctx, "t", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range samples {
+		checkObs(t, s, 3)
+	}
+}
+
+// TestRejectionsReachProducer: the service tells a producer what it
+// refused and why; the producer returns it from its next Flush.
+func TestRejectionsReachProducer(t *testing.T) {
+	sig := tables.Signature{{Name: "obs", DType: "float32", Shape: []int64{3}}}
+	cfg := uniformTable("typed", 100)
+	cfg.Signature = sig
+	d := deploy(t, []tables.Config{cfg}, deployOptions{})
+	ctx := testContext(t)
+	p := d.producer()
+	if err := p.Append(ctx, Step{"obs": wire.Float32s([]int64{4}, make([]float32, 4)), "id": wire.Int64s(nil, []int64{1})}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "typed", 1, LastStep("obs")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "missing", 1, LastStep("obs")); err != nil {
+		t.Fatal(err)
+	}
+	err := p.WaitApplied(ctx)
+	if !errors.Is(err, ErrRejected) {
+		t.Fatalf("WaitApplied = %v, want ErrRejected", err)
+	}
+	for _, want := range []string{`"obs"`, `"missing"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("rejection %q does not name %s", err, want)
+		}
+	}
+	// Producer-side checks fail at once.
+	if err := p.Append(ctx, Step{"obs": wire.Int32s([]int64{4}, make([]int32, 4))}); !errors.Is(err, ErrSignature) {
+		t.Fatalf("append with a changed dtype: %v, want ErrSignature", err)
+	}
+	if err := p.CreateItem(ctx, "typed", math.Inf(1), LastStep("obs")); !errors.Is(err, ErrInvalidMessage) {
+		t.Fatalf("infinite priority: %v, want ErrInvalidMessage", err)
+	}
+	if err := p.CreateItem(ctx, "typed", 1, Last(5, "obs")); !errors.Is(err, ErrHistory) {
+		t.Fatalf("item longer than the episode: %v, want ErrHistory", err)
+	}
+}
+
+// TestMutationsAndReset: priority updates and deletes travel through the
+// stream and apply in order; reset empties a table.
+func TestMutationsAndReset(t *testing.T) {
+	d := deploy(t, []tables.Config{tableConfig("heap", selectors.Options{Kind: selectors.KindMaxHeap}, selectors.Options{Kind: selectors.KindFifo}, 100, limiter.MinSize(1))}, deployOptions{})
+	ctx := testContext(t)
+	p := d.producer()
+	for i := range int64(5) {
+		if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "heap", float64(i), LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := d.client()
+	top := func() Sample {
+		t.Helper()
+		s, err := c.Sample(ctx, "heap", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s[0]
+	}
+	first := top()
+	if ids(t, first)[0] != 4 {
+		t.Fatalf("max heap top is step %d, want 4", ids(t, first)[0])
+	}
+	// Delete the top; raise step 1 above the rest; a missing key is skipped.
+	var key1 uint64
+	for range 50 {
+		// Find step 1's key by lowering everything else.
+		s := top()
+		if ids(t, s)[0] == 1 {
+			key1 = s.Info.Key
+			break
+		}
+		if err := c.Mutate(ctx, "heap", tables.Mutation{Key: s.Info.Key, Priority: 0}); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, "priority update applied", func() bool { return top().Info.Key != s.Info.Key })
+	}
+	if key1 == 0 {
+		t.Fatal("never saw step 1 at the top")
+	}
+	if err := c.Mutate(ctx, "heap", tables.Mutation{Key: 12345, Delete: true}, tables.Mutation{Key: key1, Delete: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "delete applied", func() bool { return ids(t, top())[0] != 1 })
+	if err := c.Mutate(ctx, "heap", tables.Mutation{Key: 1, Priority: math.NaN()}); !errors.Is(err, ErrInvalidMessage) {
+		t.Fatalf("NaN priority update: %v, want ErrInvalidMessage", err)
+	}
+	if err := c.Reset(ctx, "heap"); err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx, "heap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ti := info.Tables[0]; ti.Size != 0 || ti.Limiter.Inserts != 0 {
+		t.Fatalf("after reset: size %d, limiter inserts %d; want 0 and 0", ti.Size, ti.Limiter.Inserts)
+	}
+	if err := c.Reset(ctx, "nope"); !errors.Is(err, ErrUnknownTable) {
+		t.Fatalf("reset of an unknown table: %v, want ErrUnknownTable", err)
+	}
+	if _, err := c.Sample(ctx, "nope", 1); !errors.Is(err, ErrUnknownTable) {
+		t.Fatalf("sample of an unknown table: %v, want ErrUnknownTable", err)
+	}
+}
+
+// TestManyActorsAndLearners: several actors and prefetching learners at
+// once on a prioritized table; every sample decodes to the data appended.
+func TestManyActorsAndLearners(t *testing.T) {
+	d := deploy(t, []tables.Config{tableConfig("per", selectors.Options{Kind: selectors.KindPrioritized, Exponent: 0.6}, selectors.Options{Kind: selectors.KindFifo}, 500, limiter.MinSize(10))}, deployOptions{})
+	ctx := testContext(t)
+	const actors, steps = 4, 150
+	var wg sync.WaitGroup
+	for a := range actors {
+		p := d.producer(WithChunkLength(5))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range int64(steps) {
+				if err := p.Append(ctx, step(int64(a)*10_000+i, 8)); err != nil {
+					t.Error(err)
+					return
+				}
+				if i >= 4 {
+					if err := p.CreateItem(ctx, "per", float64(i%7), Last(5, "obs", "id")); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+			if err := p.EndEpisode(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	c := d.client()
+	var learners sync.WaitGroup
+	for range 3 {
+		s := c.NewSampler("per", 16, WithInFlight(3))
+		learners.Add(1)
+		go func() {
+			defer learners.Done()
+			defer s.Close()
+			for range 20 {
+				batch, err := s.Next(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, smp := range batch {
+					idv := ids(t, smp)
+					for k := 1; k < len(idv); k++ {
+						if idv[k] != idv[k-1]+1 {
+							t.Errorf("item steps %v not consecutive", idv)
+						}
+					}
+					checkObs(t, smp, 8)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	learners.Wait()
+}
+
+func mustMarshal(t testing.TB, m proto.Message) []byte {
+	t.Helper()
+	data, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}

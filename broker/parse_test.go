@@ -1,0 +1,109 @@
+package broker
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+)
+
+func encodedChunk(t testing.TB, key uint64) *wire.Chunk {
+	t.Helper()
+	c, err := wire.EncodeChunk(key, []*wire.Tensor{wire.Float32s([]int64{2, 3}, make([]float32, 6)), wire.Float32s([]int64{2, 3}, []float32{1, 2, 3, 4, 5, 6})}, wire.ChunkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestParseInsertBatch: the hand-rolled parser agrees with the generated
+// code, and a stored chunk is exactly the chunk's encoding.
+func TestParseInsertBatch(t *testing.T) {
+	c1, c2 := encodedChunk(t, 11), encodedChunk(t, 12)
+	in := &wire.InsertBatch{
+		ProducerId: "p", Sequence: 42, Chunks: []*wire.Chunk{c1, c2},
+		Items:            []*wire.Item{{Key: 1, Table: "t", Priority: 0.5, Columns: []*wire.TrajectoryColumn{{Name: "x", Slices: []*wire.ColumnSlice{{ChunkKey: 11, Length: 2}}}}}},
+		ReleaseChunkKeys: []uint64{3, 4, 1 << 60}, EndOfStream: true,
+	}
+	data, err := proto.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := parseInsertBatch(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.producerID != "p" || b.sequence != 42 || !b.end || !slices.Equal(b.release, in.ReleaseChunkKeys) || len(b.items) != 1 || !proto.Equal(b.items[0], in.Items[0]) {
+		t.Fatalf("parsed %+v, want %v", b, in)
+	}
+	for i, want := range []*wire.Chunk{c1, c2} {
+		rc := b.chunks[i]
+		if rc.err != nil {
+			t.Fatal(rc.err)
+		}
+		var got wire.Chunk
+		if err := proto.Unmarshal(rc.chunk.Data, &got); err != nil || !proto.Equal(&got, want) {
+			t.Fatalf("chunk %d stored bytes decode to %v (%v), want %v", i, &got, err, want)
+		}
+		if rc.chunk.Key != want.Key || rc.chunk.DType != "float32" || rc.chunk.Length != 2 || !slices.Equal(rc.chunk.Shape, []int64{2, 3}) {
+			t.Fatalf("chunk %d header %+v", i, rc.chunk)
+		}
+	}
+}
+
+func TestParseChunkRejects(t *testing.T) {
+	good := encodedChunk(t, 5)
+	cases := map[string]func(c *wire.Chunk){
+		"no key":         func(c *wire.Chunk) { c.Key = 0 },
+		"unknown dtype":  func(c *wire.Chunk) { c.Dtype = "float128" },
+		"zero length":    func(c *wire.Chunk) { c.Length = 0 },
+		"raw size lies":  func(c *wire.Chunk) { c.RawSize++ },
+		"negative dim":   func(c *wire.Chunk) { c.StepShape = []int64{-2, -3} },
+		"huge shape":     func(c *wire.Chunk) { c.StepShape = []int64{1 << 40, 1 << 40}; c.RawSize = 0 },
+		"bad compressor": func(c *wire.Chunk) { c.Compression = 9 },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := proto.Clone(good).(*wire.Chunk)
+			mutate(c)
+			data, _ := proto.Marshal(c)
+			if _, err := parseChunk(data); !errors.Is(err, ErrInvalidMessage) {
+				t.Fatalf("parseChunk = %v, want ErrInvalidMessage", err)
+			}
+		})
+	}
+}
+
+// FuzzParseInsertBatch: arbitrary bytes never panic the parser, and whatever
+// it accepts has a producer id and chunks with consistent headers.
+func FuzzParseInsertBatch(f *testing.F) {
+	c := encodedChunk(f, 9)
+	for _, m := range []*wire.InsertBatch{
+		{ProducerId: "p", Sequence: 1, Chunks: []*wire.Chunk{c}, Items: []*wire.Item{{Key: 1, Table: "t"}}},
+		{ProducerId: "p", ReleaseChunkKeys: []uint64{1, 2}, EndOfStream: true},
+	} {
+		data, _ := proto.Marshal(m)
+		f.Add(data)
+	}
+	f.Add([]byte{0x1a, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, err := parseInsertBatch(data)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidMessage) {
+				t.Fatalf("error %v does not match ErrInvalidMessage", err)
+			}
+			return
+		}
+		if b.producerID == "" {
+			t.Fatal("accepted a batch without a producer id")
+		}
+		for _, rc := range b.chunks {
+			if rc.err == nil && (rc.chunk.Key == 0 || rc.chunk.Length < 1) {
+				t.Fatalf("accepted chunk header %+v", rc.chunk)
+			}
+		}
+	})
+}

@@ -1,0 +1,770 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+)
+
+// ProducerOption configures a Producer.
+type ProducerOption interface {
+	configureProducer(*producerOptions) error
+}
+
+type producerOption func(*producerOptions) error
+
+func (f producerOption) configureProducer(o *producerOptions) error { return f(o) }
+
+type producerOptions struct {
+	prefix       string
+	chunkLength  int
+	compression  wire.Codec
+	delta        bool
+	history      int
+	maxInFlight  int
+	maxUnapplied int
+	batchItems   int
+	batchBytes   int
+	linger       time.Duration
+	retryFor     time.Duration
+	ackTimeout   time.Duration
+	stream       StreamOptions
+	logger       *slog.Logger
+}
+
+func defaultProducerOptions() producerOptions {
+	return producerOptions{
+		prefix:       DefaultPrefix,
+		chunkLength:  1,
+		compression:  wire.Zstd,
+		delta:        true,
+		history:      128,
+		maxInFlight:  256,
+		maxUnapplied: 4096,
+		batchItems:   64,
+		batchBytes:   256 << 10,
+		linger:       time.Millisecond,
+		retryFor:     time.Minute,
+		ackTimeout:   5 * time.Second,
+		logger:       slog.Default(),
+	}
+}
+
+func positive(name string, v int) error {
+	if v < 1 {
+		return fmt.Errorf("broker: %s must be >= 1, got %d", name, v)
+	}
+	return nil
+}
+
+// WithChunkLength sets how many steps of a column go into one chunk
+// (default 1). Longer chunks compress better and cost fewer messages; a
+// learner receives whole chunks, so they also cost bytes per sample, and an
+// item is sent only once the chunks it needs are complete (or flushed).
+func WithChunkLength(steps int) ProducerOption {
+	return producerOption(func(o *producerOptions) error { o.chunkLength = steps; return positive("chunk length", steps) })
+}
+
+// WithCompression chooses the chunk compression (default zstd).
+func WithCompression(c wire.Codec) ProducerOption {
+	return producerOption(func(o *producerOptions) error {
+		switch c {
+		case wire.Zstd, wire.S2, wire.Uncompressed:
+			o.compression = c
+			return nil
+		}
+		return fmt.Errorf("broker: unknown compression %v", c)
+	})
+}
+
+// WithDelta turns delta encoding of integer columns on or off (default on):
+// consecutive frames that differ little compress far better as differences.
+func WithDelta(on bool) ProducerOption {
+	return producerOption(func(o *producerOptions) error { o.delta = on; return nil })
+}
+
+// WithHistory sets how many recent steps items may reference (default 128).
+// The service holds the chunks of that many steps per producer so that
+// later items can share them.
+func WithHistory(steps int) ProducerOption {
+	return producerOption(func(o *producerOptions) error { o.history = steps; return positive("history", steps) })
+}
+
+// WithMaxInFlight bounds the messages published and not yet acknowledged by
+// JetStream (default 256).
+func WithMaxInFlight(messages int) ProducerOption {
+	return producerOption(func(o *producerOptions) error { o.maxInFlight = messages; return positive("max in flight", messages) })
+}
+
+// WithMaxUnapplied bounds the items published but not yet applied by the
+// table service (default 4096). When a table's rate limiter holds inserts,
+// the producer blocks here.
+func WithMaxUnapplied(items int) ProducerOption {
+	return producerOption(func(o *producerOptions) error { o.maxUnapplied = items; return positive("max unapplied", items) })
+}
+
+// WithBatch sets when a message is published: once it holds this many items
+// or bytes (defaults 64 and 256 KiB), or when the linger time has passed.
+func WithBatch(items, bytes int) ProducerOption {
+	return producerOption(func(o *producerOptions) error {
+		o.batchItems, o.batchBytes = items, bytes
+		return errors.Join(positive("batch items", items), positive("batch bytes", bytes))
+	})
+}
+
+// WithLinger sets how long a partly filled batch waits for more items
+// (default 1ms); 0 publishes every item at once.
+func WithLinger(d time.Duration) ProducerOption {
+	return producerOption(func(o *producerOptions) error {
+		if d < 0 {
+			return fmt.Errorf("broker: linger must be >= 0, got %v", d)
+		}
+		o.linger = d
+		return nil
+	})
+}
+
+// WithRetryFor sets how long a message whose publish failed (no responders,
+// lost connection, missing ack) is retried before its error is reported
+// (default 1 minute; keep it below the stream's dedupe window).
+func WithRetryFor(d time.Duration) ProducerOption {
+	return producerOption(func(o *producerOptions) error { o.retryFor = d; return nil })
+}
+
+// WithStreamOptions sets the limits used if this producer is the first to
+// create the stream. The table service's own options win when it starts.
+func WithStreamOptions(s StreamOptions) ProducerOption {
+	return producerOption(func(o *producerOptions) error { o.stream = s; return nil })
+}
+
+// Producer is an actor's writer: it appends steps, cuts them into chunks per
+// column, and publishes items with the chunks they need to JetStream. A
+// chunk is sent once however many items (in however many tables) reference
+// it. Publishing is asynchronous within a bounded window; errors that
+// surface later (a failed publish, a rejection by the table service) are
+// returned by the next call. Safe for concurrent use, though an actor
+// normally owns one producer.
+type Producer struct {
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	subj       subjects
+	id         string
+	o          producerOptions
+	maxPayload int
+	flow       *flow
+	subs       []*nats.Subscription
+
+	mu      sync.Mutex
+	closed  bool
+	episode uint64
+	step    int64 // steps appended in this episode
+	cols    map[string]*column
+	pending []*pendingItem // created, waiting for their chunks, in creation order
+	batch   batch
+	release []uint64 // sent chunks that no item will reference again
+	seq     uint64
+	linger  *time.Timer
+
+	acks     chan *inFlight // the ack loop takes them in publish order; room for every place in the window
+	abort    chan struct{}  // closed when Close gives up on retries
+	ackDone  chan struct{}
+	lifetime context.Context // cancelled by Close; bounds linger publishes
+	cancel   context.CancelFunc
+}
+
+// column is one column's chunker and its recent chunks.
+type column struct {
+	name      string
+	dtype     string
+	shape     []int64
+	open      []*wire.Tensor // steps not yet in a chunk
+	openStart int64
+	chunks    []*sealedChunk // ascending by start, within the history window
+}
+
+type sealedChunk struct {
+	chunk  *wire.Chunk // nil once sent
+	key    uint64
+	start  int64
+	length int64
+	sent   bool
+}
+
+type pendingItem struct {
+	table    string
+	priority float64
+	key      uint64
+	refs     []resolvedRef
+}
+
+type resolvedRef struct {
+	name     string
+	col      *column
+	from, to int64 // steps [from, to) of the episode
+	squeeze  bool
+}
+
+type batch struct {
+	chunks []*wire.Chunk
+	items  []*wire.Item
+	bytes  int
+}
+
+type inFlight struct {
+	msg   *nats.Msg
+	fut   jetstream.PubAckFuture
+	items int
+	seq   uint64 // producer sequence
+}
+
+// NewProducer connects a producer to a deployment through nc. It creates the
+// stream if the table service has not yet.
+func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*Producer, error) {
+	o := defaultProducerOptions()
+	for _, opt := range opts {
+		if err := opt.configureProducer(&o); err != nil {
+			return nil, err
+		}
+	}
+	subj, err := newSubjects(o.prefix)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(o.maxInFlight*2),
+		jetstream.WithPublishAsyncTimeout(o.ackTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("broker: jetstream: %w", err)
+	}
+	if _, err := ensureStream(ctx, js, subj, o.stream, false); err != nil {
+		return nil, err
+	}
+	p := &Producer{
+		nc:         nc,
+		js:         js,
+		subj:       subj,
+		id:         nuid.Next(),
+		o:          o,
+		maxPayload: int(nc.MaxPayload()),
+		flow:       newFlow(o.maxInFlight, o.maxUnapplied),
+		episode:    rand.Uint64(),
+		cols:       make(map[string]*column),
+		acks:       make(chan *inFlight, o.maxInFlight+1),
+		abort:      make(chan struct{}),
+		ackDone:    make(chan struct{}),
+	}
+	p.lifetime, p.cancel = context.WithCancel(context.Background())
+	applied, err := nc.Subscribe(subj.applied(), p.onApplied)
+	if err != nil {
+		return nil, fmt.Errorf("broker: subscribe %s: %w", subj.applied(), err)
+	}
+	rejected, err := nc.Subscribe(subj.rejected(p.id), p.onRejected)
+	if err != nil {
+		applied.Unsubscribe()
+		return nil, fmt.Errorf("broker: subscribe %s: %w", subj.rejected(p.id), err)
+	}
+	p.subs = []*nats.Subscription{applied, rejected}
+	go p.ackLoop()
+	return p, nil
+}
+
+// ID is the producer's unique id; the service names it in logs.
+func (p *Producer) ID() string { return p.id }
+
+func (p *Producer) onApplied(m *nats.Msg) {
+	seq, err := strconv.ParseUint(string(m.Data), 10, 64)
+	if err != nil {
+		return // not ours to judge: someone else published there
+	}
+	p.flow.setApplied(seq)
+}
+
+func (p *Producer) onRejected(m *nats.Msg) {
+	var r wire.Rejection
+	if err := proto.Unmarshal(m.Data, &r); err != nil {
+		return
+	}
+	what := "message"
+	if r.ItemKey != 0 {
+		what = fmt.Sprintf("item %d for table %q", r.ItemKey, r.Table)
+	}
+	p.flow.addError(fmt.Errorf("%w: %s of message %d: %s: %s", ErrRejected, what, r.Sequence, r.Code, r.Message))
+}
+
+// Append adds one step to the current episode. Every column keeps the dtype
+// and shape it first had; a mismatch is an error naming the column, and then
+// nothing of the step is kept. Append copies the tensors' data.
+func (p *Producer) Append(ctx context.Context, step Step) error {
+	if len(step) == 0 {
+		return fmt.Errorf("%w: empty step", ErrInvalidMessage)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	for name, t := range step {
+		if name == "" {
+			return fmt.Errorf("%w: step has a column with an empty name", ErrInvalidMessage)
+		}
+		if t == nil {
+			return fmt.Errorf("%w: column %q: nil tensor", ErrInvalidMessage, name)
+		}
+		if err := wire.ValidateTensor(t); err != nil {
+			return fmt.Errorf("column %q: %w", name, err)
+		}
+		if c, ok := p.cols[name]; ok && (c.dtype != t.Dtype || !slices.Equal(c.shape, t.Shape)) {
+			return fmt.Errorf("%w: column %q: step %d has %s%v, earlier steps have %s%v",
+				ErrSignature, name, p.step, t.Dtype, t.Shape, c.dtype, c.shape)
+		}
+	}
+	for name, t := range step {
+		c, ok := p.cols[name]
+		if !ok {
+			c = &column{name: name, dtype: t.Dtype, shape: slices.Clone(t.Shape)}
+			p.cols[name] = c
+		}
+		if len(c.open) == 0 {
+			c.openStart = p.step
+		}
+		c.open = append(c.open, &wire.Tensor{Dtype: t.Dtype, Shape: c.shape, Data: slices.Clone(t.Data)})
+	}
+	var errs []error
+	for name, c := range p.cols {
+		_, present := step[name]
+		// A chunk holds consecutive steps: a column missing from this step
+		// ends its open chunk.
+		if len(c.open) > 0 && (len(c.open) >= p.o.chunkLength || !present) {
+			errs = append(errs, p.sealLocked(c))
+		}
+	}
+	p.step++
+	p.trimLocked()
+	errs = append(errs, p.advanceLocked(ctx, false))
+	return errors.Join(errs...)
+}
+
+// sealLocked turns a column's open steps into a chunk.
+func (p *Producer) sealLocked(c *column) error {
+	steps := c.open
+	c.open = nil
+	ch, err := wire.EncodeChunk(rand.Uint64(), steps, wire.ChunkOptions{Codec: p.o.compression, Delta: p.o.delta, EpisodeID: p.episode, EpisodeStep: c.openStart})
+	if err != nil {
+		return fmt.Errorf("broker: column %q: sealing steps %d..%d: %w", c.name, c.openStart, c.openStart+int64(len(steps)), err)
+	}
+	c.chunks = append(c.chunks, &sealedChunk{chunk: ch, key: ch.Key, start: c.openStart, length: int64(len(steps))})
+	return nil
+}
+
+// trimLocked forgets chunks that fell out of the history window, except
+// those a pending item still needs.
+func (p *Producer) trimLocked() {
+	horizon := p.step - int64(p.o.history)
+	for _, it := range p.pending {
+		for _, r := range it.refs {
+			horizon = min(horizon, r.from)
+		}
+	}
+	for _, c := range p.cols {
+		n := 0
+		for n < len(c.chunks) && c.chunks[n].start+c.chunks[n].length <= horizon {
+			if c.chunks[n].sent {
+				p.release = append(p.release, c.chunks[n].key)
+			}
+			n++
+		}
+		c.chunks = c.chunks[n:]
+	}
+}
+
+// CreateItem adds an item for table from the episode's recent steps. The
+// item is published once the chunks it needs are complete: at once with
+// chunk length 1, otherwise when they fill up or at Flush or EndEpisode.
+func (p *Producer) CreateItem(ctx context.Context, table string, priority float64, traj Trajectory) error {
+	if table == "" {
+		return fmt.Errorf("%w: empty table name", ErrInvalidMessage)
+	}
+	if err := checkPriority(priority); err != nil {
+		return fmt.Errorf("item for table %q: %w", table, err)
+	}
+	if len(traj) == 0 {
+		return fmt.Errorf("%w: item for table %q has no columns", ErrInvalidMessage, table)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	it := &pendingItem{table: table, priority: priority, key: rand.Uint64(), refs: make([]resolvedRef, len(traj))}
+	for i, r := range traj {
+		if err := r.validate(); err != nil {
+			return err
+		}
+		c, ok := p.cols[r.Column]
+		if !ok {
+			return fmt.Errorf("%w: column %q was never appended", ErrHistory, r.Column)
+		}
+		to := p.step - int64(r.Skip)
+		from := to - int64(r.Length)
+		switch {
+		case from < 0:
+			return fmt.Errorf("%w: column %q: item wants steps %d..%d, the episode has %d steps", ErrHistory, r.Column, from, to, p.step)
+		case from < p.step-int64(p.o.history):
+			return fmt.Errorf("%w: column %q: item reaches %d steps back, beyond the producer's history of %d (WithHistory)", ErrHistory, r.Column, p.step-from, p.o.history)
+		}
+		if err := c.covers(from, to); err != nil {
+			return err
+		}
+		it.refs[i] = resolvedRef{name: r.name(), col: c, from: from, to: to, squeeze: r.Squeeze}
+	}
+	p.pending = append(p.pending, it)
+	return errors.Join(p.advanceLocked(ctx, false), p.flow.takeErrors())
+}
+
+// covers checks that every step in [from, to) has a cell in this column.
+func (c *column) covers(from, to int64) error {
+	next := from
+	for _, ch := range c.chunks {
+		if ch.start <= next && next < ch.start+ch.length {
+			next = ch.start + ch.length
+		}
+	}
+	if len(c.open) > 0 && c.openStart <= next && next < c.openStart+int64(len(c.open)) {
+		next = c.openStart + int64(len(c.open))
+	}
+	if next < to {
+		return fmt.Errorf("%w: column %q has no cell at step %d (wanted steps %d..%d)", ErrHistory, c.name, next, from, to)
+	}
+	return nil
+}
+
+// sealed reports whether steps [from, to) are all in sealed chunks.
+func (c *column) sealed(to int64) bool {
+	return len(c.open) == 0 || to <= c.openStart
+}
+
+// advanceLocked moves ready items (in creation order) into the batch and
+// publishes when the batch is full, or everything when force is set. An item
+// that cannot be sent for lack of room in the window stays queued.
+func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
+	var errs []error
+	for len(p.pending) > 0 {
+		it := p.pending[0]
+		ready := true
+		for _, r := range it.refs {
+			ready = ready && r.col.sealed(r.to)
+		}
+		if !ready {
+			break
+		}
+		err := p.addToBatchLocked(ctx, it)
+		if errors.Is(err, ErrNotApplied) {
+			return err
+		}
+		p.pending = p.pending[1:]
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	full := len(p.batch.items) >= p.o.batchItems || p.batch.bytes >= p.o.batchBytes
+	switch {
+	case force || full || p.o.linger == 0:
+		if len(p.batch.items) > 0 || (force && len(p.release) > 0) {
+			errs = append(errs, p.publishLocked(ctx, false))
+		}
+	case len(p.batch.items) > 0 && p.linger == nil:
+		p.linger = time.AfterFunc(p.o.linger, p.onLinger)
+	}
+	return errors.Join(errs...)
+}
+
+// onLinger publishes a batch that waited long enough. It waits for room in
+// the window without holding the producer's lock, so callers that honour
+// their own contexts are never stuck behind it.
+func (p *Producer) onLinger() {
+	for {
+		p.mu.Lock()
+		p.linger = nil
+		if p.closed || len(p.batch.items) == 0 {
+			p.mu.Unlock()
+			return
+		}
+		ok, changed := p.flow.tryAcquire(len(p.batch.items))
+		if ok {
+			p.sendBatchLocked(false)
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		select {
+		case <-changed:
+		case <-p.lifetime.Done():
+			return
+		}
+	}
+}
+
+// addToBatchLocked adds an item and the chunks it needs that were not sent
+// yet. A message never exceeds the server's max payload: a batch that would
+// is published first.
+func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error {
+	item := &wire.Item{Key: it.key, Table: it.table, Priority: it.priority, Columns: make([]*wire.TrajectoryColumn, len(it.refs))}
+	var fresh []*sealedChunk
+	for i, r := range it.refs {
+		tc := &wire.TrajectoryColumn{Name: r.name, Squeeze: r.squeeze}
+		for _, ch := range r.col.chunks {
+			lo, hi := max(ch.start, r.from), min(ch.start+ch.length, r.to)
+			if lo >= hi {
+				continue
+			}
+			tc.Slices = append(tc.Slices, &wire.ColumnSlice{ChunkKey: ch.key, Offset: int32(lo - ch.start), Length: int32(hi - lo)})
+			if !ch.sent && !slices.Contains(fresh, ch) {
+				fresh = append(fresh, ch)
+			}
+		}
+		item.Columns[i] = tc
+	}
+	size := proto.Size(item) + 16
+	for _, ch := range fresh {
+		size += proto.Size(ch.chunk) + 8
+	}
+	// Leave room for the message's own fields and its release list.
+	limit := p.maxPayload - 1024 - 10*len(p.release)
+	if size > limit {
+		return fmt.Errorf("%w: item for table %q needs %d bytes, over the server's max payload of %d: use shorter chunks or raise max_payload",
+			ErrInvalidMessage, it.table, size, p.maxPayload)
+	}
+	if p.batch.bytes+size > limit && len(p.batch.items) > 0 {
+		if err := p.publishLocked(ctx, false); err != nil {
+			return err
+		}
+	}
+	for _, ch := range fresh {
+		p.batch.chunks = append(p.batch.chunks, ch.chunk)
+		ch.sent, ch.chunk = true, nil
+	}
+	p.batch.items = append(p.batch.items, item)
+	p.batch.bytes += size
+	return nil
+}
+
+// publishLocked waits for room in the window, then sends the batch and the
+// release list as one message. If the wait fails the batch stays as it is.
+func (p *Producer) publishLocked(ctx context.Context, end bool) error {
+	if err := p.flow.acquire(ctx, len(p.batch.items)); err != nil {
+		return err
+	}
+	p.sendBatchLocked(end)
+	return nil
+}
+
+// sendBatchLocked sends the batch; the caller holds a place in the window.
+func (p *Producer) sendBatchLocked(end bool) {
+	if p.linger != nil {
+		p.linger.Stop()
+		p.linger = nil
+	}
+	p.seq++
+	msg := &wire.InsertBatch{
+		ProducerId:       p.id,
+		Sequence:         p.seq,
+		Chunks:           p.batch.chunks,
+		Items:            p.batch.items,
+		ReleaseChunkKeys: p.release,
+		EndOfStream:      end,
+	}
+	n := len(p.batch.items)
+	p.batch = batch{}
+	p.release = nil
+	// Marshal cannot fail on a message built from valid Go values.
+	data, _ := proto.Marshal(msg)
+	m := nats.NewMsg(p.subj.insert())
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, p.id+"-"+strconv.FormatUint(p.seq, 10))
+	rec := &inFlight{msg: m, items: n, seq: p.seq}
+	// A failed first attempt is left to the ack loop, which retries in
+	// publish order.
+	rec.fut, _ = p.js.PublishMsgAsync(m)
+	p.acks <- rec
+}
+
+// ackLoop awaits JetStream's acks in publish order and retries failed
+// publishes with the same dedupe id, so a retry after a reconnect or a lost
+// ack never inserts twice.
+func (p *Producer) ackLoop() {
+	defer close(p.ackDone)
+	for rec := range p.acks {
+		p.await(rec)
+	}
+}
+
+func (p *Producer) await(rec *inFlight) {
+	deadline := time.Now().Add(p.o.retryFor)
+	backoff := 50 * time.Millisecond
+	var lastErr error
+	for {
+		if rec.fut != nil {
+			select {
+			case ack := <-rec.fut.Ok():
+				p.flow.ack(ack.Sequence, rec.items)
+				return
+			case lastErr = <-rec.fut.Err():
+			}
+		}
+		if !retryablePublishError(lastErr) || time.Now().After(deadline) {
+			p.o.logger.Warn("reprise producer: publish failed", "producer", p.id, "sequence", rec.seq, "items", rec.items, "error", lastErr)
+			p.flow.fail(rec.items, fmt.Errorf("broker: message %d (%d items) not stored: %w", rec.seq, rec.items, lastErr))
+			return
+		}
+		select {
+		case <-time.After(backoff):
+		case <-p.abort:
+			p.flow.fail(rec.items, fmt.Errorf("broker: message %d (%d items) not stored: producer closed while retrying: %w", rec.seq, rec.items, lastErr))
+			return
+		}
+		backoff = min(2*backoff, time.Second)
+		var err error
+		if rec.fut, err = p.js.PublishMsgAsync(rec.msg); err != nil {
+			lastErr = err
+		}
+	}
+}
+
+// retryablePublishError tells transient failures (a reconnect, a lost ack,
+// a stream leader election) from permanent ones (a message over the
+// server's limits). A nil error is the first attempt failing to start.
+func retryablePublishError(err error) bool {
+	if err == nil {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.Code == 503
+	}
+	return !errors.Is(err, nats.ErrMaxPayload) && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubject)
+}
+
+// Flush completes every open chunk, publishes every item created so far and
+// waits until JetStream has stored them: on return they are durable. It
+// returns the errors seen since the last call.
+func (p *Producer) Flush(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return ErrClosed
+	}
+	err := p.flushLocked(ctx)
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := p.flow.waitAcked(ctx); err != nil {
+		return err
+	}
+	return p.flow.takeErrors()
+}
+
+func (p *Producer) flushLocked(ctx context.Context) error {
+	var errs []error
+	for _, c := range p.cols {
+		if len(c.open) > 0 {
+			errs = append(errs, p.sealLocked(c))
+		}
+	}
+	errs = append(errs, p.advanceLocked(ctx, true))
+	return errors.Join(errs...)
+}
+
+// WaitApplied waits until the table service has applied everything this
+// producer published and JetStream stored: after it returns, the items are
+// in their tables (or were rejected, which the call reports). Under a rate
+// limiter that holds inserts it waits until ctx ends.
+func (p *Producer) WaitApplied(ctx context.Context) error {
+	if err := p.Flush(ctx); err != nil {
+		return err
+	}
+	if err := p.flow.waitApplied(ctx); err != nil {
+		return err
+	}
+	return p.flow.takeErrors()
+}
+
+// EndEpisode publishes the episode's remaining items and starts a new
+// episode: later items can no longer reference its steps, and the service
+// drops its hold on its chunks.
+func (p *Producer) EndEpisode(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	if err := p.flushLocked(ctx); err != nil {
+		return err
+	}
+	p.endEpisodeLocked()
+	return p.flow.takeErrors()
+}
+
+func (p *Producer) endEpisodeLocked() {
+	for _, c := range p.cols {
+		for _, ch := range c.chunks {
+			if ch.sent {
+				p.release = append(p.release, ch.key)
+			}
+		}
+		c.chunks = nil
+	}
+	p.step = 0
+	p.episode = rand.Uint64()
+}
+
+// Close publishes what is left, tells the service it may drop every chunk
+// it holds for this producer, waits for the acks and stops. When ctx ends
+// first, messages still being retried are reported lost.
+func (p *Producer) Close(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return ErrClosed
+	}
+	var errs []error
+	errs = append(errs, p.flushLocked(ctx))
+	if len(p.pending) == 0 && len(p.batch.items) == 0 {
+		p.endEpisodeLocked()
+		errs = append(errs, p.publishLocked(ctx, true))
+	}
+	p.closed = true
+	if p.linger != nil {
+		p.linger.Stop()
+		p.linger = nil
+	}
+	close(p.acks)
+	p.mu.Unlock()
+	p.cancel()
+
+	select {
+	case <-p.ackDone:
+	case <-ctx.Done():
+		close(p.abort)
+		<-p.ackDone
+		errs = append(errs, fmt.Errorf("broker: closing producer: %w", ctx.Err()))
+	}
+	for _, s := range p.subs {
+		errs = append(errs, s.Unsubscribe())
+	}
+	errs = append(errs, p.flow.takeErrors())
+	return errors.Join(errs...)
+}

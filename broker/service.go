@@ -1,0 +1,588 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// Version is the version the service reports to NATS micro discovery.
+const Version = "0.1.0"
+
+// ServiceOption configures a Service.
+type ServiceOption interface {
+	configureService(*serviceOptions) error
+}
+
+type serviceOption func(*serviceOptions) error
+
+func (f serviceOption) configureService(o *serviceOptions) error { return f(o) }
+
+type serviceOptions struct {
+	prefix         string
+	logger         *slog.Logger
+	stream         StreamOptions
+	maxSampleWait  time.Duration
+	maxConcurrent  int
+	maxBatch       int
+	pullBytes      int
+	producerIdle   time.Duration
+	startSequence  uint64
+	tableOptions   []tables.Option
+	progressPeriod time.Duration
+	observer       Observer
+}
+
+// Observer receives the service's measurements as they happen, e.g. to
+// export them as metrics. Calls come from the service's goroutines and
+// must not block.
+type Observer interface {
+	// SampleServed is called once per sample request answered.
+	SampleServed(table string, items int, latency time.Duration, code wire.Code)
+	// ItemInserted is called per item applied to a table; age is the time
+	// from the stream storing the message to the item being sampleable.
+	ItemInserted(table string, age time.Duration)
+	// Rejected is called per message or item refused.
+	Rejected(table string, code wire.Code)
+}
+
+// WithObserver sets an Observer for the service's measurements.
+func WithObserver(obs Observer) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.observer = obs; return nil })
+}
+
+func defaultServiceOptions() serviceOptions {
+	return serviceOptions{
+		prefix:         DefaultPrefix,
+		logger:         slog.Default(),
+		maxSampleWait:  time.Minute,
+		maxConcurrent:  1024,
+		maxBatch:       1 << 16,
+		pullBytes:      64 << 20,
+		producerIdle:   30 * time.Minute,
+		progressPeriod: time.Second,
+	}
+}
+
+// WithServiceStream sets the stream's limits; the service applies them to an
+// existing stream too.
+func WithServiceStream(s StreamOptions) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.stream = s; return nil })
+}
+
+// WithMaxSampleWait caps how long a sample request may wait for a table's
+// rate limiter, whatever timeout it asks for (default 1 minute).
+func WithMaxSampleWait(d time.Duration) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error {
+		if d <= 0 {
+			return fmt.Errorf("broker: max sample wait must be > 0, got %v", d)
+		}
+		o.maxSampleWait = d
+		return nil
+	})
+}
+
+// WithMaxConcurrentSamples bounds the sample requests served at once
+// (default 1024); requests beyond it are answered "unavailable" at once.
+func WithMaxConcurrentSamples(n int) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.maxConcurrent = n; return positive("max concurrent samples", n) })
+}
+
+// WithPullBytes bounds the bytes of stream messages buffered ahead of the
+// apply loop (default 64 MiB). It must exceed the largest message.
+func WithPullBytes(n int) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.pullBytes = n; return positive("pull bytes", n) })
+}
+
+// WithProducerIdle sets after how long without a message (in stream time) a
+// producer's held chunks are dropped (default 30 minutes): a producer that
+// died without closing must not pin memory forever.
+func WithProducerIdle(d time.Duration) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.producerIdle = d; return nil })
+}
+
+// WithStartSequence makes the service consume the stream from seq on (for
+// recovery from a checkpoint taken at seq-1); default: from the beginning.
+func WithStartSequence(seq uint64) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.startSequence = seq; return nil })
+}
+
+// WithTableOptions passes options to every table the service creates.
+func WithTableOptions(opts ...tables.Option) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.tableOptions = opts; return nil })
+}
+
+// Service is the table service: the only writer of table state. It applies
+// the stream in order to its tables and answers learners' requests. One
+// service serves one prefix.
+type Service struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	subj  subjects
+	o     serviceOptions
+	log   *slog.Logger
+	store *tables.ChunkStore
+	// Fixed at construction: read without a lock.
+	tables map[string]*tables.Table
+	names  []string
+
+	progress progress
+	stats    serviceStats
+
+	// Owned by the apply loop.
+	producers map[string]*producerState
+	lastSweep time.Time
+
+	sampleSlots chan struct{}
+	handlers    sync.WaitGroup
+	rejectLog   rateLimitedLog
+}
+
+type serviceStats struct {
+	rejected   atomic.Int64
+	duplicates atomic.Int64
+	missing    atomic.Int64 // mutations naming absent keys
+	messages   atomic.Int64
+}
+
+type producerState struct {
+	lastSeq  uint64
+	lastSeen time.Time
+	held     map[uint64]struct{}
+}
+
+// NewService builds the tables from their configs. Run starts serving.
+func NewService(nc *nats.Conn, configs []tables.Config, opts ...ServiceOption) (*Service, error) {
+	o := defaultServiceOptions()
+	for _, opt := range opts {
+		if err := opt.configureService(&o); err != nil {
+			return nil, err
+		}
+	}
+	subj, err := newSubjects(o.prefix)
+	if err != nil {
+		return nil, err
+	}
+	if len(configs) == 0 {
+		return nil, fmt.Errorf("%w: no tables configured", tables.ErrInvalidConfig)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("broker: jetstream: %w", err)
+	}
+	s := &Service{
+		nc:          nc,
+		js:          js,
+		subj:        subj,
+		o:           o,
+		log:         o.logger.With("prefix", subj.prefix),
+		store:       tables.NewChunkStore(),
+		tables:      make(map[string]*tables.Table, len(configs)),
+		producers:   make(map[string]*producerState),
+		sampleSlots: make(chan struct{}, o.maxConcurrent),
+	}
+	s.progress.seq = o.startSequence - min(o.startSequence, 1)
+	for _, cfg := range configs {
+		if _, dup := s.tables[cfg.Name]; dup {
+			return nil, fmt.Errorf("%w: table %q defined twice", tables.ErrInvalidConfig, cfg.Name)
+		}
+		t, err := tables.New(cfg, s.store, o.tableOptions...)
+		if err != nil {
+			return nil, err
+		}
+		s.tables[cfg.Name] = t
+		s.names = append(s.names, cfg.Name)
+	}
+	slices.Sort(s.names)
+	return s, nil
+}
+
+// TableNames lists the service's tables, sorted.
+func (s *Service) TableNames() []string { return slices.Clone(s.names) }
+
+// Table returns the named table, for in-process inspection.
+func (s *Service) Table(name string) (*tables.Table, bool) {
+	t, ok := s.tables[name]
+	return t, ok
+}
+
+// Applied is the last stream sequence applied to the tables.
+func (s *Service) Applied() uint64 { return s.progress.get() }
+
+// Rejected counts the messages and items the service refused.
+func (s *Service) Rejected() int64 { return s.stats.rejected.Load() }
+
+// Run serves until ctx ends, then stops taking requests, lets the requests
+// in progress finish (their waits end with ctx), and returns. It returns
+// nil after a shutdown through ctx.
+func (s *Service) Run(ctx context.Context) error {
+	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream, true)
+	if err != nil {
+		return err
+	}
+	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.subj.data()}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if s.o.startSequence > 0 {
+		cc.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cc.OptStartSeq = s.o.startSequence
+	}
+	cons, err := stream.OrderedConsumer(ctx, cc)
+	if err != nil {
+		return fmt.Errorf("broker: consumer on %s: %w", s.subj.stream(), err)
+	}
+	msgs, err := cons.Messages(jetstream.PullMaxBytes(s.o.pullBytes))
+	if err != nil {
+		return fmt.Errorf("broker: consuming %s: %w", s.subj.stream(), err)
+	}
+	defer msgs.Stop()
+
+	svc, err := s.startMicro(ctx)
+	if err != nil {
+		return err
+	}
+
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		s.publishProgress(ctx)
+	}()
+	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.stream(), "start_sequence", s.o.startSequence)
+
+	err = s.applyLoop(ctx, msgs)
+
+	// Stop taking requests, then wait for the ones being served: their
+	// limiter waits end with ctx.
+	stopErr := svc.Stop()
+	s.handlers.Wait()
+	bg.Wait()
+	for _, t := range s.tables {
+		t.Close()
+	}
+	if ctx.Err() != nil && (err == nil || errors.Is(err, ctx.Err())) {
+		err = nil
+	}
+	return errors.Join(err, stopErr)
+}
+
+func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext) error {
+	for {
+		m, err := msgs.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return err
+			}
+			// Heartbeat and reconnect hiccups: the ordered consumer
+			// recreates itself and resumes after the last sequence seen.
+			s.log.Warn("reprise service: reading the stream", "error", err)
+			continue
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			s.log.Error("reprise service: message without metadata", "subject", m.Subject(), "error", err)
+			continue
+		}
+		if err := s.apply(ctx, m.Subject(), m.Data(), meta.Sequence.Stream, meta.Timestamp); err != nil {
+			return err // only ctx ends an apply early
+		}
+		s.progress.set(meta.Sequence.Stream)
+	}
+}
+
+// apply applies one stream message. Bad input is rejected and counted;
+// only the end of ctx (while a rate limiter holds an insert) stops it, and
+// then the message was not fully applied.
+func (s *Service) apply(ctx context.Context, subject string, data []byte, seq uint64, at time.Time) error {
+	s.stats.messages.Add(1)
+	switch subject {
+	case s.subj.insert():
+		return s.applyInsert(ctx, data, seq, at)
+	case s.subj.mutate():
+		s.applyMutation(data, seq)
+	case s.subj.reset():
+		s.applyReset(data, seq)
+	default:
+		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("unexpected subject %q", subject))
+	}
+	return nil
+}
+
+func (s *Service) applyInsert(ctx context.Context, data []byte, seq uint64, at time.Time) error {
+	b, err := parseInsertBatch(data)
+	if err != nil {
+		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, err.Error())
+		return nil
+	}
+	s.sweepProducers(at)
+	ps := s.producers[b.producerID]
+	if ps == nil {
+		ps = &producerState{held: make(map[uint64]struct{})}
+		s.producers[b.producerID] = ps
+	}
+	ps.lastSeen = at
+	if b.sequence != 0 && b.sequence <= ps.lastSeq {
+		// A resend the stream's dedupe window no longer caught.
+		s.stats.duplicates.Add(1)
+		return nil
+	}
+	ps.lastSeq = b.sequence
+
+	for _, rc := range b.chunks {
+		if rc.err != nil {
+			s.reject(b.producerID, b.sequence, 0, "", wire.Code_CODE_INVALID_ARGUMENT, rc.err.Error())
+			continue
+		}
+		if _, dup := ps.held[rc.key]; dup {
+			continue
+		}
+		// The reference Put takes is the producer's hold.
+		s.store.Put(rc.chunk)
+		ps.held[rc.key] = struct{}{}
+	}
+	for _, item := range b.items {
+		if err := s.insertItem(ctx, b.producerID, b.sequence, at, item); err != nil {
+			return err
+		}
+	}
+	for _, key := range b.release {
+		if _, ok := ps.held[key]; ok {
+			delete(ps.held, key)
+			s.store.Release(key)
+		}
+	}
+	if b.end {
+		s.dropProducer(b.producerID, ps)
+	}
+	return nil
+}
+
+// insertItem returns an error only when ctx ended while the table's rate
+// limiter held the insert.
+func (s *Service) insertItem(ctx context.Context, producer string, seq uint64, stored time.Time, w *wire.Item) error {
+	t, ok := s.tables[w.Table]
+	if !ok {
+		s.reject(producer, seq, w.Key, w.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", w.Table, strings.Join(s.names, ", ")))
+		return nil
+	}
+	item := tables.Item{Key: w.Key, Priority: w.Priority, Trajectory: make([]tables.Column, len(w.Columns))}
+	for i, c := range w.Columns {
+		col := tables.Column{Name: c.Name, Squeeze: c.Squeeze, Slices: make([]tables.Slice, len(c.Slices))}
+		for j, sl := range c.Slices {
+			col.Slices[j] = tables.Slice{Chunk: sl.ChunkKey, Offset: sl.Offset, Length: sl.Length}
+		}
+		item.Trajectory[i] = col
+	}
+	err := t.Insert(ctx, item)
+	switch {
+	case err == nil:
+		if s.o.observer != nil {
+			s.o.observer.ItemInserted(w.Table, time.Since(stored))
+		}
+	case ctx.Err() != nil:
+		return ctx.Err()
+	default:
+		s.reject(producer, seq, w.Key, w.Table, wire.Code_CODE_INVALID_ARGUMENT, err.Error())
+	}
+	return nil
+}
+
+func (s *Service) dropProducer(id string, ps *producerState) {
+	for key := range ps.held {
+		s.store.Release(key)
+	}
+	delete(s.producers, id)
+}
+
+// sweepProducers drops producers idle for longer than producerIdle. Time is
+// the stream's, so a replay after a crash drops the same producers at the
+// same point.
+func (s *Service) sweepProducers(now time.Time) {
+	if s.o.producerIdle <= 0 || now.Sub(s.lastSweep) < s.o.producerIdle/4 {
+		return
+	}
+	s.lastSweep = now
+	for id, ps := range s.producers {
+		if now.Sub(ps.lastSeen) > s.o.producerIdle {
+			s.log.Info("reprise service: dropping idle producer", "producer", id, "idle", now.Sub(ps.lastSeen), "held_chunks", len(ps.held))
+			s.dropProducer(id, ps)
+		}
+	}
+}
+
+func (s *Service) applyMutation(data []byte, seq uint64) {
+	var m wire.Mutation
+	if err := proto.Unmarshal(data, &m); err != nil {
+		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed mutation: %v", err))
+		return
+	}
+	t, ok := s.tables[m.Table]
+	if !ok {
+		s.reject("", seq, 0, m.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("mutation for unknown table %q", m.Table))
+		return
+	}
+	muts := make([]tables.Mutation, len(m.Ops))
+	for i, op := range m.Ops {
+		muts[i] = tables.Mutation{Key: op.Key, Priority: op.Priority, Delete: op.Delete}
+	}
+	missing, err := t.Mutate(muts)
+	if err != nil {
+		s.reject("", seq, 0, m.Table, wire.Code_CODE_INVALID_ARGUMENT, err.Error())
+	}
+	s.stats.missing.Add(int64(len(missing)))
+}
+
+func (s *Service) applyReset(data []byte, seq uint64) {
+	var r wire.ResetRequest
+	if err := proto.Unmarshal(data, &r); err != nil {
+		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed reset: %v", err))
+		return
+	}
+	if r.Table == "" {
+		for _, t := range s.tables {
+			t.Reset()
+		}
+		return
+	}
+	if t, ok := s.tables[r.Table]; ok {
+		t.Reset()
+	}
+}
+
+// reject counts, logs (rate-limited) and, when the producer is known, tells
+// it what was refused.
+func (s *Service) reject(producer string, seq, itemKey uint64, table string, code wire.Code, msg string) {
+	s.stats.rejected.Add(1)
+	if s.o.observer != nil {
+		s.o.observer.Rejected(table, code)
+	}
+	if s.rejectLog.allow() {
+		s.log.Warn("reprise service: rejected", "producer", producer, "sequence", seq, "item", itemKey, "table", table, "code", code.String(), "reason", msg)
+	}
+	if producer == "" {
+		return
+	}
+	data, _ := proto.Marshal(&wire.Rejection{ProducerId: producer, Sequence: seq, ItemKey: itemKey, Table: table, Code: code, Message: msg})
+	// Best effort: the count and the log line are the record.
+	_ = s.nc.Publish(s.subj.rejected(producer), data)
+}
+
+// rateLimitedLog lets through a burst of log lines, then one a second, so a
+// flood of garbage cannot flood the logs too.
+type rateLimitedLog struct {
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time
+}
+
+func (r *rateLimitedLog) allow() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	if r.last.IsZero() {
+		r.tokens = 20
+	} else {
+		r.tokens = min(20, r.tokens+now.Sub(r.last).Seconds())
+	}
+	r.last = now
+	if r.tokens < 1 {
+		return false
+	}
+	r.tokens--
+	return true
+}
+
+// progress is the last applied stream sequence, with a way to wait for it.
+type progress struct {
+	mu      sync.Mutex
+	seq     uint64
+	changed chan struct{}
+}
+
+func (p *progress) get() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seq
+}
+
+func (p *progress) set(seq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seq = seq
+	if p.changed != nil {
+		close(p.changed)
+		p.changed = nil
+	}
+}
+
+// next returns the sequence and a channel closed when it changes.
+func (p *progress) next() (uint64, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.changed == nil {
+		p.changed = make(chan struct{})
+	}
+	return p.seq, p.changed
+}
+
+// waitFor waits until seq is applied.
+func (p *progress) waitFor(ctx context.Context, seq uint64) error {
+	for {
+		cur, ch := p.next()
+		if cur >= seq {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// publishProgress tells producers how far the service has applied: at most
+// once a millisecond while it moves, and once a period while it does not
+// (for producers that start late or missed a message).
+func (s *Service) publishProgress(ctx context.Context) {
+	heartbeat := time.NewTicker(s.o.progressPeriod)
+	defer heartbeat.Stop()
+	var sent uint64
+	for {
+		cur, changed := s.progress.next()
+		if cur != sent {
+			if err := s.nc.Publish(s.subj.applied(), strconv.AppendUint(nil, cur, 10)); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+				s.log.Warn("reprise service: publishing progress", "error", err)
+			}
+			sent = cur
+			// Batch bursts of applied messages into one update.
+			select {
+			case <-time.After(time.Millisecond):
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		select {
+		case <-changed:
+		case <-heartbeat.C:
+			sent = 0 // resend the same value
+		case <-ctx.Done():
+			return
+		}
+	}
+}

@@ -1,0 +1,102 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamOptions sets the limits of the stream that carries a deployment's
+// inserts and mutations. The zero value keeps everything (no byte or age
+// limit), on file storage, with one replica and JetStream's default dedupe
+// window.
+type StreamOptions struct {
+	// Replicas is the number of copies in a clustered JetStream (1, 3 or 5).
+	Replicas int
+	// MaxBytes caps the stream's size; the oldest messages go first. 0 means
+	// unlimited. Messages removed before a checkpoint covers them are lost
+	// to recovery, so size it for the checkpoint interval.
+	MaxBytes int64
+	// MaxAge drops messages older than this; 0 means never.
+	MaxAge time.Duration
+	// Duplicates is the window in which a resent message (same producer
+	// and sequence) is recognised and dropped; 0 means the server default
+	// (2 minutes).
+	Duplicates time.Duration
+	// Memory keeps the stream in memory instead of on disk: faster, and
+	// lost with the server.
+	Memory bool
+}
+
+func (o StreamOptions) config(subj subjects) jetstream.StreamConfig {
+	cfg := jetstream.StreamConfig{
+		Name:        subj.stream(),
+		Description: "Reprise inserts and mutations for prefix " + subj.prefix,
+		Subjects:    []string{subj.data()},
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		MaxBytes:    -1,
+		MaxMsgs:     -1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(o.Replicas, 1),
+		MaxAge:      o.MaxAge,
+		Duplicates:  o.Duplicates,
+	}
+	if o.MaxBytes > 0 {
+		cfg.MaxBytes = o.MaxBytes
+	}
+	if o.Memory {
+		cfg.Storage = jetstream.MemoryStorage
+	}
+	return cfg
+}
+
+// ensureStream creates the stream if it does not exist yet. With update set
+// (the service), an existing stream takes the given limits; producers leave
+// an existing stream as it is.
+func ensureStream(ctx context.Context, js jetstream.JetStream, subj subjects, o StreamOptions, update bool) (jetstream.Stream, error) {
+	cfg := o.config(subj)
+	for {
+		var (
+			s   jetstream.Stream
+			err error
+		)
+		if update {
+			s, err = js.CreateOrUpdateStream(ctx, cfg)
+		} else {
+			s, err = js.CreateStream(ctx, cfg)
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				s, err = js.Stream(ctx, cfg.Name)
+			}
+		}
+		if err == nil {
+			return s, nil
+		}
+		// A cluster answers JetStream API calls only once it has a meta
+		// leader; until then calls fail and are worth retrying.
+		if !retryableJSError(err) {
+			return nil, fmt.Errorf("broker: stream %s: %w", cfg.Name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("broker: stream %s: %w (last error: %v)", cfg.Name, ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func retryableJSError(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		// 10008: JetStream temporarily unavailable (no meta leader yet).
+		return apiErr.ErrorCode == 10008 || apiErr.Code == 503
+	}
+	return errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled)
+}

@@ -1,0 +1,78 @@
+// Package broker puts Reprise's engine on NATS JetStream. Actors publish
+// trajectories through a Producer; a Service consumes the stream, applies it
+// to the tables and answers learners; learners sample through a Client.
+//
+// Every subject lives under one prefix (DefaultPrefix unless set), so several
+// deployments can share a NATS server:
+//
+//	<prefix>.data.insert    InsertBatch messages (JetStream, the write-ahead log)
+//	<prefix>.data.mutate    Mutation messages (JetStream)
+//	<prefix>.data.reset     table resets (JetStream, published by the service)
+//	<prefix>.applied        the service's last applied stream sequence (core NATS)
+//	<prefix>.rejected.<id>  what the service rejected from producer <id> (core NATS)
+//	<prefix>.api.sample     sample requests (request-reply, a NATS micro endpoint)
+//	<prefix>.api.info       table info (request-reply)
+//	<prefix>.api.reset      reset a table (request-reply)
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// DefaultPrefix is the subject prefix used when none is configured.
+const DefaultPrefix = "reprise"
+
+// Errors shared by the producer, the service and the client. Match them
+// with errors.Is.
+var (
+	ErrInvalidPrefix  = errors.New("broker: invalid subject prefix")
+	ErrUnknownTable   = errors.New("broker: unknown table")
+	ErrRateLimited    = errors.New("broker: rate limited")
+	ErrRejected       = errors.New("broker: rejected by the table service")
+	ErrClosed         = errors.New("broker: closed")
+	ErrInvalidMessage = errors.New("broker: invalid message")
+	ErrSignature      = errors.New("broker: signature mismatch")
+	ErrHistory        = errors.New("broker: trajectory outside the producer's history")
+	ErrNotApplied     = errors.New("broker: items not yet applied by the table service")
+	ErrServer         = errors.New("broker: table service error")
+)
+
+// subjects derives every subject and the stream name from a prefix.
+type subjects struct {
+	prefix string
+}
+
+func newSubjects(prefix string) (subjects, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	for _, tok := range strings.Split(prefix, ".") {
+		if tok == "" || strings.ContainsAny(tok, " \t\r\n*>") {
+			return subjects{}, fmt.Errorf("%w: %q (dot-separated tokens without spaces or wildcards)", ErrInvalidPrefix, prefix)
+		}
+	}
+	return subjects{prefix: prefix}, nil
+}
+
+func (s subjects) insert() string  { return s.prefix + ".data.insert" }
+func (s subjects) mutate() string  { return s.prefix + ".data.mutate" }
+func (s subjects) reset() string   { return s.prefix + ".data.reset" }
+func (s subjects) data() string    { return s.prefix + ".data.>" }
+func (s subjects) applied() string { return s.prefix + ".applied" }
+func (s subjects) apiGroup() string {
+	return s.prefix + ".api"
+}
+func (s subjects) sample() string { return s.apiGroup() + ".sample" }
+func (s subjects) info() string   { return s.apiGroup() + ".info" }
+func (s subjects) resetAPI() string {
+	return s.apiGroup() + ".reset"
+}
+func (s subjects) rejected(producerID string) string { return s.prefix + ".rejected." + producerID }
+
+// stream is the name of the JetStream stream that holds the data subjects:
+// the prefix upper-cased with dots turned into underscores.
+func (s subjects) stream() string {
+	return "REPRISE_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(s.prefix))
+}

@@ -1,0 +1,110 @@
+package wire
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// FuzzDecodeChunk feeds arbitrary bytes through protobuf into DecodeChunk,
+// which must never panic, must return a consistent tensor when it accepts a
+// chunk, and must not allocate beyond the chunk's declared raw size.
+func FuzzDecodeChunk(f *testing.F) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, codec := range allCodecs {
+		for _, delta := range []bool{false, true} {
+			steps := []*Tensor{randomTensor(rng, "int16", []int64{3, 2}), randomTensor(rng, "int16", []int64{3, 2})}
+			c, err := EncodeChunk(3, steps, ChunkOptions{Codec: codec, Delta: delta})
+			if err != nil {
+				f.Fatal(err)
+			}
+			b, err := proto.Marshal(c)
+			if err != nil {
+				f.Fatal(err)
+			}
+			f.Add(b)
+		}
+	}
+	f.Add([]byte{})
+	// Warm the codecs up so their one-time set-up does not count as the
+	// allocation of the first input.
+	if _, err := zstdDecoder(); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var c Chunk
+		if proto.Unmarshal(b, &c) != nil {
+			return
+		}
+		var out *Tensor
+		var err error
+		allocated := allocatedBytes(func() { out, err = DecodeChunk(&c) })
+		// The decoder may allocate the raw size it has checked, plus
+		// bookkeeping; a chunk whose raw size is over the limit must cost
+		// next to nothing.
+		budget := uint64(1 << 20)
+		if c.RawSize <= MaxChunkRawSize {
+			budget += c.RawSize
+		}
+		if allocated > budget {
+			t.Fatalf("DecodeChunk allocated %d bytes for raw_size %d (%v)", allocated, c.RawSize, err)
+		}
+		if err != nil {
+			return
+		}
+		if err := ValidateTensor(out); err != nil {
+			t.Fatalf("decoded tensor invalid: %v", err)
+		}
+		if want := append([]int64{int64(c.Length)}, c.StepShape...); !slices.Equal(out.Shape, want) || out.Dtype != c.Dtype {
+			t.Fatalf("decoded %s %v, chunk says %s %v", out.Dtype, out.Shape, c.Dtype, want)
+		}
+		if uint64(len(out.Data)) != c.RawSize {
+			t.Fatalf("decoded %d bytes, raw_size %d", len(out.Data), c.RawSize)
+		}
+	})
+}
+
+// FuzzRoundTrip encodes arbitrary bytes as steps of each dtype and codec
+// and checks that decoding gives them back exactly.
+func FuzzRoundTrip(f *testing.F) {
+	f.Add([]byte("0123456789abcdef0123456789abcdef"), uint8(3), uint8(4), uint8(0), true)
+	f.Add([]byte{0xff, 0, 0xff, 0, 0x80, 0x7f}, uint8(1), uint8(2), uint8(1), true)
+	f.Add([]byte{}, uint8(12), uint8(1), uint8(2), false)
+	f.Fuzz(func(t *testing.T, data []byte, dtypeIndex, length, codec uint8, delta bool) {
+		dtype := allDtypes[int(dtypeIndex)%len(allDtypes)]
+		size, err := ElemSize(dtype)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 1 + int(length)%16
+		elems := len(data) / size / n
+		stepBytes := elems * size
+		steps := make([]*Tensor, n)
+		for i := range steps {
+			steps[i] = &Tensor{Dtype: dtype, Shape: []int64{int64(elems)}, Data: data[i*stepBytes : (i+1)*stepBytes]}
+		}
+		opts := ChunkOptions{Codec: allCodecs[int(codec)%len(allCodecs)], Delta: delta}
+		c, err := EncodeChunk(1, steps, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := proto.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got Chunk
+		if err := proto.Unmarshal(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		out, err := DecodeChunk(&got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(out.Data, data[:n*stepBytes]) || !slices.Equal(out.Shape, []int64{int64(n), int64(elems)}) {
+			t.Fatalf("round trip changed %s steps (%v, delta %t)", dtype, opts.Codec, delta)
+		}
+	})
+}

@@ -1,0 +1,409 @@
+package selectors
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// reference is a deliberately naive model of every selector: a slice in
+// insertion order, scanned in full by every operation.
+type reference struct {
+	opts  Options
+	items []refItem
+	seq   uint64
+}
+
+type refItem struct {
+	key      Key
+	priority float64
+	seq      uint64 // when last inserted or updated
+}
+
+func (r *reference) find(key Key) int {
+	return slices.IndexFunc(r.items, func(it refItem) bool { return it.key == key })
+}
+
+func (r *reference) validPriority(p float64) bool {
+	return !math.IsNaN(p) && !math.IsInf(p, 0) && p >= 0
+}
+
+// weight is the spec of Prioritized: p^α, every key weighing 1 when α = 0.
+func (r *reference) weight(p float64) float64 {
+	if r.opts.Exponent == 0 {
+		return 1
+	}
+	return math.Pow(p, r.opts.Exponent)
+}
+
+func (r *reference) overflows(p float64) bool {
+	return r.opts.Kind == KindPrioritized && math.IsInf(r.weight(p), 0)
+}
+
+func (r *reference) insert(key Key, p float64) error {
+	switch {
+	case !r.validPriority(p):
+		return ErrInvalidPriority
+	case r.find(key) >= 0:
+		return ErrKeyExists
+	case r.overflows(p):
+		return ErrInvalidPriority
+	}
+	r.seq++
+	r.items = append(r.items, refItem{key: key, priority: p, seq: r.seq})
+	return nil
+}
+
+func (r *reference) update(key Key, p float64) error {
+	i := r.find(key)
+	switch {
+	case !r.validPriority(p):
+		return ErrInvalidPriority
+	case i < 0:
+		return ErrKeyNotFound
+	case r.overflows(p):
+		return ErrInvalidPriority
+	}
+	r.seq++
+	r.items[i].priority = p
+	r.items[i].seq = r.seq
+	return nil
+}
+
+func (r *reference) delete(key Key) error {
+	i := r.find(key)
+	if i < 0 {
+		return ErrKeyNotFound
+	}
+	r.items = slices.Delete(r.items, i, i+1)
+	return nil
+}
+
+// next is the key a deterministic selector must sample.
+func (r *reference) next() Key {
+	switch r.opts.Kind {
+	case KindFifo:
+		return r.items[0].key
+	case KindLifo:
+		return r.items[len(r.items)-1].key
+	}
+	best := r.items[0]
+	for _, it := range r.items[1:] {
+		better := it.priority > best.priority
+		if r.opts.Kind == KindMinHeap {
+			better = it.priority < best.priority
+		}
+		if better || it.priority == best.priority && it.seq < best.seq {
+			best = it
+		}
+	}
+	return best.key
+}
+
+// checkSample checks one draw of sel against the model.
+func (r *reference) checkSample(key Key, prob float64, err error) error {
+	n := len(r.items)
+	if n == 0 {
+		if !errors.Is(err, ErrEmpty) {
+			return fmt.Errorf("Sample on empty: err = %v, want ErrEmpty", err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("Sample: %v", err)
+	}
+	switch r.opts.Kind {
+	case KindFifo, KindLifo, KindMaxHeap, KindMinHeap:
+		if want := r.next(); key != want || prob != 1 {
+			return fmt.Errorf("Sample = (%d, %v), want (%d, 1)", key, prob, want)
+		}
+		return nil
+	}
+	i := r.find(key)
+	if i < 0 {
+		return fmt.Errorf("Sample returned key %d, which is not held", key)
+	}
+	uniform := 1 / float64(n)
+	if r.opts.Kind == KindUniform {
+		if prob != uniform {
+			return fmt.Errorf("Sample probability %v, want 1/%d", prob, n)
+		}
+		return nil
+	}
+	var total float64
+	for _, it := range r.items {
+		total += r.weight(it.priority)
+	}
+	if total == 0 {
+		if prob != uniform {
+			return fmt.Errorf("all weights 0: probability %v, want 1/%d", prob, n)
+		}
+		return nil
+	}
+	w := r.weight(r.items[i].priority)
+	if w == 0 {
+		return fmt.Errorf("Sample returned key %d of weight 0 while the total is %v", key, total)
+	}
+	if want := w / total; math.Abs(prob-want) > 1e-12*want {
+		return fmt.Errorf("Sample probability of key %d = %v, want %v", key, prob, want)
+	}
+	return nil
+}
+
+type opKind uint8
+
+const (
+	opInsert opKind = iota
+	opUpdate
+	opDelete
+	opSample
+	opClear
+)
+
+type op struct {
+	kind     opKind
+	key      Key
+	priority float64
+}
+
+func (o op) String() string {
+	switch o.kind {
+	case opInsert:
+		return fmt.Sprintf("Insert(%d, %v)", o.key, o.priority)
+	case opUpdate:
+		return fmt.Sprintf("Update(%d, %v)", o.key, o.priority)
+	case opDelete:
+		return fmt.Sprintf("Delete(%d)", o.key)
+	case opSample:
+		return "Sample()"
+	default:
+		return "Clear()"
+	}
+}
+
+func sameError(got, want error) error {
+	if want == nil && got != nil || want != nil && !errors.Is(got, want) {
+		return fmt.Errorf("err = %v, want %v", got, want)
+	}
+	return nil
+}
+
+// runModel applies ops to sel and to a reference and reports the first
+// disagreement, or a broken internal invariant of sel.
+func runModel(sel Selector, ops []op) error {
+	ref := &reference{opts: sel.Options()}
+	for i, o := range ops {
+		var err error
+		switch o.kind {
+		case opInsert:
+			err = sameError(sel.Insert(o.key, o.priority), ref.insert(o.key, o.priority))
+		case opUpdate:
+			err = sameError(sel.Update(o.key, o.priority), ref.update(o.key, o.priority))
+		case opDelete:
+			err = sameError(sel.Delete(o.key), ref.delete(o.key))
+		case opSample:
+			err = ref.checkSample(sel.Sample())
+		case opClear:
+			sel.Clear()
+			ref.items = ref.items[:0]
+		}
+		if err == nil && sel.Len() != len(ref.items) {
+			err = fmt.Errorf("Len = %d, want %d", sel.Len(), len(ref.items))
+		}
+		if err == nil {
+			err = checkInvariants(sel)
+		}
+		if err != nil {
+			return fmt.Errorf("%v: op %d %v: %w", sel.Options(), i, o, err)
+		}
+	}
+	return nil
+}
+
+// checkInvariants inspects a selector's internals.
+func checkInvariants(sel Selector) error {
+	switch s := sel.(type) {
+	case *queue:
+		var keys []Key
+		prev := none
+		for i := s.head; i != none; i = s.nodes[i].next {
+			if s.nodes[i].prev != prev {
+				return fmt.Errorf("node %d: prev %d, want %d", i, s.nodes[i].prev, prev)
+			}
+			if s.index[s.nodes[i].key] != i {
+				return fmt.Errorf("index of key %d is %d, want %d", s.nodes[i].key, s.index[s.nodes[i].key], i)
+			}
+			keys = append(keys, s.nodes[i].key)
+			prev = i
+		}
+		if prev != s.tail || len(keys) != len(s.index) {
+			return fmt.Errorf("list of %d keys ending at %d; tail %d, index of %d", len(keys), prev, s.tail, len(s.index))
+		}
+	case *uniform:
+		if len(s.keys) != len(s.index) {
+			return fmt.Errorf("%d keys, index of %d", len(s.keys), len(s.index))
+		}
+		for i, k := range s.keys {
+			if s.index[k] != i {
+				return fmt.Errorf("index of key %d is %d, want %d", k, s.index[k], i)
+			}
+		}
+	case *prioritized:
+		if err := checkSumTree(s); err != nil {
+			return err
+		}
+	case *priorityHeap:
+		if len(s.heap) != len(s.index) {
+			return fmt.Errorf("%d entries, index of %d", len(s.heap), len(s.index))
+		}
+		for i := range s.heap {
+			if s.slots[s.heap[i].slot].pos != i {
+				return fmt.Errorf("entry %d: its slot says position %d", i, s.slots[s.heap[i].slot].pos)
+			}
+			if s.index[s.slots[s.heap[i].slot].key] != s.heap[i].slot {
+				return fmt.Errorf("entry %d: index disagrees with slot", i)
+			}
+			if i > 0 && s.above(&s.heap[i], &s.heap[(i-1)/2]) {
+				return fmt.Errorf("entry %d belongs above its parent", i)
+			}
+		}
+	}
+	return nil
+}
+
+// checkSumTree verifies that every internal node is exactly the sum of its
+// children, that unused leaves weigh 0 and that the index is consistent.
+func checkSumTree(s *prioritized) error {
+	c := s.capacity()
+	for p := 1; p < c; p++ {
+		if sum := s.tree[2*p] + s.tree[2*p+1]; math.Float64bits(s.tree[p]) != math.Float64bits(sum) {
+			return fmt.Errorf("node %d = %v, children sum to %v", p, s.tree[p], sum)
+		}
+	}
+	for i := len(s.keys); i < c; i++ {
+		if s.tree[c+i] != 0 {
+			return fmt.Errorf("unused leaf %d weighs %v", i, s.tree[c+i])
+		}
+	}
+	if len(s.keys) != len(s.index) {
+		return fmt.Errorf("%d keys, index of %d", len(s.keys), len(s.index))
+	}
+	for i, k := range s.keys {
+		if s.index[k] != i {
+			return fmt.Errorf("index of key %d is %d, want %d", k, s.index[k], i)
+		}
+	}
+	return nil
+}
+
+// modelPriorities mixes the ordinary, the tied, the extreme and the invalid.
+var modelPriorities = []float64{
+	0, 0.5, 1, 1, 2, 3, 7.25, 10, 1e-300, 1e100, 1e200,
+	math.Copysign(0, -1), -1, math.NaN(), math.Inf(1), math.Inf(-1),
+}
+
+var modelExponents = []float64{0, 0.5, 0.6, 1, 2}
+
+// allSelectors builds one selector of every kind, the random ones seeded.
+func allSelectors(t testing.TB, exponent float64, seed uint64) []Selector {
+	t.Helper()
+	p, err := NewPrioritized(exponent, rand.New(rand.NewPCG(seed, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []Selector{
+		NewFifo(), NewLifo(), NewMaxHeap(), NewMinHeap(),
+		NewUniform(rand.New(rand.NewPCG(seed, 1))), p,
+	}
+}
+
+func randomOps(rng *rand.Rand, n, keys int) []op {
+	ops := make([]op, n)
+	for i := range ops {
+		o := op{key: Key(rng.IntN(keys))}
+		switch r := rng.IntN(100); {
+		case r < 35:
+			o.kind = opInsert
+		case r < 55:
+			o.kind = opUpdate
+		case r < 75:
+			o.kind = opDelete
+		case r < 99:
+			o.kind = opSample
+		default:
+			o.kind = opClear
+		}
+		if rng.IntN(2) == 0 {
+			o.priority = modelPriorities[rng.IntN(len(modelPriorities))]
+		} else {
+			o.priority = rng.Float64() * 10
+		}
+		ops[i] = o
+	}
+	return ops
+}
+
+func TestModel(t *testing.T) {
+	runs, length := 20, 2000
+	if testing.Short() {
+		runs = 5
+	}
+	for run := range runs {
+		for _, exponent := range modelExponents {
+			seed := uint64(run)
+			ops := randomOps(rand.New(rand.NewPCG(seed, 99)), length, 48)
+			for _, sel := range allSelectors(t, exponent, seed) {
+				if err := runModel(sel, ops); err != nil {
+					t.Fatalf("seed %d: %v", seed, err)
+				}
+			}
+		}
+	}
+}
+
+// decodeOps turns fuzz input into an exponent and operations: the first byte
+// picks the exponent, then every 3 bytes are (operation, key, priority).
+func decodeOps(data []byte) (float64, []op) {
+	if len(data) == 0 {
+		return 1, nil
+	}
+	exponent := modelExponents[int(data[0])%len(modelExponents)]
+	data = data[1:]
+	ops := make([]op, 0, len(data)/3)
+	for ; len(data) >= 3; data = data[3:] {
+		o := op{key: Key(data[1] % 32), priority: modelPriorities[int(data[2])%len(modelPriorities)]}
+		switch k := data[0] % 16; {
+		case k < 5:
+			o.kind = opInsert
+		case k < 8:
+			o.kind = opUpdate
+		case k < 11:
+			o.kind = opDelete
+		case k < 15:
+			o.kind = opSample
+		default:
+			o.kind = opClear
+		}
+		ops = append(ops, o)
+	}
+	return exponent, ops
+}
+
+func FuzzSelectors(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{3, 0, 1, 2, 0, 2, 2, 0, 3, 0, 11, 0, 0, 8, 1, 0, 11, 0, 0})
+	f.Add([]byte{1, 0, 1, 0, 0, 2, 0, 11, 0, 0, 5, 1, 7, 11, 0, 0, 15, 0, 0, 11, 0, 0})
+	f.Add([]byte{4, 0, 1, 10, 0, 2, 10, 0, 3, 6, 11, 0, 0, 5, 1, 13, 0, 4, 12, 11, 0, 0})
+	f.Add([]byte{2, 0, 7, 8, 0, 8, 1, 0, 9, 2, 11, 0, 0, 8, 7, 3, 11, 0, 0, 12, 8, 4})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		exponent, ops := decodeOps(data)
+		for _, sel := range allSelectors(t, exponent, 7) {
+			if err := runModel(sel, ops); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}

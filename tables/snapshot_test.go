@@ -1,0 +1,219 @@
+package tables
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/reprise-rl/reprise/limiter"
+	"github.com/reprise-rl/reprise/selectors"
+)
+
+// snapshotOps drives a table through inserts (with evictions), priority
+// updates with many ties, deletes and samples, recording the sampled keys.
+func snapshotOps(t *testing.T, tb *Table, rng *rand.Rand, firstKey uint64, n int) []uint64 {
+	t.Helper()
+	var sampled []uint64
+	for i := range n {
+		key := firstKey + uint64(i)
+		switch r := rng.IntN(10); {
+		case r < 5:
+			mustInsert(t, tb, newItem(key, float64(rng.IntN(3)), ChunkKey(key%7)))
+		case r < 7:
+			if _, err := tb.Mutate([]Mutation{{Key: firstKey + uint64(rng.IntN(i+1)), Priority: float64(rng.IntN(3))}}); err != nil {
+				t.Fatal(err)
+			}
+		case r < 8:
+			tb.Delete(firstKey + uint64(rng.IntN(i+1)))
+		default:
+			if tb.Size() > 0 {
+				sampled = append(sampled, sampleKeys(t, tb, 1)...)
+			}
+		}
+	}
+	return sampled
+}
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	pairs := [][2]selectors.Kind{
+		{selectors.KindFifo, selectors.KindFifo},
+		{selectors.KindLifo, selectors.KindLifo},
+		{selectors.KindMaxHeap, selectors.KindMinHeap},
+		{selectors.KindMinHeap, selectors.KindMaxHeap},
+		{selectors.KindFifo, selectors.KindMinHeap},
+	}
+	for _, p := range pairs {
+		t.Run(fmt.Sprintf("%s-%s", p[0], p[1]), func(t *testing.T) {
+			store := NewChunkStore()
+			for k := range ChunkKey(7) {
+				putChunk(store, k, 1, int(k)+1)
+			}
+			cfg := config("t", p[0], p[1], 12, limiter.MinSize(1))
+			cfg.MaxTimesSampled = 3
+			cfg.Signature = Signature{{Name: "obs", DType: "float32", Shape: []int64{-1, 2}}}
+			clock := time.Unix(1700000000, 0)
+			tick := WithClock(func() time.Time { clock = clock.Add(time.Millisecond); return clock })
+			orig := mustNew(t, cfg, store, tick)
+			snapshotOps(t, orig, rand.New(rand.NewPCG(3, 4)), 0, 200)
+
+			snap := orig.Snapshot()
+			data, err := json.Marshal(snap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var decoded TableSnapshot
+			if err := json.Unmarshal(data, &decoded); err != nil {
+				t.Fatal(err)
+			}
+
+			// Rebuild in a fresh store from the chunks the snapshot kept.
+			store2 := NewChunkStore()
+			var keys []ChunkKey
+			for _, c := range SnapshotChunks(snap) {
+				store2.Put(c)
+				keys = append(keys, c.Key)
+			}
+			restored, err := NewFromSnapshot(decoded, store2, tick)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := store2.Release(keys...); err != nil {
+				t.Fatal(err)
+			}
+			if again := restored.Snapshot(); !reflect.DeepEqual(again, snap) {
+				t.Fatalf("restored snapshot differs:\n got %+v\nwant %+v", again, snap)
+			}
+			if a, b := orig.Info(), restored.Info(); !reflect.DeepEqual(a, b) {
+				t.Fatalf("info differs:\n got %+v\nwant %+v", b, a)
+			}
+			checkRefs(t, store2, 0, restored)
+
+			// Both now evolve identically: same samples, same evictions.
+			for k := range ChunkKey(7) {
+				c, _ := store.Get(k)
+				store2.Put(c)
+			}
+			want := snapshotOps(t, orig, rand.New(rand.NewPCG(5, 6)), 1000, 200)
+			got := snapshotOps(t, restored, rand.New(rand.NewPCG(5, 6)), 1000, 200)
+			if !slices.Equal(got, want) {
+				t.Fatalf("sampled after restore %v, original %v", got, want)
+			}
+			if a, b := listKeys(orig), listKeys(restored); !slices.Equal(a, b) {
+				t.Fatalf("keys after restore %v, original %v", b, a)
+			}
+		})
+	}
+}
+
+// checkRefs verifies that every chunk's reference count in the store is
+// callerRefs plus the number of items of the tables that reference it, and
+// that the store holds nothing else.
+func checkRefs(t testing.TB, s *ChunkStore, callerRefs int64, tables ...*Table) {
+	t.Helper()
+	want := make(map[ChunkKey]int64)
+	for _, tb := range tables {
+		inTable := map[ChunkKey]bool{}
+		for _, it := range tb.Snapshot().Items {
+			seen := map[ChunkKey]bool{}
+			for _, c := range it.Trajectory {
+				for _, sl := range c.Slices {
+					if !seen[sl.Chunk] {
+						seen[sl.Chunk] = true
+						inTable[sl.Chunk] = true
+						want[sl.Chunk]++
+					}
+				}
+			}
+		}
+		var bytes int64
+		for k := range inTable {
+			c, ok := s.Get(k)
+			if !ok {
+				t.Fatalf("chunk %d is referenced by items of %q but gone from the store", k, tb.Name())
+			}
+			bytes += int64(len(c.Data))
+		}
+		if info := tb.Info(); info.BytesHeld != bytes || info.Chunks != len(inTable) {
+			t.Fatalf("table %q reports %d bytes in %d chunks, its items reference %d bytes in %d", tb.Name(), info.BytesHeld, info.Chunks, bytes, len(inTable))
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, sc := range s.chunks {
+		if sc.refs != want[k]+callerRefs {
+			t.Fatalf("chunk %d has %d references, want %d from items and %d from the caller", k, sc.refs, want[k], callerRefs)
+		}
+	}
+	for k := range want {
+		if s.chunks[k] == nil {
+			t.Fatalf("chunk %d is referenced by items but gone from the store", k)
+		}
+	}
+}
+
+func TestNewFromSnapshotRejects(t *testing.T) {
+	store := NewChunkStore()
+	putChunk(store, 1, 1, 1)
+	putChunk(store, 2, 1, 1)
+	tb := mustNew(t, config("t", selectors.KindFifo, selectors.KindFifo, 10, limiter.MinSize(1)), store)
+	mustInsert(t, tb, newItem(1, 1, 1))
+	mustInsert(t, tb, newItem(2, 1, 2))
+	good := tb.Snapshot()
+	cases := []struct {
+		name    string
+		edit    func(*TableSnapshot)
+		targets []error
+		words   []string
+	}{
+		{"config", func(s *TableSnapshot) { s.Config.MaxSize = 0 }, []error{ErrInvalidConfig}, []string{"max_size"}},
+		{"counts", func(s *TableSnapshot) { s.Limiter.Inserts = 5 }, []error{ErrInvalidSnapshot}, []string{"2 items"}},
+		{"too many items", func(s *TableSnapshot) { s.Config.MaxSize = 1 }, []error{ErrInvalidSnapshot}, []string{"max_size is 1"}},
+		{"duplicate", func(s *TableSnapshot) { s.Items[1].Key = 1 }, []error{ErrInvalidSnapshot}, []string{"item 1 appears twice"}},
+		{"priority", func(s *TableSnapshot) { s.Items[1].Priority = -2 }, []error{ErrInvalidSnapshot, ErrInvalidPriority}, []string{"item 2"}},
+		{"times sampled", func(s *TableSnapshot) { s.Items[1].TimesSampled = -1 }, []error{ErrInvalidSnapshot}, []string{"item 2"}},
+		{"missing chunk", func(s *TableSnapshot) {
+			s.Items[1].Trajectory = []Column{col("obs", 9)}
+		}, []error{ErrChunkMissing}, []string{"item 2", "chunk 9"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			snap := good
+			snap.Items = slices.Clone(good.Items)
+			c.edit(&snap)
+			_, err := NewFromSnapshot(snap, store)
+			wantErr(t, err, c.targets, c.words...)
+			if refs(store, 1) != 2 || refs(store, 2) != 2 {
+				t.Fatalf("failed restore leaked references: %d, %d", refs(store, 1), refs(store, 2))
+			}
+		})
+	}
+}
+
+func TestSnapshotChunksOnceAcrossTables(t *testing.T) {
+	store := NewChunkStore()
+	for k := ChunkKey(1); k <= 3; k++ {
+		putChunk(store, k, 1, 1)
+	}
+	a := mustNew(t, config("a", selectors.KindFifo, selectors.KindFifo, 10, limiter.MinSize(1)), store)
+	b := mustNew(t, config("b", selectors.KindFifo, selectors.KindFifo, 10, limiter.MinSize(1)), store)
+	mustInsert(t, a, newItem(1, 1, 3, 1))
+	mustInsert(t, a, newItem(2, 1, 1))
+	mustInsert(t, b, newItem(1, 1, 3, 2))
+	var keys []ChunkKey
+	for _, c := range SnapshotChunks(a.Snapshot(), b.Snapshot()) {
+		keys = append(keys, c.Key)
+	}
+	if !slices.Equal(keys, []ChunkKey{1, 2, 3}) {
+		t.Fatalf("SnapshotChunks keys %v", keys)
+	}
+	// The snapshot keeps its chunks readable after the table lets go.
+	snap := a.Snapshot()
+	a.Reset()
+	if len(snap.Chunks) != 2 || snap.Chunks[0].Key != 1 || snap.Chunks[0].Length != 1 {
+		t.Fatalf("snapshot chunks %+v", snap.Chunks)
+	}
+}

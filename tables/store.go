@@ -1,0 +1,216 @@
+package tables
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// ChunkStore holds the chunks of one deployment, shared by all its tables.
+// A chunk lives while anything holds a reference to it (the caller that Put
+// it, a producer's keep-alive set, every item whose trajectory names it) and
+// is dropped when the last reference is released. It is safe for concurrent
+// use.
+type ChunkStore struct {
+	mu     sync.Mutex
+	chunks map[ChunkKey]*storedChunk
+	bytes  int64
+	// epoch and scratch serve acquire, under mu: a chunk is distinct within
+	// one item when its mark is not yet the current epoch, which dedupes
+	// without allocating a set per item.
+	epoch   uint64
+	scratch []*storedChunk
+}
+
+type storedChunk struct {
+	chunk *Chunk
+	refs  int64
+	mark  uint64
+}
+
+// NewChunkStore returns an empty store.
+func NewChunkStore() *ChunkStore {
+	return &ChunkStore{chunks: make(map[ChunkKey]*storedChunk)}
+}
+
+// Put adds c and takes one reference to it for the caller. When a chunk with
+// c's key is already present, Put takes a reference to that one and returns
+// it instead: keys are unique per deployment, so the two are the same chunk
+// (a producer may send it again after a reconnect). The store keeps c as
+// given; nobody may modify a chunk once it is Put. Put(nil) does nothing and
+// returns nil.
+func (s *ChunkStore) Put(c *Chunk) *Chunk {
+	if c == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sc, ok := s.chunks[c.Key]; ok {
+		sc.refs++
+		return sc.chunk
+	}
+	s.chunks[c.Key] = &storedChunk{chunk: c, refs: 1}
+	s.bytes += int64(len(c.Data))
+	return c
+}
+
+// Retain takes one more reference to each key (a key listed twice is
+// retained twice). If any key is missing it takes none and returns an error
+// wrapping ErrChunkMissing that names the first missing key.
+func (s *ChunkStore) Retain(keys ...ChunkKey) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		if _, ok := s.chunks[k]; !ok {
+			return fmt.Errorf("%w: chunk %d", ErrChunkMissing, k)
+		}
+	}
+	for _, k := range keys {
+		s.chunks[k].refs++
+	}
+	return nil
+}
+
+// Release gives back one reference to each key (a key listed twice is
+// released twice) and drops the chunks whose last reference goes. Keys the
+// store does not hold are skipped and reported in an error wrapping
+// ErrChunkMissing: releasing more than was taken is a bug of the caller's.
+func (s *ChunkStore) Release(keys ...ChunkKey) error {
+	var missing []ChunkKey
+	s.mu.Lock()
+	for _, k := range keys {
+		sc, ok := s.chunks[k]
+		if !ok {
+			missing = append(missing, k)
+			continue
+		}
+		s.releaseLocked(sc, 1)
+	}
+	s.mu.Unlock()
+	if missing != nil {
+		return fmt.Errorf("%w: cannot release chunks %v: not held", ErrChunkMissing, missing)
+	}
+	return nil
+}
+
+// Get returns the chunk with the given key, if present. The chunk stays
+// valid after it leaves the store (chunks are immutable), but only a
+// reference keeps it in the store.
+func (s *ChunkStore) Get(key ChunkKey) (*Chunk, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sc, ok := s.chunks[key]; ok {
+		return sc.chunk, true
+	}
+	return nil, false
+}
+
+// Len is the number of chunks held.
+func (s *ChunkStore) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.chunks)
+}
+
+// Bytes is the total size of the chunks held (the sum of len(Data)).
+func (s *ChunkStore) Bytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bytes
+}
+
+func (s *ChunkStore) releaseLocked(sc *storedChunk, n int64) {
+	sc.refs -= n
+	if sc.refs <= 0 {
+		delete(s.chunks, sc.chunk.Key)
+		s.bytes -= int64(len(sc.chunk.Data))
+	}
+}
+
+// acquire checks an item's trajectory against the chunks it names and
+// against sig (when not nil), then takes one reference to each distinct
+// chunk and returns them in order of first use. On error it takes nothing.
+// Checking under the store's lock means the chunks cannot go between the
+// check and the reference.
+func (s *ChunkStore) acquire(traj []Column, sig Signature) ([]*Chunk, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	distinct, err := s.collectLocked(traj, sig)
+	var out []*Chunk
+	if err == nil {
+		out = make([]*Chunk, len(distinct))
+		for i, sc := range distinct {
+			sc.refs++
+			out[i] = sc.chunk
+		}
+	}
+	clear(distinct)
+	s.scratch = distinct[:0]
+	return out, err
+}
+
+// collectLocked does acquire's checks and gathers the distinct chunks.
+func (s *ChunkStore) collectLocked(traj []Column, sig Signature) ([]*storedChunk, error) {
+	s.epoch++
+	distinct := s.scratch[:0]
+	for ci := range traj {
+		col := &traj[ci]
+		var first *Chunk
+		var steps int64
+		for si, sl := range col.Slices {
+			sc, ok := s.chunks[sl.Chunk]
+			if !ok {
+				return distinct, fmt.Errorf("%w: chunk %d (column %q, slice %d)", ErrChunkMissing, sl.Chunk, col.Name, si)
+			}
+			c := sc.chunk
+			if sl.Offset < 0 || sl.Length < 1 || int64(sl.Offset)+int64(sl.Length) > int64(c.Length) {
+				return distinct, fmt.Errorf("%w: column %q slice %d: steps [%d, %d) are outside chunk %d of %d steps",
+					ErrInvalidItem, col.Name, si, sl.Offset, int64(sl.Offset)+int64(sl.Length), c.Key, c.Length)
+			}
+			if first == nil {
+				first = c
+			} else if c.DType != first.DType || !slices.Equal(c.Shape, first.Shape) {
+				return distinct, fmt.Errorf("%w: column %q mixes chunks of %s%v (chunk %d) and %s%v (chunk %d)",
+					ErrInvalidItem, col.Name, first.DType, first.Shape, first.Key, c.DType, c.Shape, c.Key)
+			}
+			steps += int64(sl.Length)
+			if sc.mark != s.epoch {
+				sc.mark = s.epoch
+				distinct = append(distinct, sc)
+			}
+		}
+		if col.Squeeze && steps != 1 {
+			return distinct, fmt.Errorf("%w: column %q is squeezed but covers %d steps (want 1)", ErrInvalidItem, col.Name, steps)
+		}
+		if sig != nil {
+			if err := sig[ci].match(col.Name, first, steps, col.Squeeze); err != nil {
+				return distinct, err
+			}
+		}
+	}
+	return distinct, nil
+}
+
+// releaseChunks gives back one reference to each chunk; the chunks are
+// distinct and were acquired together.
+func (s *ChunkStore) releaseChunks(cs []*Chunk) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range cs {
+		if sc, ok := s.chunks[c.Key]; ok {
+			s.releaseLocked(sc, 1)
+		}
+	}
+}
+
+// releaseN gives back n references to each chunk of refs at once (a table
+// that drops all its items).
+func (s *ChunkStore) releaseN(refs map[ChunkKey]heldChunk) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, h := range refs {
+		if sc, ok := s.chunks[k]; ok {
+			s.releaseLocked(sc, int64(h.items))
+		}
+	}
+}

@@ -1,0 +1,611 @@
+package tables
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/reprise-rl/reprise/limiter"
+	"github.com/reprise-rl/reprise/selectors"
+)
+
+// Table is one replay table: items chosen by a sampler, evicted by a remover
+// beyond MaxSize, removed after MaxTimesSampled samples, and admitted by a
+// rate limiter. It is safe for concurrent use. Calls that wait for the
+// limiter (Insert, Sample, SampleFlexible) hold no lock while they wait.
+//
+// An item costs the table about 104 bytes of bookkeeping, one map slot
+// (about 16 bytes), a slice of its distinct chunk pointers (8 bytes each)
+// and its place in the two selectors; its trajectory is the caller's slice,
+// kept as given.
+type Table struct {
+	store *ChunkStore
+	now   func() time.Time
+	name  string
+	sig   Signature
+	done  chan struct{} // closed by Close
+
+	mu       sync.Mutex
+	cfg      Config
+	lim      *limiter.Limiter
+	sampler  selectors.Selector
+	remover  selectors.Selector
+	items    map[uint64]*entry
+	head     *entry // oldest item; items are linked in insertion order
+	tail     *entry
+	spare    *entry  // removed entries for reuse, chained through next
+	slab     []entry // fresh entries, handed out one at a time
+	seq      uint64  // stamps inserts and priority updates (heap tie order)
+	held     map[ChunkKey]heldChunk
+	heldSize int64
+	counters Counters
+	closed   bool
+}
+
+// entry is one item's bookkeeping.
+type entry struct {
+	key          uint64
+	priority     float64
+	insertedAt   int64  // unix nanoseconds
+	seq          uint64 // of its insert or latest priority update
+	timesSampled int32
+	// traj and chunks are shared read-only with every Sample and Item handed
+	// out, so they are replaced, never modified.
+	traj       []Column
+	chunks     []*Chunk // distinct, in order of first use
+	prev, next *entry
+}
+
+// heldChunk counts the items of one table that reference a chunk.
+type heldChunk struct {
+	chunk *Chunk
+	items int32
+}
+
+// Counters are a table's lifetime event counts. Reset does not clear them
+// (the limiter's counters, which Reset does clear, are in Info.Limiter).
+type Counters struct {
+	// Inserts counts new items. Inserting a key already present updates
+	// its priority and is not counted here.
+	Inserts int64 `json:"inserts"`
+	// Samples counts sampled items (a Sample of n counts n).
+	Samples int64 `json:"samples"`
+	// Deletes counts every removal: explicit deletes, evictions and items
+	// that reached max_times_sampled.
+	Deletes int64 `json:"deletes"`
+	// Evictions counts items removed by the remover to respect max_size.
+	Evictions int64 `json:"evictions"`
+	// InsertWaits counts inserts the rate limiter held at least once
+	// (whether they then got in or their context ended).
+	InsertWaits int64 `json:"insert_waits"`
+	// SampleWaits counts Sample and SampleFlexible calls the rate limiter
+	// held at least once.
+	SampleWaits int64 `json:"sample_waits"`
+}
+
+// Info describes a table at one moment.
+type Info struct {
+	// Config is the current config, including a limiter or
+	// max_times_sampled changed by Reconfigure.
+	Config   Config        `json:"config"`
+	Size     int64         `json:"size"`
+	Limiter  limiter.State `json:"limiter"`
+	Counters Counters      `json:"counters"`
+	// Chunks is the number of distinct chunks the items reference, and
+	// BytesHeld their total size: a chunk shared by several items of this
+	// table counts once (and once more in every other table using it).
+	Chunks    int   `json:"chunks"`
+	BytesHeld int64 `json:"bytes_held"`
+}
+
+// Option configures New and NewFromSnapshot.
+type Option func(*options)
+
+type options struct {
+	rng *rand.Rand
+	now func() time.Time
+}
+
+// WithRand drives the random selectors (Uniform, Prioritized) with rng
+// instead of a randomly seeded source, so that tests can replay draws. The
+// table uses rng only under its lock; nothing else may use it.
+func WithRand(rng *rand.Rand) Option { return func(o *options) { o.rng = rng } }
+
+// WithClock replaces time.Now as the source of insertion times.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// New returns an empty table described by cfg. Its items reference chunks of
+// store, which must be the store the caller puts their chunks in.
+func New(cfg Config, store *ChunkStore, opts ...Option) (*Table, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if store == nil {
+		return nil, fmt.Errorf("%w: table %q: chunk store is nil", ErrInvalidConfig, cfg.Name)
+	}
+	o := options{now: time.Now}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
+	sampler, err := selectors.New(cfg.Sampler, o.rng)
+	if err != nil {
+		return nil, fmt.Errorf("%w: table %q: sampler: %w", ErrInvalidConfig, cfg.Name, err)
+	}
+	remover, err := selectors.New(cfg.Remover, o.rng)
+	if err != nil {
+		return nil, fmt.Errorf("%w: table %q: remover: %w", ErrInvalidConfig, cfg.Name, err)
+	}
+	lim, err := limiter.New(cfg.Limiter)
+	if err != nil {
+		return nil, fmt.Errorf("%w: table %q: rate_limiter: %w", ErrInvalidConfig, cfg.Name, err)
+	}
+	cfg.Signature = cloneSignature(cfg.Signature)
+	return &Table{
+		store:   store,
+		now:     o.now,
+		name:    cfg.Name,
+		sig:     cfg.Signature,
+		done:    make(chan struct{}),
+		cfg:     cfg,
+		lim:     lim,
+		sampler: sampler,
+		remover: remover,
+		items:   make(map[uint64]*entry),
+		held:    make(map[ChunkKey]heldChunk),
+	}, nil
+}
+
+// Name is the table's name.
+func (t *Table) Name() string { return t.name }
+
+// Size is the number of items.
+func (t *Table) Size() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return int64(len(t.items))
+}
+
+// Insert adds item once the rate limiter allows it, waiting (without holding
+// the table) until then, until ctx ends (an error wrapping both
+// limiter.ErrRateLimited and ctx.Err()) or until the table is closed
+// (ErrClosed).
+//
+// The item is checked before any wait: its priority (ErrInvalidPriority), its
+// trajectory (ErrInvalidItem), its chunks, which must be in the store
+// (ErrChunkMissing), and the table's signature (ErrSignature). The table
+// takes a reference to each chunk for as long as it holds the item, and
+// keeps item.Trajectory as given: the caller must not modify it afterwards.
+// A zero InsertedAt is set to the table's clock; TimesSampled is ignored.
+//
+// As in Reverb, inserting a key the table already holds only sets that
+// item's priority; the new trajectory is dropped, and the limiter neither
+// counts nor holds it. A new item goes in first and is then evicted from, so
+// when the table was full the remover may choose the new item itself (a
+// MinHeap remover does when it has the lowest priority): Insert succeeds and
+// the item is gone at once.
+func (t *Table) Insert(ctx context.Context, item Item) error {
+	if err := checkPriority(item.Priority); err != nil {
+		return fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
+	}
+	if err := checkTrajectory(item.Trajectory, t.sig); err != nil {
+		return fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
+	}
+	if !item.InsertedAt.IsZero() && !inRange(item.InsertedAt) {
+		return fmt.Errorf("%w: table %q: item %d: inserted_at %v is outside the years 1678-2262", ErrInvalidItem, t.name, item.Key, item.InsertedAt)
+	}
+	chunks, err := t.store.acquire(item.Trajectory, t.sig)
+	if err != nil {
+		return fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
+	}
+	waited := false
+	for {
+		at := item.InsertedAt
+		if at.IsZero() {
+			at = t.now()
+		}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			t.store.releaseChunks(chunks)
+			return fmt.Errorf("%w: table %q", ErrClosed, t.name)
+		}
+		if e, ok := t.items[item.Key]; ok {
+			t.updateLocked(e, item.Priority)
+			t.mu.Unlock()
+			t.store.releaseChunks(chunks)
+			return nil
+		}
+		ok, changed := t.lim.TryInsert(1)
+		if ok {
+			t.insertLocked(item.Key, item.Priority, at.UnixNano(), item.Trajectory, chunks)
+			t.mu.Unlock()
+			return nil
+		}
+		if !waited {
+			waited = true
+			t.counters.InsertWaits++
+		}
+		t.mu.Unlock()
+		if err := t.wait(ctx, changed, "insert"); err != nil {
+			t.store.releaseChunks(chunks)
+			return err
+		}
+	}
+}
+
+// wait blocks until the limiter's state changes, ctx ends or the table is
+// closed.
+func (t *Table) wait(ctx context.Context, changed <-chan struct{}, op string) error {
+	if changed == nil {
+		// The limiter refuses for good only when a counter would overflow.
+		return fmt.Errorf("%w: table %q: %s can never be allowed: limiter counters exhausted", limiter.ErrInvalidCount, t.name, op)
+	}
+	select {
+	case <-changed:
+		return nil
+	case <-t.done:
+		return fmt.Errorf("%w: table %q", ErrClosed, t.name)
+	case <-ctx.Done():
+		return fmt.Errorf("%w: table %q: %s: %w", limiter.ErrRateLimited, t.name, op, ctx.Err())
+	}
+}
+
+func (t *Table) insertLocked(key uint64, priority float64, at int64, traj []Column, chunks []*Chunk) {
+	e := t.newEntry()
+	t.seq++
+	*e = entry{key: key, priority: priority, insertedAt: at, seq: t.seq, traj: traj, chunks: chunks, prev: t.tail}
+	if t.tail == nil {
+		t.head = e
+	} else {
+		t.tail.next = e
+	}
+	t.tail = e
+	t.items[key] = e
+	must(t.sampler.Insert(key, priority))
+	must(t.remover.Insert(key, priority))
+	t.holdLocked(chunks)
+	t.counters.Inserts++
+	for int64(len(t.items)) > t.cfg.MaxSize {
+		victim, _, err := t.remover.Sample()
+		must(err)
+		t.removeLocked(t.items[victim])
+		t.counters.Evictions++
+	}
+}
+
+func (t *Table) holdLocked(chunks []*Chunk) {
+	for _, c := range chunks {
+		h := t.held[c.Key]
+		if h.items == 0 {
+			h.chunk = c
+			t.heldSize += int64(len(c.Data))
+		}
+		h.items++
+		t.held[c.Key] = h
+	}
+}
+
+// newEntry hands out entries from a slab, reusing removed ones first, so
+// that inserting does not allocate per item.
+func (t *Table) newEntry() *entry {
+	if e := t.spare; e != nil {
+		t.spare = e.next
+		return e
+	}
+	if len(t.slab) == 0 {
+		t.slab = make([]entry, min(256, t.cfg.MaxSize))
+	}
+	e := &t.slab[0]
+	t.slab = t.slab[1:]
+	return e
+}
+
+func (t *Table) updateLocked(e *entry, priority float64) {
+	must(t.sampler.Update(e.key, priority))
+	must(t.remover.Update(e.key, priority))
+	e.priority = priority
+	t.seq++
+	e.seq = t.seq
+}
+
+// removeLocked drops e from the table, counts the removal in the limiter
+// (which may let inserts through) and gives back its chunk references.
+func (t *Table) removeLocked(e *entry) {
+	must(t.sampler.Delete(e.key))
+	must(t.remover.Delete(e.key))
+	delete(t.items, e.key)
+	if e.prev == nil {
+		t.head = e.next
+	} else {
+		e.prev.next = e.next
+	}
+	if e.next == nil {
+		t.tail = e.prev
+	} else {
+		e.next.prev = e.prev
+	}
+	t.lim.Delete(1)
+	t.counters.Deletes++
+	for _, c := range e.chunks {
+		h := t.held[c.Key]
+		if h.items--; h.items == 0 {
+			delete(t.held, c.Key)
+			t.heldSize -= int64(len(c.Data))
+		} else {
+			t.held[c.Key] = h
+		}
+	}
+	t.store.releaseChunks(e.chunks)
+	*e = entry{next: t.spare}
+	t.spare = e
+}
+
+// must stops on a selector refusing what the table's own bookkeeping makes
+// valid (a key it holds, a key it does not, a checked priority): the two are
+// out of step, and carrying on would corrupt the table.
+func must(err error) {
+	if err != nil {
+		panic(fmt.Sprintf("tables: selector out of step with its table: %v", err))
+	}
+}
+
+// Sample returns n samples, each one allowed by the rate limiter, waiting
+// (without holding the table) for those not yet allowed. An item may be
+// returned more than once. An item that reaches max_times_sampled is returned
+// and removed in the same step. If ctx ends or the table closes first, Sample
+// returns the samples it took with an error (wrapping both
+// limiter.ErrRateLimited and ctx.Err(), or ErrClosed): those items have been
+// counted as sampled, and may have been removed, so the caller must use them.
+//
+// The returned trajectories and chunk slices are shared with the table and
+// other samples: read them, never modify them.
+func (t *Table) Sample(ctx context.Context, n int) ([]Sample, error) {
+	return t.sample(ctx, n, n)
+}
+
+// SampleFlexible waits until at least one sample is allowed, then returns as
+// many as the rate limiter allows at that moment, up to max. It fails as
+// Sample does, with no samples.
+func (t *Table) SampleFlexible(ctx context.Context, max int) ([]Sample, error) {
+	return t.sample(ctx, 1, max)
+}
+
+func (t *Table) sample(ctx context.Context, least, most int) ([]Sample, error) {
+	if most < 1 {
+		return nil, fmt.Errorf("%w: table %q: sample count must be >= 1, got %d", ErrInvalidArgument, t.name, most)
+	}
+	var out []Sample
+	waited := false
+	for {
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return out, fmt.Errorf("%w: table %q", ErrClosed, t.name)
+		}
+		if out == nil {
+			// Sized for the usual case (no more than the table holds) and
+			// never by the request alone, which may be absurd.
+			out = make([]Sample, 0, min(most, max(1, len(t.items))))
+		}
+		var changed <-chan struct{}
+		for len(out) < most {
+			var ok bool
+			if ok, changed = t.lim.TrySample(1); !ok {
+				break
+			}
+			out = append(out, t.sampleLocked(waited))
+		}
+		if len(out) >= least {
+			t.mu.Unlock()
+			return out, nil
+		}
+		if !waited {
+			waited = true
+			t.counters.SampleWaits++
+		}
+		t.mu.Unlock()
+		if err := t.wait(ctx, changed, "sample"); err != nil {
+			return out, err
+		}
+	}
+}
+
+// sampleLocked takes one sample the limiter has allowed (and counted). The
+// limiter's size bound keeps the table non-empty whenever it allows one.
+func (t *Table) sampleLocked(waited bool) Sample {
+	key, prob, err := t.sampler.Sample()
+	must(err)
+	e := t.items[key]
+	e.timesSampled++
+	t.counters.Samples++
+	s := Sample{
+		Info: SampleInfo{
+			Key:          key,
+			Probability:  prob,
+			TableSize:    int64(len(t.items)),
+			Priority:     e.priority,
+			TimesSampled: e.timesSampled,
+			InsertedAt:   time.Unix(0, e.insertedAt).UTC(),
+			RateLimited:  waited,
+		},
+		Trajectory: e.traj,
+		Chunks:     e.chunks,
+	}
+	if m := t.cfg.MaxTimesSampled; m > 0 && e.timesSampled >= m {
+		t.removeLocked(e)
+	}
+	return s
+}
+
+// Mutate applies priority updates and deletes in the order given, so an
+// update after a delete of the same key finds it missing. Keys the table
+// does not hold are skipped and returned in missing (they were usually
+// removed by the table in the meantime). All priorities are checked first:
+// if one is invalid Mutate applies nothing and returns an error wrapping
+// ErrInvalidPriority that names its key.
+func (t *Table) Mutate(muts []Mutation) (missing []uint64, err error) {
+	for i, m := range muts {
+		if m.Delete {
+			continue
+		}
+		if err := checkPriority(m.Priority); err != nil {
+			return nil, fmt.Errorf("table %q: mutation %d (key %d): %w", t.name, i, m.Key, err)
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, m := range muts {
+		e, ok := t.items[m.Key]
+		switch {
+		case !ok:
+			missing = append(missing, m.Key)
+		case m.Delete:
+			t.removeLocked(e)
+		default:
+			t.updateLocked(e, m.Priority)
+		}
+	}
+	return missing, nil
+}
+
+// Delete removes the items with the given keys and returns the keys it did
+// not find.
+func (t *Table) Delete(keys ...uint64) (missing []uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range keys {
+		if e, ok := t.items[k]; ok {
+			t.removeLocked(e)
+		} else {
+			missing = append(missing, k)
+		}
+	}
+	return missing
+}
+
+// Reset removes every item, giving back their chunk references, and zeroes
+// the limiter's counters. The table's Counters keep counting.
+func (t *Table) Reset() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.store.releaseN(t.held)
+	clear(t.held)
+	t.heldSize = 0
+	clear(t.items)
+	t.head, t.tail, t.spare, t.slab = nil, nil, nil, nil
+	t.sampler.Clear()
+	t.remover.Clear()
+	t.lim.Reset()
+}
+
+// Reconfigure replaces the rate limiter's config and max_times_sampled while
+// the table runs; the limiter keeps its counters, so the new bounds apply to
+// the history so far, and waiting inserts and samples re-check at once. An
+// item already sampled as often as a lowered max_times_sampled allows stays
+// until its next sample, which returns it and removes it.
+func (t *Table) Reconfigure(lim limiter.Config, maxTimesSampled int32) error {
+	if err := lim.Validate(); err != nil {
+		return fmt.Errorf("%w: table %q: rate_limiter: %w", ErrInvalidConfig, t.name, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.lim.Reconfigure(lim); err != nil {
+		return fmt.Errorf("%w: table %q: rate_limiter: %w", ErrInvalidConfig, t.name, err)
+	}
+	t.cfg.Limiter = lim
+	t.cfg.MaxTimesSampled = maxTimesSampled
+	return nil
+}
+
+// Close makes waiting and later Insert, Sample and SampleFlexible calls
+// return ErrClosed. The items stay, so that a final Snapshot sees them; Reset
+// gives back their chunks. Close is idempotent.
+func (t *Table) Close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.closed {
+		t.closed = true
+		close(t.done)
+	}
+}
+
+// Info describes the table now.
+func (t *Table) Info() Info {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cfg := t.cfg
+	cfg.Signature = cloneSignature(cfg.Signature)
+	return Info{
+		Config:    cfg,
+		Size:      int64(len(t.items)),
+		Limiter:   t.lim.State(),
+		Counters:  t.counters,
+		Chunks:    len(t.held),
+		BytesHeld: t.heldSize,
+	}
+}
+
+// Get returns the items with the given keys, in the order asked, skipping
+// keys the table does not hold. Their trajectories are shared with the
+// table: read them, never modify them.
+func (t *Table) Get(keys ...uint64) []Item {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []Item
+	for _, k := range keys {
+		if e, ok := t.items[k]; ok {
+			out = append(out, e.item())
+		}
+	}
+	return out
+}
+
+// List returns up to limit items in insertion order, skipping the first
+// offset. A negative offset counts as 0; a limit below 1 lists nothing.
+func (t *Table) List(offset, limit int) []Item {
+	if limit < 1 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.head
+	for i := 0; i < offset && e != nil; i++ {
+		e = e.next
+	}
+	var out []Item
+	for ; e != nil && len(out) < limit; e = e.next {
+		out = append(out, e.item())
+	}
+	return out
+}
+
+func (e *entry) item() Item {
+	return Item{
+		Key:          e.key,
+		Priority:     e.priority,
+		TimesSampled: e.timesSampled,
+		InsertedAt:   time.Unix(0, e.insertedAt).UTC(),
+		Trajectory:   e.traj,
+	}
+}
+
+// inRange reports whether at survives the table's storage as unix
+// nanoseconds.
+func inRange(at time.Time) bool { return time.Unix(0, at.UnixNano()).Equal(at) }
+
+func cloneSignature(s Signature) Signature {
+	if s == nil {
+		return nil
+	}
+	out := make(Signature, len(s))
+	for i, c := range s {
+		c.Shape = append([]int64(nil), c.Shape...)
+		out[i] = c
+	}
+	return out
+}

@@ -1,0 +1,142 @@
+// Package tables is Reprise's replay engine: Tables of Items with a sampler,
+// a remover, a size bound, a max-times-sampled bound and a rate limiter, over
+// a reference-counted ChunkStore that all tables share.
+//
+// The package does no I/O. Chunk payloads are opaque bytes to it (the broker
+// stores them encoded and compressed, exactly as they travel on the wire), so
+// an item's data is stored once however many tables reference it and is sent
+// to learners without being decoded.
+package tables
+
+import (
+	"errors"
+	"time"
+
+	"github.com/reprise-rl/reprise/limiter"
+	"github.com/reprise-rl/reprise/selectors"
+)
+
+// Errors returned by tables. Match them with errors.Is.
+var (
+	ErrClosed          = errors.New("tables: table closed")
+	ErrInvalidConfig   = errors.New("tables: invalid config")
+	ErrInvalidItem     = errors.New("tables: invalid item")
+	ErrChunkMissing    = errors.New("tables: chunk missing")
+	ErrSignature       = errors.New("tables: signature mismatch")
+	ErrKeyNotFound     = errors.New("tables: key not found")
+	ErrInvalidArgument = errors.New("tables: invalid argument")
+	ErrInvalidSnapshot = errors.New("tables: invalid snapshot")
+	ErrInvalidPriority = selectors.ErrInvalidPriority
+)
+
+// ChunkKey identifies a chunk in the ChunkStore.
+type ChunkKey = uint64
+
+// Chunk is K consecutive steps of one column. The engine reads only the
+// metadata; Data is stored and returned untouched.
+type Chunk struct {
+	Key ChunkKey
+	// DType is the numpy name of the element type ("float32", "uint8", ...).
+	DType string
+	// Shape is the shape of one step (without the leading step axis).
+	Shape []int64
+	// Length is the number of steps in the chunk.
+	Length int32
+	// Data is the encoded chunk as it travels on the wire.
+	Data []byte
+}
+
+// Slice selects Length consecutive steps of a chunk, starting at Offset.
+type Slice struct {
+	Chunk  ChunkKey `json:"chunk"`
+	Offset int32    `json:"offset"`
+	Length int32    `json:"length"`
+}
+
+// Column is one column of an item's trajectory: the steps it covers, in
+// order, possibly spanning several chunks. Squeeze marks a single step whose
+// leading axis the reader drops.
+type Column struct {
+	Name    string  `json:"name"`
+	Slices  []Slice `json:"slices"`
+	Squeeze bool    `json:"squeeze,omitempty"`
+}
+
+// Steps is the number of steps the column covers.
+func (c Column) Steps() int64 {
+	var n int64
+	for _, s := range c.Slices {
+		n += int64(s.Length)
+	}
+	return n
+}
+
+// Item is the metadata of one replay entry: a trajectory of chunk slices and
+// the bookkeeping its table keeps. It holds no tensor data.
+type Item struct {
+	Key          uint64
+	Priority     float64
+	TimesSampled int32
+	InsertedAt   time.Time
+	Trajectory   []Column
+}
+
+// ColumnSpec is one column of a table signature. A shape entry of -1 matches
+// any size on that axis.
+type ColumnSpec struct {
+	Name  string  `json:"name"`
+	DType string  `json:"dtype"`
+	Shape []int64 `json:"shape"`
+}
+
+// Signature, when set on a table, is the exact list of columns every item
+// must have, in order.
+type Signature []ColumnSpec
+
+// Config describes a table. It is what Info reports and what a snapshot
+// stores.
+type Config struct {
+	Name    string            `json:"name"`
+	Sampler selectors.Options `json:"sampler"`
+	Remover selectors.Options `json:"remover"`
+	// MaxSize bounds the number of items; inserting beyond it evicts with
+	// the remover.
+	MaxSize int64 `json:"max_size"`
+	// MaxTimesSampled removes an item on its last allowed sample; < 1 means
+	// unlimited.
+	MaxTimesSampled int32          `json:"max_times_sampled"`
+	Limiter         limiter.Config `json:"rate_limiter"`
+	Signature       Signature      `json:"signature,omitempty"`
+}
+
+// SampleInfo describes one sampled item as it was at the moment of sampling.
+type SampleInfo struct {
+	Key          uint64
+	Probability  float64
+	TableSize    int64
+	Priority     float64
+	TimesSampled int32 // including this sample
+	InsertedAt   time.Time
+	RateLimited  bool // the sample had to wait for the rate limiter
+}
+
+// Sample is one sampled item with the chunks its trajectory references.
+type Sample struct {
+	Info       SampleInfo
+	Trajectory []Column
+	Chunks     []*Chunk
+}
+
+// PriorityUpdate sets the priority of one item.
+type PriorityUpdate struct {
+	Key      uint64
+	Priority float64
+}
+
+// Mutation is one step of MutatePriorities: an update, or a delete when
+// Delete is true.
+type Mutation struct {
+	Key      uint64
+	Priority float64
+	Delete   bool
+}
