@@ -47,10 +47,11 @@ type Client struct {
 
 // call collects the reply to one request, which may come in parts.
 type call struct {
-	parts [][]byte
-	want  int
-	done  chan struct{}
-	err   error
+	subject string
+	parts   [][]byte
+	want    int
+	done    chan struct{}
+	err     error
 }
 
 // NewClient connects a client through nc.
@@ -106,7 +107,7 @@ func (c *Client) onReply(m *nats.Msg) {
 		delete(c.pending, id)
 	}
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
-		finish(fmt.Errorf("%w: no table service is listening on %s (is reprised running with prefix %q?)", ErrServer, m.Subject, c.subj.prefix))
+		finish(fmt.Errorf("%w: no table service is listening on %s (is reprised running with prefix %q?)", ErrServer, cl.subject, c.subj.prefix))
 		return
 	}
 	parts := m.Header.Get(headerParts)
@@ -135,7 +136,7 @@ func (c *Client) request(ctx context.Context, subject string, req proto.Message)
 		return nil, fmt.Errorf("broker: encoding request: %w", err)
 	}
 	id := strconv.FormatUint(c.nextID.Add(1), 36)
-	cl := &call{done: make(chan struct{})}
+	cl := &call{subject: subject, done: make(chan struct{})}
 	c.mu.Lock()
 	c.pending[id] = cl
 	c.mu.Unlock()

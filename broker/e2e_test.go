@@ -660,3 +660,75 @@ func mustMarshal(t testing.TB, m proto.Message) []byte {
 	}
 	return data
 }
+
+// TestProducerGap: messages of one producer that the stream stored out of
+// order (a retry after a lost publish) are applied in the producer's order;
+// when the missing message never comes, the service gives up on it after
+// the gap timeout and applies the rest.
+func TestProducerGap(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 100)}, deployOptions{service: []ServiceOption{WithGapTimeout(200 * time.Millisecond)}})
+	ctx := testContext(t)
+	publish := func(producer string, seq uint64, id int64) {
+		t.Helper()
+		ch, err := wire.EncodeChunk(uint64(1000+id), []*wire.Tensor{wire.Int64s(nil, []int64{id})}, wire.ChunkOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &wire.InsertBatch{ProducerId: producer, Sequence: seq, Chunks: []*wire.Chunk{ch},
+			Items: []*wire.Item{{Key: uint64(id), Table: "queue", Priority: 1, Columns: []*wire.TrajectoryColumn{{Name: "id", Squeeze: true, Slices: []*wire.ColumnSlice{{ChunkKey: ch.Key, Length: 1}}}}}}}
+		if _, err := d.svc.js.Publish(ctx, d.svc.subj.insert(), mustMarshal(t, m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := d.client()
+	drain := func(n int) []int64 {
+		t.Helper()
+		var got []int64
+		for len(got) < n {
+			s, err := c.Sample(ctx, "queue", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, ids(t, s[0])[0])
+		}
+		return got
+	}
+	publish("a", 1, 1)
+	publish("a", 3, 3)
+	publish("a", 4, 4)
+	publish("a", 2, 2)
+	publish("a", 2, 2) // a duplicate the dedupe window did not catch
+	if got := drain(4); !slices.Equal(got, []int64{1, 2, 3, 4}) {
+		t.Fatalf("queue order %v, want [1 2 3 4]", got)
+	}
+	// Message 6 arrives, 5 never does: 6 waits for the gap timeout.
+	publish("b", 1, 10)
+	publish("b", 3, 12)
+	if got := drain(1); got[0] != 10 {
+		t.Fatalf("got %v, want 10 first", got)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := c.Sample(short, "queue", 1); !errors.Is(err, ErrRateLimited) {
+		t.Fatalf("sample while message 2 is missing: %v, want ErrRateLimited (message 3 held)", err)
+	}
+	// Stream time moves on with any later message.
+	waitUntil(t, "gap timeout passes", func() bool {
+		publish("c", 1, 20)
+		info, err := c.Info(ctx, "queue")
+		return err == nil && info.Tables[0].Size >= 2 && slices.Contains(drainAll(t, c, ctx), int64(12))
+	})
+}
+
+func drainAll(t *testing.T, c *Client, ctx context.Context) []int64 {
+	var out []int64
+	for {
+		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		s, err := c.Sample(short, "queue", 1)
+		cancel()
+		if err != nil {
+			return out
+		}
+		out = append(out, ids(t, s[0])[0])
+	}
+}

@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"math"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -22,6 +23,8 @@ type insertBatch struct {
 	items      []*wire.Item
 	release    []uint64
 	end        bool
+
+	storedAt time.Time // when the stream stored it
 }
 
 type rawChunk struct {

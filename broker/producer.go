@@ -166,6 +166,8 @@ type Producer struct {
 	maxPayload int
 	flow       *flow
 	subs       []*nats.Subscription
+	notes      chan *nats.Msg
+	notesDone  chan struct{}
 
 	mu      sync.Mutex
 	closed  bool
@@ -267,22 +269,53 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 		ackDone:    make(chan struct{}),
 	}
 	p.lifetime, p.cancel = context.WithCancel(context.Background())
-	applied, err := nc.Subscribe(subj.applied(), p.onApplied)
-	if err != nil {
-		return nil, fmt.Errorf("broker: subscribe %s: %w", subj.applied(), err)
+	started := false
+	defer func() {
+		if !started {
+			p.cancel()
+		}
+	}()
+	// One channel for both subjects: the connection fills it in the order
+	// the service published, so a rejection is always seen before the
+	// progress that covers it.
+	p.notes = make(chan *nats.Msg, 256)
+	for _, subject := range []string{subj.applied(), subj.rejected(p.id)} {
+		sub, err := nc.ChanSubscribe(subject, p.notes)
+		if err != nil {
+			for _, s := range p.subs {
+				s.Unsubscribe()
+			}
+			return nil, fmt.Errorf("broker: subscribe %s: %w", subject, err)
+		}
+		p.subs = append(p.subs, sub)
 	}
-	rejected, err := nc.Subscribe(subj.rejected(p.id), p.onRejected)
-	if err != nil {
-		applied.Unsubscribe()
-		return nil, fmt.Errorf("broker: subscribe %s: %w", subj.rejected(p.id), err)
-	}
-	p.subs = []*nats.Subscription{applied, rejected}
+	p.notesDone = make(chan struct{})
+	go p.readNotes()
+	started = true
 	go p.ackLoop()
 	return p, nil
 }
 
 // ID is the producer's unique id; the service names it in logs.
 func (p *Producer) ID() string { return p.id }
+
+// readNotes handles the service's progress and rejection messages until
+// Close unsubscribes and stops it.
+func (p *Producer) readNotes() {
+	defer close(p.notesDone)
+	for {
+		select {
+		case m := <-p.notes:
+			if m.Subject == p.subj.applied() {
+				p.onApplied(m)
+			} else {
+				p.onRejected(m)
+			}
+		case <-p.lifetime.Done():
+			return
+		}
+	}
+}
 
 func (p *Producer) onApplied(m *nats.Msg) {
 	seq, err := strconv.ParseUint(string(m.Data), 10, 64)
@@ -753,7 +786,6 @@ func (p *Producer) Close(ctx context.Context) error {
 	}
 	close(p.acks)
 	p.mu.Unlock()
-	p.cancel()
 
 	select {
 	case <-p.ackDone:
@@ -765,6 +797,8 @@ func (p *Producer) Close(ctx context.Context) error {
 	for _, s := range p.subs {
 		errs = append(errs, s.Unsubscribe())
 	}
+	p.cancel()
+	<-p.notesDone
 	errs = append(errs, p.flow.takeErrors())
 	return errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ type serviceOptions struct {
 	maxBatch       int
 	pullBytes      int
 	producerIdle   time.Duration
+	gapTimeout     time.Duration
 	startSequence  uint64
 	tableOptions   []tables.Option
 	progressPeriod time.Duration
@@ -74,6 +76,7 @@ func defaultServiceOptions() serviceOptions {
 		maxBatch:       1 << 16,
 		pullBytes:      64 << 20,
 		producerIdle:   30 * time.Minute,
+		gapTimeout:     2 * time.Minute,
 		progressPeriod: time.Second,
 	}
 }
@@ -113,6 +116,14 @@ func WithPullBytes(n int) ServiceOption {
 // died without closing must not pin memory forever.
 func WithProducerIdle(d time.Duration) ServiceOption {
 	return serviceOption(func(o *serviceOptions) error { o.producerIdle = d; return nil })
+}
+
+// WithGapTimeout sets how long (in stream time) the service holds a
+// producer's messages that arrived ahead of a missing one before it gives up
+// on the missing one (default 2 minutes; keep it above the producers'
+// WithRetryFor).
+func WithGapTimeout(d time.Duration) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.gapTimeout = d; return nil })
 }
 
 // WithStartSequence makes the service consume the stream from seq on (for
@@ -159,10 +170,14 @@ type serviceStats struct {
 	messages   atomic.Int64
 }
 
+// producerState is what the service keeps per producer: the chunks it
+// sent that later items may reference, and where it is in its sequence.
 type producerState struct {
-	lastSeq  uint64
+	lastSeq  uint64 // every message up to here is applied
 	lastSeen time.Time
-	held     map[uint64]struct{}
+	chunks   map[uint64]struct{}
+	waiting  map[uint64]*insertBatch // arrived ahead of a gap
+	end      bool                    // the producer closed
 }
 
 // NewService builds the tables from their configs. Run starts serving.
@@ -329,46 +344,121 @@ func (s *Service) applyInsert(ctx context.Context, data []byte, seq uint64, at t
 		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, err.Error())
 		return nil
 	}
+	b.storedAt = at
+	if err := s.releaseStalled(ctx, at); err != nil {
+		return err
+	}
 	s.sweepProducers(at)
 	ps := s.producers[b.producerID]
 	if ps == nil {
-		ps = &producerState{held: make(map[uint64]struct{})}
+		// A producer's first message starts its sequence: after an idle
+		// drop or a restart the service cannot know what came before.
+		ps = &producerState{chunks: make(map[uint64]struct{}), lastSeq: b.sequence - min(b.sequence, 1)}
 		s.producers[b.producerID] = ps
 	}
 	ps.lastSeen = at
-	if b.sequence != 0 && b.sequence <= ps.lastSeq {
-		// A resend the stream's dedupe window no longer caught.
+	_, waiting := ps.waiting[b.sequence]
+	switch {
+	case b.sequence <= ps.lastSeq || waiting:
+		// A resend the stream's dedupe window did not catch.
 		s.stats.duplicates.Add(1)
 		return nil
+	case b.sequence > ps.lastSeq+1:
+		// An earlier message is missing: a publish lost in a reconnect
+		// whose retry is on its way. Hold this one until it arrives.
+		if ps.waiting == nil {
+			ps.waiting = make(map[uint64]*insertBatch)
+		}
+		ps.waiting[b.sequence] = b
+		if len(ps.waiting) > maxWaiting {
+			return s.applyWaiting(ctx, b.producerID, ps, true)
+		}
+		return nil
 	}
-	ps.lastSeq = b.sequence
+	if err := s.applyBatch(ctx, ps, b); err != nil {
+		return err
+	}
+	return s.applyWaiting(ctx, b.producerID, ps, false)
+}
 
+// maxWaiting bounds the messages held per producer while a gap in its
+// sequence stays open.
+const maxWaiting = 1024
+
+// applyWaiting applies held messages that are next in their producer's
+// sequence; with force, it applies them all, giving up on the gap (the
+// producer reported the missing message as failed long ago).
+func (s *Service) applyWaiting(ctx context.Context, id string, ps *producerState, force bool) error {
+	for len(ps.waiting) > 0 {
+		next, ok := ps.waiting[ps.lastSeq+1]
+		if !ok {
+			if !force {
+				return nil
+			}
+			lowest := uint64(math.MaxUint64)
+			for q := range ps.waiting {
+				lowest = min(lowest, q)
+			}
+			s.log.Warn("reprise service: giving up on a gap in a producer's messages", "producer", id, "missing_from", ps.lastSeq+1, "missing_to", lowest-1)
+			next = ps.waiting[lowest]
+		}
+		delete(ps.waiting, next.sequence)
+		if err := s.applyBatch(ctx, ps, next); err != nil {
+			return err
+		}
+	}
+	if ps.end {
+		s.dropProducer(id, ps)
+	}
+	return nil
+}
+
+// releaseStalled applies messages held for longer than gapTimeout (in
+// stream time, so a replay makes the same decision at the same point).
+func (s *Service) releaseStalled(ctx context.Context, now time.Time) error {
+	for id, ps := range s.producers {
+		for _, b := range ps.waiting {
+			if now.Sub(b.storedAt) > s.o.gapTimeout {
+				if err := s.applyWaiting(ctx, id, ps, true); err != nil {
+					return err
+				}
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// applyBatch applies one message of a producer, in its sequence.
+func (s *Service) applyBatch(ctx context.Context, ps *producerState, b *insertBatch) error {
 	for _, rc := range b.chunks {
 		if rc.err != nil {
 			s.reject(b.producerID, b.sequence, 0, "", wire.Code_CODE_INVALID_ARGUMENT, rc.err.Error())
 			continue
 		}
-		if _, dup := ps.held[rc.key]; dup {
+		if _, dup := ps.chunks[rc.key]; dup {
 			continue
 		}
 		// The reference Put takes is the producer's hold.
 		s.store.Put(rc.chunk)
-		ps.held[rc.key] = struct{}{}
+		ps.chunks[rc.key] = struct{}{}
 	}
-	for _, item := range b.items {
-		if err := s.insertItem(ctx, b.producerID, b.sequence, at, item); err != nil {
+	for i, item := range b.items {
+		if err := s.insertItem(ctx, b.producerID, b.sequence, b.storedAt, item); err != nil {
+			// Resume here if the service goes on (never, today: only the
+			// end of ctx stops an insert).
+			b.items = b.items[i:]
 			return err
 		}
 	}
 	for _, key := range b.release {
-		if _, ok := ps.held[key]; ok {
-			delete(ps.held, key)
+		if _, ok := ps.chunks[key]; ok {
+			delete(ps.chunks, key)
 			s.store.Release(key)
 		}
 	}
-	if b.end {
-		s.dropProducer(b.producerID, ps)
-	}
+	ps.lastSeq = b.sequence
+	ps.end = ps.end || b.end
 	return nil
 }
 
@@ -403,7 +493,7 @@ func (s *Service) insertItem(ctx context.Context, producer string, seq uint64, s
 }
 
 func (s *Service) dropProducer(id string, ps *producerState) {
-	for key := range ps.held {
+	for key := range ps.chunks {
 		s.store.Release(key)
 	}
 	delete(s.producers, id)
@@ -418,8 +508,8 @@ func (s *Service) sweepProducers(now time.Time) {
 	}
 	s.lastSweep = now
 	for id, ps := range s.producers {
-		if now.Sub(ps.lastSeen) > s.o.producerIdle {
-			s.log.Info("reprise service: dropping idle producer", "producer", id, "idle", now.Sub(ps.lastSeen), "held_chunks", len(ps.held))
+		if now.Sub(ps.lastSeen) > s.o.producerIdle && len(ps.waiting) == 0 {
+			s.log.Info("reprise service: dropping idle producer", "producer", id, "idle", now.Sub(ps.lastSeen), "held_chunks", len(ps.chunks))
 			s.dropProducer(id, ps)
 		}
 	}

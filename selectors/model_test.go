@@ -274,18 +274,29 @@ func checkInvariants(sel Selector) error {
 	return nil
 }
 
-// checkSumTree verifies that every internal node is exactly the sum of its
-// children, that unused leaves weigh 0 and that the index is consistent.
+// checkSumTree verifies that every node above the leaves is exactly the sum
+// of its group, as is the total, that unused leaves weigh 0 and that the index
+// is consistent.
 func checkSumTree(s *prioritized) error {
-	c := s.capacity()
-	for p := 1; p < c; p++ {
-		if sum := s.tree[2*p] + s.tree[2*p+1]; math.Float64bits(s.tree[p]) != math.Float64bits(sum) {
-			return fmt.Errorf("node %d = %v, children sum to %v", p, s.tree[p], sum)
+	for l := 1; l < len(s.levels); l++ {
+		for j := range s.levels[l] {
+			var sum float64
+			if j*fanout < len(s.levels[l-1]) {
+				sum = sumGroup(group(s.levels[l-1], j))
+			}
+			if math.Float64bits(s.levels[l][j]) != math.Float64bits(sum) {
+				return fmt.Errorf("level %d node %d = %v, its group sums to %v", l, j, s.levels[l][j], sum)
+			}
 		}
 	}
-	for i := len(s.keys); i < c; i++ {
-		if s.tree[c+i] != 0 {
-			return fmt.Errorf("unused leaf %d weighs %v", i, s.tree[c+i])
+	if len(s.levels) > 0 {
+		if top := s.levels[len(s.levels)-1]; len(top) != fanout || math.Float64bits(s.total) != math.Float64bits(sumGroup(group(top, 0))) {
+			return fmt.Errorf("total %v, top level %v", s.total, top)
+		}
+		for i := len(s.keys); i < len(s.levels[0]); i++ {
+			if s.levels[0][i] != 0 {
+				return fmt.Errorf("unused leaf %d weighs %v", i, s.levels[0][i])
+			}
 		}
 	}
 	if len(s.keys) != len(s.index) {
@@ -307,31 +318,38 @@ var modelPriorities = []float64{
 
 var modelExponents = []float64{0, 0.5, 0.6, 1, 2}
 
-// allSelectors builds one selector of every kind, the random ones seeded.
-func allSelectors(t testing.TB, exponent float64, seed uint64) []Selector {
+// allSelectors builds one selector of every kind, one Prioritized for each
+// exponent, the random ones seeded.
+func allSelectors(t testing.TB, seed uint64, exponents ...float64) []Selector {
 	t.Helper()
-	p, err := NewPrioritized(exponent, rand.New(rand.NewPCG(seed, 2)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return []Selector{
+	sels := []Selector{
 		NewFifo(), NewLifo(), NewMaxHeap(), NewMinHeap(),
-		NewUniform(rand.New(rand.NewPCG(seed, 1))), p,
+		NewUniform(rand.New(rand.NewPCG(seed, 1))),
 	}
+	for _, e := range exponents {
+		p, err := NewPrioritized(e, rand.New(rand.NewPCG(seed, 2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sels = append(sels, p)
+	}
+	return sels
 }
 
-func randomOps(rng *rand.Rand, n, keys int) []op {
+// randomOps draws n operations on keys 0..keys-1, Clear with probability
+// clearPerMille/1000.
+func randomOps(rng *rand.Rand, n, keys, clearPerMille int) []op {
 	ops := make([]op, n)
 	for i := range ops {
 		o := op{key: Key(rng.IntN(keys))}
-		switch r := rng.IntN(100); {
-		case r < 35:
+		switch r := rng.IntN(1000); {
+		case r < 350:
 			o.kind = opInsert
-		case r < 55:
+		case r < 550:
 			o.kind = opUpdate
-		case r < 75:
+		case r < 750:
 			o.kind = opDelete
-		case r < 99:
+		case r < 1000-clearPerMille:
 			o.kind = opSample
 		default:
 			o.kind = opClear
@@ -347,25 +365,38 @@ func randomOps(rng *rand.Rand, n, keys int) []op {
 }
 
 func TestModel(t *testing.T) {
-	runs, length := 20, 2000
-	if testing.Short() {
-		runs = 5
+	tests := []struct {
+		name                      string
+		runs, length, keys, clear int
+	}{
+		// Few keys: frequent collisions, empty selectors, ties.
+		{"48 keys", 20, 2000, 48, 10},
+		// Never cleared, the selectors settle near 450 keys: a sum tree of
+		// three levels and deep heaps.
+		{"700 keys", 2, 6000, 700, 0},
 	}
-	for run := range runs {
-		for _, exponent := range modelExponents {
-			seed := uint64(run)
-			ops := randomOps(rand.New(rand.NewPCG(seed, 99)), length, 48)
-			for _, sel := range allSelectors(t, exponent, seed) {
-				if err := runModel(sel, ops); err != nil {
-					t.Fatalf("seed %d: %v", seed, err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			runs := tt.runs
+			if testing.Short() {
+				runs = 1
+			}
+			for run := range runs {
+				seed := uint64(run)
+				ops := randomOps(rand.New(rand.NewPCG(seed, 99)), tt.length, tt.keys, tt.clear)
+				for _, sel := range allSelectors(t, seed, modelExponents...) {
+					if err := runModel(sel, ops); err != nil {
+						t.Fatalf("seed %d: %v", seed, err)
+					}
 				}
 			}
-		}
+		})
 	}
 }
 
 // decodeOps turns fuzz input into an exponent and operations: the first byte
-// picks the exponent, then every 3 bytes are (operation, key, priority).
+// picks the exponent, then every 3 bytes are (operation, key, priority). 96
+// keys are enough for a sum tree of three levels and few enough to collide.
 func decodeOps(data []byte) (float64, []op) {
 	if len(data) == 0 {
 		return 1, nil
@@ -374,7 +405,7 @@ func decodeOps(data []byte) (float64, []op) {
 	data = data[1:]
 	ops := make([]op, 0, len(data)/3)
 	for ; len(data) >= 3; data = data[3:] {
-		o := op{key: Key(data[1] % 32), priority: modelPriorities[int(data[2])%len(modelPriorities)]}
+		o := op{key: Key(data[1] % 96), priority: modelPriorities[int(data[2])%len(modelPriorities)]}
 		switch k := data[0] % 16; {
 		case k < 5:
 			o.kind = opInsert
@@ -400,7 +431,7 @@ func FuzzSelectors(f *testing.F) {
 	f.Add([]byte{2, 0, 7, 8, 0, 8, 1, 0, 9, 2, 11, 0, 0, 8, 7, 3, 11, 0, 0, 12, 8, 4})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		exponent, ops := decodeOps(data)
-		for _, sel := range allSelectors(t, exponent, 7) {
+		for _, sel := range allSelectors(t, 7, exponent) {
 			if err := runModel(sel, ops); err != nil {
 				t.Fatal(err)
 			}

@@ -253,9 +253,9 @@ func TestPrioritizedExtremeDraws(t *testing.T) {
 		want    Key
 	}{
 		{"lowest draw skips leading zeros", 0, []float64{0, 0, 5e-324, 0, 3, 0, 1e-300}, 2},
-		// The draw just below 3.7, less 0.7, rounds to 3 or more: a descent
-		// comparing only against the left sum would walk off into the empty
-		// leaf 3, past the last key.
+		// The draw just below 3.7, less 0.7, rounds to 3 or more, carrying
+		// the descent past every leaf of the group: it must fall back on the
+		// last positive leaf rather than an empty one past the last key.
 		{"highest draw stays on the last positive leaf", fixedSource(math.MaxUint64), []float64{0.7, 0, 3}, 2},
 	}
 	for _, tt := range tests {
@@ -266,7 +266,7 @@ func TestPrioritizedExtremeDraws(t *testing.T) {
 			}
 		}
 		k, p, err := s.Sample()
-		if err != nil || k != tt.want || p != tt.weights[k]/s.(*prioritized).tree[1] {
+		if err != nil || k != tt.want || p != tt.weights[k]/s.(*prioritized).total {
 			t.Errorf("%s: Sample = (%d, %v, %v), want key %d", tt.name, k, p, err, tt.want)
 		}
 	}

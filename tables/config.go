@@ -49,11 +49,22 @@ func (c Config) Validate() error {
 	if c.MaxSize < 1 {
 		return fmt.Errorf("%w: table %q: max_size must be >= 1, got %d", ErrInvalidConfig, c.Name, c.MaxSize)
 	}
-	if err := c.Limiter.Validate(); err != nil {
-		return fmt.Errorf("%w: table %q: rate_limiter: %w", ErrInvalidConfig, c.Name, err)
+	if err := checkLimiter(c.Limiter, c.MaxSize); err != nil {
+		return fmt.Errorf("%w: table %q: %w", ErrInvalidConfig, c.Name, err)
 	}
 	if err := c.Signature.Validate(); err != nil {
 		return fmt.Errorf("%w: table %q: %w", ErrInvalidConfig, c.Name, err)
+	}
+	return nil
+}
+
+// checkLimiter rejects a limiter the table could not honour.
+func checkLimiter(lim limiter.Config, maxSize int64) error {
+	if err := lim.Validate(); err != nil {
+		return fmt.Errorf("rate_limiter: %w", err)
+	}
+	if lim.MinSize > maxSize {
+		return fmt.Errorf("rate_limiter: min_size (%d) > max_size (%d): the table could never hold enough items to sample", lim.MinSize, maxSize)
 	}
 	return nil
 }

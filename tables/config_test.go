@@ -20,6 +20,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"bad remover", func(c *Config) { c.Remover = selectors.Options{Kind: selectors.KindPrioritized, Exponent: math.NaN()} }, []string{"remover"}},
 		{"max size", func(c *Config) { c.MaxSize = 0 }, []string{"max_size"}},
 		{"limiter", func(c *Config) { c.Limiter.MinSize = 0 }, []string{"rate_limiter", "min_size"}},
+		{"limiter above max size", func(c *Config) { c.Limiter = limiter.MinSize(11) }, []string{"rate_limiter", "min_size (11) > max_size (10)"}},
 		{"signature name", func(c *Config) { c.Signature = Signature{{Name: "", DType: "int8"}} }, []string{"signature[0].name"}},
 		{"signature dtype", func(c *Config) { c.Signature = Signature{{Name: "a"}} }, []string{"signature[0]", "dtype"}},
 		{"signature duplicate", func(c *Config) {

@@ -22,10 +22,13 @@ func snapshotOps(t *testing.T, tb *Table, rng *rand.Rand, firstKey uint64, n int
 		key := firstKey + uint64(i)
 		switch r := rng.IntN(10); {
 		case r < 5:
-			mustInsert(t, tb, newItem(key, float64(rng.IntN(3)), ChunkKey(key%7)))
+			mustInsert(t, tb, newItem(key, float64(rng.IntN(2)), ChunkKey(key%7)))
 		case r < 7:
-			if _, err := tb.Mutate([]Mutation{{Key: firstKey + uint64(rng.IntN(i+1)), Priority: float64(rng.IntN(3))}}); err != nil {
-				t.Fatal(err)
+			if keys := listKeys(tb); len(keys) > 0 {
+				key := keys[rng.IntN(len(keys))]
+				if _, err := tb.Mutate([]Mutation{{Key: key, Priority: float64(rng.IntN(2))}}); err != nil {
+					t.Fatal(err)
+				}
 			}
 		case r < 8:
 			tb.Delete(firstKey + uint64(rng.IntN(i+1)))
@@ -151,6 +154,35 @@ func checkRefs(t testing.TB, s *ChunkStore, callerRefs int64, tables ...*Table) 
 	for k := range want {
 		if s.chunks[k] == nil {
 			t.Fatalf("chunk %d is referenced by items but gone from the store", k)
+		}
+	}
+}
+
+// Heaps break ties by the latest insert or update, not by insertion order;
+// a restored heap must too.
+func TestSnapshotKeepsHeapTies(t *testing.T) {
+	store := NewChunkStore()
+	putChunk(store, 1, 1, 1)
+	cfg := config("t", selectors.KindMaxHeap, selectors.KindMinHeap, 4, limiter.MinSize(1))
+	cfg.MaxTimesSampled = 1
+	tb := mustNew(t, cfg, store)
+	for k := uint64(1); k <= 4; k++ {
+		mustInsert(t, tb, newItem(k, 1, 1))
+	}
+	// Tie order is now 3, 4, 2, 1.
+	if _, err := tb.Mutate([]Mutation{{Key: 2, Priority: 1}, {Key: 1, Priority: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := NewFromSnapshot(tb.Snapshot(), store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tbl := range map[string]*Table{"original": tb, "restored": restored} {
+		// The min-heap remover evicts the first of the ties, item 3; the
+		// max-heap sampler takes item 5, then the ties in order.
+		mustInsert(t, tbl, newItem(5, 2, 1))
+		if got := sampleKeys(t, tbl, 4); !slices.Equal(got, []uint64{5, 4, 2, 1}) {
+			t.Fatalf("%s: sampled %v, want [5 4 2 1]", name, got)
 		}
 	}
 }

@@ -16,10 +16,10 @@ import (
 // rate limiter. It is safe for concurrent use. Calls that wait for the
 // limiter (Insert, Sample, SampleFlexible) hold no lock while they wait.
 //
-// An item costs the table about 104 bytes of bookkeeping, one map slot
-// (about 16 bytes), a slice of its distinct chunk pointers (8 bytes each)
-// and its place in the two selectors; its trajectory is the caller's slice,
-// kept as given.
+// An item costs the table 104 bytes of bookkeeping, a map slot, a slice of
+// its distinct chunk pointers and its place in the two selectors: about 230
+// bytes in all for a two-chunk item with Uniform and Fifo selectors. Its
+// trajectory is the caller's slice, kept as given.
 type Table struct {
 	store *ChunkStore
 	now   func() time.Time
@@ -177,17 +177,18 @@ func (t *Table) Size() int64 {
 //
 // The item is checked before any wait: its priority (ErrInvalidPriority), its
 // trajectory (ErrInvalidItem), its chunks, which must be in the store
-// (ErrChunkMissing), and the table's signature (ErrSignature). The table
-// takes a reference to each chunk for as long as it holds the item, and
+// (ErrChunkMissing), and the table's signature (ErrSignature). Insert then
+// takes a reference to each chunk, so a waiting item's chunks stay put,
+// and keeps it for as long as the table holds the item. The table
 // keeps item.Trajectory as given: the caller must not modify it afterwards.
 // A zero InsertedAt is set to the table's clock; TimesSampled is ignored.
 //
 // As in Reverb, inserting a key the table already holds only sets that
 // item's priority; the new trajectory is dropped, and the limiter neither
-// counts nor holds it. A new item goes in first and is then evicted from, so
-// when the table was full the remover may choose the new item itself (a
-// MinHeap remover does when it has the lowest priority): Insert succeeds and
-// the item is gone at once.
+// counts nor holds it. Also as in Reverb, eviction follows the insert: the
+// remover of a full table chooses among all items, the new one included, so
+// a new item can be its own victim (a MinHeap remover picks it when its
+// priority is the lowest). Insert then succeeds and the item is gone at once.
 func (t *Table) Insert(ctx context.Context, item Item) error {
 	if err := checkPriority(item.Priority); err != nil {
 		return fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
@@ -369,10 +370,10 @@ func (t *Table) Sample(ctx context.Context, n int) ([]Sample, error) {
 }
 
 // SampleFlexible waits until at least one sample is allowed, then returns as
-// many as the rate limiter allows at that moment, up to max. It fails as
+// many as the rate limiter allows at that moment, up to n. It fails as
 // Sample does, with no samples.
-func (t *Table) SampleFlexible(ctx context.Context, max int) ([]Sample, error) {
-	return t.sample(ctx, 1, max)
+func (t *Table) SampleFlexible(ctx context.Context, n int) ([]Sample, error) {
+	return t.sample(ctx, 1, n)
 }
 
 func (t *Table) sample(ctx context.Context, least, most int) ([]Sample, error) {
@@ -509,11 +510,11 @@ func (t *Table) Reset() {
 // item already sampled as often as a lowered max_times_sampled allows stays
 // until its next sample, which returns it and removes it.
 func (t *Table) Reconfigure(lim limiter.Config, maxTimesSampled int32) error {
-	if err := lim.Validate(); err != nil {
-		return fmt.Errorf("%w: table %q: rate_limiter: %w", ErrInvalidConfig, t.name, err)
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := checkLimiter(lim, t.cfg.MaxSize); err != nil {
+		return fmt.Errorf("%w: table %q: %w", ErrInvalidConfig, t.name, err)
+	}
 	if err := t.lim.Reconfigure(lim); err != nil {
 		return fmt.Errorf("%w: table %q: rate_limiter: %w", ErrInvalidConfig, t.name, err)
 	}

@@ -401,6 +401,11 @@ func TestReconfigureUnblocksInsert(t *testing.T) {
 	}
 	err := tb.Reconfigure(limiter.Config{}, 1)
 	wantErr(t, err, []error{ErrInvalidConfig}, "rate_limiter")
+	err = tb.Reconfigure(limiter.MinSize(11), 1)
+	wantErr(t, err, []error{ErrInvalidConfig}, "max_size")
+	if got := tb.Info().Config.Limiter; got != limiter.Queue(5) {
+		t.Fatalf("a rejected Reconfigure changed the limiter to %+v", got)
+	}
 }
 
 // Lowering max_times_sampled below an item's count removes it on its next

@@ -166,6 +166,9 @@ func (c Codec) String() string {
 // ChunkOptions control EncodeChunk. The zero value compresses with zstd
 // and does not delta-encode.
 type ChunkOptions struct {
+	// Codec compresses the chunk's bytes. When compression would not make
+	// them smaller, as with random floats, the chunk is stored
+	// uncompressed instead; Chunk.Compression tells which.
 	Codec Codec
 	// Delta stores every step but the first as its element-wise difference
 	// from the previous step (wrapping), which makes slowly changing
@@ -199,7 +202,11 @@ var (
 // EncodeChunk batches steps, which must all have the same dtype and shape,
 // along a new leading axis into a chunk with the given key, delta-encodes
 // and compresses it as opts say. The steps are not modified or retained.
+// It is safe for concurrent use.
 func EncodeChunk(key uint64, steps []*Tensor, opts ChunkOptions) (*Chunk, error) {
+	if opts.Codec > Uncompressed {
+		return nil, fmt.Errorf("%w: chunk %d: unknown codec %v", ErrInvalidChunk, key, opts.Codec)
+	}
 	if len(steps) == 0 {
 		return nil, fmt.Errorf("%w: chunk %d has no steps", ErrInvalidChunk, key)
 	}
@@ -222,7 +229,15 @@ func EncodeChunk(key uint64, steps []*Tensor, opts ChunkOptions) (*Chunk, error)
 	if stepBytes > 0 && len(steps) > MaxChunkRawSize/stepBytes {
 		return nil, fmt.Errorf("%w: chunk %d: %d steps of %d bytes exceed MaxChunkRawSize (%d)", ErrInvalidChunk, key, len(steps), stepBytes, MaxChunkRawSize)
 	}
-	raw := make([]byte, 0, stepBytes*len(steps))
+	rawSize := stepBytes * len(steps)
+	var raw []byte
+	if opts.Codec == Uncompressed {
+		raw = make([]byte, 0, rawSize)
+	} else {
+		buf := getScratch(rawSize)
+		defer putScratch(buf)
+		raw = (*buf)[:0]
+	}
 	for _, s := range steps {
 		raw = append(raw, s.Data...)
 	}
@@ -236,39 +251,86 @@ func EncodeChunk(key uint64, steps []*Tensor, opts ChunkOptions) (*Chunk, error)
 		Dtype:        first.Dtype,
 		StepShape:    slices.Clone(first.Shape),
 		Length:       int32(len(steps)),
+		Compression:  Compression_COMPRESSION_NONE,
 		DeltaEncoded: delta,
-		RawSize:      uint64(len(raw)),
+		RawSize:      uint64(rawSize),
 		EpisodeId:    opts.EpisodeID,
 		EpisodeStep:  opts.EpisodeStep,
 	}
-	switch opts.Codec {
-	case Zstd:
-		c.Compression = Compression_COMPRESSION_ZSTD
-		if len(raw) > 0 {
-			enc, err := zstdEncoder()
-			if err != nil {
-				return nil, fmt.Errorf("wire: zstd encoder: %w", err)
-			}
-			c.Data = enc.EncodeAll(raw, nil)
-		}
-	case S2:
-		c.Compression = Compression_COMPRESSION_S2
-		if len(raw) > 0 {
-			c.Data = s2.Encode(nil, raw)
-		}
-	case Uncompressed:
-		c.Compression = Compression_COMPRESSION_NONE
+	switch {
+	case opts.Codec == Uncompressed:
 		c.Data = raw
+	case rawSize == 0:
+		// Nothing to compress; DecodeChunk expects no bytes.
 	default:
-		return nil, fmt.Errorf("%w: chunk %d: unknown codec %v", ErrInvalidChunk, key, opts.Codec)
+		data, err := compress(opts.Codec, raw)
+		if err != nil {
+			return nil, err
+		}
+		if len(data) < rawSize {
+			c.Compression, c.Data = opts.Codec.proto(), data
+		} else {
+			c.Data = slices.Clone(raw)
+		}
 	}
 	return c, nil
+}
+
+func (c Codec) proto() Compression {
+	switch c {
+	case Zstd:
+		return Compression_COMPRESSION_ZSTD
+	case S2:
+		return Compression_COMPRESSION_S2
+	}
+	return Compression_COMPRESSION_NONE
+}
+
+// compress returns raw compressed with codec (Zstd or S2), in a buffer of
+// its own exact size.
+func compress(codec Codec, raw []byte) ([]byte, error) {
+	buf := getScratch(s2.MaxEncodedLen(len(raw)))
+	defer putScratch(buf)
+	var out []byte
+	if codec == Zstd {
+		enc, err := zstdEncoder()
+		if err != nil {
+			return nil, fmt.Errorf("wire: zstd encoder: %w", err)
+		}
+		out = enc.EncodeAll(raw, (*buf)[:0])
+	} else {
+		out = s2.Encode((*buf)[:cap(*buf)], raw)
+	}
+	*buf = out[:0]
+	return slices.Clone(out), nil
+}
+
+// scratch recycles EncodeChunk's working buffers, which hold a chunk only
+// until it is compressed. Buffers over maxPooledScratch are left to the
+// garbage collector so that a few huge chunks do not pin memory.
+var scratch sync.Pool
+
+const maxPooledScratch = 4 << 20
+
+func getScratch(size int) *[]byte {
+	if b, ok := scratch.Get().(*[]byte); ok && cap(*b) >= size {
+		return b
+	}
+	b := make([]byte, 0, size)
+	return &b
+}
+
+func putScratch(b *[]byte) {
+	if cap(*b) <= maxPooledScratch {
+		scratch.Put(b)
+	}
 }
 
 // DecodeChunk reverses EncodeChunk: it returns the chunk's steps as one
 // tensor of shape [Length, *StepShape]. It checks every field before
 // allocating, never allocates more than the chunk's declared raw size
-// (itself at most MaxChunkRawSize), and does not retain or modify c.
+// (itself at most MaxChunkRawSize), and does not retain or modify c. It is
+// safe for concurrent use.
 func DecodeChunk(c *Chunk) (*Tensor, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: chunk is nil", ErrInvalidChunk)

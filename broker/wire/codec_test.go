@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -232,6 +233,9 @@ func validChunk(t *testing.T, codec Codec) *Chunk {
 	c, err := EncodeChunk(77, steps, ChunkOptions{Codec: codec, Delta: true})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.Compression != codec.proto() {
+		t.Fatalf("chunk compressed with %v, want %v", c.Compression, codec.proto())
 	}
 	return c
 }
@@ -489,4 +493,82 @@ func TestGatherColumnFromDecodedChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkBatch(t, got, steps[2:7])
+}
+
+func TestIncompressibleDataIsStoredRaw(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	noise := []*Tensor{randomTensor(rng, "float32", []int64{100})}
+	zeros := []*Tensor{Float32s([]int64{100}, make([]float32, 100))}
+	for _, codec := range []Codec{Zstd, S2} {
+		c, out := roundTrip(t, 1, noise, ChunkOptions{Codec: codec})
+		if c.Compression != Compression_COMPRESSION_NONE || len(c.Data) != 400 {
+			t.Errorf("%v on random floats: stored %v, %d bytes; want raw 400 bytes", codec, c.Compression, len(c.Data))
+		}
+		checkBatch(t, out, noise)
+		c, out = roundTrip(t, 1, zeros, ChunkOptions{Codec: codec})
+		if c.Compression != codec.proto() || len(c.Data) >= 400 {
+			t.Errorf("%v on zeros: stored %v, %d bytes; want compressed", codec, c.Compression, len(c.Data))
+		}
+		checkBatch(t, out, zeros)
+	}
+}
+
+// TestChunksDoNotShareBuffers checks that recycled working buffers never
+// end up in two chunks.
+func TestChunksDoNotShareBuffers(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	for _, codec := range allCodecs {
+		var chunks []*Chunk
+		var steps [][]*Tensor
+		for i := range 20 {
+			s := []*Tensor{randomTensor(rng, "uint8", []int64{64}), Uint8s([]int64{64}, make([]uint8, 64))}
+			c, err := EncodeChunk(uint64(i), s, ChunkOptions{Codec: codec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			chunks, steps = append(chunks, c), append(steps, s)
+		}
+		for i, c := range chunks {
+			out, err := DecodeChunk(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkBatch(t, out, steps[i])
+		}
+	}
+}
+
+func TestConcurrentUse(t *testing.T) {
+	frames := atariFrames(rand.New(rand.NewPCG(17, 18)), 8)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4*len(allCodecs))
+	for _, codec := range allCodecs {
+		for range 4 {
+			wg.Go(func() {
+				for i := range 20 {
+					c, err := EncodeChunk(uint64(i), frames, ChunkOptions{Codec: codec, Delta: i%2 == 0})
+					if err != nil {
+						errs <- err
+						return
+					}
+					out, err := DecodeChunk(c)
+					if err != nil {
+						errs <- err
+						return
+					}
+					for j, f := range frames {
+						if !bytes.Equal(out.Data[j*len(f.Data):(j+1)*len(f.Data)], f.Data) {
+							errs <- fmt.Errorf("%v: frame %d differs after a concurrent round trip", codec, j)
+							return
+						}
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
 }

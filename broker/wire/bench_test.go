@@ -1,0 +1,142 @@
+package wire
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+const frameSide = 84
+
+// atariFrames returns n consecutive 84x84 grayscale frames of a
+// Breakout-like game: a static playfield and brick wall, a moving ball and
+// paddle, and bricks disappearing now and then, so consecutive frames
+// differ in a few small regions as preprocessed Atari observations do.
+func atariFrames(rng *rand.Rand, n int) []*Tensor {
+	field := make([]byte, frameSide*frameSide)
+	for y := range frameSide {
+		for x := range frameSide {
+			switch {
+			case y < 8:
+				field[y*frameSide+x] = 0 // score band
+			case x < 4 || x >= frameSide-4 || y < 12:
+				field[y*frameSide+x] = 142 // walls
+			case y >= 20 && y < 32:
+				field[y*frameSide+x] = byte(60 + 20*((y-20)/2)) // brick rows
+			default:
+				field[y*frameSide+x] = 0
+			}
+		}
+	}
+	bx, by, vx, vy := 40.0, 50.0, 1.3, -1.1
+	paddle := 40
+	frames := make([]*Tensor, n)
+	for i := range frames {
+		if rng.IntN(4) == 0 {
+			// A brick is knocked out.
+			bxs, bys := 4+8*rng.IntN(9), 20+2*rng.IntN(6)
+			for y := bys; y < bys+2; y++ {
+				for x := bxs; x < bxs+8; x++ {
+					field[y*frameSide+x] = 0
+				}
+			}
+		}
+		bx, by = bx+vx, by+vy
+		if bx < 5 || bx > frameSide-7 {
+			vx = -vx
+		}
+		if by < 13 || by > frameSide-6 {
+			vy = -vy
+		}
+		paddle = min(max(paddle+rng.IntN(5)-2, 4), frameSide-12)
+		f := make([]byte, len(field))
+		copy(f, field)
+		for y := int(by); y < int(by)+2; y++ {
+			for x := int(bx); x < int(bx)+2; x++ {
+				f[y*frameSide+x] = 200
+			}
+		}
+		for y := frameSide - 4; y < frameSide-2; y++ {
+			for x := paddle; x < paddle+8; x++ {
+				f[y*frameSide+x] = 200
+			}
+		}
+		frames[i] = Uint8s([]int64{frameSide, frameSide}, f)
+	}
+	return frames
+}
+
+func randomFloats(rng *rand.Rand, n int) *Tensor {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64())
+	}
+	return Float32s([]int64{int64(n)}, v)
+}
+
+type payload struct {
+	name  string
+	steps []*Tensor
+	opts  ChunkOptions
+}
+
+func payloads() []payload {
+	rng := rand.New(rand.NewPCG(11, 12))
+	frames := atariFrames(rng, 16)
+	var ps []payload
+	for _, codec := range allCodecs {
+		for _, delta := range []bool{false, true} {
+			ps = append(ps, payload{fmt.Sprintf("frames16/%v/delta=%t", codec, delta), frames, ChunkOptions{Codec: codec, Delta: delta}})
+		}
+	}
+	for _, n := range []int{100, 10000} {
+		floats := []*Tensor{randomFloats(rng, n)}
+		for _, codec := range allCodecs {
+			ps = append(ps, payload{fmt.Sprintf("float32x%dB/%v", 4*n, codec), floats, ChunkOptions{Codec: codec}})
+		}
+	}
+	return ps
+}
+
+func rawBytes(steps []*Tensor) int64 {
+	return int64(len(steps) * len(steps[0].Data))
+}
+
+// BenchmarkEncodeChunk reports encode throughput of raw bytes and the
+// compression ratio (raw/compressed) for each payload and codec.
+func BenchmarkEncodeChunk(b *testing.B) {
+	for _, p := range payloads() {
+		b.Run(p.name, func(b *testing.B) {
+			b.SetBytes(rawBytes(p.steps))
+			b.ReportAllocs()
+			var c *Chunk
+			for b.Loop() {
+				var err error
+				if c, err = EncodeChunk(1, p.steps, p.opts); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(c.RawSize)/math.Max(1, float64(len(c.Data))), "ratio")
+		})
+	}
+}
+
+// BenchmarkDecodeChunk reports decode throughput of raw bytes.
+func BenchmarkDecodeChunk(b *testing.B) {
+	for _, p := range payloads() {
+		b.Run(p.name, func(b *testing.B) {
+			c, err := EncodeChunk(1, p.steps, p.opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(rawBytes(p.steps))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := DecodeChunk(c); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,141 @@
+// Package config reads reprised's YAML configuration: the tables to serve and
+// the server, log, stream and service settings around them. Reading is
+// strict: an unknown key, a value of the wrong type or a value no table
+// could use is an error that names its file, line and key, and says what to
+// write instead. Everything not set takes the default Default documents.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/limiter"
+	"github.com/reprise-rl/reprise/selectors"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// ErrInvalid is matched (errors.Is) by every error about the contents of a
+// configuration.
+var ErrInvalid = errors.New("config: invalid")
+
+// Config is everything reprised needs to run.
+type Config struct {
+	Server  Server
+	Log     Log
+	Stream  broker.StreamOptions
+	Service Service
+	Tables  []tables.Config
+}
+
+// Server says where NATS is and where the table service listens.
+type Server struct {
+	// NATS is the URL (or comma-separated URLs) of an external NATS server;
+	// empty starts an embedded one.
+	NATS string
+	// Creds, TLSCA, TLSCert and TLSKey are files for connecting to an
+	// external server: a credentials file, a CA to trust, and a client
+	// certificate and its key.
+	Creds   string
+	TLSCA   string
+	TLSCert string
+	TLSKey  string
+	// Listen is the embedded server's client address (HOST:PORT; port -1
+	// picks a free one).
+	Listen string
+	// Store is the embedded server's JetStream directory.
+	Store string
+	// MaxPayload is the embedded server's largest message, in bytes.
+	MaxPayload int32
+	// Prefix is the subject prefix of the deployment.
+	Prefix string
+	// Metrics is the HOST:PORT that serves /metrics; empty serves none.
+	Metrics string
+}
+
+// Embedded reports whether reprised runs its own NATS server.
+func (s Server) Embedded() bool { return s.NATS == "" }
+
+// Log chooses the log format ("text" or "json") and the lowest level logged
+// ("debug", "info", "warn" or "error").
+type Log struct {
+	Format string
+	Level  string
+}
+
+// Service holds the table service's limits.
+type Service struct {
+	MaxSampleWait        time.Duration
+	MaxConcurrentSamples int
+	PullBytes            int
+	// ProducerIdle is how long a silent producer's chunks are held; 0
+	// holds them until the producer closes.
+	ProducerIdle time.Duration
+}
+
+// Options turns the settings into the table service's options.
+func (s Service) Options() []broker.ServiceOption {
+	return []broker.ServiceOption{
+		broker.WithMaxSampleWait(s.MaxSampleWait),
+		broker.WithMaxConcurrentSamples(s.MaxConcurrentSamples),
+		broker.WithPullBytes(s.PullBytes),
+		broker.WithProducerIdle(s.ProducerIdle),
+	}
+}
+
+// Defaults. The service's repeat the broker's own, so that the example
+// configuration can state them.
+const (
+	DefaultListen     = "127.0.0.1:4222"
+	DefaultStore      = "./reprise-data"
+	DefaultMaxPayload = 1 << 20
+	DefaultTableName  = "replay"
+	DefaultTableSize  = 1_000_000
+)
+
+// DefaultTable is the table reprised serves when the configuration defines
+// none: uniform sampling, oldest items evicted beyond a million, sampling
+// allowed as soon as one item is in.
+func DefaultTable() tables.Config {
+	return tables.Config{
+		Name:    DefaultTableName,
+		Sampler: selectors.Options{Kind: selectors.KindUniform},
+		Remover: selectors.Options{Kind: selectors.KindFifo},
+		MaxSize: DefaultTableSize,
+		Limiter: limiter.MinSize(1),
+	}
+}
+
+// Default is the configuration of reprised run without one: an embedded
+// server on the loopback interface storing in ./reprise-data, text logs at
+// level info, and DefaultTable.
+func Default() Config {
+	return Config{
+		Server: Server{
+			Listen:     DefaultListen,
+			Store:      DefaultStore,
+			MaxPayload: DefaultMaxPayload,
+			Prefix:     broker.DefaultPrefix,
+		},
+		Log:    Log{Format: "text", Level: "info"},
+		Stream: broker.StreamOptions{Replicas: 1},
+		Service: Service{
+			MaxSampleWait:        time.Minute,
+			MaxConcurrentSamples: 1024,
+			PullBytes:            64 << 20,
+			ProducerIdle:         30 * time.Minute,
+		},
+		Tables: []tables.Config{DefaultTable()},
+	}
+}
+
+// Load reads the configuration file at path.
+func Load(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("reading the configuration: %w", err)
+	}
+	return Parse(path, data)
+}

@@ -1,0 +1,452 @@
+// Package daemon is reprised: the table service of a Reprise deployment, on
+// an embedded NATS server or an external one, configured by flags and a
+// YAML file, with Prometheus metrics. cmd/reprised is a thin main around
+// Main.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/cmd/internal/cli"
+	"github.com/reprise-rl/reprise/cmd/internal/config"
+	"github.com/reprise-rl/reprise/cmd/internal/metrics"
+	"github.com/reprise-rl/reprise/embeddednats"
+)
+
+// Main runs reprised until ctx ends and returns its exit status: 0 after a
+// clean shutdown or --help, 2 for a bad command line, 1 for other errors.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := Run(ctx, args, stdout, stderr)
+	switch {
+	case err == nil || errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, cli.ErrUsage):
+		fmt.Fprintf(stderr, "reprised: %v\n", strings.TrimPrefix(err.Error(), cli.ErrUsage.Error()+": "))
+		return 2
+	default:
+		fmt.Fprintf(stderr, "reprised: %v\n", err)
+		return 1
+	}
+}
+
+const usageText = `reprised runs a Reprise table service: experience replay tables served
+over NATS JetStream. Without flags it starts an embedded NATS server on
+127.0.0.1:4222 that keeps its data in ./reprise-data, and serves one table,
+"replay" (uniform sampling, fifo eviction beyond 1000000 items, sampling
+allowed from the first item).
+
+Usage:
+  reprised [flags]
+
+Flags override the server and log settings of the --config file; see
+reprise.example.yaml for every setting, table option and default.
+
+Flags:
+`
+
+// Run is Main returning an error: it parses args, starts NATS (unless
+// --nats names a server) and the table service, prints where clients
+// connect to stdout, logs to stderr, and when ctx ends stops the service,
+// then the server.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseArgs(args, stderr)
+	if err != nil {
+		return err
+	}
+	log, err := cli.NewLogger(stderr, cfg.Log.Format, cfg.Log.Level)
+	if err != nil {
+		return err
+	}
+	d := &daemon{cfg: cfg, log: log, stdout: stdout}
+	defer d.shutdown()
+	if err := d.run(ctx); err != nil && ctx.Err() == nil {
+		return err
+	}
+	// An error after ctx ended (a start-up cut short) is the shutdown
+	// that was asked for.
+	return nil
+}
+
+// parseArgs builds the configuration: defaults, then the --config file,
+// then the flags that were given.
+func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
+	fs := flag.NewFlagSet("reprised", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageText)
+		cli.PrintDefaults(fs.Output(), fs)
+	}
+	def := config.Default()
+	var (
+		file string
+		conn cli.Conn
+		s    = def.Server
+		lg   = def.Log
+	)
+	fs.StringVar(&file, "config", "", "YAML configuration `file` with the tables and settings (see reprise.example.yaml)")
+	fs.StringVar(&conn.URL, "nats", "", "`URL` of an external NATS server with JetStream (comma-separated for a cluster); without it reprised starts an embedded server")
+	conn.RegisterAuth(fs)
+	fs.Func("listen", "`HOST:PORT` where the embedded server accepts clients (port -1: any free port) (default "+config.DefaultListen+")", checked(&s.Listen, config.CheckListen))
+	fs.StringVar(&s.Store, "store", s.Store, "`directory` where the embedded server keeps its JetStream data")
+	fs.Func("max-payload", "largest NATS message of the embedded server, in `bytes` (default 1048576)", func(v string) error {
+		n, err := parseSize(v)
+		if err != nil {
+			return err
+		}
+		s.MaxPayload = int32(n)
+		return nil
+	})
+	fs.Func("prefix", "subject `prefix` of the deployment; clients must use the same (default "+broker.DefaultPrefix+")", checked(&s.Prefix, config.CheckPrefix))
+	fs.Func("metrics", "`HOST:PORT` to serve Prometheus metrics on, at /metrics (default: no metrics)", checked(&s.Metrics, config.CheckMetrics))
+	fs.Func("log-format", "log `format`: text or json (default text)", checked(&lg.Format, config.CheckLogFormat))
+	fs.Func("log-level", "lowest `level` logged: debug, info, warn or error (default info)", checked(&lg.Level, config.CheckLogLevel))
+	if err := cli.Parse(fs, args); err != nil {
+		return config.Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config.Config{}, cli.Usagef("unexpected argument %q: reprised takes only flags (see --help)", fs.Arg(0))
+	}
+	set := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	cfg := def
+	if file != "" {
+		var err error
+		if cfg, err = config.Load(file); err != nil {
+			return config.Config{}, err
+		}
+	}
+	override := func(flagName string, dst *string, v string) {
+		if set[flagName] {
+			*dst = v
+		}
+	}
+	override("nats", &cfg.Server.NATS, conn.URL)
+	override("creds", &cfg.Server.Creds, conn.Creds)
+	override("tls-ca", &cfg.Server.TLSCA, conn.TLSCA)
+	override("tls-cert", &cfg.Server.TLSCert, conn.TLSCert)
+	override("tls-key", &cfg.Server.TLSKey, conn.TLSKey)
+	override("listen", &cfg.Server.Listen, s.Listen)
+	override("store", &cfg.Server.Store, s.Store)
+	override("prefix", &cfg.Server.Prefix, s.Prefix)
+	override("metrics", &cfg.Server.Metrics, s.Metrics)
+	override("log-format", &cfg.Log.Format, lg.Format)
+	override("log-level", &cfg.Log.Level, lg.Level)
+	if set["max-payload"] {
+		cfg.Server.MaxPayload = s.MaxPayload
+	}
+
+	for _, name := range []string{"listen", "store", "max-payload"} {
+		if set[name] && !cfg.Server.Embedded() {
+			return config.Config{}, cli.Usagef("--%s configures the embedded server, but NATS is external (%s): drop --%s", name, cfg.Server.NATS, name)
+		}
+	}
+	for _, name := range []string{"creds", "tls-ca", "tls-cert", "tls-key"} {
+		if set[name] && cfg.Server.Embedded() {
+			return config.Config{}, cli.Usagef("--%s is for connecting to an external server: add --nats URL", name)
+		}
+	}
+	if cfg.Server.Store == "" {
+		return config.Config{}, cli.Usagef("--store is empty: give a directory such as ./reprise-data")
+	}
+	if cfg.Server.Embedded() {
+		// Settings for an external server that a file set and --nats ""
+		// turned off.
+		cfg.Server.Creds, cfg.Server.TLSCA, cfg.Server.TLSCert, cfg.Server.TLSKey = "", "", "", ""
+	}
+	if err := serverConn(cfg.Server).Check(); err != nil {
+		return config.Config{}, err
+	}
+	return cfg, nil
+}
+
+func checked(dst *string, check func(string) error) func(string) error {
+	return func(v string) error {
+		if err := check(v); err != nil {
+			return err
+		}
+		*dst = v
+		return nil
+	}
+}
+
+func parseSize(v string) (int64, error) {
+	var n int64
+	if _, err := fmt.Sscan(v, &n); err != nil || fmt.Sprint(n) != v {
+		return 0, fmt.Errorf("%q is not a number of bytes", v)
+	}
+	if n < config.MinMaxPayload || n > config.MaxMaxPayload {
+		return 0, fmt.Errorf("%d is out of range [%d, %d]", n, config.MinMaxPayload, config.MaxMaxPayload)
+	}
+	return n, nil
+}
+
+func serverConn(s config.Server) cli.Conn {
+	return cli.Conn{URL: s.NATS, Creds: s.Creds, TLSCA: s.TLSCA, TLSCert: s.TLSCert, TLSKey: s.TLSKey}
+}
+
+// daemon is one run of reprised. shutdown undoes what run started, in
+// reverse order.
+type daemon struct {
+	cfg    config.Config
+	log    *slog.Logger
+	stdout io.Writer
+
+	srv         *embeddednats.Server
+	nc          *nats.Conn
+	metrics     *http.Server
+	metricsDone chan struct{}
+	url         string
+}
+
+func (d *daemon) run(ctx context.Context) error {
+	if err := d.connect(ctx); err != nil {
+		return err
+	}
+	opts := append([]broker.ServiceOption{
+		broker.WithPrefix(d.cfg.Server.Prefix),
+		broker.WithLogger(d.log),
+		broker.WithServiceStream(d.cfg.Stream),
+	}, d.cfg.Service.Options()...)
+	var m *metrics.Metrics
+	if d.cfg.Server.Metrics != "" {
+		m = metrics.New()
+		opts = append(opts, broker.WithObserver(m))
+	}
+	svc, err := broker.NewService(d.nc, d.cfg.Tables, opts...)
+	if err != nil {
+		return fmt.Errorf("table service: %w", err)
+	}
+	metricsURL := ""
+	if m != nil {
+		if err := m.Watch(svc); err != nil {
+			return err
+		}
+		if metricsURL, err = d.serveMetrics(m); err != nil {
+			return err
+		}
+	}
+
+	probe, err := broker.NewClient(d.nc, broker.WithPrefix(d.cfg.Server.Prefix), broker.WithLogger(d.log))
+	if err != nil {
+		return err
+	}
+	defer probe.Close()
+
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+
+	if err := waitReady(ctx, probe, done); err != nil {
+		return err
+	}
+	if ctx.Err() == nil {
+		d.printReady(metricsURL)
+		d.log.Info("reprised ready", "nats", d.url, "prefix", d.cfg.Server.Prefix, "tables", svc.TableNames())
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("table service stopped: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+	}
+	d.log.Info("reprised stopping: waiting for requests in progress")
+	if err := <-done; err != nil {
+		return fmt.Errorf("table service: %w", err)
+	}
+	return nil
+}
+
+// connect starts the embedded server or connects to the external one, and
+// checks that JetStream answers.
+func (d *daemon) connect(ctx context.Context) error {
+	s := d.cfg.Server
+	if s.Embedded() {
+		srvLog := d.log.With("component", "nats")
+		if !d.log.Enabled(ctx, slog.LevelDebug) {
+			// The server's notices (ports, limits, JetStream setup) are
+			// noise at info level; its warnings are not.
+			srvLog = slog.New(levelFloor{srvLog.Handler(), slog.LevelWarn})
+		}
+		srv, err := embeddednats.Start(ctx,
+			embeddednats.WithStoreDir(s.Store),
+			embeddednats.WithListen(s.Listen),
+			embeddednats.WithMaxPayload(s.MaxPayload),
+			embeddednats.WithServerName("reprised"),
+			embeddednats.WithLogger(srvLog),
+		)
+		if err != nil {
+			return fmt.Errorf("starting the embedded NATS server on %s (store %s): %w (is another reprised or NATS server using the port? pick another with --listen)", s.Listen, s.Store, err)
+		}
+		d.srv = srv
+		d.url = srv.ClientURL()
+		d.nc, err = srv.Connect(nats.Name("reprised"))
+		if err != nil {
+			return fmt.Errorf("connecting to the embedded NATS server: %w", err)
+		}
+		return nil
+	}
+	conn := serverConn(s)
+	nc, err := conn.Connect("reprised",
+		nats.MaxReconnects(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			d.log.Warn("disconnected from NATS", "error", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			d.log.Info("reconnected to NATS", "url", nc.ConnectedUrl())
+		}),
+	)
+	if err != nil {
+		return err
+	}
+	d.nc = nc
+	d.url = s.NATS
+	return checkJetStream(ctx, nc, s.NATS)
+}
+
+// checkJetStream fails fast on a server without JetStream, where the
+// service would otherwise wait for a stream it can never create.
+func checkJetStream(ctx context.Context, nc *nats.Conn, url string) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+			return fmt.Errorf("NATS at %s has no JetStream: %w (start nats-server with -js, or enable JetStream for this account)", url, err)
+		}
+		return fmt.Errorf("NATS at %s: JetStream does not answer: %w", url, err)
+	}
+	return nil
+}
+
+// serveMetrics listens before returning, so that a busy port is an error
+// at startup, and serves /metrics until shutdown.
+func (d *daemon) serveMetrics(m *metrics.Metrics) (string, error) {
+	l, err := net.Listen("tcp", d.cfg.Server.Metrics)
+	if err != nil {
+		return "", fmt.Errorf("metrics: listening on %s: %w (pick another address with --metrics)", d.cfg.Server.Metrics, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	d.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	d.metricsDone = make(chan struct{})
+	go func() {
+		defer close(d.metricsDone)
+		if err := d.metrics.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("metrics server stopped", "error", err)
+		}
+	}()
+	return "http://" + l.Addr().String() + "/metrics", nil
+}
+
+// waitReady waits until the service answers an info request, so that what
+// printReady announces works, or until ctx ends. If Run fails first it
+// returns Run's error, and Run is over.
+func waitReady(ctx context.Context, c *broker.Client, done <-chan error) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := c.Info(rctx, "")
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case err := <-done:
+			if err == nil {
+				err = ctx.Err()
+			}
+			return fmt.Errorf("table service: %w", err)
+		case <-ctx.Done():
+			return nil // a shutdown before the service was up is no error
+		case <-tick.C:
+		}
+	}
+}
+
+func (d *daemon) printReady(metricsURL string) {
+	s := d.cfg.Server
+	where := "external server"
+	if s.Embedded() {
+		where = "embedded server, data in " + s.Store
+	}
+	names := make([]string, len(d.cfg.Tables))
+	for i, t := range d.cfg.Tables {
+		names[i] = t.Name
+	}
+	w := d.stdout
+	fmt.Fprintln(w, "reprised is ready.")
+	fmt.Fprintf(w, "  NATS URL:  %s (%s)\n", d.url, where)
+	fmt.Fprintf(w, "  prefix:    %s\n", s.Prefix)
+	fmt.Fprintf(w, "  tables:    %s\n", strings.Join(names, ", "))
+	if metricsURL != "" {
+		fmt.Fprintf(w, "  metrics:   %s\n", metricsURL)
+	}
+	check := "reprisectl info"
+	if d.url != cli.DefaultURL {
+		check += " --nats " + d.url
+	}
+	if s.Prefix != broker.DefaultPrefix {
+		check += " --prefix " + s.Prefix
+	}
+	fmt.Fprintf(w, "Try: go run ./cmd/%s\n", check)
+	fmt.Fprintln(w, "Stop it with Ctrl-C.")
+}
+
+// shutdown stops the metrics server, the connection and the embedded
+// server, whichever were started.
+func (d *daemon) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if d.metrics != nil {
+		if err := d.metrics.Shutdown(ctx); err != nil {
+			d.log.Warn("stopping the metrics server", "error", err)
+		}
+		<-d.metricsDone
+	}
+	if d.nc != nil {
+		d.nc.Close()
+	}
+	if d.srv != nil {
+		if err := d.srv.Shutdown(ctx); err != nil {
+			d.log.Warn("stopping the embedded NATS server", "error", err)
+		}
+	}
+	d.log.Info("reprised stopped")
+}
+
+// levelFloor raises a handler's minimum level.
+type levelFloor struct {
+	slog.Handler
+	floor slog.Level
+}
+
+func (h levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.floor && h.Handler.Enabled(ctx, l)
+}
+
+func (h levelFloor) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return levelFloor{h.Handler.WithAttrs(attrs), h.floor}
+}
+
+func (h levelFloor) WithGroup(name string) slog.Handler {
+	return levelFloor{h.Handler.WithGroup(name), h.floor}
+}
