@@ -46,6 +46,7 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 		{"sample", func(r micro.Request) { s.spawn(ctx, r, s.handleSample) }},
 		{"info", func(r micro.Request) { s.handleInfo(r) }},
 		{"reset", func(r micro.Request) { s.spawn(ctx, r, s.handleReset) }},
+		{"checkpoint", func(r micro.Request) { s.spawn(ctx, r, s.handleCheckpoint) }},
 	}
 	for _, e := range endpoints {
 		if err := g.AddEndpoint(e.name, e.handler); err != nil {
@@ -291,6 +292,27 @@ func (s *Service) handleReset(ctx context.Context, r micro.Request) {
 		return
 	}
 	out, _ := proto.Marshal(&wire.ResetResponse{Status: &wire.Status{}})
+	if err := r.Respond(out); err != nil {
+		s.log.Debug("reprise service: replying", "error", err)
+	}
+}
+
+// handleCheckpoint writes a checkpoint and answers with what it wrote.
+func (s *Service) handleCheckpoint(ctx context.Context, r micro.Request) {
+	var req wire.CheckpointRequest
+	if err := proto.Unmarshal(r.Data(), &req); err != nil {
+		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed checkpoint request: %v", err))
+		return
+	}
+	res, err := s.Checkpoint(ctx)
+	if err != nil {
+		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, err.Error())
+		return
+	}
+	out, _ := proto.Marshal(&wire.CheckpointResponse{
+		Status: &wire.Status{}, Name: res.Name, AppliedSequence: res.Applied, Items: res.Items, Bytes: res.Bytes,
+		PauseNs: res.Pause.Nanoseconds(), WriteNs: res.Write.Nanoseconds(),
+	})
 	if err := r.Respond(out); err != nil {
 		s.log.Debug("reprise service: replying", "error", err)
 	}

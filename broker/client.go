@@ -476,3 +476,19 @@ func (s *Sampler) Close() {
 	s.cancel()
 	s.wg.Wait()
 }
+
+// Checkpoint asks the service to write a checkpoint now.
+func (c *Client) Checkpoint(ctx context.Context) (*wire.CheckpointResponse, error) {
+	data, err := c.request(ctx, c.subj.checkpoint(), &wire.CheckpointRequest{})
+	if err != nil {
+		return nil, err
+	}
+	var resp wire.CheckpointResponse
+	if err := proto.Unmarshal(data, &resp); err != nil {
+		return nil, fmt.Errorf("%w: malformed checkpoint response: %v", ErrServer, err)
+	}
+	if err := statusError(resp.Status); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,6 +41,7 @@ type deployment struct {
 	url     string
 	prefix  string
 	svc     *Service
+	stop    func() // stops svc
 	connect func() *nats.Conn
 }
 
@@ -84,35 +86,51 @@ func deploy(t testing.TB, cfgs []tables.Config, o deployOptions) *deployment {
 		t.Cleanup(nc.Close)
 		return nc
 	}
-	opts := append([]ServiceOption{WithPrefix(d.prefix), WithLogger(quietLogger())}, o.service...)
+	d.svc, d.stop = d.startService(cfgs, o.service...)
+	return d
+}
+
+// startService runs a table service on the deployment's server until the
+// returned stop is called (or the test ends), and waits until it answers.
+func (d *deployment) startService(cfgs []tables.Config, extra ...ServiceOption) (*Service, func()) {
+	t := d.t
+	t.Helper()
+	opts := append([]ServiceOption{WithPrefix(d.prefix), WithLogger(quietLogger())}, extra...)
 	svc, err := NewService(d.connect(), cfgs, opts...)
 	if err != nil {
 		t.Fatalf("NewService: %v", err)
 	}
-	d.svc = svc
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("service Run: %v", err)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("service Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("service did not stop within 30s of its context ending")
 			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("service did not stop within 30s of its context ending")
-		}
-	})
-	// Ready when the service answers.
+		})
+	}
+	t.Cleanup(stop)
 	c := d.client()
 	waitUntil(t, "service answers info", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("service Run returned early: %v", err)
+		default:
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := c.Info(ctx, "")
 		return err == nil
 	})
-	return d
+	return svc, stop
 }
 
 func (d *deployment) client() *Client {

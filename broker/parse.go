@@ -25,6 +25,7 @@ type insertBatch struct {
 	end        bool
 
 	storedAt time.Time // when the stream stored it
+	raw      []byte    // the message as published, for checkpoints
 }
 
 type rawChunk struct {

@@ -47,6 +47,13 @@ type serviceOptions struct {
 	tableOptions   []tables.Option
 	progressPeriod time.Duration
 	observer       Observer
+
+	checkpoints     CheckpointStore
+	objectStore     bool
+	checkpointEvery time.Duration
+	checkpointKeep  int
+	finalCheckpoint bool
+	recovered       func(RecoveryResult)
 }
 
 // Observer receives the service's measurements as they happen, e.g. to
@@ -69,15 +76,17 @@ func WithObserver(obs Observer) ServiceOption {
 
 func defaultServiceOptions() serviceOptions {
 	return serviceOptions{
-		prefix:         DefaultPrefix,
-		logger:         slog.Default(),
-		maxSampleWait:  time.Minute,
-		maxConcurrent:  1024,
-		maxBatch:       1 << 16,
-		pullBytes:      64 << 20,
-		producerIdle:   30 * time.Minute,
-		gapTimeout:     2 * time.Minute,
-		progressPeriod: time.Second,
+		prefix:          DefaultPrefix,
+		logger:          slog.Default(),
+		maxSampleWait:   time.Minute,
+		maxConcurrent:   1024,
+		maxBatch:        1 << 16,
+		pullBytes:       64 << 20,
+		producerIdle:    30 * time.Minute,
+		gapTimeout:      2 * time.Minute,
+		checkpointKeep:  2,
+		finalCheckpoint: true,
+		progressPeriod:  time.Second,
 	}
 }
 
@@ -132,6 +141,52 @@ func WithStartSequence(seq uint64) ServiceOption {
 	return serviceOption(func(o *serviceOptions) error { o.startSequence = seq; return nil })
 }
 
+// WithCheckpoints keeps checkpoints in cs: the service recovers from the
+// newest usable one at start, writes one on request, periodically (see
+// WithCheckpointEvery) and at shutdown, and trims the stream below what the
+// kept checkpoints need.
+func WithCheckpoints(cs CheckpointStore) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.checkpoints = cs; return nil })
+}
+
+// WithObjectStoreCheckpoints keeps checkpoints in the JetStream object
+// store bucket REPRISE_<PREFIX>_CHECKPOINTS on the service's own server,
+// replicated like the stream.
+func WithObjectStoreCheckpoints() ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.objectStore = true; return nil })
+}
+
+// WithCheckpointEvery writes a checkpoint at this interval (default never;
+// a checkpoint is still written on request and at shutdown).
+func WithCheckpointEvery(d time.Duration) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error {
+		if d < 0 {
+			return fmt.Errorf("broker: checkpoint interval must be >= 0, got %v", d)
+		}
+		o.checkpointEvery = d
+		return nil
+	})
+}
+
+// WithCheckpointKeep sets how many checkpoints are kept (default 2, at
+// least 1). The stream is trimmed below what the oldest kept one needs, so
+// with 2 an unreadable newest checkpoint still leaves a way back.
+func WithCheckpointKeep(n int) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.checkpointKeep = n; return positive("checkpoints kept", n) })
+}
+
+// WithoutFinalCheckpoint skips the checkpoint a graceful shutdown writes
+// (for tests of crash recovery).
+func WithoutFinalCheckpoint() ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.finalCheckpoint = false; return nil })
+}
+
+// WithRecoveryReport calls f with what recovery loaded, before the service
+// starts consuming.
+func WithRecoveryReport(f func(RecoveryResult)) ServiceOption {
+	return serviceOption(func(o *serviceOptions) error { o.recovered = f; return nil })
+}
+
 // WithTableOptions passes options to every table the service creates.
 func WithTableOptions(opts ...tables.Option) ServiceOption {
 	return serviceOption(func(o *serviceOptions) error { o.tableOptions = opts; return nil })
@@ -147,9 +202,11 @@ type Service struct {
 	o     serviceOptions
 	log   *slog.Logger
 	store *tables.ChunkStore
-	// Fixed at construction: read without a lock.
-	tables map[string]*tables.Table
-	names  []string
+	// Fixed once Run has recovered: read without a lock afterwards.
+	tables  map[string]*tables.Table
+	names   []string
+	configs map[string]tables.Config
+	stream  jetstream.Stream
 
 	progress progress
 	stats    serviceStats
@@ -161,6 +218,11 @@ type Service struct {
 	sampleSlots chan struct{}
 	handlers    sync.WaitGroup
 	rejectLog   rateLimitedLog
+
+	intr           interrupter
+	applyDone      chan struct{} // closed when the apply loop has stopped
+	cpMu           sync.Mutex    // one checkpoint write at a time
+	lastCheckpoint uint64
 }
 
 type serviceStats struct {
@@ -209,6 +271,8 @@ func NewService(nc *nats.Conn, configs []tables.Config, opts ...ServiceOption) (
 		tables:      make(map[string]*tables.Table, len(configs)),
 		producers:   make(map[string]*producerState),
 		sampleSlots: make(chan struct{}, o.maxConcurrent),
+		configs:     make(map[string]tables.Config, len(configs)),
+		applyDone:   make(chan struct{}),
 	}
 	s.progress.seq = o.startSequence - min(o.startSequence, 1)
 	for _, cfg := range configs {
@@ -220,6 +284,7 @@ func NewService(nc *nats.Conn, configs []tables.Config, opts ...ServiceOption) (
 			return nil, err
 		}
 		s.tables[cfg.Name] = t
+		s.configs[cfg.Name] = cfg
 		s.names = append(s.names, cfg.Name)
 	}
 	slices.Sort(s.names)
@@ -247,25 +312,31 @@ func (s *Service) Rejected() int64 { return s.stats.rejected.Load() }
 func (s *Service) Run(ctx context.Context) error {
 	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream, true)
 	if err != nil {
+		close(s.applyDone)
 		return err
 	}
-	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.subj.data()}, DeliverPolicy: jetstream.DeliverAllPolicy}
-	if s.o.startSequence > 0 {
-		cc.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cc.OptStartSeq = s.o.startSequence
+	s.stream = stream
+	if err := s.recoverAtStart(ctx); err != nil {
+		close(s.applyDone)
+		return err
 	}
+	start := s.progress.get() + 1
+	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.subj.data()}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start}
 	cons, err := stream.OrderedConsumer(ctx, cc)
 	if err != nil {
+		close(s.applyDone)
 		return fmt.Errorf("broker: consumer on %s: %w", s.subj.stream(), err)
 	}
 	msgs, err := cons.Messages(jetstream.PullMaxBytes(s.o.pullBytes))
 	if err != nil {
+		close(s.applyDone)
 		return fmt.Errorf("broker: consuming %s: %w", s.subj.stream(), err)
 	}
 	defer msgs.Stop()
 
 	svc, err := s.startMicro(ctx)
 	if err != nil {
+		close(s.applyDone)
 		return err
 	}
 
@@ -275,32 +346,101 @@ func (s *Service) Run(ctx context.Context) error {
 		defer bg.Done()
 		s.publishProgress(ctx)
 	}()
-	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.stream(), "start_sequence", s.o.startSequence)
+	if s.o.checkpoints != nil && s.o.checkpointEvery > 0 {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			s.checkpointPeriodically(ctx)
+		}()
+	}
+	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.stream(), "start_sequence", start)
 
 	err = s.applyLoop(ctx, msgs)
+	close(s.applyDone)
 
 	// Stop taking requests, then wait for the ones being served: their
 	// limiter waits end with ctx.
 	stopErr := svc.Stop()
 	s.handlers.Wait()
 	bg.Wait()
+	var cpErr error
+	if s.o.checkpoints != nil && s.o.finalCheckpoint {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		_, cpErr = s.write(wctx, s.capture())
+		cancel()
+		if cpErr != nil {
+			cpErr = fmt.Errorf("broker: final checkpoint: %w", cpErr)
+		}
+	}
 	for _, t := range s.tables {
 		t.Close()
 	}
 	if ctx.Err() != nil && (err == nil || errors.Is(err, ctx.Err())) {
 		err = nil
 	}
-	return errors.Join(err, stopErr)
+	return errors.Join(err, stopErr, cpErr)
+}
+
+// recoverAtStart loads the newest usable checkpoint and applies the
+// messages it had held back, then reports what it did.
+func (s *Service) recoverAtStart(ctx context.Context) error {
+	if s.o.objectStore && s.o.checkpoints == nil {
+		cs, err := NewObjectStoreCheckpoints(ctx, s.js, checkpointBucket(s.subj), s.o.stream.Replicas)
+		if err != nil {
+			return err
+		}
+		s.o.checkpoints = cs
+	}
+	if s.o.checkpoints == nil {
+		return nil
+	}
+	res, err := s.recover(ctx)
+	if err != nil {
+		return fmt.Errorf("broker: recovery: %w", err)
+	}
+	for id, ps := range s.producers {
+		if err := s.applyWaiting(ctx, id, ps, false); err != nil {
+			return err
+		}
+	}
+	if res.Checkpoint == "" && len(res.Skipped) > 0 {
+		s.log.Error("reprise service: no usable checkpoint; replaying the stream from its start (anything trimmed from it is lost)", "skipped", len(res.Skipped))
+	}
+	s.log.Info("reprise service: recovered", "checkpoint", res.Checkpoint, "applied", res.Applied, "items", res.Items, "chunks", res.Chunks, "took", res.Duration)
+	if s.o.recovered != nil {
+		s.o.recovered(res)
+	}
+	return nil
+}
+
+func (s *Service) checkpointPeriodically(ctx context.Context) {
+	t := time.NewTicker(s.o.checkpointEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			if _, err := s.Checkpoint(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("reprise service: periodic checkpoint", "error", err)
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext) error {
 	for {
-		m, err := msgs.Next(jetstream.NextContext(ctx))
+		s.serveCaptures()
+		ictx, disarm := s.intr.arm(ctx)
+		m, err := msgs.Next(jetstream.NextContext(ictx))
+		disarm()
 		if err != nil {
-			if ctx.Err() != nil {
+			switch {
+			case ctx.Err() != nil:
 				return ctx.Err()
-			}
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			case ictx.Err() != nil:
+				continue // a capture request: served at the top
+			case errors.Is(err, jetstream.ErrMsgIteratorClosed):
 				return err
 			}
 			// Heartbeat and reconnect hiccups: the ordered consumer
@@ -344,7 +484,7 @@ func (s *Service) applyInsert(ctx context.Context, data []byte, seq uint64, at t
 		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, err.Error())
 		return nil
 	}
-	b.storedAt = at
+	b.storedAt, b.raw = at, data
 	if err := s.releaseStalled(ctx, at); err != nil {
 		return err
 	}
@@ -478,7 +618,18 @@ func (s *Service) insertItem(ctx context.Context, producer string, seq uint64, s
 		}
 		item.Trajectory[i] = col
 	}
-	err := t.Insert(ctx, item)
+	var err error
+	for {
+		// A checkpoint request interrupts a wait for the rate limiter; the
+		// insert is retried once the state is copied.
+		ictx, disarm := s.intr.arm(ctx)
+		err = t.Insert(ictx, item)
+		disarm()
+		if err == nil || ctx.Err() != nil || ictx.Err() == nil {
+			break
+		}
+		s.serveCaptures()
+	}
 	switch {
 	case err == nil:
 		if s.o.observer != nil {

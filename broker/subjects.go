@@ -13,6 +13,7 @@
 //	<prefix>.api.sample     sample requests (request-reply, a NATS micro endpoint)
 //	<prefix>.api.info       table info (request-reply)
 //	<prefix>.api.reset      reset a table (request-reply)
+//	<prefix>.api.checkpoint write a checkpoint now (request-reply)
 package broker
 
 import (
@@ -69,6 +70,7 @@ func (s subjects) info() string   { return s.apiGroup() + ".info" }
 func (s subjects) resetAPI() string {
 	return s.apiGroup() + ".reset"
 }
+func (s subjects) checkpoint() string                { return s.apiGroup() + ".checkpoint" }
 func (s subjects) rejected(producerID string) string { return s.prefix + ".rejected." + producerID }
 
 // stream is the name of the JetStream stream that holds the data subjects:

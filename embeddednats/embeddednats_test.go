@@ -6,6 +6,8 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -200,6 +202,21 @@ func TestPortInUse(t *testing.T) {
 			s.Shutdown(ctx)
 		}
 		t.Fatalf("Start on a taken port = %v, want ErrStartFailed naming the listener", err)
+	}
+}
+
+func TestUnusableStoreDir(t *testing.T) {
+	ctx := testContext(t)
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Start(ctx, WithStoreDir(file), WithoutListener())
+	if !errors.Is(err, ErrStartFailed) || !strings.Contains(err.Error(), "JetStream") {
+		if s != nil {
+			s.Shutdown(ctx)
+		}
+		t.Fatalf("Start with a file as store dir = %v, want ErrStartFailed naming JetStream", err)
 	}
 }
 

@@ -370,10 +370,10 @@ func TestModel(t *testing.T) {
 		runs, length, keys, clear int
 	}{
 		// Few keys: frequent collisions, empty selectors, ties.
-		{"48 keys", 20, 2000, 48, 10},
+		{"48 keys", 8, 2000, 48, 10},
 		// Never cleared, the selectors settle near 450 keys: a sum tree of
 		// three levels and deep heaps.
-		{"700 keys", 2, 6000, 700, 0},
+		{"700 keys", 1, 6000, 700, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

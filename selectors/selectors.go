@@ -26,7 +26,8 @@ var (
 	ErrKeyNotFound = errors.New("selectors: key not found")
 	// ErrEmpty is returned by Sample when the selector holds no keys.
 	ErrEmpty = errors.New("selectors: empty")
-	// ErrInvalidPriority is returned for NaN, infinite or negative priorities.
+	// ErrInvalidPriority is returned for NaN, infinite or negative priorities,
+	// and by Prioritized for a priority whose weight would overflow float64.
 	ErrInvalidPriority = errors.New("selectors: invalid priority")
 	// ErrInvalidOptions is returned by New for an unknown kind or a bad parameter.
 	ErrInvalidOptions = errors.New("selectors: invalid options")
@@ -34,6 +35,8 @@ var (
 
 // Selector chooses keys. Sample returns a key and the probability with which
 // it was chosen; deterministic strategies (Fifo, Lifo, heaps) report 1.
+// Every strategy validates priorities, even those that ignore them, and an
+// operation that returns an error leaves the selector as it was.
 type Selector interface {
 	Insert(key Key, priority float64) error
 	Update(key Key, priority float64) error

@@ -1676,6 +1676,572 @@ func (x *ResetRequest) GetTable() string {
 	return ""
 }
 
+// CheckpointRequest asks the service on <prefix>.api.checkpoint to write a
+// checkpoint now.
+type CheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointRequest) Reset() {
+	*x = CheckpointRequest{}
+	mi := &file_reprise_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointRequest) ProtoMessage() {}
+
+func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
+func (*CheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{21}
+}
+
+type CheckpointResponse struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Status          *Status                `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	Name            string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	AppliedSequence uint64                 `protobuf:"varint,3,opt,name=applied_sequence,json=appliedSequence,proto3" json:"applied_sequence,omitempty"`
+	Items           int64                  `protobuf:"varint,4,opt,name=items,proto3" json:"items,omitempty"`
+	Bytes           int64                  `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// How long the apply loop and the tables were paused to copy the state.
+	PauseNs       int64 `protobuf:"varint,6,opt,name=pause_ns,json=pauseNs,proto3" json:"pause_ns,omitempty"`
+	WriteNs       int64 `protobuf:"varint,7,opt,name=write_ns,json=writeNs,proto3" json:"write_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointResponse) Reset() {
+	*x = CheckpointResponse{}
+	mi := &file_reprise_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointResponse) ProtoMessage() {}
+
+func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
+func (*CheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *CheckpointResponse) GetStatus() *Status {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *CheckpointResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CheckpointResponse) GetAppliedSequence() uint64 {
+	if x != nil {
+		return x.AppliedSequence
+	}
+	return 0
+}
+
+func (x *CheckpointResponse) GetItems() int64 {
+	if x != nil {
+		return x.Items
+	}
+	return 0
+}
+
+func (x *CheckpointResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *CheckpointResponse) GetPauseNs() int64 {
+	if x != nil {
+		return x.PauseNs
+	}
+	return 0
+}
+
+func (x *CheckpointResponse) GetWriteNs() int64 {
+	if x != nil {
+		return x.WriteNs
+	}
+	return 0
+}
+
+// Checkpoint is the state of every table and of the producers the service
+// tracks after it applied every stream message up to applied_sequence.
+// Recovery loads it and replays the stream from applied_sequence + 1.
+type Checkpoint struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Version         uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	AppliedSequence uint64                 `protobuf:"varint,2,opt,name=applied_sequence,json=appliedSequence,proto3" json:"applied_sequence,omitempty"`
+	CreatedUnixNano int64                  `protobuf:"varint,3,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
+	Tables          []*TableCheckpoint     `protobuf:"bytes,4,rep,name=tables,proto3" json:"tables,omitempty"`
+	// Every chunk an item or a producer holds, each an encoded Chunk as
+	// stored.
+	Chunks        [][]byte              `protobuf:"bytes,5,rep,name=chunks,proto3" json:"chunks,omitempty"`
+	Producers     []*ProducerCheckpoint `protobuf:"bytes,6,rep,name=producers,proto3" json:"producers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Checkpoint) Reset() {
+	*x = Checkpoint{}
+	mi := &file_reprise_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Checkpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Checkpoint) ProtoMessage() {}
+
+func (x *Checkpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
+func (*Checkpoint) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *Checkpoint) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetAppliedSequence() uint64 {
+	if x != nil {
+		return x.AppliedSequence
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetCreatedUnixNano() int64 {
+	if x != nil {
+		return x.CreatedUnixNano
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetTables() []*TableCheckpoint {
+	if x != nil {
+		return x.Tables
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetChunks() [][]byte {
+	if x != nil {
+		return x.Chunks
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetProducers() []*ProducerCheckpoint {
+	if x != nil {
+		return x.Producers
+	}
+	return nil
+}
+
+type TableCheckpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tables.Config, limiter.State and tables.Counters as JSON: small, and
+	// readable with any JSON tool.
+	ConfigJson   []byte `protobuf:"bytes,1,opt,name=config_json,json=configJson,proto3" json:"config_json,omitempty"`
+	LimiterJson  []byte `protobuf:"bytes,2,opt,name=limiter_json,json=limiterJson,proto3" json:"limiter_json,omitempty"`
+	CountersJson []byte `protobuf:"bytes,3,opt,name=counters_json,json=countersJson,proto3" json:"counters_json,omitempty"`
+	// In insertion order.
+	Items         []*ItemCheckpoint `protobuf:"bytes,4,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TableCheckpoint) Reset() {
+	*x = TableCheckpoint{}
+	mi := &file_reprise_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableCheckpoint) ProtoMessage() {}
+
+func (x *TableCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableCheckpoint.ProtoReflect.Descriptor instead.
+func (*TableCheckpoint) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TableCheckpoint) GetConfigJson() []byte {
+	if x != nil {
+		return x.ConfigJson
+	}
+	return nil
+}
+
+func (x *TableCheckpoint) GetLimiterJson() []byte {
+	if x != nil {
+		return x.LimiterJson
+	}
+	return nil
+}
+
+func (x *TableCheckpoint) GetCountersJson() []byte {
+	if x != nil {
+		return x.CountersJson
+	}
+	return nil
+}
+
+func (x *TableCheckpoint) GetItems() []*ItemCheckpoint {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+type ItemCheckpoint struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Key                uint64                 `protobuf:"varint,1,opt,name=key,proto3" json:"key,omitempty"`
+	Priority           float64                `protobuf:"fixed64,2,opt,name=priority,proto3" json:"priority,omitempty"`
+	TimesSampled       int32                  `protobuf:"varint,3,opt,name=times_sampled,json=timesSampled,proto3" json:"times_sampled,omitempty"`
+	InsertedAtUnixNano int64                  `protobuf:"varint,4,opt,name=inserted_at_unix_nano,json=insertedAtUnixNano,proto3" json:"inserted_at_unix_nano,omitempty"`
+	Seq                uint64                 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	Columns            []*TrajectoryColumn    `protobuf:"bytes,6,rep,name=columns,proto3" json:"columns,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *ItemCheckpoint) Reset() {
+	*x = ItemCheckpoint{}
+	mi := &file_reprise_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ItemCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ItemCheckpoint) ProtoMessage() {}
+
+func (x *ItemCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ItemCheckpoint.ProtoReflect.Descriptor instead.
+func (*ItemCheckpoint) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ItemCheckpoint) GetKey() uint64 {
+	if x != nil {
+		return x.Key
+	}
+	return 0
+}
+
+func (x *ItemCheckpoint) GetPriority() float64 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *ItemCheckpoint) GetTimesSampled() int32 {
+	if x != nil {
+		return x.TimesSampled
+	}
+	return 0
+}
+
+func (x *ItemCheckpoint) GetInsertedAtUnixNano() int64 {
+	if x != nil {
+		return x.InsertedAtUnixNano
+	}
+	return 0
+}
+
+func (x *ItemCheckpoint) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ItemCheckpoint) GetColumns() []*TrajectoryColumn {
+	if x != nil {
+		return x.Columns
+	}
+	return nil
+}
+
+type ProducerCheckpoint struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Id               string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	LastSequence     uint64                 `protobuf:"varint,2,opt,name=last_sequence,json=lastSequence,proto3" json:"last_sequence,omitempty"`
+	LastSeenUnixNano int64                  `protobuf:"varint,3,opt,name=last_seen_unix_nano,json=lastSeenUnixNano,proto3" json:"last_seen_unix_nano,omitempty"`
+	ChunkKeys        []uint64               `protobuf:"varint,4,rep,packed,name=chunk_keys,json=chunkKeys,proto3" json:"chunk_keys,omitempty"`
+	// Messages that arrived ahead of a gap, as published.
+	Held          []*HeldMessage `protobuf:"bytes,5,rep,name=held,proto3" json:"held,omitempty"`
+	End           bool           `protobuf:"varint,6,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProducerCheckpoint) Reset() {
+	*x = ProducerCheckpoint{}
+	mi := &file_reprise_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProducerCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProducerCheckpoint) ProtoMessage() {}
+
+func (x *ProducerCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProducerCheckpoint.ProtoReflect.Descriptor instead.
+func (*ProducerCheckpoint) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ProducerCheckpoint) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ProducerCheckpoint) GetLastSequence() uint64 {
+	if x != nil {
+		return x.LastSequence
+	}
+	return 0
+}
+
+func (x *ProducerCheckpoint) GetLastSeenUnixNano() int64 {
+	if x != nil {
+		return x.LastSeenUnixNano
+	}
+	return 0
+}
+
+func (x *ProducerCheckpoint) GetChunkKeys() []uint64 {
+	if x != nil {
+		return x.ChunkKeys
+	}
+	return nil
+}
+
+func (x *ProducerCheckpoint) GetHeld() []*HeldMessage {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+func (x *ProducerCheckpoint) GetEnd() bool {
+	if x != nil {
+		return x.End
+	}
+	return false
+}
+
+type HeldMessage struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Data             []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	StoredAtUnixNano int64                  `protobuf:"varint,2,opt,name=stored_at_unix_nano,json=storedAtUnixNano,proto3" json:"stored_at_unix_nano,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *HeldMessage) Reset() {
+	*x = HeldMessage{}
+	mi := &file_reprise_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldMessage) ProtoMessage() {}
+
+func (x *HeldMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldMessage.ProtoReflect.Descriptor instead.
+func (*HeldMessage) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *HeldMessage) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *HeldMessage) GetStoredAtUnixNano() int64 {
+	if x != nil {
+		return x.StoredAtUnixNano
+	}
+	return 0
+}
+
+// CheckpointFile is what a checkpoint store holds: the encoded Checkpoint
+// and its SHA-256, so a torn or corrupted file is recognised and skipped.
+type CheckpointFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint    []byte                 `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Sha256        []byte                 `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointFile) Reset() {
+	*x = CheckpointFile{}
+	mi := &file_reprise_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointFile) ProtoMessage() {}
+
+func (x *CheckpointFile) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointFile.ProtoReflect.Descriptor instead.
+func (*CheckpointFile) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *CheckpointFile) GetCheckpoint() []byte {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *CheckpointFile) GetSha256() []byte {
+	if x != nil {
+		return x.Sha256
+	}
+	return nil
+}
+
 var File_reprise_proto protoreflect.FileDescriptor
 
 const file_reprise_proto_rawDesc = "" +
@@ -1808,7 +2374,53 @@ const file_reprise_proto_rawDesc = "" +
 	"\x04code\x18\x05 \x01(\x0e2\x10.reprise.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x06 \x01(\tR\amessage\"$\n" +
 	"\fResetRequest\x12\x14\n" +
-	"\x05table\x18\x01 \x01(\tR\x05table*M\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\"\x13\n" +
+	"\x11CheckpointRequest\"\xe1\x01\n" +
+	"\x12CheckpointResponse\x12*\n" +
+	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
+	"\x10applied_sequence\x18\x03 \x01(\x04R\x0fappliedSequence\x12\x14\n" +
+	"\x05items\x18\x04 \x01(\x03R\x05items\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x03R\x05bytes\x12\x19\n" +
+	"\bpause_ns\x18\x06 \x01(\x03R\apauseNs\x12\x19\n" +
+	"\bwrite_ns\x18\a \x01(\x03R\awriteNs\"\x88\x02\n" +
+	"\n" +
+	"Checkpoint\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\rR\aversion\x12)\n" +
+	"\x10applied_sequence\x18\x02 \x01(\x04R\x0fappliedSequence\x12*\n" +
+	"\x11created_unix_nano\x18\x03 \x01(\x03R\x0fcreatedUnixNano\x123\n" +
+	"\x06tables\x18\x04 \x03(\v2\x1b.reprise.v1.TableCheckpointR\x06tables\x12\x16\n" +
+	"\x06chunks\x18\x05 \x03(\fR\x06chunks\x12<\n" +
+	"\tproducers\x18\x06 \x03(\v2\x1e.reprise.v1.ProducerCheckpointR\tproducers\"\xac\x01\n" +
+	"\x0fTableCheckpoint\x12\x1f\n" +
+	"\vconfig_json\x18\x01 \x01(\fR\n" +
+	"configJson\x12!\n" +
+	"\flimiter_json\x18\x02 \x01(\fR\vlimiterJson\x12#\n" +
+	"\rcounters_json\x18\x03 \x01(\fR\fcountersJson\x120\n" +
+	"\x05items\x18\x04 \x03(\v2\x1a.reprise.v1.ItemCheckpointR\x05items\"\xe0\x01\n" +
+	"\x0eItemCheckpoint\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x1a\n" +
+	"\bpriority\x18\x02 \x01(\x01R\bpriority\x12#\n" +
+	"\rtimes_sampled\x18\x03 \x01(\x05R\ftimesSampled\x121\n" +
+	"\x15inserted_at_unix_nano\x18\x04 \x01(\x03R\x12insertedAtUnixNano\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x04R\x03seq\x126\n" +
+	"\acolumns\x18\x06 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xd6\x01\n" +
+	"\x12ProducerCheckpoint\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
+	"\rlast_sequence\x18\x02 \x01(\x04R\flastSequence\x12-\n" +
+	"\x13last_seen_unix_nano\x18\x03 \x01(\x03R\x10lastSeenUnixNano\x12\x1d\n" +
+	"\n" +
+	"chunk_keys\x18\x04 \x03(\x04R\tchunkKeys\x12+\n" +
+	"\x04held\x18\x05 \x03(\v2\x17.reprise.v1.HeldMessageR\x04held\x12\x10\n" +
+	"\x03end\x18\x06 \x01(\bR\x03end\"P\n" +
+	"\vHeldMessage\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12-\n" +
+	"\x13stored_at_unix_nano\x18\x02 \x01(\x03R\x10storedAtUnixNano\"H\n" +
+	"\x0eCheckpointFile\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\fR\n" +
+	"checkpoint\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\fR\x06sha256*M\n" +
 	"\vCompression\x12\x14\n" +
 	"\x10COMPRESSION_NONE\x10\x00\x12\x14\n" +
 	"\x10COMPRESSION_ZSTD\x10\x01\x12\x12\n" +
@@ -1835,31 +2447,39 @@ func file_reprise_proto_rawDescGZIP() []byte {
 }
 
 var file_reprise_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_reprise_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_reprise_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_reprise_proto_goTypes = []any{
-	(Compression)(0),         // 0: reprise.v1.Compression
-	(Code)(0),                // 1: reprise.v1.Code
-	(*Tensor)(nil),           // 2: reprise.v1.Tensor
-	(*Chunk)(nil),            // 3: reprise.v1.Chunk
-	(*ColumnSlice)(nil),      // 4: reprise.v1.ColumnSlice
-	(*TrajectoryColumn)(nil), // 5: reprise.v1.TrajectoryColumn
-	(*Item)(nil),             // 6: reprise.v1.Item
-	(*InsertBatch)(nil),      // 7: reprise.v1.InsertBatch
-	(*MutationOp)(nil),       // 8: reprise.v1.MutationOp
-	(*Mutation)(nil),         // 9: reprise.v1.Mutation
-	(*Status)(nil),           // 10: reprise.v1.Status
-	(*SampleRequest)(nil),    // 11: reprise.v1.SampleRequest
-	(*SampleInfo)(nil),       // 12: reprise.v1.SampleInfo
-	(*SampledItem)(nil),      // 13: reprise.v1.SampledItem
-	(*SampleResponse)(nil),   // 14: reprise.v1.SampleResponse
-	(*TableRequest)(nil),     // 15: reprise.v1.TableRequest
-	(*LimiterInfo)(nil),      // 16: reprise.v1.LimiterInfo
-	(*ColumnSpec)(nil),       // 17: reprise.v1.ColumnSpec
-	(*TableInfo)(nil),        // 18: reprise.v1.TableInfo
-	(*InfoResponse)(nil),     // 19: reprise.v1.InfoResponse
-	(*ResetResponse)(nil),    // 20: reprise.v1.ResetResponse
-	(*Rejection)(nil),        // 21: reprise.v1.Rejection
-	(*ResetRequest)(nil),     // 22: reprise.v1.ResetRequest
+	(Compression)(0),           // 0: reprise.v1.Compression
+	(Code)(0),                  // 1: reprise.v1.Code
+	(*Tensor)(nil),             // 2: reprise.v1.Tensor
+	(*Chunk)(nil),              // 3: reprise.v1.Chunk
+	(*ColumnSlice)(nil),        // 4: reprise.v1.ColumnSlice
+	(*TrajectoryColumn)(nil),   // 5: reprise.v1.TrajectoryColumn
+	(*Item)(nil),               // 6: reprise.v1.Item
+	(*InsertBatch)(nil),        // 7: reprise.v1.InsertBatch
+	(*MutationOp)(nil),         // 8: reprise.v1.MutationOp
+	(*Mutation)(nil),           // 9: reprise.v1.Mutation
+	(*Status)(nil),             // 10: reprise.v1.Status
+	(*SampleRequest)(nil),      // 11: reprise.v1.SampleRequest
+	(*SampleInfo)(nil),         // 12: reprise.v1.SampleInfo
+	(*SampledItem)(nil),        // 13: reprise.v1.SampledItem
+	(*SampleResponse)(nil),     // 14: reprise.v1.SampleResponse
+	(*TableRequest)(nil),       // 15: reprise.v1.TableRequest
+	(*LimiterInfo)(nil),        // 16: reprise.v1.LimiterInfo
+	(*ColumnSpec)(nil),         // 17: reprise.v1.ColumnSpec
+	(*TableInfo)(nil),          // 18: reprise.v1.TableInfo
+	(*InfoResponse)(nil),       // 19: reprise.v1.InfoResponse
+	(*ResetResponse)(nil),      // 20: reprise.v1.ResetResponse
+	(*Rejection)(nil),          // 21: reprise.v1.Rejection
+	(*ResetRequest)(nil),       // 22: reprise.v1.ResetRequest
+	(*CheckpointRequest)(nil),  // 23: reprise.v1.CheckpointRequest
+	(*CheckpointResponse)(nil), // 24: reprise.v1.CheckpointResponse
+	(*Checkpoint)(nil),         // 25: reprise.v1.Checkpoint
+	(*TableCheckpoint)(nil),    // 26: reprise.v1.TableCheckpoint
+	(*ItemCheckpoint)(nil),     // 27: reprise.v1.ItemCheckpoint
+	(*ProducerCheckpoint)(nil), // 28: reprise.v1.ProducerCheckpoint
+	(*HeldMessage)(nil),        // 29: reprise.v1.HeldMessage
+	(*CheckpointFile)(nil),     // 30: reprise.v1.CheckpointFile
 }
 var file_reprise_proto_depIdxs = []int32{
 	0,  // 0: reprise.v1.Chunk.compression:type_name -> reprise.v1.Compression
@@ -1879,11 +2499,17 @@ var file_reprise_proto_depIdxs = []int32{
 	18, // 14: reprise.v1.InfoResponse.tables:type_name -> reprise.v1.TableInfo
 	10, // 15: reprise.v1.ResetResponse.status:type_name -> reprise.v1.Status
 	1,  // 16: reprise.v1.Rejection.code:type_name -> reprise.v1.Code
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	10, // 17: reprise.v1.CheckpointResponse.status:type_name -> reprise.v1.Status
+	26, // 18: reprise.v1.Checkpoint.tables:type_name -> reprise.v1.TableCheckpoint
+	28, // 19: reprise.v1.Checkpoint.producers:type_name -> reprise.v1.ProducerCheckpoint
+	27, // 20: reprise.v1.TableCheckpoint.items:type_name -> reprise.v1.ItemCheckpoint
+	5,  // 21: reprise.v1.ItemCheckpoint.columns:type_name -> reprise.v1.TrajectoryColumn
+	29, // 22: reprise.v1.ProducerCheckpoint.held:type_name -> reprise.v1.HeldMessage
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_reprise_proto_init() }
@@ -1897,7 +2523,7 @@ func file_reprise_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_reprise_proto_rawDesc), len(file_reprise_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   21,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

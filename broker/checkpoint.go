@@ -1,0 +1,499 @@
+package broker
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/limiter"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// ErrCorruptCheckpoint is returned for a checkpoint that does not decode or
+// whose checksum does not match.
+var ErrCorruptCheckpoint = errors.New("broker: corrupt checkpoint")
+
+const checkpointVersion = 1
+
+// CheckpointResult describes a written checkpoint.
+type CheckpointResult struct {
+	Name string
+	// Applied is the last stream sequence the checkpoint covers.
+	Applied uint64
+	Items   int64
+	Bytes   int64
+	// Pause is how long the apply loop stopped (and each table's lock was
+	// held, table by table) to copy the state; Write is how long encoding
+	// and storing took, while everything else went on.
+	Pause time.Duration
+	Write time.Duration
+}
+
+// RecoveryResult describes what the service loaded at start.
+type RecoveryResult struct {
+	// Checkpoint is the name of the checkpoint loaded; empty when none was.
+	Checkpoint string
+	Applied    uint64
+	Items      int64
+	Chunks     int
+	// Skipped lists checkpoints that could not be used, with the reason.
+	Skipped  []string
+	Duration time.Duration
+}
+
+// captured is the state copied on the apply goroutine. It is immutable, so
+// encoding and writing it can happen anywhere.
+type captured struct {
+	applied   uint64
+	created   time.Time
+	tables    []tables.TableSnapshot
+	chunks    []*tables.Chunk
+	producers []*wire.ProducerCheckpoint
+	pause     time.Duration
+}
+
+// interrupter lets other goroutines ask the apply loop for a capture: the
+// loop serves requests between messages, and a request cancels whatever
+// the loop is waiting on (the next message, or an insert the rate limiter
+// holds) so that it is served promptly.
+type interrupter struct {
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	reqs   []chan *captured
+}
+
+// arm returns the context for the apply loop's next wait.
+func (in *interrupter) arm(ctx context.Context) (context.Context, context.CancelFunc) {
+	ictx, cancel := context.WithCancel(ctx)
+	in.mu.Lock()
+	in.cancel = cancel
+	if len(in.reqs) > 0 {
+		cancel()
+	}
+	in.mu.Unlock()
+	return ictx, func() {
+		in.mu.Lock()
+		in.cancel = nil
+		in.mu.Unlock()
+		cancel()
+	}
+}
+
+func (in *interrupter) request() <-chan *captured {
+	ch := make(chan *captured, 1)
+	in.mu.Lock()
+	in.reqs = append(in.reqs, ch)
+	if in.cancel != nil {
+		in.cancel()
+	}
+	in.mu.Unlock()
+	return ch
+}
+
+func (in *interrupter) take() []chan *captured {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	reqs := in.reqs
+	in.reqs = nil
+	return reqs
+}
+
+// serveCaptures answers pending capture requests; apply goroutine only.
+func (s *Service) serveCaptures() {
+	reqs := s.intr.take()
+	if len(reqs) == 0 {
+		return
+	}
+	c := s.capture()
+	for _, ch := range reqs {
+		ch <- c
+	}
+}
+
+// capture copies the service's state; apply goroutine only (or after the
+// apply loop stopped). Every message up to the applied sequence is in it; a
+// message whose insert the rate limiter was holding is not, and is applied
+// again on recovery, which is harmless: items already present keep their
+// state, chunks already held are not held twice.
+func (s *Service) capture() *captured {
+	start := time.Now()
+	c := &captured{applied: s.progress.get(), created: start}
+	seen := make(map[uint64]struct{})
+	for _, name := range s.names {
+		snap := s.tables[name].Snapshot()
+		c.tables = append(c.tables, snap)
+		for _, ch := range snap.Chunks {
+			if _, dup := seen[ch.Key]; !dup {
+				seen[ch.Key] = struct{}{}
+				c.chunks = append(c.chunks, ch)
+			}
+		}
+	}
+	for id, ps := range s.producers {
+		pc := &wire.ProducerCheckpoint{Id: id, LastSequence: ps.lastSeq, LastSeenUnixNano: ps.lastSeen.UnixNano(), End: ps.end}
+		for key := range ps.chunks {
+			pc.ChunkKeys = append(pc.ChunkKeys, key)
+			if _, dup := seen[key]; dup {
+				continue
+			}
+			if ch, ok := s.store.Get(key); ok {
+				seen[key] = struct{}{}
+				c.chunks = append(c.chunks, ch)
+			}
+		}
+		slices.Sort(pc.ChunkKeys)
+		held := make([]*insertBatch, 0, len(ps.waiting))
+		for _, b := range ps.waiting {
+			held = append(held, b)
+		}
+		slices.SortFunc(held, func(a, b *insertBatch) int { return cmp.Compare(a.sequence, b.sequence) })
+		for _, b := range held {
+			pc.Held = append(pc.Held, &wire.HeldMessage{Data: b.raw, StoredAtUnixNano: b.storedAt.UnixNano()})
+		}
+		c.producers = append(c.producers, pc)
+	}
+	slices.SortFunc(c.producers, func(a, b *wire.ProducerCheckpoint) int { return cmp.Compare(a.Id, b.Id) })
+	c.pause = time.Since(start)
+	return c
+}
+
+func (c *captured) items() int64 {
+	var n int64
+	for _, t := range c.tables {
+		n += int64(len(t.Items))
+	}
+	return n
+}
+
+func (c *captured) encode() ([]byte, error) {
+	msg := &wire.Checkpoint{
+		Version:         checkpointVersion,
+		AppliedSequence: c.applied,
+		CreatedUnixNano: c.created.UnixNano(),
+		Producers:       c.producers,
+		Chunks:          make([][]byte, len(c.chunks)),
+	}
+	for i, ch := range c.chunks {
+		msg.Chunks[i] = ch.Data
+	}
+	for _, t := range c.tables {
+		tc := &wire.TableCheckpoint{Items: make([]*wire.ItemCheckpoint, len(t.Items))}
+		var err error
+		if tc.ConfigJson, err = json.Marshal(t.Config); err != nil {
+			return nil, fmt.Errorf("broker: encoding table %q config: %w", t.Config.Name, err)
+		}
+		if tc.LimiterJson, err = json.Marshal(t.Limiter); err != nil {
+			return nil, fmt.Errorf("broker: encoding table %q limiter: %w", t.Config.Name, err)
+		}
+		if tc.CountersJson, err = json.Marshal(t.Counters); err != nil {
+			return nil, fmt.Errorf("broker: encoding table %q counters: %w", t.Config.Name, err)
+		}
+		for i, it := range t.Items {
+			tc.Items[i] = &wire.ItemCheckpoint{
+				Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
+				InsertedAtUnixNano: it.InsertedAt.UnixNano(), Seq: it.Seq, Columns: wireColumns(it.Trajectory),
+			}
+		}
+		msg.Tables = append(msg.Tables, tc)
+	}
+	data, err := proto.Marshal(msg)
+	if err != nil {
+		return nil, fmt.Errorf("broker: encoding checkpoint: %w", err)
+	}
+	sum := sha256.Sum256(data)
+	return proto.Marshal(&wire.CheckpointFile{Checkpoint: data, Sha256: sum[:]})
+}
+
+func wireColumns(cols []tables.Column) []*wire.TrajectoryColumn {
+	out := make([]*wire.TrajectoryColumn, len(cols))
+	for i, c := range cols {
+		tc := &wire.TrajectoryColumn{Name: c.Name, Squeeze: c.Squeeze, Slices: make([]*wire.ColumnSlice, len(c.Slices))}
+		for j, sl := range c.Slices {
+			tc.Slices[j] = &wire.ColumnSlice{ChunkKey: sl.Chunk, Offset: sl.Offset, Length: sl.Length}
+		}
+		out[i] = tc
+	}
+	return out
+}
+
+func engineColumns(cols []*wire.TrajectoryColumn) []tables.Column {
+	out := make([]tables.Column, len(cols))
+	for i, c := range cols {
+		col := tables.Column{Name: c.Name, Squeeze: c.Squeeze, Slices: make([]tables.Slice, len(c.Slices))}
+		for j, sl := range c.Slices {
+			col.Slices[j] = tables.Slice{Chunk: sl.ChunkKey, Offset: sl.Offset, Length: sl.Length}
+		}
+		out[i] = col
+	}
+	return out
+}
+
+func decodeCheckpoint(data []byte) (*wire.Checkpoint, error) {
+	var f wire.CheckpointFile
+	if err := proto.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
+	}
+	sum := sha256.Sum256(f.Checkpoint)
+	if !bytes.Equal(sum[:], f.Sha256) {
+		return nil, fmt.Errorf("%w: checksum mismatch (torn or damaged write)", ErrCorruptCheckpoint)
+	}
+	var cp wire.Checkpoint
+	if err := proto.Unmarshal(f.Checkpoint, &cp); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
+	}
+	if cp.Version != checkpointVersion {
+		return nil, fmt.Errorf("%w: version %d, this build reads %d", ErrCorruptCheckpoint, cp.Version, checkpointVersion)
+	}
+	return &cp, nil
+}
+
+// Checkpoint writes a checkpoint now and trims the stream below the oldest
+// checkpoint still kept. Inserts and samples go on while it is encoded and
+// written; they stop only while the state is copied (Pause).
+func (s *Service) Checkpoint(ctx context.Context) (CheckpointResult, error) {
+	if s.o.checkpoints == nil {
+		return CheckpointResult{}, fmt.Errorf("%w: no checkpoint store configured", ErrServer)
+	}
+	var c *captured
+	select {
+	case c = <-s.intr.request():
+	case <-s.applyDone:
+		return CheckpointResult{}, fmt.Errorf("%w: service stopped", ErrClosed)
+	case <-ctx.Done():
+		return CheckpointResult{}, fmt.Errorf("broker: waiting for the apply loop to copy the state: %w", ctx.Err())
+	}
+	return s.write(ctx, c)
+}
+
+// write encodes and stores a capture, then drops old checkpoints and trims
+// the stream. Writes happen one at a time, in capture order.
+func (s *Service) write(ctx context.Context, c *captured) (CheckpointResult, error) {
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
+	start := time.Now()
+	res := CheckpointResult{Name: checkpointName(c.applied), Applied: c.applied, Items: c.items(), Pause: c.pause}
+	if c.applied < s.lastCheckpoint {
+		return res, fmt.Errorf("%w: a newer checkpoint (sequence %d) is already written", ErrServer, s.lastCheckpoint)
+	}
+	data, err := c.encode()
+	if err != nil {
+		return res, err
+	}
+	res.Bytes = int64(len(data))
+	if err := s.o.checkpoints.Save(ctx, res.Name, data); err != nil {
+		return res, err
+	}
+	s.lastCheckpoint = c.applied
+	res.Write = time.Since(start)
+	s.log.Info("reprise service: checkpoint written", "name", res.Name, "applied", res.Applied, "items", res.Items,
+		"bytes", res.Bytes, "pause", res.Pause, "write", res.Write)
+	if err := s.trim(ctx); err != nil {
+		s.log.Warn("reprise service: trimming after checkpoint", "error", err)
+	}
+	return res, nil
+}
+
+// trim keeps the newest checkpointKeep checkpoints and purges the stream
+// below what the oldest of them needs: if the newest turns out unreadable,
+// recovery falls back to an older one and still finds the stream it needs.
+func (s *Service) trim(ctx context.Context) error {
+	names, err := s.o.checkpoints.List(ctx)
+	if err != nil {
+		return err
+	}
+	if len(names) > s.o.checkpointKeep {
+		for _, name := range names[:len(names)-s.o.checkpointKeep] {
+			if err := s.o.checkpoints.Delete(ctx, name); err != nil {
+				return err
+			}
+		}
+		names = names[len(names)-s.o.checkpointKeep:]
+	}
+	var oldest uint64
+	if _, err := fmt.Sscanf(names[0], checkpointPrefix+"%d", &oldest); err != nil {
+		return fmt.Errorf("checkpoint name %q: %w", names[0], err)
+	}
+	if s.stream == nil || oldest == 0 {
+		return nil
+	}
+	if err := s.stream.Purge(ctx, jetstream.WithPurgeSequence(oldest+1)); err != nil {
+		return fmt.Errorf("purging stream below %d: %w", oldest+1, err)
+	}
+	return nil
+}
+
+// recover loads the newest usable checkpoint, skipping damaged ones with a
+// log line each. With no usable checkpoint the service starts empty and
+// replays the whole stream.
+func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
+	start := time.Now()
+	var res RecoveryResult
+	names, err := s.o.checkpoints.List(ctx)
+	if err != nil {
+		return res, err
+	}
+	for i := len(names) - 1; i >= 0; i-- {
+		name := names[i]
+		data, err := s.o.checkpoints.Load(ctx, name)
+		var cp *wire.Checkpoint
+		if err == nil {
+			cp, err = decodeCheckpoint(data)
+		}
+		if err == nil {
+			err = s.restore(cp)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return res, ctx.Err()
+			}
+			s.log.Error("reprise service: skipping unusable checkpoint, trying the previous one", "name", name, "error", err)
+			res.Skipped = append(res.Skipped, fmt.Sprintf("%s: %v", name, err))
+			continue
+		}
+		res.Checkpoint, res.Applied, res.Chunks = name, cp.AppliedSequence, s.store.Len()
+		for _, t := range cp.Tables {
+			res.Items += int64(len(t.Items))
+		}
+		s.lastCheckpoint = cp.AppliedSequence
+		break
+	}
+	res.Duration = time.Since(start)
+	return res, nil
+}
+
+// restore replaces the service's state with a checkpoint's. On error the
+// state is unchanged.
+func (s *Service) restore(cp *wire.Checkpoint) error {
+	store := tables.NewChunkStore()
+	keys := make([]uint64, 0, len(cp.Chunks))
+	for i, raw := range cp.Chunks {
+		c, err := parseChunk(raw)
+		if err != nil {
+			return fmt.Errorf("chunk %d: %w", i, err)
+		}
+		store.Put(c)
+		keys = append(keys, c.Key)
+	}
+	// The references Put took are only needed while the tables and
+	// producers take theirs.
+	defer store.Release(keys...)
+
+	restored := make(map[string]*tables.Table, len(s.configs))
+	fail := func(err error) error {
+		for _, t := range restored {
+			t.Close()
+			t.Reset()
+		}
+		return err
+	}
+	for _, tc := range cp.Tables {
+		var snap tables.TableSnapshot
+		if err := json.Unmarshal(tc.ConfigJson, &snap.Config); err != nil {
+			return fail(fmt.Errorf("table config: %w", err))
+		}
+		name := snap.Config.Name
+		if err := json.Unmarshal(tc.LimiterJson, &snap.Limiter); err != nil {
+			return fail(fmt.Errorf("table %q limiter: %w", name, err))
+		}
+		if err := json.Unmarshal(tc.CountersJson, &snap.Counters); err != nil {
+			return fail(fmt.Errorf("table %q counters: %w", name, err))
+		}
+		want, ok := s.configs[name]
+		if !ok {
+			s.log.Warn("reprise service: the checkpoint has a table the config no longer defines; its items are not restored (add the table back to the config to keep them)",
+				"table", name, "items", len(tc.Items))
+			continue
+		}
+		snap.Items = make([]tables.ItemSnapshot, len(tc.Items))
+		for i, it := range tc.Items {
+			snap.Items[i] = tables.ItemSnapshot{
+				Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
+				InsertedAt: time.Unix(0, it.InsertedAtUnixNano), Seq: it.Seq, Trajectory: engineColumns(it.Columns),
+			}
+		}
+		t, err := tables.NewFromSnapshot(snap, store, s.o.tableOptions...)
+		if err != nil {
+			return fail(fmt.Errorf("table %q: %w", name, err))
+		}
+		restored[name] = t
+		s.reconcile(t, snap.Config, want)
+	}
+	for name, cfg := range s.configs {
+		if _, ok := restored[name]; ok {
+			continue
+		}
+		t, err := tables.New(cfg, store, s.o.tableOptions...)
+		if err != nil {
+			return fail(err)
+		}
+		restored[name] = t
+		s.log.Info("reprise service: table not in the checkpoint starts empty", "table", name)
+	}
+	producers := make(map[string]*producerState, len(cp.Producers))
+	for _, pc := range cp.Producers {
+		ps := &producerState{lastSeq: pc.LastSequence, lastSeen: time.Unix(0, pc.LastSeenUnixNano), end: pc.End, chunks: make(map[uint64]struct{}, len(pc.ChunkKeys))}
+		if err := store.Retain(pc.ChunkKeys...); err != nil {
+			return fail(fmt.Errorf("producer %s: %w", pc.Id, err))
+		}
+		for _, k := range pc.ChunkKeys {
+			ps.chunks[k] = struct{}{}
+		}
+		for _, h := range pc.Held {
+			b, err := parseInsertBatch(h.Data)
+			if err != nil {
+				return fail(fmt.Errorf("producer %s held message: %w", pc.Id, err))
+			}
+			b.raw, b.storedAt = h.Data, time.Unix(0, h.StoredAtUnixNano)
+			if ps.waiting == nil {
+				ps.waiting = make(map[uint64]*insertBatch)
+			}
+			ps.waiting[b.sequence] = b
+		}
+		producers[pc.Id] = ps
+	}
+	for _, t := range s.tables {
+		t.Close()
+	}
+	s.store, s.tables, s.producers = store, restored, producers
+	s.progress.set(cp.AppliedSequence)
+	return nil
+}
+
+// reconcile applies the config file's rate limiter and max times sampled
+// to a restored table (the file wins, and the log says so); other
+// differences keep the checkpoint's value, since the items were built for
+// it, and are reported.
+func (s *Service) reconcile(t *tables.Table, got, want tables.Config) {
+	if got.Limiter != want.Limiter || got.MaxTimesSampled != want.MaxTimesSampled {
+		if err := t.Reconfigure(want.Limiter, want.MaxTimesSampled); err != nil {
+			s.log.Error("reprise service: keeping the checkpoint's rate limiter: the config's does not fit the restored table", "table", got.Name, "error", err)
+		} else {
+			s.log.Info("reprise service: config file overrides the checkpoint", "table", got.Name,
+				"rate_limiter", limiterString(want.Limiter), "was", limiterString(got.Limiter),
+				"max_times_sampled", want.MaxTimesSampled, "was_max_times_sampled", got.MaxTimesSampled)
+		}
+	}
+	if got.Sampler != want.Sampler || got.Remover != want.Remover || got.MaxSize != want.MaxSize || !slices.EqualFunc(got.Signature, want.Signature, columnSpecEqual) {
+		s.log.Warn("reprise service: the config changes a restored table's sampler, remover, max size or signature; the checkpoint's are kept (reset the table to apply the config's)",
+			"table", got.Name, "sampler", got.Sampler.String(), "remover", got.Remover.String(), "max_size", got.MaxSize)
+	}
+}
+
+func columnSpecEqual(a, b tables.ColumnSpec) bool {
+	return a.Name == b.Name && a.DType == b.DType && slices.Equal(a.Shape, b.Shape)
+}
+
+func limiterString(c limiter.Config) string {
+	return fmt.Sprintf("spi=%g min_size=%d min_diff=%g max_diff=%g", c.SamplesPerInsert, c.MinSize, c.MinDiff, c.MaxDiff)
+}

@@ -1,0 +1,182 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// CheckpointStore keeps checkpoints by name. Names sort in the order the
+// checkpoints were taken. Save must be atomic: a checkpoint that was not
+// written whole must not be listed, or must fail to Load.
+type CheckpointStore interface {
+	Save(ctx context.Context, name string, data []byte) error
+	Load(ctx context.Context, name string) ([]byte, error)
+	List(ctx context.Context) ([]string, error)
+	Delete(ctx context.Context, name string) error
+}
+
+// ErrNoCheckpoint is returned by Load for a name the store does not hold.
+var ErrNoCheckpoint = errors.New("broker: no such checkpoint")
+
+// checkpointName sorts by the sequence the checkpoint resumes after.
+func checkpointName(applied uint64) string {
+	return fmt.Sprintf("checkpoint-%020d", applied)
+}
+
+const checkpointPrefix = "checkpoint-"
+
+// ObjectStoreCheckpoints keeps checkpoints in a JetStream object store
+// bucket, replicated like the stream when the bucket is.
+type ObjectStoreCheckpoints struct {
+	os jetstream.ObjectStore
+}
+
+// NewObjectStoreCheckpoints opens (creating if needed) the bucket.
+func NewObjectStoreCheckpoints(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*ObjectStoreCheckpoints, error) {
+	os, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      bucket,
+		Description: "Reprise checkpoints",
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("broker: checkpoint bucket %s: %w", bucket, err)
+	}
+	return &ObjectStoreCheckpoints{os: os}, nil
+}
+
+// checkpointBucket is the default bucket of a prefix's checkpoints.
+func checkpointBucket(subj subjects) string { return subj.stream() + "_CHECKPOINTS" }
+
+// Save writes the checkpoint; the object store lists it once its last
+// chunk and its digest are stored.
+func (s *ObjectStoreCheckpoints) Save(ctx context.Context, name string, data []byte) error {
+	if _, err := s.os.PutBytes(ctx, name, data); err != nil {
+		return fmt.Errorf("broker: saving checkpoint %s: %w", name, err)
+	}
+	return nil
+}
+
+// Load reads a checkpoint; the object store checks its digest.
+func (s *ObjectStoreCheckpoints) Load(ctx context.Context, name string) ([]byte, error) {
+	data, err := s.os.GetBytes(ctx, name)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, fmt.Errorf("%w: %s", ErrNoCheckpoint, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("broker: loading checkpoint %s: %w", name, err)
+	}
+	return data, nil
+}
+
+// List names the stored checkpoints, oldest first.
+func (s *ObjectStoreCheckpoints) List(ctx context.Context) ([]string, error) {
+	infos, err := s.os.List(ctx)
+	if errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("broker: listing checkpoints: %w", err)
+	}
+	var names []string
+	for _, in := range infos {
+		if strings.HasPrefix(in.Name, checkpointPrefix) && !in.Deleted {
+			names = append(names, in.Name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// Delete removes a checkpoint.
+func (s *ObjectStoreCheckpoints) Delete(ctx context.Context, name string) error {
+	if err := s.os.Delete(ctx, name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		return fmt.Errorf("broker: deleting checkpoint %s: %w", name, err)
+	}
+	return nil
+}
+
+// FileCheckpoints keeps checkpoints as files in a directory.
+type FileCheckpoints struct {
+	dir string
+}
+
+// NewFileCheckpoints uses dir, creating it if needed.
+func NewFileCheckpoints(dir string) (*FileCheckpoints, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("broker: checkpoint directory: %w", err)
+	}
+	return &FileCheckpoints{dir: dir}, nil
+}
+
+// Save writes to a temporary file, syncs it and renames it into place, so
+// a crash leaves either the whole checkpoint or none.
+func (f *FileCheckpoints) Save(_ context.Context, name string, data []byte) error {
+	tmp, err := os.CreateTemp(f.dir, ".tmp-"+name+"-*")
+	if err != nil {
+		return fmt.Errorf("broker: saving checkpoint %s: %w", name, err)
+	}
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), filepath.Join(f.dir, name))
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("broker: saving checkpoint %s: %w", name, err)
+	}
+	// The rename is durable once the directory is synced.
+	if d, err := os.Open(f.dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// Load reads a checkpoint file.
+func (f *FileCheckpoints) Load(_ context.Context, name string) ([]byte, error) {
+	data, err := os.ReadFile(filepath.Join(f.dir, name))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s", ErrNoCheckpoint, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("broker: loading checkpoint %s: %w", name, err)
+	}
+	return data, nil
+}
+
+// List names the checkpoint files, oldest first.
+func (f *FileCheckpoints) List(context.Context) ([]string, error) {
+	entries, err := os.ReadDir(f.dir)
+	if err != nil {
+		return nil, fmt.Errorf("broker: listing checkpoints: %w", err)
+	}
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), checkpointPrefix) && e.Type().IsRegular() {
+			names = append(names, e.Name())
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// Delete removes a checkpoint file.
+func (f *FileCheckpoints) Delete(_ context.Context, name string) error {
+	if err := os.Remove(filepath.Join(f.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("broker: deleting checkpoint %s: %w", name, err)
+	}
+	return nil
+}

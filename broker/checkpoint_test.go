@@ -1,0 +1,342 @@
+package broker
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/limiter"
+	"github.com/reprise-rl/reprise/selectors"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// fill appends n steps and creates one item per step in each table, then
+// waits until the service applied them.
+func fill(t testing.TB, p *Producer, from, n int64, tbls ...string) {
+	t.Helper()
+	ctx := testContext(t)
+	for i := from; i < from+n; i++ {
+		if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		for _, tb := range tbls {
+			if err := p.CreateItem(ctx, tb, float64(i%10), LastStep("id")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type tableState struct {
+	priorities map[uint64]float64
+	times      map[uint64]int32
+	order      []uint64
+	limiter    limiter.State
+}
+
+func stateOf(t testing.TB, svc *Service, name string) tableState {
+	t.Helper()
+	tb, ok := svc.Table(name)
+	if !ok {
+		t.Fatalf("no table %q", name)
+	}
+	snap := tb.Snapshot()
+	st := tableState{priorities: map[uint64]float64{}, times: map[uint64]int32{}, limiter: snap.Limiter}
+	for _, it := range snap.Items {
+		st.priorities[it.Key] = it.Priority
+		st.times[it.Key] = it.TimesSampled
+		st.order = append(st.order, it.Key)
+	}
+	return st
+}
+
+func sameState(t testing.TB, what string, got, want tableState) {
+	t.Helper()
+	if len(got.order) != len(want.order) {
+		t.Fatalf("%s: %d items, want %d", what, len(got.order), len(want.order))
+	}
+	if !slices.Equal(got.order, want.order) {
+		t.Fatalf("%s: items not in the same insertion order", what)
+	}
+	for k, p := range want.priorities {
+		if gp := got.priorities[k]; gp != p {
+			t.Fatalf("%s: item %d priority %v, want %v", what, k, gp, p)
+		}
+		if got.times[k] != want.times[k] {
+			t.Fatalf("%s: item %d times sampled %d, want %d", what, k, got.times[k], want.times[k])
+		}
+	}
+	if got.limiter != want.limiter {
+		t.Fatalf("%s: limiter %+v, want %+v", what, got.limiter, want.limiter)
+	}
+}
+
+func checkpointTables(n int64) []tables.Config {
+	return []tables.Config{
+		tableConfig("uniform", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 2*n, limiter.MinSize(1)),
+		tableConfig("heap", selectors.Options{Kind: selectors.KindMaxHeap}, selectors.Options{Kind: selectors.KindFifo}, n/2, limiter.MinSize(1)),
+	}
+}
+
+// TestRecoveryFromCheckpointAndTail: a service that stops without a final
+// checkpoint comes back, from its last checkpoint plus a long stream tail,
+// with every item, priority, times-sampled count and limiter counter it had.
+func TestRecoveryFromCheckpointAndTail(t *testing.T) {
+	n := int64(100_000)
+	if testing.Short() {
+		n = 4_000
+	}
+	cs, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := checkpointTables(n)
+	d := deploy(t, cfgs, deployOptions{service: []ServiceOption{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
+	ctx := testContext(t)
+	p := d.producer(WithBatch(512, 1<<20), WithMaxUnapplied(1<<16))
+	c := d.client()
+
+	fill(t, p, 0, n/4, "uniform", "heap")
+	if _, err := c.Sample(ctx, "heap", 100); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Sample(ctx, "uniform", 1000); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := d.svc.Table("uniform")
+	keys := first.List(0, 20)
+	if err := c.UpdatePriorities(ctx, "uniform", tables.PriorityUpdate{Key: keys[0].Key, Priority: 42}); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, p, n/4, 1, "uniform")
+	cp, err := d.svc.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp.Items != n/4+1+n/4 {
+		t.Fatalf("checkpoint holds %d items, want %d", cp.Items, n/4+1+n/4)
+	}
+	t.Logf("checkpoint of %d items: %d bytes, pause %v, write %v", cp.Items, cp.Bytes, cp.Pause, cp.Write)
+
+	// The tail: more inserts (evicting from heap), mutations, a delete.
+	fill(t, p, n/4+1, 3*n/4, "uniform", "heap")
+	if err := c.Mutate(ctx, "uniform", tables.Mutation{Key: keys[1].Key, Delete: true}, tables.Mutation{Key: keys[2].Key, Priority: 7}); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, p, n+1, 10, "uniform")
+	want := map[string]tableState{"uniform": stateOf(t, d.svc, "uniform"), "heap": stateOf(t, d.svc, "heap")}
+	if _, ok := want["uniform"].priorities[keys[1].Key]; ok {
+		t.Fatal("deleted item still present before the restart")
+	}
+	d.stop()
+
+	var rep RecoveryResult
+	start := time.Now()
+	svc, _ := d.startService(cfgs, WithCheckpoints(cs), WithRecoveryReport(func(r RecoveryResult) { rep = r }))
+	waitUntil(t, "the tail is replayed", func() bool { return svc.Applied() >= d.svc.Applied() })
+	t.Logf("recovered %d items from %s in %v, replayed the tail in %v", rep.Items, rep.Checkpoint, rep.Duration, time.Since(start))
+	if rep.Checkpoint != cp.Name || rep.Applied != cp.Applied || len(rep.Skipped) != 0 {
+		t.Fatalf("recovery %+v, want checkpoint %s at %d", rep, cp.Name, cp.Applied)
+	}
+	for name, w := range want {
+		sameState(t, name, stateOf(t, svc, name), w)
+	}
+	// Sampling resumes.
+	if _, err := d.client().Sample(ctx, "heap", 10); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCorruptCheckpointFallsBack: a damaged newest checkpoint is skipped,
+// with a reason, for the previous one, and the stream still holds what that
+// one needs.
+func TestCorruptCheckpointFallsBack(t *testing.T) {
+	dir := t.TempDir()
+	cs, err := NewFileCheckpoints(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := checkpointTables(1000)
+	d := deploy(t, cfgs, deployOptions{service: []ServiceOption{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
+	ctx := testContext(t)
+	p := d.producer()
+	fill(t, p, 0, 100, "uniform", "heap")
+	older, err := d.svc.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, p, 100, 100, "uniform", "heap")
+	newer, err := d.svc.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, p, 200, 50, "uniform", "heap")
+	want := stateOf(t, d.svc, "uniform")
+	d.stop()
+
+	path := filepath.Join(dir, newer.Name)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var rep RecoveryResult
+	svc, _ := d.startService(cfgs, WithCheckpoints(cs), WithRecoveryReport(func(r RecoveryResult) { rep = r }))
+	if rep.Checkpoint != older.Name || len(rep.Skipped) != 1 {
+		t.Fatalf("recovery %+v, want %s after skipping %s", rep, older.Name, newer.Name)
+	}
+	waitUntil(t, "the tail is replayed", func() bool { return svc.Applied() >= d.svc.Applied() })
+	sameState(t, "uniform", stateOf(t, svc, "uniform"), want)
+}
+
+// TestTrimmingBoundsStream: with a checkpoint after every batch of inserts,
+// the stream keeps only what the kept checkpoints need.
+func TestTrimmingBoundsStream(t *testing.T) {
+	dir := t.TempDir()
+	cs, err := NewFileCheckpoints(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := deploy(t, checkpointTables(100), deployOptions{service: []ServiceOption{WithCheckpoints(cs)}})
+	ctx := testContext(t)
+	p := d.producer(WithLinger(0))
+	const rounds, perRound = 12, 50
+	var maxMsgs uint64
+	for r := range int64(rounds) {
+		fill(t, p, r*perRound, perRound, "uniform")
+		if _, err := d.svc.Checkpoint(ctx); err != nil {
+			t.Fatal(err)
+		}
+		info, err := d.svc.stream.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		maxMsgs = max(maxMsgs, info.State.Msgs)
+	}
+	// Each round publishes about perRound messages; two kept checkpoints
+	// need at most the last two rounds.
+	if maxMsgs > 3*perRound {
+		t.Fatalf("stream held up to %d messages, want at most %d", maxMsgs, 3*perRound)
+	}
+	names, err := cs.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 2 {
+		t.Fatalf("%d checkpoints kept, want 2: %v", len(names), names)
+	}
+}
+
+// TestConfigOverridesCheckpoint: on restore the config file's rate limiter
+// and max times sampled win; a table dropped from the config stays dropped.
+func TestConfigOverridesCheckpoint(t *testing.T) {
+	cs, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := checkpointTables(1000)
+	d := deploy(t, cfgs, deployOptions{service: []ServiceOption{WithCheckpoints(cs)}})
+	p := d.producer()
+	fill(t, p, 0, 30, "uniform", "heap")
+	d.stop() // graceful: writes a final checkpoint
+
+	changed := []tables.Config{cfgs[0]}
+	changed[0].Limiter = limiter.MinSize(7)
+	changed[0].MaxTimesSampled = 3
+	svc, _ := d.startService(changed, WithCheckpoints(cs))
+	info, err := d.client().Info(testContext(t), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Tables) != 1 || info.Tables[0].Name != "uniform" {
+		t.Fatalf("tables after restore: %v, want only uniform", info.Tables)
+	}
+	ti := info.Tables[0]
+	if ti.Size != 30 || ti.Limiter.MinSize != 7 || ti.MaxTimesSampled != 3 || ti.Limiter.Inserts != 30 {
+		t.Fatalf("restored table: size %d, min size %d, max times sampled %d, limiter inserts %d; want 30, 7, 3, 30",
+			ti.Size, ti.Limiter.MinSize, ti.MaxTimesSampled, ti.Limiter.Inserts)
+	}
+	if _, ok := svc.Table("heap"); ok {
+		t.Fatal("table dropped from the config was restored")
+	}
+}
+
+// TestCheckpointWhileInsertHeld: a checkpoint taken while a rate limiter
+// holds an insert does not wait for the limiter, and after a crash the held
+// items come back: the queue still delivers every item once, in order.
+func TestCheckpointWhileInsertHeld(t *testing.T) {
+	cs, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := []tables.Config{tables.QueueConfig("queue", 5)}
+	d := deploy(t, cfgs, deployOptions{service: []ServiceOption{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
+	ctx := testContext(t)
+	p := d.producer(WithLinger(0))
+	for i := range int64(12) {
+		if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "queue", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q, _ := d.svc.Table("queue")
+	waitUntil(t, "the queue is full and an insert held", func() bool { return q.Size() == 5 && q.Info().Counters.InsertWaits > 0 })
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := d.client().Checkpoint(cctx)
+	if err != nil {
+		t.Fatalf("checkpoint while an insert is held: %v", err)
+	}
+	if resp.Items != 5 {
+		t.Fatalf("checkpoint holds %d items, want 5", resp.Items)
+	}
+	d.stop()
+
+	d.startService(cfgs, WithCheckpoints(cs))
+	c := d.client()
+	for want := range int64(12) {
+		s, err := c.Sample(ctx, "queue", 1)
+		if err != nil {
+			t.Fatalf("item %d: %v", want, err)
+		}
+		if got := ids(t, s[0])[0]; got != want {
+			t.Fatalf("queue delivered %d, want %d", got, want)
+		}
+	}
+}
+
+// TestObjectStoreCheckpoints: the default store, a JetStream object store
+// bucket on the same server, round-trips a checkpoint.
+func TestObjectStoreCheckpoints(t *testing.T) {
+	cfgs := checkpointTables(1000)
+	d := deploy(t, cfgs, deployOptions{service: []ServiceOption{WithObjectStoreCheckpoints(), WithoutFinalCheckpoint()}})
+	ctx := testContext(t)
+	p := d.producer()
+	fill(t, p, 0, 200, "uniform", "heap")
+	if _, err := d.svc.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := stateOf(t, d.svc, "heap")
+	d.stop()
+	var rep RecoveryResult
+	svc, _ := d.startService(cfgs, WithObjectStoreCheckpoints(), WithRecoveryReport(func(r RecoveryResult) { rep = r }))
+	if rep.Checkpoint == "" || rep.Items != 2*200 {
+		t.Fatalf("recovery %+v, want a checkpoint with 400 items", rep)
+	}
+	sameState(t, "heap", stateOf(t, svc, "heap"), want)
+}

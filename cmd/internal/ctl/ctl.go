@@ -1,0 +1,156 @@
+// Package ctl is reprisectl, the operator's tool for a Reprise deployment:
+// it shows the tables (info), empties them (reset) and loads them with a
+// benchmark (bench). cmd/reprisectl is a thin main around Main.
+package ctl
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/cmd/internal/cli"
+	"github.com/reprise-rl/reprise/cmd/internal/config"
+)
+
+const usageText = `reprisectl talks to a running Reprise deployment (see reprised).
+
+Usage:
+  reprisectl <command> [flags] [arguments]
+
+Commands:
+  info          show every table: size, selectors, rate limiter, counters
+  reset TABLE   empty a table and zero its rate limiter (--all: every table)
+  bench         load the deployment with inserts, samples or both, and
+                report items/s, bytes/s and latency percentiles
+
+Every command takes --nats URL (default ` + cli.DefaultURL + `, where reprised
+listens by default) and --prefix (default ` + broker.DefaultPrefix + `).
+Run "reprisectl <command> --help" for a command's flags.
+`
+
+// Main runs reprisectl and returns its exit status: 0 on success and for
+// --help, 2 for a bad command line, 1 for other errors.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := Run(ctx, args, stdout, stderr)
+	switch {
+	case err == nil || errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, cli.ErrUsage):
+		fmt.Fprintf(stderr, "reprisectl: %v\n", strings.TrimPrefix(err.Error(), cli.ErrUsage.Error()+": "))
+		return 2
+	default:
+		fmt.Fprintf(stderr, "reprisectl: %v\n", err)
+		return 1
+	}
+}
+
+// Run is Main returning an error. Results go to stdout; progress and
+// help to stderr.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usageText)
+		return cli.Usagef("no command: want info, reset or bench")
+	}
+	cmd, args := args[0], args[1:]
+	switch cmd {
+	case "info":
+		return runInfo(ctx, args, stdout, stderr)
+	case "reset":
+		return runReset(ctx, args, stdout, stderr)
+	case "bench":
+		return runBench(ctx, args, stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		if len(args) > 0 {
+			return Run(ctx, []string{args[0], "--help"}, stdout, stderr)
+		}
+		fmt.Fprint(stderr, usageText)
+		return flag.ErrHelp
+	}
+	return cli.Usagef("unknown command %q: want info, reset or bench (see reprisectl --help)", cmd)
+}
+
+// target is where a command sends its requests: the flags every command
+// shares.
+type target struct {
+	conn    cli.Conn
+	prefix  string
+	timeout time.Duration
+}
+
+func (t *target) register(fs *flag.FlagSet) {
+	t.conn.URL = cli.DefaultURL
+	t.prefix = broker.DefaultPrefix
+	fs.StringVar(&t.conn.URL, "nats", t.conn.URL, "`URL` of the NATS server reprised uses (comma-separated for a cluster)")
+	fs.StringVar(&t.prefix, "prefix", t.prefix, "subject `prefix` of the deployment, as given to reprised")
+	fs.DurationVar(&t.timeout, "timeout", 10*time.Second, "how long to wait for the table service to answer")
+	t.conn.RegisterAuth(fs)
+}
+
+func (t *target) check() error {
+	if err := config.CheckPrefix(t.prefix); err != nil {
+		return cli.Usagef("--prefix: %v", err)
+	}
+	if t.timeout <= 0 {
+		return cli.Usagef("--timeout must be > 0, got %v", t.timeout)
+	}
+	return t.conn.Check()
+}
+
+func (t *target) connect() (*nats.Conn, error) {
+	return t.conn.Connect("reprisectl")
+}
+
+func (t *target) client(nc *nats.Conn) (*broker.Client, error) {
+	return broker.NewClient(nc, broker.WithPrefix(t.prefix))
+}
+
+// explain adds what to do to an error from the table service.
+func (t *target) explain(err error) error {
+	switch {
+	case errors.Is(err, broker.ErrUnknownTable):
+		return fmt.Errorf("%w (reprisectl info lists the tables)", err)
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, broker.ErrServer):
+		return fmt.Errorf("no table service answered on prefix %q at %s: %w\nStart one with: go run ./cmd/reprised (or check --nats and --prefix)", t.prefix, t.conn.URL, err)
+	}
+	return err
+}
+
+// newFlagSet makes a command's flag set with help that starts with what
+// the command does.
+func newFlagSet(name, synopsis, about string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("reprisectl "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage:\n  reprisectl %s\n\n%s\nFlags:\n", synopsis, about)
+		cli.PrintDefaults(fs.Output(), fs)
+	}
+	return fs
+}
+
+// parseInterleaved parses flags that may come before or after positional
+// arguments (reprisectl reset replay --nats URL), which the flag package
+// alone stops at.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := cli.Parse(fs, args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}

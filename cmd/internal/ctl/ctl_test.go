@@ -1,0 +1,492 @@
+package ctl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io"
+	"math"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/cmd/internal/cli"
+	"github.com/reprise-rl/reprise/cmd/internal/daemon"
+	"github.com/reprise-rl/reprise/embeddednats"
+	"github.com/reprise-rl/reprise/internal/natstest"
+	"github.com/reprise-rl/reprise/limiter"
+)
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var urlLine = regexp.MustCompile(`NATS URL:\s+(\S+)`)
+
+// startReprised runs reprised in process until the test ends and returns
+// the URL clients connect to.
+func startReprised(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- daemon.Run(ctx, args, stdout, stderr) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("reprised: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("reprised did not stop within 30s")
+		}
+	})
+	deadline := time.Now().Add(time.Minute)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !strings.Contains(stdout.String(), "Stop it with Ctrl-C.") {
+		if time.Now().After(deadline) {
+			t.Fatalf("reprised not ready:\n%s\n%s", stdout.String(), stderr.String())
+		}
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("reprised exited: %v\n%s", err, stderr.String())
+		case <-tick.C:
+		}
+	}
+	return urlLine.FindStringSubmatch(stdout.String())[1]
+}
+
+func embedded(t *testing.T, prefix string) string {
+	return startReprised(t, "--listen", "127.0.0.1:-1", "--store", t.TempDir(), "--prefix", prefix, "--log-level", "warn")
+}
+
+func insert(t *testing.T, url, prefix, table string, n int) {
+	t.Helper()
+	ctx := testCtx(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p, err := broker.NewProducer(ctx, nc, broker.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := p.Append(ctx, broker.Step{"x": wire.Float32s([]int64{4}, []float32{float32(i), 0, 0, 0})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, table, 1, broker.LastStep("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ctl runs reprisectl with args and returns its stdout, stderr and error.
+func ctl(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := Run(testCtx(t), args, &stdout, &stderr)
+	return stdout.String(), stderr.String(), err
+}
+
+func TestInfoAndReset(t *testing.T) {
+	url := embedded(t, "ctl.info")
+	insert(t, url, "ctl.info", "replay", 7)
+	common := []string{"--nats", url, "--prefix", "ctl.info"}
+
+	out, _, err := ctl(t, append([]string{"info"}, common...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := regexp.MustCompile(`(?m)^TABLE\s+SIZE\s+MAX SIZE\s+SAMPLER\s+REMOVER\s+MAX SAMPLED\s+RATE LIMITER\s+INSERTS\s+SAMPLES`)
+	row := regexp.MustCompile(`(?m)^replay\s+7\s+1000000\s+uniform\s+fifo\s+unlimited\s+min_size\(1\)\s+7\s+0\s+0\s+0\s+\d+ B\s+0\s+0$`)
+	if !header.MatchString(out) || !row.MatchString(out) {
+		t.Errorf("info output lacks the header or the replay row:\n%s", out)
+	}
+	if !strings.Contains(out, "prefix ctl.info") {
+		t.Errorf("info output does not name the prefix:\n%s", out)
+	}
+
+	out, _, err = ctl(t, append([]string{"info", "--json"}, common...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		URL             string `json:"url"`
+		Prefix          string `json:"prefix"`
+		AppliedSequence uint64 `json:"applied_sequence"`
+		Chunks          int64  `json:"chunks"`
+		Tables          []struct {
+			Name        string `json:"name"`
+			Size        int64  `json:"size"`
+			MaxSize     int64  `json:"max_size"`
+			Sampler     string `json:"sampler"`
+			Inserts     int64  `json:"inserts"`
+			BytesHeld   int64  `json:"bytes_held"`
+			RateLimiter struct {
+				Preset string         `json:"preset"`
+				Config limiter.Config `json:"config"`
+			} `json:"rate_limiter"`
+		} `json:"tables"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("info --json is not JSON: %v\n%s", err, out)
+	}
+	if rep.URL != url || rep.Prefix != "ctl.info" || rep.AppliedSequence == 0 || rep.Chunks == 0 || len(rep.Tables) != 1 {
+		t.Fatalf("info --json = %+v", rep)
+	}
+	tb := rep.Tables[0]
+	if tb.Name != "replay" || tb.Size != 7 || tb.MaxSize != 1000000 || tb.Sampler != "uniform" || tb.Inserts != 7 || tb.BytesHeld == 0 ||
+		tb.RateLimiter.Preset != "min_size(1)" || tb.RateLimiter.Config != limiter.MinSize(1) {
+		t.Errorf("replay in info --json = %+v", tb)
+	}
+
+	// One table by name; an unknown one lists what there is.
+	if _, _, err := ctl(t, append([]string{"info", "replay"}, common...)...); err != nil {
+		t.Errorf("info replay: %v", err)
+	}
+	_, _, err = ctl(t, append([]string{"info", "nope"}, common...)...)
+	if !errors.Is(err, broker.ErrUnknownTable) || !strings.Contains(err.Error(), "replay") || !strings.Contains(err.Error(), "reprisectl info lists the tables") {
+		t.Errorf("info of an unknown table: %v", err)
+	}
+
+	// Flags after the table name work too.
+	out, _, err = ctl(t, "reset", "replay", "--nats", url, "--prefix", "ctl.info")
+	if err != nil || out != "reset table replay\n" {
+		t.Fatalf("reset replay = %q, %v", out, err)
+	}
+	out, _, err = ctl(t, append([]string{"info", "--json", "replay"}, common...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Tables[0].Size != 0 || rep.Tables[0].Inserts != 7 {
+		t.Errorf("after reset: %+v, %v; want size 0 and the lifetime count of inserts kept", rep.Tables, err)
+	}
+	out, _, err = ctl(t, append([]string{"reset", "--all"}, common...)...)
+	if err != nil || out != "reset every table\n" {
+		t.Errorf("reset --all = %q, %v", out, err)
+	}
+	if _, _, err := ctl(t, append([]string{"reset", "nope"}, common...)...); !errors.Is(err, broker.ErrUnknownTable) {
+		t.Errorf("reset of an unknown table: %v", err)
+	}
+}
+
+func TestNoService(t *testing.T) {
+	srv, err := embeddednats.Start(testCtx(t), embeddednats.WithStoreDir(t.TempDir()), embeddednats.WithListen("127.0.0.1:-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	_, _, err = ctl(t, "info", "--nats", srv.ClientURL(), "--prefix", "nobody", "--timeout", "2s")
+	if err == nil {
+		t.Fatal("info succeeded without a table service")
+	}
+	msg := err.Error()
+	for _, want := range []string{`no table service answered on prefix "nobody" at ` + srv.ClientURL(), "go run ./cmd/reprised", "--prefix"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q lacks %q", msg, want)
+		}
+	}
+	_, _, err = ctl(t, "bench", "--nats", srv.ClientURL(), "--prefix", "nobody", "--timeout", "2s")
+	if err == nil || !strings.Contains(err.Error(), "no table service answered") {
+		t.Errorf("bench without a table service: %v", err)
+	}
+}
+
+func TestNoServer(t *testing.T) {
+	var stderr bytes.Buffer
+	code := Main(testCtx(t), []string{"info", "--nats", "nats://127.0.0.1:1"}, io.Discard, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "connecting to NATS at nats://127.0.0.1:1") {
+		t.Errorf("exit status %d, stderr %q: want 1 and the URL it could not reach", code, stderr.String())
+	}
+}
+
+// benchJSON is the part of bench --json the tests read.
+type benchJSON struct {
+	Mode        string  `json:"mode"`
+	Items       int64   `json:"items"`
+	ItemsPerSec float64 `json:"items_per_sec"`
+	BytesPerSec float64 `json:"bytes_per_sec"`
+	DurationSec float64 `json:"duration_sec"`
+	Latency     struct {
+		Count int64   `json:"count"`
+		P50   float64 `json:"p50_ms"`
+		P90   float64 `json:"p90_ms"`
+		P99   float64 `json:"p99_ms"`
+		Max   float64 `json:"max_ms"`
+	} `json:"latency"`
+	Insert *struct {
+		Items       int64   `json:"items"`
+		ItemsPerSec float64 `json:"items_per_sec"`
+	} `json:"insert"`
+	Sample *struct {
+		Items int64 `json:"items"`
+	} `json:"sample"`
+}
+
+func runBenchJSON(t *testing.T, url, prefix string, args ...string) benchJSON {
+	t.Helper()
+	args = append([]string{"bench", "--json", "--nats", url, "--prefix", prefix, "--clients", "2", "--payload", "64", "--batch", "8", "--duration", "1s", "--warmup", "200ms"}, args...)
+	out, stderr, err := ctl(t, args...)
+	if err != nil {
+		t.Fatalf("%q: %v\nstderr:\n%s", args, err, stderr)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(out), &raw); err != nil {
+		t.Fatalf("bench --json output is not one JSON object: %v\n%s", err, out)
+	}
+	for _, k := range []string{"items_per_sec", "bytes_per_sec", "latency", "mode", "table", "clients", "payload_bytes", "batch", "duration_sec"} {
+		if _, ok := raw[k]; !ok {
+			t.Errorf("bench --json lacks %q:\n%s", k, out)
+		}
+	}
+	var b benchJSON
+	if err := json.Unmarshal([]byte(out), &b); err != nil {
+		t.Fatal(err)
+	}
+	if b.ItemsPerSec <= 0 || b.BytesPerSec <= 0 || b.Items <= 0 || b.Latency.Count <= 0 {
+		t.Errorf("bench measured nothing: %s", out)
+	}
+	if !(b.Latency.P50 > 0 && b.Latency.P50 <= b.Latency.P90 && b.Latency.P90 <= b.Latency.P99 && b.Latency.P99 <= b.Latency.Max) {
+		t.Errorf("latency percentiles out of order: %+v", b.Latency)
+	}
+	if math.Abs(b.DurationSec-1) > 0.01 {
+		t.Errorf("measured %vs, want the 1s asked for", b.DurationSec)
+	}
+	// Progress lines go to stderr.
+	if !strings.Contains(stderr, "items/s") {
+		t.Errorf("no progress on stderr:\n%s", stderr)
+	}
+	return b
+}
+
+func TestBench(t *testing.T) {
+	url := embedded(t, "ctl.bench")
+	ins := runBenchJSON(t, url, "ctl.bench")
+	if ins.Mode != "insert" || ins.Insert == nil || ins.Sample != nil || ins.Insert.Items != ins.Items {
+		t.Errorf("default mode: %+v, want insert only", ins)
+	}
+	smp := runBenchJSON(t, url, "ctl.bench", "--mode", "sample")
+	if smp.Sample == nil || smp.Insert != nil {
+		t.Errorf("sample mode: %+v", smp)
+	}
+	mix := runBenchJSON(t, url, "ctl.bench", "--mode", "mixed")
+	if mix.Insert == nil || mix.Sample == nil || mix.Insert.Items <= 0 || mix.Sample.Items <= 0 || mix.Items != mix.Insert.Items+mix.Sample.Items {
+		t.Errorf("mixed mode: %+v", mix)
+	}
+
+	out, _, err := ctl(t, "bench", "--nats", url, "--prefix", "ctl.bench", "--clients", "1", "--payload", "16", "--batch", "4", "--duration", "300ms", "--warmup", "0s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"bench insert: table replay", "items/s", "p50", "p99", "max", "reprisectl reset replay"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("readable output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestBenchEmptyTable(t *testing.T) {
+	url := embedded(t, "ctl.empty")
+	_, _, err := ctl(t, "bench", "--mode", "sample", "--nats", url, "--prefix", "ctl.empty")
+	if err == nil || !strings.Contains(err.Error(), `table "replay" is empty`) || !strings.Contains(err.Error(), "--mode mixed") {
+		t.Errorf("sample bench of an empty table: %v", err)
+	}
+	_, _, err = ctl(t, "bench", "--table", "nope", "--nats", url, "--prefix", "ctl.empty")
+	if !errors.Is(err, broker.ErrUnknownTable) {
+		t.Errorf("bench of an unknown table: %v", err)
+	}
+}
+
+func TestExternalServer(t *testing.T) {
+	srv := natstest.Start(t)
+	startReprised(t, "--nats", srv.URL(), "--prefix", "ctl.ext", "--log-level", "warn")
+	insert(t, srv.URL(), "ctl.ext", "replay", 3)
+	out, _, err := ctl(t, "info", "--nats", srv.URL(), "--prefix", "ctl.ext")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^replay\s+3\s`).MatchString(out) {
+		t.Errorf("info against the external server:\n%s", out)
+	}
+	b := runBenchJSON(t, srv.URL(), "ctl.ext", "--mode", "mixed")
+	if b.Insert == nil || b.Sample == nil {
+		t.Errorf("mixed bench against the external server: %+v", b)
+	}
+}
+
+func TestUsage(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{nil, "no command"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"info", "a", "b"}, "at most one table"},
+		{[]string{"info", "--prefix", "a..b"}, "not a subject prefix"},
+		{[]string{"info", "--timeout", "0s"}, "--timeout must be > 0"},
+		{[]string{"info", "--tls-key", "k.pem"}, "--tls-cert and --tls-key go together"},
+		{[]string{"reset"}, "needs one table name"},
+		{[]string{"reset", "a", "--all"}, "not both"},
+		{[]string{"bench", "--mode", "both"}, `--mode "both"`},
+		{[]string{"bench", "--payload", "6"}, "multiple of 4"},
+		{[]string{"bench", "--clients", "0"}, "--clients must be >= 1"},
+		{[]string{"bench", "--batch", "0"}, "--batch must be >= 1"},
+		{[]string{"bench", "--duration", "0s"}, "--duration must be > 0"},
+		{[]string{"bench", "--warmup", "-1s"}, "--warmup must be >= 0"},
+		{[]string{"bench", "--compression", "lz4"}, `--compression "lz4"`},
+		{[]string{"bench", "replay"}, "the table is --table"},
+		{[]string{"bench", "--bogus"}, "flag provided but not defined"},
+	}
+	for _, tt := range tests {
+		_, _, err := ctl(t, tt.args...)
+		if !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("reprisectl %q = %v, want a usage error containing %q", tt.args, err, tt.want)
+		}
+		if code := Main(testCtx(t), tt.args, io.Discard, io.Discard); code != 2 {
+			t.Errorf("reprisectl %q exit status %d, want 2", tt.args, code)
+		}
+	}
+}
+
+func TestHelp(t *testing.T) {
+	_, stderr, err := ctl(t, "--help")
+	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr, "info") || !strings.Contains(stderr, "bench") || !strings.Contains(stderr, "reset TABLE") {
+		t.Errorf("reprisectl --help = %v:\n%s", err, stderr)
+	}
+	common := []string{"nats", "prefix", "timeout", "creds", "tls-ca", "tls-cert", "tls-key"}
+	for cmd, flags := range map[string][]string{
+		"info":  append([]string{"json"}, common...),
+		"reset": append([]string{"all"}, common...),
+		"bench": append([]string{"mode", "clients", "payload", "batch", "duration", "warmup", "table", "compression", "json"}, common...),
+	} {
+		for _, args := range [][]string{{cmd, "--help"}, {"help", cmd}} {
+			_, stderr, err := ctl(t, args...)
+			if !errors.Is(err, flag.ErrHelp) {
+				t.Errorf("%q = %v, want flag.ErrHelp", args, err)
+			}
+			for _, f := range flags {
+				if !strings.Contains(stderr, "--"+f+" ") && !strings.Contains(stderr, "--"+f+"\n") {
+					t.Errorf("%q does not explain --%s:\n%s", args, f, stderr)
+				}
+			}
+		}
+		if code := Main(testCtx(t), []string{cmd, "-h"}, io.Discard, io.Discard); code != 0 {
+			t.Errorf("%s -h: exit status %d, want 0", cmd, code)
+		}
+	}
+	_, stderr, _ = ctl(t, "bench", "--help")
+	for _, want := range []string{"from the batch's first Append until Flush returns", "from sending it until", "--warmup"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("bench --help does not say %q", want)
+		}
+	}
+}
+
+func TestDescribeLimiter(t *testing.T) {
+	ratio, err := limiter.SampleToInsertRatio(4, 1000, 400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		cfg     limiter.Config
+		sampler string
+		want    string
+	}{
+		{limiter.MinSize(3), "uniform", "min_size(3)"},
+		{limiter.Queue(100), "fifo", "queue(100)"},
+		{limiter.Stack(100), "lifo", "stack(100)"},
+		{ratio, "uniform", "ratio(spi=4, min_size=1000, error_buffer=400)"},
+		{limiter.Config{SamplesPerInsert: 2, MinSize: 100, MinDiff: 0, MaxDiff: math.Inf(1)}, "uniform", "custom(spi=2, min_size=100, min_diff=0, max_diff=inf)"},
+	}
+	for _, tt := range tests {
+		if got := describeLimiter(tt.cfg, tt.sampler); got != tt.want {
+			t.Errorf("describeLimiter(%+v) = %q, want %q", tt.cfg, got, tt.want)
+		}
+	}
+}
+
+func TestFormatBytes(t *testing.T) {
+	for _, tt := range []struct {
+		b    float64
+		want string
+	}{{0, "0 B"}, {1023, "1023 B"}, {1024, "1.0 KiB"}, {1536, "1.5 KiB"}, {3 << 20, "3.0 MiB"}, {5 << 30, "5.0 GiB"}} {
+		if got := formatBytes(tt.b); got != tt.want {
+			t.Errorf("formatBytes(%v) = %q, want %q", tt.b, got, tt.want)
+		}
+	}
+}
+
+func TestHistogram(t *testing.T) {
+	h := newHistogram()
+	if h.quantile(0.5) != 0 || h.mean() != 0 {
+		t.Error("an empty histogram reports a latency")
+	}
+	// 1ms, 2ms, ..., 1000ms: the p-quantile is p·1000 ms, within 1%.
+	for i := 1; i <= 1000; i++ {
+		h.record(time.Duration(i) * time.Millisecond)
+	}
+	for _, tt := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 500 * time.Millisecond}, {0.9, 900 * time.Millisecond}, {0.99, 990 * time.Millisecond}, {1, time.Second}} {
+		got := h.quantile(tt.q)
+		if math.Abs(float64(got-tt.want)) > 0.01*float64(tt.want) {
+			t.Errorf("quantile(%v) = %v, want %v within 1%%", tt.q, got, tt.want)
+		}
+	}
+	if got, want := h.mean(), 500500*time.Microsecond; got != want {
+		t.Errorf("mean = %v, want %v", got, want)
+	}
+	other := newHistogram()
+	other.record(2 * time.Hour) // beyond the last bucket: counted there, max exact
+	h.merge(other)
+	if h.quantile(1) != 2*time.Hour || h.max != 2*time.Hour || h.n != 1001 {
+		t.Errorf("after merging: max %v, quantile(1) %v, count %d; want 2h, 2h, 1001", h.max, h.quantile(1), h.n)
+	}
+	small := newHistogram()
+	small.record(100 * time.Nanosecond)
+	if got := small.quantile(0.5); got != 100*time.Nanosecond {
+		t.Errorf("quantile of one sub-microsecond record = %v, want it exactly (capped at max)", got)
+	}
+}

@@ -1,0 +1,258 @@
+package ctl
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/cmd/internal/cli"
+	"github.com/reprise-rl/reprise/limiter"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// infoReport is what info prints; its JSON form is --json's output.
+type infoReport struct {
+	URL             string        `json:"url"`
+	Prefix          string        `json:"prefix"`
+	AppliedSequence uint64        `json:"applied_sequence"`
+	Chunks          int64         `json:"chunks"`
+	ChunkBytes      int64         `json:"chunk_bytes"`
+	Rejected        int64         `json:"rejected_messages"`
+	Tables          []tableReport `json:"tables"`
+}
+
+type tableReport struct {
+	Name            string           `json:"name"`
+	Sampler         string           `json:"sampler"`
+	Remover         string           `json:"remover"`
+	MaxSize         int64            `json:"max_size"`
+	MaxTimesSampled int32            `json:"max_times_sampled"`
+	RateLimiter     limiterReport    `json:"rate_limiter"`
+	Signature       tables.Signature `json:"signature,omitempty"`
+	Size            int64            `json:"size"`
+	BytesHeld       int64            `json:"bytes_held"`
+	Inserts         int64            `json:"inserts"`
+	Samples         int64            `json:"samples"`
+	Deletes         int64            `json:"deletes"`
+	Evictions       int64            `json:"evictions"`
+	InsertWaits     int64            `json:"insert_waits"`
+	SampleWaits     int64            `json:"sample_waits"`
+}
+
+// limiterReport is a table's rate limiter: its parameters, the preset they
+// match, and its counts since the table's creation or last reset.
+type limiterReport struct {
+	Preset  string         `json:"preset"`
+	Config  limiter.Config `json:"config"`
+	Inserts int64          `json:"inserts"`
+	Samples int64          `json:"samples"`
+	Deletes int64          `json:"deletes"`
+}
+
+func runInfo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var (
+		t      target
+		asJSON bool
+	)
+	fs := newFlagSet("info", "info [flags] [TABLE]",
+		"Shows every table (or only TABLE) of the deployment: size, selectors, rate\nlimiter and its counts, lifetime counters and bytes held.\n", stderr)
+	t.register(fs)
+	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 1 {
+		return cli.Usagef("info takes at most one table name, got %q", pos)
+	}
+	if err := t.check(); err != nil {
+		return err
+	}
+	table := ""
+	if len(pos) == 1 {
+		table = pos[0]
+	}
+	nc, err := t.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	c, err := t.client(nc)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	rctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	resp, err := c.Info(rctx, table)
+	if err != nil {
+		return t.explain(err)
+	}
+	rep := newInfoReport(t.conn.URL, t.prefix, resp)
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	return rep.write(stdout)
+}
+
+func newInfoReport(url, prefix string, resp *wire.InfoResponse) infoReport {
+	rep := infoReport{
+		URL: url, Prefix: prefix,
+		AppliedSequence: resp.AppliedSequence, Chunks: resp.Chunks, ChunkBytes: resp.ChunkBytes, Rejected: resp.RejectedMessages,
+		Tables: make([]tableReport, 0, len(resp.Tables)),
+	}
+	for _, ti := range resp.Tables {
+		l := ti.GetLimiter()
+		cfg := limiterConfig(l)
+		tr := tableReport{
+			Name: ti.Name, Sampler: ti.Sampler, Remover: ti.Remover, MaxSize: ti.MaxSize, MaxTimesSampled: ti.MaxTimesSampled,
+			RateLimiter: limiterReport{Preset: describeLimiter(cfg, ti.Sampler), Config: cfg, Inserts: l.GetInserts(), Samples: l.GetSamples(), Deletes: l.GetDeletes()},
+			Size:        ti.Size, BytesHeld: ti.BytesHeld, Inserts: ti.Inserts, Samples: ti.Samples, Deletes: ti.Deletes,
+			Evictions: ti.Evictions, InsertWaits: ti.InsertWaits, SampleWaits: ti.SampleWaits,
+		}
+		for _, cs := range ti.Signature {
+			tr.Signature = append(tr.Signature, tables.ColumnSpec{Name: cs.Name, DType: cs.Dtype, Shape: cs.Shape})
+		}
+		rep.Tables = append(rep.Tables, tr)
+	}
+	return rep
+}
+
+func limiterConfig(l *wire.LimiterInfo) limiter.Config {
+	return limiter.Config{SamplesPerInsert: l.GetSamplesPerInsert(), MinSize: l.GetMinSize(), MinDiff: l.GetMinDiff(), MaxDiff: l.GetMaxDiff()}
+}
+
+// describeLimiter names the preset a limiter's parameters match, with the
+// preset's own parameters, as reprise.example.yaml writes them.
+func describeLimiter(c limiter.Config, sampler string) string {
+	offset := c.SamplesPerInsert * float64(c.MinSize)
+	switch {
+	case c.SamplesPerInsert == 1 && math.IsInf(c.MinDiff, -1) && math.IsInf(c.MaxDiff, 1):
+		return fmt.Sprintf("min_size(%d)", c.MinSize)
+	case c.SamplesPerInsert == 1 && c.MinSize == 1 && c.MinDiff == 0 && !math.IsInf(c.MaxDiff, 0):
+		kind := "queue"
+		if sampler == "lifo" {
+			kind = "stack"
+		}
+		return fmt.Sprintf("%s(%g)", kind, c.MaxDiff)
+	case !math.IsInf(c.MinDiff, 0) && !math.IsInf(c.MaxDiff, 0) && math.Abs((offset-c.MinDiff)-(c.MaxDiff-offset)) < 1e-9*math.Max(1, math.Abs(offset)):
+		return fmt.Sprintf("ratio(spi=%g, min_size=%d, error_buffer=%g)", c.SamplesPerInsert, c.MinSize, c.MaxDiff-offset)
+	}
+	return fmt.Sprintf("custom(spi=%g, min_size=%d, min_diff=%s, max_diff=%s)", c.SamplesPerInsert, c.MinSize, formatBound(c.MinDiff), formatBound(c.MaxDiff))
+}
+
+// formatBound writes a limiter bound as the configuration does, with inf
+// for infinity.
+func formatBound(f float64) string {
+	switch {
+	case math.IsInf(f, 1):
+		return "inf"
+	case math.IsInf(f, -1):
+		return "-inf"
+	}
+	return fmt.Sprintf("%g", f)
+}
+
+func (r infoReport) write(w io.Writer) error {
+	fmt.Fprintf(w, "Reprise at %s, prefix %s: stream applied up to sequence %d, %d chunks held (%s), %d messages rejected\n\n",
+		r.URL, r.Prefix, r.AppliedSequence, r.Chunks, formatBytes(float64(r.ChunkBytes)), r.Rejected)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TABLE\tSIZE\tMAX SIZE\tSAMPLER\tREMOVER\tMAX SAMPLED\tRATE LIMITER\tINSERTS\tSAMPLES\tDELETES\tEVICTIONS\tHELD\tINSERT WAITS\tSAMPLE WAITS")
+	for _, t := range r.Tables {
+		maxSampled := "unlimited"
+		if t.MaxTimesSampled > 0 {
+			maxSampled = fmt.Sprint(t.MaxTimesSampled)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%d\t%d\n",
+			t.Name, t.Size, t.MaxSize, t.Sampler, t.Remover, maxSampled, t.RateLimiter.Preset,
+			t.Inserts, t.Samples, t.Deletes, t.Evictions, formatBytes(float64(t.BytesHeld)), t.InsertWaits, t.SampleWaits)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	var sigs []string
+	for _, t := range r.Tables {
+		if len(t.Signature) == 0 {
+			continue
+		}
+		cols := make([]string, len(t.Signature))
+		for i, c := range t.Signature {
+			cols[i] = fmt.Sprintf("%s %s%v", c.Name, c.DType, c.Shape)
+		}
+		sigs = append(sigs, fmt.Sprintf("  %s: %s", t.Name, strings.Join(cols, ", ")))
+	}
+	if len(sigs) > 0 {
+		fmt.Fprintf(w, "\nSignatures:\n%s\n", strings.Join(sigs, "\n"))
+	}
+	return nil
+}
+
+// formatBytes writes a byte count with a binary unit: 0 B, 512 B, 1.5 KiB.
+func formatBytes(b float64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%.0f B", b)
+	}
+	exp := 0
+	for b >= unit && exp < 5 {
+		b /= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", b, "KMGTP"[exp-1])
+}
+
+func runReset(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var (
+		t   target
+		all bool
+	)
+	fs := newFlagSet("reset", "reset [flags] TABLE | --all",
+		"Empties TABLE (or, with --all, every table) and zeroes its rate limiter's\ncounts. The reset goes through the stream, in order with the inserts around\nit; lifetime counters (inserts, samples, ...) keep counting.\n", stderr)
+	t.register(fs)
+	fs.BoolVar(&all, "all", false, "reset every table")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case all && len(pos) > 0:
+		return cli.Usagef("give a table or --all, not both")
+	case !all && len(pos) != 1:
+		return cli.Usagef("reset needs one table name (or --all to reset every table)")
+	}
+	if err := t.check(); err != nil {
+		return err
+	}
+	table := ""
+	if !all {
+		table = pos[0]
+	}
+	nc, err := t.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	c, err := t.client(nc)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	rctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	if err := c.Reset(rctx, table); err != nil {
+		return t.explain(err)
+	}
+	if all {
+		fmt.Fprintln(stdout, "reset every table")
+	} else {
+		fmt.Fprintf(stdout, "reset table %s\n", table)
+	}
+	return nil
+}

@@ -1,0 +1,412 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/cmd/internal/cli"
+	"github.com/reprise-rl/reprise/cmd/internal/config"
+	"github.com/reprise-rl/reprise/internal/natstest"
+)
+
+// syncBuffer is a bytes.Buffer that the daemon writes while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// running is reprised started in process by start.
+type running struct {
+	url, prefix, metrics string
+	stdout, stderr       *syncBuffer
+	stop                 func() error
+}
+
+var (
+	urlLine     = regexp.MustCompile(`NATS URL:\s+(\S+)`)
+	prefixLine  = regexp.MustCompile(`prefix:\s+(\S+)`)
+	metricsLine = regexp.MustCompile(`metrics:\s+(\S+)`)
+)
+
+// start runs reprised with args until stop (or the end of the test) and
+// waits until it says it is ready.
+func start(t *testing.T, args ...string) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{stdout: &syncBuffer{}, stderr: &syncBuffer{}}
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, args, r.stdout, r.stderr) }()
+	var once sync.Once
+	var stopErr error
+	r.stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case stopErr = <-done:
+			case <-time.After(30 * time.Second):
+				stopErr = errors.New("reprised did not stop within 30s of its context ending")
+			}
+		})
+		return stopErr
+	}
+	t.Cleanup(func() {
+		if err := r.stop(); err != nil {
+			t.Errorf("reprised: %v\nstderr:\n%s", err, r.stderr.String())
+		}
+	})
+	deadline := time.Now().Add(time.Minute)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !strings.Contains(r.stdout.String(), "Stop it with Ctrl-C.") {
+		select {
+		case err := <-done:
+			done <- err // for stop
+			t.Fatalf("reprised exited before it was ready: %v\nstderr:\n%s", err, r.stderr.String())
+		case <-tick.C:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reprised not ready within a minute\nstdout:\n%s\nstderr:\n%s", r.stdout.String(), r.stderr.String())
+		}
+	}
+	out := r.stdout.String()
+	r.url = urlLine.FindStringSubmatch(out)[1]
+	r.prefix = prefixLine.FindStringSubmatch(out)[1]
+	if m := metricsLine.FindStringSubmatch(out); m != nil {
+		r.metrics = m[1]
+	}
+	return r
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func connect(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// insert puts n items into table through a producer and waits until the
+// service has applied them.
+func insert(t *testing.T, url, prefix, table string, n int) {
+	t.Helper()
+	ctx := testCtx(t)
+	p, err := broker.NewProducer(ctx, connect(t, url), broker.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := p.Append(ctx, broker.Step{"x": wire.Float32s([]int64{2}, []float32{float32(i), 1})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, table, 1, broker.LastStep("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func tableSize(t *testing.T, url, prefix, table string) int64 {
+	t.Helper()
+	c, err := broker.NewClient(connect(t, url), broker.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info, err := c.Info(testCtx(t), table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Tables[0].Size
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
+
+func TestEmbeddedStartStopRestart(t *testing.T) {
+	store := filepath.Join(t.TempDir(), "data")
+	args := []string{"--listen", "127.0.0.1:-1", "--store", store, "--metrics", "127.0.0.1:0", "--prefix", "test.daemon"}
+	r := start(t, args...)
+	out := r.stdout.String()
+	for _, want := range []string{"embedded server, data in " + store, "tables:    replay", "Try: go run ./cmd/reprisectl info --nats " + r.url + " --prefix test.daemon"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ready message lacks %q:\n%s", want, out)
+		}
+	}
+	if r.prefix != "test.daemon" {
+		t.Errorf("prefix %q, want test.daemon", r.prefix)
+	}
+	insert(t, r.url, r.prefix, "replay", 5)
+	if got := tableSize(t, r.url, r.prefix, "replay"); got != 5 {
+		t.Errorf("replay holds %d items, want 5", got)
+	}
+	metrics := scrape(t, r.metrics)
+	for _, want := range []string{`reprise_table_size{table="replay"} 5`, `reprise_table_max_size{table="replay"} 1e+06`, `reprise_insert_latency_seconds_count{table="replay"} 5`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+
+	if err := r.stop(); err != nil {
+		t.Fatalf("stopping: %v", err)
+	}
+	if !strings.Contains(r.stderr.String(), "reprised stopped") {
+		t.Errorf("no shutdown log line:\n%s", r.stderr.String())
+	}
+	if _, err := http.Get(r.metrics); err == nil {
+		t.Error("the metrics server still answers after shutdown")
+	}
+
+	// The stream is the write-ahead log: a new reprised on the same store
+	// rebuilds the table.
+	r2 := start(t, args...)
+	if got := tableSize(t, r2.url, r2.prefix, "replay"); got != 5 {
+		t.Errorf("after a restart replay holds %d items, want 5", got)
+	}
+}
+
+func TestConfigFileAndOverrides(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "reprise.yaml")
+	yaml := `
+server:
+  listen: 127.0.0.1:-1
+  store: ` + filepath.Join(dir, "data") + `
+  prefix: from.file
+log:
+  format: text
+tables:
+  - name: q
+    max_size: 10
+    rate_limiter: {preset: queue}
+  - name: u
+    max_size: 100
+`
+	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, "--config", file, "--prefix", "from.flag", "--log-format", "json")
+	if r.prefix != "from.flag" {
+		t.Errorf("prefix %q: the flag should override the file", r.prefix)
+	}
+	if !strings.Contains(r.stdout.String(), "tables:    q, u") {
+		t.Errorf("tables from the file not served:\n%s", r.stdout.String())
+	}
+	c, err := broker.NewClient(connect(t, r.url), broker.WithPrefix("from.flag"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info, err := c.Info(testCtx(t), "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := info.Tables[0]; q.Sampler != "fifo" || q.MaxTimesSampled != 1 || q.MaxSize != 10 {
+		t.Errorf("table q = %v, want a queue of 10", q)
+	}
+	// JSON logs: every stderr line is a JSON object.
+	for _, line := range strings.Split(strings.TrimSpace(r.stderr.String()), "\n") {
+		var v map[string]any
+		if err := json.Unmarshal([]byte(line), &v); err != nil {
+			t.Errorf("log line %q is not JSON: %v", line, err)
+		}
+	}
+}
+
+func TestExternalServer(t *testing.T) {
+	srv := natstest.Start(t)
+	r := start(t, "--nats", srv.URL(), "--prefix", "ext")
+	if r.url != srv.URL() {
+		t.Errorf("URL %q, want the external server's %q", r.url, srv.URL())
+	}
+	if !strings.Contains(r.stdout.String(), "(external server)") {
+		t.Errorf("ready message does not say the server is external:\n%s", r.stdout.String())
+	}
+	insert(t, r.url, "ext", "replay", 3)
+	if got := tableSize(t, r.url, "ext", "replay"); got != 3 {
+		t.Errorf("replay holds %d items, want 3", got)
+	}
+}
+
+func TestExternalServerUnreachable(t *testing.T) {
+	var stderr bytes.Buffer
+	// Port 1 on loopback: nothing listens there.
+	code := Main(testCtx(t), []string{"--nats", "nats://127.0.0.1:1"}, io.Discard, &stderr)
+	if code != 1 {
+		t.Errorf("exit status %d, want 1", code)
+	}
+	if msg := stderr.String(); !strings.Contains(msg, "connecting to NATS at nats://127.0.0.1:1") {
+		t.Errorf("error %q does not say which server it could not reach", msg)
+	}
+}
+
+func TestPortInUse(t *testing.T) {
+	r := start(t, "--listen", "127.0.0.1:-1", "--store", t.TempDir())
+	hostport := strings.TrimPrefix(r.url, "nats://")
+	var stderr bytes.Buffer
+	code := Main(testCtx(t), []string{"--listen", hostport, "--store", t.TempDir()}, io.Discard, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "pick another with --listen") {
+		t.Errorf("exit status %d, stderr %q: want 1 and a hint about --listen", code, stderr.String())
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"serve"}, `unexpected argument "serve"`},
+		{[]string{"--listen", "4222"}, "not HOST:PORT"},
+		{[]string{"--prefix", "a b"}, "not a subject prefix"},
+		{[]string{"--metrics", "nope"}, "not HOST:PORT"},
+		{[]string{"--max-payload", "lots"}, "not a number of bytes"},
+		{[]string{"--max-payload", "100"}, "out of range"},
+		{[]string{"--log-level", "loud"}, `unknown log level "loud"`},
+		{[]string{"--log-format", "xml"}, `unknown log format "xml"`},
+		{[]string{"--nats", "nats://x:4222", "--listen", "127.0.0.1:5000"}, "--listen configures the embedded server"},
+		{[]string{"--nats", "nats://x:4222", "--store", "d"}, "--store configures the embedded server"},
+		{[]string{"--creds", "a.creds"}, "--creds is for connecting to an external server: add --nats URL"},
+		{[]string{"--nats", "nats://x:4222", "--tls-cert", "c.pem"}, "--tls-cert and --tls-key go together"},
+		{[]string{"--store", ""}, "--store is empty"},
+	}
+	for _, tt := range tests {
+		var stderr bytes.Buffer
+		err := Run(testCtx(t), tt.args, io.Discard, &stderr)
+		if !errors.Is(err, cli.ErrUsage) {
+			t.Errorf("Run(%q) = %v, want a usage error", tt.args, err)
+			continue
+		}
+		if !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Run(%q) = %q, want it to contain %q", tt.args, err, tt.want)
+		}
+		if code := Main(testCtx(t), tt.args, io.Discard, &stderr); code != 2 {
+			t.Errorf("Main(%q) exit status %d, want 2", tt.args, code)
+		}
+	}
+}
+
+func TestConfigFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("tables:\n  - name: t\n    max_size: 10\n    sampler: unifrom\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	if code := Main(testCtx(t), []string{"--config", bad}, io.Discard, &stderr); code != 1 {
+		t.Errorf("exit status %d, want 1", code)
+	}
+	if want := bad + `:4: tables[0].sampler: unknown selector kind "unifrom": did you mean "uniform"?`; !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr %q lacks %q", stderr.String(), want)
+	}
+	err := Run(testCtx(t), []string{"--config", filepath.Join(dir, "missing.yaml")}, io.Discard, io.Discard)
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing config file: %v, want a not-exist error", err)
+	}
+	// A config file that sets the external server and a flag that sets an
+	// embedded-only setting contradict each other.
+	ext := filepath.Join(dir, "ext.yaml")
+	if err := os.WriteFile(ext, []byte("server:\n  nats: nats://10.0.0.1:4222\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = Run(testCtx(t), []string{"--config", ext, "--listen", "127.0.0.1:4222"}, io.Discard, io.Discard)
+	if !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), "NATS is external (nats://10.0.0.1:4222)") {
+		t.Errorf("got %v, want a usage error naming the external server", err)
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var stderr bytes.Buffer
+	err := Run(testCtx(t), []string{"--help"}, io.Discard, &stderr)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("Run(--help) = %v, want flag.ErrHelp", err)
+	}
+	if code := Main(testCtx(t), []string{"-h"}, io.Discard, io.Discard); code != 0 {
+		t.Errorf("exit status %d for -h, want 0", code)
+	}
+	help := stderr.String()
+	for _, f := range []string{"config", "nats", "creds", "tls-ca", "tls-cert", "tls-key", "listen", "store", "max-payload", "prefix", "metrics", "log-format", "log-level"} {
+		if !strings.Contains(help, "--"+f+" ") {
+			t.Errorf("help does not explain --%s:\n%s", f, help)
+		}
+	}
+	if !strings.Contains(help, "reprise.example.yaml") {
+		t.Error("help does not point to the example configuration")
+	}
+}
+
+func TestStopBeforeReady(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := Run(ctx, []string{"--listen", "127.0.0.1:-1", "--store", t.TempDir()}, io.Discard, io.Discard); err != nil {
+		t.Errorf("Run with a context already done = %v, want nil (a shutdown)", err)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	cfg, err := parseArgs(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := config.Default()
+	if cfg.Server.Listen != "127.0.0.1:4222" || cfg.Server.Store != "./reprise-data" || cfg.Server.Prefix != "reprise" || !cfg.Server.Embedded() {
+		t.Errorf("defaults %+v, want the embedded server on 127.0.0.1:4222 with ./reprise-data", cfg.Server)
+	}
+	if len(cfg.Tables) != 1 || cfg.Tables[0].Name != "replay" || cfg.Tables[0].MaxSize != def.Tables[0].MaxSize {
+		t.Errorf("default tables %+v", cfg.Tables)
+	}
+}
