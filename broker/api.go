@@ -45,6 +45,7 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 	}{
 		{"sample", func(r micro.Request) { s.spawn(ctx, r, s.handleSample) }},
 		{"info", func(r micro.Request) { s.handleInfo(r) }},
+		{"items", func(r micro.Request) { s.handleItems(r) }},
 		{"reset", func(r micro.Request) { s.spawn(ctx, r, s.handleReset) }},
 		{"checkpoint", func(r micro.Request) { s.spawn(ctx, r, s.handleCheckpoint) }},
 	}
@@ -316,4 +317,38 @@ func (s *Service) handleCheckpoint(ctx context.Context, r micro.Request) {
 	if err := r.Respond(out); err != nil {
 		s.log.Debug("reprise service: replying", "error", err)
 	}
+}
+
+// maxListItems bounds one page of ItemsRequest.
+const maxListItems = 10_000
+
+// handleItems lists item metadata: the keys asked for, or a page.
+func (s *Service) handleItems(r micro.Request) {
+	var req wire.ItemsRequest
+	if err := proto.Unmarshal(r.Data(), &req); err != nil {
+		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed items request: %v", err))
+		return
+	}
+	t, ok := s.tables[req.Table]
+	if !ok {
+		s.respondStatus(r, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
+		return
+	}
+	if len(req.Keys) > maxListItems || req.Limit < 0 || req.Limit > maxListItems || req.Offset < 0 {
+		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("items request: at most %d keys, limit in [0, %d], offset >= 0", maxListItems, maxListItems))
+		return
+	}
+	var items []tables.Item
+	if len(req.Keys) > 0 {
+		items = t.Get(req.Keys...)
+	} else {
+		items = t.List(int(req.Offset), int(req.Limit))
+	}
+	resp := &wire.ItemsResponse{Status: &wire.Status{}, TableSize: t.Size(), Items: make([]*wire.ItemInfo, len(items))}
+	for i, it := range items {
+		resp.Items[i] = &wire.ItemInfo{Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
+			InsertedAtUnixNano: it.InsertedAt.UnixNano(), Columns: wireColumns(it.Trajectory)}
+	}
+	data, _ := proto.Marshal(resp)
+	s.respondParts(r, data)
 }

@@ -492,3 +492,21 @@ func (c *Client) Checkpoint(ctx context.Context) (*wire.CheckpointResponse, erro
 	}
 	return &resp, nil
 }
+
+// Items returns the metadata of the items of table with the given keys
+// (skipping keys it does not hold), or, with no keys, up to limit items in
+// insertion order after offset.
+func (c *Client) Items(ctx context.Context, table string, offset int64, limit int32, keys ...uint64) (*wire.ItemsResponse, error) {
+	data, err := c.request(ctx, c.subj.items(), &wire.ItemsRequest{Table: table, Keys: keys, Offset: offset, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	var resp wire.ItemsResponse
+	if err := proto.Unmarshal(data, &resp); err != nil {
+		return nil, fmt.Errorf("%w: malformed items response: %v", ErrServer, err)
+	}
+	if err := statusError(resp.Status); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}

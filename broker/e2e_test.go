@@ -732,3 +732,34 @@ func drainAll(t *testing.T, c *Client, ctx context.Context) []int64 {
 		out = append(out, ids(t, s[0])[0])
 	}
 }
+
+// TestItems: items are listed by page in insertion order and fetched by key.
+func TestItems(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{})
+	ctx := testContext(t)
+	p := d.producer()
+	fill(t, p, 0, 25, "t")
+	c := d.client()
+	page, err := c.Items(ctx, "t", 20, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if page.TableSize != 25 || len(page.Items) != 5 {
+		t.Fatalf("page after 20: %d items of %d, want 5 of 25", len(page.Items), page.TableSize)
+	}
+	for i, it := range page.Items {
+		if it.Priority != float64((20+i)%10) {
+			t.Fatalf("item %d has priority %v, want %d (insertion order)", 20+i, it.Priority, (20+i)%10)
+		}
+	}
+	byKey, err := c.Items(ctx, "t", 0, 0, page.Items[3].Key, 999, page.Items[1].Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(byKey.Items) != 2 || byKey.Items[0].Key != page.Items[3].Key || byKey.Items[1].Key != page.Items[1].Key {
+		t.Fatalf("by key: %v", byKey.Items)
+	}
+	if _, err := c.Items(ctx, "t", 0, 1_000_000); !errors.Is(err, ErrInvalidMessage) {
+		t.Fatalf("oversized page: %v, want ErrInvalidMessage", err)
+	}
+}

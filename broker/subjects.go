@@ -12,6 +12,7 @@
 //	<prefix>.rejected.<id>  what the service rejected from producer <id> (core NATS)
 //	<prefix>.api.sample     sample requests (request-reply, a NATS micro endpoint)
 //	<prefix>.api.info       table info (request-reply)
+//	<prefix>.api.items      list items by key or page (request-reply)
 //	<prefix>.api.reset      reset a table (request-reply)
 //	<prefix>.api.checkpoint write a checkpoint now (request-reply)
 package broker
@@ -71,6 +72,7 @@ func (s subjects) resetAPI() string {
 	return s.apiGroup() + ".reset"
 }
 func (s subjects) checkpoint() string                { return s.apiGroup() + ".checkpoint" }
+func (s subjects) items() string                     { return s.apiGroup() + ".items" }
 func (s subjects) rejected(producerID string) string { return s.prefix + ".rejected." + producerID }
 
 // stream is the name of the JetStream stream that holds the data subjects:

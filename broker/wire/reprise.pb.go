@@ -2242,6 +2242,213 @@ func (x *CheckpointFile) GetSha256() []byte {
 	return nil
 }
 
+// ItemsRequest lists a table's items (metadata only) on <prefix>.api.items:
+// the given keys, or a page of all items in insertion order.
+type ItemsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Keys          []uint64               `protobuf:"varint,2,rep,packed,name=keys,proto3" json:"keys,omitempty"`
+	Offset        int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	Limit         int32                  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ItemsRequest) Reset() {
+	*x = ItemsRequest{}
+	mi := &file_reprise_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ItemsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ItemsRequest) ProtoMessage() {}
+
+func (x *ItemsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ItemsRequest.ProtoReflect.Descriptor instead.
+func (*ItemsRequest) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ItemsRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *ItemsRequest) GetKeys() []uint64 {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ItemsRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ItemsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ItemInfo struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Key                uint64                 `protobuf:"varint,1,opt,name=key,proto3" json:"key,omitempty"`
+	Priority           float64                `protobuf:"fixed64,2,opt,name=priority,proto3" json:"priority,omitempty"`
+	TimesSampled       int32                  `protobuf:"varint,3,opt,name=times_sampled,json=timesSampled,proto3" json:"times_sampled,omitempty"`
+	InsertedAtUnixNano int64                  `protobuf:"varint,4,opt,name=inserted_at_unix_nano,json=insertedAtUnixNano,proto3" json:"inserted_at_unix_nano,omitempty"`
+	Columns            []*TrajectoryColumn    `protobuf:"bytes,5,rep,name=columns,proto3" json:"columns,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *ItemInfo) Reset() {
+	*x = ItemInfo{}
+	mi := &file_reprise_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ItemInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ItemInfo) ProtoMessage() {}
+
+func (x *ItemInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ItemInfo.ProtoReflect.Descriptor instead.
+func (*ItemInfo) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ItemInfo) GetKey() uint64 {
+	if x != nil {
+		return x.Key
+	}
+	return 0
+}
+
+func (x *ItemInfo) GetPriority() float64 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *ItemInfo) GetTimesSampled() int32 {
+	if x != nil {
+		return x.TimesSampled
+	}
+	return 0
+}
+
+func (x *ItemInfo) GetInsertedAtUnixNano() int64 {
+	if x != nil {
+		return x.InsertedAtUnixNano
+	}
+	return 0
+}
+
+func (x *ItemInfo) GetColumns() []*TrajectoryColumn {
+	if x != nil {
+		return x.Columns
+	}
+	return nil
+}
+
+type ItemsResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Status *Status                `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	Items  []*ItemInfo            `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	// The table's size when listed.
+	TableSize     int64 `protobuf:"varint,3,opt,name=table_size,json=tableSize,proto3" json:"table_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ItemsResponse) Reset() {
+	*x = ItemsResponse{}
+	mi := &file_reprise_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ItemsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ItemsResponse) ProtoMessage() {}
+
+func (x *ItemsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ItemsResponse.ProtoReflect.Descriptor instead.
+func (*ItemsResponse) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ItemsResponse) GetStatus() *Status {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *ItemsResponse) GetItems() []*ItemInfo {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *ItemsResponse) GetTableSize() int64 {
+	if x != nil {
+		return x.TableSize
+	}
+	return 0
+}
+
 var File_reprise_proto protoreflect.FileDescriptor
 
 const file_reprise_proto_rawDesc = "" +
@@ -2420,7 +2627,23 @@ const file_reprise_proto_rawDesc = "" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\fR\n" +
 	"checkpoint\x12\x16\n" +
-	"\x06sha256\x18\x02 \x01(\fR\x06sha256*M\n" +
+	"\x06sha256\x18\x02 \x01(\fR\x06sha256\"f\n" +
+	"\fItemsRequest\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\x04R\x04keys\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\"\xc8\x01\n" +
+	"\bItemInfo\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x1a\n" +
+	"\bpriority\x18\x02 \x01(\x01R\bpriority\x12#\n" +
+	"\rtimes_sampled\x18\x03 \x01(\x05R\ftimesSampled\x121\n" +
+	"\x15inserted_at_unix_nano\x18\x04 \x01(\x03R\x12insertedAtUnixNano\x126\n" +
+	"\acolumns\x18\x05 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\x86\x01\n" +
+	"\rItemsResponse\x12*\n" +
+	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\x12*\n" +
+	"\x05items\x18\x02 \x03(\v2\x14.reprise.v1.ItemInfoR\x05items\x12\x1d\n" +
+	"\n" +
+	"table_size\x18\x03 \x01(\x03R\ttableSize*M\n" +
 	"\vCompression\x12\x14\n" +
 	"\x10COMPRESSION_NONE\x10\x00\x12\x14\n" +
 	"\x10COMPRESSION_ZSTD\x10\x01\x12\x12\n" +
@@ -2447,7 +2670,7 @@ func file_reprise_proto_rawDescGZIP() []byte {
 }
 
 var file_reprise_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_reprise_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_reprise_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_reprise_proto_goTypes = []any{
 	(Compression)(0),           // 0: reprise.v1.Compression
 	(Code)(0),                  // 1: reprise.v1.Code
@@ -2480,6 +2703,9 @@ var file_reprise_proto_goTypes = []any{
 	(*ProducerCheckpoint)(nil), // 28: reprise.v1.ProducerCheckpoint
 	(*HeldMessage)(nil),        // 29: reprise.v1.HeldMessage
 	(*CheckpointFile)(nil),     // 30: reprise.v1.CheckpointFile
+	(*ItemsRequest)(nil),       // 31: reprise.v1.ItemsRequest
+	(*ItemInfo)(nil),           // 32: reprise.v1.ItemInfo
+	(*ItemsResponse)(nil),      // 33: reprise.v1.ItemsResponse
 }
 var file_reprise_proto_depIdxs = []int32{
 	0,  // 0: reprise.v1.Chunk.compression:type_name -> reprise.v1.Compression
@@ -2505,11 +2731,14 @@ var file_reprise_proto_depIdxs = []int32{
 	27, // 20: reprise.v1.TableCheckpoint.items:type_name -> reprise.v1.ItemCheckpoint
 	5,  // 21: reprise.v1.ItemCheckpoint.columns:type_name -> reprise.v1.TrajectoryColumn
 	29, // 22: reprise.v1.ProducerCheckpoint.held:type_name -> reprise.v1.HeldMessage
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	5,  // 23: reprise.v1.ItemInfo.columns:type_name -> reprise.v1.TrajectoryColumn
+	10, // 24: reprise.v1.ItemsResponse.status:type_name -> reprise.v1.Status
+	32, // 25: reprise.v1.ItemsResponse.items:type_name -> reprise.v1.ItemInfo
+	26, // [26:26] is the sub-list for method output_type
+	26, // [26:26] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_reprise_proto_init() }
@@ -2523,7 +2752,7 @@ func file_reprise_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_reprise_proto_rawDesc), len(file_reprise_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   29,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

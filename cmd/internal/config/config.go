@@ -23,11 +23,39 @@ var ErrInvalid = errors.New("config: invalid")
 
 // Config is everything reprised needs to run.
 type Config struct {
-	Server  Server
-	Log     Log
-	Stream  broker.StreamOptions
-	Service Service
-	Tables  []tables.Config
+	Server     Server
+	Log        Log
+	Stream     broker.StreamOptions
+	Service    Service
+	Checkpoint Checkpoint
+	Tables     []tables.Config
+}
+
+// Checkpoint says when and where the service writes checkpoints of its
+// tables. Recovery loads the newest and replays the stream after it; the
+// stream is trimmed below what the oldest kept checkpoint needs.
+type Checkpoint struct {
+	// Every is the interval between checkpoints; 0 writes them only on
+	// request (reprisectl checkpoint) and at shutdown.
+	Every time.Duration
+	// Dir keeps checkpoints as files in a directory; empty keeps them in
+	// the JetStream object store bucket REPRISE_<PREFIX>_CHECKPOINTS.
+	Dir string
+	// Keep is how many checkpoints are kept.
+	Keep int
+}
+
+// Options turns the settings into the table service's options.
+func (c Checkpoint) Options() ([]broker.ServiceOption, error) {
+	opts := []broker.ServiceOption{broker.WithCheckpointEvery(c.Every), broker.WithCheckpointKeep(c.Keep)}
+	if c.Dir == "" {
+		return append(opts, broker.WithObjectStoreCheckpoints()), nil
+	}
+	fc, err := broker.NewFileCheckpoints(c.Dir)
+	if err != nil {
+		return nil, err
+	}
+	return append(opts, broker.WithCheckpoints(fc)), nil
 }
 
 // Server says where NATS is and where the table service listens.
@@ -93,6 +121,9 @@ const (
 	DefaultMaxPayload = 1 << 20
 	DefaultTableName  = "replay"
 	DefaultTableSize  = 1_000_000
+	// DefaultCheckpointEvery bounds both the stream a recovery replays and
+	// the disk the stream uses under steady load.
+	DefaultCheckpointEvery = time.Minute
 )
 
 // DefaultTable is the table reprised serves when the configuration defines
@@ -127,7 +158,8 @@ func Default() Config {
 			PullBytes:            64 << 20,
 			ProducerIdle:         30 * time.Minute,
 		},
-		Tables: []tables.Config{DefaultTable()},
+		Checkpoint: Checkpoint{Every: DefaultCheckpointEvery, Keep: 2},
+		Tables:     []tables.Config{DefaultTable()},
 	}
 }
 

@@ -35,6 +35,7 @@ func Parse(name string, data []byte) (Config, error) {
 		{"log", func(n *yaml.Node, key string) { p.mapping(n, key, logFields(p, &cfg.Log)) }},
 		{"stream", func(n *yaml.Node, key string) { p.mapping(n, key, streamFields(p, &cfg)) }},
 		{"service", func(n *yaml.Node, key string) { p.mapping(n, key, serviceFields(p, &cfg.Service)) }},
+		{"checkpoint", func(n *yaml.Node, key string) { p.mapping(n, key, checkpointFields(p, &cfg.Checkpoint)) }},
 		{"tables", p.node(&tablesNode)},
 	})
 	p.checkServer(cfg.Server, serverKeys)
@@ -92,6 +93,14 @@ func serviceFields(p *parser, s *Service) []field {
 		{"max_concurrent_samples", intInto(p, &s.MaxConcurrentSamples, 1, math.MaxInt32, "")},
 		{"pull_bytes", intInto(p, &s.PullBytes, 1, math.MaxInt32, "")},
 		{"producer_idle", p.duration(&s.ProducerIdle, false)},
+	}
+}
+
+func checkpointFields(p *parser, c *Checkpoint) []field {
+	return []field{
+		{"every", p.duration(&c.Every, false)},
+		{"dir", p.str(&c.Dir, nil)},
+		{"keep", intInto(p, &c.Keep, 1, 1000, " (at least 1; 2 leaves a way back if the newest is damaged)")},
 	}
 }
 

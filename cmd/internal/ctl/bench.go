@@ -58,14 +58,14 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 	var o benchOptions
 	fs := newFlagSet("bench", "bench [flags]", benchAbout, stderr)
 	o.register(fs)
-	fs.StringVar(&o.mode, "mode", "insert", "what to load: insert, sample or mixed")
+	fs.StringVar(&o.mode, "mode", "insert", "what to load (`mode`): insert, sample or mixed")
 	fs.StringVar(&o.table, "table", "replay", "`name` of the table to load; a table without a signature, or whose only column is payload float32[N]")
-	fs.IntVar(&o.clients, "clients", 4, "concurrent clients, each with its own NATS connection (in mixed mode, this many of each kind)")
-	fs.IntVar(&o.payload, "payload", 400, "`bytes` of random float32 data per item (a multiple of 4)")
-	fs.IntVar(&o.batch, "batch", 64, "items per insert batch (and per producer message) and per sample request")
+	fs.IntVar(&o.clients, "clients", 4, "`N` concurrent clients, each with its own NATS connection (in mixed mode, this many of each kind)")
+	fs.IntVar(&o.payload, "payload", 400, "`bytes` of random float32 data per inserted item (a multiple of 4)")
+	fs.IntVar(&o.batch, "batch", 64, "`N` items per insert batch (and per producer message) and per sample request")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure, after the warmup")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "how long to run before measuring")
-	fs.StringVar(&o.compression, "compression", "none", "chunk compression: none, zstd or s2 (random floats do not compress)")
+	fs.StringVar(&o.compression, "compression", "none", "chunk compression (`codec`) of inserted items: none, zstd or s2 (random floats do not compress)")
 	fs.BoolVar(&o.asJSON, "json", false, "print the results as one JSON object")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
@@ -413,7 +413,7 @@ type benchReport struct {
 	Prefix       string  `json:"prefix"`
 	Table        string  `json:"table"`
 	Clients      int     `json:"clients"`
-	PayloadBytes int     `json:"payload_bytes"`
+	PayloadBytes int     `json:"payload_bytes,omitempty"` // of inserted items
 	Batch        int     `json:"batch"`
 	Compression  string  `json:"compression"`
 	WarmupSec    float64 `json:"warmup_sec"`
@@ -460,7 +460,7 @@ func (b *bench) report(elapsed time.Duration) benchReport {
 	secs := elapsed.Seconds()
 	rep := benchReport{
 		Mode: b.o.mode, URL: b.o.conn.URL, Prefix: b.o.prefix, Table: b.o.table, Clients: b.o.clients,
-		PayloadBytes: b.o.payload, Batch: b.o.batch, Compression: b.o.compression,
+		Batch: b.o.batch, Compression: b.o.compression,
 		WarmupSec: b.o.warmup.Seconds(), DurationSec: secs,
 	}
 	all := newHistogram()
@@ -479,6 +479,9 @@ func (b *bench) report(elapsed time.Duration) benchReport {
 		}
 	}
 	rep.Insert, rep.Sample = op(b.insert), op(b.sample)
+	if rep.Insert != nil {
+		rep.PayloadBytes = b.o.payload
+	}
 	rep.ItemsPerSec = float64(rep.Items) / secs
 	rep.BytesPerSec = float64(bytes) / secs
 	rep.Latency = newLatencyReport(all)
@@ -487,8 +490,12 @@ func (b *bench) report(elapsed time.Duration) benchReport {
 
 func (r benchReport) write(w io.Writer) {
 	fmt.Fprintf(w, "bench %s: table %s at %s (prefix %s)\n", r.Mode, r.Table, r.URL, r.Prefix)
-	fmt.Fprintf(w, "  %d clients, %d-byte float32 payloads, batches of %d, compression %s, %.1fs measured after %.1fs warmup\n",
-		r.Clients, r.PayloadBytes, r.Batch, r.Compression, r.DurationSec, r.WarmupSec)
+	payload := ""
+	if r.Insert != nil {
+		payload = fmt.Sprintf("%d-byte float32 payloads, compression %s, ", r.PayloadBytes, r.Compression)
+	}
+	fmt.Fprintf(w, "  %d clients, %sbatches of %d, %.1fs measured after %.1fs warmup\n",
+		r.Clients, payload, r.Batch, r.DurationSec, r.WarmupSec)
 	for _, op := range []struct {
 		name string
 		r    *opReport

@@ -1,6 +1,6 @@
 // Package ctl is reprisectl, the operator's tool for a Reprise deployment:
-// it shows the tables (info), empties them (reset) and loads them with a
-// benchmark (bench). cmd/reprisectl is a thin main around Main.
+// it shows the tables (info), empties them (reset), checkpoints them
+// (checkpoint) and loads them with a benchmark (bench). cmd/reprisectl is a thin main around Main.
 package ctl
 
 import (
@@ -27,6 +27,7 @@ Usage:
 Commands:
   info          show every table: size, selectors, rate limiter, counters
   reset TABLE   empty a table and zero its rate limiter (--all: every table)
+  checkpoint    write a checkpoint of every table now
   bench         load the deployment with inserts, samples or both, and
                 report items/s, bytes/s and latency percentiles
 
@@ -56,7 +57,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usageText)
-		return cli.Usagef("no command: want info, reset or bench")
+		return cli.Usagef("no command: want info, reset, checkpoint or bench")
 	}
 	cmd, args := args[0], args[1:]
 	switch cmd {
@@ -64,6 +65,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runInfo(ctx, args, stdout, stderr)
 	case "reset":
 		return runReset(ctx, args, stdout, stderr)
+	case "checkpoint":
+		return runCheckpoint(ctx, args, stdout, stderr)
 	case "bench":
 		return runBench(ctx, args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
@@ -73,7 +76,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, usageText)
 		return flag.ErrHelp
 	}
-	return cli.Usagef("unknown command %q: want info, reset or bench (see reprisectl --help)", cmd)
+	return cli.Usagef("unknown command %q: want info, reset, checkpoint or bench (see reprisectl --help)", cmd)
 }
 
 // target is where a command sends its requests: the flags every command

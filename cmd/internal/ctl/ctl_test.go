@@ -243,12 +243,13 @@ func TestNoServer(t *testing.T) {
 
 // benchJSON is the part of bench --json the tests read.
 type benchJSON struct {
-	Mode        string  `json:"mode"`
-	Items       int64   `json:"items"`
-	ItemsPerSec float64 `json:"items_per_sec"`
-	BytesPerSec float64 `json:"bytes_per_sec"`
-	DurationSec float64 `json:"duration_sec"`
-	Latency     struct {
+	Mode         string  `json:"mode"`
+	PayloadBytes int     `json:"payload_bytes"`
+	Items        int64   `json:"items"`
+	ItemsPerSec  float64 `json:"items_per_sec"`
+	BytesPerSec  float64 `json:"bytes_per_sec"`
+	DurationSec  float64 `json:"duration_sec"`
+	Latency      struct {
 		Count int64   `json:"count"`
 		P50   float64 `json:"p50_ms"`
 		P90   float64 `json:"p90_ms"`
@@ -275,7 +276,7 @@ func runBenchJSON(t *testing.T, url, prefix string, args ...string) benchJSON {
 	if err := json.Unmarshal([]byte(out), &raw); err != nil {
 		t.Fatalf("bench --json output is not one JSON object: %v\n%s", err, out)
 	}
-	for _, k := range []string{"items_per_sec", "bytes_per_sec", "latency", "mode", "table", "clients", "payload_bytes", "batch", "duration_sec"} {
+	for _, k := range []string{"items_per_sec", "bytes_per_sec", "latency", "mode", "table", "clients", "batch", "duration_sec"} {
 		if _, ok := raw[k]; !ok {
 			t.Errorf("bench --json lacks %q:\n%s", k, out)
 		}
@@ -303,7 +304,7 @@ func runBenchJSON(t *testing.T, url, prefix string, args ...string) benchJSON {
 func TestBench(t *testing.T) {
 	url := embedded(t, "ctl.bench")
 	ins := runBenchJSON(t, url, "ctl.bench")
-	if ins.Mode != "insert" || ins.Insert == nil || ins.Sample != nil || ins.Insert.Items != ins.Items {
+	if ins.Mode != "insert" || ins.Insert == nil || ins.Sample != nil || ins.Insert.Items != ins.Items || ins.PayloadBytes != 64 {
 		t.Errorf("default mode: %+v, want insert only", ins)
 	}
 	smp := runBenchJSON(t, url, "ctl.bench", "--mode", "sample")
@@ -488,5 +489,44 @@ func TestHistogram(t *testing.T) {
 	small.record(100 * time.Nanosecond)
 	if got := small.quantile(0.5); got != 100*time.Nanosecond {
 		t.Errorf("quantile of one sub-microsecond record = %v, want it exactly (capped at max)", got)
+	}
+}
+
+func BenchmarkHistogramRecord(b *testing.B) {
+	h := newHistogram()
+	b.ReportAllocs()
+	d := time.Duration(0)
+	for b.Loop() {
+		d = (d + 7919*time.Nanosecond) % time.Second
+		h.record(d)
+	}
+}
+
+func TestCheckpoint(t *testing.T) {
+	url := startReprised(t, "--listen", "127.0.0.1:-1", "--store", t.TempDir(), "--prefix", "ctl.cp", "--log-level", "warn", "--checkpoint-every", "0s")
+	insert(t, url, "ctl.cp", "replay", 9)
+	out, _, err := ctl(t, "checkpoint", "--json", "--nats", url, "--prefix", "ctl.cp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Name    string  `json:"name"`
+		Applied uint64  `json:"applied_sequence"`
+		Items   int64   `json:"items"`
+		Bytes   int64   `json:"bytes"`
+		PauseMS float64 `json:"pause_ms"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("checkpoint --json is not JSON: %v\n%s", err, out)
+	}
+	if res.Items != 9 || res.Applied == 0 || res.Bytes == 0 || !strings.HasPrefix(res.Name, "checkpoint-") {
+		t.Fatalf("checkpoint result %+v, want 9 items", res)
+	}
+	out, _, err = ctl(t, "checkpoint", "--nats", url, "--prefix", "ctl.cp")
+	if err != nil || !strings.Contains(out, "9 items") {
+		t.Fatalf("checkpoint = %q, %v", out, err)
+	}
+	if _, _, err := ctl(t, "checkpoint", "extra", "--nats", url); !errors.Is(err, cli.ErrUsage) {
+		t.Fatalf("checkpoint with an argument: %v, want a usage error", err)
 	}
 }

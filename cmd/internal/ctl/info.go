@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
@@ -254,5 +255,52 @@ func runReset(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} else {
 		fmt.Fprintf(stdout, "reset table %s\n", table)
 	}
+	return nil
+}
+
+func runCheckpoint(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var (
+		t        target
+		jsonMode bool
+	)
+	fs := newFlagSet("checkpoint", "checkpoint [flags]",
+		"Writes a checkpoint of every table now, then trims the stream below what\nthe kept checkpoints need. Inserts and samples go on while it is written;\nthey pause only while the state is copied (the pause it reports).\n", stderr)
+	t.register(fs)
+	fs.BoolVar(&jsonMode, "json", false, "print the result as one JSON object")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return cli.Usagef("checkpoint takes no arguments, got %q", pos[0])
+	}
+	if err := t.check(); err != nil {
+		return err
+	}
+	nc, err := t.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	c, err := t.client(nc)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	rctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	res, err := c.Checkpoint(rctx)
+	if err != nil {
+		return t.explain(err)
+	}
+	pause, write := time.Duration(res.PauseNs), time.Duration(res.WriteNs)
+	if jsonMode {
+		return json.NewEncoder(stdout).Encode(map[string]any{
+			"name": res.Name, "applied_sequence": res.AppliedSequence, "items": res.Items, "bytes": res.Bytes,
+			"pause_ms": float64(pause) / float64(time.Millisecond), "write_ms": float64(write) / float64(time.Millisecond),
+		})
+	}
+	fmt.Fprintf(stdout, "checkpoint %s: %d items, %s, through stream sequence %d; paused %v, written in %v\n",
+		res.Name, res.Items, formatBytes(float64(res.Bytes)), res.AppliedSequence, pause.Round(time.Microsecond), write.Round(time.Millisecond))
 	return nil
 }

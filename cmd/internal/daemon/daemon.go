@@ -111,6 +111,9 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	})
 	fs.Func("prefix", "subject `prefix` of the deployment; clients must use the same (default "+broker.DefaultPrefix+")", checked(&s.Prefix, config.CheckPrefix))
 	fs.Func("metrics", "`HOST:PORT` to serve Prometheus metrics on, at /metrics (default: no metrics)", checked(&s.Metrics, config.CheckMetrics))
+	var cp config.Checkpoint
+	fs.DurationVar(&cp.Every, "checkpoint-every", def.Checkpoint.Every, "`interval` between checkpoints of the tables; 0 writes them only on request and at shutdown")
+	fs.StringVar(&cp.Dir, "checkpoint-dir", "", "`directory` for checkpoint files (default: the JetStream object store bucket REPRISE_<PREFIX>_CHECKPOINTS)")
 	fs.Func("log-format", "log `format`: text or json (default text)", checked(&lg.Format, config.CheckLogFormat))
 	fs.Func("log-level", "lowest `level` logged: debug, info, warn or error (default info)", checked(&lg.Level, config.CheckLogLevel))
 	if err := cli.Parse(fs, args); err != nil {
@@ -147,6 +150,13 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	override("log-level", &cfg.Log.Level, lg.Level)
 	if set["max-payload"] {
 		cfg.Server.MaxPayload = s.MaxPayload
+	}
+	override("checkpoint-dir", &cfg.Checkpoint.Dir, cp.Dir)
+	if set["checkpoint-every"] {
+		if cp.Every < 0 {
+			return config.Config{}, cli.Usagef("--checkpoint-every %v is negative: give an interval such as 1m, or 0 for none", cp.Every)
+		}
+		cfg.Checkpoint.Every = cp.Every
 	}
 
 	for _, name := range []string{"listen", "store", "max-payload"} {
@@ -216,11 +226,15 @@ func (d *daemon) run(ctx context.Context) error {
 	if err := d.connect(ctx); err != nil {
 		return err
 	}
+	cpOpts, err := d.cfg.Checkpoint.Options()
+	if err != nil {
+		return err
+	}
 	opts := append([]broker.ServiceOption{
 		broker.WithPrefix(d.cfg.Server.Prefix),
 		broker.WithLogger(d.log),
 		broker.WithServiceStream(d.cfg.Stream),
-	}, d.cfg.Service.Options()...)
+	}, append(d.cfg.Service.Options(), cpOpts...)...)
 	var m *metrics.Metrics
 	if d.cfg.Server.Metrics != "" {
 		m = metrics.New()
@@ -423,6 +437,10 @@ func (d *daemon) shutdown() {
 		<-d.metricsDone
 	}
 	if d.nc != nil {
+		// Closing is no disconnection to report, and the report would
+		// come after Run returned.
+		d.nc.SetDisconnectErrHandler(nil)
+		d.nc.SetReconnectHandler(nil)
 		d.nc.Close()
 	}
 	if d.srv != nil {

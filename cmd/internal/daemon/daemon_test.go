@@ -7,10 +7,13 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -408,5 +411,43 @@ func TestDefaults(t *testing.T) {
 	}
 	if len(cfg.Tables) != 1 || cfg.Tables[0].Name != "replay" || cfg.Tables[0].MaxSize != def.Tables[0].MaxSize {
 		t.Errorf("default tables %+v", cfg.Tables)
+	}
+}
+
+func TestExternalServerWithoutJetStream(t *testing.T) {
+	// A free port: listen, note it, close.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	cmd := exec.Command(natstest.Binary(t), "-a", "127.0.0.1", "-p", port)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	url := "nats://127.0.0.1:" + port
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		nc, err := nats.Connect(url)
+		if err == nil {
+			nc.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nats-server without JetStream did not come up: %v", err)
+		}
+		<-tick.C
+	}
+	var stderr bytes.Buffer
+	code := Main(testCtx(t), []string{"--nats", url}, io.Discard, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "has no JetStream") || !strings.Contains(stderr.String(), "-js") {
+		t.Errorf("exit status %d, stderr %q: want 1 and a hint to enable JetStream", code, stderr.String())
 	}
 }

@@ -38,9 +38,15 @@ type Metrics struct {
 	insertAge      *prometheus.HistogramVec
 	rejected       *prometheus.CounterVec
 
-	// known holds the names of the watched tables. Label values come only
-	// from it: a producer naming garbage tables must not create series.
-	known atomic.Pointer[map[string]bool]
+	// known holds the watched tables' series, bound to their label once:
+	// ItemInserted runs for every item. Label values come only from it: a
+	// producer naming garbage tables must not create series.
+	known atomic.Pointer[map[string]*series]
+}
+
+// series are one table's histograms.
+type series struct {
+	sampleDuration, insertAge prometheus.Observer
 }
 
 var _ broker.Observer = (*Metrics)(nil)
@@ -84,9 +90,9 @@ func New() *Metrics {
 // Watch adds the tables of src to the metrics: their labels become valid
 // and their state is read at every scrape. Call it once.
 func (m *Metrics) Watch(src Tables) error {
-	known := make(map[string]bool)
+	known := make(map[string]*series)
 	for _, name := range src.TableNames() {
-		known[name] = true
+		known[name] = &series{sampleDuration: m.sampleDuration.WithLabelValues(name), insertAge: m.insertAge.WithLabelValues(name)}
 	}
 	if !m.known.CompareAndSwap(nil, &known) {
 		return errors.New("metrics: Watch called twice")
@@ -99,11 +105,15 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
-func (m *Metrics) table(name string) string {
-	if known := m.known.Load(); known != nil && (*known)[name] {
-		return name
+// table returns the label and series of a table name; unknown names share
+// the empty label, and have no series of their own.
+func (m *Metrics) table(name string) (string, *series) {
+	if known := m.known.Load(); known != nil {
+		if s := (*known)[name]; s != nil {
+			return name, s
+		}
 	}
-	return ""
+	return "", nil
 }
 
 // codeLabel turns CODE_RATE_LIMITED into rate_limited.
@@ -113,19 +123,29 @@ func codeLabel(c wire.Code) string {
 
 // SampleServed records a sample request's latency and outcome.
 func (m *Metrics) SampleServed(table string, _ int, latency time.Duration, code wire.Code) {
-	table = m.table(table)
-	m.sampleDuration.WithLabelValues(table).Observe(latency.Seconds())
-	m.sampleRequests.WithLabelValues(table, codeLabel(code)).Inc()
+	label, s := m.table(table)
+	if s != nil {
+		s.sampleDuration.Observe(latency.Seconds())
+	} else {
+		m.sampleDuration.WithLabelValues(label).Observe(latency.Seconds())
+	}
+	m.sampleRequests.WithLabelValues(label, codeLabel(code)).Inc()
 }
 
 // ItemInserted records how long an item took from the stream to its table.
 func (m *Metrics) ItemInserted(table string, age time.Duration) {
-	m.insertAge.WithLabelValues(m.table(table)).Observe(age.Seconds())
+	label, s := m.table(table)
+	if s != nil {
+		s.insertAge.Observe(age.Seconds())
+		return
+	}
+	m.insertAge.WithLabelValues(label).Observe(age.Seconds())
 }
 
 // Rejected counts a refused message or item.
 func (m *Metrics) Rejected(table string, code wire.Code) {
-	m.rejected.WithLabelValues(m.table(table), codeLabel(code)).Inc()
+	label, _ := m.table(table)
+	m.rejected.WithLabelValues(label, codeLabel(code)).Inc()
 }
 
 // tableCollector reads every table's Info at scrape time.

@@ -145,3 +145,27 @@ func TestObserverBeforeWatch(t *testing.T) {
 		t.Errorf("a rejection before Watch is not counted under the empty table label:\n%s", got)
 	}
 }
+
+// BenchmarkItemInserted is the cost the metrics add to every item the
+// service applies.
+func BenchmarkItemInserted(b *testing.B) {
+	m := New()
+	if err := m.Watch(&fakeService{tables: map[string]*tables.Table{}}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.ItemInserted("a", time.Millisecond)
+	}
+}
+
+func BenchmarkSampleServed(b *testing.B) {
+	m := New()
+	if err := m.Watch(&fakeService{tables: map[string]*tables.Table{}}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.SampleServed("a", 64, time.Millisecond, wire.Code_CODE_OK)
+	}
+}

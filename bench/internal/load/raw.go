@@ -1,0 +1,254 @@
+package load
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The raw baseline's stream and subjects; they share the server with a
+// Reprise deployment without touching it.
+const (
+	RawStream        = "REPRISE_BENCH_RAW"
+	rawInsertSubject = "reprise_bench_raw.insert"
+	rawSampleSubject = "reprise_bench_raw.sample"
+	// rawStreamBytes caps the raw stream like the suite caps Reprise's, so
+	// both pay for discarding old messages once full.
+	rawStreamBytes = 1 << 30
+	// rawWindowBytes bounds what one publisher has in flight.
+	rawWindowBytes = 8 << 20
+)
+
+// RawConfig describes one raw JetStream baseline run.
+type RawConfig struct {
+	URL     string
+	Clients int
+	// Payload is the size of one item in bytes.
+	Payload int
+	// Batch is the number of items in one reply (request-reply only).
+	Batch            int
+	Warmup, Duration time.Duration
+}
+
+func (c RawConfig) validate(withBatch bool) error {
+	err := errors.Join(check("Clients", c.Clients, 1), check("Payload", c.Payload, 1))
+	if withBatch {
+		err = errors.Join(err, check("Batch", c.Batch, 1))
+	}
+	if c.Duration <= 0 {
+		err = errors.Join(err, fmt.Errorf("%w: Duration must be > 0, got %v", ErrConfig, c.Duration))
+	}
+	return err
+}
+
+// RawPublish measures what Reprise's inserts are bounded by: every client,
+// on its own connection, publishes items of cfg.Payload random bytes, one
+// item per message, asynchronously to a plain file-backed stream with a
+// window of at most 8 MiB (and 1024 messages) awaiting acks. An item
+// counts once JetStream acknowledged it.
+func RawPublish(ctx context.Context, cfg RawConfig) (Throughput, error) {
+	if err := cfg.validate(false); err != nil {
+		return Throughput{}, err
+	}
+	if err := ensureRawStream(ctx, cfg.URL); err != nil {
+		return Throughput{}, err
+	}
+	window := min(1024, max(4, rawWindowBytes/cfg.Payload))
+	data := randomBytes(cfg.Payload, 1)
+	return runClients(ctx, cfg.Clients, cfg.Warmup, cfg.Duration, func(ctx context.Context, i int, c *counter) error {
+		nc, err := connect(cfg.URL, fmt.Sprintf("raw publisher %d", i))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(2*window), jetstream.WithPublishAsyncTimeout(10*time.Second))
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		type pending struct {
+			ack jetstream.PubAckFuture
+			t0  time.Time
+		}
+		// Acks come back in order: one goroutine takes them as they come
+		// while the channel's capacity bounds the window.
+		inflight := make(chan pending, window)
+		ackErr := make(chan error, 1)
+		go func() {
+			defer close(ackErr)
+			for p := range inflight {
+				select {
+				case <-p.ack.Ok():
+					c.record(p.t0, time.Now(), 1, int64(cfg.Payload))
+				case err := <-p.ack.Err():
+					ackErr <- fmt.Errorf("load: raw publish: %w", err)
+					cancel()
+					for range inflight {
+					}
+					return
+				}
+			}
+		}()
+		var pubErr error
+		for ctx.Err() == nil && time.Now().Before(c.w.End) {
+			t0 := time.Now()
+			f, err := js.PublishAsync(rawInsertSubject, data)
+			if err != nil {
+				pubErr = fmt.Errorf("load: raw publish: %w", err)
+				break
+			}
+			inflight <- pending{f, t0}
+		}
+		close(inflight)
+		return errors.Join(pubErr, <-ackErr)
+	})
+}
+
+// RawRequest measures what Reprise's samples are bounded by: responders
+// answer every request at once with a prepared reply of cfg.Batch items of
+// cfg.Payload bytes, and every client, on its own connection, sends one
+// request after another over core NATS.
+func RawRequest(ctx context.Context, cfg RawConfig) (Throughput, error) {
+	if err := cfg.validate(true); err != nil {
+		return Throughput{}, err
+	}
+	reply := randomBytes(cfg.Batch*cfg.Payload, 2)
+	// One responder per core, like a service that does not make replies
+	// wait behind one connection.
+	var responders []*nats.Conn
+	defer func() {
+		for _, nc := range responders {
+			nc.Close()
+		}
+	}()
+	for i := range 2 {
+		nc, err := connect(cfg.URL, fmt.Sprintf("raw responder %d", i))
+		if err != nil {
+			return Throughput{}, err
+		}
+		responders = append(responders, nc)
+		if len(reply) > int(nc.MaxPayload())-1024 {
+			return Throughput{}, fmt.Errorf("%w: a reply of %d items of %d bytes exceeds the server's max payload (%d bytes)", ErrConfig, cfg.Batch, cfg.Payload, nc.MaxPayload())
+		}
+		if _, err := nc.QueueSubscribe(rawSampleSubject, "responders", func(m *nats.Msg) { _ = m.Respond(reply) }); err != nil {
+			return Throughput{}, fmt.Errorf("load: raw responder: %w", err)
+		}
+		if err := nc.Flush(); err != nil {
+			return Throughput{}, fmt.Errorf("load: raw responder: %w", err)
+		}
+	}
+	req := []byte("sample")
+	return runClients(ctx, cfg.Clients, cfg.Warmup, cfg.Duration, func(ctx context.Context, i int, c *counter) error {
+		nc, err := connect(cfg.URL, fmt.Sprintf("raw requester %d", i))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		for time.Now().Before(c.w.End) {
+			t0 := time.Now()
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			m, err := nc.RequestWithContext(rctx, rawSampleSubject, req)
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("load: raw request: %w", err)
+			}
+			if len(m.Data) != len(reply) {
+				return fmt.Errorf("load: raw request: reply of %d bytes, want %d", len(m.Data), len(reply))
+			}
+			c.record(t0, time.Now(), int64(cfg.Batch), int64(len(reply)))
+		}
+		return nil
+	})
+}
+
+// runClients runs n clients until the window ends or one fails, and
+// returns what they counted inside the window.
+func runClients(ctx context.Context, n int, warmup, duration time.Duration, client func(context.Context, int, *counter) error) (Throughput, error) {
+	c := &counter{w: NewWindow(warmup, duration)}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for i := range n {
+		wg.Go(func() {
+			if err := client(ctx, i, c); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return Throughput{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Throughput{}, err
+	}
+	return c.result(), nil
+}
+
+func ensureRawStream(ctx context.Context, url string) error {
+	nc, err := connect(url, "raw stream setup")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:     RawStream,
+		Subjects: []string{rawInsertSubject},
+		Storage:  jetstream.FileStorage,
+		MaxBytes: rawStreamBytes,
+		Discard:  jetstream.DiscardOld,
+	})
+	if err != nil {
+		return fmt.Errorf("load: creating stream %s: %w", RawStream, err)
+	}
+	return nil
+}
+
+// DeleteRawStream removes the raw baseline's stream, if there is one.
+func DeleteRawStream(ctx context.Context, url string) error {
+	nc, err := connect(url, "raw stream cleanup")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if err := js.DeleteStream(ctx, RawStream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("load: deleting stream %s: %w", RawStream, err)
+	}
+	return nil
+}
+
+// randomBytes returns n bytes that do not compress, like the float32
+// payloads of Reprise's runs.
+func randomBytes(n int, seed uint64) []byte {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// modulePath is the module the suite builds reprised and reprisectl from.
+const modulePath = "github.com/reprise-rl/reprise"
+
+// moduleRoot finds the Reprise module that contains dir.
+func moduleRoot(ctx context.Context, dir string) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", "env", "GOMOD")
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("finding the Reprise module (go env GOMOD in %s): %w", dir, err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", fmt.Errorf("%s is not inside the Reprise module: run the suite from the repository (or pass --repo)", dir)
+	}
+	data, err := os.ReadFile(gomod)
+	if err != nil {
+		return "", err
+	}
+	if !bytes.Contains(data, []byte("module "+modulePath+"\n")) {
+		return "", fmt.Errorf("%s is not %s's go.mod: run the suite from the Reprise repository (or pass --repo)", gomod, modulePath)
+	}
+	return filepath.Dir(gomod), nil
+}
+
+type binaries struct {
+	reprised, reprisectl string
+}
+
+// build compiles reprised and reprisectl into dir: the suite measures the
+// programs users run.
+func build(ctx context.Context, repo, dir string) (binaries, error) {
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/reprised", "./cmd/reprisectl")
+	cmd.Dir = repo
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return binaries{}, fmt.Errorf("building reprised and reprisectl (go build ./cmd/reprised ./cmd/reprisectl in %s): %w\n%s", repo, err, out)
+	}
+	return binaries{reprised: filepath.Join(dir, "reprised"), reprisectl: filepath.Join(dir, "reprisectl")}, nil
+}
+
+// daemon is a reprised process the suite started.
+type daemon struct {
+	cmd     *exec.Cmd
+	url     string
+	logPath string
+	exited  chan struct{}
+	waitErr error
+}
+
+// startDaemon starts reprised with config on a free loopback port, its
+// JetStream data under dir, and waits until it says it is ready.
+func startDaemon(ctx context.Context, bin, config, dir, name string) (*daemon, error) {
+	logPath := filepath.Join(dir, name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "--config", config, "--listen", "127.0.0.1:-1", "--store", filepath.Join(dir, name+"-store"))
+	cmd.Stderr = logFile
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		logFile.Close()
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting %s: %w", bin, err)
+	}
+	d := &daemon{cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	urls := make(chan string, 1)
+	var reading sync.WaitGroup
+	reading.Go(func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			// "  NATS URL:  nats://127.0.0.1:PORT (embedded server, ...)"
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "NATS URL:"); ok {
+				if f := strings.Fields(rest); len(f) > 0 {
+					select {
+					case urls <- f[0]:
+					default:
+					}
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	})
+	go func() {
+		reading.Wait()
+		d.waitErr = cmd.Wait()
+		logFile.Close()
+		close(d.exited)
+	}()
+	timer := time.NewTimer(time.Minute)
+	defer timer.Stop()
+	select {
+	case d.url = <-urls:
+		return d, nil
+	case <-d.exited:
+		return nil, fmt.Errorf("reprised exited before it was ready (%v):\n%s", d.waitErr, tail(logPath))
+	case <-timer.C:
+		d.stop()
+		return nil, fmt.Errorf("reprised was not ready within a minute:\n%s", tail(logPath))
+	case <-ctx.Done():
+		d.stop()
+		return nil, ctx.Err()
+	}
+}
+
+func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+// stop interrupts reprised, as Ctrl-C would, and waits for it to exit;
+// after 30 seconds it kills it.
+func (d *daemon) stop() error {
+	_ = d.cmd.Process.Signal(os.Interrupt)
+	timer := time.NewTimer(30 * time.Second)
+	defer timer.Stop()
+	select {
+	case <-d.exited:
+	case <-timer.C:
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+		return fmt.Errorf("reprised did not stop within 30s of an interrupt: killed it:\n%s", tail(d.logPath))
+	}
+	if d.waitErr != nil {
+		return fmt.Errorf("reprised: %w:\n%s", d.waitErr, tail(d.logPath))
+	}
+	return nil
+}
+
+// alive reports an error if reprised has exited.
+func (d *daemon) alive() error {
+	select {
+	case <-d.exited:
+		return fmt.Errorf("reprised exited (%v):\n%s", d.waitErr, tail(d.logPath))
+	default:
+		return nil
+	}
+}
+
+// tail returns the last lines of a log file, to explain a failure.
+func tail(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-20):], "\n")
+}
+
+// ctlArgs is one reprisectl bench run.
+type ctlArgs struct {
+	mode, table             string
+	clients, payload, batch int
+	warmup, duration        time.Duration
+}
+
+// ctlReport is the part of reprisectl bench --json the suite reads.
+type ctlReport struct {
+	ItemsPerSec float64    `json:"items_per_sec"`
+	BytesPerSec float64    `json:"bytes_per_sec"`
+	Latency     ctlLatency `json:"latency"`
+	Insert      *ctlOp     `json:"insert"`
+	Sample      *ctlOp     `json:"sample"`
+}
+
+type ctlOp struct {
+	Items       int64      `json:"items"`
+	ItemsPerSec float64    `json:"items_per_sec"`
+	BytesPerSec float64    `json:"bytes_per_sec"`
+	RateLimited int64      `json:"rate_limited_requests"`
+	Latency     ctlLatency `json:"latency"`
+}
+
+type ctlLatency struct {
+	Count int64   `json:"count"`
+	P50Ms float64 `json:"p50_ms"`
+	P99Ms float64 `json:"p99_ms"`
+}
+
+// ctlBench runs reprisectl bench against the daemon and decodes its
+// report.
+func ctlBench(ctx context.Context, bin, url string, a ctlArgs) (ctlReport, error) {
+	args := []string{"bench", "--nats", url, "--json",
+		"--mode", a.mode, "--table", a.table,
+		"--clients", strconv.Itoa(a.clients), "--payload", strconv.Itoa(a.payload), "--batch", strconv.Itoa(a.batch),
+		"--warmup", a.warmup.String(), "--duration", a.duration.String()}
+	ctx, cancel := context.WithTimeout(ctx, a.warmup+a.duration+time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return ctlReport{}, fmt.Errorf("reprisectl %s: %w\n%s", strings.Join(args, " "), err, lastLines(stderr.String(), 10))
+	}
+	var r ctlReport
+	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
+		return ctlReport{}, fmt.Errorf("reprisectl %s: reading its --json output: %w\n%s", strings.Join(args, " "), err, lastLines(stdout.String(), 10))
+	}
+	if r.Insert == nil && r.Sample == nil {
+		return ctlReport{}, errors.New("reprisectl bench reported neither inserts nor samples")
+	}
+	return r, nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}

@@ -1,0 +1,491 @@
+package main
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/reprise-rl/reprise/bench/internal/load"
+)
+
+// The systems compared.
+const (
+	sysReprise   = "reprise"
+	sysJetStream = "jetstream"
+	sysReverb    = "reverb"
+)
+
+var systemNames = map[string]string{sysReprise: "Reprise", sysJetStream: "raw JetStream", sysReverb: "Reverb"}
+
+// Results is everything one run of the suite measured; results.json holds
+// it whole.
+type Results struct {
+	Machine    Machine   `json:"machine"`
+	Quick      bool      `json:"quick"`
+	Started    time.Time `json:"started"`
+	Seconds    float64   `json:"seconds"`
+	WarmupSec  float64   `json:"warmup_sec"`
+	PointSec   float64   `json:"point_sec"`
+	Throughput []Point   `json:"throughput"`
+	Mixed      []Mixed   `json:"mixed"`
+	// Atari is Reprise's Atari-like run.
+	Atari   *load.AtariResult `json:"atari,omitempty"`
+	Latency []Latency         `json:"latency"`
+	Memory  []MemoryPoint     `json:"memory"`
+	Reverb  ReverbStatus      `json:"reverb"`
+	Summary []SummaryRow      `json:"summary"`
+	Targets []Target          `json:"targets"`
+}
+
+// Point is one throughput measurement: one system, mode, payload size and
+// client count.
+type Point struct {
+	System      string  `json:"system"`
+	Mode        string  `json:"mode"`
+	Payload     int     `json:"payload_bytes"`
+	Clients     int     `json:"clients"`
+	Batch       int     `json:"batch"`
+	ItemsPerSec float64 `json:"items_per_sec"`
+	BytesPerSec float64 `json:"bytes_per_sec"`
+	P50Ms       float64 `json:"p50_ms"`
+	P99Ms       float64 `json:"p99_ms"`
+	// Load1 is the machine's 1-minute load average as the point started.
+	Load1 float64 `json:"load1"`
+}
+
+// Mixed is one actor/learner run under SampleToInsertRatio: clients
+// inserters and clients samplers at once.
+type Mixed struct {
+	System            string  `json:"system"`
+	Payload           int     `json:"payload_bytes"`
+	Clients           int     `json:"clients"`
+	Batch             int     `json:"batch"`
+	SamplesPerInsert  float64 `json:"samples_per_insert"`
+	InsertItemsPerSec float64 `json:"insert_items_per_sec"`
+	SampleItemsPerSec float64 `json:"sample_items_per_sec"`
+	// Achieved is sampled items per inserted item over the run.
+	Achieved    float64 `json:"achieved_samples_per_insert"`
+	InsertP50Ms float64 `json:"insert_p50_ms"`
+	SampleP50Ms float64 `json:"sample_p50_ms"`
+}
+
+// Latency is one system's single-item figures over loopback TCP.
+type Latency struct {
+	System string `json:"system"`
+	// Sample: one client asking for one 400-byte item at a time.
+	SampleP50Us float64 `json:"sample_p50_us"`
+	SampleP99Us float64 `json:"sample_p99_us"`
+	// InsertToSampled: from the actor's append to a waiting learner
+	// holding the item.
+	InsertToSampledP50Us float64 `json:"insert_to_sampled_p50_us"`
+	InsertToSampledP99Us float64 `json:"insert_to_sampled_p99_us"`
+	// InsertToDurable: from the append until the writer's flush returns.
+	InsertToDurableP50Us float64 `json:"insert_to_durable_p50_us"`
+	InsertToDurableP99Us float64 `json:"insert_to_durable_p99_us"`
+}
+
+// MemoryPoint is the resident memory of a server process holding Items
+// items of Payload bytes each.
+type MemoryPoint struct {
+	System  string `json:"system"`
+	Series  string `json:"series"`
+	Payload int    `json:"payload_bytes"`
+	Items   int64  `json:"items"`
+	// PayloadBytes is Items × Payload: the data users put in.
+	PayloadBytes int64 `json:"payload_bytes_held"`
+	// StoredBytes is what the server reports holding (encoded chunks),
+	// where it reports it.
+	StoredBytes int64 `json:"stored_bytes,omitempty"`
+	RSSBytes    int64 `json:"rss_bytes"`
+	// BaseRSSBytes is the same process's resident memory before the fill.
+	BaseRSSBytes int64 `json:"base_rss_bytes"`
+}
+
+// ReverbStatus says whether Reverb ran and, if not, why.
+type ReverbStatus struct {
+	Ran     bool   `json:"ran"`
+	Venv    string `json:"venv,omitempty"`
+	Version string `json:"version,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// SummaryRow is the best of each system over client counts for one mode
+// and payload size, and Reprise's ratio to the others.
+type SummaryRow struct {
+	Mode        string  `json:"mode"`
+	Payload     int     `json:"payload_bytes"`
+	Batch       int     `json:"batch"`
+	Reprise     *Point  `json:"reprise,omitempty"`
+	JetStream   *Point  `json:"jetstream,omitempty"`
+	Reverb      *Point  `json:"reverb,omitempty"`
+	VsJetStream float64 `json:"reprise_over_jetstream,omitempty"`
+	VsReverb    float64 `json:"reprise_over_reverb,omitempty"`
+}
+
+// Target is one of the issue's targets and how far Reprise is from it.
+type Target struct {
+	Name     string `json:"name"`
+	Goal     string `json:"goal"`
+	Measured string `json:"measured"`
+	Met      *bool  `json:"met,omitempty"`
+}
+
+// best returns the point with the most items/s among those that match.
+func best(points []Point, system, mode string, payload int) *Point {
+	var b *Point
+	for i := range points {
+		p := &points[i]
+		if p.System == system && p.Mode == mode && p.Payload == payload && (b == nil || p.ItemsPerSec > b.ItemsPerSec) {
+			b = p
+		}
+	}
+	return b
+}
+
+func find(points []Point, system, mode string, payload, clients int) *Point {
+	for i := range points {
+		p := &points[i]
+		if p.System == system && p.Mode == mode && p.Payload == payload && p.Clients == clients {
+			return p
+		}
+	}
+	return nil
+}
+
+func ratio(a, b *Point) float64 {
+	if a == nil || b == nil || b.ItemsPerSec == 0 {
+		return 0
+	}
+	return a.ItemsPerSec / b.ItemsPerSec
+}
+
+func (r *Results) summarize() {
+	r.Summary = nil
+	for _, mode := range []string{"insert", "sample"} {
+		for _, payload := range payloadsIn(r.Throughput) {
+			row := SummaryRow{Mode: mode, Payload: payload,
+				Reprise: best(r.Throughput, sysReprise, mode, payload), JetStream: best(r.Throughput, sysJetStream, mode, payload),
+				Reverb: best(r.Throughput, sysReverb, mode, payload)}
+			for _, p := range []*Point{row.Reprise, row.JetStream, row.Reverb} {
+				if p != nil {
+					row.Batch = p.Batch
+				}
+			}
+			row.VsJetStream, row.VsReverb = ratio(row.Reprise, row.JetStream), ratio(row.Reprise, row.Reverb)
+			if row.Reprise != nil || row.Reverb != nil {
+				r.Summary = append(r.Summary, row)
+			}
+		}
+	}
+	r.Targets = r.targets()
+}
+
+func payloadsIn(points []Point) []int {
+	var out []int
+	for _, p := range points {
+		if !slices.Contains(out, p.Payload) {
+			out = append(out, p.Payload)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func met(ok bool) *bool { return &ok }
+
+// targets checks the issue's targets against what was measured.
+func (r *Results) targets() []Target {
+	var ts []Target
+	notMeasured := func(name, goal string) Target {
+		return Target{Name: name, Goal: goal, Measured: "not measured in this run"}
+	}
+
+	if p := best(r.Throughput, sysReprise, "insert", 400); p != nil {
+		ts = append(ts, Target{Name: "inserts, 400 B items", Goal: "≥ 200k items/s",
+			Measured: fmt.Sprintf("%s items/s (%d clients)", si(p.ItemsPerSec), p.Clients), Met: met(p.ItemsPerSec >= 200e3)})
+	} else {
+		ts = append(ts, notMeasured("inserts, 400 B items", "≥ 200k items/s"))
+	}
+	rp, jp := best(r.Throughput, sysReprise, "insert", 40000), best(r.Throughput, sysJetStream, "insert", 40000)
+	if rp != nil && jp != nil {
+		x := rp.BytesPerSec / jp.BytesPerSec
+		ts = append(ts, Target{Name: "inserts, 40 kB items", Goal: "≥ 0.8 × raw JetStream bytes/s",
+			Measured: fmt.Sprintf("%.2f × (%sB/s vs %sB/s)", x, si(rp.BytesPerSec), si(jp.BytesPerSec)), Met: met(x >= 0.8)})
+	} else {
+		ts = append(ts, notMeasured("inserts, 40 kB items", "≥ 0.8 × raw JetStream bytes/s"))
+	}
+	if p := best(r.Throughput, sysReprise, "sample", 400); p != nil {
+		ts = append(ts, Target{Name: fmt.Sprintf("samples, 400 B items, batch %d", p.Batch), Goal: "≥ 1M items/s",
+			Measured: fmt.Sprintf("%s items/s (%d clients)", si(p.ItemsPerSec), p.Clients), Met: met(p.ItemsPerSec >= 1e6)})
+	} else {
+		ts = append(ts, notMeasured("samples, 400 B items, batch 256", "≥ 1M items/s"))
+	}
+	if p := best(r.Throughput, sysReprise, "sample", 40000); p != nil {
+		ts = append(ts, Target{Name: fmt.Sprintf("samples, 40 kB items, batch %d", p.Batch), Goal: "≥ 1 GB/s",
+			Measured: fmt.Sprintf("%sB/s (%d clients)", si(p.BytesPerSec), p.Clients), Met: met(p.BytesPerSec >= 1e9)})
+	} else {
+		ts = append(ts, notMeasured("samples, 40 kB items", "≥ 1 GB/s"))
+	}
+	if l := r.latencyOf(sysReprise); l != nil {
+		ts = append(ts, Target{Name: "single-item sample p50, loopback TCP", Goal: "≤ 100 µs",
+			Measured: fmt.Sprintf("%.0f µs", l.SampleP50Us), Met: met(l.SampleP50Us <= 100)})
+	} else {
+		ts = append(ts, notMeasured("single-item sample p50, loopback TCP", "≤ 100 µs"))
+	}
+	if m := memoryFigures(r.Memory, sysReprise); m.perByte > 0 {
+		ts = append(ts, Target{Name: "memory per payload byte held", Goal: "≤ 1.2 × payload + a fixed base",
+			Measured: fmt.Sprintf("%.2f × over a %sB base (%sB held)", m.perByte, si(float64(m.base)), si(float64(m.held))), Met: met(m.perByte <= 1.2)})
+	} else {
+		ts = append(ts, notMeasured("memory per payload byte held", "≤ 1.2 × payload + a fixed base"))
+	}
+	if m := memoryFigures(r.Memory, sysReprise); m.perItem != 0 {
+		ts = append(ts, Target{Name: "metadata per item", Goal: "≤ 200 B",
+			Measured: fmt.Sprintf("%.0f B (%d-byte items)", m.perItem, m.itemPayload), Met: met(m.perItem <= 200)})
+	} else {
+		ts = append(ts, notMeasured("metadata per item", "≤ 200 B"))
+	}
+	ahead, total := 0, 0
+	for _, row := range r.Summary {
+		if row.VsReverb > 0 {
+			total++
+			if row.VsReverb >= 1 {
+				ahead++
+			}
+		}
+	}
+	for _, m := range r.Mixed {
+		if m.System != sysReprise {
+			continue
+		}
+		for _, o := range r.Mixed {
+			if o.System == sysReverb && o.Clients == m.Clients && o.Payload == m.Payload && o.SampleItemsPerSec > 0 {
+				total++
+				if m.SampleItemsPerSec >= o.SampleItemsPerSec {
+					ahead++
+				}
+			}
+		}
+	}
+	if total > 0 {
+		ts = append(ts, Target{Name: "ahead of Reverb", Goal: "on every workload",
+			Measured: fmt.Sprintf("ahead on %d of %d workloads (best of each over client counts)", ahead, total), Met: met(ahead == total)})
+	} else {
+		ts = append(ts, notMeasured("ahead of Reverb", "on every workload"))
+	}
+	return ts
+}
+
+func (r *Results) latencyOf(system string) *Latency {
+	for i := range r.Latency {
+		if r.Latency[i].System == system {
+			return &r.Latency[i]
+		}
+	}
+	return nil
+}
+
+// memFigures are the memory figures of one system: resident bytes per
+// payload byte over the base (from the largest point of the payload
+// series) and resident bytes per item beyond its payload (from the
+// per-item series).
+type memFigures struct {
+	perByte     float64
+	base, held  int64
+	perItem     float64
+	itemPayload int
+}
+
+func memoryFigures(points []MemoryPoint, system string) memFigures {
+	var f memFigures
+	for _, p := range points {
+		if p.System != system || p.PayloadBytes == 0 {
+			continue
+		}
+		switch p.Series {
+		case "payload":
+			if p.PayloadBytes >= f.held {
+				f.held, f.base = p.PayloadBytes, p.BaseRSSBytes
+				f.perByte = float64(p.RSSBytes-p.BaseRSSBytes) / float64(p.PayloadBytes)
+			}
+		case "per-item":
+			if p.Items > 0 {
+				f.perItem = float64(p.RSSBytes-p.BaseRSSBytes-p.PayloadBytes) / float64(p.Items)
+				f.itemPayload = p.Payload
+			}
+		}
+	}
+	return f
+}
+
+// si formats a number with an SI prefix: 1.23M, 456k.
+func si(v float64) string {
+	abs := math.Abs(v)
+	switch {
+	case abs >= 1e9:
+		return fmt.Sprintf("%.2fG", v/1e9)
+	case abs >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case abs >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+// write saves results.json, the CSV files and summary.md into dir.
+func (r *Results) write(dir string) error {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := writeCSV(filepath.Join(dir, "throughput.csv"), r.throughputRows()); err != nil {
+		return err
+	}
+	if err := writeCSV(filepath.Join(dir, "memory.csv"), r.memoryRows()); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "summary.md"))
+	if err != nil {
+		return err
+	}
+	r.markdown(f)
+	return f.Close()
+}
+
+func writeCSV(path string, rows [][]string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	if err := w.WriteAll(rows); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func ff(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
+
+func (r *Results) throughputRows() [][]string {
+	rows := [][]string{{"system", "mode", "payload_bytes", "clients", "batch", "items_per_sec", "bytes_per_sec", "p50_ms", "p99_ms", "load1", "reprise_over_jetstream", "reprise_over_reverb"}}
+	for _, p := range r.Throughput {
+		var vsRaw, vsReverb string
+		if p.System == sysReprise {
+			if x := ratio(&p, find(r.Throughput, sysJetStream, p.Mode, p.Payload, p.Clients)); x > 0 {
+				vsRaw = ff(x)
+			}
+			if x := ratio(&p, find(r.Throughput, sysReverb, p.Mode, p.Payload, p.Clients)); x > 0 {
+				vsReverb = ff(x)
+			}
+		}
+		rows = append(rows, []string{p.System, p.Mode, strconv.Itoa(p.Payload), strconv.Itoa(p.Clients), strconv.Itoa(p.Batch),
+			ff(p.ItemsPerSec), ff(p.BytesPerSec), ff(p.P50Ms), ff(p.P99Ms), ff(p.Load1), vsRaw, vsReverb})
+	}
+	return rows
+}
+
+func (r *Results) memoryRows() [][]string {
+	rows := [][]string{{"system", "series", "payload_bytes", "items", "payload_bytes_held", "stored_bytes", "rss_bytes", "base_rss_bytes"}}
+	for _, m := range r.Memory {
+		rows = append(rows, []string{m.System, m.Series, strconv.Itoa(m.Payload), strconv.FormatInt(m.Items, 10),
+			strconv.FormatInt(m.PayloadBytes, 10), strconv.FormatInt(m.StoredBytes, 10), strconv.FormatInt(m.RSSBytes, 10), strconv.FormatInt(m.BaseRSSBytes, 10)})
+	}
+	return rows
+}
+
+func sizeName(b int) string {
+	switch {
+	case b >= 1000 && b%1000 == 0:
+		return fmt.Sprintf("%d kB", b/1000)
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+// markdown writes the tables bench/README.md shows.
+func (r *Results) markdown(w io.Writer) {
+	fmt.Fprintf(w, "Measured %s on %s", r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Machine)
+	fmt.Fprintf(w, " (load average %.1f at the start, %.1f at the end); %.1fs per point after %.1fs warmup; suite took %.0fs.\n\n",
+		r.Machine.LoadStart[0], r.Machine.LoadEnd[0], r.PointSec, r.WarmupSec, r.Seconds)
+
+	fmt.Fprintln(w, "| mode | payload | batch | Reprise items/s | Reprise bytes/s | raw JetStream items/s | Reprise ÷ raw | Reverb items/s | Reprise ÷ Reverb |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
+	cell := func(p *Point) string {
+		if p == nil {
+			return "–"
+		}
+		return fmt.Sprintf("%s (%d cl.)", si(p.ItemsPerSec), p.Clients)
+	}
+	x := func(v float64) string {
+		if v == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f", v)
+	}
+	for _, row := range r.Summary {
+		bytes := "–"
+		if row.Reprise != nil {
+			bytes = si(row.Reprise.BytesPerSec) + "B/s"
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", row.Mode, sizeName(row.Payload), row.Batch,
+			cell(row.Reprise), bytes, cell(row.JetStream), x(row.VsJetStream), cell(row.Reverb), x(row.VsReverb))
+	}
+
+	if len(r.Mixed) > 0 {
+		fmt.Fprintln(w, "\nMixed actors and learners under SampleToInsertRatio:")
+		fmt.Fprintln(w, "\n| system | payload | clients (each kind) | batch | samples per insert (set / achieved) | inserts/s | samples/s |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+		for _, m := range r.Mixed {
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %.0f / %.2f | %s | %s |\n", systemNames[m.System], sizeName(m.Payload), m.Clients, m.Batch,
+				m.SamplesPerInsert, m.Achieved, si(m.InsertItemsPerSec), si(m.SampleItemsPerSec))
+		}
+	}
+	if a := r.Atari; a != nil {
+		fmt.Fprintf(w, "\nAtari-like (Reprise; 84×84 uint8 frames, chunks of %d steps, delta + zstd, items of %d steps every %d): %d actors %s steps/s (%sB/s raw), compression %.1f× on the wire; %d learners %s items/s (%sB/s decoded).\n",
+			a.ChunkLength, a.SequenceLength, a.Period, a.Actors, si(a.StepsPerSec), si(a.RawBytesPerSec), a.CompressionRatio,
+			a.Learners, si(a.Sample.ItemsPerSec), si(a.Sample.BytesPerSec))
+	}
+	if len(r.Latency) > 0 {
+		fmt.Fprintln(w, "\n| latency over loopback TCP | p50 | p99 |")
+		fmt.Fprintln(w, "|---|---|---|")
+		for _, l := range r.Latency {
+			name := systemNames[l.System]
+			fmt.Fprintf(w, "| %s: single-item sample (400 B) | %.0f µs | %.0f µs |\n", name, l.SampleP50Us, l.SampleP99Us)
+			fmt.Fprintf(w, "| %s: insert to sampled by a waiting learner | %.0f µs | %.0f µs |\n", name, l.InsertToSampledP50Us, l.InsertToSampledP99Us)
+			fmt.Fprintf(w, "| %s: insert to durable (flush returned) | %.0f µs | %.0f µs |\n", name, l.InsertToDurableP50Us, l.InsertToDurableP99Us)
+		}
+	}
+	if len(r.Memory) > 0 {
+		fmt.Fprintln(w, "\n| memory | base RSS | RSS over base per payload byte | bytes per item beyond payload |")
+		fmt.Fprintln(w, "|---|---|---|---|")
+		for _, sys := range []string{sysReprise, sysReverb} {
+			m := memoryFigures(r.Memory, sys)
+			if m.perByte == 0 && m.perItem == 0 {
+				continue
+			}
+			fmt.Fprintf(w, "| %s | %sB | %.2f (at %sB held) | %.0f B (%d-byte items) |\n", systemNames[sys], si(float64(m.base)), m.perByte, si(float64(m.held)), m.perItem, m.itemPayload)
+		}
+	}
+	fmt.Fprintln(w, "\n| target | goal | measured | met |")
+	fmt.Fprintln(w, "|---|---|---|---|")
+	for _, t := range r.Targets {
+		m := "–"
+		if t.Met != nil {
+			m = map[bool]string{true: "yes", false: "**no**"}[*t.Met]
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", t.Name, t.Goal, t.Measured, m)
+	}
+	if !r.Reverb.Ran && r.Reverb.Error != "" {
+		fmt.Fprintf(w, "\nReverb did not run: %s\n", strings.TrimSpace(r.Reverb.Error))
+	}
+}

@@ -1,0 +1,77 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// BenchmarkRecovery measures loading a checkpoint of n small items (one
+// 8-byte chunk each, as in the Reverb paper's smallest workload): decoding
+// plus rebuilding the tables, selectors and chunk store. Report: ns/op is
+// one whole recovery; items/s is the rate.
+//
+//	go test -run - -bench Recovery -benchtime 3x ./broker
+func BenchmarkRecovery(b *testing.B) {
+	for _, n := range []int{100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("items=%d", n), func(b *testing.B) {
+			cfgs := []tables.Config{uniformTable("t", int64(n))}
+			url := startEmbedded(b, 0)
+			nc, err := nats.Connect(url)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer nc.Close()
+			svc, err := NewService(nc, cfgs, WithPrefix("bench"), WithLogger(quietLogger()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			t := svc.tables["t"]
+			ctx := context.Background()
+			for i := range n {
+				ch, err := wire.EncodeChunk(uint64(i+1), []*wire.Tensor{wire.Int64s(nil, []int64{int64(i)})}, wire.ChunkOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				raw := mustMarshal(b, ch)
+				c, err := parseChunk(raw)
+				if err != nil {
+					b.Fatal(err)
+				}
+				svc.store.Put(c)
+				if err := t.Insert(ctx, tables.Item{Key: uint64(i + 1), Priority: 1, Trajectory: []tables.Column{{Name: "id", Squeeze: true, Slices: []tables.Slice{{Chunk: c.Key, Length: 1}}}}}); err != nil {
+					b.Fatal(err)
+				}
+				svc.store.Release(c.Key)
+			}
+			data, err := svc.capture().encode()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(data)))
+			b.ResetTimer()
+			for range b.N {
+				fresh, err := NewService(nc, cfgs, WithPrefix("bench"), WithLogger(quietLogger()))
+				if err != nil {
+					b.Fatal(err)
+				}
+				cp, err := decodeCheckpoint(data)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := fresh.restore(cp); err != nil {
+					b.Fatal(err)
+				}
+				if got := fresh.tables["t"].Size(); got != int64(n) {
+					b.Fatalf("restored %d items, want %d", got, n)
+				}
+			}
+			b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "items/s")
+		})
+	}
+}

@@ -1,0 +1,447 @@
+// Package crashtest kills real reprised and nats-server processes with
+// SIGKILL in the middle of concurrent inserts, priority updates, deletes and
+// samples, restarts them, and checks that everything acknowledged is there.
+package crashtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/internal/natstest"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+const table = "crash"
+
+var reprisedBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "reprise-crashtest-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "reprised")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/reprise-rl/reprise/cmd/reprised").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("building reprised: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// reprised is a running reprised process.
+type reprised struct {
+	t    *testing.T
+	bin  string
+	args []string
+	cmd  *exec.Cmd
+	out  *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startReprised(t *testing.T, args ...string) *reprised {
+	t.Helper()
+	bin, err := reprisedBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &reprised{t: t, bin: bin, args: args, out: &syncBuffer{}}
+	r.start()
+	t.Cleanup(func() {
+		if r.cmd.ProcessState == nil {
+			r.cmd.Process.Kill()
+			r.cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("reprised output:\n%s", r.out.String())
+		}
+	})
+	return r
+}
+
+// start starts the process again with the same arguments (so on the same
+// store and port).
+func (r *reprised) start() {
+	r.cmd = exec.Command(r.bin, r.args...)
+	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
+	if err := r.cmd.Start(); err != nil {
+		r.t.Fatalf("starting reprised: %v", err)
+	}
+}
+
+// kill sends SIGKILL and reaps the process.
+func (r *reprised) kill() {
+	r.cmd.Process.Signal(syscall.SIGKILL)
+	r.cmd.Wait()
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func writeConfig(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "reprise.yaml")
+	cfg := fmt.Sprintf("tables:\n  - name: %s\n    max_size: 10000000\n", table)
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func connect(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func waitReady(t *testing.T, c *broker.Client) {
+	t.Helper()
+	waitFor(t, "reprised answers", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := c.Info(ctx, table)
+		return err == nil
+	})
+}
+
+// ledger records what the service acknowledged.
+type ledger struct {
+	mu      sync.Mutex
+	acked   map[int64]bool   // item ids whose insert was acknowledged
+	updated map[uint64]int64 // keys whose priority update (to id+0.5) was acknowledged
+	deleted map[uint64]int64 // keys whose delete was acknowledged
+	touched map[uint64]bool  // keys a mutation was sent for, acknowledged or not
+	keyID   map[uint64]int64 // keys seen in samples
+}
+
+func newLedger() *ledger {
+	return &ledger{acked: map[int64]bool{}, updated: map[uint64]int64{}, deleted: map[uint64]int64{}, touched: map[uint64]bool{}, keyID: map[uint64]int64{}}
+}
+
+// actor inserts items with priority = id (ids from first on) until stop, flushing every 25
+// items: a Flush that returns nil acknowledges everything created before it.
+func actor(ctx context.Context, t *testing.T, nc *nats.Conn, l *ledger, stop <-chan struct{}, first int64) {
+	p, err := broker.NewProducer(ctx, nc, broker.WithRetryFor(2*time.Minute))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		p.Close(cctx)
+	}()
+	var pending []int64
+	for id := first; ; id++ {
+		select {
+		case <-stop:
+			fctx, cancel := context.WithTimeout(ctx, time.Minute)
+			err := p.Flush(fctx)
+			cancel()
+			if err == nil {
+				l.ack(pending)
+			}
+			return
+		default:
+		}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := p.Append(actx, broker.Step{"id": wire.Int64s(nil, []int64{id})})
+		if err == nil {
+			err = p.CreateItem(actx, table, float64(id), broker.LastStep("id"))
+		}
+		if err == nil {
+			pending = append(pending, id)
+		}
+		if err == nil && len(pending) >= 25 {
+			if err = p.Flush(actx); err == nil {
+				l.ack(pending)
+				pending = nil
+			}
+		}
+		cancel()
+		if err != nil {
+			// During a crash calls time out; what they held is retried.
+			pending = pending[:0:0]
+		}
+	}
+}
+
+func (l *ledger) ack(ids []int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		l.acked[id] = true
+	}
+}
+
+// learner samples, and for some sampled items updates the priority to
+// id+0.5 or deletes them, each key at most once.
+func learner(ctx context.Context, c *broker.Client, l *ledger, stop <-chan struct{}, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		samples, err := c.Sample(sctx, table, 8)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, s := range samples {
+			v, err := s.Column("id").AsInt64s()
+			if err != nil || len(v) != 1 {
+				continue
+			}
+			id, key := v[0], s.Info.Key
+			l.mu.Lock()
+			l.keyID[key] = id
+			skip := l.touched[key]
+			if !skip {
+				l.touched[key] = true
+			}
+			l.mu.Unlock()
+			if skip {
+				continue
+			}
+			mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			switch r := rng.Float64(); {
+			case r < 0.3:
+				if c.UpdatePriorities(mctx, table, tables.PriorityUpdate{Key: key, Priority: float64(id) + 0.5}) == nil {
+					l.mu.Lock()
+					l.updated[key] = id
+					l.mu.Unlock()
+				}
+			case r < 0.45:
+				if c.Delete(mctx, table, key) == nil {
+					l.mu.Lock()
+					l.deleted[key] = id
+					l.mu.Unlock()
+				}
+			}
+			cancel()
+		}
+	}
+}
+
+// verify lists the whole table and checks it against the ledger.
+func verify(t *testing.T, c *broker.Client, l *ledger) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	byID := map[int64][]*wire.ItemInfo{}
+	var total int64
+	for offset := int64(0); ; {
+		page, err := c.Items(ctx, table, offset, 5000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range page.Items {
+			id := int64(it.Priority) // priority is id or id+0.5
+			byID[id] = append(byID[id], it)
+		}
+		offset += int64(len(page.Items))
+		total = page.TableSize
+		if len(page.Items) == 0 {
+			break
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	deletedIDs := map[int64]uint64{}
+	for key, id := range l.deleted {
+		deletedIDs[id] = key
+	}
+	missing, dups := 0, 0
+	for id, items := range byID {
+		if len(items) > 1 {
+			dups++
+			t.Errorf("item id %d stored %d times", id, len(items))
+		}
+	}
+	for id := range l.acked {
+		items := byID[id]
+		if _, gone := deletedIDs[id]; gone {
+			if len(items) != 0 {
+				t.Errorf("item id %d was deleted (acknowledged) but is back", id)
+			}
+			continue
+		}
+		if len(items) == 0 {
+			missing++
+			if missing < 10 {
+				t.Errorf("acknowledged item id %d is missing", id)
+			}
+			continue
+		}
+	}
+	for key, id := range l.updated {
+		for _, it := range byID[id] {
+			if it.Key == key && it.Priority != float64(id)+0.5 {
+				t.Errorf("item id %d: acknowledged priority update to %v lost (priority %v)", id, float64(id)+0.5, it.Priority)
+			}
+		}
+	}
+	info, err := c.Info(ctx, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := info.Tables[0].Limiter
+	if lim.Inserts-lim.Deletes != info.Tables[0].Size || info.Tables[0].Size != total {
+		t.Errorf("limiter inserts %d - deletes %d != size %d (listed %d)", lim.Inserts, lim.Deletes, info.Tables[0].Size, total)
+	}
+	t.Logf("verified: %d items stored, %d acknowledged inserts, %d acknowledged updates, %d acknowledged deletes; %d missing, %d duplicated",
+		total, len(l.acked), len(l.updated), len(l.deleted), missing, dups)
+	if missing > 0 {
+		t.Fatalf("%d acknowledged items missing", missing)
+	}
+}
+
+// run drives actors and a learner, calls crash in the middle, and verifies
+// once the service answers again.
+func run(t *testing.T, url string, crash func()) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c, err := broker.NewClient(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitReady(t, c)
+	l := newLedger()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for a := range int64(2) {
+		nc := connect(t, url)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			actor(ctx, t, nc, l, stop, a*1_000_000_000)
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		learner(ctx, c, l, stop, 7)
+	}()
+	waitFor(t, "inserts acknowledged before the crash", func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) >= 500 })
+	crash()
+	waitReady(t, c)
+	before := func() int { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) }()
+	waitFor(t, "inserts acknowledged after the crash", func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) >= before+300 })
+	close(stop)
+	wg.Wait()
+	// Everything the actors flushed is in the stream; wait until the
+	// service has applied all of it.
+	js, err := jetstream.New(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the service applied the stream", func() bool {
+		st, err := js.Stream(ctx, "REPRISE_REPRISE")
+		if err != nil {
+			return false
+		}
+		si, err := st.Info(ctx)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx, table)
+		return err == nil && info.AppliedSequence >= si.State.LastSeq
+	})
+	verify(t, c, l)
+	// Sampling resumes.
+	if _, err := c.Sample(ctx, table, 4); err != nil {
+		t.Fatalf("sampling after recovery: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+func TestKillReprisedWithEmbeddedServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds reprised and kills it")
+	}
+	addr := freePort(t)
+	r := startReprised(t, "--config", writeConfig(t), "--store", t.TempDir(), "--listen", addr, "--checkpoint-every", "300ms")
+	run(t, "nats://"+addr, func() {
+		r.kill()
+		r.start()
+	})
+}
+
+func TestKillNATSServerWhileServiceRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds reprised and nats-server and kills nats-server")
+	}
+	srv := natstest.Start(t)
+	startReprised(t, "--config", writeConfig(t), "--nats", srv.URL(), "--checkpoint-every", "300ms")
+	run(t, srv.URL(), func() {
+		srv.Kill()
+		srv.Restart(t)
+	})
+}
+
+func TestKillReprisedWhileServerRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds reprised and nats-server and kills reprised")
+	}
+	srv := natstest.Start(t)
+	r := startReprised(t, "--config", writeConfig(t), "--nats", srv.URL(), "--checkpoint-every", "300ms")
+	run(t, srv.URL(), func() {
+		r.kill()
+		r.start()
+	})
+}
