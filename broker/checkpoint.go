@@ -73,8 +73,9 @@ type interrupter struct {
 	reqs   []chan *captured
 }
 
-// arm returns the context for the apply loop's next wait.
-func (in *interrupter) arm(ctx context.Context) (context.Context, context.CancelFunc) {
+// arm returns the context for the apply loop's next wait, and disarm,
+// which ends it and reports whether a capture request interrupted it.
+func (in *interrupter) arm(ctx context.Context) (ictx context.Context, disarm func() (interrupted bool)) {
 	ictx, cancel := context.WithCancel(ctx)
 	in.mu.Lock()
 	in.cancel = cancel
@@ -82,11 +83,13 @@ func (in *interrupter) arm(ctx context.Context) (context.Context, context.Cancel
 		cancel()
 	}
 	in.mu.Unlock()
-	return ictx, func() {
+	return ictx, func() bool {
 		in.mu.Lock()
 		in.cancel = nil
 		in.mu.Unlock()
+		interrupted := ictx.Err() != nil && ctx.Err() == nil
 		cancel()
+		return interrupted
 	}
 }
 

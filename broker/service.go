@@ -433,12 +433,12 @@ func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext)
 		s.serveCaptures()
 		ictx, disarm := s.intr.arm(ctx)
 		m, err := msgs.Next(jetstream.NextContext(ictx))
-		disarm()
+		interrupted := disarm()
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
 				return ctx.Err()
-			case ictx.Err() != nil:
+			case interrupted:
 				continue // a capture request: served at the top
 			case errors.Is(err, jetstream.ErrMsgIteratorClosed):
 				return err
@@ -624,8 +624,7 @@ func (s *Service) insertItem(ctx context.Context, producer string, seq uint64, s
 		// insert is retried once the state is copied.
 		ictx, disarm := s.intr.arm(ctx)
 		err = t.Insert(ictx, item)
-		disarm()
-		if err == nil || ctx.Err() != nil || ictx.Err() == nil {
+		if interrupted := disarm(); err == nil || !interrupted {
 			break
 		}
 		s.serveCaptures()
