@@ -52,6 +52,7 @@ type config struct {
 	maxStore      int64
 	maxMemory     int64
 	maxPayloadSet bool
+	syncAlways    bool
 }
 
 // WithStoreDir sets the directory where JetStream keeps its data. It is
@@ -103,6 +104,14 @@ func WithJetStreamMaxStore(bytes int64) Option {
 // default the server takes up to 75% of system memory.
 func WithJetStreamMaxMemory(bytes int64) Option {
 	return func(c *config) { c.maxMemory = bytes }
+}
+
+// WithSyncAlways makes JetStream fsync every write before acknowledging
+// it, so that acknowledged data survives power loss and OS crashes, not only
+// a crash of the process. Without it the server fsyncs every 2 minutes.
+// Slower.
+func WithSyncAlways() Option {
+	return func(c *config) { c.syncAlways = true }
 }
 
 // Server is a running embedded NATS server.
@@ -166,6 +175,7 @@ func (c *config) serverOptions() (*server.Options, error) {
 		JetStreamMaxMemory: c.maxMemory,
 		MaxPayload:         c.maxPayload,
 		DontListen:         c.noListener,
+		SyncAlways:         c.syncAlways,
 		// The embedding program owns the process's signals.
 		NoSigs: true,
 	}

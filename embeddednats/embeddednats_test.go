@@ -306,3 +306,16 @@ func TestShutdownTwice(t *testing.T) {
 		t.Fatal("Connect succeeded after Shutdown")
 	}
 }
+
+func TestSyncAlways(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := Start(ctx, WithStoreDir(t.TempDir()), WithoutListener(), WithSyncAlways())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(ctx)
+	if !srv.NATSServer().JetStreamConfig().SyncAlways {
+		t.Fatal("JetStream does not sync every write")
+	}
+}

@@ -77,6 +77,9 @@ type Server struct {
 	Store string
 	// MaxPayload is the embedded server's largest message, in bytes.
 	MaxPayload int32
+	// SyncAlways makes the embedded server fsync every write before
+	// acknowledging it (survives power loss; slower).
+	SyncAlways bool
 	// Prefix is the subject prefix of the deployment.
 	Prefix string
 	// Metrics is the HOST:PORT that serves /metrics; empty serves none.

@@ -64,6 +64,7 @@ func serverFields(p *parser, s *Server) []field {
 		{"listen", p.str(&s.Listen, CheckListen)},
 		{"store", p.str(&s.Store, nonEmpty("a directory such as ./reprise-data"))},
 		{"max_payload", intInto(p, &s.MaxPayload, MinMaxPayload, MaxMaxPayload, "")},
+		{"sync_always", p.boolean(&s.SyncAlways)},
 		{"prefix", p.str(&s.Prefix, CheckPrefix)},
 		{"metrics", p.str(&s.Metrics, checkMetrics)},
 	}
@@ -114,7 +115,7 @@ const (
 // embeddedOnly are the server keys that configure the embedded server, and
 // externalOnly those that configure the connection to an external one.
 var (
-	embeddedOnly = []string{"listen", "store", "max_payload"}
+	embeddedOnly = []string{"listen", "store", "max_payload", "sync_always"}
 	externalOnly = []string{"creds", "tls_ca", "tls_cert", "tls_key"}
 )
 

@@ -111,6 +111,7 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	})
 	fs.Func("prefix", "subject `prefix` of the deployment; clients must use the same (default "+broker.DefaultPrefix+")", checked(&s.Prefix, config.CheckPrefix))
 	fs.Func("metrics", "`HOST:PORT` to serve Prometheus metrics on, at /metrics (default: no metrics)", checked(&s.Metrics, config.CheckMetrics))
+	fs.BoolVar(&s.SyncAlways, "sync-always", false, "make the embedded server fsync every write before acknowledging it (survives power loss; slower)")
 	var cp config.Checkpoint
 	fs.DurationVar(&cp.Every, "checkpoint-every", def.Checkpoint.Every, "`interval` between checkpoints of the tables; 0 writes them only on request and at shutdown")
 	fs.StringVar(&cp.Dir, "checkpoint-dir", "", "`directory` for checkpoint files (default: the JetStream object store bucket REPRISE_<PREFIX>_CHECKPOINTS)")
@@ -151,6 +152,9 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	if set["max-payload"] {
 		cfg.Server.MaxPayload = s.MaxPayload
 	}
+	if set["sync-always"] {
+		cfg.Server.SyncAlways = s.SyncAlways
+	}
 	override("checkpoint-dir", &cfg.Checkpoint.Dir, cp.Dir)
 	if set["checkpoint-every"] {
 		if cp.Every < 0 {
@@ -159,7 +163,7 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 		cfg.Checkpoint.Every = cp.Every
 	}
 
-	for _, name := range []string{"listen", "store", "max-payload"} {
+	for _, name := range []string{"listen", "store", "max-payload", "sync-always"} {
 		if set[name] && !cfg.Server.Embedded() {
 			return config.Config{}, cli.Usagef("--%s configures the embedded server, but NATS is external (%s): drop --%s", name, cfg.Server.NATS, name)
 		}
@@ -296,13 +300,17 @@ func (d *daemon) connect(ctx context.Context) error {
 			// noise at info level; its warnings are not.
 			srvLog = slog.New(levelFloor{srvLog.Handler(), slog.LevelWarn})
 		}
-		srv, err := embeddednats.Start(ctx,
+		opts := []embeddednats.Option{
 			embeddednats.WithStoreDir(s.Store),
 			embeddednats.WithListen(s.Listen),
 			embeddednats.WithMaxPayload(s.MaxPayload),
 			embeddednats.WithServerName("reprised"),
 			embeddednats.WithLogger(srvLog),
-		)
+		}
+		if s.SyncAlways {
+			opts = append(opts, embeddednats.WithSyncAlways())
+		}
+		srv, err := embeddednats.Start(ctx, opts...)
 		if err != nil {
 			return fmt.Errorf("starting the embedded NATS server on %s (store %s): %w (is another reprised or NATS server using the port? pick another with --listen)", s.Listen, s.Store, err)
 		}
