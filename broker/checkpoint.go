@@ -57,6 +57,7 @@ type RecoveryResult struct {
 type captured struct {
 	applied   uint64
 	created   time.Time
+	lastSweep time.Time
 	tables    []tables.TableSnapshot
 	chunks    []*tables.Chunk
 	producers []*wire.ProducerCheckpoint
@@ -69,28 +70,31 @@ type captured struct {
 // holds) so that it is served promptly.
 type interrupter struct {
 	mu     sync.Mutex
+	ctx    context.Context
 	cancel context.CancelFunc
 	reqs   []chan *captured
 }
 
-// arm returns the context for the apply loop's next wait, and disarm,
-// which ends it and reports whether a capture request interrupted it.
-func (in *interrupter) arm(ctx context.Context) (ictx context.Context, disarm func() (interrupted bool)) {
-	ictx, cancel := context.WithCancel(ctx)
+// context returns the context for the apply loop's waits: parent, cancelled
+// by the next capture request. It is made anew only after a request
+// cancelled the previous one, so waits that are not interrupted cost no
+// allocation.
+func (in *interrupter) context(parent context.Context) context.Context {
 	in.mu.Lock()
-	in.cancel = cancel
-	if len(in.reqs) > 0 {
-		cancel()
+	defer in.mu.Unlock()
+	if in.ctx == nil || in.ctx.Err() != nil {
+		in.ctx, in.cancel = context.WithCancel(parent)
+		if len(in.reqs) > 0 {
+			in.cancel()
+		}
 	}
-	in.mu.Unlock()
-	return ictx, func() bool {
-		in.mu.Lock()
-		in.cancel = nil
-		in.mu.Unlock()
-		interrupted := ictx.Err() != nil && ctx.Err() == nil
-		cancel()
-		return interrupted
-	}
+	return in.ctx
+}
+
+// interrupted reports whether a wait on ictx ended for a capture request
+// rather than for the end of parent.
+func interrupted(parent, ictx context.Context) bool {
+	return ictx.Err() != nil && parent.Err() == nil
 }
 
 func (in *interrupter) request() <-chan *captured {
@@ -125,13 +129,14 @@ func (s *Service) serveCaptures() {
 }
 
 // capture copies the service's state; apply goroutine only (or after the
-// apply loop stopped). Every message up to the applied sequence is in it; a
-// message whose insert the rate limiter was holding is not, and is applied
-// again on recovery, which is harmless: items already present keep their
-// state, chunks already held are not held twice.
+// apply loop stopped). Every message up to the applied sequence is in it,
+// and so is every message not fully applied yet (the one whose insert a rate
+// limiter holds, with how many of its items are in, and those held back by
+// a gap in their producer's sequence): recovery applies their rest, and
+// skips their stream copies as duplicates.
 func (s *Service) capture() *captured {
 	start := time.Now()
-	c := &captured{applied: s.progress.get(), created: start}
+	c := &captured{applied: s.progress.get(), created: start, lastSweep: s.lastSweep}
 	seen := make(map[uint64]struct{})
 	for _, name := range s.names {
 		snap := s.tables[name].Snapshot()
@@ -162,7 +167,7 @@ func (s *Service) capture() *captured {
 		}
 		slices.SortFunc(held, func(a, b *insertBatch) int { return cmp.Compare(a.sequence, b.sequence) })
 		for _, b := range held {
-			pc.Held = append(pc.Held, &wire.HeldMessage{Data: b.raw, StoredAtUnixNano: b.storedAt.UnixNano()})
+			pc.Held = append(pc.Held, &wire.HeldMessage{Data: b.raw, StoredAtUnixNano: b.storedAt.UnixNano(), ItemsApplied: int32(b.done)})
 		}
 		c.producers = append(c.producers, pc)
 	}
@@ -186,6 +191,9 @@ func (c *captured) encode() ([]byte, error) {
 		CreatedUnixNano: c.created.UnixNano(),
 		Producers:       c.producers,
 		Chunks:          make([][]byte, len(c.chunks)),
+	}
+	if !c.lastSweep.IsZero() {
+		msg.LastSweepUnixNano = c.lastSweep.UnixNano()
 	}
 	for i, ch := range c.chunks {
 		msg.Chunks[i] = ch.Data
@@ -444,6 +452,7 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 		s.log.Info("reprise service: table not in the checkpoint starts empty", "table", name)
 	}
 	producers := make(map[string]*producerState, len(cp.Producers))
+	stalled := make(map[string]*producerState)
 	for _, pc := range cp.Producers {
 		ps := &producerState{lastSeq: pc.LastSequence, lastSeen: time.Unix(0, pc.LastSeenUnixNano), end: pc.End, chunks: make(map[uint64]struct{}, len(pc.ChunkKeys))}
 		if err := store.Retain(pc.ChunkKeys...); err != nil {
@@ -458,17 +467,27 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 				return fail(fmt.Errorf("producer %s held message: %w", pc.Id, err))
 			}
 			b.raw, b.storedAt = h.Data, time.Unix(0, h.StoredAtUnixNano)
+			if h.ItemsApplied < 0 || int(h.ItemsApplied) > len(b.items) {
+				return fail(fmt.Errorf("producer %s message %d: %d items applied of %d", pc.Id, b.sequence, h.ItemsApplied, len(b.items)))
+			}
+			b.done = int(h.ItemsApplied)
 			if ps.waiting == nil {
 				ps.waiting = make(map[uint64]*insertBatch)
 			}
 			ps.waiting[b.sequence] = b
 		}
 		producers[pc.Id] = ps
+		if len(ps.waiting) > 0 {
+			stalled[pc.Id] = ps
+		}
 	}
 	for _, t := range s.tables {
 		t.Close()
 	}
-	s.store, s.tables, s.producers = store, restored, producers
+	s.store, s.tables, s.producers, s.stalled = store, restored, producers, stalled
+	if cp.LastSweepUnixNano != 0 {
+		s.lastSweep = time.Unix(0, cp.LastSweepUnixNano)
+	}
 	s.progress.set(cp.AppliedSequence)
 	return nil
 }

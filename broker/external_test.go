@@ -25,6 +25,7 @@ func TestExternalServer(t *testing.T) {
 	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 1000), uniformTable("uniform", 1000)}, deployOptions{url: srv.URL()})
 	ctx := testContext(t)
 	p := d.producer(WithRetryFor(time.Minute))
+	c := d.client() // before the kill: connecting during it would fail
 	const total = 400
 	killed := make(chan struct{})
 	var wg sync.WaitGroup
@@ -55,7 +56,6 @@ func TestExternalServer(t *testing.T) {
 			t.Errorf("flush: %v", err)
 		}
 	}()
-	c := d.client()
 	// A sample whose reply is cut off by the kill would lose its items (as
 	// in Reverb), so the learner drains once the server is back.
 	<-killed

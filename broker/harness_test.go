@@ -79,7 +79,7 @@ func deploy(t testing.TB, cfgs []tables.Config, o deployOptions) *deployment {
 	}
 	d := &deployment{t: t, url: url, prefix: "test"}
 	d.connect = func() *nats.Conn {
-		nc, err := nats.Connect(url, nats.MaxReconnects(-1))
+		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.ReconnectWait(50*time.Millisecond))
 		if err != nil {
 			t.Fatalf("connecting to %s: %v", url, err)
 		}

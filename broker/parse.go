@@ -26,6 +26,7 @@ type insertBatch struct {
 
 	storedAt time.Time // when the stream stored it
 	raw      []byte    // the message as published, for checkpoints
+	done     int       // items already applied
 }
 
 type rawChunk struct {

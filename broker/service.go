@@ -213,6 +213,7 @@ type Service struct {
 
 	// Owned by the apply loop.
 	producers map[string]*producerState
+	stalled   map[string]*producerState // producers with waiting messages
 	lastSweep time.Time
 
 	sampleSlots chan struct{}
@@ -238,8 +239,10 @@ type producerState struct {
 	lastSeq  uint64 // every message up to here is applied
 	lastSeen time.Time
 	chunks   map[uint64]struct{}
-	waiting  map[uint64]*insertBatch // arrived ahead of a gap
-	end      bool                    // the producer closed
+	// Messages not yet fully applied: the one being applied, and those
+	// that arrived ahead of a gap.
+	waiting map[uint64]*insertBatch
+	end     bool // the producer closed, or its chunks were dropped
 }
 
 // NewService builds the tables from their configs. Run starts serving.
@@ -270,6 +273,7 @@ func NewService(nc *nats.Conn, configs []tables.Config, opts ...ServiceOption) (
 		store:       tables.NewChunkStore(),
 		tables:      make(map[string]*tables.Table, len(configs)),
 		producers:   make(map[string]*producerState),
+		stalled:     make(map[string]*producerState),
 		sampleSlots: make(chan struct{}, o.maxConcurrent),
 		configs:     make(map[string]tables.Config, len(configs)),
 		applyDone:   make(chan struct{}),
@@ -398,11 +402,6 @@ func (s *Service) recoverAtStart(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("broker: recovery: %w", err)
 	}
-	for id, ps := range s.producers {
-		if err := s.applyWaiting(ctx, id, ps, false); err != nil {
-			return err
-		}
-	}
 	if res.Checkpoint == "" && len(res.Skipped) > 0 {
 		s.log.Error("reprise service: no usable checkpoint; replaying the stream from its start (anything trimmed from it is lost)", "skipped", len(res.Skipped))
 	}
@@ -429,16 +428,22 @@ func (s *Service) checkpointPeriodically(ctx context.Context) {
 }
 
 func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext) error {
+	// A message whose items a rate limiter was holding at the checkpoint
+	// goes on from where it stopped, now that learners can sample again.
+	for id, ps := range s.stalled {
+		if err := s.drain(ctx, id, ps, false); err != nil {
+			return err
+		}
+	}
 	for {
 		s.serveCaptures()
-		ictx, disarm := s.intr.arm(ctx)
+		ictx := s.intr.context(ctx)
 		m, err := msgs.Next(jetstream.NextContext(ictx))
-		interrupted := disarm()
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
 				return ctx.Err()
-			case interrupted:
+			case interrupted(ctx, ictx):
 				continue // a capture request: served at the top
 			case errors.Is(err, jetstream.ErrMsgIteratorClosed):
 				return err
@@ -491,44 +496,35 @@ func (s *Service) applyInsert(ctx context.Context, data []byte, seq uint64, at t
 	s.sweepProducers(at)
 	ps := s.producers[b.producerID]
 	if ps == nil {
-		// A producer's first message starts its sequence: after an idle
-		// drop or a restart the service cannot know what came before.
-		ps = &producerState{chunks: make(map[uint64]struct{}), lastSeq: b.sequence - min(b.sequence, 1)}
+		// Producers number their messages from 1.
+		ps = &producerState{chunks: make(map[uint64]struct{})}
 		s.producers[b.producerID] = ps
 	}
 	ps.lastSeen = at
-	_, waiting := ps.waiting[b.sequence]
-	switch {
-	case b.sequence <= ps.lastSeq || waiting:
+	if _, waiting := ps.waiting[b.sequence]; waiting || b.sequence <= ps.lastSeq {
 		// A resend the stream's dedupe window did not catch.
 		s.stats.duplicates.Add(1)
 		return nil
-	case b.sequence > ps.lastSeq+1:
-		// An earlier message is missing: a publish lost in a reconnect
-		// whose retry is on its way. Hold this one until it arrives.
-		if ps.waiting == nil {
-			ps.waiting = make(map[uint64]*insertBatch)
-		}
-		ps.waiting[b.sequence] = b
-		if len(ps.waiting) > maxWaiting {
-			return s.applyWaiting(ctx, b.producerID, ps, true)
-		}
-		return nil
 	}
-	if err := s.applyBatch(ctx, ps, b); err != nil {
-		return err
+	// Every message goes through the reorder buffer and leaves it only once
+	// all its items are applied, so a checkpoint taken while one of them
+	// waits for a rate limiter holds the message and how far it got.
+	if ps.waiting == nil {
+		ps.waiting = make(map[uint64]*insertBatch)
 	}
-	return s.applyWaiting(ctx, b.producerID, ps, false)
+	ps.waiting[b.sequence] = b
+	s.stalled[b.producerID] = ps
+	return s.drain(ctx, b.producerID, ps, len(ps.waiting) > maxWaiting)
 }
 
 // maxWaiting bounds the messages held per producer while a gap in its
 // sequence stays open.
 const maxWaiting = 1024
 
-// applyWaiting applies held messages that are next in their producer's
-// sequence; with force, it applies them all, giving up on the gap (the
-// producer reported the missing message as failed long ago).
-func (s *Service) applyWaiting(ctx context.Context, id string, ps *producerState, force bool) error {
+// drain applies held messages that are next in their producer's sequence;
+// with force, it applies them all, giving up on the gap (the producer
+// reported the missing message as failed long ago).
+func (s *Service) drain(ctx context.Context, id string, ps *producerState, force bool) error {
 	for len(ps.waiting) > 0 {
 		next, ok := ps.waiting[ps.lastSeq+1]
 		if !ok {
@@ -539,14 +535,18 @@ func (s *Service) applyWaiting(ctx context.Context, id string, ps *producerState
 			for q := range ps.waiting {
 				lowest = min(lowest, q)
 			}
-			s.log.Warn("reprise service: giving up on a gap in a producer's messages", "producer", id, "missing_from", ps.lastSeq+1, "missing_to", lowest-1)
+			s.log.Warn("reprise service: giving up on a gap in a producer's messages; the missing ones are dropped if they arrive later",
+				"producer", id, "missing_from", ps.lastSeq+1, "missing_to", lowest-1)
 			next = ps.waiting[lowest]
+			ps.lastSeq = lowest - 1
 		}
-		delete(ps.waiting, next.sequence)
 		if err := s.applyBatch(ctx, ps, next); err != nil {
 			return err
 		}
+		delete(ps.waiting, next.sequence)
+		ps.lastSeq = next.sequence
 	}
+	delete(s.stalled, id)
 	if ps.end {
 		s.dropProducer(id, ps)
 	}
@@ -556,10 +556,10 @@ func (s *Service) applyWaiting(ctx context.Context, id string, ps *producerState
 // releaseStalled applies messages held for longer than gapTimeout (in
 // stream time, so a replay makes the same decision at the same point).
 func (s *Service) releaseStalled(ctx context.Context, now time.Time) error {
-	for id, ps := range s.producers {
+	for id, ps := range s.stalled {
 		for _, b := range ps.waiting {
 			if now.Sub(b.storedAt) > s.o.gapTimeout {
-				if err := s.applyWaiting(ctx, id, ps, true); err != nil {
+				if err := s.drain(ctx, id, ps, true); err != nil {
 					return err
 				}
 				break
@@ -569,25 +569,26 @@ func (s *Service) releaseStalled(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// applyBatch applies one message of a producer, in its sequence.
+// applyBatch applies one message of a producer from where it stopped: its
+// chunks, its items from b.done on, then its releases. It returns early only
+// when ctx ends while a rate limiter holds an item.
 func (s *Service) applyBatch(ctx context.Context, ps *producerState, b *insertBatch) error {
-	for _, rc := range b.chunks {
-		if rc.err != nil {
-			s.reject(b.producerID, b.sequence, 0, "", wire.Code_CODE_INVALID_ARGUMENT, rc.err.Error())
-			continue
+	if b.done == 0 {
+		for _, rc := range b.chunks {
+			if rc.err != nil {
+				s.reject(b.producerID, b.sequence, 0, "", wire.Code_CODE_INVALID_ARGUMENT, rc.err.Error())
+				continue
+			}
+			if _, dup := ps.chunks[rc.key]; dup {
+				continue
+			}
+			// The reference Put takes is the producer's hold.
+			s.store.Put(rc.chunk)
+			ps.chunks[rc.key] = struct{}{}
 		}
-		if _, dup := ps.chunks[rc.key]; dup {
-			continue
-		}
-		// The reference Put takes is the producer's hold.
-		s.store.Put(rc.chunk)
-		ps.chunks[rc.key] = struct{}{}
 	}
-	for i, item := range b.items {
-		if err := s.insertItem(ctx, b.producerID, b.sequence, b.storedAt, item); err != nil {
-			// Resume here if the service goes on (never, today: only the
-			// end of ctx stops an insert).
-			b.items = b.items[i:]
+	for ; b.done < len(b.items); b.done++ {
+		if err := s.insertItem(ctx, b.producerID, b.sequence, b.storedAt, b.items[b.done]); err != nil {
 			return err
 		}
 	}
@@ -597,7 +598,6 @@ func (s *Service) applyBatch(ctx context.Context, ps *producerState, b *insertBa
 			s.store.Release(key)
 		}
 	}
-	ps.lastSeq = b.sequence
 	ps.end = ps.end || b.end
 	return nil
 }
@@ -622,9 +622,9 @@ func (s *Service) insertItem(ctx context.Context, producer string, seq uint64, s
 	for {
 		// A checkpoint request interrupts a wait for the rate limiter; the
 		// insert is retried once the state is copied.
-		ictx, disarm := s.intr.arm(ctx)
+		ictx := s.intr.context(ctx)
 		err = t.Insert(ictx, item)
-		if interrupted := disarm(); err == nil || !interrupted {
+		if err == nil || !interrupted(ctx, ictx) {
 			break
 		}
 		s.serveCaptures()
@@ -642,24 +642,38 @@ func (s *Service) insertItem(ctx context.Context, producer string, seq uint64, s
 	return nil
 }
 
+// dropProducer releases the chunks a producer holds. Its sequence is kept
+// (until sweepProducers forgets it), so a late copy of one of its messages
+// is still recognised.
 func (s *Service) dropProducer(id string, ps *producerState) {
 	for key := range ps.chunks {
 		s.store.Release(key)
 	}
-	delete(s.producers, id)
+	clear(ps.chunks)
+	ps.end = true
 }
 
-// sweepProducers drops producers idle for longer than producerIdle. Time is
-// the stream's, so a replay after a crash drops the same producers at the
-// same point.
+// sweepProducers drops the chunks of producers idle for longer than
+// producerIdle, and forgets those idle for twice that. It runs at fixed
+// steps of stream time, and the step is in checkpoints, so a replay after
+// a crash makes the same decisions at the same messages.
 func (s *Service) sweepProducers(now time.Time) {
-	if s.o.producerIdle <= 0 || now.Sub(s.lastSweep) < s.o.producerIdle/4 {
+	if s.o.producerIdle <= 0 {
 		return
 	}
-	s.lastSweep = now
+	step := now.Truncate(s.o.producerIdle / 4)
+	if !step.After(s.lastSweep) {
+		return
+	}
+	s.lastSweep = step
 	for id, ps := range s.producers {
-		if now.Sub(ps.lastSeen) > s.o.producerIdle && len(ps.waiting) == 0 {
-			s.log.Info("reprise service: dropping idle producer", "producer", id, "idle", now.Sub(ps.lastSeen), "held_chunks", len(ps.chunks))
+		idle := now.Sub(ps.lastSeen)
+		switch {
+		case len(ps.waiting) > 0:
+		case idle > 2*s.o.producerIdle:
+			delete(s.producers, id)
+		case idle > s.o.producerIdle && len(ps.chunks) > 0:
+			s.log.Info("reprise service: dropping the chunks of an idle producer", "producer", id, "idle", idle, "held_chunks", len(ps.chunks))
 			s.dropProducer(id, ps)
 		}
 	}

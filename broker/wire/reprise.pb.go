@@ -1818,10 +1818,12 @@ type Checkpoint struct {
 	Tables          []*TableCheckpoint     `protobuf:"bytes,4,rep,name=tables,proto3" json:"tables,omitempty"`
 	// Every chunk an item or a producer holds, each an encoded Chunk as
 	// stored.
-	Chunks        [][]byte              `protobuf:"bytes,5,rep,name=chunks,proto3" json:"chunks,omitempty"`
-	Producers     []*ProducerCheckpoint `protobuf:"bytes,6,rep,name=producers,proto3" json:"producers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Chunks    [][]byte              `protobuf:"bytes,5,rep,name=chunks,proto3" json:"chunks,omitempty"`
+	Producers []*ProducerCheckpoint `protobuf:"bytes,6,rep,name=producers,proto3" json:"producers,omitempty"`
+	// The stream time of the service's last producer sweep.
+	LastSweepUnixNano int64 `protobuf:"varint,7,opt,name=last_sweep_unix_nano,json=lastSweepUnixNano,proto3" json:"last_sweep_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Checkpoint) Reset() {
@@ -1894,6 +1896,13 @@ func (x *Checkpoint) GetProducers() []*ProducerCheckpoint {
 		return x.Producers
 	}
 	return nil
+}
+
+func (x *Checkpoint) GetLastSweepUnixNano() int64 {
+	if x != nil {
+		return x.LastSweepUnixNano
+	}
+	return 0
 }
 
 type TableCheckpoint struct {
@@ -2140,8 +2149,10 @@ type HeldMessage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Data             []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
 	StoredAtUnixNano int64                  `protobuf:"varint,2,opt,name=stored_at_unix_nano,json=storedAtUnixNano,proto3" json:"stored_at_unix_nano,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Items of the message already applied (a rate limiter held the next).
+	ItemsApplied  int32 `protobuf:"varint,3,opt,name=items_applied,json=itemsApplied,proto3" json:"items_applied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeldMessage) Reset() {
@@ -2184,6 +2195,13 @@ func (x *HeldMessage) GetData() []byte {
 func (x *HeldMessage) GetStoredAtUnixNano() int64 {
 	if x != nil {
 		return x.StoredAtUnixNano
+	}
+	return 0
+}
+
+func (x *HeldMessage) GetItemsApplied() int32 {
+	if x != nil {
+		return x.ItemsApplied
 	}
 	return 0
 }
@@ -2590,7 +2608,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\x05items\x18\x04 \x01(\x03R\x05items\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x03R\x05bytes\x12\x19\n" +
 	"\bpause_ns\x18\x06 \x01(\x03R\apauseNs\x12\x19\n" +
-	"\bwrite_ns\x18\a \x01(\x03R\awriteNs\"\x88\x02\n" +
+	"\bwrite_ns\x18\a \x01(\x03R\awriteNs\"\xb9\x02\n" +
 	"\n" +
 	"Checkpoint\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12)\n" +
@@ -2598,7 +2616,8 @@ const file_reprise_proto_rawDesc = "" +
 	"\x11created_unix_nano\x18\x03 \x01(\x03R\x0fcreatedUnixNano\x123\n" +
 	"\x06tables\x18\x04 \x03(\v2\x1b.reprise.v1.TableCheckpointR\x06tables\x12\x16\n" +
 	"\x06chunks\x18\x05 \x03(\fR\x06chunks\x12<\n" +
-	"\tproducers\x18\x06 \x03(\v2\x1e.reprise.v1.ProducerCheckpointR\tproducers\"\xac\x01\n" +
+	"\tproducers\x18\x06 \x03(\v2\x1e.reprise.v1.ProducerCheckpointR\tproducers\x12/\n" +
+	"\x14last_sweep_unix_nano\x18\a \x01(\x03R\x11lastSweepUnixNano\"\xac\x01\n" +
 	"\x0fTableCheckpoint\x12\x1f\n" +
 	"\vconfig_json\x18\x01 \x01(\fR\n" +
 	"configJson\x12!\n" +
@@ -2619,10 +2638,11 @@ const file_reprise_proto_rawDesc = "" +
 	"\n" +
 	"chunk_keys\x18\x04 \x03(\x04R\tchunkKeys\x12+\n" +
 	"\x04held\x18\x05 \x03(\v2\x17.reprise.v1.HeldMessageR\x04held\x12\x10\n" +
-	"\x03end\x18\x06 \x01(\bR\x03end\"P\n" +
+	"\x03end\x18\x06 \x01(\bR\x03end\"u\n" +
 	"\vHeldMessage\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12-\n" +
-	"\x13stored_at_unix_nano\x18\x02 \x01(\x03R\x10storedAtUnixNano\"H\n" +
+	"\x13stored_at_unix_nano\x18\x02 \x01(\x03R\x10storedAtUnixNano\x12#\n" +
+	"\ritems_applied\x18\x03 \x01(\x05R\fitemsApplied\"H\n" +
 	"\x0eCheckpointFile\x12\x1e\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\fR\n" +
