@@ -60,6 +60,12 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 // spawn serves a request that may wait (for a rate limiter, for the stream)
 // on its own goroutine, so the endpoint's subscription keeps dispatching.
 func (s *Service) spawn(ctx context.Context, r micro.Request, h func(context.Context, micro.Request)) {
+	s.closingMu.Lock()
+	defer s.closingMu.Unlock()
+	if s.closing {
+		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, "service shutting down")
+		return
+	}
 	select {
 	case s.sampleSlots <- struct{}{}:
 	default:
@@ -119,8 +125,8 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request) {
 		return
 	}
 	wait := s.o.maxSampleWait
-	if req.TimeoutMs >= 0 {
-		wait = min(wait, time.Duration(req.TimeoutMs)*time.Millisecond)
+	if req.TimeoutMs >= 0 && req.TimeoutMs < wait.Milliseconds() {
+		wait = time.Duration(req.TimeoutMs) * time.Millisecond
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()

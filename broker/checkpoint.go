@@ -319,9 +319,21 @@ func (s *Service) write(ctx context.Context, c *captured) (CheckpointResult, err
 // below what the oldest of them needs: if the newest turns out unreadable,
 // recovery falls back to an older one and still finds the stream it needs.
 func (s *Service) trim(ctx context.Context) error {
-	names, err := s.o.checkpoints.List(ctx)
+	all, err := s.o.checkpoints.List(ctx)
 	if err != nil {
 		return err
+	}
+	// Only checkpoints this service wrote or could load count: anything
+	// newer was skipped as unusable.
+	newest := checkpointName(s.lastCheckpoint)
+	var names []string
+	for _, name := range all {
+		if name <= newest {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
 	}
 	if len(names) > s.o.checkpointKeep {
 		for _, name := range names[:len(names)-s.o.checkpointKeep] {
@@ -370,6 +382,13 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 			}
 			s.log.Error("reprise service: skipping unusable checkpoint, trying the previous one", "name", name, "error", err)
 			res.Skipped = append(res.Skipped, fmt.Sprintf("%s: %v", name, err))
+			// A damaged one would be tried first at every start, and would
+			// count among the kept ones when trimming.
+			if errors.Is(err, ErrCorruptCheckpoint) {
+				if err := s.o.checkpoints.Delete(ctx, name); err != nil {
+					s.log.Warn("reprise service: deleting damaged checkpoint", "name", name, "error", err)
+				}
+			}
 			continue
 		}
 		res.Checkpoint, res.Applied, res.Chunks = name, cp.AppliedSequence, s.store.Len()

@@ -197,6 +197,19 @@ func TestCorruptCheckpointFallsBack(t *testing.T) {
 	}
 	waitUntil(t, "the tail is replayed", func() bool { return svc.Applied() >= d.svc.Applied() })
 	sameState(t, "uniform", stateOf(t, svc, "uniform"), want)
+
+	// The damaged checkpoint is gone, and the next ones are kept.
+	next, err := svc.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := cs.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(names, []string{older.Name, next.Name}) {
+		t.Fatalf("checkpoints %v, want [%s %s]", names, older.Name, next.Name)
+	}
 }
 
 // TestTrimmingBoundsStream: with a checkpoint after every batch of inserts,

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -41,6 +42,7 @@ type Client struct {
 	sub   *nats.Subscription
 
 	mu      sync.Mutex
+	closed  bool
 	pending map[string]*call
 	nextID  atomic.Uint64
 }
@@ -84,6 +86,7 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) (*Client, error) {
 func (c *Client) Close() error {
 	err := c.sub.Unsubscribe()
 	c.mu.Lock()
+	c.closed = true
 	for id, cl := range c.pending {
 		cl.err = ErrClosed
 		close(cl.done)
@@ -138,6 +141,10 @@ func (c *Client) request(ctx context.Context, subject string, req proto.Message)
 	id := strconv.FormatUint(c.nextID.Add(1), 36)
 	cl := &call{subject: subject, done: make(chan struct{})}
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
 	c.pending[id] = cl
 	c.mu.Unlock()
 	if err := c.nc.PublishRequest(subject, c.inbox+"."+id, data); err != nil {
@@ -439,6 +446,7 @@ func (c *Client) NewSampler(table string, size int, opts ...SamplerOption) *Samp
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
+			backoff := time.Duration(0)
 			for ctx.Err() == nil {
 				rctx, rcancel := ctx, context.CancelFunc(func() {})
 				if o.timeout > 0 {
@@ -453,6 +461,18 @@ func (c *Client) NewSampler(table string, size int, opts ...SamplerOption) *Samp
 				case s.results <- samplerResult{samples, err}:
 				case <-ctx.Done():
 					return
+				}
+				// A service that answers at once with an error (unknown
+				// table, shutting down) is not asked again in a tight loop.
+				if err != nil && !errors.Is(err, ErrRateLimited) {
+					backoff = min(max(2*backoff, 10*time.Millisecond), time.Second)
+					select {
+					case <-time.After(backoff):
+					case <-ctx.Done():
+						return
+					}
+				} else {
+					backoff = 0
 				}
 			}
 		}()

@@ -51,24 +51,13 @@ func (f *flow) waitChanLocked() <-chan struct{} {
 
 func (f *flow) unappliedLocked() int { return f.unackedItems + f.ackedItems }
 
-// acquire waits for room to publish one message of n items. A message larger
-// than the whole window still goes once the window is empty.
-func (f *flow) acquire(ctx context.Context, n int) error {
-	for {
-		ok, ch := f.tryAcquire(n)
-		if ok {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			f.mu.Lock()
-			u, inFlight := f.unappliedLocked(), f.inFlight
-			f.mu.Unlock()
-			return fmt.Errorf("%w: %d items published but not applied, %d messages awaiting JetStream (is the table service running? is a table's rate limiter holding inserts?): %w",
-				ErrNotApplied, u, inFlight, ctx.Err())
-		}
-	}
+// notApplied explains a wait for room in the window that ended with cause.
+func (f *flow) notApplied(cause error) error {
+	f.mu.Lock()
+	u, inFlight := f.unappliedLocked(), f.inFlight
+	f.mu.Unlock()
+	return fmt.Errorf("%w: %d items published but not applied, %d messages awaiting JetStream (is the table service running? is a table's rate limiter holding inserts?): %w",
+		ErrNotApplied, u, inFlight, cause)
 }
 
 // tryAcquire takes a place for a message of n items if there is room, or
@@ -126,6 +115,13 @@ func (f *flow) setApplied(seq uint64) {
 		}
 	}
 	f.acked = kept
+	f.notifyLocked()
+}
+
+// wake wakes everyone waiting for the window to change.
+func (f *flow) wake() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.notifyLocked()
 }
 

@@ -65,7 +65,7 @@ func defaultProducerOptions() producerOptions {
 
 func positive(name string, v int) error {
 	if v < 1 {
-		return fmt.Errorf("broker: %s must be >= 1, got %d", name, v)
+		return fmt.Errorf("%w: %s must be >= 1, got %d", ErrInvalidOption, name, v)
 	}
 	return nil
 }
@@ -86,7 +86,7 @@ func WithCompression(c wire.Codec) ProducerOption {
 			o.compression = c
 			return nil
 		}
-		return fmt.Errorf("broker: unknown compression %v", c)
+		return fmt.Errorf("%w: unknown compression %v", ErrInvalidOption, c)
 	})
 }
 
@@ -130,7 +130,7 @@ func WithBatch(items, bytes int) ProducerOption {
 func WithLinger(d time.Duration) ProducerOption {
 	return producerOption(func(o *producerOptions) error {
 		if d < 0 {
-			return fmt.Errorf("broker: linger must be >= 0, got %v", d)
+			return fmt.Errorf("%w: linger must be >= 0, got %v", ErrInvalidOption, d)
 		}
 		o.linger = d
 		return nil
@@ -141,7 +141,13 @@ func WithLinger(d time.Duration) ProducerOption {
 // lost connection, missing ack) is retried before its error is reported
 // (default 1 minute; keep it below the stream's dedupe window).
 func WithRetryFor(d time.Duration) ProducerOption {
-	return producerOption(func(o *producerOptions) error { o.retryFor = d; return nil })
+	return producerOption(func(o *producerOptions) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: retry time must be > 0, got %v", ErrInvalidOption, d)
+		}
+		o.retryFor = d
+		return nil
+	})
 }
 
 // WithStreamOptions sets the limits used if this producer is the first to
@@ -170,7 +176,8 @@ type Producer struct {
 	notesDone  chan struct{}
 
 	mu      sync.Mutex
-	closed  bool
+	closing bool // Close has started: no new steps or items
+	closed  bool // Close has sent everything
 	episode uint64
 	step    int64 // steps appended in this episode
 	cols    map[string]*column
@@ -206,6 +213,9 @@ type sealedChunk struct {
 }
 
 type pendingItem struct {
+	// adding is set while the item is being added to the batch, which may
+	// wait for room without the lock: other callers stop at it.
+	adding   bool
 	table    string
 	priority float64
 	key      uint64
@@ -226,10 +236,11 @@ type batch struct {
 }
 
 type inFlight struct {
-	msg   *nats.Msg
-	fut   jetstream.PubAckFuture
-	items int
-	seq   uint64 // producer sequence
+	msg       *nats.Msg
+	fut       jetstream.PubAckFuture
+	items     int
+	seq       uint64    // producer sequence
+	published time.Time // first attempt; retries stop retryFor after it
 }
 
 // NewProducer connects a producer to a deployment through nc. It creates the
@@ -346,7 +357,7 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.closing {
 		return ErrClosed
 	}
 	for name, t := range step {
@@ -438,7 +449,7 @@ func (p *Producer) CreateItem(ctx context.Context, table string, priority float6
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.closing {
 		return ErrClosed
 	}
 	it := &pendingItem{table: table, priority: priority, key: rand.Uint64(), refs: make([]resolvedRef, len(traj))}
@@ -491,22 +502,22 @@ func (c *column) sealed(to int64) bool {
 
 // advanceLocked moves ready items (in creation order) into the batch and
 // publishes when the batch is full, or everything when force is set. An item
-// that cannot be sent for lack of room in the window stays queued.
+// that cannot be sent for lack of room in the window stays queued. It may
+// release p.mu while it waits for room (see publishLocked).
 func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
 	var errs []error
 	for len(p.pending) > 0 {
 		it := p.pending[0]
-		ready := true
-		for _, r := range it.refs {
-			ready = ready && r.col.sealed(r.to)
-		}
-		if !ready {
+		if it.adding || !it.ready() {
 			break
 		}
+		it.adding = true
 		err := p.addToBatchLocked(ctx, it)
-		if errors.Is(err, ErrNotApplied) {
-			return err
+		it.adding = false
+		if errors.Is(err, ErrNotApplied) || errors.Is(err, ErrClosed) {
+			return errors.Join(append(errs, err)...)
 		}
+		// Other callers stopped at it, so it is still first.
 		p.pending = p.pending[1:]
 		if err != nil {
 			errs = append(errs, err)
@@ -524,6 +535,16 @@ func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
 	return errors.Join(errs...)
 }
 
+// ready reports whether every step the item needs is in a sealed chunk.
+func (it *pendingItem) ready() bool {
+	for _, r := range it.refs {
+		if !r.col.sealed(r.to) {
+			return false
+		}
+	}
+	return true
+}
+
 // onLinger publishes a batch that waited long enough. It waits for room in
 // the window without holding the producer's lock, so callers that honour
 // their own contexts are never stuck behind it.
@@ -531,7 +552,7 @@ func (p *Producer) onLinger() {
 	for {
 		p.mu.Lock()
 		p.linger = nil
-		if p.closed || len(p.batch.items) == 0 {
+		if p.closing || len(p.batch.items) == 0 {
 			p.mu.Unlock()
 			return
 		}
@@ -554,6 +575,38 @@ func (p *Producer) onLinger() {
 // yet. A message never exceeds the server's max payload: a batch that would
 // is published first.
 func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error {
+	for {
+		item, fresh := it.build()
+		size := proto.Size(item) + 16
+		for _, ch := range fresh {
+			size += proto.Size(ch.chunk) + 8
+		}
+		// Leave room for the message's own fields and its release list.
+		limit := p.maxPayload - 1024 - 10*len(p.release)
+		if size > limit {
+			return fmt.Errorf("%w: item for table %q needs %d bytes, over the server's max payload of %d: use shorter chunks or raise max_payload",
+				ErrInvalidMessage, it.table, size, p.maxPayload)
+		}
+		if len(p.batch.items) > 0 && p.batch.bytes+size > limit {
+			// Publishing may release the lock; build the item again after.
+			if err := p.publishLocked(ctx, false); err != nil {
+				return err
+			}
+			continue
+		}
+		for _, ch := range fresh {
+			p.batch.chunks = append(p.batch.chunks, ch.chunk)
+			ch.sent, ch.chunk = true, nil
+		}
+		p.batch.items = append(p.batch.items, item)
+		p.batch.bytes += size
+		return nil
+	}
+}
+
+// build makes the wire item, and lists the chunks it needs that were not
+// sent yet.
+func (it *pendingItem) build() (*wire.Item, []*sealedChunk) {
 	item := &wire.Item{Key: it.key, Table: it.table, Priority: it.priority, Columns: make([]*wire.TrajectoryColumn, len(it.refs))}
 	var fresh []*sealedChunk
 	for i, r := range it.refs {
@@ -570,38 +623,36 @@ func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error 
 		}
 		item.Columns[i] = tc
 	}
-	size := proto.Size(item) + 16
-	for _, ch := range fresh {
-		size += proto.Size(ch.chunk) + 8
-	}
-	// Leave room for the message's own fields and its release list.
-	limit := p.maxPayload - 1024 - 10*len(p.release)
-	if size > limit {
-		return fmt.Errorf("%w: item for table %q needs %d bytes, over the server's max payload of %d: use shorter chunks or raise max_payload",
-			ErrInvalidMessage, it.table, size, p.maxPayload)
-	}
-	if p.batch.bytes+size > limit && len(p.batch.items) > 0 {
-		if err := p.publishLocked(ctx, false); err != nil {
-			return err
-		}
-	}
-	for _, ch := range fresh {
-		p.batch.chunks = append(p.batch.chunks, ch.chunk)
-		ch.sent, ch.chunk = true, nil
-	}
-	p.batch.items = append(p.batch.items, item)
-	p.batch.bytes += size
-	return nil
+	return item, fresh
 }
 
 // publishLocked waits for room in the window, then sends the batch and the
-// release list as one message. If the wait fails the batch stays as it is.
+// release list as one message. It waits without holding p.mu, so that other
+// callers, and Close, are not stuck behind a caller whose context allows a
+// long wait; it sends the batch as it is once there is room (another caller
+// may have sent it meanwhile). If the wait fails the batch stays.
 func (p *Producer) publishLocked(ctx context.Context, end bool) error {
-	if err := p.flow.acquire(ctx, len(p.batch.items)); err != nil {
-		return err
+	for {
+		if p.closed {
+			return ErrClosed
+		}
+		if !end && len(p.batch.items) == 0 && len(p.release) == 0 {
+			return nil
+		}
+		ok, changed := p.flow.tryAcquire(len(p.batch.items))
+		if ok {
+			p.sendBatchLocked(end)
+			return nil
+		}
+		p.mu.Unlock()
+		select {
+		case <-changed:
+			p.mu.Lock()
+		case <-ctx.Done():
+			p.mu.Lock()
+			return p.flow.notApplied(ctx.Err())
+		}
 	}
-	p.sendBatchLocked(end)
-	return nil
 }
 
 // sendBatchLocked sends the batch; the caller holds a place in the window.
@@ -627,7 +678,7 @@ func (p *Producer) sendBatchLocked(end bool) {
 	m := nats.NewMsg(p.subj.insert())
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, p.id+"-"+strconv.FormatUint(p.seq, 10))
-	rec := &inFlight{msg: m, items: n, seq: p.seq}
+	rec := &inFlight{msg: m, items: n, seq: p.seq, published: time.Now()}
 	// A failed first attempt is left to the ack loop, which retries in
 	// publish order.
 	rec.fut, _ = p.js.PublishMsgAsync(m)
@@ -645,7 +696,7 @@ func (p *Producer) ackLoop() {
 }
 
 func (p *Producer) await(rec *inFlight) {
-	deadline := time.Now().Add(p.o.retryFor)
+	deadline := rec.published.Add(p.o.retryFor)
 	backoff := 50 * time.Millisecond
 	var lastErr error
 	for {
@@ -655,6 +706,9 @@ func (p *Producer) await(rec *inFlight) {
 				p.flow.ack(ack.Sequence, rec.items)
 				return
 			case lastErr = <-rec.fut.Err():
+			case <-p.abort:
+				p.flow.fail(rec.items, fmt.Errorf("broker: message %d (%d items) not acknowledged before the producer closed", rec.seq, rec.items))
+				return
 			}
 		}
 		if !retryablePublishError(lastErr) || time.Now().After(deadline) {
@@ -695,7 +749,7 @@ func retryablePublishError(err error) bool {
 // returns the errors seen since the last call.
 func (p *Producer) Flush(ctx context.Context) error {
 	p.mu.Lock()
-	if p.closed {
+	if p.closing {
 		p.mu.Unlock()
 		return ErrClosed
 	}
@@ -741,7 +795,7 @@ func (p *Producer) WaitApplied(ctx context.Context) error {
 func (p *Producer) EndEpisode(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.closing {
 		return ErrClosed
 	}
 	if err := p.flushLocked(ctx); err != nil {
@@ -769,10 +823,11 @@ func (p *Producer) endEpisodeLocked() {
 // first, messages still being retried are reported lost.
 func (p *Producer) Close(ctx context.Context) error {
 	p.mu.Lock()
-	if p.closed {
+	if p.closing {
 		p.mu.Unlock()
 		return ErrClosed
 	}
+	p.closing = true
 	var errs []error
 	errs = append(errs, p.flushLocked(ctx))
 	if len(p.pending) == 0 && len(p.batch.items) == 0 {
@@ -780,6 +835,8 @@ func (p *Producer) Close(ctx context.Context) error {
 		errs = append(errs, p.publishLocked(ctx, true))
 	}
 	p.closed = true
+	// Callers waiting for room in the window see closed and give up.
+	p.flow.wake()
 	if p.linger != nil {
 		p.linger.Stop()
 		p.linger = nil

@@ -101,7 +101,7 @@ func WithServiceStream(s StreamOptions) ServiceOption {
 func WithMaxSampleWait(d time.Duration) ServiceOption {
 	return serviceOption(func(o *serviceOptions) error {
 		if d <= 0 {
-			return fmt.Errorf("broker: max sample wait must be > 0, got %v", d)
+			return fmt.Errorf("%w: max sample wait must be > 0, got %v", ErrInvalidOption, d)
 		}
 		o.maxSampleWait = d
 		return nil
@@ -122,9 +122,15 @@ func WithPullBytes(n int) ServiceOption {
 
 // WithProducerIdle sets after how long without a message (in stream time) a
 // producer's held chunks are dropped (default 30 minutes): a producer that
-// died without closing must not pin memory forever.
+// died without closing must not pin memory forever. 0 never drops them.
 func WithProducerIdle(d time.Duration) ServiceOption {
-	return serviceOption(func(o *serviceOptions) error { o.producerIdle = d; return nil })
+	return serviceOption(func(o *serviceOptions) error {
+		if d < 0 {
+			return fmt.Errorf("%w: producer idle time must be >= 0 (0: never drop), got %v", ErrInvalidOption, d)
+		}
+		o.producerIdle = d
+		return nil
+	})
 }
 
 // WithGapTimeout sets how long (in stream time) the service holds a
@@ -132,7 +138,13 @@ func WithProducerIdle(d time.Duration) ServiceOption {
 // on the missing one (default 2 minutes; keep it above the producers'
 // WithRetryFor).
 func WithGapTimeout(d time.Duration) ServiceOption {
-	return serviceOption(func(o *serviceOptions) error { o.gapTimeout = d; return nil })
+	return serviceOption(func(o *serviceOptions) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: gap timeout must be > 0, got %v", ErrInvalidOption, d)
+		}
+		o.gapTimeout = d
+		return nil
+	})
 }
 
 // WithStartSequence makes the service consume the stream from seq on (for
@@ -161,7 +173,7 @@ func WithObjectStoreCheckpoints() ServiceOption {
 func WithCheckpointEvery(d time.Duration) ServiceOption {
 	return serviceOption(func(o *serviceOptions) error {
 		if d < 0 {
-			return fmt.Errorf("broker: checkpoint interval must be >= 0, got %v", d)
+			return fmt.Errorf("%w: checkpoint interval must be >= 0, got %v", ErrInvalidOption, d)
 		}
 		o.checkpointEvery = d
 		return nil
@@ -221,8 +233,12 @@ type Service struct {
 	rejectLog   rateLimitedLog
 
 	intr           interrupter
+	running        atomic.Bool
 	applyDone      chan struct{} // closed when the apply loop has stopped
-	cpMu           sync.Mutex    // one checkpoint write at a time
+	stopApply      func()        // closes applyDone, once
+	closingMu      sync.Mutex    // with closing, keeps spawn from starting handlers once Run waits for them
+	closing        bool
+	cpMu           sync.Mutex // one checkpoint write at a time
 	lastCheckpoint uint64
 }
 
@@ -278,6 +294,7 @@ func NewService(nc *nats.Conn, configs []tables.Config, opts ...ServiceOption) (
 		configs:     make(map[string]tables.Config, len(configs)),
 		applyDone:   make(chan struct{}),
 	}
+	s.stopApply = sync.OnceFunc(func() { close(s.applyDone) })
 	s.progress.seq = o.startSequence - min(o.startSequence, 1)
 	for _, cfg := range configs {
 		if _, dup := s.tables[cfg.Name]; dup {
@@ -314,33 +331,33 @@ func (s *Service) Rejected() int64 { return s.stats.rejected.Load() }
 // in progress finish (their waits end with ctx), and returns. It returns
 // nil after a shutdown through ctx.
 func (s *Service) Run(ctx context.Context) error {
+	if s.running.Swap(true) {
+		return fmt.Errorf("%w: Run called twice", ErrInvalidOption)
+	}
+	defer s.stopApply()
 	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream, true)
 	if err != nil {
-		close(s.applyDone)
 		return err
 	}
 	s.stream = stream
 	if err := s.recoverAtStart(ctx); err != nil {
-		close(s.applyDone)
 		return err
 	}
 	start := s.progress.get() + 1
+	s.checkStreamCovers(ctx, start)
 	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.subj.data()}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start}
 	cons, err := stream.OrderedConsumer(ctx, cc)
 	if err != nil {
-		close(s.applyDone)
 		return fmt.Errorf("broker: consumer on %s: %w", s.subj.stream(), err)
 	}
 	msgs, err := cons.Messages(jetstream.PullMaxBytes(s.o.pullBytes))
 	if err != nil {
-		close(s.applyDone)
 		return fmt.Errorf("broker: consuming %s: %w", s.subj.stream(), err)
 	}
 	defer msgs.Stop()
 
 	svc, err := s.startMicro(ctx)
 	if err != nil {
-		close(s.applyDone)
 		return err
 	}
 
@@ -360,11 +377,15 @@ func (s *Service) Run(ctx context.Context) error {
 	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.stream(), "start_sequence", start)
 
 	err = s.applyLoop(ctx, msgs)
-	close(s.applyDone)
+	s.stopApply()
 
 	// Stop taking requests, then wait for the ones being served: their
 	// limiter waits end with ctx.
 	stopErr := svc.Stop()
+	// The endpoints drain asynchronously: a request may still reach spawn.
+	s.closingMu.Lock()
+	s.closing = true
+	s.closingMu.Unlock()
 	s.handlers.Wait()
 	bg.Wait()
 	var cpErr error
@@ -410,6 +431,26 @@ func (s *Service) recoverAtStart(ctx context.Context) error {
 		s.o.recovered(res)
 	}
 	return nil
+}
+
+// checkStreamCovers reports, loudly, messages recovery needs that the
+// stream no longer has: discarded by its limits, purged, or lost with a
+// stream that was recreated.
+func (s *Service) checkStreamCovers(ctx context.Context, start uint64) {
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		s.log.Warn("reprise service: reading the stream's state", "error", err)
+		return
+	}
+	st := info.State
+	switch {
+	case st.LastSeq+1 < start:
+		s.log.Error("reprise service: the stream ends before the checkpoint: it was recreated or lost; what was published after the checkpoint is gone",
+			"stream_last", st.LastSeq, "checkpoint_applied", start-1)
+	case st.Msgs > 0 && st.FirstSeq > start:
+		s.log.Error("reprise service: the stream no longer holds messages recovery needs (stream limits, or a purge); they are lost",
+			"missing_from", start, "missing_to", st.FirstSeq-1)
+	}
 }
 
 func (s *Service) checkpointPeriodically(ctx context.Context) {

@@ -30,6 +30,7 @@ const DefaultPrefix = "reprise"
 // with errors.Is.
 var (
 	ErrInvalidPrefix  = errors.New("broker: invalid subject prefix")
+	ErrInvalidOption  = errors.New("broker: invalid option")
 	ErrUnknownTable   = errors.New("broker: unknown table")
 	ErrRateLimited    = errors.New("broker: rate limited")
 	ErrRejected       = errors.New("broker: rejected by the table service")
