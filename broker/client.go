@@ -513,11 +513,23 @@ func (c *Client) Checkpoint(ctx context.Context) (*wire.CheckpointResponse, erro
 	return &resp, nil
 }
 
-// Items returns the metadata of the items of table with the given keys
-// (skipping keys it does not hold), or, with no keys, up to limit items in
-// insertion order after offset.
-func (c *Client) Items(ctx context.Context, table string, offset int64, limit int32, keys ...uint64) (*wire.ItemsResponse, error) {
-	data, err := c.request(ctx, c.subj.items(), &wire.ItemsRequest{Table: table, Keys: keys, Offset: offset, Limit: limit})
+// Items returns the metadata of up to limit items of table, in insertion
+// order, after the first offset.
+func (c *Client) Items(ctx context.Context, table string, offset int64, limit int32) (*wire.ItemsResponse, error) {
+	return c.items(ctx, &wire.ItemsRequest{Table: table, Offset: offset, Limit: limit})
+}
+
+// Get returns the metadata of the items of table with the given keys, in
+// the order asked, skipping keys the table does not hold.
+func (c *Client) Get(ctx context.Context, table string, keys ...uint64) (*wire.ItemsResponse, error) {
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("%w: Get needs at least one key", ErrInvalidMessage)
+	}
+	return c.items(ctx, &wire.ItemsRequest{Table: table, Keys: keys})
+}
+
+func (c *Client) items(ctx context.Context, req *wire.ItemsRequest) (*wire.ItemsResponse, error) {
+	data, err := c.request(ctx, c.subj.items(), req)
 	if err != nil {
 		return nil, err
 	}

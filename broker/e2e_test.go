@@ -752,7 +752,7 @@ func TestItems(t *testing.T) {
 			t.Fatalf("item %d has priority %v, want %d (insertion order)", 20+i, it.Priority, (20+i)%10)
 		}
 	}
-	byKey, err := c.Items(ctx, "t", 0, 0, page.Items[3].Key, 999, page.Items[1].Key)
+	byKey, err := c.Get(ctx, "t", page.Items[3].Key, 999, page.Items[1].Key)
 	if err != nil {
 		t.Fatal(err)
 	}

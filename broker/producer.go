@@ -775,10 +775,12 @@ func (p *Producer) flushLocked(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// WaitApplied waits until the table service has applied everything this
+// WaitApplied waits until the table service has processed everything this
 // producer published and JetStream stored: after it returns, the items are
-// in their tables (or were rejected, which the call reports). Under a rate
-// limiter that holds inserts it waits until ctx ends.
+// in their tables, or were rejected (which the call reports), or wait in the
+// service behind an earlier message of this producer that the stream
+// stored late (a resend after a reconnect). Under a rate limiter that holds
+// inserts it waits until ctx ends.
 func (p *Producer) WaitApplied(ctx context.Context) error {
 	if err := p.Flush(ctx); err != nil {
 		return err

@@ -315,7 +315,9 @@ func NewService(nc *nats.Conn, configs []tables.Config, opts ...ServiceOption) (
 // TableNames lists the service's tables, sorted.
 func (s *Service) TableNames() []string { return slices.Clone(s.names) }
 
-// Table returns the named table, for in-process inspection.
+// Table returns the named table, for in-process inspection once Run has
+// recovered. Changes made to it directly bypass the stream: they are not
+// durable and not replayed after a crash.
 func (s *Service) Table(name string) (*tables.Table, bool) {
 	t, ok := s.tables[name]
 	return t, ok
