@@ -81,7 +81,7 @@ func defaultServiceOptions() serviceOptions {
 		maxSampleWait:   time.Minute,
 		maxConcurrent:   1024,
 		maxBatch:        1 << 16,
-		pullBytes:       64 << 20,
+		pullBytes:       16 << 20,
 		producerIdle:    30 * time.Minute,
 		gapTimeout:      2 * time.Minute,
 		checkpointKeep:  2,
@@ -115,7 +115,9 @@ func WithMaxConcurrentSamples(n int) ServiceOption {
 }
 
 // WithPullBytes bounds the bytes of stream messages buffered ahead of the
-// apply loop (default 64 MiB). It must exceed the largest message.
+// apply loop (default 16 MiB). It must exceed the largest message, and stay
+// well below the server's per-client output buffer (max_pending, 64 MiB by
+// default), or the server drops the service as a slow consumer.
 func WithPullBytes(n int) ServiceOption {
 	return serviceOption(func(o *serviceOptions) error { o.pullBytes = n; return positive("pull bytes", n) })
 }

@@ -158,7 +158,7 @@ func Default() Config {
 		Service: Service{
 			MaxSampleWait:        time.Minute,
 			MaxConcurrentSamples: 1024,
-			PullBytes:            64 << 20,
+			PullBytes:            16 << 20,
 			ProducerIdle:         30 * time.Minute,
 		},
 		Checkpoint: Checkpoint{Every: DefaultCheckpointEvery, Keep: 2},
