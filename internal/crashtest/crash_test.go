@@ -4,7 +4,6 @@
 package crashtest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -23,6 +22,7 @@ import (
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/natstest"
+	"github.com/reprise-rl/reprise/internal/syncbuf"
 	"github.com/reprise-rl/reprise/tables"
 )
 
@@ -47,24 +47,7 @@ type reprised struct {
 	bin  string
 	args []string
 	cmd  *exec.Cmd
-	out  *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	out  *syncbuf.Buffer
 }
 
 func startReprised(t *testing.T, args ...string) *reprised {
@@ -73,7 +56,7 @@ func startReprised(t *testing.T, args ...string) *reprised {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &reprised{t: t, bin: bin, args: args, out: &syncBuffer{}}
+	r := &reprised{t: t, bin: bin, args: args, out: &syncbuf.Buffer{}}
 	r.start()
 	t.Cleanup(func() {
 		if r.cmd.ProcessState == nil {

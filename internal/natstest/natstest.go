@@ -8,7 +8,6 @@
 package natstest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +24,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/reprise-rl/reprise/internal/syncbuf"
 )
 
 const serverModule = "github.com/nats-io/nats-server/v2"
@@ -131,7 +132,7 @@ func WithMaxPayload(bytes int32) Option {
 type Process struct {
 	bin    string
 	cfg    config
-	output syncBuffer
+	output syncbuf.Buffer
 
 	mu     sync.Mutex
 	url    string
@@ -314,22 +315,4 @@ func jetStreamAnswers(clientURL string) error {
 	defer cancel()
 	_, err = js.AccountInfo(ctx)
 	return err
-}
-
-// syncBuffer collects the server's output across restarts.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

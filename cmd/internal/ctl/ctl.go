@@ -114,6 +114,19 @@ func (t *target) client(nc *nats.Conn) (*broker.Client, error) {
 	return broker.NewClient(nc, broker.WithPrefix(t.prefix))
 }
 
+// dial connects and makes a client; hangUp closes both.
+func (t *target) dial() (c *broker.Client, hangUp func(), err error) {
+	nc, err := t.connect()
+	if err != nil {
+		return nil, nil, err
+	}
+	if c, err = t.client(nc); err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return c, func() { c.Close(); nc.Close() }, nil
+}
+
 // explain adds what to do to an error from the table service.
 func (t *target) explain(err error) error {
 	switch {

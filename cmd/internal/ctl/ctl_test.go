@@ -10,7 +10,6 @@ import (
 	"math"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,25 +21,9 @@ import (
 	"github.com/reprise-rl/reprise/cmd/internal/daemon"
 	"github.com/reprise-rl/reprise/embeddednats"
 	"github.com/reprise-rl/reprise/internal/natstest"
+	"github.com/reprise-rl/reprise/internal/syncbuf"
 	"github.com/reprise-rl/reprise/limiter"
 )
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -55,7 +38,7 @@ var urlLine = regexp.MustCompile(`NATS URL:\s+(\S+)`)
 func startReprised(t *testing.T, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	stdout, stderr := &syncbuf.Buffer{}, &syncbuf.Buffer{}
 	done := make(chan error, 1)
 	go func() { done <- daemon.Run(ctx, args, stdout, stderr) }()
 	t.Cleanup(func() {

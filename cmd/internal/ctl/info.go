@@ -78,16 +78,11 @@ func runInfo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if len(pos) == 1 {
 		table = pos[0]
 	}
-	nc, err := t.connect()
+	c, hangUp, err := t.dial()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	c, err := t.client(nc)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+	defer hangUp()
 	rctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
 	resp, err := c.Info(rctx, table)
@@ -235,16 +230,11 @@ func runReset(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !all {
 		table = pos[0]
 	}
-	nc, err := t.connect()
+	c, hangUp, err := t.dial()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	c, err := t.client(nc)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+	defer hangUp()
 	rctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
 	if err := c.Reset(rctx, table); err != nil {
@@ -277,16 +267,11 @@ func runCheckpoint(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := t.check(); err != nil {
 		return err
 	}
-	nc, err := t.connect()
+	c, hangUp, err := t.dial()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	c, err := t.client(nc)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+	defer hangUp()
 	rctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
 	res, err := c.Checkpoint(rctx)

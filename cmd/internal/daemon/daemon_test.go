@@ -26,30 +26,13 @@ import (
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
 	"github.com/reprise-rl/reprise/cmd/internal/config"
 	"github.com/reprise-rl/reprise/internal/natstest"
+	"github.com/reprise-rl/reprise/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer that the daemon writes while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // running is reprised started in process by start.
 type running struct {
 	url, prefix, metrics string
-	stdout, stderr       *syncBuffer
+	stdout, stderr       *syncbuf.Buffer
 	stop                 func() error
 }
 
@@ -64,7 +47,7 @@ var (
 func start(t *testing.T, args ...string) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{stdout: &syncBuffer{}, stderr: &syncBuffer{}}
+	r := &running{stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{}}
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, args, r.stdout, r.stderr) }()
 	var once sync.Once
