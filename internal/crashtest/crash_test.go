@@ -1,6 +1,8 @@
-// Package crashtest kills real reprised and nats-server processes with
-// SIGKILL in the middle of concurrent inserts, priority updates, deletes and
-// samples, restarts them, and checks that everything acknowledged is there.
+// Package crashtest runs Reprise as separate processes: reprised, an actor
+// and a learner that share nothing but NATS; and it kills reprised and
+// nats-server processes with SIGKILL in the middle of concurrent inserts,
+// priority updates, deletes and samples, restarts them, and checks that
+// everything acknowledged is there.
 package crashtest
 
 import (
@@ -11,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -28,18 +31,32 @@ import (
 
 const table = "crash"
 
-var reprisedBinary = sync.OnceValues(func() (string, error) {
+// binaries builds the programs the tests run, once per test binary.
+var binaries = sync.OnceValues(func() (map[string]string, error) {
 	dir, err := os.MkdirTemp("", "reprise-crashtest-")
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	bin := filepath.Join(dir, "reprised")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/reprise-rl/reprise/cmd/reprised").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("building reprised: %v\n%s", err, out)
+	bins := map[string]string{}
+	for _, pkg := range []string{"cmd/reprised", "examples/actor", "examples/learner"} {
+		bin := filepath.Join(dir, filepath.Base(pkg))
+		out, err := exec.Command("go", "build", "-o", bin, "github.com/reprise-rl/reprise/"+pkg).CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("building %s: %v\n%s", pkg, err, out)
+		}
+		bins[filepath.Base(pkg)] = bin
 	}
-	return bin, nil
+	return bins, nil
 })
+
+func binary(t *testing.T, name string) string {
+	t.Helper()
+	bins, err := binaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bins[name]
+}
 
 // reprised is a running reprised process.
 type reprised struct {
@@ -52,11 +69,7 @@ type reprised struct {
 
 func startReprised(t *testing.T, args ...string) *reprised {
 	t.Helper()
-	bin, err := reprisedBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &reprised{t: t, bin: bin, args: args, out: &syncbuf.Buffer{}}
+	r := &reprised{t: t, bin: binary(t, "reprised"), args: args, out: &syncbuf.Buffer{}}
 	r.start()
 	t.Cleanup(func() {
 		if r.cmd.ProcessState == nil {
@@ -121,7 +134,7 @@ func waitReady(t *testing.T, c *broker.Client) {
 	waitFor(t, "reprised answers", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		_, err := c.Info(ctx, table)
+		_, err := c.Info(ctx, "")
 		return err == nil
 	})
 }
@@ -427,4 +440,54 @@ func TestKillReprisedWhileServerRuns(t *testing.T) {
 		r.kill()
 		r.start()
 	})
+}
+
+// TestActorAndLearnerProcesses: an actor process and a learner process,
+// started separately, exchange trajectories through reprised with nothing
+// else between them.
+func TestActorAndLearnerProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs three processes")
+	}
+	addr := freePort(t)
+	startReprised(t, "--store", t.TempDir(), "--listen", addr)
+	url := "nats://" + addr
+	c, err := broker.NewClient(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitReady(t, c)
+
+	start := func(name string, args ...string) (*exec.Cmd, *syncbuf.Buffer) {
+		out := &syncbuf.Buffer{}
+		cmd := exec.Command(binary(t, name), append([]string{"--nats", url}, args...)...)
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if cmd.ProcessState == nil {
+				cmd.Process.Kill()
+				cmd.Wait()
+			}
+		})
+		return cmd, out
+	}
+	// The learner first: it waits for items to sample.
+	learner, learnerOut := start("learner", "--items", "400")
+	actor, actorOut := start("actor", "--episodes", "10", "--steps", "50")
+	if err := actor.Wait(); err != nil {
+		t.Fatalf("actor: %v\n%s", err, actorOut.String())
+	}
+	if err := learner.Wait(); err != nil {
+		t.Fatalf("learner: %v\n%s", err, learnerOut.String())
+	}
+	if got := actorOut.String(); !strings.Contains(got, "published 480 items") || !strings.Contains(got, "all acknowledged") {
+		t.Fatalf("actor printed %q", got)
+	}
+	if got := learnerOut.String(); !strings.Contains(got, "each is 3 consecutive steps of one episode: ok") {
+		t.Fatalf("learner printed %q", got)
+	}
+	t.Logf("%s%s", actorOut.String(), learnerOut.String())
 }
