@@ -242,10 +242,12 @@ func (c *Client) Sample(ctx context.Context, table string, n int, opts ...Sample
 		o(req)
 	}
 	if dl, ok := ctx.Deadline(); ok {
-		// Leave the reply time to travel: a sample the service takes after
-		// the client stopped listening would be lost.
+		// Leave the reply time to travel, even on a loaded machine: a
+		// sample the service takes after the client stopped listening is
+		// lost.
 		left := time.Until(dl)
-		req.TimeoutMs = max(0, (left - left/10).Milliseconds())
+		margin := min(left/2, max(left/10, 250*time.Millisecond))
+		req.TimeoutMs = max(0, (left - margin).Milliseconds())
 	}
 	data, err := c.request(ctx, c.subj.sample(), req)
 	if err != nil {

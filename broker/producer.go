@@ -739,7 +739,9 @@ func retryablePublishError(err error) bool {
 	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
-		return apiErr.Code == 503
+		// 503: no stream leader yet; 429: the stream's ingest queue is
+		// full for now.
+		return apiErr.Code == 503 || apiErr.Code == 429
 	}
 	return !errors.Is(err, nats.ErrMaxPayload) && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubject)
 }

@@ -95,7 +95,10 @@ func retryableJSError(err error) bool {
 		// 10008: JetStream temporarily unavailable (no meta leader yet).
 		return apiErr.ErrorCode == 10008 || apiErr.Code == 503
 	}
-	return errors.Is(err, nats.ErrNoResponders) ||
+	// A producer created the stream between the service's look-up and
+	// its create: the next attempt finds it and updates it.
+	return errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) ||
+		errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse) ||
 		errors.Is(err, jetstream.ErrJetStreamNotEnabled)

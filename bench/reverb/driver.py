@@ -246,7 +246,7 @@ def throughput(spec):
     with Server(tables) as server:
         for payload in spec["payloads"]:
             for mode in ("insert", "sample"):
-                batch = spec["insert_batch"] if mode == "insert" else spec["sample_batch"][str(payload)]
+                batch = spec["insert_batch" if mode == "insert" else "sample_batch"][str(payload)]
                 for clients in spec["clients"]:
                     load1 = os.getloadavg()[0]
                     c = Counter(spec["warmup_sec"], spec["duration_sec"])
@@ -398,6 +398,15 @@ def memory(spec):
                      payload_bytes_held=size * series["payload_bytes"], rss_bytes=rss, base_rss_bytes=base)
 
 
+def insert_batch(payload):
+    """64, halved until 64 clients have at most 64 MiB unflushed, as the
+    suite does."""
+    b = 64
+    while b > 1 and 64 * b * payload > 64 << 20:
+        b //= 2
+    return b
+
+
 def default_spec(args):
     payloads_ = [int(p) for p in args.payloads.split(",")]
     sizes = sorted(set(payloads_ + [400, 4000]))
@@ -406,7 +415,7 @@ def default_spec(args):
         "clients": [int(c) for c in args.clients.split(",")],
         "warmup_sec": args.warmup,
         "duration_sec": args.duration,
-        "insert_batch": 64,
+        "insert_batch": {str(p): insert_batch(p) for p in sizes},
         "sample_batch": {str(p): min(256, max(1, (900 << 10) // p)) for p in sizes},
         "table_size": {str(p): min(100000, max(100, (200 << 20) // p)) for p in sizes},
         "mixed": {"payload": 4000, "clients": [2], "batch": 64, "samples_per_insert": 4,

@@ -32,6 +32,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -246,7 +247,7 @@ func (s *suite) throughput(ctx context.Context, d *daemon) error {
 	p := s.plan
 	for _, payload := range p.payloads {
 		for _, mode := range []string{"insert", "sample"} {
-			batch := p.insertBatch
+			batch := insertBatch(payload)
 			if mode == "sample" {
 				batch = sampleBatch(payload)
 			}
@@ -293,46 +294,51 @@ func (s *suite) mixed(ctx context.Context, d *daemon) error {
 		if err := resetTable(ctx, d.url, mixedTable); err != nil {
 			return err
 		}
-		r, err := s.mixedRun(ctx, d, clients)
+		r, rates, err := s.mixedRun(ctx, d, clients)
 		if err != nil {
 			return err
 		}
 		if r.Insert == nil || r.Sample == nil {
 			return errors.New("reprisectl bench --mode mixed reported no inserts or no samples")
 		}
-		m := Mixed{System: sysReprise, Payload: p.mixedPayload, Clients: clients, Batch: p.insertBatch, SamplesPerInsert: mixedSamplesPerInsert,
-			InsertItemsPerSec: r.Insert.ItemsPerSec, SampleItemsPerSec: r.Sample.ItemsPerSec,
+		m := Mixed{System: sysReprise, Payload: p.mixedPayload, Clients: clients, Batch: p.mixedBatch, SamplesPerInsert: mixedSamplesPerInsert,
+			InsertItemsPerSec: r.Insert.ItemsPerSec, AppliedPerSec: rates.inserts, SampleItemsPerSec: r.Sample.ItemsPerSec,
 			InsertP50Ms: r.Insert.Latency.P50Ms, SampleP50Ms: r.Sample.Latency.P50Ms}
-		if m.InsertItemsPerSec > 0 {
-			m.Achieved = m.SampleItemsPerSec / m.InsertItemsPerSec
+		if rates.inserts > 0 {
+			m.Achieved = rates.samples / rates.inserts
 		}
 		s.res.Mixed = append(s.res.Mixed, m)
-		s.log.Info("mixed", "payload", p.mixedPayload, "clients", clients, "inserts/s", si(m.InsertItemsPerSec), "samples/s", si(m.SampleItemsPerSec), "achieved", fmt.Sprintf("%.2f", m.Achieved))
+		s.log.Info("mixed", "payload", p.mixedPayload, "clients", clients, "stored/s", si(m.InsertItemsPerSec), "applied/s", si(m.AppliedPerSec),
+			"samples/s", si(m.SampleItemsPerSec), "achieved", fmt.Sprintf("%.2f", m.Achieved))
 	}
 	return nil
 }
 
-// mixedRun runs reprisectl bench --mode mixed. Its learners stop when
-// the measured window ends, while its actors still publish their last
-// items on closing, which the limiter holds until they are sampled: a
-// drain learner takes over once the window is over, until the service
-// has applied them all.
-func (s *suite) mixedRun(ctx context.Context, d *daemon, clients int) (ctlReport, error) {
+// mixedRun runs reprisectl bench --mode mixed and reads the table's own
+// insert and sample counters inside its measured window. Its learners stop
+// when the window ends, while its actors still publish their last items
+// on closing, which the limiter holds until they are sampled: a drain
+// learner takes over once the window is over, until the service has
+// applied them all.
+func (s *suite) mixedRun(ctx context.Context, d *daemon, clients int) (ctlReport, tableRates, error) {
 	p := s.plan
+	launched := time.Now()
 	drainCtx, stopDrain := context.WithCancel(ctx)
-	drained := make(chan error, 1)
-	go func() {
-		timer := time.NewTimer(p.warmup + p.duration + 500*time.Millisecond)
-		defer timer.Stop()
-		select {
-		case <-timer.C:
-			drained <- load.Drain(drainCtx, d.url, broker.DefaultPrefix, mixedTable)
-		case <-drainCtx.Done():
-			drained <- nil
+	var bg sync.WaitGroup
+	var drainErr, rateErr error
+	var rates tableRates
+	bg.Go(func() {
+		// reprisectl's window starts after its own start-up; this one
+		// starts a little later and ends no later, inside it.
+		rates, rateErr = measureTable(drainCtx, d.url, mixedTable, launched.Add(p.warmup+200*time.Millisecond), launched.Add(p.warmup+p.duration))
+	})
+	bg.Go(func() {
+		if sleepUntil(drainCtx, launched.Add(p.warmup+p.duration+500*time.Millisecond)) == nil {
+			drainErr = load.Drain(drainCtx, d.url, broker.DefaultPrefix, mixedTable)
 		}
-	}()
+	})
 	r, err := ctlBench(ctx, s.bins.reprisectl, d.url, ctlArgs{mode: "mixed", table: mixedTable,
-		clients: clients, payload: p.mixedPayload, batch: p.insertBatch, warmup: p.warmup, duration: p.duration})
+		clients: clients, payload: p.mixedPayload, batch: p.mixedBatch, warmup: p.warmup, duration: p.duration})
 	if err == nil {
 		// Items the actors published last may still wait for the limiter;
 		// while they do, the service applies nothing else.
@@ -341,7 +347,50 @@ func (s *suite) mixedRun(ctx context.Context, d *daemon, clients int) (ctlReport
 		cancel()
 	}
 	stopDrain()
-	return r, errors.Join(err, <-drained)
+	bg.Wait()
+	return r, rates, errors.Join(err, drainErr, rateErr)
+}
+
+// tableRates are a table's inserts and samples per second as its own
+// counters saw them.
+type tableRates struct {
+	inserts, samples float64
+}
+
+// measureTable reads a table's counters at from and at to.
+func measureTable(ctx context.Context, url, table string, from, to time.Time) (tableRates, error) {
+	var at [2]time.Time
+	var ins, smp [2]int64
+	for i, t := range []time.Time{from, to} {
+		if err := sleepUntil(ctx, t); err != nil {
+			return tableRates{}, err
+		}
+		var err error
+		at[i] = time.Now()
+		ins[i], smp[i], err = withClient(ctx, url, func(ctx context.Context, c *broker.Client) (int64, int64, error) {
+			info, err := c.Info(ctx, table)
+			if err != nil {
+				return 0, 0, err
+			}
+			return info.Tables[0].Inserts, info.Tables[0].Samples, nil
+		})
+		if err != nil {
+			return tableRates{}, err
+		}
+	}
+	secs := at[1].Sub(at[0]).Seconds()
+	return tableRates{inserts: float64(ins[1]-ins[0]) / secs, samples: float64(smp[1]-smp[0]) / secs}, nil
+}
+
+func sleepUntil(ctx context.Context, t time.Time) error {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (s *suite) atari(ctx context.Context, d *daemon) error {
@@ -380,6 +429,21 @@ func (s *suite) latency(ctx context.Context, d *daemon) error {
 	s.res.Latency = append(s.res.Latency, l)
 	s.log.Info("latency", "sample p50 µs", int(l.SampleP50Us), "p99 µs", int(l.SampleP99Us),
 		"insert→sampled p50 µs", int(l.InsertToSampledP50Us), "p99 µs", int(l.InsertToSampledP99Us))
+
+	// The floors on the same server: a request answered at once with one
+	// item's bytes, and a publish that waits for its ack.
+	raw := load.RawConfig{URL: d.url, Clients: 1, Payload: payload, Batch: 1, Warmup: p.warmup, Duration: p.latencyPoint}
+	req, err := load.RawRequest(ctx, raw)
+	if err != nil {
+		return err
+	}
+	pub, err := load.RawPublishSync(ctx, raw)
+	if err != nil {
+		return err
+	}
+	s.res.Latency = append(s.res.Latency, Latency{System: sysJetStream,
+		SampleP50Us: req.Latency.P50Ms * 1e3, SampleP99Us: req.Latency.P99Ms * 1e3,
+		InsertToDurableP50Us: pub.Latency.P50Ms * 1e3, InsertToDurableP99Us: pub.Latency.P99Ms * 1e3})
 	return nil
 }
 

@@ -13,9 +13,8 @@ type plan struct {
 	clients  []int
 	warmup   time.Duration
 	duration time.Duration
-	// insertBatch items go into one Flush (and one producer message) of
-	// every insert client.
-	insertBatch int
+	// mixedBatch is the batch of both kinds of client in the mixed run.
+	mixedBatch int
 
 	mixedPayload int
 	mixedClients []int
@@ -49,7 +48,7 @@ func fullPlan() plan {
 		clients:        []int{1, 2, 4, 8, 16, 32, 64},
 		warmup:         500 * time.Millisecond,
 		duration:       2 * time.Second,
-		insertBatch:    64,
+		mixedBatch:     64,
 		mixedPayload:   4000,
 		mixedClients:   []int{1, 4, 16},
 		atariActors:    4,
@@ -72,7 +71,7 @@ func quickPlan() plan {
 		clients:        []int{1, 4},
 		warmup:         250 * time.Millisecond,
 		duration:       750 * time.Millisecond,
-		insertBatch:    64,
+		mixedBatch:     64,
 		mixedPayload:   400,
 		mixedClients:   []int{2},
 		atariActors:    2,
@@ -92,6 +91,18 @@ func quickPlan() plan {
 // reply stays under NATS's default max payload (1 MiB).
 func sampleBatch(payload int) int {
 	return min(256, max(1, (900<<10)/payload))
+}
+
+// insertBatch is the number of items an insert client creates between
+// flushes: 64, halved for large items until 64 clients have at most 64 MiB
+// waiting to be stored. JetStream refuses messages ("429 too many
+// requests") once a stream's ingest queue holds 128 MiB.
+func insertBatch(payload int) int {
+	b := 64
+	for b > 1 && 64*b*payload > 64<<20 {
+		b /= 2
+	}
+	return b
 }
 
 // tableSize bounds a benchmark table to about 200 MB of payload (and

@@ -34,7 +34,7 @@ type reverbSpec struct {
 	Clients     []int          `json:"clients"`
 	WarmupSec   float64        `json:"warmup_sec"`
 	DurationSec float64        `json:"duration_sec"`
-	InsertBatch int            `json:"insert_batch"`
+	InsertBatch map[string]int `json:"insert_batch"`
 	SampleBatch map[string]int `json:"sample_batch"`
 	TableSize   map[string]int `json:"table_size"`
 	Mixed       reverbMixed    `json:"mixed"`
@@ -64,8 +64,8 @@ func (s *suite) reverbSpec() reverbSpec {
 	spec := reverbSpec{
 		Payloads: p.payloads, Clients: p.clients,
 		WarmupSec: p.warmup.Seconds(), DurationSec: p.duration.Seconds(),
-		InsertBatch: p.insertBatch, SampleBatch: map[string]int{}, TableSize: map[string]int{},
-		Mixed: reverbMixed{Payload: p.mixedPayload, Clients: p.mixedClients, Batch: p.insertBatch,
+		InsertBatch: map[string]int{}, SampleBatch: map[string]int{}, TableSize: map[string]int{},
+		Mixed: reverbMixed{Payload: p.mixedPayload, Clients: p.mixedClients, Batch: p.mixedBatch,
 			SamplesPerInsert: mixedSamplesPerInsert, MinSize: mixedMinSize, ErrorBuffer: mixedErrorBuffer, MaxSize: mixedMaxSize},
 		Latency:   reverbLatency{Payload: 400, DurationSec: p.latencyPoint.Seconds(), Inserts: p.latencyInserts},
 		Memory:    p.memory,
@@ -73,7 +73,7 @@ func (s *suite) reverbSpec() reverbSpec {
 	}
 	for _, payload := range append(p.payloads, p.mixedPayload, 400) {
 		key := strconv.Itoa(payload)
-		spec.SampleBatch[key], spec.TableSize[key] = sampleBatch(payload), tableSize(payload)
+		spec.InsertBatch[key], spec.SampleBatch[key], spec.TableSize[key] = insertBatch(payload), sampleBatch(payload), tableSize(payload)
 	}
 	return spec
 }
@@ -161,7 +161,8 @@ func (s *suite) readReverb(r io.Reader) error {
 		case "mixed":
 			var m Mixed
 			if err = json.Unmarshal([]byte(line), &m); err == nil {
-				m.System = sysReverb
+				// Reverb's flush returns once the table took the items.
+				m.System, m.AppliedPerSec = sysReverb, m.InsertItemsPerSec
 				s.res.Mixed = append(s.res.Mixed, m)
 			}
 		case "latency":

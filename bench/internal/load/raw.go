@@ -21,8 +21,10 @@ const (
 	// rawStreamBytes caps the raw stream like the suite caps Reprise's, so
 	// both pay for discarding old messages once full.
 	rawStreamBytes = 1 << 30
-	// rawWindowBytes bounds what one publisher has in flight.
-	rawWindowBytes = 8 << 20
+	// rawWindowBytes bounds what all publishers together have in flight:
+	// JetStream refuses messages ("429 too many requests") once a stream's
+	// ingest queue holds 128 MiB or 100000 messages.
+	rawWindowBytes = 64 << 20
 )
 
 // RawConfig describes one raw JetStream baseline run.
@@ -49,9 +51,10 @@ func (c RawConfig) validate(withBatch bool) error {
 
 // RawPublish measures what Reprise's inserts are bounded by: every client,
 // on its own connection, publishes items of cfg.Payload random bytes, one
-// item per message, asynchronously to a plain file-backed stream with a
-// window of at most 8 MiB (and 1024 messages) awaiting acks. An item
-// counts once JetStream acknowledged it.
+// item per message, asynchronously to a plain file-backed stream, each
+// with a window of up to 1024 messages awaiting acks (fewer for large
+// items and many clients: 64 MiB in all). An item counts once JetStream
+// acknowledged it.
 func RawPublish(ctx context.Context, cfg RawConfig) (Throughput, error) {
 	if err := cfg.validate(false); err != nil {
 		return Throughput{}, err
@@ -59,7 +62,7 @@ func RawPublish(ctx context.Context, cfg RawConfig) (Throughput, error) {
 	if err := ensureRawStream(ctx, cfg.URL); err != nil {
 		return Throughput{}, err
 	}
-	window := min(1024, max(4, rawWindowBytes/cfg.Payload))
+	window := min(1024, max(1, rawWindowBytes/cfg.Clients/cfg.Payload))
 	data := randomBytes(cfg.Payload, 1)
 	return runClients(ctx, cfg.Clients, cfg.Warmup, cfg.Duration, func(ctx context.Context, i int, c *counter) error {
 		nc, err := connect(cfg.URL, fmt.Sprintf("raw publisher %d", i))
@@ -108,6 +111,40 @@ func RawPublish(ctx context.Context, cfg RawConfig) (Throughput, error) {
 		}
 		close(inflight)
 		return errors.Join(pubErr, <-ackErr)
+	})
+}
+
+// RawPublishSync publishes one item at a time and waits for each ack: the
+// floor under an insert's time to durable.
+func RawPublishSync(ctx context.Context, cfg RawConfig) (Throughput, error) {
+	if err := cfg.validate(false); err != nil {
+		return Throughput{}, err
+	}
+	if err := ensureRawStream(ctx, cfg.URL); err != nil {
+		return Throughput{}, err
+	}
+	data := randomBytes(cfg.Payload, 3)
+	return runClients(ctx, cfg.Clients, cfg.Warmup, cfg.Duration, func(ctx context.Context, i int, c *counter) error {
+		nc, err := connect(cfg.URL, fmt.Sprintf("raw sync publisher %d", i))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		for time.Now().Before(c.w.End) {
+			t0 := time.Now()
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := js.Publish(pctx, rawInsertSubject, data)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("load: raw sync publish: %w", err)
+			}
+			c.record(t0, time.Now(), 1, int64(cfg.Payload))
+		}
+		return nil
 	})
 }
 

@@ -216,30 +216,41 @@ func (b *bench) run(ctx context.Context) (benchReport, error) {
 	rctx, cancel := context.WithDeadline(ctx, b.end)
 	defer cancel()
 
+	// In mixed mode the samplers go on until the inserters have closed
+	// their producers: closing sends the last items, which a rate limiter
+	// lets in only as samples are taken.
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	if b.insert == nil {
+		sctx = rctx
+	}
 	var (
-		wg       sync.WaitGroup
-		errOnce  sync.Once
-		firstErr error
+		inserters, samplers sync.WaitGroup
+		errOnce             sync.Once
+		firstErr            error
 	)
-	launch := func(f func(context.Context, int) error) {
+	launch := func(wg *sync.WaitGroup, ctx context.Context, f func(context.Context, int) error) {
 		for i := range b.o.clients {
 			wg.Go(func() {
-				if err := f(rctx, i); err != nil {
+				if err := f(ctx, i); err != nil {
 					errOnce.Do(func() { firstErr = err })
 					cancel()
+					scancel()
 				}
 			})
 		}
 	}
 	if b.insert != nil {
-		launch(b.inserter)
+		launch(&inserters, rctx, b.inserter)
 	}
 	if b.sample != nil {
-		launch(b.sampler)
+		launch(&samplers, sctx, b.sampler)
 	}
 	var progress sync.WaitGroup
 	progress.Go(func() { b.progress(rctx, start) })
-	wg.Wait()
+	inserters.Wait()
+	scancel()
+	samplers.Wait()
 	cancel()
 	progress.Wait()
 	if firstErr != nil {

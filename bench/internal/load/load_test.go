@@ -1,0 +1,87 @@
+package load
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+)
+
+func TestFramesAreSimilarInTimeAndCompress(t *testing.T) {
+	f := NewFrames(1)
+	prev := f.Next()
+	steps := []*wire.Tensor{wire.Uint8s([]int64{FrameSide, FrameSide}, prev)}
+	for range 15 {
+		cur := f.Next()
+		if len(cur) != FrameSide*FrameSide {
+			t.Fatalf("frame of %d bytes, want %d", len(cur), FrameSide*FrameSide)
+		}
+		changed := 0
+		for i := range cur {
+			if cur[i] != prev[i] {
+				changed++
+			}
+		}
+		// Six sprites of at most 7x10 pixels that move, and a score box.
+		if changed == 0 || changed > 2*6*7*10+8*24 {
+			t.Errorf("%d pixels changed between frames, want some and few", changed)
+		}
+		steps = append(steps, wire.Uint8s([]int64{FrameSide, FrameSide}, cur))
+		prev = cur
+	}
+	c, err := wire.EncodeChunk(1, steps, wire.ChunkOptions{Codec: wire.Zstd, Delta: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw := 16 * FrameSide * FrameSide; len(c.Data)*10 > raw {
+		t.Errorf("16 frames compressed to %d of %d bytes, want over 10x", len(c.Data), raw)
+	}
+	if !bytes.Equal(NewFrames(1).Next(), NewFrames(1).Next()) || bytes.Equal(NewFrames(1).Next(), NewFrames(2).Next()) {
+		t.Error("frames depend on something besides their seed")
+	}
+}
+
+func TestLatenciesReport(t *testing.T) {
+	var l Latencies
+	if r := l.Report(); r != (LatencyReport{}) {
+		t.Errorf("empty report %+v, want zeros", r)
+	}
+	for i := 100; i >= 1; i-- {
+		l.Add(time.Duration(i) * time.Millisecond)
+	}
+	r := l.Report()
+	if r.Count != 100 || r.P50Ms != 51 || r.P99Ms != 100 || r.MaxMs != 100 {
+		t.Errorf("report %+v, want count 100, p50 51ms, p99 100ms, max 100ms", r)
+	}
+}
+
+func TestWindowCountsOnlyInside(t *testing.T) {
+	c := &counter{w: NewWindow(time.Hour, time.Hour)}
+	now := time.Now()
+	c.record(now, now, 5, 50) // during the warmup
+	in := c.w.Start.Add(time.Minute)
+	c.record(in, in, 3, 30)
+	after := c.w.End.Add(time.Second)
+	c.record(after, after, 7, 70)
+	if r := c.result(); r.Items != 3 || r.Bytes != 30 || r.Latency.Count != 1 {
+		t.Errorf("result %+v, want only the operation inside the window", r)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	ctx := t.Context()
+	if _, err := RawPublish(ctx, RawConfig{URL: "nats://127.0.0.1:1", Clients: 0, Payload: 400, Duration: time.Second}); !errors.Is(err, ErrConfig) {
+		t.Errorf("0 clients: %v, want ErrConfig", err)
+	}
+	if _, err := RawRequest(ctx, RawConfig{URL: "nats://127.0.0.1:1", Clients: 1, Payload: 400, Batch: 0, Duration: time.Second}); !errors.Is(err, ErrConfig) {
+		t.Errorf("batch 0: %v, want ErrConfig", err)
+	}
+	if _, err := Atari(ctx, AtariConfig{Actors: 1, Learners: 1, ChunkLength: 16, SequenceLength: 16, Period: 8, EpisodeLength: 8, SampleBatch: 1, Duration: time.Second}); !errors.Is(err, ErrConfig) {
+		t.Errorf("episodes shorter than sequences: %v, want ErrConfig", err)
+	}
+	if err := Fill(ctx, FillConfig{Items: 1, Payload: 6, Clients: 1}); !errors.Is(err, ErrConfig) {
+		t.Errorf("payload of 6 bytes: %v, want ErrConfig", err)
+	}
+}

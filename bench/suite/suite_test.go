@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"image/png"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestQuickSuite runs the smoke version of the suite, as CI does, so that
+// the suite cannot rot: reprised and reprisectl build, every section runs
+// against them, and the results and plots it writes are well formed.
+func TestQuickSuite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the benchmark suite's smoke version (about 30s)")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("needs the go command to build reprised and reprisectl")
+	}
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	res, err := run(ctx, options{out: out, quick: true, repo: "."}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	plan := quickPlan()
+	for _, sys := range []string{sysReprise, sysJetStream} {
+		for _, mode := range []string{"insert", "sample"} {
+			for _, c := range plan.clients {
+				p := find(res.Throughput, sys, mode, plan.payloads[0], c)
+				if p == nil || !(p.ItemsPerSec > 0) || !(p.BytesPerSec >= p.ItemsPerSec*float64(p.Payload)*0.99) {
+					t.Errorf("%s %s with %d clients: point %+v, want items/s > 0 and bytes/s = items/s × payload", sys, mode, c, p)
+				}
+			}
+		}
+	}
+	if len(res.Mixed) != len(plan.mixedClients) || res.Mixed[0].InsertItemsPerSec <= 0 || res.Mixed[0].SampleItemsPerSec <= 0 {
+		t.Errorf("mixed: %+v, want inserts and samples", res.Mixed)
+	}
+	// The limiter keeps samples within the error buffer of 4 per insert.
+	if m := res.Mixed[0]; m.Achieved > mixedSamplesPerInsert*1.5 {
+		t.Errorf("mixed: %.2f samples per insert, want near %d", m.Achieved, mixedSamplesPerInsert)
+	}
+	if a := res.Atari; a == nil || a.CompressionRatio <= 2 || a.Sample.ItemsPerSec <= 0 {
+		t.Errorf("atari: %+v, want frames compressed more than 2x and sampled", a)
+	}
+	if l := res.latencyOf(sysReprise); l == nil || l.SampleP50Us <= 0 || l.InsertToSampledP50Us <= 0 || l.SampleP99Us < l.SampleP50Us {
+		t.Errorf("latency: %+v, want positive percentiles in order", l)
+	}
+	if _, err := os.Stat("/proc/self/status"); err == nil {
+		if len(res.Memory) != 2 {
+			t.Errorf("memory: %d points, want 2", len(res.Memory))
+		}
+		for _, m := range res.Memory {
+			if m.RSSBytes <= m.BaseRSSBytes || m.PayloadBytes <= 0 {
+				t.Errorf("memory: %+v, want resident memory above the base after a fill", m)
+			}
+		}
+	}
+	if len(res.Targets) != 8 {
+		t.Errorf("%d targets, want the issue's 8", len(res.Targets))
+	}
+
+	var back Results
+	data, err := os.ReadFile(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatalf("results.json: %v", err)
+	}
+	if len(back.Throughput) != len(res.Throughput) || len(back.Summary) != 2 {
+		t.Errorf("results.json: %d points and %d summary rows, want %d and 2", len(back.Throughput), len(back.Summary), len(res.Throughput))
+	}
+	f, err := os.Open(filepath.Join(out, "throughput.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(f).ReadAll()
+	f.Close()
+	if err != nil || len(rows) != len(res.Throughput)+1 {
+		t.Errorf("throughput.csv: %d rows (%v), want a header and %d points", len(rows), err, len(res.Throughput))
+	}
+	for _, name := range []string{"insert.png", "sample.png", "memory.png"} {
+		f, err := os.Open(filepath.Join(out, name))
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		img, err := png.Decode(f)
+		f.Close()
+		if err != nil || img.Bounds().Dx() < 600 {
+			t.Errorf("%s: %v, want a PNG at least 600 px wide", name, err)
+		}
+	}
+	summary, err := os.ReadFile(filepath.Join(out, "summary.md"))
+	if err != nil || !strings.Contains(string(summary), "| insert | 400 B |") {
+		t.Errorf("summary.md lacks the insert row: %v\n%s", err, summary)
+	}
+}
+
+func TestSampleBatchFitsMaxPayload(t *testing.T) {
+	for _, p := range paperPayloads {
+		b := sampleBatch(p)
+		// Items carry about 100 bytes of sample info and slices besides
+		// their payload; the default max payload is 1 MiB.
+		if b < 1 || b > 256 || b*(p+100) > 1<<20-1024 {
+			t.Errorf("sampleBatch(%d) = %d: want 1..256 items in a reply under 1 MiB", p, b)
+		}
+	}
+	if sampleBatch(400) != 256 {
+		t.Errorf("sampleBatch(400) = %d, want the issue's 256", sampleBatch(400))
+	}
+}
+
+func TestTargetsAndRatios(t *testing.T) {
+	r := &Results{
+		Throughput: []Point{
+			{System: sysReprise, Mode: "insert", Payload: 400, Clients: 1, ItemsPerSec: 100e3, BytesPerSec: 40e6},
+			{System: sysReprise, Mode: "insert", Payload: 400, Clients: 4, ItemsPerSec: 250e3, BytesPerSec: 100e6},
+			{System: sysJetStream, Mode: "insert", Payload: 400, Clients: 4, ItemsPerSec: 500e3, BytesPerSec: 200e6},
+			{System: sysReverb, Mode: "insert", Payload: 400, Clients: 1, ItemsPerSec: 300e3, BytesPerSec: 120e6},
+			{System: sysReprise, Mode: "insert", Payload: 40000, Clients: 2, ItemsPerSec: 10e3, BytesPerSec: 400e6},
+			{System: sysJetStream, Mode: "insert", Payload: 40000, Clients: 2, ItemsPerSec: 25e3, BytesPerSec: 1000e6},
+		},
+		Memory: []MemoryPoint{
+			{System: sysReprise, Series: "payload", Payload: 4000, Items: 1000, PayloadBytes: 4e6, RSSBytes: 30e6, BaseRSSBytes: 20e6},
+			{System: sysReprise, Series: "payload", Payload: 4000, Items: 10000, PayloadBytes: 40e6, RSSBytes: 64e6, BaseRSSBytes: 20e6},
+			{System: sysReprise, Series: "per-item", Payload: 16, Items: 100000, PayloadBytes: 1.6e6, RSSBytes: 41.7e6, BaseRSSBytes: 20e6},
+		},
+	}
+	r.summarize()
+	if len(r.Summary) != 2 {
+		t.Fatalf("%d summary rows, want insert 400 B and insert 40 kB", len(r.Summary))
+	}
+	row := r.Summary[0]
+	if row.Reprise.Clients != 4 || math.Abs(row.VsJetStream-0.5) > 1e-9 || math.Abs(row.VsReverb-250.0/300) > 1e-9 {
+		t.Errorf("insert 400 B row: %+v, want the 4-client point, 0.5 of raw and 0.83 of Reverb", row)
+	}
+	want := map[string]bool{
+		"inserts, 400 B items":         true,  // 250k ≥ 200k
+		"inserts, 40 kB items":         false, // 0.4 × raw
+		"memory per payload byte held": true,  // 44 MB over base for 40 MB: 1.1
+		"metadata per item":            false, // 201 B over 16 B of payload
+		"ahead of Reverb":              false,
+	}
+	for _, tg := range r.Targets {
+		w, ok := want[tg.Name]
+		if !ok {
+			continue
+		}
+		delete(want, tg.Name)
+		if tg.Met == nil || *tg.Met != w {
+			t.Errorf("target %q: met %v (%s), want %v", tg.Name, tg.Met, tg.Measured, w)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("targets missing: %v", want)
+	}
+	m := memoryFigures(r.Memory, sysReprise)
+	if math.Abs(m.perByte-1.1) > 1e-9 || math.Abs(m.perItem-201) > 1e-9 {
+		t.Errorf("memory figures %+v, want 1.1 per byte and 201 B per item", m)
+	}
+}
+
+// testWriter sends the suite's progress log to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func TestInsertBatchStaysUnderIngestQueue(t *testing.T) {
+	want := map[int]int{400: 64, 4000: 64, 40000: 16, 400000: 2}
+	for p, w := range want {
+		if b := insertBatch(p); b != w || 64*b*p > 64<<20 {
+			t.Errorf("insertBatch(%d) = %d, want %d (64 clients under 64 MiB)", p, b, w)
+		}
+	}
+}
