@@ -251,12 +251,12 @@ func runReset(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func runCheckpoint(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
 		t        target
-		jsonMode bool
+		asJSON bool
 	)
 	fs := newFlagSet("checkpoint", "checkpoint [flags]",
 		"Writes a checkpoint of every table now, then trims the stream below what\nthe kept checkpoints need. Inserts and samples go on while it is written;\nthey pause only while the state is copied (the pause it reports).\n", stderr)
 	t.register(fs)
-	fs.BoolVar(&jsonMode, "json", false, "print the result as one JSON object")
+	fs.BoolVar(&asJSON, "json", false, "print the result as one JSON object")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
@@ -279,7 +279,7 @@ func runCheckpoint(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return t.explain(err)
 	}
 	pause, write := time.Duration(res.PauseNs), time.Duration(res.WriteNs)
-	if jsonMode {
+	if asJSON {
 		return json.NewEncoder(stdout).Encode(map[string]any{
 			"name": res.Name, "applied_sequence": res.AppliedSequence, "items": res.Items, "bytes": res.Bytes,
 			"pause_ms": float64(pause) / float64(time.Millisecond), "write_ms": float64(write) / float64(time.Millisecond),
