@@ -250,7 +250,7 @@ func runReset(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 func runCheckpoint(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
-		t        target
+		t      target
 		asJSON bool
 	)
 	fs := newFlagSet("checkpoint", "checkpoint [flags]",
