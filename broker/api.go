@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -144,11 +145,11 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request) {
 	} else {
 		samples, err = t.Sample(wctx, int(req.NumSamples))
 	}
-	resp := &wire.SampleResponse{Status: &wire.Status{}}
+	status, msg := wire.Code_CODE_OK, ""
 	switch {
 	case err == nil:
 	case len(samples) > 0:
-		resp.Status = &wire.Status{Code: wire.Code_CODE_PARTIAL, Message: fmt.Sprintf("%d of %d samples before the timeout: %v", len(samples), req.NumSamples, err)}
+		status, msg = wire.Code_CODE_PARTIAL, fmt.Sprintf("%d of %d samples before the timeout: %v", len(samples), req.NumSamples, err)
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		code = wire.Code_CODE_RATE_LIMITED
 		s.respondStatus(r, wire.Code_CODE_RATE_LIMITED, fmt.Sprintf("table %q: rate limiter allowed no sample within %v: %v", req.Table, wait, err))
@@ -160,36 +161,17 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request) {
 		s.respondStatus(r, wire.Code_CODE_INTERNAL, err.Error())
 		return
 	}
-	seen := make(map[uint64]struct{})
-	resp.Items = make([]*wire.SampledItem, len(samples))
-	for i, smp := range samples {
-		in := smp.Info
-		it := &wire.SampledItem{
-			Info: &wire.SampleInfo{
-				Key: in.Key, Probability: in.Probability, TableSize: in.TableSize, Priority: in.Priority,
-				TimesSampled: in.TimesSampled, InsertedAtUnixNano: in.InsertedAt.UnixNano(), RateLimited: in.RateLimited,
-			},
-			Columns: make([]*wire.TrajectoryColumn, len(smp.Trajectory)),
-		}
-		for j, c := range smp.Trajectory {
-			tc := &wire.TrajectoryColumn{Name: c.Name, Squeeze: c.Squeeze, Slices: make([]*wire.ColumnSlice, len(c.Slices))}
-			for k, sl := range c.Slices {
-				tc.Slices[k] = &wire.ColumnSlice{ChunkKey: sl.Chunk, Offset: sl.Offset, Length: sl.Length}
-			}
-			it.Columns[j] = tc
-		}
-		resp.Items[i] = it
-		for _, ch := range smp.Chunks {
-			if _, dup := seen[ch.Key]; !dup {
-				seen[ch.Key] = struct{}{}
-				resp.Chunks = append(resp.Chunks, ch.Data)
-			}
-		}
-	}
-	code, items = resp.Status.Code, len(samples)
-	data, _ := proto.Marshal(resp)
-	s.respondParts(r, data)
+	code, items = status, len(samples)
+	buf := responseBuffers.Get().(*[]byte)
+	*buf = appendSampleResponse((*buf)[:0], status, msg, samples)
+	s.respondParts(r, *buf)
+	// Respond copied the bytes into the connection's buffer.
+	responseBuffers.Put(buf)
 }
+
+// responseBuffers keeps sample response buffers between requests: a batch
+// of large items makes megabytes each time.
+var responseBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
 // respondParts sends data in one message, or in parts when it exceeds the
 // connection's max payload.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/wire"
@@ -253,31 +254,71 @@ func (c *Client) Sample(ctx context.Context, table string, n int, opts ...Sample
 	if err != nil {
 		return nil, err
 	}
-	var resp wire.SampleResponse
-	if err := proto.Unmarshal(data, &resp); err != nil {
-		return nil, fmt.Errorf("%w: malformed sample response: %v", ErrServer, err)
-	}
-	if err := statusError(resp.Status); err != nil {
-		return nil, err
-	}
-	out, err := decodeSamples(&resp)
+	status, items, chunks, err := readSampleResponse(data)
 	if err != nil {
 		return nil, err
 	}
-	if resp.Status.GetCode() == wire.Code_CODE_PARTIAL {
-		return out, fmt.Errorf("%w: %s", ErrRateLimited, resp.Status.Message)
+	if err := statusError(status); err != nil {
+		return nil, err
+	}
+	out, err := decodeSamples(items, chunks)
+	if err != nil {
+		return nil, err
+	}
+	if status.GetCode() == wire.Code_CODE_PARTIAL {
+		return out, fmt.Errorf("%w: %s", ErrRateLimited, status.Message)
 	}
 	return out, nil
 }
 
-func decodeSamples(resp *wire.SampleResponse) ([]Sample, error) {
-	decoded := make(map[uint64]*wire.Tensor, len(resp.Chunks))
-	for i, raw := range resp.Chunks {
-		var ch wire.Chunk
-		if err := proto.Unmarshal(raw, &ch); err != nil {
+// readSampleResponse splits a SampleResponse into its status, its items
+// and its chunks, which stay sub-slices of b: a chunk's bytes are read in
+// place, not copied first.
+func readSampleResponse(b []byte) (status *wire.Status, items []*wire.SampledItem, chunks [][]byte, err error) {
+	status = &wire.Status{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, nil, nil, fmt.Errorf("%w: malformed sample response: %v", ErrServer, protowire.ParseError(n))
+		}
+		b = b[n:]
+		if typ != protowire.BytesType || num < 1 || num > 3 {
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				return nil, nil, nil, fmt.Errorf("%w: malformed sample response: %v", ErrServer, protowire.ParseError(n))
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return nil, nil, nil, fmt.Errorf("%w: malformed sample response: %v", ErrServer, protowire.ParseError(n))
+		}
+		b = b[n:]
+		switch num {
+		case 1:
+			err = proto.Unmarshal(v, status)
+		case 2:
+			it := &wire.SampledItem{}
+			err = proto.Unmarshal(v, it)
+			items = append(items, it)
+		case 3:
+			chunks = append(chunks, v)
+		}
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%w: malformed sample response: %v", ErrServer, err)
+		}
+	}
+	return status, items, chunks, nil
+}
+
+func decodeSamples(items []*wire.SampledItem, chunks [][]byte) ([]Sample, error) {
+	decoded := make(map[uint64]*wire.Tensor, len(chunks))
+	for i, raw := range chunks {
+		ch, err := readChunk(raw)
+		if err != nil {
 			return nil, fmt.Errorf("%w: chunk %d of the response: %v", ErrServer, i, err)
 		}
-		t, err := wire.DecodeChunk(&ch)
+		t, err := wire.DecodeChunk(ch)
 		if err != nil {
 			return nil, fmt.Errorf("%w: chunk %d: %v", ErrServer, ch.Key, err)
 		}
@@ -287,8 +328,8 @@ func decodeSamples(resp *wire.SampleResponse) ([]Sample, error) {
 		t, ok := decoded[key]
 		return t, ok
 	}
-	out := make([]Sample, len(resp.Items))
-	for i, it := range resp.Items {
+	out := make([]Sample, len(items))
+	for i, it := range items {
 		in := it.GetInfo()
 		s := Sample{
 			Info: tables.SampleInfo{

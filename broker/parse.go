@@ -49,8 +49,11 @@ const (
 	fieldChunkStepShape   = 3
 	fieldChunkLength      = 4
 	fieldChunkCompression = 5
+	fieldChunkDelta       = 6
 	fieldChunkRawSize     = 7
 	fieldChunkData        = 8
+	fieldChunkEpisode     = 9
+	fieldChunkEpisodeStep = 10
 )
 
 func parseInsertBatch(b []byte) (*insertBatch, error) {
@@ -149,16 +152,10 @@ func consumeUint64s(b []byte, typ protowire.Type, dst []uint64) ([]uint64, []byt
 	return nil, nil, fmt.Errorf("wire type %d for a repeated uint64", typ)
 }
 
-// parseChunk reads a chunk's header (not its data) and checks that it
-// describes a well-formed tensor: known dtype, non-negative shape, a raw size
-// that matches and fits MaxChunkRawSize. The returned chunk's Data is b.
-func parseChunk(b []byte) (*tables.Chunk, error) {
-	c := &tables.Chunk{Data: b}
-	var (
-		rawSize     uint64
-		compression uint64
-		dataLen     = -1
-	)
+// readChunk decodes an encoded Chunk without copying its data: the
+// returned chunk's Data is a sub-slice of b.
+func readChunk(b []byte) (*wire.Chunk, error) {
+	c := &wire.Chunk{}
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -170,26 +167,23 @@ func parseChunk(b []byte) (*tables.Chunk, error) {
 			err error
 		)
 		switch {
-		case typ == protowire.VarintType && num != fieldChunkStepShape:
-			v, n = protowire.ConsumeVarint(b)
 		case num == fieldChunkStepShape:
 			var dims []uint64
-			dims, b, err = consumeUint64s(b, typ, nil)
-			if err != nil {
+			if dims, b, err = consumeUint64s(b, typ, nil); err != nil {
 				return nil, fmt.Errorf("%w: chunk %d step shape: %v", ErrInvalidMessage, c.Key, err)
 			}
 			for _, d := range dims {
-				c.Shape = append(c.Shape, int64(d))
+				c.StepShape = append(c.StepShape, int64(d))
 			}
 			continue
+		case typ == protowire.VarintType:
+			v, n = protowire.ConsumeVarint(b)
 		case num == fieldChunkDtype && typ == protowire.BytesType:
 			var s []byte
 			s, n = protowire.ConsumeBytes(b)
-			c.DType = string(s)
+			c.Dtype = string(s)
 		case num == fieldChunkData && typ == protowire.BytesType:
-			var s []byte
-			s, n = protowire.ConsumeBytes(b)
-			dataLen = len(s)
+			c.Data, n = protowire.ConsumeBytes(b)
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
@@ -197,6 +191,9 @@ func parseChunk(b []byte) (*tables.Chunk, error) {
 			return nil, fmt.Errorf("%w: chunk %d field %d: %v", ErrInvalidMessage, c.Key, num, protowire.ParseError(n))
 		}
 		b = b[n:]
+		if typ != protowire.VarintType {
+			continue
+		}
 		switch num {
 		case fieldChunkKey:
 			c.Key = v
@@ -206,19 +203,42 @@ func parseChunk(b []byte) (*tables.Chunk, error) {
 			}
 			c.Length = int32(v)
 		case fieldChunkCompression:
-			compression = v
+			if v > math.MaxInt32 {
+				return nil, fmt.Errorf("%w: chunk %d: unknown compression %d", ErrInvalidMessage, c.Key, v)
+			}
+			c.Compression = wire.Compression(v)
+		case fieldChunkDelta:
+			c.DeltaEncoded = v != 0
 		case fieldChunkRawSize:
-			rawSize = v
+			c.RawSize = v
+		case fieldChunkEpisode:
+			c.EpisodeId = v
+		case fieldChunkEpisodeStep:
+			c.EpisodeStep = int64(v)
 		}
+	}
+	return c, nil
+}
+
+// parseChunk reads a chunk's header and checks that it describes a
+// well-formed tensor: known dtype, non-negative shape, a raw size that
+// matches and fits MaxChunkRawSize. The returned chunk's Data is b, the
+// whole encoded chunk, which is what the store keeps and sends on.
+func parseChunk(b []byte) (*tables.Chunk, error) {
+	wc, err := readChunk(b)
+	if err != nil {
+		return nil, err
+	}
+	c := &tables.Chunk{Key: wc.Key, DType: wc.Dtype, Shape: wc.StepShape, Length: wc.Length, Data: b}
+	compression, rawSize, dataLen := wc.Compression, wc.RawSize, len(wc.Data)
+	if _, ok := wire.Compression_name[int32(compression)]; !ok {
+		return nil, fmt.Errorf("%w: chunk %d: unknown compression %d", ErrInvalidMessage, c.Key, compression)
+	}
+	if dataLen == 0 && rawSize > 0 {
+		return nil, fmt.Errorf("%w: chunk %d has no data", ErrInvalidMessage, c.Key)
 	}
 	if c.Key == 0 {
 		return nil, fmt.Errorf("%w: chunk without a key", ErrInvalidMessage)
-	}
-	if _, ok := wire.Compression_name[int32(compression)]; !ok || compression > math.MaxInt32 {
-		return nil, fmt.Errorf("%w: chunk %d: unknown compression %d", ErrInvalidMessage, c.Key, compression)
-	}
-	if dataLen < 0 && rawSize > 0 {
-		return nil, fmt.Errorf("%w: chunk %d has no data", ErrInvalidMessage, c.Key)
 	}
 	if c.Length < 1 {
 		return nil, fmt.Errorf("%w: chunk %d: length %d (must be >= 1)", ErrInvalidMessage, c.Key, c.Length)

@@ -1,0 +1,170 @@
+package broker
+
+import (
+	"math"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// appendSampleResponse encodes a SampleResponse straight from the table's
+// samples: no intermediate messages per item, sizes computed exactly, and
+// each chunk appended once, as stored. It encodes what the generated code
+// would for the same message (TestAppendSampleResponse checks).
+func appendSampleResponse(b []byte, code wire.Code, msg string, samples []tables.Sample) []byte {
+	// The status is always set, even when empty (OK).
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(sizeStatus(code, msg)))
+	b = appendStatus(b, code, msg)
+	for i := range samples {
+		smp := &samples[i]
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeSampledItem(smp)))
+		info := sizeSampleInfo(&smp.Info)
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(info))
+		b = appendSampleInfo(b, &smp.Info)
+		for j := range smp.Trajectory {
+			c := &smp.Trajectory[j]
+			b = protowire.AppendTag(b, 2, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(sizeColumn(c)))
+			b = appendColumn(b, c)
+		}
+	}
+	seen := make(map[uint64]struct{}, len(samples))
+	for i := range samples {
+		for _, ch := range samples[i].Chunks {
+			if _, dup := seen[ch.Key]; dup {
+				continue
+			}
+			seen[ch.Key] = struct{}{}
+			b = protowire.AppendTag(b, 3, protowire.BytesType)
+			b = protowire.AppendBytes(b, ch.Data)
+		}
+	}
+	return b
+}
+
+func sizeStatus(code wire.Code, msg string) int {
+	n := 0
+	if code != 0 {
+		n += 1 + protowire.SizeVarint(uint64(code))
+	}
+	if msg != "" {
+		n += 1 + protowire.SizeBytes(len(msg))
+	}
+	return n
+}
+
+func appendStatus(b []byte, code wire.Code, msg string) []byte {
+	if code != 0 {
+		b = protowire.AppendTag(b, 1, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(code))
+	}
+	if msg != "" {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendString(b, msg)
+	}
+	return b
+}
+
+func sizeSampledItem(smp *tables.Sample) int {
+	n := 1 + protowire.SizeBytes(sizeSampleInfo(&smp.Info))
+	for j := range smp.Trajectory {
+		n += 1 + protowire.SizeBytes(sizeColumn(&smp.Trajectory[j]))
+	}
+	return n
+}
+
+// varintField and doubleField size one non-zero scalar field of a low
+// field number (one-byte tag); zero values are not encoded in proto3.
+func varintField(v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return 1 + protowire.SizeVarint(v)
+}
+
+func doubleField(v float64) int {
+	if v == 0 && !math.Signbit(v) {
+		return 0
+	}
+	return 1 + 8
+}
+
+func sizeSampleInfo(in *tables.SampleInfo) int {
+	n := varintField(in.Key) + doubleField(in.Probability) + varintField(uint64(in.TableSize)) +
+		doubleField(in.Priority) + varintField(uint64(int64(in.TimesSampled))) + varintField(uint64(in.InsertedAt.UnixNano()))
+	if in.RateLimited {
+		n += 2
+	}
+	return n
+}
+
+func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}
+
+func appendDoubleField(b []byte, num protowire.Number, v float64) []byte {
+	if v == 0 && !math.Signbit(v) {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.Fixed64Type)
+	return protowire.AppendFixed64(b, math.Float64bits(v))
+}
+
+func appendSampleInfo(b []byte, in *tables.SampleInfo) []byte {
+	b = appendVarintField(b, 1, in.Key)
+	b = appendDoubleField(b, 2, in.Probability)
+	b = appendVarintField(b, 3, uint64(in.TableSize))
+	b = appendDoubleField(b, 4, in.Priority)
+	b = appendVarintField(b, 5, uint64(int64(in.TimesSampled)))
+	b = appendVarintField(b, 6, uint64(in.InsertedAt.UnixNano()))
+	if in.RateLimited {
+		b = appendVarintField(b, 7, 1)
+	}
+	return b
+}
+
+func sizeSlice(sl *tables.Slice) int {
+	return varintField(sl.Chunk) + varintField(uint64(int64(sl.Offset))) + varintField(uint64(int64(sl.Length)))
+}
+
+func sizeColumn(c *tables.Column) int {
+	n := 0
+	if c.Name != "" {
+		n += 1 + protowire.SizeBytes(len(c.Name))
+	}
+	for k := range c.Slices {
+		n += 1 + protowire.SizeBytes(sizeSlice(&c.Slices[k]))
+	}
+	if c.Squeeze {
+		n += 2
+	}
+	return n
+}
+
+func appendColumn(b []byte, c *tables.Column) []byte {
+	if c.Name != "" {
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, c.Name)
+	}
+	for k := range c.Slices {
+		sl := &c.Slices[k]
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeSlice(sl)))
+		b = appendVarintField(b, 1, sl.Chunk)
+		b = appendVarintField(b, 2, uint64(int64(sl.Offset)))
+		b = appendVarintField(b, 3, uint64(int64(sl.Length)))
+	}
+	if c.Squeeze {
+		b = appendVarintField(b, 3, 1)
+	}
+	return b
+}
