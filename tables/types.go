@@ -23,7 +23,6 @@ var (
 	ErrInvalidItem     = errors.New("tables: invalid item")
 	ErrChunkMissing    = errors.New("tables: chunk missing")
 	ErrSignature       = errors.New("tables: signature mismatch")
-	ErrKeyNotFound     = errors.New("tables: key not found")
 	ErrInvalidArgument = errors.New("tables: invalid argument")
 	ErrInvalidSnapshot = errors.New("tables: invalid snapshot")
 	ErrInvalidPriority = selectors.ErrInvalidPriority
