@@ -284,16 +284,11 @@ func Atari(ctx context.Context, cfg AtariConfig) (AtariResult, error) {
 	res.CompressionRatio = float64(res.RawBytes) / float64(res.WireBytes)
 
 	res.Sample, err = runClients(ctx, cfg.Learners, cfg.Warmup, cfg.Duration, func(ctx context.Context, i int, c *counter) error {
-		nc, err := connect(cfg.URL, fmt.Sprintf("atari learner %d", i))
+		cl, hangUp, err := dialClient(cfg.URL, fmt.Sprintf("atari learner %d", i), cfg.Prefix, log)
 		if err != nil {
 			return err
 		}
-		defer nc.Close()
-		cl, err := broker.NewClient(nc, broker.WithPrefix(cfg.Prefix), broker.WithLogger(log))
-		if err != nil {
-			return err
-		}
-		defer cl.Close()
+		defer hangUp()
 		for time.Now().Before(c.w.End) {
 			t0 := time.Now()
 			samples, err := cl.Sample(ctx, cfg.Table, cfg.SampleBatch)

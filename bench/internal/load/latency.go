@@ -183,15 +183,7 @@ func Fill(ctx context.Context, cfg FillConfig) error {
 				err = fmt.Errorf("load: filler %d: closing: %w", i, cerr)
 			}
 		}()
-		rng := rand.New(rand.NewPCG(uint64(i), 0xf111))
-		payloads := make([]*wire.Tensor, 8)
-		for k := range payloads {
-			v := make([]float32, cfg.Payload/4)
-			for j := range v {
-				v[j] = rng.Float32()
-			}
-			payloads[k] = wire.Float32s([]int64{int64(len(v))}, v)
-		}
+		payloads := randomPayloads(uint64(i), 0xf111, cfg.Payload)
 		traj := broker.LastStep("payload")
 		for k := range n {
 			if err := p.Append(ctx, broker.Step{"payload": payloads[k%len(payloads)]}); err != nil {

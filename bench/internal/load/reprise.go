@@ -60,15 +60,7 @@ func Insert(ctx context.Context, cfg BenchConfig) (Throughput, error) {
 				err = fmt.Errorf("load: inserter %d: closing: %w", i, cerr)
 			}
 		}()
-		rng := rand.New(rand.NewPCG(uint64(i), 0x5eed))
-		payloads := make([]*wire.Tensor, 8)
-		for k := range payloads {
-			v := make([]float32, cfg.Payload/4)
-			for j := range v {
-				v[j] = rng.Float32()
-			}
-			payloads[k] = wire.Float32s([]int64{int64(len(v))}, v)
-		}
+		payloads := randomPayloads(uint64(i), 0x5eed, cfg.Payload)
 		traj := broker.LastStep("payload")
 		for step := 0; time.Now().Before(c.w.End); {
 			t0 := time.Now()
@@ -97,16 +89,11 @@ func Sample(ctx context.Context, cfg BenchConfig) (Throughput, error) {
 	}
 	log := slog.New(slog.DiscardHandler)
 	return runClients(ctx, cfg.Clients, cfg.Warmup, cfg.Duration, func(ctx context.Context, i int, c *counter) error {
-		nc, err := connect(cfg.URL, fmt.Sprintf("learner %d", i))
+		cl, hangUp, err := dialClient(cfg.URL, fmt.Sprintf("learner %d", i), cfg.Prefix, log)
 		if err != nil {
 			return err
 		}
-		defer nc.Close()
-		cl, err := broker.NewClient(nc, broker.WithPrefix(cfg.Prefix), broker.WithLogger(log))
-		if err != nil {
-			return err
-		}
-		defer cl.Close()
+		defer hangUp()
 		for time.Now().Before(c.w.End) {
 			t0 := time.Now()
 			samples, err := cl.Sample(ctx, cfg.Table, cfg.Batch)
@@ -123,4 +110,32 @@ func Sample(ctx context.Context, cfg BenchConfig) (Throughput, error) {
 		}
 		return nil
 	})
+}
+
+// randomPayloads makes 8 payloads of random float32s for one client to
+// cycle through: random, so that compression cannot shrink them.
+func randomPayloads(client, seed uint64, bytes int) []*wire.Tensor {
+	rng := rand.New(rand.NewPCG(client, seed))
+	payloads := make([]*wire.Tensor, 8)
+	for k := range payloads {
+		v := make([]float32, bytes/4)
+		for j := range v {
+			v[j] = rng.Float32()
+		}
+		payloads[k] = wire.Float32s([]int64{int64(len(v))}, v)
+	}
+	return payloads
+}
+
+// dialClient connects a learner; hangUp closes the client and connection.
+func dialClient(url, name, prefix string, log *slog.Logger) (cl *broker.Client, hangUp func(), err error) {
+	nc, err := connect(url, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cl, err = broker.NewClient(nc, broker.WithPrefix(prefix), broker.WithLogger(log)); err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return cl, func() { cl.Close(); nc.Close() }, nil
 }
