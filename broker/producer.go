@@ -13,7 +13,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/wire"
@@ -269,7 +268,7 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 		nc:         nc,
 		js:         js,
 		subj:       subj,
-		id:         nuid.Next(),
+		id:         newProducerID(),
 		o:          o,
 		maxPayload: int(nc.MaxPayload()),
 		flow:       newFlow(o.maxInFlight, o.maxUnapplied),
@@ -307,8 +306,14 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 	return p, nil
 }
 
-// ID is the producer's unique id; the service names it in logs.
+// ID is the producer's unique id. It is secret: with it, a client allowed to
+// publish inserts could make JetStream drop this producer's messages as
+// duplicates. Logs name a producer by its notice token (NoticeToken).
 func (p *Producer) ID() string { return p.id }
+
+// NoticeToken is the producer's public name: the last token of the subject
+// its rejections arrive on, and how the service's logs name it.
+func (p *Producer) NoticeToken() string { return noticeToken(p.id) }
 
 // readNotes handles the service's progress and rejection messages until
 // Close unsubscribes and stops it.
@@ -712,7 +717,7 @@ func (p *Producer) await(rec *inFlight) {
 			}
 		}
 		if !retryablePublishError(lastErr) || time.Now().After(deadline) {
-			p.o.logger.Warn("reprise producer: publish failed", "producer", p.id, "sequence", rec.seq, "items", rec.items, "error", lastErr)
+			p.o.logger.Warn("reprise producer: publish failed", "producer", noticeToken(p.id), "sequence", rec.seq, "items", rec.items, "error", lastErr)
 			p.flow.fail(rec.items, fmt.Errorf("broker: message %d (%d items) not stored: %w", rec.seq, rec.items, lastErr))
 			return
 		}

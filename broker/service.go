@@ -581,7 +581,7 @@ func (s *Service) drain(ctx context.Context, id string, ps *producerState, force
 				lowest = min(lowest, q)
 			}
 			s.log.Warn("reprise service: giving up on a gap in a producer's messages; the missing ones are dropped if they arrive later",
-				"producer", id, "missing_from", ps.lastSeq+1, "missing_to", lowest-1)
+				"producer", noticeToken(id), "missing_from", ps.lastSeq+1, "missing_to", lowest-1)
 			next = ps.waiting[lowest]
 			ps.lastSeq = lowest - 1
 		}
@@ -718,7 +718,7 @@ func (s *Service) sweepProducers(now time.Time) {
 		case idle > 2*s.o.producerIdle:
 			delete(s.producers, id)
 		case idle > s.o.producerIdle && len(ps.chunks) > 0:
-			s.log.Info("reprise service: dropping the chunks of an idle producer", "producer", id, "idle", idle, "held_chunks", len(ps.chunks))
+			s.log.Info("reprise service: dropping the chunks of an idle producer", "producer", noticeToken(id), "idle", idle, "held_chunks", len(ps.chunks))
 			s.dropProducer(id, ps)
 		}
 	}
@@ -771,12 +771,12 @@ func (s *Service) reject(producer string, seq, itemKey uint64, table string, cod
 		s.o.observer.Rejected(table, code)
 	}
 	if s.rejectLog.allow() {
-		s.log.Warn("reprise service: rejected", "producer", producer, "sequence", seq, "item", itemKey, "table", table, "code", code.String(), "reason", msg)
+		s.log.Warn("reprise service: rejected", "producer", noticeToken(producer), "sequence", seq, "item", itemKey, "table", table, "code", code.String(), "reason", msg)
 	}
 	if producer == "" {
 		return
 	}
-	data, _ := proto.Marshal(&wire.Rejection{ProducerId: producer, Sequence: seq, ItemKey: itemKey, Table: table, Code: code, Message: msg})
+	data, _ := proto.Marshal(&wire.Rejection{Producer: noticeToken(producer), Sequence: seq, ItemKey: itemKey, Table: table, Code: code, Message: msg})
 	// Best effort: the count and the log line are the record.
 	_ = s.nc.Publish(s.subj.rejected(producer), data)
 }

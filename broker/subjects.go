@@ -9,7 +9,7 @@
 //	<prefix>.data.mutate    Mutation messages (JetStream)
 //	<prefix>.data.reset     table resets (JetStream, published by the service)
 //	<prefix>.applied        the service's last applied stream sequence (core NATS)
-//	<prefix>.rejected.<id>  what the service rejected from producer <id> (core NATS)
+//	<prefix>.rejected.<tok> what the service rejected from the producer whose notice token is <tok> (core NATS)
 //	<prefix>.api.sample     sample requests (request-reply, a NATS micro endpoint)
 //	<prefix>.api.info       table info (request-reply)
 //	<prefix>.api.items      list items by key or page (request-reply)
@@ -18,6 +18,9 @@
 package broker
 
 import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -72,9 +75,26 @@ func (s subjects) info() string   { return s.apiGroup() + ".info" }
 func (s subjects) resetAPI() string {
 	return s.apiGroup() + ".reset"
 }
-func (s subjects) checkpoint() string                { return s.apiGroup() + ".checkpoint" }
-func (s subjects) items() string                     { return s.apiGroup() + ".items" }
-func (s subjects) rejected(producerID string) string { return s.prefix + ".rejected." + producerID }
+func (s subjects) checkpoint() string { return s.apiGroup() + ".checkpoint" }
+func (s subjects) items() string      { return s.apiGroup() + ".items" }
+func (s subjects) rejected(producerID string) string {
+	return s.prefix + ".rejected." + noticeToken(producerID)
+}
+
+// noticeToken names a producer in public (its rejection subject) without
+// giving away its secret id, which forms its messages' dedupe ids.
+func noticeToken(producerID string) string {
+	sum := sha256.Sum256([]byte("reprise-notice:" + producerID))
+	return hex.EncodeToString(sum[:16])
+}
+
+// newProducerID returns 128 random bits as 32 hex digits: a dedupe id
+// prefix nobody else can guess.
+func newProducerID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
 
 // stream is the name of the JetStream stream that holds the data subjects:
 // the prefix upper-cased with dots turned into underscores.

@@ -90,6 +90,11 @@ const (
 	Code_CODE_INTERNAL     Code = 5
 	// Fewer items than asked for were returned before the timeout.
 	Code_CODE_PARTIAL Code = 6
+	// A limit was reached: a message, item or reply too large, too many
+	// producers or held messages, no free request slot.
+	Code_CODE_RESOURCE_EXHAUSTED Code = 7
+	// An item's columns do not match the table's signature.
+	Code_CODE_SIGNATURE_MISMATCH Code = 8
 )
 
 // Enum value maps for Code.
@@ -102,15 +107,19 @@ var (
 		4: "CODE_UNAVAILABLE",
 		5: "CODE_INTERNAL",
 		6: "CODE_PARTIAL",
+		7: "CODE_RESOURCE_EXHAUSTED",
+		8: "CODE_SIGNATURE_MISMATCH",
 	}
 	Code_value = map[string]int32{
-		"CODE_OK":               0,
-		"CODE_INVALID_ARGUMENT": 1,
-		"CODE_NOT_FOUND":        2,
-		"CODE_RATE_LIMITED":     3,
-		"CODE_UNAVAILABLE":      4,
-		"CODE_INTERNAL":         5,
-		"CODE_PARTIAL":          6,
+		"CODE_OK":                 0,
+		"CODE_INVALID_ARGUMENT":   1,
+		"CODE_NOT_FOUND":          2,
+		"CODE_RATE_LIMITED":       3,
+		"CODE_UNAVAILABLE":        4,
+		"CODE_INTERNAL":           5,
+		"CODE_PARTIAL":            6,
+		"CODE_RESOURCE_EXHAUSTED": 7,
+		"CODE_SIGNATURE_MISMATCH": 8,
 	}
 )
 
@@ -524,7 +533,10 @@ func (x *Item) GetColumns() []*TrajectoryColumn {
 // releases it (release_chunk_keys or end_of_stream).
 type InsertBatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Unique per producer instance.
+	// Unique per producer instance and secret: 32 lowercase hex digits of
+	// crypto randomness. With sequence it forms the JetStream dedupe id, so a
+	// client that could read or guess it could make JetStream drop this
+	// producer's messages as duplicates.
 	ProducerId string `protobuf:"bytes,1,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
 	// Increases by one per message of a producer; with producer_id it forms
 	// the JetStream dedupe id.
@@ -535,7 +547,15 @@ type InsertBatch struct {
 	// reference: the service drops its hold on them (items keep theirs).
 	ReleaseChunkKeys []uint64 `protobuf:"varint,5,rep,packed,name=release_chunk_keys,json=releaseChunkKeys,proto3" json:"release_chunk_keys,omitempty"`
 	// The producer is closing: release everything it kept.
-	EndOfStream   bool `protobuf:"varint,6,opt,name=end_of_stream,json=endOfStream,proto3" json:"end_of_stream,omitempty"`
+	EndOfStream bool `protobuf:"varint,6,opt,name=end_of_stream,json=endOfStream,proto3" json:"end_of_stream,omitempty"`
+	// The producer's window when it sent this message: window_start is its
+	// lowest sequence not yet settled (acknowledged by JetStream or given up),
+	// and it never has more than window messages unsettled, so sequence lies
+	// in [window_start, window_start + window). A sequence below window_start
+	// that the service has not seen will never come: it stops waiting for it.
+	// A sequence outside the window is rejected.
+	WindowStart   uint64 `protobuf:"varint,7,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	Window        uint32 `protobuf:"varint,8,opt,name=window,proto3" json:"window,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -610,6 +630,20 @@ func (x *InsertBatch) GetEndOfStream() bool {
 		return x.EndOfStream
 	}
 	return false
+}
+
+func (x *InsertBatch) GetWindowStart() uint64 {
+	if x != nil {
+		return x.WindowStart
+	}
+	return 0
+}
+
+func (x *InsertBatch) GetWindow() uint32 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
 }
 
 // MutationOp updates one item's priority, or deletes it.
@@ -1542,13 +1576,16 @@ func (x *ResetResponse) GetStatus() *Status {
 	return nil
 }
 
-// Rejection tells a producer, on <prefix>.rejected.<producer_id>, what the
-// service refused from one of its messages and why. Core NATS: a producer
-// that is not listening misses it; the service also counts and logs it.
+// Rejection tells a producer, on <prefix>.rejected.<notice token>, what the
+// service refused from one of its messages and why. The notice token is the
+// first 32 hex digits of SHA-256("reprise-notice:" + producer_id): public,
+// and no way back to the secret producer id. Core NATS: a producer that is
+// not listening misses it; the service also counts and logs it.
 type Rejection struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	ProducerId string                 `protobuf:"bytes,1,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
-	Sequence   uint64                 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The producer's notice token (never its id).
+	Producer string `protobuf:"bytes,1,opt,name=producer,proto3" json:"producer,omitempty"`
+	Sequence uint64 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	// Zero when the whole message was refused.
 	ItemKey       uint64 `protobuf:"varint,3,opt,name=item_key,json=itemKey,proto3" json:"item_key,omitempty"`
 	Table         string `protobuf:"bytes,4,opt,name=table,proto3" json:"table,omitempty"`
@@ -1588,9 +1625,9 @@ func (*Rejection) Descriptor() ([]byte, []int) {
 	return file_reprise_proto_rawDescGZIP(), []int{19}
 }
 
-func (x *Rejection) GetProducerId() string {
+func (x *Rejection) GetProducer() string {
 	if x != nil {
-		return x.ProducerId
+		return x.Producer
 	}
 	return ""
 }
@@ -2503,7 +2540,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x1a\n" +
 	"\bpriority\x18\x03 \x01(\x01R\bpriority\x126\n" +
-	"\acolumns\x18\x04 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xef\x01\n" +
+	"\acolumns\x18\x04 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xaa\x02\n" +
 	"\vInsertBatch\x12\x1f\n" +
 	"\vproducer_id\x18\x01 \x01(\tR\n" +
 	"producerId\x12\x1a\n" +
@@ -2511,7 +2548,9 @@ const file_reprise_proto_rawDesc = "" +
 	"\x06chunks\x18\x03 \x03(\v2\x11.reprise.v1.ChunkR\x06chunks\x12&\n" +
 	"\x05items\x18\x04 \x03(\v2\x10.reprise.v1.ItemR\x05items\x12,\n" +
 	"\x12release_chunk_keys\x18\x05 \x03(\x04R\x10releaseChunkKeys\x12\"\n" +
-	"\rend_of_stream\x18\x06 \x01(\bR\vendOfStream\"R\n" +
+	"\rend_of_stream\x18\x06 \x01(\bR\vendOfStream\x12!\n" +
+	"\fwindow_start\x18\a \x01(\x04R\vwindowStart\x12\x16\n" +
+	"\x06window\x18\b \x01(\rR\x06window\"R\n" +
 	"\n" +
 	"MutationOp\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x1a\n" +
@@ -2589,10 +2628,9 @@ const file_reprise_proto_rawDesc = "" +
 	"chunkBytes\x12+\n" +
 	"\x11rejected_messages\x18\x06 \x01(\x03R\x10rejectedMessages\";\n" +
 	"\rResetResponse\x12*\n" +
-	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\"\xb9\x01\n" +
-	"\tRejection\x12\x1f\n" +
-	"\vproducer_id\x18\x01 \x01(\tR\n" +
-	"producerId\x12\x1a\n" +
+	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\"\xb4\x01\n" +
+	"\tRejection\x12\x1a\n" +
+	"\bproducer\x18\x01 \x01(\tR\bproducer\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12\x19\n" +
 	"\bitem_key\x18\x03 \x01(\x04R\aitemKey\x12\x14\n" +
 	"\x05table\x18\x04 \x01(\tR\x05table\x12$\n" +
@@ -2667,7 +2705,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\vCompression\x12\x14\n" +
 	"\x10COMPRESSION_NONE\x10\x00\x12\x14\n" +
 	"\x10COMPRESSION_ZSTD\x10\x01\x12\x12\n" +
-	"\x0eCOMPRESSION_S2\x10\x02*\x94\x01\n" +
+	"\x0eCOMPRESSION_S2\x10\x02*\xce\x01\n" +
 	"\x04Code\x12\v\n" +
 	"\aCODE_OK\x10\x00\x12\x19\n" +
 	"\x15CODE_INVALID_ARGUMENT\x10\x01\x12\x12\n" +
@@ -2675,7 +2713,9 @@ const file_reprise_proto_rawDesc = "" +
 	"\x11CODE_RATE_LIMITED\x10\x03\x12\x14\n" +
 	"\x10CODE_UNAVAILABLE\x10\x04\x12\x11\n" +
 	"\rCODE_INTERNAL\x10\x05\x12\x10\n" +
-	"\fCODE_PARTIAL\x10\x06B+Z)github.com/reprise-rl/reprise/broker/wireb\x06proto3"
+	"\fCODE_PARTIAL\x10\x06\x12\x1b\n" +
+	"\x17CODE_RESOURCE_EXHAUSTED\x10\a\x12\x1b\n" +
+	"\x17CODE_SIGNATURE_MISMATCH\x10\bB+Z)github.com/reprise-rl/reprise/broker/wireb\x06proto3"
 
 var (
 	file_reprise_proto_rawDescOnce sync.Once
