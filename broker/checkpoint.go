@@ -150,8 +150,9 @@ func (s *Service) capture() *captured {
 	}
 	for id, ps := range s.producers {
 		pc := &wire.ProducerCheckpoint{Id: id, LastSequence: ps.lastSeq, LastSeenUnixNano: ps.lastSeen.UnixNano(), End: ps.end}
+		keys := make([]uint64, 0, len(ps.chunks))
 		for key := range ps.chunks {
-			pc.ChunkKeys = append(pc.ChunkKeys, key)
+			keys = append(keys, key)
 			if _, dup := seen[key]; dup {
 				continue
 			}
@@ -160,7 +161,12 @@ func (s *Service) capture() *captured {
 				c.chunks = append(c.chunks, ch)
 			}
 		}
-		slices.Sort(pc.ChunkKeys)
+		slices.Sort(keys)
+		pc.ChunkKeys = keys
+		pc.ChunkOrders = make([]uint64, len(keys))
+		for i, k := range keys {
+			pc.ChunkOrders[i] = ps.chunks[k].order
+		}
 		held := make([]*insertBatch, 0, len(ps.waiting))
 		for _, b := range ps.waiting {
 			held = append(held, b)
@@ -472,18 +478,32 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 	}
 	producers := make(map[string]*producerState, len(cp.Producers))
 	stalled := make(map[string]*producerState)
+	var (
+		holds          []holdEntry
+		heldChunkBytes int64
+		heldBytes      int64
+	)
 	for _, pc := range cp.Producers {
-		ps := &producerState{lastSeq: pc.LastSequence, lastSeen: time.Unix(0, pc.LastSeenUnixNano), end: pc.End, chunks: make(map[uint64]struct{}, len(pc.ChunkKeys))}
-		if err := store.Retain(pc.ChunkKeys...); err != nil {
-			return fail(fmt.Errorf("producer %s: %w", pc.Id, err))
+		ps := &producerState{lastSeq: pc.LastSequence, lastSeen: time.Unix(0, pc.LastSeenUnixNano), end: pc.End, chunks: make(map[uint64]chunkHold, len(pc.ChunkKeys))}
+		if len(pc.ChunkOrders) != len(pc.ChunkKeys) {
+			return fail(fmt.Errorf("producer %s: %d chunk orders for %d chunks", noticeToken(pc.Id), len(pc.ChunkOrders), len(pc.ChunkKeys)))
 		}
-		for _, k := range pc.ChunkKeys {
-			ps.chunks[k] = struct{}{}
+		if err := store.Retain(pc.ChunkKeys...); err != nil {
+			return fail(fmt.Errorf("producer %s: %w", noticeToken(pc.Id), err))
+		}
+		for i, k := range pc.ChunkKeys {
+			ch, _ := store.Get(k)
+			h := chunkHold{order: pc.ChunkOrders[i], bytes: int64(len(ch.Data))}
+			ps.chunks[k] = h
+			holds = append(holds, holdEntry{producer: pc.Id, key: k, order: h.order})
+			heldChunkBytes += h.bytes
 		}
 		for _, h := range pc.Held {
-			b, err := parseInsertBatch(h.Data)
+			b, err := parseInsertBatch(h.Data, &s.o.limits)
 			if err != nil {
-				return fail(fmt.Errorf("producer %s held message: %w", pc.Id, err))
+				// Accepted when it arrived: the limits have changed since.
+				s.log.Error("reprise service: a message held in the checkpoint is now refused; it is dropped", "producer", noticeToken(pc.Id), "error", err)
+				continue
 			}
 			b.raw, b.storedAt = h.Data, time.Unix(0, h.StoredAtUnixNano)
 			if h.ItemsApplied < 0 || int(h.ItemsApplied) > len(b.items) {
@@ -494,6 +514,7 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 				ps.waiting = make(map[uint64]*insertBatch)
 			}
 			ps.waiting[b.sequence] = b
+			heldBytes += int64(len(b.raw))
 		}
 		producers[pc.Id] = ps
 		if len(ps.waiting) > 0 {
@@ -504,6 +525,10 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 		t.Close()
 	}
 	s.store, s.tables, s.producers, s.stalled = store, restored, producers, stalled
+	// Holds are released oldest first: the same order as before the crash.
+	slices.SortFunc(holds, func(a, b holdEntry) int { return cmp.Compare(a.order, b.order) })
+	s.holds = holdQueue{entries: holds, live: len(holds), bytes: heldChunkBytes}
+	s.heldBytes = heldBytes
 	if cp.LastSweepUnixNano != 0 {
 		s.lastSweep = time.Unix(0, cp.LastSweepUnixNano)
 	}

@@ -429,11 +429,11 @@ func TestGarbageRejected(t *testing.T) {
 		[]byte("hello"),
 		{},
 		// A batch whose chunk claims a gigantic raw size.
-		mustMarshal(t, &wire.InsertBatch{ProducerId: "evil", Sequence: 1, Chunks: []*wire.Chunk{{Key: 7, Dtype: "float32", StepShape: []int64{1 << 40}, Length: 1, RawSize: 4 << 40}},
+		mustMarshal(t, &wire.InsertBatch{ProducerId: "evil", Sequence: 1, WindowStart: 1, Window: 4, Chunks: []*wire.Chunk{{Key: 7, Dtype: "float32", StepShape: []int64{1 << 40}, Length: 1, RawSize: 4 << 40}},
 			Items: []*wire.Item{{Key: 1, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{{Name: "x", Slices: []*wire.ColumnSlice{{ChunkKey: 7, Length: 1}}}}}}}),
 		// An item for an unknown table, one with a negative priority, one
 		// with a NaN priority, one referencing a chunk nobody sent.
-		mustMarshal(t, &wire.InsertBatch{ProducerId: "evil", Sequence: 2, Items: []*wire.Item{
+		mustMarshal(t, &wire.InsertBatch{ProducerId: "evil", Sequence: 2, WindowStart: 1, Window: 4, Items: []*wire.Item{
 			{Key: 2, Table: "nope", Priority: 1},
 			{Key: 3, Table: "t", Priority: -1},
 			{Key: 4, Table: "t", Priority: math.NaN()},
@@ -674,7 +674,7 @@ func TestProducerGap(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := &wire.InsertBatch{ProducerId: producer, Sequence: seq, Chunks: []*wire.Chunk{ch},
+		m := &wire.InsertBatch{ProducerId: producer, Sequence: seq, WindowStart: 1, Window: 1024, Chunks: []*wire.Chunk{ch},
 			Items: []*wire.Item{{Key: uint64(id), Table: "queue", Priority: 1, Columns: []*wire.TrajectoryColumn{{Name: "id", Squeeze: true, Slices: []*wire.ColumnSlice{{ChunkKey: ch.Key, Length: 1}}}}}}}
 		if _, err := d.svc.js.Publish(ctx, d.svc.subj.insert(), mustMarshal(t, m)); err != nil {
 			t.Fatal(err)

@@ -17,22 +17,44 @@ import (
 // send them on as they are: a chunk is neither copied nor re-encoded on its
 // way from actor to learner.
 type insertBatch struct {
-	producerID string
-	sequence   uint64
-	chunks     []rawChunk
-	items      []*wire.Item
-	release    []uint64
-	end        bool
+	producerID  string
+	sequence    uint64
+	windowStart uint64
+	window      uint64
+	chunks      []rawChunk
+	items       []preparedItem
+	release     []uint64
+	end         bool
 
-	storedAt time.Time // when the stream stored it
-	raw      []byte    // the message as published, for checkpoints
-	done     int       // items already applied
+	storedAt  time.Time // when the stream stored it
+	streamSeq uint64
+	raw       []byte // the message as published, for checkpoints
+	done      int    // items already applied
+}
+
+// toTombstone drops the message's chunks and items, keeping its place in
+// its producer's sequence and its chunk releases; raw becomes the encoding
+// of what is left, so that checkpoints carry the tombstone.
+func (b *insertBatch) toTombstone() {
+	b.chunks, b.items, b.done = nil, nil, 0
+	b.raw, _ = proto.Marshal(&wire.InsertBatch{
+		ProducerId: b.producerID, Sequence: b.sequence, WindowStart: b.windowStart, Window: uint32(b.window),
+		ReleaseChunkKeys: b.release, EndOfStream: b.end,
+	})
 }
 
 type rawChunk struct {
-	chunk *tables.Chunk // nil when the chunk's header is invalid
+	chunk *tables.Chunk // nil when the chunk is invalid
 	key   uint64
 	err   error
+}
+
+// preparedItem is an item of an insert message as the table takes it, or
+// why it cannot be taken.
+type preparedItem struct {
+	table string
+	item  tables.Item
+	err   error // an item-level rejection: over a limit
 }
 
 // Field numbers of InsertBatch and Chunk in reprise.proto.
@@ -43,6 +65,8 @@ const (
 	fieldBatchItems    = 4
 	fieldBatchRelease  = 5
 	fieldBatchEnd      = 6
+	fieldBatchWinStart = 7
+	fieldBatchWindow   = 8
 
 	fieldChunkKey         = 1
 	fieldChunkDtype       = 2
@@ -56,7 +80,31 @@ const (
 	fieldChunkEpisodeStep = 10
 )
 
-func parseInsertBatch(b []byte) (*insertBatch, error) {
+// parseInsertBatch reads an insert message and checks everything about it
+// that does not depend on the service's state: its limits, its window, and
+// that every chunk decodes to its declared size (so that no learner ever
+// receives one that does not). It is the costly part of an insert, and runs
+// on the service's prepare workers, off the apply loop. A message that fails
+// as a whole returns an error; a bad chunk or item is marked for rejection
+// on its own.
+func parseInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
+	out, err := readInsertBatch(b, l)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out.chunks {
+		rc := &out.chunks[i]
+		if rc.err == nil {
+			rc.err = checkChunkDecodes(rc.chunk, l.MaxChunkBytes)
+		}
+		if rc.err != nil {
+			rc.chunk = nil
+		}
+	}
+	return out, nil
+}
+
+func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 	out := &insertBatch{}
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -82,6 +130,9 @@ func parseInsertBatch(b []byte) (*insertBatch, error) {
 			if n < 0 {
 				return nil, fmt.Errorf("%w: insert batch chunk %d: %v", ErrInvalidMessage, len(out.chunks), protowire.ParseError(n))
 			}
+			if len(out.chunks) == l.MaxChunksPerMessage {
+				return nil, fmt.Errorf("%w: insert batch has more than %d chunks (limits.max_chunks_per_message)", ErrTooLarge, l.MaxChunksPerMessage)
+			}
 			c, err := parseChunk(v)
 			out.chunks, b = append(out.chunks, rawChunk{chunk: c, key: chunkKeyOf(c), err: err}), b[n:]
 		case num == fieldBatchItems && typ == protowire.BytesType:
@@ -89,11 +140,14 @@ func parseInsertBatch(b []byte) (*insertBatch, error) {
 			if n < 0 {
 				return nil, fmt.Errorf("%w: insert batch item %d: %v", ErrInvalidMessage, len(out.items), protowire.ParseError(n))
 			}
+			if len(out.items) == l.MaxItemsPerMessage {
+				return nil, fmt.Errorf("%w: insert batch has more than %d items (limits.max_items_per_message)", ErrTooLarge, l.MaxItemsPerMessage)
+			}
 			item := &wire.Item{}
 			if err := proto.Unmarshal(v, item); err != nil {
 				return nil, fmt.Errorf("%w: insert batch item %d: %v", ErrInvalidMessage, len(out.items), err)
 			}
-			out.items, b = append(out.items, item), b[n:]
+			out.items, b = append(out.items, prepareItem(item, l)), b[n:]
 		case num == fieldBatchRelease:
 			var err error
 			if out.release, b, err = consumeUint64s(b, typ, out.release); err != nil {
@@ -105,6 +159,17 @@ func parseInsertBatch(b []byte) (*insertBatch, error) {
 				return nil, fmt.Errorf("%w: insert batch end flag: %v", ErrInvalidMessage, protowire.ParseError(n))
 			}
 			out.end, b = v != 0, b[n:]
+		case (num == fieldBatchWinStart || num == fieldBatchWindow) && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return nil, fmt.Errorf("%w: insert batch window: %v", ErrInvalidMessage, protowire.ParseError(n))
+			}
+			if num == fieldBatchWinStart {
+				out.windowStart = v
+			} else {
+				out.window = v
+			}
+			b = b[n:]
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
@@ -113,10 +178,71 @@ func parseInsertBatch(b []byte) (*insertBatch, error) {
 			b = b[n:]
 		}
 	}
-	if out.producerID == "" {
-		return nil, fmt.Errorf("%w: insert batch without a producer id", ErrInvalidMessage)
+	if out.producerID == "" || len(out.producerID) > maxProducerIDLen {
+		return nil, fmt.Errorf("%w: insert batch producer id of %d bytes (want 1 to %d)", ErrInvalidMessage, len(out.producerID), maxProducerIDLen)
+	}
+	// A producer never has more than window messages unsettled, so its
+	// sequence lies in [window_start, window_start+window); a sequence
+	// outside is forged or corrupt, and must not make the service wait.
+	switch {
+	case out.sequence == 0:
+		return nil, fmt.Errorf("%w: insert batch sequence 0 (producers number their messages from 1)", ErrInvalidMessage)
+	case out.window == 0 || out.window > uint64(l.MaxProducerWindow):
+		return nil, fmt.Errorf("%w: insert batch window %d (want 1 to %d, limits.max_producer_window; the producer's WithMaxInFlight)", ErrInvalidMessage, out.window, l.MaxProducerWindow)
+	case out.windowStart == 0 || out.sequence < out.windowStart || out.sequence-out.windowStart >= out.window:
+		return nil, fmt.Errorf("%w: insert batch sequence %d outside its window [%d, %d+%d)", ErrInvalidMessage, out.sequence, out.windowStart, out.windowStart, out.window)
 	}
 	return out, nil
+}
+
+// maxProducerIDLen bounds a producer id (ours are 32 hex digits).
+const maxProducerIDLen = 128
+
+// prepareItem turns a wire item into the table's form, or marks it for
+// rejection when it is over a limit. Item-level checks that need the chunks
+// (they may have come in earlier messages) happen at apply.
+func prepareItem(w *wire.Item, l *Limits) preparedItem {
+	p := preparedItem{table: w.Table}
+	if len(w.Columns) > l.MaxColumnsPerItem {
+		p.err = fmt.Errorf("%w: item %d has %d columns, over the limit of %d (limits.max_columns_per_item)", ErrTooLarge, w.Key, len(w.Columns), l.MaxColumnsPerItem)
+		return p
+	}
+	slices := 0
+	for _, c := range w.Columns {
+		slices += len(c.Slices)
+	}
+	if slices > l.MaxSlicesPerItem {
+		p.err = fmt.Errorf("%w: item %d has %d slices, over the limit of %d (limits.max_slices_per_item)", ErrTooLarge, w.Key, slices, l.MaxSlicesPerItem)
+		return p
+	}
+	// One backing array for every column's slices: two allocations per
+	// item whatever its shape.
+	all := make([]tables.Slice, 0, slices)
+	p.item = tables.Item{Key: w.Key, Priority: w.Priority, Trajectory: make([]tables.Column, len(w.Columns))}
+	for i, c := range w.Columns {
+		start := len(all)
+		for _, sl := range c.Slices {
+			all = append(all, tables.Slice{Chunk: sl.ChunkKey, Offset: sl.Offset, Length: sl.Length})
+		}
+		p.item.Trajectory[i] = tables.Column{Name: c.Name, Squeeze: c.Squeeze, Slices: all[start:len(all):len(all)]}
+	}
+	return p
+}
+
+// checkChunkDecodes decompresses c to prove it holds what its header says;
+// the result is dropped (the store keeps the chunk as it came).
+func checkChunkDecodes(c *tables.Chunk, maxBytes int64) error {
+	if int64(c.Length)*c.StepBytes > maxBytes {
+		return fmt.Errorf("%w: chunk %d decodes to %d bytes, over the limit of %d (limits.max_chunk_bytes)", ErrTooLarge, c.Key, int64(c.Length)*c.StepBytes, maxBytes)
+	}
+	wc, err := readChunk(c.Data)
+	if err != nil {
+		return err
+	}
+	if err := wire.CheckChunk(wc); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidMessage, err)
+	}
+	return nil
 }
 
 func chunkKeyOf(c *tables.Chunk) uint64 {
@@ -252,6 +378,7 @@ func parseChunk(b []byte) (*tables.Chunk, error) {
 	if want != rawSize {
 		return nil, fmt.Errorf("%w: chunk %d: raw size %d, but %d steps of %s%v take %d bytes", ErrInvalidMessage, c.Key, rawSize, c.Length, c.DType, c.Shape, want)
 	}
+	c.StepBytes = int64(want) / int64(c.Length)
 	return c, nil
 }
 

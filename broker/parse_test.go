@@ -2,12 +2,14 @@ package broker
 
 import (
 	"errors"
+	"reflect"
 	"slices"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/tables"
 )
 
 func encodedChunk(t testing.TB, key uint64) *wire.Chunk {
@@ -24,7 +26,7 @@ func encodedChunk(t testing.TB, key uint64) *wire.Chunk {
 func TestParseInsertBatch(t *testing.T) {
 	c1, c2 := encodedChunk(t, 11), encodedChunk(t, 12)
 	in := &wire.InsertBatch{
-		ProducerId: "p", Sequence: 42, Chunks: []*wire.Chunk{c1, c2},
+		ProducerId: "p", Sequence: 42, WindowStart: 40, Window: 8, Chunks: []*wire.Chunk{c1, c2},
 		Items:            []*wire.Item{{Key: 1, Table: "t", Priority: 0.5, Columns: []*wire.TrajectoryColumn{{Name: "x", Slices: []*wire.ColumnSlice{{ChunkKey: 11, Length: 2}}}}}},
 		ReleaseChunkKeys: []uint64{3, 4, 1 << 60}, EndOfStream: true,
 	}
@@ -32,12 +34,18 @@ func TestParseInsertBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := parseInsertBatch(data)
+	limits := DefaultLimits()
+	b, err := parseInsertBatch(data, &limits)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.producerID != "p" || b.sequence != 42 || !b.end || !slices.Equal(b.release, in.ReleaseChunkKeys) || len(b.items) != 1 || !proto.Equal(b.items[0], in.Items[0]) {
+	if b.producerID != "p" || b.sequence != 42 || b.windowStart != 40 || b.window != 8 || !b.end || !slices.Equal(b.release, in.ReleaseChunkKeys) || len(b.items) != 1 {
 		t.Fatalf("parsed %+v, want %v", b, in)
+	}
+	it := b.items[0]
+	want := tables.Item{Key: 1, Priority: 0.5, Trajectory: []tables.Column{{Name: "x", Slices: []tables.Slice{{Chunk: 11, Length: 2}}}}}
+	if it.err != nil || it.table != "t" || !reflect.DeepEqual(it.item, want) {
+		t.Fatalf("parsed item %+v, want %+v in table t", it, want)
 	}
 	for i, want := range []*wire.Chunk{c1, c2} {
 		rc := b.chunks[i]
@@ -82,27 +90,40 @@ func TestParseChunkRejects(t *testing.T) {
 func FuzzParseInsertBatch(f *testing.F) {
 	c := encodedChunk(f, 9)
 	for _, m := range []*wire.InsertBatch{
-		{ProducerId: "p", Sequence: 1, Chunks: []*wire.Chunk{c}, Items: []*wire.Item{{Key: 1, Table: "t"}}},
-		{ProducerId: "p", ReleaseChunkKeys: []uint64{1, 2}, EndOfStream: true},
+		{ProducerId: "p", Sequence: 1, WindowStart: 1, Window: 4, Chunks: []*wire.Chunk{c}, Items: []*wire.Item{{Key: 1, Table: "t"}}},
+		{ProducerId: "p", Sequence: 3, WindowStart: 2, Window: 2, ReleaseChunkKeys: []uint64{1, 2}, EndOfStream: true},
 	} {
 		data, _ := proto.Marshal(m)
 		f.Add(data)
 	}
 	f.Add([]byte{0x1a, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	limits := DefaultLimits()
+	limits.MaxChunksPerMessage, limits.MaxItemsPerMessage = 8, 8
 	f.Fuzz(func(t *testing.T, data []byte) {
-		b, err := parseInsertBatch(data)
+		b, err := parseInsertBatch(data, &limits)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidMessage) {
-				t.Fatalf("error %v does not match ErrInvalidMessage", err)
+			if !errors.Is(err, ErrInvalidMessage) && !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("error %v matches neither ErrInvalidMessage nor ErrTooLarge", err)
 			}
 			return
 		}
-		if b.producerID == "" {
-			t.Fatal("accepted a batch without a producer id")
+		if b.producerID == "" || b.sequence < b.windowStart || b.sequence-b.windowStart >= b.window {
+			t.Fatalf("accepted a batch without a producer id or outside its window: %+v", b)
 		}
 		for _, rc := range b.chunks {
 			if rc.err == nil && (rc.chunk.Key == 0 || rc.chunk.Length < 1) {
 				t.Fatalf("accepted chunk header %+v", rc.chunk)
+			}
+			if rc.err == nil {
+				// Accepted chunks decode, so no learner ever gets one that
+				// does not.
+				wc, err := readChunk(rc.chunk.Data)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := wire.DecodeChunk(wc); err != nil {
+					t.Fatalf("accepted chunk %d does not decode: %v", rc.key, err)
+				}
 			}
 		}
 	})

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -103,9 +104,16 @@ func WithHistory(steps int) ProducerOption {
 }
 
 // WithMaxInFlight bounds the messages published and not yet acknowledged by
-// JetStream (default 256).
+// JetStream (default 256). Every message states this window, and the table
+// service refuses one above its limits.max_producer_window (default 1024).
 func WithMaxInFlight(messages int) ProducerOption {
-	return producerOption(func(o *producerOptions) error { o.maxInFlight = messages; return positive("max in flight", messages) })
+	return producerOption(func(o *producerOptions) error {
+		if messages > maxProducerWindow {
+			return fmt.Errorf("%w: max in flight %d exceeds %d", ErrInvalidOption, messages, maxProducerWindow)
+		}
+		o.maxInFlight = messages
+		return positive("max in flight", messages)
+	})
 }
 
 // WithMaxUnapplied bounds the items published but not yet applied by the
@@ -184,6 +192,10 @@ type Producer struct {
 	batch   batch
 	release []uint64 // sent chunks that no item will reference again
 	seq     uint64
+	// settled is the last sequence whose message, and every one before it,
+	// JetStream acknowledged or the producer gave up on. The ack loop
+	// settles messages in order.
+	settled atomic.Uint64
 	linger  *time.Timer
 
 	acks     chan *inFlight // the ack loop takes them in publish order; room for every place in the window
@@ -670,6 +682,8 @@ func (p *Producer) sendBatchLocked(end bool) {
 	msg := &wire.InsertBatch{
 		ProducerId:       p.id,
 		Sequence:         p.seq,
+		WindowStart:      p.settled.Load() + 1,
+		Window:           uint32(p.o.maxInFlight),
 		Chunks:           p.batch.chunks,
 		Items:            p.batch.items,
 		ReleaseChunkKeys: p.release,
@@ -696,38 +710,54 @@ func (p *Producer) sendBatchLocked(end bool) {
 func (p *Producer) ackLoop() {
 	defer close(p.ackDone)
 	for rec := range p.acks {
-		p.await(rec)
+		streamSeq, err := p.await(rec)
+		// Settled before the window has room for the next message, which
+		// states the window it was sent in.
+		p.settled.Store(rec.seq)
+		if err != nil {
+			p.flow.fail(rec.items, err)
+		} else {
+			p.flow.ack(streamSeq, rec.items)
+		}
 	}
 }
 
-func (p *Producer) await(rec *inFlight) {
+// await returns the stream sequence JetStream stored rec at, or why it was
+// not stored.
+func (p *Producer) await(rec *inFlight) (uint64, error) {
 	deadline := rec.published.Add(p.o.retryFor)
 	backoff := 50 * time.Millisecond
 	var lastErr error
+	retried := false
 	for {
 		if rec.fut != nil {
 			select {
 			case ack := <-rec.fut.Ok():
-				p.flow.ack(ack.Sequence, rec.items)
-				return
+				if ack.Duplicate && !retried {
+					// JetStream already held a message with this dedupe id,
+					// and this producer never sent it: someone else did,
+					// and this message was dropped in its place.
+					p.o.logger.Error("reprise producer: JetStream took a message this producer never sent for its own; its dedupe id was forged or reused",
+						"producer", noticeToken(p.id), "sequence", rec.seq)
+					return 0, fmt.Errorf("%w: message %d (%d items) not stored: JetStream reports a duplicate of a message this producer never sent (a forged or reused dedupe id)", ErrRejected, rec.seq, rec.items)
+				}
+				return ack.Sequence, nil
 			case lastErr = <-rec.fut.Err():
 			case <-p.abort:
-				p.flow.fail(rec.items, fmt.Errorf("broker: message %d (%d items) not acknowledged before the producer closed", rec.seq, rec.items))
-				return
+				return 0, fmt.Errorf("broker: message %d (%d items) not acknowledged before the producer closed", rec.seq, rec.items)
 			}
 		}
 		if !retryablePublishError(lastErr) || time.Now().After(deadline) {
 			p.o.logger.Warn("reprise producer: publish failed", "producer", noticeToken(p.id), "sequence", rec.seq, "items", rec.items, "error", lastErr)
-			p.flow.fail(rec.items, fmt.Errorf("broker: message %d (%d items) not stored: %w", rec.seq, rec.items, lastErr))
-			return
+			return 0, fmt.Errorf("broker: message %d (%d items) not stored: %w", rec.seq, rec.items, lastErr)
 		}
 		select {
 		case <-time.After(backoff):
 		case <-p.abort:
-			p.flow.fail(rec.items, fmt.Errorf("broker: message %d (%d items) not stored: producer closed while retrying: %w", rec.seq, rec.items, lastErr))
-			return
+			return 0, fmt.Errorf("broker: message %d (%d items) not stored: producer closed while retrying: %w", rec.seq, rec.items, lastErr)
 		}
 		backoff = min(2*backoff, time.Second)
+		retried = true
 		var err error
 		if rec.fut, err = p.js.PublishMsgAsync(rec.msg); err != nil {
 			lastErr = err

@@ -21,7 +21,7 @@ type rawItem struct {
 // producer whose messages the stream stored out of order would have.
 func publishRaw(t *testing.T, d *deployment, producer string, seq uint64, items ...rawItem) uint64 {
 	t.Helper()
-	m := &wire.InsertBatch{ProducerId: producer, Sequence: seq}
+	m := &wire.InsertBatch{ProducerId: producer, Sequence: seq, WindowStart: 1, Window: 1024}
 	for _, it := range items {
 		ch, err := wire.EncodeChunk(uint64(1000+it.id), []*wire.Tensor{wire.Int64s(nil, []int64{it.id})}, wire.ChunkOptions{})
 		if err != nil {

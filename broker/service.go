@@ -5,17 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
@@ -47,6 +44,7 @@ type serviceOptions struct {
 	tableOptions   []tables.Option
 	progressPeriod time.Duration
 	observer       Observer
+	limits         Limits
 
 	checkpoints     CheckpointStore
 	objectStore     bool
@@ -87,6 +85,7 @@ func defaultServiceOptions() serviceOptions {
 		checkpointKeep:  2,
 		finalCheckpoint: true,
 		progressPeriod:  time.Second,
+		limits:          DefaultLimits(),
 	}
 }
 
@@ -229,6 +228,9 @@ type Service struct {
 	producers map[string]*producerState
 	stalled   map[string]*producerState // producers with waiting messages
 	lastSweep time.Time
+	holds     holdQueue
+	heldBytes int64         // of the messages in producers' waiting sets
+	dupWindow time.Duration // the stream's, read at start
 
 	sampleSlots chan struct{}
 	handlers    sync.WaitGroup
@@ -251,18 +253,6 @@ type serviceStats struct {
 	messages   atomic.Int64
 }
 
-// producerState is what the service keeps per producer: the chunks it
-// sent that later items may reference, and where it is in its sequence.
-type producerState struct {
-	lastSeq  uint64 // every message up to here is applied
-	lastSeen time.Time
-	chunks   map[uint64]struct{}
-	// Messages not yet fully applied: the one being applied, and those
-	// that arrived ahead of a gap.
-	waiting map[uint64]*insertBatch
-	end     bool // the producer closed, or its chunks were dropped
-}
-
 // NewService builds the tables from their configs. Run starts serving.
 func NewService(nc *nats.Conn, configs []tables.Config, opts ...ServiceOption) (*Service, error) {
 	o := defaultServiceOptions()
@@ -275,6 +265,7 @@ func NewService(nc *nats.Conn, configs []tables.Config, opts ...ServiceOption) (
 	if err != nil {
 		return nil, err
 	}
+	o.tableOptions = append(slices.Clip(o.tableOptions), tables.WithMaxItemBytes(o.limits.MaxItemBytes))
 	if len(configs) == 0 {
 		return nil, fmt.Errorf("%w: no tables configured", tables.ErrInvalidConfig)
 	}
@@ -344,6 +335,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	s.stream = stream
+	s.dupWindow = stream.CachedInfo().Config.Duplicates
 	if err := s.recoverAtStart(ctx); err != nil {
 		return err
 	}
@@ -470,315 +462,6 @@ func (s *Service) checkpointPeriodically(ctx context.Context) {
 			return
 		}
 	}
-}
-
-func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext) error {
-	// A message whose items a rate limiter was holding at the checkpoint
-	// goes on from where it stopped, now that learners can sample again.
-	for id, ps := range s.stalled {
-		if err := s.drain(ctx, id, ps, false); err != nil {
-			return err
-		}
-	}
-	for {
-		s.serveCaptures()
-		ictx := s.intr.context(ctx)
-		m, err := msgs.Next(jetstream.NextContext(ictx))
-		if err != nil {
-			switch {
-			case ctx.Err() != nil:
-				return ctx.Err()
-			case interrupted(ctx, ictx):
-				continue // a capture request: served at the top
-			case errors.Is(err, jetstream.ErrMsgIteratorClosed):
-				return err
-			}
-			// Heartbeat and reconnect hiccups: the ordered consumer
-			// recreates itself and resumes after the last sequence seen.
-			s.log.Warn("reprise service: reading the stream", "error", err)
-			continue
-		}
-		meta, err := m.Metadata()
-		if err != nil {
-			s.log.Error("reprise service: message without metadata", "subject", m.Subject(), "error", err)
-			continue
-		}
-		if err := s.apply(ctx, m.Subject(), m.Data(), meta.Sequence.Stream, meta.Timestamp); err != nil {
-			return err // only ctx ends an apply early
-		}
-		s.progress.set(meta.Sequence.Stream)
-	}
-}
-
-// apply applies one stream message. Bad input is rejected and counted;
-// only the end of ctx (while a rate limiter holds an insert) stops it, and
-// then the message was not fully applied.
-func (s *Service) apply(ctx context.Context, subject string, data []byte, seq uint64, at time.Time) error {
-	s.stats.messages.Add(1)
-	switch subject {
-	case s.subj.insert():
-		return s.applyInsert(ctx, data, seq, at)
-	case s.subj.mutate():
-		s.applyMutation(data, seq)
-	case s.subj.reset():
-		s.applyReset(data, seq)
-	default:
-		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("unexpected subject %q", subject))
-	}
-	return nil
-}
-
-func (s *Service) applyInsert(ctx context.Context, data []byte, seq uint64, at time.Time) error {
-	b, err := parseInsertBatch(data)
-	if err != nil {
-		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, err.Error())
-		return nil
-	}
-	b.storedAt, b.raw = at, data
-	if err := s.releaseStalled(ctx, at); err != nil {
-		return err
-	}
-	s.sweepProducers(at)
-	ps := s.producers[b.producerID]
-	if ps == nil {
-		// Producers number their messages from 1.
-		ps = &producerState{chunks: make(map[uint64]struct{})}
-		s.producers[b.producerID] = ps
-	}
-	ps.lastSeen = at
-	if _, waiting := ps.waiting[b.sequence]; waiting || b.sequence <= ps.lastSeq {
-		// A resend the stream's dedupe window did not catch.
-		s.stats.duplicates.Add(1)
-		return nil
-	}
-	// Every message goes through the reorder buffer and leaves it only once
-	// all its items are applied, so a checkpoint taken while one of them
-	// waits for a rate limiter holds the message and how far it got.
-	if ps.waiting == nil {
-		ps.waiting = make(map[uint64]*insertBatch)
-	}
-	ps.waiting[b.sequence] = b
-	s.stalled[b.producerID] = ps
-	return s.drain(ctx, b.producerID, ps, len(ps.waiting) > maxWaiting)
-}
-
-// maxWaiting bounds the messages held per producer while a gap in its
-// sequence stays open.
-const maxWaiting = 1024
-
-// drain applies held messages that are next in their producer's sequence;
-// with force, it applies them all, giving up on the gap (the producer
-// reported the missing message as failed long ago).
-func (s *Service) drain(ctx context.Context, id string, ps *producerState, force bool) error {
-	for len(ps.waiting) > 0 {
-		next, ok := ps.waiting[ps.lastSeq+1]
-		if !ok {
-			if !force {
-				return nil
-			}
-			lowest := uint64(math.MaxUint64)
-			for q := range ps.waiting {
-				lowest = min(lowest, q)
-			}
-			s.log.Warn("reprise service: giving up on a gap in a producer's messages; the missing ones are dropped if they arrive later",
-				"producer", noticeToken(id), "missing_from", ps.lastSeq+1, "missing_to", lowest-1)
-			next = ps.waiting[lowest]
-			ps.lastSeq = lowest - 1
-		}
-		if err := s.applyBatch(ctx, ps, next); err != nil {
-			return err
-		}
-		delete(ps.waiting, next.sequence)
-		ps.lastSeq = next.sequence
-	}
-	delete(s.stalled, id)
-	if ps.end {
-		s.dropProducer(id, ps)
-	}
-	return nil
-}
-
-// releaseStalled applies messages held for longer than gapTimeout (in
-// stream time, so a replay makes the same decision at the same point).
-func (s *Service) releaseStalled(ctx context.Context, now time.Time) error {
-	for id, ps := range s.stalled {
-		for _, b := range ps.waiting {
-			if now.Sub(b.storedAt) > s.o.gapTimeout {
-				if err := s.drain(ctx, id, ps, true); err != nil {
-					return err
-				}
-				break
-			}
-		}
-	}
-	return nil
-}
-
-// applyBatch applies one message of a producer from where it stopped: its
-// chunks, its items from b.done on, then its releases. It returns early only
-// when ctx ends while a rate limiter holds an item.
-func (s *Service) applyBatch(ctx context.Context, ps *producerState, b *insertBatch) error {
-	if b.done == 0 {
-		for _, rc := range b.chunks {
-			if rc.err != nil {
-				s.reject(b.producerID, b.sequence, 0, "", wire.Code_CODE_INVALID_ARGUMENT, rc.err.Error())
-				continue
-			}
-			if _, dup := ps.chunks[rc.key]; dup {
-				continue
-			}
-			// The reference Put takes is the producer's hold.
-			s.store.Put(rc.chunk)
-			ps.chunks[rc.key] = struct{}{}
-		}
-	}
-	for ; b.done < len(b.items); b.done++ {
-		if err := s.insertItem(ctx, b.producerID, b.sequence, b.storedAt, b.items[b.done]); err != nil {
-			return err
-		}
-	}
-	for _, key := range b.release {
-		if _, ok := ps.chunks[key]; ok {
-			delete(ps.chunks, key)
-			s.store.Release(key)
-		}
-	}
-	ps.end = ps.end || b.end
-	return nil
-}
-
-// insertItem returns an error only when ctx ended while the table's rate
-// limiter held the insert.
-func (s *Service) insertItem(ctx context.Context, producer string, seq uint64, stored time.Time, w *wire.Item) error {
-	t, ok := s.tables[w.Table]
-	if !ok {
-		s.reject(producer, seq, w.Key, w.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", w.Table, strings.Join(s.names, ", ")))
-		return nil
-	}
-	item := tables.Item{Key: w.Key, Priority: w.Priority, Trajectory: make([]tables.Column, len(w.Columns))}
-	for i, c := range w.Columns {
-		col := tables.Column{Name: c.Name, Squeeze: c.Squeeze, Slices: make([]tables.Slice, len(c.Slices))}
-		for j, sl := range c.Slices {
-			col.Slices[j] = tables.Slice{Chunk: sl.ChunkKey, Offset: sl.Offset, Length: sl.Length}
-		}
-		item.Trajectory[i] = col
-	}
-	var err error
-	for {
-		// A checkpoint request interrupts a wait for the rate limiter; the
-		// insert is retried once the state is copied.
-		ictx := s.intr.context(ctx)
-		err = t.Insert(ictx, item)
-		if err == nil || !interrupted(ctx, ictx) {
-			break
-		}
-		s.serveCaptures()
-	}
-	switch {
-	case err == nil:
-		if s.o.observer != nil {
-			s.o.observer.ItemInserted(w.Table, time.Since(stored))
-		}
-	case ctx.Err() != nil:
-		return ctx.Err()
-	default:
-		s.reject(producer, seq, w.Key, w.Table, wire.Code_CODE_INVALID_ARGUMENT, err.Error())
-	}
-	return nil
-}
-
-// dropProducer releases the chunks a producer holds. Its sequence is kept
-// (until sweepProducers forgets it), so a late copy of one of its messages
-// is still recognised.
-func (s *Service) dropProducer(id string, ps *producerState) {
-	for key := range ps.chunks {
-		s.store.Release(key)
-	}
-	clear(ps.chunks)
-	ps.end = true
-}
-
-// sweepProducers drops the chunks of producers idle for longer than
-// producerIdle, and forgets those idle for twice that. It runs at fixed
-// steps of stream time, and the step is in checkpoints, so a replay after
-// a crash makes the same decisions at the same messages.
-func (s *Service) sweepProducers(now time.Time) {
-	if s.o.producerIdle <= 0 {
-		return
-	}
-	step := now.Truncate(s.o.producerIdle / 4)
-	if !step.After(s.lastSweep) {
-		return
-	}
-	s.lastSweep = step
-	for id, ps := range s.producers {
-		idle := now.Sub(ps.lastSeen)
-		switch {
-		case len(ps.waiting) > 0:
-		case idle > 2*s.o.producerIdle:
-			delete(s.producers, id)
-		case idle > s.o.producerIdle && len(ps.chunks) > 0:
-			s.log.Info("reprise service: dropping the chunks of an idle producer", "producer", noticeToken(id), "idle", idle, "held_chunks", len(ps.chunks))
-			s.dropProducer(id, ps)
-		}
-	}
-}
-
-func (s *Service) applyMutation(data []byte, seq uint64) {
-	var m wire.Mutation
-	if err := proto.Unmarshal(data, &m); err != nil {
-		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed mutation: %v", err))
-		return
-	}
-	t, ok := s.tables[m.Table]
-	if !ok {
-		s.reject("", seq, 0, m.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("mutation for unknown table %q", m.Table))
-		return
-	}
-	muts := make([]tables.Mutation, len(m.Ops))
-	for i, op := range m.Ops {
-		muts[i] = tables.Mutation{Key: op.Key, Priority: op.Priority, Delete: op.Delete}
-	}
-	missing, err := t.Mutate(muts)
-	if err != nil {
-		s.reject("", seq, 0, m.Table, wire.Code_CODE_INVALID_ARGUMENT, err.Error())
-	}
-	s.stats.missing.Add(int64(len(missing)))
-}
-
-func (s *Service) applyReset(data []byte, seq uint64) {
-	var r wire.ResetRequest
-	if err := proto.Unmarshal(data, &r); err != nil {
-		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed reset: %v", err))
-		return
-	}
-	if r.Table == "" {
-		for _, t := range s.tables {
-			t.Reset()
-		}
-		return
-	}
-	if t, ok := s.tables[r.Table]; ok {
-		t.Reset()
-	}
-}
-
-// reject counts, logs (rate-limited) and, when the producer is known, tells
-// it what was refused.
-func (s *Service) reject(producer string, seq, itemKey uint64, table string, code wire.Code, msg string) {
-	s.stats.rejected.Add(1)
-	if s.o.observer != nil {
-		s.o.observer.Rejected(table, code)
-	}
-	if s.rejectLog.allow() {
-		s.log.Warn("reprise service: rejected", "producer", noticeToken(producer), "sequence", seq, "item", itemKey, "table", table, "code", code.String(), "reason", msg)
-	}
-	if producer == "" {
-		return
-	}
-	data, _ := proto.Marshal(&wire.Rejection{Producer: noticeToken(producer), Sequence: seq, ItemKey: itemKey, Table: table, Code: code, Message: msg})
-	// Best effort: the count and the log line are the record.
-	_ = s.nc.Publish(s.subj.rejected(producer), data)
 }
 
 // rateLimitedLog lets through a burst of log lines, then one a second, so a

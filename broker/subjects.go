@@ -43,6 +43,9 @@ var (
 	ErrHistory        = errors.New("broker: trajectory outside the producer's history")
 	ErrNotApplied     = errors.New("broker: items not yet applied by the table service")
 	ErrServer         = errors.New("broker: table service error")
+	// ErrTooLarge reports a message, item or reply over one of the
+	// service's Limits.
+	ErrTooLarge = errors.New("broker: over a limit")
 )
 
 // subjects derives every subject and the stream name from a prefix.

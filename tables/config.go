@@ -151,11 +151,30 @@ func checkTrajectory(traj []Column, sig Signature) error {
 		if len(c.Slices) == 0 {
 			return fmt.Errorf("%w: column %q has no slices", ErrInvalidItem, c.Name)
 		}
-		for j := range i {
-			if traj[j].Name == c.Name {
-				return fmt.Errorf("%w: columns %d and %d are both named %q", ErrInvalidItem, j, i, c.Name)
+	}
+	return checkDistinctNames(traj)
+}
+
+// checkDistinctNames finds a repeated column name in linear time: an item
+// may come from a hostile client with tens of thousands of columns.
+func checkDistinctNames(traj []Column) error {
+	if len(traj) <= 16 {
+		// Small items, the usual case, compare pairwise without allocating.
+		for i := range traj {
+			for j := range i {
+				if traj[j].Name == traj[i].Name {
+					return fmt.Errorf("%w: columns %d and %d are both named %q", ErrInvalidItem, j, i, traj[i].Name)
+				}
 			}
 		}
+		return nil
+	}
+	seen := make(map[string]int, len(traj))
+	for i := range traj {
+		if j, dup := seen[traj[i].Name]; dup {
+			return fmt.Errorf("%w: columns %d and %d are both named %q", ErrInvalidItem, j, i, traj[i].Name)
+		}
+		seen[traj[i].Name] = i
 	}
 	return nil
 }

@@ -131,10 +131,11 @@ func (t *Table) restoreItems(items []ItemSnapshot) error {
 		if err := checkTrajectory(it.Trajectory, t.sig); err != nil {
 			return fmt.Errorf("item %d: %w", it.Key, err)
 		}
-		chunks, err := t.store.acquire(it.Trajectory, t.sig)
+		chunks, decoded, err := t.store.acquire(it.Trajectory, t.sig)
 		if err != nil {
 			return fmt.Errorf("item %d: %w", it.Key, err)
 		}
+		t.largestItem = max(t.largestItem, decoded)
 		t.holdLocked(chunks)
 		e := t.newEntry()
 		*e = entry{key: it.Key, priority: it.Priority, insertedAt: it.InsertedAt.UnixNano(), seq: it.Seq, timesSampled: it.TimesSampled,

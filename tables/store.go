@@ -132,10 +132,10 @@ func (s *ChunkStore) releaseLocked(sc *storedChunk, n int64) {
 // chunk and returns them in order of first use. On error it takes nothing.
 // Checking under the store's lock means the chunks cannot go between the
 // check and the reference.
-func (s *ChunkStore) acquire(traj []Column, sig Signature) ([]*Chunk, error) {
+func (s *ChunkStore) acquire(traj []Column, sig Signature) ([]*Chunk, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	distinct, err := s.collectLocked(traj, sig)
+	distinct, decoded, err := s.collectLocked(traj, sig)
 	var out []*Chunk
 	if err == nil {
 		out = make([]*Chunk, len(distinct))
@@ -146,13 +146,14 @@ func (s *ChunkStore) acquire(traj []Column, sig Signature) ([]*Chunk, error) {
 	}
 	clear(distinct)
 	s.scratch = distinct[:0]
-	return out, err
+	return out, decoded, err
 }
 
-// collectLocked does acquire's checks and gathers the distinct chunks.
-func (s *ChunkStore) collectLocked(traj []Column, sig Signature) ([]*storedChunk, error) {
+// collectLocked does acquire's checks and gathers the distinct chunks and the
+// bytes the item's steps decode to.
+func (s *ChunkStore) collectLocked(traj []Column, sig Signature) (distinct []*storedChunk, decoded int64, err error) {
 	s.epoch++
-	distinct := s.scratch[:0]
+	distinct = s.scratch[:0]
 	for ci := range traj {
 		col := &traj[ci]
 		var first *Chunk
@@ -160,35 +161,39 @@ func (s *ChunkStore) collectLocked(traj []Column, sig Signature) ([]*storedChunk
 		for si, sl := range col.Slices {
 			sc, ok := s.chunks[sl.Chunk]
 			if !ok {
-				return distinct, fmt.Errorf("%w: chunk %d (column %q, slice %d)", ErrChunkMissing, sl.Chunk, col.Name, si)
+				return distinct, 0, fmt.Errorf("%w: chunk %d (column %q, slice %d)", ErrChunkMissing, sl.Chunk, col.Name, si)
 			}
 			c := sc.chunk
 			if sl.Offset < 0 || sl.Length < 1 || int64(sl.Offset)+int64(sl.Length) > int64(c.Length) {
-				return distinct, fmt.Errorf("%w: column %q slice %d: steps [%d, %d) are outside chunk %d of %d steps",
+				return distinct, 0, fmt.Errorf("%w: column %q slice %d: steps [%d, %d) are outside chunk %d of %d steps",
 					ErrInvalidItem, col.Name, si, sl.Offset, int64(sl.Offset)+int64(sl.Length), c.Key, c.Length)
 			}
 			if first == nil {
 				first = c
 			} else if c.DType != first.DType || !slices.Equal(c.Shape, first.Shape) {
-				return distinct, fmt.Errorf("%w: column %q mixes chunks of %s%v (chunk %d) and %s%v (chunk %d)",
+				return distinct, 0, fmt.Errorf("%w: column %q mixes chunks of %s%v (chunk %d) and %s%v (chunk %d)",
 					ErrInvalidItem, col.Name, first.DType, first.Shape, first.Key, c.DType, c.Shape, c.Key)
 			}
 			steps += int64(sl.Length)
+			// Slices are at most MaxInt32 steps of chunks whose step size the
+			// broker bounds, and items have a bounded number of slices, so
+			// this cannot overflow.
+			decoded += int64(sl.Length) * c.StepBytes
 			if sc.mark != s.epoch {
 				sc.mark = s.epoch
 				distinct = append(distinct, sc)
 			}
 		}
 		if col.Squeeze && steps != 1 {
-			return distinct, fmt.Errorf("%w: column %q is squeezed but covers %d steps (want 1)", ErrInvalidItem, col.Name, steps)
+			return distinct, 0, fmt.Errorf("%w: column %q is squeezed but covers %d steps (want 1)", ErrInvalidItem, col.Name, steps)
 		}
 		if sig != nil {
 			if err := sig[ci].match(col.Name, first, steps, col.Squeeze); err != nil {
-				return distinct, err
+				return distinct, 0, err
 			}
 		}
 	}
-	return distinct, nil
+	return distinct, decoded, nil
 }
 
 // releaseChunks gives back one reference to each chunk; the chunks are

@@ -93,7 +93,7 @@ func TestChunkStoreAcquireChecks(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := s.acquire(c.traj, nil)
+			_, _, err := s.acquire(c.traj, nil)
 			wantErr(t, err, []error{c.target}, c.words...)
 			for k := ChunkKey(1); k <= 4; k++ {
 				if refs(s, k) != 1 {
@@ -103,7 +103,7 @@ func TestChunkStoreAcquireChecks(t *testing.T) {
 		})
 	}
 	// Distinct chunks in order of first use, one reference each.
-	got, err := s.acquire([]Column{col("a", 2, 1, 2), col("b", 1)}, nil)
+	got, _, err := s.acquire([]Column{col("a", 2, 1, 2), col("b", 1)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,8 +40,12 @@ type Table struct {
 	seq      uint64  // stamps inserts and priority updates (heap tie order)
 	held     map[ChunkKey]heldChunk
 	heldSize int64
-	counters Counters
-	closed   bool
+	// largestItem is the most bytes an item inserted since the last Reset
+	// decodes to: a bound on what a sample of n items expands to.
+	largestItem  int64
+	maxItemBytes int64
+	counters     Counters
+	closed       bool
 }
 
 // entry is one item's bookkeeping.
@@ -98,15 +102,24 @@ type Info struct {
 	// table counts once (and once more in every other table using it).
 	Chunks    int   `json:"chunks"`
 	BytesHeld int64 `json:"bytes_held"`
+	// LargestItemBytes is the most bytes an item inserted since the last
+	// Reset decodes to (from its chunks' StepBytes).
+	LargestItemBytes int64 `json:"largest_item_bytes"`
 }
 
 // Option configures New and NewFromSnapshot.
 type Option func(*options)
 
 type options struct {
-	rng *rand.Rand
-	now func() time.Time
+	rng          *rand.Rand
+	now          func() time.Time
+	maxItemBytes int64
 }
+
+// WithMaxItemBytes refuses items whose steps decode to more than n bytes
+// (ErrTooLarge), as counted from their chunks' StepBytes; n < 1 means no
+// limit.
+func WithMaxItemBytes(n int64) Option { return func(o *options) { o.maxItemBytes = n } }
 
 // WithRand drives the random selectors (Uniform, Prioritized) with rng
 // instead of a randomly seeded source, so that tests can replay draws. The
@@ -157,6 +170,8 @@ func New(cfg Config, store *ChunkStore, opts ...Option) (*Table, error) {
 		remover: remover,
 		items:   make(map[uint64]*entry),
 		held:    make(map[ChunkKey]heldChunk),
+
+		maxItemBytes: o.maxItemBytes,
 	}, nil
 }
 
@@ -199,9 +214,13 @@ func (t *Table) Insert(ctx context.Context, item Item) error {
 	if !item.InsertedAt.IsZero() && !inRange(item.InsertedAt) {
 		return fmt.Errorf("%w: table %q: item %d: inserted_at %v is outside the years 1678-2262", ErrInvalidItem, t.name, item.Key, item.InsertedAt)
 	}
-	chunks, err := t.store.acquire(item.Trajectory, t.sig)
+	chunks, decoded, err := t.store.acquire(item.Trajectory, t.sig)
 	if err != nil {
 		return fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
+	}
+	if t.maxItemBytes > 0 && decoded > t.maxItemBytes {
+		t.store.releaseChunks(chunks)
+		return fmt.Errorf("%w: table %q: item %d decodes to %d bytes, over the limit of %d", ErrTooLarge, t.name, item.Key, decoded, t.maxItemBytes)
 	}
 	waited := false
 	for {
@@ -223,6 +242,7 @@ func (t *Table) Insert(ctx context.Context, item Item) error {
 		}
 		ok, changed := t.lim.TryInsert(1)
 		if ok {
+			t.largestItem = max(t.largestItem, decoded)
 			t.insertLocked(item.Key, item.Priority, at.UnixNano(), item.Trajectory, chunks)
 			t.mu.Unlock()
 			return nil
@@ -502,6 +522,7 @@ func (t *Table) Reset() {
 	t.sampler.Clear()
 	t.remover.Clear()
 	t.lim.Reset()
+	t.largestItem = 0
 }
 
 // Reconfigure replaces the rate limiter's config and max_times_sampled while
@@ -548,6 +569,8 @@ func (t *Table) Info() Info {
 		Counters:  t.counters,
 		Chunks:    len(t.held),
 		BytesHeld: t.heldSize,
+
+		LargestItemBytes: t.largestItem,
 	}
 }
 

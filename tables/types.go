@@ -26,6 +26,9 @@ var (
 	ErrInvalidArgument = errors.New("tables: invalid argument")
 	ErrInvalidSnapshot = errors.New("tables: invalid snapshot")
 	ErrInvalidPriority = selectors.ErrInvalidPriority
+	// ErrTooLarge reports an item that decodes to more bytes than the
+	// table's WithMaxItemBytes allows.
+	ErrTooLarge = errors.New("tables: item too large")
 )
 
 // ChunkKey identifies a chunk in the ChunkStore.
@@ -41,6 +44,9 @@ type Chunk struct {
 	Shape []int64
 	// Length is the number of steps in the chunk.
 	Length int32
+	// StepBytes is the decoded size of one step: what a learner's copy of
+	// each step an item selects costs. 0 when the caller does not know it.
+	StepBytes int64
 	// Data is the encoded chunk as it travels on the wire.
 	Data []byte
 }

@@ -333,37 +333,16 @@ func putScratch(b *[]byte) {
 // (itself at most MaxChunkRawSize), and does not retain or modify c. It is
 // safe for concurrent use.
 func DecodeChunk(c *Chunk) (*Tensor, error) {
-	if c == nil {
-		return nil, fmt.Errorf("%w: chunk is nil", ErrInvalidChunk)
-	}
-	info, ok := dtypes[c.Dtype]
-	if !ok {
-		return nil, fmt.Errorf("%w: chunk %d: unknown dtype %q", ErrInvalidChunk, c.Key, c.Dtype)
-	}
-	if c.Length < 1 {
-		return nil, fmt.Errorf("%w: chunk %d: length %d is not positive", ErrInvalidChunk, c.Key, c.Length)
-	}
-	stepElems, err := numElements(c.StepShape, MaxChunkRawSize/int64(info.size))
+	rawSize, stepBytes, err := checkChunkHeader(c)
 	if err != nil {
-		return nil, fmt.Errorf("%w: chunk %d: step_shape %v: %v", ErrInvalidChunk, c.Key, c.StepShape, err)
+		return nil, err
 	}
-	stepBytes := stepElems * int64(info.size)
-	if stepBytes > 0 && int64(c.Length) > MaxChunkRawSize/stepBytes {
-		return nil, fmt.Errorf("%w: chunk %d: %d steps of shape %v exceed MaxChunkRawSize (%d bytes)", ErrInvalidChunk, c.Key, c.Length, c.StepShape, MaxChunkRawSize)
-	}
-	rawSize := stepBytes * int64(c.Length)
-	if c.RawSize != uint64(rawSize) {
-		return nil, fmt.Errorf("%w: chunk %d: raw_size is %d, %d steps of shape %v of %s need %d", ErrInvalidChunk, c.Key, c.RawSize, c.Length, c.StepShape, c.Dtype, rawSize)
-	}
-	if c.DeltaEncoded && !info.integer {
-		return nil, fmt.Errorf("%w: chunk %d: delta_encoded is set on non-integer dtype %s", ErrInvalidChunk, c.Key, c.Dtype)
-	}
-	raw, err := decompress(c, int(rawSize))
+	raw, err := decompress(c, rawSize, nil)
 	if err != nil {
 		return nil, err
 	}
 	if c.DeltaEncoded {
-		deltaDecode(raw, int(stepBytes), info.size)
+		deltaDecode(raw, int(stepBytes), dtypes[c.Dtype].size)
 	}
 	shape := make([]int64, 0, 1+len(c.StepShape))
 	shape = append(shape, int64(c.Length))
@@ -371,9 +350,58 @@ func DecodeChunk(c *Chunk) (*Tensor, error) {
 	return &Tensor{Dtype: c.Dtype, Shape: shape, Data: raw}, nil
 }
 
-// decompress returns a fresh buffer of exactly rawSize bytes holding the
-// chunk's decompressed data.
-func decompress(c *Chunk, rawSize int) ([]byte, error) {
+// CheckChunk makes every check DecodeChunk makes, decompressing the data
+// into a recycled buffer that it drops: it proves a chunk decodes, to its
+// declared size, without keeping the result. Safe for concurrent use.
+func CheckChunk(c *Chunk) error {
+	rawSize, _, err := checkChunkHeader(c)
+	if err != nil {
+		return err
+	}
+	buf := getScratch(0)
+	out, err := decompress(c, rawSize, (*buf)[:0])
+	if cap(out) > cap(*buf) {
+		*buf = out[:0]
+	}
+	putScratch(buf)
+	return err
+}
+
+// checkChunkHeader checks every header field of c and returns the chunk's
+// decoded size and the size of one of its steps.
+func checkChunkHeader(c *Chunk) (rawSize int, stepBytes int64, err error) {
+	if c == nil {
+		return 0, 0, fmt.Errorf("%w: chunk is nil", ErrInvalidChunk)
+	}
+	info, ok := dtypes[c.Dtype]
+	if !ok {
+		return 0, 0, fmt.Errorf("%w: chunk %d: unknown dtype %q", ErrInvalidChunk, c.Key, c.Dtype)
+	}
+	if c.Length < 1 {
+		return 0, 0, fmt.Errorf("%w: chunk %d: length %d is not positive", ErrInvalidChunk, c.Key, c.Length)
+	}
+	stepElems, err := numElements(c.StepShape, MaxChunkRawSize/int64(info.size))
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: chunk %d: step_shape %v: %v", ErrInvalidChunk, c.Key, c.StepShape, err)
+	}
+	stepBytes = stepElems * int64(info.size)
+	if stepBytes > 0 && int64(c.Length) > MaxChunkRawSize/stepBytes {
+		return 0, 0, fmt.Errorf("%w: chunk %d: %d steps of shape %v exceed MaxChunkRawSize (%d bytes)", ErrInvalidChunk, c.Key, c.Length, c.StepShape, MaxChunkRawSize)
+	}
+	total := stepBytes * int64(c.Length)
+	if c.RawSize != uint64(total) {
+		return 0, 0, fmt.Errorf("%w: chunk %d: raw_size is %d, %d steps of shape %v of %s need %d", ErrInvalidChunk, c.Key, c.RawSize, c.Length, c.StepShape, c.Dtype, total)
+	}
+	if c.DeltaEncoded && !info.integer {
+		return 0, 0, fmt.Errorf("%w: chunk %d: delta_encoded is set on non-integer dtype %s", ErrInvalidChunk, c.Key, c.Dtype)
+	}
+	return int(total), stepBytes, nil
+}
+
+// decompress writes the chunk's decompressed data, exactly rawSize bytes,
+// into dst's storage, growing it only once the data has passed the checks
+// that can be made before decompressing.
+func decompress(c *Chunk, rawSize int, dst []byte) ([]byte, error) {
 	switch c.Compression {
 	case Compression_COMPRESSION_NONE, Compression_COMPRESSION_ZSTD, Compression_COMPRESSION_S2:
 	default:
@@ -384,18 +412,27 @@ func decompress(c *Chunk, rawSize int) ([]byte, error) {
 		if len(c.Data) != 0 {
 			return nil, fmt.Errorf("%w: chunk %d: raw_size is 0 but data has %d bytes", ErrInvalidChunk, c.Key, len(c.Data))
 		}
-		return []byte{}, nil
+		return dst[:0], nil
 	}
 	switch c.Compression {
 	case Compression_COMPRESSION_ZSTD:
 		if int64(rawSize) > int64(len(c.Data)/3)*zstdMaxBlockSize {
 			return nil, fmt.Errorf("%w: chunk %d: %d bytes of zstd data cannot hold raw_size %d", ErrInvalidChunk, c.Key, len(c.Data), rawSize)
 		}
+		// A frame that states its size must state the declared one: a bomb
+		// is refused before a byte is decompressed.
+		var h zstd.Header
+		if err := h.Decode(c.Data); err != nil {
+			return nil, fmt.Errorf("%w: chunk %d: zstd frame header: %v", ErrInvalidChunk, c.Key, err)
+		}
+		if h.HasFCS && h.FrameContentSize != uint64(rawSize) {
+			return nil, fmt.Errorf("%w: chunk %d: zstd frame declares %d bytes, raw_size is %d", ErrInvalidChunk, c.Key, h.FrameContentSize, rawSize)
+		}
 		dec, err := zstdDecoder()
 		if err != nil {
 			return nil, fmt.Errorf("wire: zstd decoder: %w", err)
 		}
-		raw, err := dec.DecodeAll(c.Data, make([]byte, 0, rawSize))
+		raw, err := dec.DecodeAll(c.Data, slices.Grow(dst[:0], rawSize))
 		if err != nil {
 			return nil, fmt.Errorf("%w: chunk %d: zstd data: %v", ErrInvalidChunk, c.Key, err)
 		}
@@ -411,7 +448,7 @@ func decompress(c *Chunk, rawSize int) ([]byte, error) {
 		if n != rawSize {
 			return nil, fmt.Errorf("%w: chunk %d: s2 data decodes to %d bytes, raw_size is %d", ErrInvalidChunk, c.Key, n, rawSize)
 		}
-		raw, err := s2.Decode(make([]byte, rawSize), c.Data)
+		raw, err := s2.Decode(slices.Grow(dst[:0], rawSize)[:rawSize], c.Data)
 		if err != nil {
 			return nil, fmt.Errorf("%w: chunk %d: s2 data: %v", ErrInvalidChunk, c.Key, err)
 		}
@@ -420,7 +457,7 @@ func decompress(c *Chunk, rawSize int) ([]byte, error) {
 		if len(c.Data) != rawSize {
 			return nil, fmt.Errorf("%w: chunk %d: uncompressed data has %d bytes, raw_size is %d", ErrInvalidChunk, c.Key, len(c.Data), rawSize)
 		}
-		return slices.Clone(c.Data), nil
+		return append(dst[:0], c.Data...), nil
 	}
 }
 

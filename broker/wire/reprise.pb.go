@@ -2104,8 +2104,11 @@ type ProducerCheckpoint struct {
 	LastSeenUnixNano int64                  `protobuf:"varint,3,opt,name=last_seen_unix_nano,json=lastSeenUnixNano,proto3" json:"last_seen_unix_nano,omitempty"`
 	ChunkKeys        []uint64               `protobuf:"varint,4,rep,packed,name=chunk_keys,json=chunkKeys,proto3" json:"chunk_keys,omitempty"`
 	// Messages that arrived ahead of a gap, as published.
-	Held          []*HeldMessage `protobuf:"bytes,5,rep,name=held,proto3" json:"held,omitempty"`
-	End           bool           `protobuf:"varint,6,opt,name=end,proto3" json:"end,omitempty"`
+	Held []*HeldMessage `protobuf:"bytes,5,rep,name=held,proto3" json:"held,omitempty"`
+	End  bool           `protobuf:"varint,6,opt,name=end,proto3" json:"end,omitempty"`
+	// For each of chunk_keys, its place in the order in which the service
+	// releases producers' chunks when they exceed their bound.
+	ChunkOrders   []uint64 `protobuf:"varint,7,rep,packed,name=chunk_orders,json=chunkOrders,proto3" json:"chunk_orders,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2180,6 +2183,13 @@ func (x *ProducerCheckpoint) GetEnd() bool {
 		return x.End
 	}
 	return false
+}
+
+func (x *ProducerCheckpoint) GetChunkOrders() []uint64 {
+	if x != nil {
+		return x.ChunkOrders
+	}
+	return nil
 }
 
 type HeldMessage struct {
@@ -2668,7 +2678,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\rtimes_sampled\x18\x03 \x01(\x05R\ftimesSampled\x121\n" +
 	"\x15inserted_at_unix_nano\x18\x04 \x01(\x03R\x12insertedAtUnixNano\x12\x10\n" +
 	"\x03seq\x18\x05 \x01(\x04R\x03seq\x126\n" +
-	"\acolumns\x18\x06 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xd6\x01\n" +
+	"\acolumns\x18\x06 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xf9\x01\n" +
 	"\x12ProducerCheckpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
 	"\rlast_sequence\x18\x02 \x01(\x04R\flastSequence\x12-\n" +
@@ -2676,7 +2686,8 @@ const file_reprise_proto_rawDesc = "" +
 	"\n" +
 	"chunk_keys\x18\x04 \x03(\x04R\tchunkKeys\x12+\n" +
 	"\x04held\x18\x05 \x03(\v2\x17.reprise.v1.HeldMessageR\x04held\x12\x10\n" +
-	"\x03end\x18\x06 \x01(\bR\x03end\"u\n" +
+	"\x03end\x18\x06 \x01(\bR\x03end\x12!\n" +
+	"\fchunk_orders\x18\a \x03(\x04R\vchunkOrders\"u\n" +
 	"\vHeldMessage\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12-\n" +
 	"\x13stored_at_unix_nano\x18\x02 \x01(\x03R\x10storedAtUnixNano\x12#\n" +

@@ -1,0 +1,584 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// The apply path. A reader pulls the stream in order; prepare workers parse
+// each insert and decode its chunks once (the costly, stateless part) in
+// parallel; the apply loop takes the prepared messages in stream order and
+// is the only writer of table and producer state.
+
+// streamMsg is one stream message on its way to the apply loop. ready is
+// closed once a worker has prepared it.
+type streamMsg struct {
+	subject string
+	data    []byte
+	seq     uint64
+	at      time.Time
+	insert  *insertBatch
+	err     error // the insert could not be parsed: reject it whole
+	ready   chan struct{}
+}
+
+// prefetchMessages bounds the messages read ahead of the apply loop (the
+// pull's byte bound applies too).
+const prefetchMessages = 256
+
+// producerState is what the service keeps per producer: the chunks it
+// sent that later items may reference, and where it is in its sequence.
+type producerState struct {
+	lastSeq  uint64 // every message up to here is applied (or given up)
+	lastSeen time.Time
+	chunks   map[uint64]chunkHold
+	// Messages not yet fully applied: the one being applied, and those
+	// that arrived ahead of a gap.
+	waiting map[uint64]*insertBatch
+	end     bool // the producer closed, or its chunks were dropped
+}
+
+// chunkHold is a producer's hold on a chunk: its size, and its place in
+// the order in which holds are released when they exceed their bound.
+type chunkHold struct {
+	order uint64 // stream sequence << 16 | index in its message
+	bytes int64
+}
+
+// holdQueue orders every producer's chunk holds by arrival, so that the
+// oldest go first when they exceed Limits.MaxHeldChunkBytes. A released
+// hold leaves its entry behind; entries are checked against the producer's
+// record when they reach the front, and the queue is compacted once stale
+// entries outnumber live ones, so its upkeep is O(1) amortised per hold.
+type holdQueue struct {
+	entries []holdEntry // entries[head:] are the queue
+	head    int
+	live    int
+	bytes   int64
+}
+
+type holdEntry struct {
+	producer string
+	key      uint64
+	order    uint64
+}
+
+// applyLoop applies the stream until ctx ends or the stream can no longer
+// be read. It owns the reader and the prepare workers, and stops them
+// before it returns.
+func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext) error {
+	// A message whose items a rate limiter was holding at the checkpoint
+	// goes on from where it stopped, now that learners can sample again.
+	for id, ps := range s.stalled {
+		if err := s.drain(ctx, id, ps, 0); err != nil {
+			return err
+		}
+	}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ordered := make(chan *streamMsg, prefetchMessages)
+	jobs := make(chan *streamMsg)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	var readErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(ordered)
+		defer close(jobs)
+		readErr = s.readStream(rctx, msgs, ordered, jobs)
+	}()
+	for range max(1, runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range jobs {
+				m.insert, m.err = parseInsertBatch(m.data, &s.o.limits)
+				close(m.ready)
+			}
+		}()
+	}
+	for {
+		s.serveCaptures()
+		ictx := s.intr.context(ctx)
+		var m *streamMsg
+		select {
+		case m = <-ordered:
+		case <-ictx.Done():
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			continue // a capture request: served at the top
+		}
+		if m == nil {
+			return readErr
+		}
+		select {
+		case <-m.ready:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if err := s.apply(ctx, m); err != nil {
+			return err // only ctx ends an apply early
+		}
+		s.progress.set(m.seq)
+	}
+}
+
+// readStream hands the stream's messages, in order, to the apply loop and
+// the inserts among them to the prepare workers. It returns nil when ctx
+// ends, or the error that stopped the iterator.
+func (s *Service) readStream(ctx context.Context, msgs jetstream.MessagesContext, ordered, jobs chan<- *streamMsg) error {
+	for {
+		m, err := msgs.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case errors.Is(err, jetstream.ErrMsgIteratorClosed):
+				return err
+			}
+			// Heartbeat and reconnect hiccups: the ordered consumer
+			// recreates itself and resumes after the last sequence seen.
+			s.log.Warn("reprise service: reading the stream", "error", err)
+			continue
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			s.log.Error("reprise service: message without metadata", "subject", m.Subject(), "error", err)
+			continue
+		}
+		sm := &streamMsg{subject: m.Subject(), data: m.Data(), seq: meta.Sequence.Stream, at: meta.Timestamp, ready: make(chan struct{})}
+		if sm.subject == s.subj.insert() {
+			select {
+			case jobs <- sm:
+			case <-ctx.Done():
+				return nil
+			}
+		} else {
+			close(sm.ready)
+		}
+		select {
+		case ordered <- sm:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// apply applies one stream message. Bad input is rejected and counted;
+// only the end of ctx (while a rate limiter holds an insert) stops it, and
+// then the message was not fully applied.
+func (s *Service) apply(ctx context.Context, m *streamMsg) error {
+	s.stats.messages.Add(1)
+	switch m.subject {
+	case s.subj.insert():
+		if m.err != nil {
+			s.reject("", m.seq, 0, "", codeOf(m.err), m.err.Error())
+			return nil
+		}
+		m.insert.storedAt, m.insert.raw = m.at, m.data
+		return s.applyInsert(ctx, m.insert, m.seq)
+	case s.subj.mutate():
+		s.applyMutation(m.data, m.seq)
+	case s.subj.reset():
+		s.applyReset(m.data, m.seq)
+	default:
+		s.reject("", m.seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("unexpected subject %q", m.subject))
+	}
+	return nil
+}
+
+// codeOf is the status code a rejection for err carries.
+func codeOf(err error) wire.Code {
+	switch {
+	case errors.Is(err, ErrTooLarge), errors.Is(err, tables.ErrTooLarge):
+		return wire.Code_CODE_RESOURCE_EXHAUSTED
+	case errors.Is(err, tables.ErrSignature):
+		return wire.Code_CODE_SIGNATURE_MISMATCH
+	}
+	return wire.Code_CODE_INVALID_ARGUMENT
+}
+
+func (s *Service) applyInsert(ctx context.Context, b *insertBatch, seq uint64) error {
+	b.streamSeq = seq
+	if err := s.sweep(ctx, b.storedAt); err != nil {
+		return err
+	}
+	ps := s.producers[b.producerID]
+	if ps == nil {
+		if len(s.producers) >= s.o.limits.MaxProducers {
+			s.reject(b.producerID, b.sequence, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
+				fmt.Sprintf("the service tracks %d producers, its limit (limits.max_producers): a new producer is refused until idle ones expire", len(s.producers)))
+			return nil
+		}
+		ps = &producerState{chunks: make(map[uint64]chunkHold)}
+		s.producers[b.producerID] = ps
+	}
+	ps.lastSeen = b.storedAt
+	if _, waiting := ps.waiting[b.sequence]; waiting || b.sequence <= ps.lastSeq {
+		// A resend the stream's dedupe window did not catch.
+		s.stats.duplicates.Add(1)
+		return nil
+	}
+	if ps.waiting == nil {
+		ps.waiting = make(map[uint64]*insertBatch)
+	}
+	// Every message goes through the reorder buffer and leaves it only once
+	// all its items are applied, so a checkpoint taken while one of them
+	// waits for a rate limiter holds the message and how far it got.
+	ps.waiting[b.sequence] = b
+	s.heldBytes += int64(len(b.raw))
+	s.stalled[b.producerID] = ps
+	// Every sequence below the message's window start was settled before it
+	// was sent: what of them the stream holds has been delivered already.
+	if err := s.drain(ctx, b.producerID, ps, b.windowStart-1); err != nil {
+		return err
+	}
+	s.shedHeldMessages()
+	return nil
+}
+
+// drain applies a producer's held messages in sequence order. It passes a
+// gap only below settled: every sequence up to it that will ever arrive has.
+func (s *Service) drain(ctx context.Context, id string, ps *producerState, settled uint64) error {
+	for len(ps.waiting) > 0 {
+		next, ok := ps.waiting[ps.lastSeq+1]
+		if !ok {
+			lowest := uint64(math.MaxUint64)
+			for q := range ps.waiting {
+				lowest = min(lowest, q)
+			}
+			if lowest-1 > settled {
+				break
+			}
+			s.log.Info("reprise service: a producer gave up on messages; going on without them",
+				"producer", noticeToken(id), "missing_from", ps.lastSeq+1, "missing_to", lowest-1)
+			next = ps.waiting[lowest]
+			ps.lastSeq = lowest - 1
+		}
+		if err := s.applyBatch(ctx, id, ps, next); err != nil {
+			return err
+		}
+		delete(ps.waiting, next.sequence)
+		s.heldBytes -= int64(len(next.raw))
+		ps.lastSeq = next.sequence
+	}
+	if settled != math.MaxUint64 {
+		ps.lastSeq = max(ps.lastSeq, settled)
+	}
+	if len(ps.waiting) > 0 {
+		return nil
+	}
+	delete(s.stalled, id)
+	if ps.end {
+		s.dropProducer(id, ps)
+	}
+	return nil
+}
+
+// shedHeldMessages rejects the oldest messages held behind a gap while they
+// exceed their bound. A rejected message leaves a tombstone with its chunk
+// releases, so its producer's later messages still apply in order.
+func (s *Service) shedHeldMessages() {
+	for s.heldBytes > s.o.limits.MaxHeldMessageBytes {
+		var (
+			oldest   *insertBatch
+			oldestID string
+		)
+		for id, ps := range s.stalled {
+			for q, b := range ps.waiting {
+				if q == ps.lastSeq+1 || len(b.chunks)+len(b.items) == 0 {
+					continue // being applied, or nothing to shed
+				}
+				if oldest == nil || b.streamSeq < oldest.streamSeq {
+					oldest, oldestID = b, id
+				}
+			}
+		}
+		if oldest == nil {
+			return
+		}
+		s.reject(oldestID, oldest.sequence, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
+			fmt.Sprintf("message held behind missing message %d dropped: held messages exceed %d bytes (limits.max_held_message_bytes)",
+				s.producers[oldestID].lastSeq+1, s.o.limits.MaxHeldMessageBytes))
+		s.heldBytes -= int64(len(oldest.raw))
+		oldest.toTombstone()
+		s.heldBytes += int64(len(oldest.raw))
+	}
+}
+
+// sweep runs the service's housekeeping at fixed steps of stream time: it
+// gives up on gaps held open longer than gapTimeout, drops the chunks of
+// idle producers and forgets expired ones. The step is in checkpoints, so a
+// replay after a crash makes the same decisions at the same messages.
+func (s *Service) sweep(ctx context.Context, now time.Time) error {
+	step := now.Truncate(s.o.gapTimeout / 4)
+	if !step.After(s.lastSweep) {
+		return nil
+	}
+	s.lastSweep = step
+	for id, ps := range s.stalled {
+		for _, b := range ps.waiting {
+			if now.Sub(b.storedAt) > s.o.gapTimeout {
+				if err := s.drain(ctx, id, ps, math.MaxUint64); err != nil {
+					return err
+				}
+				break
+			}
+		}
+	}
+	if s.o.producerIdle <= 0 {
+		return nil
+	}
+	// A record must outlive the stream's dedupe window: a resend arriving
+	// after it is recognised only by the record.
+	forget := s.o.producerIdle + s.dupWindow
+	for id, ps := range s.producers {
+		idle := now.Sub(ps.lastSeen)
+		switch {
+		case len(ps.waiting) > 0:
+		case idle > forget && len(ps.chunks) == 0:
+			delete(s.producers, id)
+		case idle > s.o.producerIdle && len(ps.chunks) > 0:
+			s.log.Info("reprise service: dropping the chunks of an idle producer", "producer", noticeToken(id), "idle", idle, "held_chunks", len(ps.chunks))
+			s.dropProducer(id, ps)
+		}
+	}
+	return nil
+}
+
+// applyBatch applies one message of a producer from where it stopped: its
+// chunks, its items from b.done on, then its releases. It returns early only
+// when ctx ends while a rate limiter holds an item.
+func (s *Service) applyBatch(ctx context.Context, id string, ps *producerState, b *insertBatch) error {
+	if b.done == 0 {
+		for i, rc := range b.chunks {
+			if rc.err != nil {
+				s.reject(id, b.sequence, 0, "", codeOf(rc.err), rc.err.Error())
+				continue
+			}
+			if _, dup := ps.chunks[rc.key]; dup {
+				continue
+			}
+			// The reference Put takes is the producer's hold.
+			s.store.Put(rc.chunk)
+			s.hold(id, ps, rc.key, chunkHold{order: b.streamSeq<<16 | uint64(i), bytes: int64(len(rc.chunk.Data))})
+		}
+		s.shedHeldChunks()
+	}
+	for ; b.done < len(b.items); b.done++ {
+		if err := s.insertItem(ctx, id, b, &b.items[b.done]); err != nil {
+			return err
+		}
+	}
+	for _, key := range b.release {
+		s.unhold(ps, key)
+	}
+	ps.end = ps.end || b.end
+	return nil
+}
+
+// insertItem returns an error only when ctx ended while the table's rate
+// limiter held the insert.
+func (s *Service) insertItem(ctx context.Context, producer string, b *insertBatch, it *preparedItem) error {
+	if it.err != nil {
+		s.reject(producer, b.sequence, it.item.Key, it.table, codeOf(it.err), it.err.Error())
+		return nil
+	}
+	t, ok := s.tables[it.table]
+	if !ok {
+		s.reject(producer, b.sequence, it.item.Key, it.table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", it.table, strings.Join(s.names, ", ")))
+		return nil
+	}
+	var err error
+	for {
+		// A checkpoint request interrupts a wait for the rate limiter; the
+		// insert is retried once the state is copied.
+		ictx := s.intr.context(ctx)
+		err = t.Insert(ictx, it.item)
+		if err == nil || !interrupted(ctx, ictx) {
+			break
+		}
+		s.serveCaptures()
+	}
+	switch {
+	case err == nil:
+		if s.o.observer != nil {
+			s.o.observer.ItemInserted(it.table, time.Since(b.storedAt))
+		}
+	case ctx.Err() != nil:
+		return ctx.Err()
+	default:
+		s.reject(producer, b.sequence, it.item.Key, it.table, codeOf(err), err.Error())
+	}
+	return nil
+}
+
+// hold records a producer's hold on a chunk it sent.
+func (s *Service) hold(id string, ps *producerState, key uint64, h chunkHold) {
+	ps.chunks[key] = h
+	s.holds.entries = append(s.holds.entries, holdEntry{producer: id, key: key, order: h.order})
+	s.holds.live++
+	s.holds.bytes += h.bytes
+}
+
+// unhold gives back a producer's hold on a chunk, if it has one.
+func (s *Service) unhold(ps *producerState, key uint64) {
+	h, ok := ps.chunks[key]
+	if !ok {
+		return
+	}
+	delete(ps.chunks, key)
+	s.holds.live--
+	s.holds.bytes -= h.bytes
+	s.store.Release(key)
+	s.maybeCompactHolds()
+}
+
+// maybeCompactHolds drops stale entries once they outnumber live ones.
+func (s *Service) maybeCompactHolds() {
+	if stale := len(s.holds.entries) - s.holds.head - s.holds.live; stale > s.holds.live && stale > 1024 {
+		s.compactHolds()
+	}
+}
+
+// liveHold reports whether e is still its producer's hold.
+func (s *Service) liveHold(e holdEntry) bool {
+	ps := s.producers[e.producer]
+	if ps == nil {
+		return false
+	}
+	h, ok := ps.chunks[e.key]
+	return ok && h.order == e.order
+}
+
+func (s *Service) compactHolds() {
+	kept := s.holds.entries[:0]
+	for _, e := range s.holds.entries[s.holds.head:] {
+		if s.liveHold(e) {
+			kept = append(kept, e)
+		}
+	}
+	clear(s.holds.entries[len(kept):])
+	s.holds.entries, s.holds.head = kept, 0
+}
+
+// shedHeldChunks releases the oldest chunk holds while they exceed their
+// bound, telling each producer which of its chunks it lost.
+func (s *Service) shedHeldChunks() {
+	q := &s.holds
+	for ; q.head < len(q.entries) && q.bytes > s.o.limits.MaxHeldChunkBytes; q.head++ {
+		e := q.entries[q.head]
+		q.entries[q.head] = holdEntry{}
+		if !s.liveHold(e) {
+			continue
+		}
+		ps := s.producers[e.producer]
+		s.unholdQuiet(ps, e.key)
+		s.reject(e.producer, 0, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
+			fmt.Sprintf("chunk %d released: producers hold more than %d bytes of chunks (limits.max_held_chunk_bytes); later items that reference it are rejected", e.key, s.o.limits.MaxHeldChunkBytes))
+	}
+	s.maybeCompactHolds()
+}
+
+// unholdQuiet is unhold without compaction, for callers walking the queue.
+func (s *Service) unholdQuiet(ps *producerState, key uint64) {
+	h := ps.chunks[key]
+	delete(ps.chunks, key)
+	s.holds.live--
+	s.holds.bytes -= h.bytes
+	s.store.Release(key)
+}
+
+// dropProducer releases the chunks a producer holds. Its sequence is kept
+// (until sweep forgets it), so a late copy of one of its messages is still
+// recognised.
+func (s *Service) dropProducer(id string, ps *producerState) {
+	for key := range ps.chunks {
+		s.unholdQuiet(ps, key)
+	}
+	ps.end = true
+	s.maybeCompactHolds()
+}
+
+func (s *Service) applyMutation(data []byte, seq uint64) {
+	var m wire.Mutation
+	if err := proto.Unmarshal(data, &m); err != nil {
+		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed mutation: %v", err))
+		return
+	}
+	t, ok := s.tables[m.Table]
+	if !ok {
+		s.reject("", seq, 0, m.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("mutation for unknown table %q", m.Table))
+		return
+	}
+	if len(m.Ops) > s.o.limits.MaxMutationOps {
+		s.reject("", seq, 0, m.Table, wire.Code_CODE_RESOURCE_EXHAUSTED, fmt.Sprintf("mutation of %d ops, over the limit of %d (limits.max_mutation_ops)", len(m.Ops), s.o.limits.MaxMutationOps))
+		return
+	}
+	muts := make([]tables.Mutation, len(m.Ops))
+	for i, op := range m.Ops {
+		muts[i] = tables.Mutation{Key: op.Key, Priority: op.Priority, Delete: op.Delete}
+	}
+	missing, err := t.Mutate(muts)
+	if err != nil {
+		s.reject("", seq, 0, m.Table, wire.Code_CODE_INVALID_ARGUMENT, err.Error())
+	}
+	s.stats.missing.Add(int64(len(missing)))
+}
+
+func (s *Service) applyReset(data []byte, seq uint64) {
+	var r wire.ResetRequest
+	if err := proto.Unmarshal(data, &r); err != nil {
+		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed reset: %v", err))
+		return
+	}
+	if r.Table == "" {
+		for _, t := range s.tables {
+			t.Reset()
+		}
+		return
+	}
+	t, ok := s.tables[r.Table]
+	if !ok {
+		s.reject("", seq, 0, r.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("reset of unknown table %q", r.Table))
+		return
+	}
+	t.Reset()
+}
+
+// reject counts, logs (rate-limited) and, when the producer is known, tells
+// it what was refused.
+func (s *Service) reject(producer string, seq, itemKey uint64, table string, code wire.Code, msg string) {
+	s.stats.rejected.Add(1)
+	if s.o.observer != nil {
+		s.o.observer.Rejected(table, code)
+	}
+	token := ""
+	if producer != "" {
+		token = noticeToken(producer)
+	}
+	if s.rejectLog.allow() {
+		s.log.Warn("reprise service: rejected", "producer", token, "sequence", seq, "item", itemKey, "table", table, "code", code.String(), "reason", msg)
+	}
+	if producer == "" {
+		return
+	}
+	data, _ := proto.Marshal(&wire.Rejection{Producer: token, Sequence: seq, ItemKey: itemKey, Table: table, Code: code, Message: msg})
+	// Best effort: the count and the log line are the record.
+	_ = s.nc.Publish(s.subj.rejected(producer), data)
+}
