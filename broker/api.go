@@ -44,7 +44,7 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 		name    string
 		handler micro.HandlerFunc
 	}{
-		{"sample", func(r micro.Request) { s.spawn(ctx, r, s.handleSample) }},
+		{"sample", func(r micro.Request) { s.spawnSample(ctx, r) }},
 		{"info", func(r micro.Request) { s.handleInfo(r) }},
 		{"items", func(r micro.Request) { s.handleItems(r) }},
 		{"reset", func(r micro.Request) { s.spawn(ctx, r, s.handleReset) }},
@@ -58,29 +58,88 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 	return svc, nil
 }
 
-// spawn serves a request that may wait (for a rate limiter, for the stream)
+// spawnSample serves a sample request in a slot of its table's (see
+// requestSlots).
+func (s *Service) spawnSample(ctx context.Context, r micro.Request) {
+	var req wire.SampleRequest
+	if err := proto.Unmarshal(r.Data(), &req); err != nil {
+		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed sample request: %v", err))
+		return
+	}
+	t, ok := s.tables[req.Table]
+	if !ok {
+		s.respondStatus(r, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
+		return
+	}
+	s.spawnIn(ctx, r, req.Table, func(ctx context.Context, r micro.Request) { s.handleSample(ctx, r, &req, t) })
+}
+
+// spawn serves a request that may wait (for the stream, for a checkpoint)
 // on its own goroutine, so the endpoint's subscription keeps dispatching.
 func (s *Service) spawn(ctx context.Context, r micro.Request, h func(context.Context, micro.Request)) {
+	s.spawnIn(ctx, r, "", h)
+}
+
+func (s *Service) spawnIn(ctx context.Context, r micro.Request, table string, h func(context.Context, micro.Request)) {
 	s.closingMu.Lock()
 	defer s.closingMu.Unlock()
 	if s.closing {
 		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, "service shutting down")
 		return
 	}
-	select {
-	case s.sampleSlots <- struct{}{}:
-	default:
-		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, fmt.Sprintf("service busy: %d requests in progress", cap(s.sampleSlots)))
+	if err := s.slots.take(table); err != nil {
+		s.respondStatus(r, wire.Code_CODE_RESOURCE_EXHAUSTED, err.Error())
 		return
 	}
 	s.handlers.Add(1)
 	go func() {
 		defer func() {
-			<-s.sampleSlots
+			s.slots.give(table)
 			s.handlers.Done()
 		}()
 		h(ctx, r)
 	}()
+}
+
+// requestSlots bounds the requests served at once, and shares them so that
+// requests waiting on one table (for its rate limiter, say) cannot take
+// every slot from the others: a table may hold more than its fair share
+// (an equal split between the tables, and admin requests as one more) only
+// while at least half the slots are free.
+type requestSlots struct {
+	mu      sync.Mutex
+	limit   int
+	fair    int
+	inUse   int
+	byTable map[string]int
+}
+
+func newRequestSlots(limit, tables int) *requestSlots {
+	return &requestSlots{limit: limit, fair: max(1, limit/(tables+1)), byTable: make(map[string]int)}
+}
+
+func (rs *requestSlots) take(table string) error {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	mine := rs.byTable[table]
+	switch {
+	case rs.inUse >= rs.limit:
+		return fmt.Errorf("service busy: %d requests in progress, the limit", rs.inUse)
+	case mine >= rs.fair && rs.inUse >= rs.limit/2:
+		return fmt.Errorf("service busy: %d requests in progress, %d of them for table %q, over its share of %d while others wait", rs.inUse, mine, table, rs.fair)
+	}
+	rs.inUse++
+	rs.byTable[table] = mine + 1
+	return nil
+}
+
+func (rs *requestSlots) give(table string) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.inUse--
+	if rs.byTable[table]--; rs.byTable[table] == 0 {
+		delete(rs.byTable, table)
+	}
 }
 
 // microCode maps a status to the code NATS micro stats show.
@@ -92,7 +151,7 @@ func microCode(c wire.Code) string {
 		return "404"
 	case wire.Code_CODE_RATE_LIMITED:
 		return "429"
-	case wire.Code_CODE_UNAVAILABLE:
+	case wire.Code_CODE_UNAVAILABLE, wire.Code_CODE_RESOURCE_EXHAUSTED:
 		return "503"
 	default:
 		return "500"
@@ -109,20 +168,17 @@ func (s *Service) respondStatus(r micro.Request, code wire.Code, msg string) {
 	}
 }
 
-func (s *Service) handleSample(ctx context.Context, r micro.Request) {
+func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.SampleRequest, t *tables.Table) {
 	start := time.Now()
-	var req wire.SampleRequest
-	if err := proto.Unmarshal(r.Data(), &req); err != nil {
-		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed sample request: %v", err))
-		return
-	}
-	t, ok := s.tables[req.Table]
-	if !ok {
-		s.respondStatus(r, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
-		return
-	}
 	if req.NumSamples < 1 || int(req.NumSamples) > s.o.maxBatch {
 		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("num_samples %d out of range [1, %d]", req.NumSamples, s.o.maxBatch))
+		return
+	}
+	// Refused before anything is sampled: a sample counts against the
+	// limiter and max_times_sampled whether or not it reaches the learner.
+	if largest := t.LargestItemBytes(); largest > 0 && int64(req.NumSamples) > s.o.limits.MaxReplyBytes/largest {
+		s.respondStatus(r, wire.Code_CODE_RESOURCE_EXHAUSTED, fmt.Sprintf("table %q: %d items of up to %d bytes may decode to more than %d bytes (limits.max_reply_bytes): ask for at most %d",
+			req.Table, req.NumSamples, largest, s.o.limits.MaxReplyBytes, s.o.limits.MaxReplyBytes/largest))
 		return
 	}
 	wait := s.o.maxSampleWait

@@ -93,6 +93,9 @@ func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stop()
+	// Next does not always return on its context's end (while the ordered
+	// consumer is being recreated); Stop always ends it.
+	defer msgs.Stop()
 	var readErr error
 	wg.Add(1)
 	go func() {

@@ -46,6 +46,10 @@ type Client struct {
 	closed  bool
 	pending map[string]*call
 	nextID  atomic.Uint64
+	// known holds the tables the service confirmed: a mutation goes through
+	// the stream, where a table name nobody serves would only be a counted
+	// rejection, so the client checks the name first, once.
+	known sync.Map
 }
 
 // call collects the reply to one request, which may come in parts.
@@ -194,6 +198,10 @@ func statusError(st *wire.Status) error {
 		sentinel = ErrRateLimited
 	case wire.Code_CODE_INVALID_ARGUMENT:
 		sentinel = ErrInvalidMessage
+	case wire.Code_CODE_RESOURCE_EXHAUSTED:
+		sentinel = ErrTooLarge
+	case wire.Code_CODE_SIGNATURE_MISMATCH:
+		sentinel = ErrSignature
 	default:
 		sentinel = ErrServer
 	}
@@ -366,6 +374,12 @@ func (c *Client) Mutate(ctx context.Context, table string, muts ...tables.Mutati
 			}
 		}
 		m.Ops[i] = &wire.MutationOp{Key: mu.Key, Priority: mu.Priority, Delete: mu.Delete}
+	}
+	if _, ok := c.known.Load(table); !ok {
+		if _, err := c.Info(ctx, table); err != nil {
+			return fmt.Errorf("broker: mutation for table %q: %w", table, err)
+		}
+		c.known.Store(table, struct{}{})
 	}
 	data, err := proto.Marshal(m)
 	if err != nil {

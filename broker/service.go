@@ -232,9 +232,9 @@ type Service struct {
 	heldBytes int64         // of the messages in producers' waiting sets
 	dupWindow time.Duration // the stream's, read at start
 
-	sampleSlots chan struct{}
-	handlers    sync.WaitGroup
-	rejectLog   rateLimitedLog
+	slots     *requestSlots
+	handlers  sync.WaitGroup
+	rejectLog rateLimitedLog
 
 	intr           interrupter
 	running        atomic.Bool
@@ -274,18 +274,18 @@ func NewService(nc *nats.Conn, configs []tables.Config, opts ...ServiceOption) (
 		return nil, fmt.Errorf("broker: jetstream: %w", err)
 	}
 	s := &Service{
-		nc:          nc,
-		js:          js,
-		subj:        subj,
-		o:           o,
-		log:         o.logger.With("prefix", subj.prefix),
-		store:       tables.NewChunkStore(),
-		tables:      make(map[string]*tables.Table, len(configs)),
-		producers:   make(map[string]*producerState),
-		stalled:     make(map[string]*producerState),
-		sampleSlots: make(chan struct{}, o.maxConcurrent),
-		configs:     make(map[string]tables.Config, len(configs)),
-		applyDone:   make(chan struct{}),
+		nc:        nc,
+		js:        js,
+		subj:      subj,
+		o:         o,
+		log:       o.logger.With("prefix", subj.prefix),
+		store:     tables.NewChunkStore(),
+		tables:    make(map[string]*tables.Table, len(configs)),
+		producers: make(map[string]*producerState),
+		stalled:   make(map[string]*producerState),
+		slots:     newRequestSlots(o.maxConcurrent, len(configs)),
+		configs:   make(map[string]tables.Config, len(configs)),
+		applyDone: make(chan struct{}),
 	}
 	s.stopApply = sync.OnceFunc(func() { close(s.applyDone) })
 	s.progress.seq = o.startSequence - min(o.startSequence, 1)
@@ -325,11 +325,15 @@ func (s *Service) Rejected() int64 { return s.stats.rejected.Load() }
 // Run serves until ctx ends, then stops taking requests, lets the requests
 // in progress finish (their waits end with ctx), and returns. It returns
 // nil after a shutdown through ctx.
-func (s *Service) Run(ctx context.Context) error {
+func (s *Service) Run(parent context.Context) error {
 	if s.running.Swap(true) {
 		return fmt.Errorf("%w: Run called twice", ErrInvalidOption)
 	}
 	defer s.stopApply()
+	// The stream's disappearance ends the run as the parent's end would,
+	// with ErrStreamLost as the cause.
+	ctx, lose := context.WithCancelCause(parent)
+	defer lose(nil)
 	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream, true)
 	if err != nil {
 		return err
@@ -340,7 +344,9 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	start := s.progress.get() + 1
-	s.checkStreamCovers(ctx, start)
+	if err := s.checkStreamCovers(ctx, start); err != nil {
+		return err
+	}
 	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.subj.data()}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start}
 	cons, err := stream.OrderedConsumer(ctx, cc)
 	if err != nil {
@@ -362,6 +368,11 @@ func (s *Service) Run(ctx context.Context) error {
 	go func() {
 		defer bg.Done()
 		s.publishProgress(ctx)
+	}()
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		s.watchStream(ctx, lose)
 	}()
 	if s.o.checkpoints != nil && s.o.checkpointEvery > 0 {
 		bg.Add(1)
@@ -396,7 +407,9 @@ func (s *Service) Run(ctx context.Context) error {
 	for _, t := range s.tables {
 		t.Close()
 	}
-	if ctx.Err() != nil && (err == nil || errors.Is(err, ctx.Err())) {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrStreamLost) {
+		err = cause
+	} else if ctx.Err() != nil && (err == nil || errors.Is(err, ctx.Err())) {
 		err = nil
 	}
 	return errors.Join(err, stopErr, cpErr)
@@ -432,20 +445,55 @@ func (s *Service) recoverAtStart(ctx context.Context) error {
 // checkStreamCovers reports, loudly, messages recovery needs that the
 // stream no longer has: discarded by its limits, purged, or lost with a
 // stream that was recreated.
-func (s *Service) checkStreamCovers(ctx context.Context, start uint64) {
+func (s *Service) checkStreamCovers(ctx context.Context, start uint64) error {
 	info, err := s.stream.Info(ctx)
 	if err != nil {
 		s.log.Warn("reprise service: reading the stream's state", "error", err)
-		return
+		return nil
 	}
 	st := info.State
 	switch {
 	case st.LastSeq+1 < start:
-		s.log.Error("reprise service: the stream ends before the checkpoint: it was recreated or lost; what was published after the checkpoint is gone",
+		// Its sequence numbers start again below the checkpoint's: applying
+		// it from the checkpoint on would skip what it holds, and trimming
+		// would purge it.
+		s.log.Error("reprise service: the stream ends before the checkpoint: it was deleted and recreated. The checkpoints hold everything applied up to their sequence; to serve from them and drop the new stream's messages, purge the new stream past the checkpoint's sequence; to start over from the new stream, move the checkpoints away",
 			"stream_last", st.LastSeq, "checkpoint_applied", start-1)
+		return fmt.Errorf("%w: %s ends at sequence %d, before the checkpoint's %d", ErrStreamLost, s.subj.stream(), st.LastSeq, start-1)
 	case st.Msgs > 0 && st.FirstSeq > start:
 		s.log.Error("reprise service: the stream no longer holds messages recovery needs (stream limits, or a purge); they are lost",
 			"missing_from", start, "missing_to", st.FirstSeq-1)
+	}
+	return nil
+}
+
+// watchStream ends the run, through lose, when the stream is deleted or
+// replaced under the service: the tables would go on answering from a log
+// that no longer exists, and producers' acks would come from a stream
+// nobody applies.
+func (s *Service) watchStream(ctx context.Context, lose context.CancelCauseFunc) {
+	t := time.NewTicker(s.o.progressPeriod)
+	defer t.Stop()
+	created := s.stream.CachedInfo().Created
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		info, err := s.stream.Info(ctx)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			s.log.Error("reprise service: the stream was deleted; stopping (the final checkpoint keeps what was applied)", "stream", s.subj.stream())
+			lose(fmt.Errorf("%w: %s was deleted", ErrStreamLost, s.subj.stream()))
+			return
+		case err != nil:
+			continue // the server may be electing a leader or restarting
+		case !info.Created.Equal(created):
+			s.log.Error("reprise service: the stream was deleted and recreated; stopping (the final checkpoint keeps what was applied)", "stream", s.subj.stream())
+			lose(fmt.Errorf("%w: %s was recreated", ErrStreamLost, s.subj.stream()))
+			return
+		}
 	}
 }
 

@@ -46,6 +46,9 @@ var (
 	// ErrTooLarge reports a message, item or reply over one of the
 	// service's Limits.
 	ErrTooLarge = errors.New("broker: over a limit")
+	// ErrStreamLost ends a service whose stream was deleted or recreated
+	// under it.
+	ErrStreamLost = errors.New("broker: stream lost")
 )
 
 // subjects derives every subject and the stream name from a prefix.

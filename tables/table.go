@@ -574,6 +574,14 @@ func (t *Table) Info() Info {
 	}
 }
 
+// LargestItemBytes is the most bytes an item inserted since the last Reset
+// decodes to: n samples decode to at most n times as much.
+func (t *Table) LargestItemBytes() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.largestItem
+}
+
 // Get returns the items with the given keys, in the order asked, skipping
 // keys the table does not hold. Their trajectories are shared with the
 // table: read them, never modify them.

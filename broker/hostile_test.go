@@ -1,0 +1,448 @@
+package broker
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// Tests of what a hostile or broken client can send: each is a finding of
+// the hardening review, kept as a regression test.
+
+// publishBatch publishes m on the insert subject as a client with publish
+// rights could, with a dedupe id when msgID is set.
+func publishBatch(t *testing.T, d *deployment, m *wire.InsertBatch, msgID string) *jetstream.PubAck {
+	t.Helper()
+	msg := nats.NewMsg(d.svc.subj.insert())
+	msg.Data = mustMarshal(t, m)
+	if msgID != "" {
+		msg.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
+	ack, err := d.svc.js.PublishMsg(testContext(t), msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack
+}
+
+// oneStepItem is an item of table holding the one-step chunk key.
+func oneStepItem(key uint64, table string, chunk uint64) *wire.Item {
+	return &wire.Item{Key: key, Table: table, Priority: 1,
+		Columns: []*wire.TrajectoryColumn{{Name: "id", Squeeze: true, Slices: []*wire.ColumnSlice{{ChunkKey: chunk, Length: 1}}}}}
+}
+
+func int64Chunk(t *testing.T, key uint64, v int64) *wire.Chunk {
+	t.Helper()
+	ch, err := wire.EncodeChunk(key, []*wire.Tensor{wire.Int64s(nil, []int64{v})}, wire.ChunkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// notices subscribes to the rejections of producer id.
+func notices(t *testing.T, d *deployment, id string) <-chan *wire.Rejection {
+	t.Helper()
+	out := make(chan *wire.Rejection, 1024)
+	sub, err := d.connect().Subscribe(d.svc.subj.rejected(id), func(m *nats.Msg) {
+		var r wire.Rejection
+		if proto.Unmarshal(m.Data, &r) == nil {
+			out <- &r
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	return out
+}
+
+func waitNotice(t *testing.T, ch <-chan *wire.Rejection, code wire.Code, text string) *wire.Rejection {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		select {
+		case r := <-ch:
+			if r.Code == code && strings.Contains(r.Message, text) {
+				return r
+			}
+		case <-deadline:
+			t.Fatalf("no %v notice containing %q", code, text)
+		}
+	}
+}
+
+func tableSize(t *testing.T, c *Client, table string) int64 {
+	t.Helper()
+	info, err := c.Info(testContext(t), table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Tables[0].Size
+}
+
+// TestForgedDedupeIDsFailFlush: messages stored under a producer's next
+// dedupe ids make JetStream drop the producer's own as duplicates; the
+// producer must report that, never return nil from Flush.
+func TestForgedDedupeIDsFailFlush(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("t", 1000)}, deployOptions{})
+	ctx := testContext(t)
+	p := d.producer(WithLinger(0), WithBatch(1, 1<<20))
+	for seq := uint64(1); seq <= 3; seq++ {
+		publishBatch(t, d, &wire.InsertBatch{ProducerId: "forger", Sequence: seq, WindowStart: seq, Window: 4}, p.ID()+"-"+strconv.FormatUint(seq, 10))
+	}
+	// The failure surfaces from whichever call comes next, Flush at the
+	// latest.
+	var err error
+	for i := int64(0); i < 6 && err == nil; i++ {
+		if err = p.Append(ctx, step(i, 2)); err == nil {
+			err = p.CreateItem(ctx, "t", 1, LastStep("obs", "id"))
+		}
+	}
+	if err == nil {
+		err = p.Flush(ctx)
+	}
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "never sent") {
+		t.Fatalf("producer calls after forged dedupe ids = %v, want ErrRejected naming a duplicate never sent", err)
+	}
+}
+
+// TestProducerIDsUnguessable: ids are 128 random bits, and what the service
+// publishes names a producer only by its notice token.
+func TestProducerIDsUnguessable(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("t", 10)}, deployOptions{})
+	a, b := d.producer(), d.producer()
+	if len(a.ID()) != 32 || a.ID() == b.ID() || strings.HasPrefix(b.ID(), a.ID()[:8]) {
+		t.Fatalf("producer ids %q and %q: want 32 independent hex digits", a.ID(), b.ID())
+	}
+	if tok := a.NoticeToken(); tok == a.ID() || strings.Contains(d.svc.subj.rejected(a.ID()), a.ID()) {
+		t.Fatalf("rejection subject %q gives the id away", d.svc.subj.rejected(a.ID()))
+	}
+}
+
+// TestSequenceOutsideWindowRejected: a forged sequence near 2^64 under a
+// live producer's id is rejected instead of making the service wait on
+// it, and the producer's later messages all apply.
+func TestSequenceOutsideWindowRejected(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("t", 1000)}, deployOptions{})
+	ctx := testContext(t)
+	p := d.producer(WithLinger(0), WithBatch(1, 1<<20))
+	write := func(from, to int64) {
+		for i := from; i < to; i++ {
+			if err := p.Append(ctx, step(i, 2)); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.WaitApplied(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, 5)
+	rejected := d.svc.Rejected()
+	for _, m := range []*wire.InsertBatch{
+		{ProducerId: p.ID(), Sequence: 1<<64 - 2, WindowStart: 1<<64 - 2, Window: 1 << 20, Items: []*wire.Item{oneStepItem(999, "t", 1)}},
+		{ProducerId: p.ID(), Sequence: 1<<64 - 2, WindowStart: 1, Window: 1024},
+		{ProducerId: p.ID(), Sequence: 10, WindowStart: 11, Window: 8},
+		{ProducerId: p.ID(), Sequence: 0, WindowStart: 0, Window: 8},
+	} {
+		publishBatch(t, d, m, "")
+	}
+	write(5, 20)
+	if got := tableSize(t, d.client(), "t"); got != 20 {
+		t.Fatalf("table holds %d items, want all 20 of the live producer", got)
+	}
+	if got := d.svc.Rejected() - rejected; got != 4 {
+		t.Fatalf("%d messages rejected, want the 4 forged ones", got)
+	}
+}
+
+// TestWindowStartClosesGap: a message whose window starts past a missing
+// sequence tells the service the missing one will never come: the held
+// messages apply at once, without waiting for the gap timeout.
+func TestWindowStartClosesGap(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("q", 100)}, deployOptions{service: []ServiceOption{WithGapTimeout(time.Hour)}})
+	batch := func(seq, ws uint64, id int64) *wire.InsertBatch {
+		ch := int64Chunk(t, uint64(1000+id), id)
+		return &wire.InsertBatch{ProducerId: "p", Sequence: seq, WindowStart: ws, Window: 16, Chunks: []*wire.Chunk{ch}, Items: []*wire.Item{oneStepItem(uint64(id), "q", ch.Key)}}
+	}
+	publishBatch(t, d, batch(1, 1, 1), "")
+	publishBatch(t, d, batch(3, 2, 3), "") // 2 is in flight
+	c := d.client()
+	if got := drainQueue(t, c, "q", 1); got[0] != 1 {
+		t.Fatalf("got %v, want 1", got)
+	}
+	// 2 was given up (settled without being stored); 4 says so.
+	publishBatch(t, d, batch(4, 3, 4), "")
+	if got := drainQueue(t, c, "q", 2); got[0] != 3 || got[1] != 4 {
+		t.Fatalf("got %v, want [3 4] without waiting for the gap timeout", got)
+	}
+}
+
+// TestItemLimits: an item with 40,000 columns (whose check was quadratic,
+// stalling the apply loop for 50 s) and an item of 2,000 slices of a 1 MiB
+// chunk (2 GB for a learner to decode) are rejected, with notices naming
+// the limit; the message's other items land.
+func TestItemLimits(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{maxPayload: 8 << 20})
+	id := "0123456789abcdef0123456789abcdef"
+	ch := notices(t, d, id)
+	big, err := wire.EncodeChunk(7, []*wire.Tensor{wire.Uint8s([]int64{1 << 20}, make([]uint8, 1<<20))}, wire.ChunkOptions{Codec: wire.Zstd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := int64Chunk(t, 8, 42)
+	wide := &wire.Item{Key: 1, Table: "t", Priority: 1}
+	for i := range 40_000 {
+		wide.Columns = append(wide.Columns, &wire.TrajectoryColumn{Name: fmt.Sprint("c", i), Slices: []*wire.ColumnSlice{{ChunkKey: 8, Length: 1}}})
+	}
+	long := &wire.Item{Key: 2, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{{Name: "x"}}}
+	for range 2000 {
+		long.Columns[0].Slices = append(long.Columns[0].Slices, &wire.ColumnSlice{ChunkKey: 7, Length: 1})
+	}
+	publishBatch(t, d, &wire.InsertBatch{ProducerId: id, Sequence: 1, WindowStart: 1, Window: 4, Chunks: []*wire.Chunk{big, small},
+		Items: []*wire.Item{wide, long, oneStepItem(3, "t", 8)}}, "")
+	waitNotice(t, ch, wire.Code_CODE_RESOURCE_EXHAUSTED, "max_columns_per_item")
+	waitNotice(t, ch, wire.Code_CODE_RESOURCE_EXHAUSTED, "over the limit of")
+	waitUntil(t, "the valid item lands", func() bool { return tableSize(t, d.client(), "t") == 1 })
+}
+
+// TestCorruptChunkRejectedOnArrival: a chunk whose header is right but
+// whose compressed data is not, and a zstd frame declaring another size
+// than the chunk (a bomb), are rejected when they arrive, so no learner's
+// batch ever fails on them.
+func TestCorruptChunkRejectedOnArrival(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{})
+	id := "corrupt0corrupt0corrupt0corrupt0"
+	ch := notices(t, d, id)
+	bad := int64Chunk(t, 5, 5)
+	bad.Compression, bad.Data = wire.Compression_COMPRESSION_ZSTD, []byte{0x28, 0xb5, 0x2f, 0xfd, 0x20, 0x08, 0x41, 0x00, 0x00, 0xde, 0xad, 0xbe, 0xef}
+	bomb, err := wire.EncodeChunk(6, []*wire.Tensor{wire.Uint8s([]int64{64 << 10}, make([]uint8, 64<<10))}, wire.ChunkOptions{Codec: wire.Zstd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bomb.StepShape, bomb.RawSize = []int64{8}, 8 // the frame still says 64 KiB
+	var items []*wire.Item
+	var chunks []*wire.Chunk
+	for i := range int64(20) {
+		c := int64Chunk(t, uint64(100+i), i)
+		chunks = append(chunks, c)
+		items = append(items, oneStepItem(uint64(100+i), "t", c.Key))
+	}
+	items = append(items, oneStepItem(5, "t", 5), oneStepItem(6, "t", 6))
+	publishBatch(t, d, &wire.InsertBatch{ProducerId: id, Sequence: 1, WindowStart: 1, Window: 4, Chunks: append(chunks, bad, bomb), Items: items}, "")
+	waitNotice(t, ch, wire.Code_CODE_INVALID_ARGUMENT, "chunk 5")
+	waitNotice(t, ch, wire.Code_CODE_INVALID_ARGUMENT, "declares")
+	c := d.client()
+	waitUntil(t, "the good items land", func() bool { return tableSize(t, c, "t") == 20 })
+	for range 50 {
+		if _, err := c.Sample(testContext(t), "t", 32); err != nil {
+			t.Fatalf("a batch failed: %v", err)
+		}
+	}
+}
+
+// TestHeldChunksBounded: chunks sent without items are held for later
+// items, but only up to the bound: past it the oldest go, and their
+// producer is told.
+func TestHeldChunksBounded(t *testing.T) {
+	limits := DefaultLimits()
+	limits.MaxHeldChunkBytes = 64 << 10
+	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{service: []ServiceOption{WithLimits(limits)}})
+	id := "hoarder0hoarder0hoarder0hoarder0"
+	ch := notices(t, d, id)
+	for seq := uint64(1); seq <= 40; seq++ {
+		noise := make([]uint8, 16<<10)
+		rand.Read(noise)
+		c, err := wire.EncodeChunk(seq, []*wire.Tensor{wire.Uint8s([]int64{16 << 10}, noise)}, wire.ChunkOptions{Codec: wire.Uncompressed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		publishBatch(t, d, &wire.InsertBatch{ProducerId: id, Sequence: seq, WindowStart: seq, Window: 4, Chunks: []*wire.Chunk{c}}, "")
+	}
+	waitUntil(t, "all 40 messages applied", func() bool { return d.svc.Applied() >= 40 })
+	waitNotice(t, ch, wire.Code_CODE_RESOURCE_EXHAUSTED, "max_held_chunk_bytes")
+	info, err := d.client().Info(testContext(t), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.ChunkBytes > limits.MaxHeldChunkBytes {
+		t.Fatalf("the service holds %d bytes of chunks, over the %d-byte bound", info.ChunkBytes, limits.MaxHeldChunkBytes)
+	}
+}
+
+// TestMaxProducersRefusesNew: at the bound on producer records a new
+// producer is refused (and told), and the known ones are not forgotten.
+func TestMaxProducersRefusesNew(t *testing.T) {
+	limits := DefaultLimits()
+	limits.MaxProducers = 2
+	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{service: []ServiceOption{WithLimits(limits)}})
+	ctx := testContext(t)
+	var errs []error
+	for i := range int64(3) {
+		p := d.producer(WithLinger(0))
+		if err := p.Append(ctx, step(i, 2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+		errs = append(errs, p.WaitApplied(ctx))
+	}
+	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], ErrRejected) || !strings.Contains(errs[2].Error(), "max_producers") {
+		t.Fatalf("WaitApplied of three producers = %v; want nil, nil and a rejection naming max_producers", errs)
+	}
+	if got := tableSize(t, d.client(), "t"); got != 2 {
+		t.Fatalf("table holds %d items, want the first two producers' 2", got)
+	}
+}
+
+// TestSampleSlotsShared: requests waiting on an empty table cannot take
+// every request slot: learners of another table are still served.
+func TestSampleSlotsShared(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("empty", 10), uniformTable("full", 10)}, deployOptions{service: []ServiceOption{WithMaxConcurrentSamples(16)}})
+	ctx := testContext(t)
+	p := d.producer()
+	if err := p.Append(ctx, step(1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "full", 1, LastStep("obs", "id")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := d.client()
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	busy := make(chan struct{}, 64)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := c.Sample(wctx, "empty", 1); errors.Is(err, ErrTooLarge) {
+				busy <- struct{}{}
+			}
+		}()
+	}
+	// Once some are refused as over their share, the rest hold their slots.
+	<-busy
+	if _, err := c.Sample(ctx, "full", 1); err != nil {
+		t.Fatalf("sample of another table while one table's requests wait: %v", err)
+	}
+	cancel()
+	wg.Wait()
+}
+
+// TestReplyBytesBounded: a request whose items could decode to more than
+// the reply bound is refused before anything is sampled.
+func TestReplyBytesBounded(t *testing.T) {
+	limits := DefaultLimits()
+	limits.MaxReplyBytes = 1000
+	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{service: []ServiceOption{WithLimits(limits)}})
+	ctx := testContext(t)
+	p := d.producer()
+	for i := range int64(10) {
+		if err := p.Append(ctx, step(i, 23)); err != nil { // 100 bytes a step
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := d.client()
+	if _, err := c.Sample(ctx, "t", 11); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "ask for at most 10") {
+		t.Fatalf("sample of 11 = %v, want ErrTooLarge saying at most 10", err)
+	}
+	if _, err := c.Sample(ctx, "t", 10); err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Tables[0].Samples != 10 {
+		t.Fatalf("table counted %d samples, want the 10 served (the refused request took none)", info.Tables[0].Samples)
+	}
+}
+
+// TestSilentNoOpsReport: a reset of an unknown table through the stream is
+// a counted rejection; a delete on an unknown table is an error.
+func TestSilentNoOpsReport(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("t", 10)}, deployOptions{})
+	ctx := testContext(t)
+	rejected := d.svc.Rejected()
+	ack, err := d.svc.js.Publish(ctx, d.svc.subj.reset(), mustMarshal(t, &wire.ResetRequest{Table: "nope"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "reset applied", func() bool { return d.svc.Applied() >= ack.Sequence })
+	if d.svc.Rejected() != rejected+1 {
+		t.Fatalf("reset of an unknown table: rejected %d → %d, want one more", rejected, d.svc.Rejected())
+	}
+	if err := d.client().Delete(ctx, "nope", 1); !errors.Is(err, ErrUnknownTable) {
+		t.Fatalf("Delete on an unknown table = %v, want ErrUnknownTable", err)
+	}
+}
+
+// TestStreamDeletedStopsService: a deleted stream ends the service with
+// ErrStreamLost instead of leaving it answering from a log that is gone.
+func TestStreamDeletedStopsService(t *testing.T) {
+	url := startEmbedded(t, 0)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	svc, err := NewService(nc, []tables.Config{uniformTable("t", 10)}, WithPrefix("gone"), WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext(t)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewClient(nc, WithPrefix("gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitUntil(t, "the service answers", func() bool {
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := c.Info(short, "")
+		return err == nil
+	})
+	if err := js.DeleteStream(ctx, svc.subj.stream()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrStreamLost) {
+			t.Fatalf("Run = %v, want ErrStreamLost", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the service kept running on a deleted stream")
+	}
+}
