@@ -339,7 +339,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("%w: Run called twice", ErrInvalidOption)
 	}
 	defer s.stopApply()
-	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream, true)
+	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream)
 	if err != nil {
 		return err
 	}
