@@ -1,10 +1,19 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/reprise-rl/reprise/embeddednats"
+	"github.com/reprise-rl/reprise/tables"
 )
 
 // matches reports whether subject (taken literally, as the server's
@@ -257,5 +266,244 @@ func TestInboxPrefixIsPerUser(t *testing.T) {
 	}
 	if allowed(a.Subscribe, InboxPrefix("alicia")+".x.1") || allowed(a.Subscribe, InboxPrefix("bob")+".x.1") {
 		t.Error("alice may read another user's inbox")
+	}
+}
+
+// roleServer is an embedded NATS server with one password user per role,
+// named after the role.
+type roleServer struct {
+	t      *testing.T
+	url    string
+	prefix string
+}
+
+func startRoleServer(t *testing.T, prefix string) *roleServer {
+	t.Helper()
+	opts := []embeddednats.Option{
+		embeddednats.WithStoreDir(t.TempDir()), embeddednats.WithListen("127.0.0.1:-1"),
+		embeddednats.WithLogger(quietLogger()),
+		// Sample replies larger than this travel in parts; object store
+		// chunks (128 KiB) still fit.
+		embeddednats.WithMaxPayload(256 << 10),
+	}
+	for _, role := range Roles() {
+		p, err := RolePermissions(role, prefix, string(role))
+		if err != nil {
+			t.Fatal(err)
+		}
+		perms := embeddednats.Permissions{
+			Publish:   embeddednats.SubjectPermissions{Allow: p.Publish.Allow, Deny: p.Publish.Deny},
+			Subscribe: embeddednats.SubjectPermissions{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny},
+		}
+		opts = append(opts, embeddednats.WithUser(string(role), "pw-"+string(role), perms))
+	}
+	srv, err := embeddednats.Start(testContext(t), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	return &roleServer{t: t, url: srv.ClientURL(), prefix: prefix}
+}
+
+// violations records the permissions violations the server reports to a
+// connection.
+type violations struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (v *violations) add(err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.errs = append(v.errs, err.Error())
+}
+
+func (v *violations) list() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.errs)
+}
+
+// has waits until a violation naming subject has been reported.
+func (v *violations) has(t *testing.T, subject string) {
+	t.Helper()
+	waitUntil(t, "a permissions violation for "+subject, func() bool {
+		return slices.ContainsFunc(v.list(), func(e string) bool { return strings.Contains(e, `"`+subject+`"`) })
+	})
+}
+
+func (s *roleServer) connect(role Role) (*nats.Conn, *violations) {
+	s.t.Helper()
+	v := &violations{}
+	nc, err := nats.Connect(s.url, nats.UserInfo(string(role), "pw-"+string(role)), nats.CustomInboxPrefix(InboxPrefix(string(role))),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				v.add(err)
+			}
+		}))
+	if err != nil {
+		s.t.Fatalf("connecting as %s: %v", role, err)
+	}
+	s.t.Cleanup(nc.Close)
+	return nc, v
+}
+
+// TestRolesOnAServer runs the data path with each part connected as its
+// role: the service as service (creating the stream, checkpointing to the
+// object store, recovering from it, replying in parts), an actor, a
+// learner and an admin. None of them meets a permissions violation doing
+// its job, and each is refused what its role forbids.
+func TestRolesOnAServer(t *testing.T) {
+	const prefix = "roles"
+	s := startRoleServer(t, prefix)
+	ctx := testContext(t)
+	cfgs := []tables.Config{uniformTable("t", 10000)}
+
+	svcConn, svcViolations := s.connect(RoleService)
+	runService := func() func() {
+		svc, err := NewService(svcConn, cfgs, WithPrefix(prefix), WithLogger(quietLogger()), WithObjectStoreCheckpoints())
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- svc.Run(sctx) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("service: %v", err)
+			}
+		}
+	}
+	stop := runService()
+
+	// The actor inserts 200 items of 4 KiB.
+	actorConn, actorViolations := s.connect(RoleActor)
+	p, err := NewProducer(ctx, actorConn, WithPrefix(prefix), WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range int64(200) {
+		if err := p.Append(ctx, step(i, 1024)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The learner samples 100 items (400 KiB: a reply in parts) and
+	// updates a priority.
+	learnerConn, learnerViolations := s.connect(RoleLearner)
+	learner, err := NewClient(learnerConn, WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer learner.Close()
+	batch, err := learner.Sample(ctx, "t", 100)
+	if err != nil {
+		t.Fatalf("learner sampling: %v", err)
+	}
+	checkObs(t, batch[0], 1024)
+	if err := learner.UpdatePriorities(ctx, "t", tables.PriorityUpdate{Key: batch[0].Info.Key, Priority: 7}); err != nil {
+		t.Fatalf("learner updating a priority: %v", err)
+	}
+
+	// The admin checkpoints; the service restarts from the checkpoint.
+	adminConn, adminViolations := s.connect(RoleAdmin)
+	admin, err := NewClient(adminConn, WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Checkpoint(ctx); err != nil {
+		t.Fatalf("admin checkpoint: %v", err)
+	}
+	stop()
+	stop = runService()
+	defer func() { stop() }()
+	waitUntil(t, "the restarted service answers", func() bool {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		info, err := learner.Info(rctx, "t")
+		return err == nil && info.Tables[0].Size == 200
+	})
+	got, err := learner.Get(ctx, "t", batch[0].Info.Key)
+	if err != nil || len(got.Items) != 1 || got.Items[0].Priority != 7 {
+		t.Fatalf("after recovery, the updated item = %v, %v; want priority 7", got, err)
+	}
+
+	for role, v := range map[Role]*violations{RoleService: svcViolations, RoleActor: actorViolations, RoleLearner: learnerViolations, RoleAdmin: adminViolations} {
+		if errs := v.list(); len(errs) > 0 {
+			t.Errorf("%s met permissions violations doing its job: %v", role, errs)
+		}
+	}
+
+	// What each role may not do.
+	short := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		t.Cleanup(cancel)
+		return c
+	}
+	actorConn.SubscribeSync(prefix + ".data.>")
+	actorViolations.has(t, prefix+".data.>")
+	actorConn.SubscribeSync(prefix + ".api.sample")
+	actorViolations.has(t, prefix+".api.sample")
+	actorConn.Publish(prefix+".data.reset", nil)
+	actorViolations.has(t, prefix+".data.reset")
+	actorConn.Publish(prefix+".data.mutate", []byte("x"))
+	actorViolations.has(t, prefix+".data.mutate")
+	actorJS, _ := jetstream.New(actorConn)
+	if err := actorJS.DeleteStream(short(), "REPRISE_ROLES"); err == nil {
+		t.Error("the actor deleted the stream")
+	}
+	actorViolations.has(t, "$JS.API.STREAM.DELETE.REPRISE_ROLES")
+	if _, err := actorJS.OrderedConsumer(short(), "REPRISE_ROLES", jetstream.OrderedConsumerConfig{}); err == nil {
+		t.Error("the actor read the stream through a consumer")
+	}
+	if err := actorJS.DeleteObjectStore(short(), "REPRISE_ROLES_CHECKPOINTS"); err == nil {
+		t.Error("the actor deleted the checkpoint bucket")
+	}
+	actorClient, err := NewClient(actorConn, WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer actorClient.Close()
+	if _, err := actorClient.Sample(short(), "t", 1); err == nil {
+		t.Error("the actor sampled")
+	}
+	actorViolations.has(t, prefix+".api.sample")
+
+	if err := learner.Reset(short(), "t"); err == nil {
+		t.Error("the learner reset a table")
+	}
+	learnerViolations.has(t, prefix+".api.reset")
+	if _, err := learner.Checkpoint(short()); err == nil {
+		t.Error("the learner wrote a checkpoint")
+	}
+	learnerViolations.has(t, prefix+".api.checkpoint")
+	learnerConn.Publish(prefix+".data.insert", []byte("x"))
+	learnerViolations.has(t, prefix+".data.insert")
+	learnerConn.SubscribeSync(prefix + ".data.>")
+	learnerViolations.has(t, prefix+".data.>")
+	if _, err := NewProducer(short(), learnerConn, WithPrefix(prefix), WithLogger(quietLogger())); err == nil {
+		t.Error("the learner made a producer")
+	}
+
+	adminConn.SubscribeSync(prefix + ".api.sample")
+	adminViolations.has(t, prefix+".api.sample")
+	if err := admin.Reset(ctx, "t"); err != nil {
+		t.Fatalf("admin reset: %v", err)
+	}
+	adminJS, _ := jetstream.New(adminConn)
+	if _, err := adminJS.Stream(ctx, "REPRISE_ROLES"); err != nil {
+		t.Errorf("the admin cannot read the stream's info: %v", err)
+	}
+
+	if errs := svcViolations.list(); len(errs) > 0 {
+		t.Errorf("the service met permissions violations doing its job: %v", errs)
 	}
 }
