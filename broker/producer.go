@@ -41,7 +41,6 @@ type producerOptions struct {
 	linger       time.Duration
 	retryFor     time.Duration
 	ackTimeout   time.Duration
-	stream       StreamOptions
 	logger       *slog.Logger
 }
 
@@ -157,12 +156,6 @@ func WithRetryFor(d time.Duration) ProducerOption {
 	})
 }
 
-// WithStreamOptions sets the limits used if this producer is the first to
-// create the stream. The table service's own options win when it starts.
-func WithStreamOptions(s StreamOptions) ProducerOption {
-	return producerOption(func(o *producerOptions) error { o.stream = s; return nil })
-}
-
 // Producer is an actor's writer: it appends steps, cuts them into chunks per
 // column, and publishes items with the chunks they need to JetStream. A
 // chunk is sent once however many items (in however many tables) reference
@@ -254,8 +247,10 @@ type inFlight struct {
 	published time.Time // first attempt; retries stop retryFor after it
 }
 
-// NewProducer connects a producer to a deployment through nc. It creates the
-// stream if the table service has not yet.
+// NewProducer connects a producer to a deployment through nc. If the table
+// service has not created the stream yet, it waits for it until ctx ends: a
+// producer only asks whether the stream exists, so an actor needs no right
+// to create or change it.
 func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*Producer, error) {
 	o := defaultProducerOptions()
 	for _, opt := range opts {
@@ -273,7 +268,7 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 	if err != nil {
 		return nil, fmt.Errorf("broker: jetstream: %w", err)
 	}
-	if _, err := ensureStream(ctx, js, subj, o.stream, false); err != nil {
+	if err := waitStream(ctx, nc, js, subj, o.logger); err != nil {
 		return nil, err
 	}
 	p := &Producer{

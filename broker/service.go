@@ -334,7 +334,7 @@ func (s *Service) Run(parent context.Context) error {
 	// with ErrStreamLost as the cause.
 	ctx, lose := context.WithCancelCause(parent)
 	defer lose(nil)
-	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream, true)
+	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -55,24 +56,13 @@ func (o StreamOptions) config(subj subjects) jetstream.StreamConfig {
 	return cfg
 }
 
-// ensureStream creates the stream if it does not exist yet. With update set
-// (the service), an existing stream takes the given limits; producers leave
-// an existing stream as it is.
-func ensureStream(ctx context.Context, js jetstream.JetStream, subj subjects, o StreamOptions, update bool) (jetstream.Stream, error) {
+// ensureStream creates the stream, or gives an existing one the limits o
+// sets. Only the table service (and admins) may: a producer waits for the
+// stream with waitStream.
+func ensureStream(ctx context.Context, js jetstream.JetStream, subj subjects, o StreamOptions) (jetstream.Stream, error) {
 	cfg := o.config(subj)
 	for {
-		var (
-			s   jetstream.Stream
-			err error
-		)
-		if update {
-			s, err = js.CreateOrUpdateStream(ctx, cfg)
-		} else {
-			s, err = js.CreateStream(ctx, cfg)
-			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-				s, err = js.Stream(ctx, cfg.Name)
-			}
-		}
+		s, err := js.CreateOrUpdateStream(ctx, cfg)
 		if err == nil {
 			return s, nil
 		}
@@ -89,13 +79,50 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, subj subjects, o 
 	}
 }
 
+// waitStream waits until the deployment's stream exists, asking with
+// STREAM.INFO only, so that a producer needs no right to create or change
+// it (an actor may not). It logs once what it waits for, and on ctx's end
+// returns why it gave up, with the connection's last error (a permissions
+// violation says which subject the user lacks).
+func waitStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, subj subjects, log *slog.Logger) error {
+	name := subj.stream()
+	wait := 50 * time.Millisecond
+	logged := false
+	for {
+		_, err := js.Stream(ctx, name)
+		if err == nil {
+			if logged {
+				log.Info("producer: stream found", "stream", name)
+			}
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) && !retryableJSError(err) && ctx.Err() == nil {
+			return fmt.Errorf("broker: stream %s: %w", name, err)
+		}
+		if !logged {
+			log.Info("producer: waiting for the table service to create the stream", "stream", name, "prefix", subj.prefix, "reason", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			last := ""
+			if lerr := nc.LastError(); lerr != nil {
+				last = fmt.Sprintf("; connection's last error: %v", lerr)
+			}
+			return fmt.Errorf("broker: waiting for stream %s (is the table service running with prefix %q?): %w (last answer: %v%s)", name, subj.prefix, ctx.Err(), err, last)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
 func retryableJSError(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		// 10008: JetStream temporarily unavailable (no meta leader yet).
 		return apiErr.ErrorCode == 10008 || apiErr.Code == 503
 	}
-	// A producer created the stream between the service's look-up and
+	// Someone else created the stream between the service's look-up and
 	// its create: the next attempt finds it and updates it.
 	return errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) ||
 		errors.Is(err, nats.ErrNoResponders) ||

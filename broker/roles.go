@@ -1,0 +1,202 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Role is what a NATS user may do in one deployment (one prefix). The NATS
+// server enforces it: a role is a set of subject permissions, and a client
+// that publishes or subscribes outside them gets a permissions violation
+// from the server, never an answer from Reprise.
+type Role string
+
+// The roles of a deployment.
+const (
+	// RoleActor publishes inserts and reads what it needs to pace them:
+	// the service's applied progress and its own rejections. It cannot read
+	// data, mutate, reset, or touch the stream beyond asking whether it
+	// exists.
+	RoleActor Role = "actor"
+	// RoleLearner samples, lists items, reads info and updates priorities
+	// or deletes items (mutations, through the stream). It cannot insert,
+	// reset, checkpoint or manage the stream.
+	RoleLearner Role = "learner"
+	// RoleAdmin may do everything for its prefix except serve requests in
+	// the service's place: reset, checkpoint, insert, mutate, and manage
+	// the stream and the checkpoint bucket.
+	RoleAdmin Role = "admin"
+	// RoleService is the table service (reprised) itself: it owns the
+	// stream and the checkpoint bucket, serves the request subjects and
+	// publishes progress, rejections and resets.
+	RoleService Role = "service"
+)
+
+// Roles lists every role, in the order the documentation gives them.
+func Roles() []Role { return []Role{RoleActor, RoleLearner, RoleAdmin, RoleService} }
+
+// Errors of the role functions. Match them with errors.Is.
+var (
+	ErrUnknownRole = errors.New("broker: unknown role")
+	ErrInvalidUser = errors.New("broker: invalid user name")
+)
+
+// ParseRole returns the role named s.
+func ParseRole(s string) (Role, error) {
+	r := Role(s)
+	if !slices.Contains(Roles(), r) {
+		return "", fmt.Errorf("%w %q: want actor, learner, admin or service", ErrUnknownRole, s)
+	}
+	return r, nil
+}
+
+// Describe says in a line what the role may do.
+func (r Role) Describe() string {
+	switch r {
+	case RoleActor:
+		return "publishes inserts; reads applied progress and its rejections; waits for the stream"
+	case RoleLearner:
+		return "samples, lists items, reads info; updates priorities and deletes items"
+	case RoleAdmin:
+		return "everything for the prefix (reset, checkpoint, stream and bucket management) except serving requests"
+	case RoleService:
+		return "the table service (reprised): owns the stream and the checkpoint bucket, serves the requests"
+	}
+	return "unknown role"
+}
+
+// SubjectRules are NATS subject patterns a user may use (Allow) and may
+// not (Deny); Deny wins where both match.
+type SubjectRules struct {
+	Allow []string
+	Deny  []string
+}
+
+// Permissions are what a user may publish and subscribe to.
+type Permissions struct {
+	Publish   SubjectRules
+	Subscribe SubjectRules
+}
+
+// InboxPrefix is where user's replies arrive: its connections must use it
+// (nats.CustomInboxPrefix(InboxPrefix(user))). NATS does not keep replies
+// private: any client allowed to subscribe to a reply subject receives what
+// is sent there, and the default inboxes all live under _INBOX.>, where the
+// table service's stream deliveries and learners' samples arrive too. So
+// each user may subscribe to its own inbox only, and only the service may
+// publish replies, so that no client reads or forges another's.
+func InboxPrefix(user string) string { return "_INBOX." + user }
+
+// CheckUser checks that user can name an inbox: one subject token, without
+// dots, spaces or wildcards (with a dot, one user's inbox would contain
+// another's).
+func CheckUser(user string) error {
+	if user == "" || strings.ContainsAny(user, ". \t\r\n*>") {
+		return fmt.Errorf("%w %q: want one word without dots, spaces, * or > (it names the user's reply inbox %s.<user>)", ErrInvalidUser, user, InboxPrefix(""))
+	}
+	return nil
+}
+
+// RolePermissions returns what user, holding role in the deployment with
+// the given subject prefix, may publish and subscribe to. user names the
+// user's inbox (InboxPrefix); for an nkey user it is the public key.
+func RolePermissions(role Role, prefix, user string) (Permissions, error) {
+	subj, err := newSubjects(prefix)
+	if err != nil {
+		return Permissions{}, err
+	}
+	if _, err := ParseRole(string(role)); err != nil {
+		return Permissions{}, err
+	}
+	if err := CheckUser(user); err != nil {
+		return Permissions{}, err
+	}
+	var (
+		inbox    = InboxPrefix(user) + ".>"
+		all      = subj.prefix + ".>"
+		api      = subj.apiGroup() + ".>"
+		rejected = subj.prefix + ".rejected.*"
+		stream   = subj.stream()
+	)
+	objects := objectStoreStream(checkpointBucket(subj))
+	var p Permissions
+	switch role {
+	case RoleActor:
+		p.Publish.Allow = []string{subj.insert(), streamInfoAPI(stream)}
+		p.Subscribe.Allow = []string{subj.applied(), rejected, inbox}
+	case RoleLearner:
+		p.Publish.Allow = []string{subj.sample(), subj.info(), subj.items(), subj.mutate()}
+		p.Subscribe.Allow = []string{subj.applied(), inbox}
+	case RoleAdmin:
+		p.Publish.Allow = slices.Concat(
+			[]string{all, accountInfoAPI, microDiscovery},
+			streamAPI(stream), streamAPI(objects),
+			consumerReplies(stream), consumerReplies(objects),
+			[]string{objectStoreSubjects(checkpointBucket(subj))})
+		p.Subscribe.Allow = []string{all, inbox}
+		p.Subscribe.Deny = []string{api}
+	case RoleService:
+		p.Publish.Allow = slices.Concat(
+			[]string{subj.reset(), subj.applied(), rejected, subj.info(), accountInfoAPI},
+			streamAPI(stream), streamAPI(objects),
+			consumerReplies(stream), consumerReplies(objects),
+			[]string{objectStoreSubjects(checkpointBucket(subj)), anyInbox})
+		p.Subscribe.Allow = []string{api, microDiscovery, inbox}
+	}
+	return p, nil
+}
+
+// Subjects outside the prefix that roles use: JetStream's API, NATS micro
+// discovery (nats micro ls), and every inbox, to which only the service
+// publishes (its replies; the server sends JetStream's own without
+// permission checks). The service could instead be given allow_responses,
+// but that permits a fixed number of messages per request, and a sample
+// reply larger than the max payload travels in several.
+const (
+	accountInfoAPI = "$JS.API.INFO"
+	microDiscovery = "$SRV.>"
+	anyInbox       = "_INBOX.>"
+)
+
+// streamInfoAPI is the JetStream request that reads a stream's
+// configuration and state (not its messages).
+func streamInfoAPI(stream string) string { return "$JS.API.STREAM.INFO." + stream }
+
+// streamAPI is every JetStream API request on one stream and its consumers.
+// Each pattern ends in the stream name or names it at a fixed place, so
+// that no other stream matches: "$JS.API.CONSUMER.*.*.<stream>.*" would
+// also match creating a consumer named <stream> on another stream.
+func streamAPI(stream string) []string {
+	return []string{
+		"$JS.API.STREAM.*." + stream,   // CREATE, UPDATE, INFO, DELETE, PURGE, SNAPSHOT, RESTORE
+		"$JS.API.STREAM.*.*." + stream, // MSG.GET, MSG.DELETE, LEADER.STEPDOWN, PEER.REMOVE
+		"$JS.API.DIRECT.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream + ".>",
+		"$JS.API.CONSUMER.*." + stream,        // CREATE, NAMES, LIST
+		"$JS.API.CONSUMER.*." + stream + ".>", // CREATE (named), INFO, DELETE, PAUSE, UNPIN, RESET
+		"$JS.API.CONSUMER.DURABLE.CREATE." + stream + ".*",
+		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".*",
+		"$JS.API.CONSUMER.LEADER.STEPDOWN." + stream + ".*",
+	}
+}
+
+// consumerReplies are the subjects a consumer of the stream acknowledges
+// messages and answers flow control on, in the server's two formats
+// ($JS.ACK.<stream>.… and $JS.ACK.<domain>.<account hash>.<stream>.…).
+// The object store reads objects through a flow-controlled consumer.
+func consumerReplies(stream string) []string {
+	return []string{
+		"$JS.ACK." + stream + ".>",
+		"$JS.ACK.*.*." + stream + ".>",
+		"$JS.FC." + stream + ".>",
+		"$JS.FC.*.*." + stream + ".>",
+	}
+}
+
+// objectStoreStream is the stream behind an object store bucket, and
+// objectStoreSubjects the subjects its chunks and metadata are published
+// on.
+func objectStoreStream(bucket string) string   { return "OBJ_" + bucket }
+func objectStoreSubjects(bucket string) string { return "$O." + bucket + ".>" }
