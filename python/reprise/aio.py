@@ -434,12 +434,19 @@ class AsyncSampler:
         return self
 
     async def __anext__(self) -> SampleBatch:
-        data = await self.next_raw()
-        try:
-            return decode_batch(data)
-        except errors.RateLimitedError:
-            await self.aclose()
-            raise StopAsyncIteration from None
+        since = _now()
+        while True:
+            data = await self.next_raw()
+            try:
+                return decode_batch(data)
+            except errors.RateLimitedError:
+                await self.aclose()
+                raise StopAsyncIteration from None
+            except errors.UnavailableError:
+                # The service is shutting down or busy: wait it out.
+                if _now() - since > self._retry_for:
+                    raise
+                await asyncio.sleep(0.05)
 
     async def aclose(self) -> None:
         """Cancels the requests in flight (items they would have returned

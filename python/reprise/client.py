@@ -317,12 +317,19 @@ class Sampler:
         return self
 
     def __next__(self) -> SampleBatch:
-        data = self.next_raw()
-        try:
-            return _aio.decode_batch(data)
-        except errors.RateLimitedError:
-            self.close()
-            raise StopIteration from None
+        since = time.monotonic()
+        while True:
+            data = self.next_raw()
+            try:
+                return _aio.decode_batch(data)
+            except errors.RateLimitedError:
+                self.close()
+                raise StopIteration from None
+            except errors.UnavailableError:
+                # The service is shutting down or busy: wait it out.
+                if time.monotonic() - since > self._retry_for:
+                    raise
+                time.sleep(0.05)
 
     def close(self) -> None:
         """Cancels the requests in flight."""
