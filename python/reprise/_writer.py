@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import random
 import secrets
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -106,7 +108,13 @@ class WriterOptions:
 
 
 def _varint(v: int) -> bytes:
-    out = bytearray()
+    if v < 0x80:
+        return _VARINT1[v]
+    if v < 0x4000:
+        return bytes(((v & 0x7F) | 0x80, v >> 7))
+    if v < 0x200000:
+        return bytes(((v & 0x7F) | 0x80, ((v >> 7) & 0x7F) | 0x80, v >> 14))
+    out = []
     while v > 0x7F:
         out.append((v & 0x7F) | 0x80)
         v >>= 7
@@ -114,8 +122,88 @@ def _varint(v: int) -> bytes:
     return bytes(out)
 
 
+_uvarint = _varint
+
+
 def _field_bytes(num: int, b: bytes) -> bytes:
-    return _varint(num << 3 | 2) + _varint(len(b)) + b
+    return _varint(num << 3 | 2) + _uvarint(len(b)) + b
+
+
+_VARINT1 = [bytes([i]) for i in range(128)]
+
+
+_DOUBLE = struct.Struct("<d")
+
+
+def encode_chunk_fast(
+    header: bytes,
+    key_varint: bytes,
+    length: int,
+    arr: np.ndarray,
+    compression: str,
+    delta: bool,
+    episode_field: bytes,
+    episode_step: int,
+) -> tuple[bytes, bool]:
+    """An encoded Chunk, as _codec.encode_chunk makes it, written directly:
+    ``header`` holds the fields that are the same for every chunk of a
+    column (dtype and step shape). Returns the bytes and whether delta
+    encoding was applied."""
+    if delta and length > 1:
+        arr = _codec.delta_encode(arr)
+    raw = arr.tobytes()
+    raw_size = len(raw)
+    comp = 0
+    data = raw
+    if compression == "zstd" and raw_size > 0:
+        z = _codec._local.compressor.compress(raw)
+        if len(z) < raw_size:
+            comp, data = 1, z
+    parts = [b"\x08", key_varint, header, b"\x20", _uvarint(length)]
+    if comp:
+        parts.append(b"\x28\x01")
+    if delta:
+        parts.append(b"\x30\x01")
+    if raw_size:
+        parts += [b"\x38", _uvarint(raw_size)]
+    if data:
+        parts += [b"\x42", _uvarint(len(data)), data]
+    parts.append(episode_field)
+    if episode_step:
+        parts += [b"\x50", _varint(episode_step)]
+    return b"".join(parts), delta
+
+
+def chunk_header(dtype: str, step_shape: tuple[int, ...]) -> bytes:
+    """Fields 2 (dtype) and 3 (step_shape, packed) of a Chunk."""
+    out = _field_bytes(2, dtype.encode())
+    if step_shape:
+        out += _field_bytes(3, b"".join(_varint(d) for d in step_shape))
+    return out
+
+
+def encode_item(key: int, table: bytes, priority: float, columns: list[bytes]) -> bytes:
+    """An encoded Item; ``table`` is the field already encoded, ``columns``
+    the encoded TrajectoryColumn fields."""
+    parts = [b"\x08", _varint(key), table]
+    # proto3 leaves out a priority of +0.0 (but not -0.0).
+    if priority != 0.0 or str(priority)[0] == "-":
+        parts += [b"\x19", _DOUBLE.pack(priority)]
+    parts += columns
+    return b"".join(parts)
+
+
+def encode_column(name: bytes, slices: list[tuple[bytes, int, int]], squeeze: bool) -> bytes:
+    """An encoded TrajectoryColumn field (tag 4 of Item) from the encoded
+    name field and (chunk key varint, offset, length) slices."""
+    parts = [name]
+    for key, off, ln in slices:
+        sl = b"\x08" + key + (b"\x10" + _uvarint(off) if off else b"") + b"\x18" + _uvarint(ln)
+        parts += [b"\x12", _uvarint(len(sl)), sl]
+    if squeeze:
+        parts.append(b"\x18\x01")
+    body = b"".join(parts)
+    return b"\x22" + _uvarint(len(body)) + body
 
 
 def encode_insert_batch(
@@ -130,13 +218,29 @@ def encode_insert_batch(
 ) -> bytes:
     """An encoded InsertBatch from already encoded chunks and items, fields
     in number order as protobuf writes them."""
+    return encode_insert_batch_fields(
+        producer_id, sequence, [b"\x1a" + _uvarint(len(c)) + c for c in chunks],
+        [b"\x22" + _uvarint(len(it)) + it for it in items], release, end, window_start, window,
+    )
+
+
+def encode_insert_batch_fields(
+    producer_id: str,
+    sequence: int,
+    chunk_fields: Sequence[bytes],
+    item_fields: Sequence[bytes],
+    release: Sequence[int],
+    end: bool,
+    window_start: int,
+    window: int,
+) -> bytes:
+    """encode_insert_batch from chunk and item fields already prefixed with
+    their tags and lengths."""
     parts = [_field_bytes(1, producer_id.encode())]
     if sequence:
         parts.append(b"\x10" + _varint(sequence))
-    for c in chunks:
-        parts.append(b"\x1a" + _varint(len(c)) + c)
-    for it in items:
-        parts.append(b"\x22" + _varint(len(it)) + it)
+    parts += chunk_fields
+    parts += item_fields
     if release:
         parts.append(_field_bytes(5, b"".join(_varint(k) for k in release)))
     if end:
@@ -223,10 +327,11 @@ class History(Mapping[str, ColumnHistory]):
 
 
 class _Sealed:
-    __slots__ = ("key", "start", "length", "encoded", "sent")
+    __slots__ = ("key", "key_varint", "start", "length", "encoded", "sent")
 
-    def __init__(self, key: int, start: int, length: int, encoded: bytes) -> None:
+    def __init__(self, key: int, key_varint: bytes, start: int, length: int, encoded: bytes) -> None:
         self.key = key
+        self.key_varint = key_varint
         self.start = start
         self.length = length
         self.encoded: bytes | None = encoded  # None once sent
@@ -234,29 +339,49 @@ class _Sealed:
 
 
 class _Column:
-    __slots__ = ("name", "dtype", "wire", "shape", "open", "open_start", "chunks")
+    __slots__ = ("name", "dtype", "wire", "shape", "open", "open_start", "chunks", "header", "delta")
 
-    def __init__(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    def __init__(self, name: str, dtype: np.dtype, shape: tuple[int, ...], delta: bool) -> None:
         self.name = name
-        self.dtype = dtype
+        self.dtype = _codec.DTYPES[_codec.dtype_name(dtype)]
         self.wire = _codec.dtype_name(dtype)
         self.shape = shape
+        self.header = chunk_header(self.wire, shape)
+        self.delta = delta and _codec.is_integer(self.wire)
         self.open: list[np.ndarray] = []
         self.open_start = 0
         self.chunks: collections.deque[_Sealed] = collections.deque()
 
     def covers(self, start: int, stop: int) -> int:
         """The first step in [start, stop) without a cell, or stop."""
+        # Chunks are sorted by start and items reference recent steps: walk
+        # back from the newest to the first chunk that reaches start.
+        spans = []
+        for ch in reversed(self.chunks):
+            if ch.start + ch.length <= start:
+                break
+            if ch.start < stop:
+                spans.append((ch.start, ch.start + ch.length))
+        if self.open:
+            spans.append((self.open_start, self.open_start + len(self.open)))
         nxt = start
-        for ch in self.chunks:
-            if ch.start <= nxt < ch.start + ch.length:
-                nxt = ch.start + ch.length
-        if self.open and self.open_start <= nxt < self.open_start + len(self.open):
-            nxt = self.open_start + len(self.open)
+        for lo, hi in sorted(spans):
+            if lo <= nxt < hi:
+                nxt = hi
         return min(nxt, stop)
 
     def sealed(self, stop: int) -> bool:
         return not self.open or stop <= self.open_start
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_field(name: str) -> bytes:
+    return _field_bytes(1, name.encode())
+
+
+@functools.lru_cache(maxsize=4096)
+def _table_field(table: str) -> bytes:
+    return _field_bytes(2, table.encode())
 
 
 @dataclasses.dataclass
@@ -266,6 +391,10 @@ class _Ref:
     start: int
     stop: int
     squeeze: bool
+    name_field: bytes = b""
+
+    def __post_init__(self) -> None:
+        self.name_field = _name_field(self.name)
 
 
 @dataclasses.dataclass
@@ -274,6 +403,10 @@ class _Pending:
     priority: float
     key: int
     refs: list[_Ref]
+    table_field: bytes = b""
+
+    def __post_init__(self) -> None:
+        self.table_field = _table_field(self.table)
 
 
 class _Record:
@@ -346,6 +479,8 @@ class _Producer:
         self.cond = threading.Condition(self.mu)
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._rng = random.Random(secrets.randbits(64))
+        self._episode = 0
+        self._episode_field = b""
         self.episode = self._rng.getrandbits(64)
         self.episode_steps = 0
         self.columns: dict[str, _Column] = {}
@@ -369,6 +504,15 @@ class _Producer:
         self.linger_armed = False
         self.linger_cb: Callable[[], None] | None = None  # set by the transport
 
+    @property
+    def episode(self) -> int:
+        return self._episode
+
+    @episode.setter
+    def episode(self, v: int) -> None:
+        self._episode = v
+        self._episode_field = b"\x48" + _varint(v) if v else b""
+
     # -- notification ---------------------------------------------------
 
     def notify_locked(self) -> None:
@@ -390,47 +534,68 @@ class _Producer:
             raise errors.ClosedError("writer closed")
         if not step:
             raise errors.InvalidArgumentError("empty step")
-        cells: list[tuple[str, np.ndarray]] = []
+        cells: list[tuple[str, np.ndarray, _Column | None]] = []
+        cols = self.columns
         for name, value in step.items():
+            c = cols.get(name)
+            if c is not None and type(value) is np.ndarray and value.dtype is c.dtype and value.shape == c.shape:
+                cells.append((name, value, c))  # the common case, checked
+                continue
             if not isinstance(name, str) or not name:
                 raise errors.InvalidArgumentError(f"column names are non-empty strings, got {name!r}")
             a = np.asarray(value)
             if a.dtype.byteorder == ">":
                 a = a.astype(a.dtype.newbyteorder("<"))
-            c = self.columns.get(name)
             if c is None:
                 try:
                     _codec.dtype_name(a.dtype)
                 except errors.InvalidArgumentError as e:
                     raise errors.InvalidArgumentError(f"column {name!r}: {e.message}") from None
             elif a.dtype != c.dtype or a.shape != c.shape:
+                have = _codec._NAME_OF.get(a.dtype, str(a.dtype))
                 raise errors.SignatureMismatchError(
-                    f"column {name!r}: step {self.episode_steps} has {_codec.dtype_name(a.dtype) if a.dtype in _codec._NAME_OF else a.dtype}"
-                    f"{list(a.shape)}, earlier steps have {c.wire}{list(c.shape)}"
+                    f"column {name!r}: step {self.episode_steps} has {have}{list(a.shape)}, "
+                    f"earlier steps have {c.wire}{list(c.shape)}"
                 )
-            cells.append((name, a))
-        for name, a in cells:
-            c = self.columns.get(name)
-            if c is None:
-                c = self.columns[name] = _Column(name, a.dtype, a.shape)
-            if not c.open:
-                c.open_start = self.episode_steps
-            c.open.append(a)
-        for name, c in self.columns.items():
-            if c.open and (len(c.open) >= self.o.chunk_length or name not in step):
-                self._seal_locked(c)
+            cells.append((name, a, c))
+        step_no = self.episode_steps
+        chunk_length = self.o.chunk_length
+        for name, a, col in cells:
+            if col is None:
+                col = cols[name] = _Column(name, a.dtype, a.shape, self.o.delta)
+            if not col.open:
+                col.open_start = step_no
+            # A copy unless the step is sealed (copied) in this call: the
+            # caller may reuse its array.
+            col.open.append(a if chunk_length == 1 else a.copy())
+        if len(cells) == len(cols):
+            for c in cols.values():
+                if len(c.open) >= chunk_length:
+                    self._seal_locked(c)
+        else:
+            for name, c in cols.items():
+                if c.open and (len(c.open) >= chunk_length or name not in step):
+                    self._seal_locked(c)
         self.episode_steps += 1
-        self._trim_locked()
+        if self.episode_steps > self.o.num_keep_alive_refs:
+            self._trim_locked()
 
     def _seal_locked(self, c: _Column) -> None:
         steps = c.open
         c.open = []
-        arr = np.stack(steps) if len(steps) > 1 else steps[0][None]
+        arr = np.stack(steps) if len(steps) > 1 else steps[0].reshape((1, *c.shape))
+        if arr.dtype != c.dtype or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr, dtype=c.dtype)
+        if arr.nbytes > _codec.MAX_CHUNK_RAW_SIZE:
+            raise errors.InvalidArgumentError(
+                f"column {c.name!r}: a chunk of {len(steps)} steps has {arr.nbytes} bytes, over the chunk limit"
+            )
         key = self._rng.getrandbits(64) or 1
-        ch = _codec.encode_chunk(
-            key, arr, compression=self.o.compression, delta=self.o.delta, episode_id=self.episode, episode_step=c.open_start
+        kv = _varint(key)
+        data, _ = encode_chunk_fast(
+            c.header, kv, len(steps), arr, self.o.compression, c.delta, self._episode_field, c.open_start
         )
-        c.chunks.append(_Sealed(key, c.open_start, len(steps), ch.SerializeToString()))
+        c.chunks.append(_Sealed(key, kv, c.open_start, len(steps), b"\x1a" + _uvarint(len(data)) + data))
 
     def _trim_locked(self) -> None:
         horizon = self.episode_steps - self.o.num_keep_alive_refs
@@ -489,17 +654,21 @@ class _Producer:
         cols = []
         fresh: list[_Sealed] = []
         for r in it.refs:
+            picked: list[_Sealed] = []
+            for ch in reversed(r.col.chunks):  # newest first: refs are recent
+                if ch.start + ch.length <= r.start:
+                    break
+                if ch.start < r.stop:
+                    picked.append(ch)
             slices = []
-            for ch in r.col.chunks:
+            for ch in reversed(picked):
                 lo, hi = max(ch.start, r.start), min(ch.start + ch.length, r.stop)
-                if lo >= hi:
-                    continue
-                slices.append(pb.ColumnSlice(chunk_key=ch.key, offset=lo - ch.start, length=hi - lo))
+                slices.append((ch.key_varint, lo - ch.start, hi - lo))
                 if not ch.sent and ch not in fresh:
                     fresh.append(ch)
-            cols.append(pb.TrajectoryColumn(name=r.name, slices=slices, squeeze=r.squeeze))
-        item = pb.Item(key=it.key, table=it.table, priority=it.priority, columns=cols)
-        return item.SerializeToString(), fresh
+            cols.append(encode_column(r.name_field, slices, r.squeeze))
+        item = encode_item(it.key, it.table_field, it.priority, cols)
+        return b"\x22" + _uvarint(len(item)) + item, fresh
 
     def advance_locked(self, force: bool) -> None:
         """Moves ready items into the batch and publishes full batches (all
@@ -510,7 +679,7 @@ class _Producer:
             if not all(r.col.sealed(r.stop) for r in it.refs):
                 break
             item, fresh = self._build_item(it)
-            size = len(item) + 16 + sum(len(ch.encoded or b"") + 8 for ch in fresh)
+            size = len(item) + 16 + sum(len(ch.encoded or b"") for ch in fresh)
             if size > limit:
                 self.pending.popleft()
                 raise errors.InvalidArgumentError(
@@ -551,7 +720,7 @@ class _Producer:
         seq = self.seq
         self.unsettled.append(seq)
         n = len(self.batch_items)
-        data = encode_insert_batch(
+        data = encode_insert_batch_fields(
             self.id, seq, self.batch_chunks, self.batch_items, self.release, end, self.unsettled[0], self.o.max_in_flight
         )
         self.batch_chunks, self.batch_items, self.batch_bytes, self.release = [], [], 0, []

@@ -551,6 +551,8 @@ class AsyncTrajectoryWriter:
             step = merged
         with p.mu:
             p.append_locked(step)
+            if not p.pending:
+                return  # nothing waits for the chunks this step sealed
         await self._advance(False)
 
     async def create_item(

@@ -453,8 +453,11 @@ class TrajectoryWriter:
                 return
             self._partial = {}
             step = merged
-        with self._p.mu:
-            self._p.append_locked(step)
+        p = self._p
+        with p.mu:
+            p.append_locked(step)
+            if not p.pending:
+                return  # nothing waits for the chunks this step sealed
         self._advance(False)
 
     def create_item(
