@@ -1,0 +1,252 @@
+"""Connection options and the request-reply machinery shared by the clients."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import ssl
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from . import errors
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+DEFAULT_PREFIX = "reprise"
+
+HEADER_PART = "Reprise-Part"
+HEADER_PARTS = "Reprise-Parts"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectOptions:
+    """How to reach a deployment: the same settings as the Go side's
+    ``--nats``, ``--creds``, ``--tls-ca``, ``--tls-cert``, ``--tls-key`` and
+    ``--prefix`` flags, plus user/password and an nkey seed."""
+
+    servers: str | tuple[str, ...] = DEFAULT_URL
+    prefix: str = DEFAULT_PREFIX
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    nkeys_seed: str | None = None
+    credentials: str | None = None
+    tls: ssl.SSLContext | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_hostname: str | None = None
+    name: str | None = None
+    connect_timeout: float = 10.0
+    reconnect_time_wait: float = 0.25
+
+    def __post_init__(self) -> None:
+        check_prefix(self.prefix)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise errors.InvalidArgumentError("tls_cert and tls_key go together")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls is not None:
+            return self.tls
+        if self.tls_ca is None and self.tls_cert is None:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
+        if self.tls_cert is not None and self.tls_key is not None:
+            ctx.load_cert_chain(self.tls_cert, self.tls_key)
+        return ctx
+
+    def nats_kwargs(self) -> dict[str, Any]:
+        servers = [self.servers] if isinstance(self.servers, str) else list(self.servers)
+        servers = [s for part in servers for s in part.split(",") if s]
+        kw: dict[str, Any] = dict(
+            servers=servers,
+            name=self.name or "reprise-python",
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=self.reconnect_time_wait,
+            connect_timeout=max(1, int(self.connect_timeout)),
+        )
+        if self.user is not None:
+            kw["user"] = self.user
+        if self.password is not None:
+            kw["password"] = self.password
+        if self.token is not None:
+            kw["token"] = self.token
+        if self.nkeys_seed is not None:
+            kw["nkeys_seed"] = self.nkeys_seed
+        if self.credentials is not None:
+            kw["user_credentials"] = self.credentials
+        ctx = self.ssl_context()
+        if ctx is not None:
+            kw["tls"] = ctx
+            if self.tls_hostname is not None:
+                kw["tls_hostname"] = self.tls_hostname
+        return kw
+
+
+def check_prefix(prefix: str) -> None:
+    """Rejects prefixes that are not dot-separated tokens without spaces or
+    wildcards (as broker.newSubjects does)."""
+    for tok in prefix.split("."):
+        if not tok or any(ch in tok for ch in " \t\r\n*>"):
+            raise errors.InvalidArgumentError(
+                f"invalid subject prefix {prefix!r} (dot-separated tokens without spaces or wildcards)"
+            )
+
+
+class Subjects:
+    """Every subject of a deployment, from its prefix (broker/subjects.go)."""
+
+    def __init__(self, prefix: str) -> None:
+        check_prefix(prefix)
+        self.prefix = prefix
+        self.insert = prefix + ".data.insert"
+        self.mutate = prefix + ".data.mutate"
+        self.applied = prefix + ".applied"
+        self.sample = prefix + ".api.sample"
+        self.info = prefix + ".api.info"
+        self.items = prefix + ".api.items"
+        self.reset = prefix + ".api.reset"
+        self.checkpoint = prefix + ".api.checkpoint"
+
+    def rejected(self, token: str) -> str:
+        return self.prefix + ".rejected." + token
+
+
+async def open_connection(opts: ConnectOptions, **callbacks: Any) -> NATS:
+    """Connects, retrying until opts.connect_timeout passes (a deployment
+    that is still starting is waited for)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + opts.connect_timeout
+    kw = opts.nats_kwargs()
+    last: BaseException | None = None
+    delay = 0.05
+    while True:
+        left = deadline - loop.time()
+        try:
+            return await _connect_once(kw, callbacks, max(0.5, left))
+        except Exception as e:  # noqa: BLE001 - every failure to connect is retried
+            last = e
+        if loop.time() + delay > deadline:
+            raise errors.UnavailableError(
+                f"cannot connect to NATS at {', '.join(kw['servers'])} within {opts.connect_timeout}s "
+                f"(is reprised running?): {last}"
+            ) from last
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+async def _connect_once(kw: dict[str, Any], cbs: dict[str, Any], timeout: float) -> NATS:
+    async def quiet(_e: Exception) -> None:
+        pass  # failures to connect are reported by open_connection
+
+    cbs = {"error_cb": quiet, **cbs}
+    nc = NATS()
+    # An initial connect tries each server once; reconnects after it are
+    # unlimited (max_reconnect_attempts applies to those).
+    await asyncio.wait_for(nc.connect(**kw, **cbs), timeout)
+    return nc
+
+
+class _Call:
+    __slots__ = ("future", "parts", "want", "subject")
+
+    def __init__(self, future: asyncio.Future[list[bytes]], subject: str) -> None:
+        self.future = future
+        self.parts: list[bytes] = []
+        self.want = 0
+        self.subject = subject
+
+
+class Requester:
+    """Request-reply over one wildcard inbox subscription, so that replies in
+    several parts (headers Reprise-Part / Reprise-Parts) find their call.
+    Runs on the connection's event loop."""
+
+    def __init__(self, nc: NATS, prefix: str) -> None:
+        self._nc = nc
+        self._prefix = prefix
+        self._inbox = nc.new_inbox()
+        self._pending: dict[str, _Call] = {}
+        self._ids = itertools.count(1)
+        self._sub: Any = None
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(self._inbox + ".*", cb=self._on_reply, pending_bytes_limit=1 << 30)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - the connection may be gone
+                pass
+        self.fail_all(errors.ClosedError("client closed"))
+
+    def fail_all(self, err: errors.RepriseError) -> None:
+        """Fails every call waiting for a reply (the connection was lost:
+        their replies will not come)."""
+        calls, self._pending = self._pending, {}
+        for c in calls.values():
+            if not c.future.done():
+                c.future.set_exception(err)
+
+    async def _on_reply(self, m: Msg) -> None:
+        token = m.subject[m.subject.rfind(".") + 1 :]
+        call = self._pending.get(token)
+        if call is None or call.future.done():
+            return  # the caller gave up
+        hdr = m.headers
+        if hdr is not None and not m.data and hdr.get("Status") == "503":
+            del self._pending[token]
+            call.future.set_exception(
+                errors.UnavailableError(
+                    f"no table service is listening on {call.subject} (is reprised running with prefix {self._prefix!r}?)"
+                )
+            )
+            return
+        parts = hdr.get(HEADER_PARTS) if hdr else None
+        if parts is None:
+            del self._pending[token]
+            call.future.set_result([m.data])
+            return
+        try:
+            n, i = int(parts), int(hdr.get(HEADER_PART, "")) if hdr else -1
+        except ValueError:
+            n, i = 0, -1
+        if n < 1 or i != len(call.parts) or (call.want and call.want != n):
+            del self._pending[token]
+            call.future.set_exception(errors.ProtocolError(f"reply part {i} of {parts} out of order"))
+            return
+        call.want = n
+        call.parts.append(m.data)
+        if len(call.parts) == n:
+            del self._pending[token]
+            call.future.set_result(call.parts)
+
+    async def request(self, subject: str, data: bytes, timeout: float | None) -> bytes:
+        """Sends data and returns the whole reply, joined from its parts.
+        Raises DeadlineExceededError when timeout (seconds) passes first."""
+        token = format(next(self._ids), "x")
+        fut: asyncio.Future[list[bytes]] = asyncio.get_running_loop().create_future()
+        self._pending[token] = _Call(fut, subject)
+        try:
+            await self._nc.publish(subject, data, reply=self._inbox + "." + token)
+            if timeout is None:
+                parts = await fut
+            else:
+                try:
+                    parts = await asyncio.wait_for(asyncio.shield(fut), max(0.0, timeout))
+                except asyncio.TimeoutError:
+                    raise errors.DeadlineExceededError(
+                        f"no reply from the table service on {subject} within {timeout:.3g}s"
+                    ) from None
+        except nats.errors.ConnectionClosedError:
+            raise errors.ClosedError("connection closed") from None
+        except nats.errors.OutboundBufferLimitError:
+            raise errors.UnavailableError(f"not connected to NATS; cannot send to {subject}") from None
+        finally:
+            self._pending.pop(token, None)
+        return parts[0] if len(parts) == 1 else b"".join(parts)

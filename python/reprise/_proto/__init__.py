@@ -1,0 +1,1 @@
+"""Generated protobuf code for broker/wire/reprise.proto (see scripts/gen-python-proto.sh)."""

@@ -1,0 +1,1047 @@
+"""The actor side: the Python twin of broker/producer.go, flow.go and
+trajectory.go.
+
+``_Producer`` holds the writer's state under one lock and never blocks while
+holding it: a call that needs room in the window gets ``_Blocked`` back and
+waits (a thread on a condition variable, a coroutine on a future) for the
+window to change, then tries again. Publishing and acks run on the client's
+event loop (``_Transport``); finished messages are handed to it without
+waiting for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import random
+import secrets
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import nats
+import numpy as np
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from . import _codec, errors
+from ._conn import Subjects
+from ._proto import reprise_pb2 as pb
+
+log = logging.getLogger("reprise")
+
+#: Header JetStream deduplicates on.
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+def new_producer_id() -> str:
+    """128 bits from a CSPRNG as 32 lowercase hex digits: secret, since with
+    the sequence it forms the dedupe id."""
+    return secrets.token_hex(16)
+
+
+def notice_token(producer_id: str) -> str:
+    """The producer's public name: the last token of its rejection subject."""
+    return hashlib.sha256(b"reprise-notice:" + producer_id.encode()).hexdigest()[:32]
+
+
+def msg_id(producer_id: str, sequence: int) -> str:
+    """The JetStream dedupe id of a producer's message, as the Go producer
+    sets it."""
+    return f"{producer_id}-{sequence}"
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterOptions:
+    """A writer's settings; the defaults are the Go producer's."""
+
+    #: Steps of a column per chunk (broker.WithChunkLength). Longer chunks
+    #: compress better; a learner receives whole chunks.
+    chunk_length: int = 1
+    #: "zstd" or "none" (broker.WithCompression; s2 has no Python encoder).
+    compression: str = "zstd"
+    #: Delta-encode integer columns along the step axis (broker.WithDelta).
+    delta: bool = True
+    #: How many recent steps items may reference (broker.WithHistory;
+    #: Reverb's num_keep_alive_refs).
+    num_keep_alive_refs: int = 128
+    #: Messages published and not yet settled (broker.WithMaxInFlight); also
+    #: the window every message declares.
+    max_in_flight: int = 256
+    #: Items published and not yet applied by the service
+    #: (broker.WithMaxUnapplied): the writer blocks beyond it.
+    max_unapplied: int = 4096
+    #: A message is published once it holds this many items or bytes.
+    batch_items: int = 64
+    batch_bytes: int = 256 << 10
+    #: How long a partly filled batch waits for more items, seconds.
+    linger: float = 0.001
+    #: How long a failed publish is retried, seconds (below the stream's
+    #: 2-minute dedupe window).
+    retry_for: float = 60.0
+    #: How long to wait for JetStream's ack before resending, seconds.
+    ack_timeout: float = 5.0
+    #: Check items against their table's signature before sending.
+    validate_signatures: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_length", "num_keep_alive_refs", "max_in_flight", "max_unapplied", "batch_items", "batch_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise errors.InvalidArgumentError(f"{name} must be an int >= 1, got {v!r}")
+        if self.compression not in ("zstd", "none"):
+            raise errors.InvalidArgumentError(
+                f"compression {self.compression!r}: the Python writer writes 'zstd' or 'none'"
+            )
+        if self.linger < 0 or self.retry_for <= 0 or self.ack_timeout <= 0:
+            raise errors.InvalidArgumentError("linger must be >= 0, retry_for and ack_timeout > 0")
+
+
+# ---------------------------------------------------------------- protobuf bits
+
+
+def _varint(v: int) -> bytes:
+    if v < 0x80:
+        return _VARINT1[v]
+    if v < 0x4000:
+        return bytes(((v & 0x7F) | 0x80, v >> 7))
+    if v < 0x200000:
+        return bytes(((v & 0x7F) | 0x80, ((v >> 7) & 0x7F) | 0x80, v >> 14))
+    out = []
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+_uvarint = _varint
+
+
+def _field_bytes(num: int, b: bytes) -> bytes:
+    return _varint(num << 3 | 2) + _uvarint(len(b)) + b
+
+
+_VARINT1 = [bytes([i]) for i in range(128)]
+
+
+_DOUBLE = struct.Struct("<d")
+
+
+def encode_chunk_fast(
+    header: bytes,
+    key_varint: bytes,
+    length: int,
+    arr: np.ndarray,
+    compression: str,
+    delta: bool,
+    episode_field: bytes,
+    episode_step: int,
+) -> tuple[bytes, bool]:
+    """An encoded Chunk, as _codec.encode_chunk makes it, written directly:
+    ``header`` holds the fields that are the same for every chunk of a
+    column (dtype and step shape). Returns the bytes and whether delta
+    encoding was applied."""
+    if delta and length > 1:
+        arr = _codec.delta_encode(arr)
+    raw = arr.tobytes()
+    raw_size = len(raw)
+    comp = 0
+    data = raw
+    if compression == "zstd" and raw_size > 0:
+        z = _codec._local.compressor.compress(raw)
+        if len(z) < raw_size:
+            comp, data = 1, z
+    parts = [b"\x08", key_varint, header, b"\x20", _uvarint(length)]
+    if comp:
+        parts.append(b"\x28\x01")
+    if delta:
+        parts.append(b"\x30\x01")
+    if raw_size:
+        parts += [b"\x38", _uvarint(raw_size)]
+    if data:
+        parts += [b"\x42", _uvarint(len(data)), data]
+    parts.append(episode_field)
+    if episode_step:
+        parts += [b"\x50", _varint(episode_step)]
+    return b"".join(parts), delta
+
+
+def chunk_header(dtype: str, step_shape: tuple[int, ...]) -> bytes:
+    """Fields 2 (dtype) and 3 (step_shape, packed) of a Chunk."""
+    out = _field_bytes(2, dtype.encode())
+    if step_shape:
+        out += _field_bytes(3, b"".join(_varint(d) for d in step_shape))
+    return out
+
+
+def encode_item(key: int, table: bytes, priority: float, columns: list[bytes]) -> bytes:
+    """An encoded Item; ``table`` is the field already encoded, ``columns``
+    the encoded TrajectoryColumn fields."""
+    parts = [b"\x08", _varint(key), table]
+    # proto3 leaves out a priority of +0.0 (but not -0.0).
+    if priority != 0.0 or str(priority)[0] == "-":
+        parts += [b"\x19", _DOUBLE.pack(priority)]
+    parts += columns
+    return b"".join(parts)
+
+
+def encode_column(name: bytes, slices: list[tuple[bytes, int, int]], squeeze: bool) -> bytes:
+    """An encoded TrajectoryColumn field (tag 4 of Item) from the encoded
+    name field and (chunk key varint, offset, length) slices."""
+    parts = [name]
+    for key, off, ln in slices:
+        sl = b"\x08" + key + (b"\x10" + _uvarint(off) if off else b"") + b"\x18" + _uvarint(ln)
+        parts += [b"\x12", _uvarint(len(sl)), sl]
+    if squeeze:
+        parts.append(b"\x18\x01")
+    body = b"".join(parts)
+    return b"\x22" + _uvarint(len(body)) + body
+
+
+def encode_insert_batch(
+    producer_id: str,
+    sequence: int,
+    chunks: Sequence[bytes],
+    items: Sequence[bytes],
+    release: Sequence[int],
+    end: bool,
+    window_start: int,
+    window: int,
+) -> bytes:
+    """An encoded InsertBatch from already encoded chunks and items, fields
+    in number order as protobuf writes them."""
+    return encode_insert_batch_fields(
+        producer_id, sequence, [b"\x1a" + _uvarint(len(c)) + c for c in chunks],
+        [b"\x22" + _uvarint(len(it)) + it for it in items], release, end, window_start, window,
+    )
+
+
+def encode_insert_batch_fields(
+    producer_id: str,
+    sequence: int,
+    chunk_fields: Sequence[bytes],
+    item_fields: Sequence[bytes],
+    release: Sequence[int],
+    end: bool,
+    window_start: int,
+    window: int,
+) -> bytes:
+    """encode_insert_batch from chunk and item fields already prefixed with
+    their tags and lengths."""
+    parts = [_field_bytes(1, producer_id.encode())]
+    if sequence:
+        parts.append(b"\x10" + _varint(sequence))
+    parts += chunk_fields
+    parts += item_fields
+    if release:
+        parts.append(_field_bytes(5, b"".join(_varint(k) for k in release)))
+    if end:
+        parts.append(b"\x30\x01")
+    if window_start:
+        parts.append(b"\x38" + _varint(window_start))
+    if window:
+        parts.append(b"\x40" + _varint(window))
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------- history
+
+
+@dataclasses.dataclass(frozen=True)
+class TrajectoryColumn:
+    """Steps ``[start, stop)`` of one column of the current episode, as
+    picked from :attr:`TrajectoryWriter.history`. ``squeeze`` (a single step
+    picked with an integer index) drops the step axis."""
+
+    column: str
+    start: int
+    stop: int
+    squeeze: bool
+    episode: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+class ColumnHistory:
+    """The steps of one column a writer can still reference: index it like a
+    list of the episode's steps. ``h[-1]`` is the newest step (squeezed),
+    ``h[-3:]`` the last three, ``h[i]`` step i of the episode."""
+
+    def __init__(self, producer: _Producer, column: str) -> None:
+        self._p = producer
+        self._column = column
+
+    def __len__(self) -> int:
+        return self._p.episode_steps
+
+    def __getitem__(self, index: int | slice) -> TrajectoryColumn:
+        n = self._p.episode_steps
+        ep = self._p.episode
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step != 1:
+                raise errors.InvalidArgumentError(f"column {self._column!r}: history slices need step 1, got {step}")
+            if stop <= start:
+                raise errors.InvalidArgumentError(
+                    f"column {self._column!r}: history[{index.start}:{index.stop}] selects no step (the episode has {n})"
+                )
+            return TrajectoryColumn(self._column, start, stop, False, ep)
+        i = int(index)
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise errors.InvalidArgumentError(f"column {self._column!r}: step {i} out of range (the episode has {n})")
+        return TrajectoryColumn(self._column, j, j + 1, True, ep)
+
+    def __repr__(self) -> str:
+        return f"ColumnHistory({self._column!r}, steps={len(self)})"
+
+
+class History(Mapping[str, ColumnHistory]):
+    """Column name to :class:`ColumnHistory`, for every column appended."""
+
+    def __init__(self, producer: _Producer) -> None:
+        self._p = producer
+
+    def __getitem__(self, column: str) -> ColumnHistory:
+        if column not in self._p.columns:
+            raise KeyError(column)
+        return ColumnHistory(self._p, column)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(list(self._p.columns))
+
+    def __len__(self) -> int:
+        return len(self._p.columns)
+
+
+# ---------------------------------------------------------------- state
+
+
+class _Sealed:
+    __slots__ = ("key", "key_varint", "start", "length", "encoded", "sent")
+
+    def __init__(self, key: int, key_varint: bytes, start: int, length: int, encoded: bytes) -> None:
+        self.key = key
+        self.key_varint = key_varint
+        self.start = start
+        self.length = length
+        self.encoded: bytes | None = encoded  # None once sent
+        self.sent = False
+
+
+class _Column:
+    __slots__ = ("name", "dtype", "wire", "shape", "open", "open_start", "chunks", "header", "delta")
+
+    def __init__(self, name: str, dtype: np.dtype, shape: tuple[int, ...], delta: bool) -> None:
+        self.name = name
+        self.dtype = _codec.DTYPES[_codec.dtype_name(dtype)]
+        self.wire = _codec.dtype_name(dtype)
+        self.shape = shape
+        self.header = chunk_header(self.wire, shape)
+        self.delta = delta and _codec.is_integer(self.wire)
+        self.open: list[np.ndarray] = []
+        self.open_start = 0
+        self.chunks: collections.deque[_Sealed] = collections.deque()
+
+    def covers(self, start: int, stop: int) -> int:
+        """The first step in [start, stop) without a cell, or stop."""
+        # Chunks are sorted by start and items reference recent steps: walk
+        # back from the newest to the first chunk that reaches start.
+        spans = []
+        for ch in reversed(self.chunks):
+            if ch.start + ch.length <= start:
+                break
+            if ch.start < stop:
+                spans.append((ch.start, ch.start + ch.length))
+        if self.open:
+            spans.append((self.open_start, self.open_start + len(self.open)))
+        nxt = start
+        for lo, hi in sorted(spans):
+            if lo <= nxt < hi:
+                nxt = hi
+        return min(nxt, stop)
+
+    def sealed(self, stop: int) -> bool:
+        return not self.open or stop <= self.open_start
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_field(name: str) -> bytes:
+    return _field_bytes(1, name.encode())
+
+
+@functools.lru_cache(maxsize=4096)
+def _table_field(table: str) -> bytes:
+    return _field_bytes(2, table.encode())
+
+
+@dataclasses.dataclass
+class _Ref:
+    name: str
+    col: _Column
+    start: int
+    stop: int
+    squeeze: bool
+    name_field: bytes = b""
+
+    def __post_init__(self) -> None:
+        self.name_field = _name_field(self.name)
+
+
+@dataclasses.dataclass
+class _Pending:
+    table: str
+    priority: float
+    key: int
+    refs: list[_Ref]
+    table_field: bytes = b""
+
+    def __post_init__(self) -> None:
+        self.table_field = _table_field(self.table)
+
+
+class _Record:
+    """One published message, until it is settled."""
+
+    __slots__ = ("seq", "data", "headers", "items", "first_sent", "attempts", "future", "sent_at")
+
+    def __init__(self, seq: int, data: bytes, headers: dict[str, str], items: int) -> None:
+        self.seq = seq
+        self.data = data
+        self.headers = headers
+        self.items = items
+        self.first_sent = 0.0
+        self.sent_at = 0.0
+        self.attempts = 0
+        self.future: asyncio.Future[Msg] | None = None
+
+
+class _Blocked(Exception):
+    """Internal: the window is full; wait for it to change and try again."""
+
+
+_REJECTED_CLASSES: dict[type[errors.RepriseError], type[errors.RejectedError]] = {}
+
+
+def rejection_error(r: Any) -> errors.RejectedError:
+    """A Rejection message as an exception that is both a RejectedError and
+    the class of its status code (so ``except SignatureMismatchError`` works
+    for a rejected item too)."""
+    base = type(errors.error_for_code(r.code, ""))
+    cls = _REJECTED_CLASSES.get(base)
+    if cls is None:
+        cls = type("Rejected" + base.__name__, (errors.RejectedError, base), {})
+        _REJECTED_CLASSES[base] = cls
+    what = f"item {r.item_key} for table {r.table!r}" if r.item_key else "message"
+    code = errors.Code(r.code) if r.code in errors.Code._value2member_map_ else r.code
+    name = code.name if isinstance(code, errors.Code) else str(code)
+    return cls(
+        f"rejected by the table service: {what} of message {r.sequence}: {name}: {r.message}",
+        code=r.code,
+        sequence=r.sequence,
+        item_key=r.item_key,
+        table=r.table,
+    )
+
+
+def _join(errs: list[errors.RepriseError]) -> errors.RepriseError:
+    if len(errs) == 1:
+        return errs[0]
+    first = errs[0]
+    msg = f"{len(errs)} errors; the first: {first.message}"
+    if all(isinstance(e, errors.RejectedError) for e in errs):
+        out: errors.RepriseError = type(first)(msg, code=first.code, rejections=list(errs))  # type: ignore[call-arg]
+    else:
+        out = type(first)(msg, code=first.code)
+    out.__cause__ = first
+    return out
+
+
+class _Producer:
+    """The writer's state. Thread-safe; never waits while holding its lock."""
+
+    def __init__(self, opts: WriterOptions, max_payload: int, submit: Callable[[_Record], None]) -> None:
+        self.o = opts
+        self.id = new_producer_id()
+        self.token = notice_token(self.id)
+        self.max_payload = max_payload
+        self._submit = submit
+        self.mu = threading.Lock()
+        self.cond = threading.Condition(self.mu)
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._rng = random.Random(secrets.randbits(64))
+        self._episode = 0
+        self._episode_field = b""
+        self.episode = self._rng.getrandbits(64)
+        self.episode_steps = 0
+        self.columns: dict[str, _Column] = {}
+        self.pending: collections.deque[_Pending] = collections.deque()
+        self.batch_chunks: list[bytes] = []
+        self.batch_items: list[bytes] = []
+        self.batch_bytes = 0
+        self.release: list[int] = []
+        self.seq = 0
+        self.closing = False
+        self.closed = False
+        # Flow: unsettled sequences in increasing order (settled in publish
+        # order by the transport), items not yet acked, acked batches not
+        # yet known to be applied.
+        self.unsettled: collections.deque[int] = collections.deque()
+        self.unacked_items = 0
+        self.acked: list[tuple[int, int]] = []
+        self.acked_items = 0
+        self.applied = 0
+        self.errors: list[errors.RepriseError] = []
+        self.linger_armed = False
+        self.linger_cb: Callable[[], None] | None = None  # set by the transport
+
+    @property
+    def episode(self) -> int:
+        return self._episode
+
+    @episode.setter
+    def episode(self, v: int) -> None:
+        self._episode = v
+        self._episode_field = b"\x48" + _varint(v) if v else b""
+
+    # -- notification ---------------------------------------------------
+
+    def notify_locked(self) -> None:
+        self.cond.notify_all()
+        waiters, self._async_waiters = self._async_waiters, []
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_wake, fut)
+
+    def changed_future_locked(self) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._async_waiters.append((loop, fut))
+        return fut
+
+    # -- append ---------------------------------------------------------
+
+    def append_locked(self, step: Mapping[str, Any]) -> None:
+        if self.closing:
+            raise errors.ClosedError("writer closed")
+        if not step:
+            raise errors.InvalidArgumentError("empty step")
+        cells: list[tuple[str, np.ndarray, _Column | None]] = []
+        cols = self.columns
+        for name, value in step.items():
+            c = cols.get(name)
+            if c is not None and type(value) is np.ndarray and value.dtype is c.dtype and value.shape == c.shape:
+                cells.append((name, value, c))  # the common case, checked
+                continue
+            if not isinstance(name, str) or not name:
+                raise errors.InvalidArgumentError(f"column names are non-empty strings, got {name!r}")
+            a = np.asarray(value)
+            if a.dtype.byteorder == ">":
+                a = a.astype(a.dtype.newbyteorder("<"))
+            if c is None:
+                try:
+                    _codec.dtype_name(a.dtype)
+                except errors.InvalidArgumentError as e:
+                    raise errors.InvalidArgumentError(f"column {name!r}: {e.message}") from None
+            elif a.dtype != c.dtype or a.shape != c.shape:
+                have = _codec._NAME_OF.get(a.dtype, str(a.dtype))
+                raise errors.SignatureMismatchError(
+                    f"column {name!r}: step {self.episode_steps} has {have}{list(a.shape)}, "
+                    f"earlier steps have {c.wire}{list(c.shape)}"
+                )
+            cells.append((name, a, c))
+        step_no = self.episode_steps
+        chunk_length = self.o.chunk_length
+        for name, a, col in cells:
+            if col is None:
+                col = cols[name] = _Column(name, a.dtype, a.shape, self.o.delta)
+            if not col.open:
+                col.open_start = step_no
+            # A copy unless the step is sealed (copied) in this call: the
+            # caller may reuse its array.
+            col.open.append(a if chunk_length == 1 else a.copy())
+        if len(cells) == len(cols):
+            for c in cols.values():
+                if len(c.open) >= chunk_length:
+                    self._seal_locked(c)
+        else:
+            for name, c in cols.items():
+                if c.open and (len(c.open) >= chunk_length or name not in step):
+                    self._seal_locked(c)
+        self.episode_steps += 1
+        if self.episode_steps > self.o.num_keep_alive_refs:
+            self._trim_locked()
+
+    def _seal_locked(self, c: _Column) -> None:
+        steps = c.open
+        c.open = []
+        arr = np.stack(steps) if len(steps) > 1 else steps[0].reshape((1, *c.shape))
+        if arr.dtype != c.dtype or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr, dtype=c.dtype)
+        if arr.nbytes > _codec.MAX_CHUNK_RAW_SIZE:
+            raise errors.InvalidArgumentError(
+                f"column {c.name!r}: a chunk of {len(steps)} steps has {arr.nbytes} bytes, over the chunk limit"
+            )
+        key = self._rng.getrandbits(64) or 1
+        kv = _varint(key)
+        data, _ = encode_chunk_fast(
+            c.header, kv, len(steps), arr, self.o.compression, c.delta, self._episode_field, c.open_start
+        )
+        c.chunks.append(_Sealed(key, kv, c.open_start, len(steps), b"\x1a" + _uvarint(len(data)) + data))
+
+    def _trim_locked(self) -> None:
+        horizon = self.episode_steps - self.o.num_keep_alive_refs
+        for it in self.pending:
+            for r in it.refs:
+                horizon = min(horizon, r.start)
+        for c in self.columns.values():
+            while c.chunks and c.chunks[0].start + c.chunks[0].length <= horizon:
+                ch = c.chunks.popleft()
+                if ch.sent:
+                    self.release.append(ch.key)
+
+    # -- items ----------------------------------------------------------
+
+    def resolve_locked(self, trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn]) -> list[_Ref]:
+        if isinstance(trajectory, Mapping):
+            pairs = list(trajectory.items())
+        else:
+            pairs = [(r.column, r) for r in trajectory]
+        if not pairs:
+            raise errors.InvalidArgumentError("an item needs at least one column")
+        refs = []
+        names = set()
+        for name, r in pairs:
+            if not isinstance(r, TrajectoryColumn):
+                raise errors.InvalidArgumentError(
+                    f"item column {name!r}: expected a reference from writer.history, got {type(r).__name__}"
+                )
+            if name in names:
+                raise errors.InvalidArgumentError(f"item column {name!r} appears twice")
+            names.add(name)
+            if r.episode != self.episode:
+                raise errors.InvalidArgumentError(f"item column {name!r} references a step of an earlier episode")
+            c = self.columns.get(r.column)
+            if c is None:
+                raise errors.InvalidArgumentError(f"column {r.column!r} was never appended")
+            if r.start < self.episode_steps - self.o.num_keep_alive_refs:
+                raise errors.InvalidArgumentError(
+                    f"column {r.column!r}: the item reaches {self.episode_steps - r.start} steps back, beyond the "
+                    f"writer's num_keep_alive_refs of {self.o.num_keep_alive_refs}"
+                )
+            gap = c.covers(r.start, r.stop)
+            if gap < r.stop:
+                raise errors.InvalidArgumentError(
+                    f"column {r.column!r} has no cell at step {gap} (the item wants steps {r.start}..{r.stop})"
+                )
+            refs.append(_Ref(name, c, r.start, r.stop, r.squeeze))
+        return refs
+
+    def create_item_locked(self, table: str, priority: float, refs: list[_Ref]) -> None:
+        if self.closing:
+            raise errors.ClosedError("writer closed")
+        self.pending.append(_Pending(table, priority, self._rng.getrandbits(64) or 1, refs))
+
+    def _build_item(self, it: _Pending) -> tuple[bytes, list[_Sealed]]:
+        cols = []
+        fresh: list[_Sealed] = []
+        for r in it.refs:
+            picked: list[_Sealed] = []
+            for ch in reversed(r.col.chunks):  # newest first: refs are recent
+                if ch.start + ch.length <= r.start:
+                    break
+                if ch.start < r.stop:
+                    picked.append(ch)
+            slices = []
+            for ch in reversed(picked):
+                lo, hi = max(ch.start, r.start), min(ch.start + ch.length, r.stop)
+                slices.append((ch.key_varint, lo - ch.start, hi - lo))
+                if not ch.sent and ch not in fresh:
+                    fresh.append(ch)
+            cols.append(encode_column(r.name_field, slices, r.squeeze))
+        item = encode_item(it.key, it.table_field, it.priority, cols)
+        return b"\x22" + _uvarint(len(item)) + item, fresh
+
+    def advance_locked(self, force: bool) -> None:
+        """Moves ready items into the batch and publishes full batches (all
+        of it with force). Raises _Blocked when the window has no room."""
+        limit = self.max_payload - 1024 - 10 * len(self.release)
+        while self.pending:
+            it = self.pending[0]
+            if not all(r.col.sealed(r.stop) for r in it.refs):
+                break
+            item, fresh = self._build_item(it)
+            size = len(item) + 16 + sum(len(ch.encoded or b"") for ch in fresh)
+            if size > limit:
+                self.pending.popleft()
+                raise errors.InvalidArgumentError(
+                    f"item for table {it.table!r} needs {size} bytes, over the server's max payload of "
+                    f"{self.max_payload}: use shorter chunks or raise max_payload"
+                )
+            if self.batch_items and self.batch_bytes + size > limit:
+                self._publish_locked(False)  # may raise _Blocked; the item stays pending
+                continue
+            for ch in fresh:
+                assert ch.encoded is not None
+                self.batch_chunks.append(ch.encoded)
+                ch.encoded, ch.sent = None, True
+            self.batch_items.append(item)
+            self.batch_bytes += size
+            self.pending.popleft()
+        full = len(self.batch_items) >= self.o.batch_items or self.batch_bytes >= self.o.batch_bytes
+        if force or full or self.o.linger == 0:
+            if self.batch_items or (force and self.release):
+                self._publish_locked(False)
+        elif self.batch_items and not self.linger_armed and self.linger_cb is not None:
+            self.linger_armed = True
+            self.linger_cb()
+
+    def _room_locked(self, items: int) -> bool:
+        nxt = self.seq + 1
+        if self.unsettled and nxt >= self.unsettled[0] + self.o.max_in_flight:
+            return False
+        u = self.unacked_items + self.acked_items
+        return u + items <= self.o.max_unapplied or u == 0
+
+    def _publish_locked(self, end: bool) -> None:
+        if self.closed:
+            raise errors.ClosedError("writer closed")
+        if not self._room_locked(len(self.batch_items)):
+            raise _Blocked
+        self.seq += 1
+        seq = self.seq
+        self.unsettled.append(seq)
+        n = len(self.batch_items)
+        data = encode_insert_batch_fields(
+            self.id, seq, self.batch_chunks, self.batch_items, self.release, end, self.unsettled[0], self.o.max_in_flight
+        )
+        self.batch_chunks, self.batch_items, self.batch_bytes, self.release = [], [], 0, []
+        self.unacked_items += n
+        self._submit(_Record(seq, data, {MSG_ID_HEADER: msg_id(self.id, seq)}, n))
+
+    def on_linger(self) -> None:
+        """The linger time passed: publish a partly filled batch if there is
+        room (else the next change of the window tries again)."""
+        with self.mu:
+            self.linger_armed = False
+            if self.closing or not self.batch_items:
+                return
+            try:
+                self._publish_locked(False)
+            except _Blocked:
+                self.linger_armed = True  # retried by on_window_change
+            except errors.RepriseError as e:
+                self.errors.append(e)
+
+    def flush_locked(self) -> None:
+        for c in self.columns.values():
+            if c.open:
+                self._seal_locked(c)
+        self.advance_locked(True)
+
+    def end_episode_locked(self) -> None:
+        for c in self.columns.values():
+            for ch in c.chunks:
+                if ch.sent:
+                    self.release.append(ch.key)
+            c.chunks.clear()
+        self.episode_steps = 0
+        self.episode = self._rng.getrandbits(64)
+
+    # -- flow (called on the event loop) ----------------------------------
+
+    def on_settled(self, rec: _Record, stream_seq: int | None, err: errors.RepriseError | None) -> None:
+        retry_linger = False
+        with self.mu:
+            try:
+                self.unsettled.remove(rec.seq)
+            except ValueError:
+                pass
+            self.unacked_items -= rec.items
+            if err is not None:
+                self.errors.append(err)
+            elif stream_seq is not None and stream_seq > self.applied and rec.items > 0:
+                self.acked.append((stream_seq, rec.items))
+                self.acked_items += rec.items
+            retry_linger = self.linger_armed
+            self.notify_locked()
+        if retry_linger:
+            self.on_linger()
+
+    def on_applied(self, seq: int) -> None:
+        with self.mu:
+            if seq <= self.applied:
+                return
+            self.applied = seq
+            kept = []
+            for s, n in self.acked:
+                if s > seq:
+                    kept.append((s, n))
+                else:
+                    self.acked_items -= n
+            self.acked = kept
+            self.notify_locked()
+
+    def on_rejected(self, err: errors.RepriseError) -> None:
+        with self.mu:
+            self.errors.append(err)
+            self.notify_locked()
+
+    def take_errors_locked(self) -> errors.RepriseError | None:
+        if not self.errors:
+            return None
+        errs, self.errors = self.errors, []
+        return _join(errs)
+
+    def in_flight_items_locked(self) -> int:
+        staged = len(self.batch_items) + len(self.pending)
+        return self.unacked_items + staged
+
+    def describe_wait_locked(self) -> str:
+        return (
+            f"{self.unacked_items + self.acked_items} items published but not applied, "
+            f"{len(self.unsettled)} messages awaiting JetStream (is the table service running? "
+            "is a table's rate limiter holding inserts?)"
+        )
+
+
+def check_signature(table: str, refs: list[_Ref], signature: Sequence[Any]) -> None:
+    """Raises SignatureMismatchError unless the item's columns match the
+    table's signature (ColumnSpec messages; empty means any columns): the
+    same names in the same order, the dtypes, and shapes [T, *step_shape]
+    ([*step_shape] when squeezed) where -1 matches any size."""
+    if not signature:
+        return
+    if len(refs) != len(signature):
+        raise errors.SignatureMismatchError(
+            f"item for table {table!r} has {len(refs)} columns, the table's signature has {len(signature)}: "
+            + ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in signature)
+        )
+    for r, spec in zip(refs, signature):
+        if r.name != spec.name:
+            raise errors.SignatureMismatchError(
+                f"item for table {table!r}: column {r.name!r} is where the signature has {spec.name!r}"
+            )
+        if r.col.wire != spec.dtype:
+            raise errors.SignatureMismatchError(
+                f"item for table {table!r}: column {r.name!r} has dtype {r.col.wire}, the signature wants {spec.dtype}"
+            )
+        shape = list(r.col.shape) if r.squeeze else [r.stop - r.start, *r.col.shape]
+        want = list(spec.shape)
+        if len(shape) != len(want) or any(w != -1 and w != d for w, d in zip(want, shape)):
+            raise errors.SignatureMismatchError(
+                f"item for table {table!r}: column {r.name!r} has shape {shape}, the signature wants {want}"
+            )
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+# ---------------------------------------------------------------- transport
+
+
+class _Transport:
+    """Publishes a producer's messages in order on the event loop, awaits
+    JetStream's acks in publish order and resends failed ones with the same
+    dedupe id until retry_for passes."""
+
+    def __init__(self, nc: NATS, subjects: Subjects, loop: asyncio.AbstractEventLoop, opts: WriterOptions) -> None:
+        self.nc = nc
+        self.subj = subjects
+        self.loop = loop
+        self.o = opts
+        self.p: _Producer | None = None
+        self._queue: asyncio.Queue[_Record | None] = asyncio.Queue()
+        self._order: asyncio.Queue[_Record | None] = asyncio.Queue()
+        self._inbox = nc.new_inbox()
+        self._subs: list[Any] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._abort = asyncio.Event()
+        self._acks: dict[str, _Record] = {}
+
+    async def start(self, p: _Producer) -> None:
+        self.p = p
+        p.linger_cb = self._arm_linger
+        self._subs.append(await self.nc.subscribe(self._inbox + ".*", cb=self._on_ack))
+        self._subs.append(await self.nc.subscribe(self.subj.applied, cb=self._on_applied))
+        self._subs.append(await self.nc.subscribe(self.subj.rejected(p.token), cb=self._on_rejected))
+        self._tasks.append(self.loop.create_task(self._publisher()))
+        self._tasks.append(self.loop.create_task(self._ack_loop()))
+
+    def submit(self, rec: _Record) -> None:
+        """Thread-safe: queue a record for publishing, in order."""
+        self.loop.call_soon_threadsafe(self._queue.put_nowait, rec)
+
+    def _arm_linger(self) -> None:
+        p = self.p
+        assert p is not None
+        self.loop.call_soon_threadsafe(self.loop.call_later, p.o.linger, p.on_linger)
+
+    async def _on_applied(self, m: Msg) -> None:
+        try:
+            seq = int(m.data)
+        except ValueError:
+            return  # not ours to judge
+        assert self.p is not None
+        self.p.on_applied(seq)
+
+    async def _on_rejected(self, m: Msg) -> None:
+        try:
+            r = pb.Rejection.FromString(m.data)
+        except Exception:  # noqa: BLE001 - garbage on our subject
+            return
+        assert self.p is not None
+        self.p.on_rejected(rejection_error(r))
+
+    async def _on_ack(self, m: Msg) -> None:
+        token = m.subject[m.subject.rfind(".") + 1 :]
+        rec = self._acks.get(token)
+        if rec is not None and rec.future is not None and not rec.future.done():
+            rec.future.set_result(m)
+
+    async def _send(self, rec: _Record) -> None:
+        rec.attempts += 1
+        rec.sent_at = self.loop.time()
+        if rec.attempts == 1:
+            rec.first_sent = rec.sent_at
+        token = f"{rec.seq}x{rec.attempts}"
+        rec.future = self.loop.create_future()
+        self._acks[token] = rec
+        try:
+            await self.nc.publish(self.subj.insert, rec.data, reply=self._inbox + "." + token, headers=rec.headers)
+        except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError) as e:
+            if not rec.future.done():
+                rec.future.set_exception(errors.UnavailableError(f"not connected: {e!r}"))
+        except nats.errors.MaxPayloadError:
+            if not rec.future.done():
+                rec.future.set_exception(errors.ResourceExhaustedError("message over the server's max payload"))
+        except nats.errors.ConnectionClosedError:
+            if not rec.future.done():
+                rec.future.set_exception(errors.ClosedError("connection closed"))
+
+    async def _publisher(self) -> None:
+        while True:
+            rec = await self._queue.get()
+            if rec is None:
+                self._order.put_nowait(None)
+                return
+            await self._send(rec)
+            self._order.put_nowait(rec)
+
+    async def _ack_loop(self) -> None:
+        while True:
+            rec = await self._order.get()
+            if rec is None:
+                return
+            await self._await(rec)
+
+    async def _await(self, rec: _Record) -> None:
+        p = self.p
+        assert p is not None
+        backoff = 0.05
+        while True:
+            assert rec.future is not None
+            timeout = rec.sent_at + self.o.ack_timeout - self.loop.time()
+            err: errors.RepriseError
+            retryable = True
+            try:
+                m = await asyncio.wait_for(asyncio.shield(rec.future), max(0.0, timeout))
+                stream_seq, dup, err_or_none, retryable = _parse_ack(m)
+                if err_or_none is None:
+                    self._forget(rec)
+                    if dup and rec.attempts == 1:
+                        p.on_settled(rec, None, errors.DuplicateIdError(
+                            f"message {rec.seq} ({rec.items} items) was sent once and JetStream acknowledged it as a "
+                            "duplicate: another publisher used this writer's dedupe id; its items were not stored"
+                        ))
+                    else:
+                        p.on_settled(rec, stream_seq, None)
+                    return
+                err = err_or_none
+            except asyncio.TimeoutError:
+                err = errors.DeadlineExceededError(f"no ack from JetStream within {self.o.ack_timeout}s")
+            except errors.RepriseError as e:
+                err = e
+                retryable = not isinstance(e, (errors.ClosedError, errors.ResourceExhaustedError))
+            if not retryable or self.loop.time() - rec.first_sent > self.o.retry_for or self._abort.is_set():
+                self._forget(rec)
+                log.warning("reprise writer: publish failed: producer %s message %d (%d items): %s",
+                            p.token, rec.seq, rec.items, err.message)
+                p.on_settled(rec, None, type(err)(
+                    f"message {rec.seq} ({rec.items} items) not stored: {err.message}", code=err.code))
+                return
+            try:
+                await asyncio.wait_for(self._abort.wait(), backoff)
+            except asyncio.TimeoutError:
+                pass
+            backoff = min(2 * backoff, 1.0)
+            await self._send(rec)
+
+    def _forget(self, rec: _Record) -> None:
+        for a in range(1, rec.attempts + 1):
+            self._acks.pop(f"{rec.seq}x{a}", None)
+
+    async def close(self, timeout: float | None) -> None:
+        """Waits for every queued message to settle (resends stop when
+        timeout passes), then unsubscribes."""
+        self._queue.put_nowait(None)
+        done = asyncio.gather(*self._tasks)
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+        except asyncio.TimeoutError:
+            self._abort.set()
+            await done
+        for s in self._subs:
+            try:
+                await s.unsubscribe()
+            except Exception:  # noqa: BLE001 - the connection may be gone
+                pass
+
+
+def _parse_ack(m: Msg) -> tuple[int | None, bool, errors.RepriseError | None, bool]:
+    """(stream sequence, duplicate, error, retryable) from a PubAck reply."""
+    hdr = m.headers
+    if not m.data:
+        status = hdr.get("Status") if hdr else None
+        if status == "503":
+            return None, False, errors.UnavailableError(
+                "no JetStream stream answers on the insert subject (is reprised running with this prefix?)"
+            ), True
+        return None, False, errors.ProtocolError(f"empty ack (status {status})"), True
+    try:
+        d = json.loads(m.data)
+    except ValueError:
+        return None, False, errors.ProtocolError("malformed JetStream ack"), True
+    e = d.get("error")
+    if e:
+        code = int(e.get("code", 0))
+        desc = e.get("description", "")
+        # 503: no stream leader yet; 429: the stream's ingest queue is full.
+        if code in (503, 429):
+            return None, False, errors.UnavailableError(f"JetStream {code}: {desc}"), True
+        if code == 413 or "maximum" in desc:
+            return None, False, errors.ResourceExhaustedError(f"JetStream {code}: {desc}"), False
+        return None, False, errors.InvalidArgumentError(f"JetStream {code}: {desc}"), False
+    return int(d.get("seq", 0)), bool(d.get("duplicate", False)), None, True
+
+
+__all__ = [
+    "ColumnHistory",
+    "History",
+    "TrajectoryColumn",
+    "WriterOptions",
+    "encode_insert_batch",
+    "msg_id",
+    "new_producer_id",
+    "notice_token",
+]

@@ -1,0 +1,697 @@
+"""Reprise for asyncio programs: the same API as :class:`reprise.Client`,
+as coroutines.
+
+::
+
+    import reprise.aio
+
+    async with reprise.aio.Client("nats://127.0.0.1:4222") as client:
+        batch = await client.sample_batch("replay", 256, timeout=5)
+        async with await client.trajectory_writer(num_keep_alive_refs=3) as w:
+            await w.append({"obs": obs, "action": 1})
+            await w.create_item("replay", 1.0, {"obs": w.history["obs"][-1]})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _codec, _conn, _info, _sample, errors
+from ._conn import ConnectOptions, Requester, Subjects
+from ._info import CheckpointInfo, TableInfo
+from ._proto import reprise_pb2 as pb
+from ._sample import ReplaySample, SampleBatch
+from ._writer import (
+    History,
+    TrajectoryColumn,
+    WriterOptions,
+    _Blocked,
+    _Producer,
+    _Transport,
+    check_signature,
+)
+
+log = logging.getLogger("reprise")
+
+#: How long a blocked writer waits before it logs why.
+_WAIT_WARN_AFTER = 10.0
+
+
+def sample_timeouts(timeout: float | None) -> tuple[int, float | None]:
+    """The service's wait (timeout_ms) and the client's own wait for a
+    sample request with the caller's timeout in seconds. The service gets
+    less than the caller, leaving the reply time to travel: a sample taken
+    after the client stopped listening would be lost."""
+    if timeout is None:
+        return -1, None
+    margin = min(timeout / 2, max(timeout / 10, 0.25))
+    return max(0, int((timeout - margin) * 1000)), timeout
+
+
+def parse_status_reply(cls: Any, data: bytes, what: str) -> Any:
+    try:
+        resp = cls.FromString(data)
+    except Exception as e:  # noqa: BLE001 - the runtime's DecodeError
+        raise errors.ProtocolError(f"malformed {what} response: {e}") from None
+    _sample.raise_for_status(resp.status.code, resp.status.message)
+    return resp
+
+
+def mutation_messages(
+    table: str,
+    updates: Mapping[int, float] | None,
+    deletes: Iterable[int] | None,
+    max_payload: int,
+) -> list[bytes]:
+    """Encoded Mutation messages: the deletes first, then the updates (as
+    Reverb applies them), split so none exceeds the max payload."""
+    if not table:
+        raise errors.InvalidArgumentError("empty table name")
+    ops: list[pb.MutationOp] = []
+    for k in deletes or ():
+        ops.append(pb.MutationOp(key=int(k), delete=True))
+    for k, p in (updates or {}).items():
+        ops.append(pb.MutationOp(key=int(k), priority=_codec.check_finite_priority(p, f"key {int(k)}")))
+    per_msg = max(1, (max_payload - 1024 - len(table)) // 24)
+    return [
+        pb.Mutation(table=table, ops=ops[i : i + per_msg]).SerializeToString() for i in range(0, len(ops), per_msg)
+    ] or []
+
+
+def _priorities_from_arrays(keys: Any, priorities: Any) -> dict[int, float]:
+    k = np.asarray(keys, dtype=np.uint64).ravel()
+    p = np.asarray(priorities, dtype=np.float64).ravel()
+    if k.shape != p.shape:
+        raise errors.InvalidArgumentError(f"{k.size} keys and {p.size} priorities")
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        bad = int(np.flatnonzero(~np.isfinite(p) | (p < 0))[0])
+        raise errors.InvalidArgumentError(f"key {int(k[bad])}: priority {p[bad]} (must be finite and >= 0)")
+    return dict(zip(k.tolist(), p.tolist()))
+
+
+class Client:
+    """An asyncio client of a Reprise deployment. Create it, then ``await
+    client.connect()`` or use ``async with``. The arguments are those of
+    :class:`reprise.Client`."""
+
+    def __init__(
+        self,
+        server_address: str | Sequence[str] = _conn.DEFAULT_URL,
+        *,
+        prefix: str = _conn.DEFAULT_PREFIX,
+        user: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        nkeys_seed: str | None = None,
+        credentials: str | None = None,
+        tls: Any = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_hostname: str | None = None,
+        name: str | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        servers = server_address if isinstance(server_address, str) else tuple(server_address)
+        self.options = ConnectOptions(
+            servers=servers,
+            prefix=prefix,
+            user=user,
+            password=password,
+            token=token,
+            nkeys_seed=nkeys_seed,
+            credentials=credentials,
+            tls=tls,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_hostname=tls_hostname,
+            name=name,
+            connect_timeout=connect_timeout,
+        )
+        self.subjects = Subjects(prefix)
+        self._nc: Any = None
+        self._req: Requester | None = None
+        self._signatures: dict[str, tuple[Any, ...]] = {}
+        self._insert_writer: AsyncTrajectoryWriter | None = None
+        self._insert_lock: asyncio.Lock | None = None
+        self._writers: set[Any] = set()
+
+    # -- connection -------------------------------------------------------
+
+    async def connect(self) -> Client:
+        """Connects (waiting up to connect_timeout for the server); a no-op
+        once connected."""
+        if self._nc is not None:
+            return self
+        nc = await _conn.open_connection(
+            self.options, disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected
+        )
+        self._nc = nc
+        self._req = Requester(nc, self.options.prefix)
+        await self._req.start()
+        return self
+
+    async def _on_disconnected(self) -> None:
+        if self._req is not None:
+            self._req.fail_all(
+                errors.UnavailableError(
+                    "connection to NATS lost while waiting for a reply; the request may or may not have been served"
+                )
+            )
+
+    async def _on_reconnected(self) -> None:
+        log.info("reprise: reconnected to NATS")
+
+    async def close(self) -> None:
+        """Closes the writers this client made (flushing them), then the
+        connection."""
+        if self._nc is None:
+            return
+        for w in list(self._writers):
+            try:
+                await w.close()
+            except errors.RepriseError as e:
+                log.warning("reprise: closing a writer: %s", e)
+        if self._req is not None:
+            await self._req.stop()
+        try:
+            await self._nc.drain()
+        except Exception:  # noqa: BLE001 - already closed
+            await self._nc.close()
+        self._nc = None
+
+    async def __aenter__(self) -> Client:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _requester(self) -> Requester:
+        if self._req is None:
+            raise errors.ClosedError("client not connected: await client.connect() first")
+        return self._req
+
+    @property
+    def nats(self) -> Any:
+        """The underlying nats-py connection."""
+        return self._nc
+
+    @property
+    def max_payload(self) -> int:
+        return int(self._nc.max_payload) if self._nc is not None else 1 << 20
+
+    # -- learner side -------------------------------------------------------
+
+    async def sample_raw(self, table: str, num_samples: int, timeout: float | None, flexible: bool = False) -> bytes:
+        """Sends one sample request and returns the reply's bytes,
+        undecoded (for callers that decode elsewhere)."""
+        if not isinstance(num_samples, (int, np.integer)) or not 1 <= num_samples <= 1 << 30:
+            raise errors.InvalidArgumentError(f"sample size {num_samples!r}")
+        timeout_ms, wait = sample_timeouts(timeout)
+        req = pb.SampleRequest(table=table, num_samples=int(num_samples), timeout_ms=timeout_ms, flexible=flexible)
+        return await self._requester().request(self.subjects.sample, req.SerializeToString(), wait)
+
+    async def sample(
+        self, table: str, num_samples: int = 1, *, timeout: float | None = None, flexible: bool = False
+    ) -> list[ReplaySample]:
+        """Samples ``num_samples`` items of ``table`` as ReplaySamples (see
+        :meth:`reprise.Client.sample`)."""
+        return decode_samples(await self.sample_raw(table, num_samples, timeout, flexible))
+
+    async def sample_batch(
+        self, table: str, batch_size: int, *, timeout: float | None = None, flexible: bool = False
+    ) -> SampleBatch:
+        """One stacked batch (see :meth:`reprise.Client.sample_batch`)."""
+        return decode_batch(await self.sample_raw(table, batch_size, timeout, flexible))
+
+    def sampler(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        prefetch: int = 2,
+        timeout: float | None = None,
+        flexible: bool = False,
+        retry_unavailable_for: float = 60.0,
+    ) -> AsyncSampler:
+        """An async iterator of batches keeping ``prefetch`` requests in
+        flight (see :meth:`reprise.Client.sampler`)."""
+        return AsyncSampler(self, table, batch_size, prefetch, timeout, flexible, retry_unavailable_for)
+
+    async def mutate_priorities(
+        self,
+        table: str,
+        updates: Mapping[int, float] | None = None,
+        deletes: Iterable[int] | None = None,
+        *,
+        timeout: float | None = 10.0,
+    ) -> None:
+        """Updates priorities and deletes items (see
+        :meth:`reprise.Client.mutate_priorities`)."""
+        msgs = mutation_messages(table, updates, deletes, self.max_payload)
+        for m in msgs:
+            await self._publish_js(self.subjects.mutate, m, timeout)
+
+    async def update_priorities(self, table: str, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
+        """mutate_priorities with arrays: ``keys`` (uint64) and
+        ``priorities`` of the same length, such as ``batch.info.key`` and
+        new TD errors."""
+        await self.mutate_priorities(table, _priorities_from_arrays(keys, priorities), timeout=timeout)
+
+    async def _publish_js(self, subject: str, data: bytes, timeout: float | None) -> int:
+        try:
+            reply = await self._requester().request(subject, data, timeout)
+        except errors.UnavailableError as e:
+            raise errors.UnavailableError(f"publishing to {subject}: {e.message}") from None
+        from ._writer import _parse_ack  # local: one parser for every JetStream ack
+
+        class _M:
+            def __init__(self, d: bytes) -> None:
+                self.data, self.headers = d, None
+
+        seq, _dup, err, _retry = _parse_ack(_M(reply))  # type: ignore[arg-type]
+        if err is not None:
+            raise err
+        return seq or 0
+
+    async def reset(self, table: str, *, timeout: float | None = 60.0) -> None:
+        """Empties ``table`` and zeroes its rate limiter. Like a mutation it
+        goes through the stream, so it is replayed in order after a crash."""
+        if not table:
+            raise errors.InvalidArgumentError("reset needs a table name (Reverb resets one table)")
+        data = await self._requester().request(
+            self.subjects.reset, pb.TableRequest(table=table).SerializeToString(), timeout
+        )
+        parse_status_reply(pb.ResetResponse, data, "reset")
+
+    async def server_info(self, timeout: float | None = 10.0) -> dict[str, TableInfo]:
+        """Every table's config, size, selectors, rate limiter and counters,
+        by table name."""
+        resp = await self._info(timeout)
+        return {t.name: _info.table_info(t) for t in resp.tables}
+
+    async def _info(self, timeout: float | None) -> Any:
+        data = await self._requester().request(self.subjects.info, pb.TableRequest().SerializeToString(), timeout)
+        resp = parse_status_reply(pb.InfoResponse, data, "info")
+        self._signatures = {t.name: tuple(t.signature) for t in resp.tables}
+        return resp
+
+    async def checkpoint(self, *, timeout: float | None = 120.0) -> CheckpointInfo:
+        """Asks the service to write a checkpoint now."""
+        data = await self._requester().request(
+            self.subjects.checkpoint, pb.CheckpointRequest().SerializeToString(), timeout
+        )
+        return _info.checkpoint_info(parse_status_reply(pb.CheckpointResponse, data, "checkpoint"))
+
+    async def signature(self, table: str) -> tuple[Any, ...] | None:
+        """The table's signature from the (cached) server info; None when
+        the service cannot be asked now (the service checks anyway)."""
+        sig = self._signatures.get(table)
+        if sig is not None:
+            return sig
+        try:
+            await self._info(10.0)
+        except (errors.UnavailableError, errors.DeadlineExceededError):
+            return None
+        sig = self._signatures.get(table)
+        if sig is None:
+            raise errors.NotFoundError(
+                f"unknown table {table!r} (tables: {', '.join(sorted(self._signatures))})", code=errors.Code.NOT_FOUND
+            )
+        return sig
+
+    # -- actor side ---------------------------------------------------------
+
+    async def trajectory_writer(self, num_keep_alive_refs: int = 128, **options: Any) -> AsyncTrajectoryWriter:
+        """A writer of trajectories (see
+        :meth:`reprise.Client.trajectory_writer`)."""
+        opts = WriterOptions(num_keep_alive_refs=num_keep_alive_refs, **options)
+        w = AsyncTrajectoryWriter(self, opts)
+        await w._start()
+        return w
+
+    async def insert(self, data: Mapping[str, Any], priorities: Mapping[str, float], *, timeout: float | None = 60.0) -> None:
+        """Inserts one single-step item into each table of ``priorities``,
+        as Reverb's ``Client.insert``; returns once JetStream stored it."""
+        if not priorities:
+            raise errors.InvalidArgumentError("insert needs priorities={table: priority}")
+        if self._insert_lock is None:
+            self._insert_lock = asyncio.Lock()
+        async with self._insert_lock:
+            if self._insert_writer is None:
+                self._insert_writer = await self.trajectory_writer(1, linger=0.0)
+            w = self._insert_writer
+            await w.append(data)
+            traj = {c: w.history[c][-1] for c in data}
+            for table, p in priorities.items():
+                await w.create_item(table, p, traj)
+            await w.end_episode(timeout=timeout)
+
+
+def decode_samples(data: bytes) -> list[ReplaySample]:
+    resp = _sample.parse_response(data)
+    out = _sample.decode_samples(resp)
+    _sample.raise_for_status(resp.code, resp.message, out)
+    if resp.code == pb.CODE_PARTIAL:
+        raise errors.RateLimitedError(resp.message, code=errors.Code.RATE_LIMITED, partial=out)
+    return out
+
+
+def decode_batch(data: bytes) -> SampleBatch:
+    resp = _sample.parse_response(data)
+    _sample.raise_for_status(resp.code, resp.message)
+    out = _sample.decode_batch(resp)
+    if resp.code == pb.CODE_PARTIAL:
+        raise errors.RateLimitedError(resp.message, code=errors.Code.RATE_LIMITED, partial=out)
+    return out
+
+
+class AsyncSampler:
+    """Batches from one table with several requests in flight. Iterate it
+    with ``async for``; ``aclose()`` (or ``async with``) stops it. A
+    ``timeout`` that passes without the rate limiter allowing a batch ends
+    the iteration (as Reverb's ``rate_limiter_timeout_ms`` does); a lost
+    service is waited for up to ``retry_unavailable_for`` seconds."""
+
+    def __init__(
+        self,
+        client: Client,
+        table: str,
+        batch_size: int,
+        prefetch: int,
+        timeout: float | None,
+        flexible: bool,
+        retry_unavailable_for: float,
+    ) -> None:
+        if prefetch < 1:
+            raise errors.InvalidArgumentError(f"prefetch must be >= 1, got {prefetch}")
+        self._c = client
+        self._args = (table, batch_size, timeout, flexible)
+        self._prefetch = prefetch
+        self._retry_for = retry_unavailable_for
+        self._tasks: collections.deque[asyncio.Task[bytes]] = collections.deque()
+        self._closed = False
+
+    def _issue(self) -> None:
+        t, n, timeout, flexible = self._args
+        self._tasks.append(asyncio.ensure_future(self._c.sample_raw(t, n, timeout, flexible)))
+
+    async def next_raw(self) -> bytes:
+        """The next reply's bytes (decode with decode_batch)."""
+        if self._closed:
+            raise StopAsyncIteration
+        loop = asyncio.get_running_loop()
+        since: float | None = None
+        backoff = 0.01
+        while True:
+            while len(self._tasks) < self._prefetch:
+                self._issue()
+            task = self._tasks.popleft()
+            try:
+                data = await task
+            except (errors.UnavailableError, errors.DeadlineExceededError) as e:
+                if isinstance(e, errors.DeadlineExceededError) and self._args[2] is not None:
+                    raise StopAsyncIteration from None
+                now = loop.time()
+                since = since or now
+                if now - since > self._retry_for:
+                    raise
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, 1.0)
+                continue
+            self._issue()
+            return data
+
+    def __aiter__(self) -> AsyncSampler:
+        return self
+
+    async def __anext__(self) -> SampleBatch:
+        since = _now()
+        while True:
+            data = await self.next_raw()
+            try:
+                return decode_batch(data)
+            except errors.RateLimitedError:
+                await self.aclose()
+                raise StopAsyncIteration from None
+            except errors.UnavailableError:
+                # The service is shutting down or busy: wait it out.
+                if _now() - since > self._retry_for:
+                    raise
+                await asyncio.sleep(0.05)
+
+    async def aclose(self) -> None:
+        """Cancels the requests in flight (items they would have returned
+        are lost: with a queue table use prefetch=1)."""
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        self._tasks.clear()
+
+    async def __aenter__(self) -> AsyncSampler:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncTrajectoryWriter:
+    """The asyncio twin of :class:`reprise.TrajectoryWriter`; every call
+    that may wait for the window is a coroutine."""
+
+    def __init__(self, client: Client, opts: WriterOptions) -> None:
+        self._c = client
+        self.options = opts
+        self._p: _Producer | None = None
+        self._t: _Transport | None = None
+        self._partial: dict[str, Any] = {}
+        self._closed = False
+
+    async def _start(self) -> None:
+        nc = self._c.nats
+        if nc is None:
+            raise errors.ClosedError("client not connected")
+        loop = asyncio.get_running_loop()
+        self._t = _Transport(nc, self._c.subjects, loop, self.options)
+        self._p = _Producer(self.options, self._c.max_payload, self._t.submit)
+        await self._t.start(self._p)
+        self._c._writers.add(self)
+
+    @property
+    def producer_id(self) -> str:
+        """The writer's secret id (never log it; see notice_token)."""
+        assert self._p is not None
+        return self._p.id
+
+    @property
+    def notice_token(self) -> str:
+        """The writer's public name: its rejection subject's last token."""
+        assert self._p is not None
+        return self._p.token
+
+    @property
+    def history(self) -> History:
+        assert self._p is not None
+        return History(self._p)
+
+    @property
+    def episode_steps(self) -> int:
+        assert self._p is not None
+        return self._p.episode_steps
+
+    async def _advance(self, force: bool, deadline: float | None = None) -> None:
+        p = self._p
+        assert p is not None
+        started = _now()
+        warned = False
+        while True:
+            with p.mu:
+                try:
+                    if force:
+                        p.flush_locked()
+                    else:
+                        p.advance_locked(False)
+                    return
+                except _Blocked:
+                    fut = p.changed_future_locked()
+                    why = p.describe_wait_locked()
+            now = _now()
+            if deadline is not None and now >= deadline:
+                raise errors.DeadlineExceededError(f"writer: no room in the window before the timeout: {why}")
+            if not warned and now - started > _WAIT_WARN_AFTER:
+                log.warning("reprise writer %s: waiting for room in the window: %s", p.token, why)
+                warned = True
+            wait = None if deadline is None else deadline - now
+            try:
+                await asyncio.wait_for(fut, min(wait, 1.0) if wait is not None else 1.0)
+            except asyncio.TimeoutError:
+                pass
+
+    async def append(self, step: Mapping[str, Any], partial_step: bool = False) -> None:
+        """Appends a step (see :meth:`reprise.TrajectoryWriter.append`)."""
+        p = self._p
+        assert p is not None
+        if partial_step or self._partial:
+            for k in step:
+                if k in self._partial:
+                    raise errors.InvalidArgumentError(f"column {k!r} was already given for this step")
+            merged = {**self._partial, **step}
+            if partial_step:
+                self._partial = merged
+                return
+            self._partial = {}
+            step = merged
+        with p.mu:
+            p.append_locked(step)
+            if not p.pending:
+                return  # nothing waits for the chunks this step sealed
+        await self._advance(False)
+
+    async def create_item(
+        self,
+        table: str,
+        priority: float,
+        trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn],
+    ) -> None:
+        """Creates an item (see :meth:`reprise.TrajectoryWriter.create_item`)."""
+        p = self._p
+        assert p is not None
+        if not table:
+            raise errors.InvalidArgumentError("empty table name")
+        prio = _codec.check_finite_priority(priority, f"item for table {table!r}")
+        with p.mu:
+            refs = p.resolve_locked(trajectory)
+        if self.options.validate_signatures:
+            sig = await self._c.signature(table)
+            if sig is not None:
+                check_signature(table, refs, sig)
+        with p.mu:
+            err = p.take_errors_locked()
+            p.create_item_locked(table, prio, refs)
+        await self._advance(False)
+        if err is not None:
+            raise err
+
+    async def flush(
+        self, block_until_num_items: int = 0, timeout_ms: int | None = None, *, timeout: float | None = None
+    ) -> None:
+        """Publishes everything and waits for JetStream's acks (see
+        :meth:`reprise.TrajectoryWriter.flush`)."""
+        deadline = _deadline(timeout, timeout_ms)
+        await self._advance(True, deadline)
+        await self._wait(
+            lambda p: p.in_flight_items_locked() <= block_until_num_items
+            and (block_until_num_items > 0 or not p.unsettled),
+            deadline,
+            "flush",
+        )
+
+    async def wait_applied(self, timeout: float | None = None) -> None:
+        """Flushes, then waits until the service applied every item."""
+        deadline = _deadline(timeout, None)
+        await self.flush(timeout=None if deadline is None else max(0.0, deadline - _now()))
+        await self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied")
+
+    async def _wait(self, cond: Any, deadline: float | None, what: str) -> None:
+        p = self._p
+        assert p is not None
+        while True:
+            with p.mu:
+                if cond(p):
+                    err = p.take_errors_locked()
+                    if err is not None:
+                        raise err
+                    return
+                fut = p.changed_future_locked()
+                why = p.describe_wait_locked()
+            if deadline is not None and _now() >= deadline:
+                raise errors.DeadlineExceededError(f"writer {what}: timed out: {why}")
+            wait = 1.0 if deadline is None else min(1.0, max(0.0, deadline - _now()))
+            try:
+                await asyncio.wait_for(fut, wait)
+            except asyncio.TimeoutError:
+                pass
+
+    async def end_episode(
+        self, clear_buffers: bool = True, timeout_ms: int | None = None, *, timeout: float | None = None
+    ) -> None:
+        """Publishes the episode's items, waits for their acks and starts a
+        new episode (see :meth:`reprise.TrajectoryWriter.end_episode`)."""
+        p = self._p
+        assert p is not None
+        await self.flush(timeout_ms=timeout_ms, timeout=timeout)
+        with p.mu:
+            p.end_episode_locked()
+            self._partial = {}
+
+    async def close(self, timeout: float | None = 60.0) -> None:
+        """Flushes, tells the service to release this writer's chunks and
+        stops. Messages not acknowledged within ``timeout`` are reported."""
+        p, t = self._p, self._t
+        if self._closed or p is None or t is None:
+            return
+        self._closed = True
+        self._c._writers.discard(self)
+        deadline = _deadline(timeout, None)
+        first: errors.RepriseError | None = None
+        try:
+            await self._advance(True, deadline)
+            with p.mu:
+                p.end_episode_locked()
+            while True:
+                with p.mu:
+                    try:
+                        p._publish_locked(True)
+                        break
+                    except _Blocked:
+                        fut = p.changed_future_locked()
+                if deadline is not None and _now() >= deadline:
+                    raise errors.DeadlineExceededError("writer close: no room in the window for the final message")
+                try:
+                    await asyncio.wait_for(fut, 1.0)
+                except asyncio.TimeoutError:
+                    pass
+        except errors.RepriseError as e:
+            first = e
+        with p.mu:
+            p.closing = True
+            p.closed = True
+        await t.close(None if deadline is None else max(0.0, deadline - _now()))
+        with p.mu:
+            err = p.take_errors_locked()
+        if first is not None:
+            raise first
+        if err is not None:
+            raise err
+
+    async def __aenter__(self) -> AsyncTrajectoryWriter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+def _deadline(timeout: float | None, timeout_ms: int | None) -> float | None:
+    if timeout is None and timeout_ms is not None:
+        timeout = timeout_ms / 1000
+    return None if timeout is None else _now() + timeout
+
+
+async def connect(server_address: str | Sequence[str] = _conn.DEFAULT_URL, **kwargs: Any) -> Client:
+    """Creates a :class:`Client` and connects it."""
+    return await Client(server_address, **kwargs).connect()
+
+
+__all__ = ["AsyncSampler", "AsyncTrajectoryWriter", "Client", "connect", "decode_batch", "decode_samples"]

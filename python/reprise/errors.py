@@ -1,0 +1,197 @@
+"""Exceptions raised by the Reprise client.
+
+Every exception derives from :class:`RepriseError`. Errors the table service
+reports carry its status code (:class:`Code`) and its message; they map to
+one class per code, so ``except reprise.RateLimitedError`` works whether the
+rate limiter held a sample request or a writer's flush waited too long.
+Several classes also derive from the matching builtin (``TimeoutError``,
+``ValueError``, ``ConnectionError``) so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class Code(enum.IntEnum):
+    """Status codes of the wire (``reprise.v1.Code``); stable."""
+
+    OK = 0
+    INVALID_ARGUMENT = 1
+    NOT_FOUND = 2
+    RATE_LIMITED = 3
+    UNAVAILABLE = 4
+    INTERNAL = 5
+    PARTIAL = 6
+    RESOURCE_EXHAUSTED = 7
+    SIGNATURE_MISMATCH = 8
+
+
+class RepriseError(Exception):
+    """Base class of every Reprise error. ``code`` is the service's status
+    code when the service reported the error, else None."""
+
+    code: Code | None = None
+
+    def __init__(self, message: str, *, code: Code | int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            try:
+                self.code = Code(code)
+            except ValueError:
+                self.code = None
+
+
+class InvalidArgumentError(RepriseError, ValueError):
+    """A request or an item the service (or the client, before sending) finds
+    malformed: a bad priority, an empty table name, a step of the wrong
+    dtype..."""
+
+    code = Code.INVALID_ARGUMENT
+
+
+class SignatureMismatchError(InvalidArgumentError):
+    """An item's columns do not match its table's signature, or a step's
+    column changed dtype or shape. Raised before anything is sent when the
+    client can tell."""
+
+    code = Code.SIGNATURE_MISMATCH
+
+
+class NotFoundError(RepriseError, LookupError):
+    """Something named does not exist; the service uses it for unknown
+    tables."""
+
+    code = Code.NOT_FOUND
+
+
+#: The service reports an unknown table as NOT_FOUND.
+UnknownTableError = NotFoundError
+
+
+class RateLimitedError(RepriseError, TimeoutError):
+    """The table's rate limiter did not allow the request before its timeout.
+    For a sample cut short, ``partial`` holds the items that did arrive
+    (samples are never dropped)."""
+
+    code = Code.RATE_LIMITED
+
+    def __init__(self, message: str, *, code: Code | int | None = None, partial: Any = None) -> None:
+        super().__init__(message, code=code)
+        self.partial = partial
+
+
+class DeadlineExceededError(RepriseError, TimeoutError):
+    """The caller's own timeout passed: no reply in time, or a writer's
+    flush or wait for the service's progress did not finish (the items may
+    still be stored later: a writer keeps retrying them)."""
+
+
+class UnavailableError(RepriseError, ConnectionError):
+    """No table service answered (it is not running, is shutting down or is
+    busy), or the connection was lost while waiting for a reply: the request
+    may or may not have been served."""
+
+    code = Code.UNAVAILABLE
+
+
+class InternalError(RepriseError):
+    """The service failed on its side."""
+
+    code = Code.INTERNAL
+
+
+class ResourceExhaustedError(RepriseError):
+    """A limit was reached: a message, item or reply too large, too many
+    producers or held messages, no free request slot."""
+
+    code = Code.RESOURCE_EXHAUSTED
+
+
+class ProtocolError(RepriseError):
+    """A reply or chunk that does not decode: a bug or a hostile peer."""
+
+
+class UnsupportedCodecError(RepriseError):
+    """A chunk is compressed with a codec the Python client cannot decode
+    (s2). The message names the Go producer option that changes it."""
+
+
+class ClosedError(RepriseError):
+    """The client or writer was closed."""
+
+
+class DuplicateIdError(RepriseError):
+    """JetStream acknowledged a message that was sent only once as a
+    duplicate: another publisher used this writer's dedupe id, and the
+    message's items were not stored."""
+
+
+class RejectedError(RepriseError):
+    """The table service refused part of what a writer sent (reported
+    asynchronously, raised by the writer's next call). ``sequence`` is the
+    writer's message, ``item_key`` the item (0 for the whole message) and
+    ``table`` its table. Use :func:`error_for_code` semantics: ``code``
+    tells why, and ``rejections`` lists every refusal when several
+    arrived."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: Code | int | None = None,
+        sequence: int = 0,
+        item_key: int = 0,
+        table: str = "",
+        rejections: list[RejectedError] | None = None,
+    ) -> None:
+        super().__init__(message, code=code)
+        self.sequence = sequence
+        self.item_key = item_key
+        self.table = table
+        self.rejections = rejections or [self]
+
+
+_BY_CODE: dict[Code, type[RepriseError]] = {
+    Code.INVALID_ARGUMENT: InvalidArgumentError,
+    Code.NOT_FOUND: NotFoundError,
+    Code.RATE_LIMITED: RateLimitedError,
+    Code.UNAVAILABLE: UnavailableError,
+    Code.INTERNAL: InternalError,
+    Code.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    Code.SIGNATURE_MISMATCH: SignatureMismatchError,
+}
+
+
+def error_for_code(code: int, message: str) -> RepriseError:
+    """The exception for a service status code (an unknown code maps to
+    RepriseError)."""
+    try:
+        c = Code(code)
+    except ValueError:
+        return RepriseError(f"status {code}: {message}")
+    cls = _BY_CODE.get(c, RepriseError)
+    return cls(message, code=c)
+
+
+__all__ = [
+    "ClosedError",
+    "Code",
+    "DeadlineExceededError",
+    "DuplicateIdError",
+    "InternalError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "ProtocolError",
+    "RateLimitedError",
+    "RejectedError",
+    "RepriseError",
+    "ResourceExhaustedError",
+    "SignatureMismatchError",
+    "UnavailableError",
+    "UnknownTableError",
+    "UnsupportedCodecError",
+    "error_for_code",
+]

@@ -1,0 +1,158 @@
+"""PyTorch adapter: :class:`ReplayDataset`, an ``IterableDataset`` of
+sampled batches as tensors (``pip install 'reprise[torch]'``).
+
+::
+
+    ds = reprise.torch.ReplayDataset("nats://127.0.0.1:4222", "replay", batch_size=256,
+                                     prefetch=4, device="cuda", pin_memory=True)
+    for batch in ds:                      # or torch.utils.data.DataLoader(ds, batch_size=None)
+        q = net(batch.data["obs"])        # [256, *obs_shape] on the GPU
+        ...
+        ds.update_priorities(batch.info["key"], td_errors)
+
+Tensors are made with ``torch.from_numpy`` (no copy), pinned when asked (one
+copy into page-locked memory) and moved with ``.to(device,
+non_blocking=True)``, so a CUDA copy overlaps the next batch's decoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import _codec
+from ._sample import SampleBatch
+from .client import Client
+
+_BF16 = _codec.DTYPES["bfloat16"]
+
+
+def to_tensor(a: np.ndarray, device: torch.device | str | None = None, pin_memory: bool = False) -> torch.Tensor:
+    """A numpy array as a tensor without copying it on the host (bfloat16
+    and unsigned types torch lacks are reinterpreted or widened), pinned
+    and moved to ``device`` without blocking when asked."""
+    if a.dtype == _BF16:
+        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    elif a.dtype in (np.uint16, np.uint32, np.uint64) and not _has_unsigned(a.dtype):
+        t = torch.from_numpy(a.astype(np.int64))
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+    if pin_memory:
+        t = t.pin_memory()
+    if device is not None:
+        t = t.to(device, non_blocking=pin_memory)
+    return t
+
+
+def _has_unsigned(dt: np.dtype) -> bool:
+    try:
+        torch.from_numpy(np.zeros(1, dt))
+        return True
+    except TypeError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorBatch:
+    """A sampled batch as tensors: ``data`` as in
+    :class:`reprise.SampleBatch`; ``info`` maps ``key``, ``probability``,
+    ``priority``, ``table_size``, ``times_sampled`` to tensors (keys are
+    int64: uint64 keys are reinterpreted; ``info_numpy`` keeps the originals
+    for priority updates)."""
+
+    info: dict[str, torch.Tensor]
+    data: dict[str, torch.Tensor]
+    info_numpy: Any
+
+    def __len__(self) -> int:
+        return int(self.info["key"].shape[0])
+
+
+def batch_to_tensors(
+    batch: SampleBatch, device: torch.device | str | None = None, pin_memory: bool = False
+) -> TensorBatch:
+    """Converts a SampleBatch to a TensorBatch."""
+    i = batch.info
+    info = {
+        "key": to_tensor(i.key.view(np.int64), device, pin_memory),
+        "probability": to_tensor(i.probability, device, pin_memory),
+        "priority": to_tensor(i.priority, device, pin_memory),
+        "table_size": to_tensor(i.table_size, device, pin_memory),
+        "times_sampled": to_tensor(i.times_sampled, device, pin_memory),
+    }
+    data = {k: to_tensor(v, device, pin_memory) for k, v in batch.data.items()}
+    return TensorBatch(info, data, i)
+
+
+class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
+    """Endless batches from one table as :class:`TensorBatch` objects.
+
+    Each iterator (each DataLoader worker) opens its own connection with
+    ``client_options`` and keeps ``prefetch`` requests in flight. Use it with
+    ``DataLoader(ds, batch_size=None)`` or iterate it directly. ``timeout``
+    ends the iteration when the rate limiter allows no batch in time (as
+    Reverb's ``rate_limiter_timeout_ms``); ``pin_memory`` is ignored where
+    torch cannot pin (no accelerator)."""
+
+    def __init__(
+        self,
+        server_address: str,
+        table: str,
+        batch_size: int,
+        *,
+        prefetch: int = 2,
+        timeout: float | None = None,
+        device: torch.device | str | None = None,
+        pin_memory: bool = False,
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.server_address = server_address
+        self.table = table
+        self.batch_size = batch_size
+        self.prefetch = prefetch
+        self.timeout = timeout
+        self.device = torch.device(device) if device is not None else None
+        self.pin_memory = pin_memory and _can_pin()
+        self.client_options = dict(client_options or {})
+        self._client: Client | None = None
+
+    def client(self) -> Client:
+        """This process's client (made on first use)."""
+        if self._client is None:
+            self._client = Client(self.server_address, **self.client_options)
+        return self._client
+
+    def __iter__(self) -> Iterator[TensorBatch]:
+        c = self.client()
+        with c.sampler(self.table, self.batch_size, prefetch=self.prefetch, timeout=self.timeout) as s:
+            for batch in s:
+                yield batch_to_tensors(batch, self.device, self.pin_memory)
+
+    def update_priorities(self, keys: Any, priorities: Any) -> None:
+        """Sets priorities of sampled items (keys: ``batch.info["key"]`` or
+        ``batch.info_numpy.key``; priorities: a tensor or array)."""
+        if isinstance(keys, torch.Tensor):
+            keys = keys.detach().cpu().numpy().view(np.uint64)
+        if isinstance(priorities, torch.Tensor):
+            priorities = priorities.detach().float().cpu().numpy()
+        self.client().update_priorities(self.table, keys, priorities)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _can_pin() -> bool:
+    try:
+        return bool(torch.cuda.is_available()) or bool(getattr(torch, "accelerator", None) and torch.accelerator.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+__all__ = ["ReplayDataset", "TensorBatch", "batch_to_tensors", "to_tensor"]

@@ -1,0 +1,65 @@
+"""reprise.aio: the same API as coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import reprise
+import reprise.aio
+from conftest import Reprised
+
+
+def test_async_writer_sampler_and_calls(server: Reprised) -> None:
+    async def main() -> None:
+        async with reprise.aio.Client(server.url) as c:
+            await c.reset("dtypes")
+            async with await c.trajectory_writer(3, chunk_length=2) as w:
+                for t in range(6):
+                    await w.append({"obs": np.full(4, t, np.float32)}, partial_step=True)
+                    await w.append({"t": np.int64(t)})
+                    if w.episode_steps >= 3:
+                        await w.create_item("dtypes", 1.0, {"obs": w.history["obs"][-3:], "t": w.history["t"][-1]})
+                await w.wait_applied(timeout=30)
+            info = await c.server_info()
+            assert info["dtypes"].current_size == 4
+            b = await c.sample_batch("dtypes", 8, timeout=5)
+            t = b.data["t"]
+            np.testing.assert_array_equal(b.data["obs"][:, :, 0], np.stack([t - 2, t - 1, t], axis=1).astype(np.float32))
+            samples = await c.sample("dtypes", 2)
+            assert samples[0].data["obs"].shape == (3, 4)
+            n = 0
+            async with c.sampler("dtypes", 4, prefetch=3) as s:
+                async for batch in s:
+                    assert len(batch) == 4
+                    n += 1
+                    if n == 5:
+                        break
+            await c.update_priorities("dtypes", b.info.key, np.ones(8) * 2)
+            await c.insert({"obs": np.zeros(4, np.float32), "t": np.int64(99)}, {"dtypes": 1.0})
+            with pytest.raises(reprise.NotFoundError):
+                await c.sample_batch("nope", 1, timeout=2)
+            with pytest.raises(reprise.RateLimitedError):
+                await c.reset("limited")
+                await c.sample_batch("limited", 1, timeout=0.3)
+            assert (await c.checkpoint()).name
+
+    asyncio.run(main())
+
+
+def test_connect_failure_is_unavailable() -> None:
+    async def main() -> None:
+        with pytest.raises(reprise.UnavailableError, match="cannot connect"):
+            await reprise.aio.connect("nats://127.0.0.1:1", connect_timeout=0.5)
+
+    asyncio.run(main())
+    with pytest.raises(reprise.UnavailableError):
+        reprise.Client("nats://127.0.0.1:1", connect_timeout=0.5)
+
+
+def test_wrong_prefix_is_a_clear_error(server: Reprised) -> None:
+    with reprise.Client(server.url, prefix="elsewhere") as c:
+        with pytest.raises(reprise.UnavailableError, match="no table service.*elsewhere"):
+            c.server_info(timeout=5)

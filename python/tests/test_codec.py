@@ -1,0 +1,186 @@
+"""Chunk codec and writer state, without a server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import reprise
+from reprise import _codec
+from reprise._proto import reprise_pb2 as pb
+from reprise._writer import ColumnHistory, WriterOptions, _Blocked, _Producer, encode_insert_batch
+
+
+@pytest.mark.parametrize("dt", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"])
+def test_delta_roundtrip_wraps(dt: str) -> None:
+    d = _codec.DTYPES[dt]
+    info = np.iinfo(d)
+    a = np.array([[info.max, info.min, 0], [info.min, info.max, 1], [0, 0, info.max]], dtype=d)
+    c = _codec.encode_chunk(1, a, delta=True)
+    assert c.delta_encoded
+    out = _codec.decode_chunk(c)
+    np.testing.assert_array_equal(out, a)
+
+
+def test_delta_skips_floats_and_bools() -> None:
+    for a in (np.ones((3, 2), np.float32), np.ones((3, 2), np.bool_)):
+        assert not _codec.encode_chunk(1, a, delta=True).delta_encoded
+
+
+def test_incompressible_data_is_stored_uncompressed() -> None:
+    a = np.random.default_rng(0).standard_normal((1, 100)).astype(np.float32)
+    assert _codec.encode_chunk(1, a).compression == pb.COMPRESSION_NONE
+    z = _codec.encode_chunk(1, np.zeros((8, 100), np.float32))
+    assert z.compression == pb.COMPRESSION_ZSTD and len(z.data) < 800
+
+
+def test_big_endian_input_is_stored_little_endian() -> None:
+    a = np.arange(6, dtype=">i4").reshape(2, 3)
+    c = _codec.encode_chunk(1, a, delta=False, compression="none")
+    assert c.dtype == "int32" and c.data == np.arange(6, dtype="<i4").tobytes()
+
+
+def test_unsupported_dtype_is_a_clear_error() -> None:
+    with pytest.raises(reprise.InvalidArgumentError, match="not carried"):
+        _codec.encode_chunk(1, np.array([["a"]]))
+    with pytest.raises(reprise.InvalidArgumentError, match="s2"):
+        _codec.encode_chunk(1, np.zeros((1, 1)), compression="s2")
+
+
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        (dict(dtype="float32", step_shape=[4], length=1, raw_size=15, data=b"x" * 15), "raw_size"),
+        (dict(dtype="nope", step_shape=[4], length=1, raw_size=16, data=b"x" * 16), "dtype"),
+        (dict(dtype="float32", step_shape=[4], length=0, raw_size=0), "length"),
+        (dict(dtype="float32", step_shape=[-4], length=1, raw_size=16), "dimension"),
+        (dict(dtype="uint8", step_shape=[1 << 20, 1 << 20], length=1, raw_size=1 << 40), "limit|elements"),
+        (dict(dtype="float32", step_shape=[4], length=1, raw_size=16, delta_encoded=True, data=b"x" * 16), "delta"),
+        (dict(dtype="uint8", step_shape=[1 << 20], length=200, raw_size=200 << 20, compression=1, data=b"\x28\xb5\x2f\xfd" + b"\0" * 10), "cannot hold"),
+        (dict(dtype="uint8", step_shape=[4], length=1, raw_size=4, compression=1, data=b"garbage!"), "zstd"),
+        (dict(dtype="uint8", step_shape=[4], length=1, raw_size=4, compression=9, data=b"abcd"), "compression"),
+    ],
+)
+def test_hostile_chunks_are_refused_before_allocating(fields: dict, match: str) -> None:
+    with pytest.raises(reprise.ProtocolError, match=match):
+        _codec.decode_chunk(pb.Chunk(key=3, **fields))
+
+
+def producer(**kw: object) -> tuple[_Producer, list]:
+    sent: list = []
+    p = _Producer(WriterOptions(linger=0.0, **kw), 1 << 20, sent.append)  # type: ignore[arg-type]
+    return p, sent
+
+
+def test_history_indexing() -> None:
+    p, _ = producer()
+    with p.mu:
+        for t in range(5):
+            p.append_locked({"x": np.int64(t)})
+    h = ColumnHistory(p, "x")
+    assert len(h) == 5
+    r = h[-3:]
+    assert (r.start, r.stop, r.squeeze) == (2, 5, False)
+    r = h[-1]
+    assert (r.start, r.stop, r.squeeze) == (4, 5, True)
+    assert h[1].start == 1
+    with pytest.raises(reprise.InvalidArgumentError):
+        h[::2]
+    with pytest.raises(reprise.InvalidArgumentError):
+        h[7]
+
+
+def test_items_beyond_keep_alive_or_missing_cells_are_refused() -> None:
+    p, _ = producer(num_keep_alive_refs=2)
+    with p.mu:
+        for t in range(4):
+            p.append_locked({"x": np.int64(t)} if t != 2 else {"y": np.int64(t)})
+        with pytest.raises(reprise.InvalidArgumentError, match="num_keep_alive_refs"):
+            p.resolve_locked({"x": ColumnHistory(p, "x")[-3:]})
+        with pytest.raises(reprise.InvalidArgumentError, match="no cell at step 2"):
+            p.resolve_locked({"x": ColumnHistory(p, "x")[-2:]})
+        old = ColumnHistory(p, "x")[-1]
+        p.end_episode_locked()
+        p.append_locked({"x": np.int64(9)})
+        with pytest.raises(reprise.InvalidArgumentError, match="earlier episode"):
+            p.resolve_locked({"x": old})
+
+
+def test_window_spans_sequences_not_counts() -> None:
+    """A message may only be sent while its sequence lies within
+    [lowest unsettled, lowest unsettled + window): a stuck message blocks
+    the writer even if later ones were acked."""
+    p, sent = producer(max_in_flight=3)
+
+    def one(i: int) -> None:
+        with p.mu:
+            p.append_locked({"x": np.int64(i)})
+            p.create_item_locked("t", 1.0, p.resolve_locked({"x": ColumnHistory(p, "x")[-1]}))
+            p.advance_locked(False)
+
+    one(0)
+    one(1)
+    one(2)
+    assert [r.seq for r in sent] == [1, 2, 3]
+    # Window starts as declared: the lowest unsettled sequence.
+    starts = [pb.InsertBatch.FromString(r.data).window_start for r in sent]
+    assert starts == [1, 1, 1]
+    p.on_settled(sent[1], 10, None)
+    p.on_settled(sent[2], 11, None)
+    with pytest.raises(_Blocked):
+        one(3)  # seq 4 is outside [1, 4)
+    p.on_settled(sent[0], 9, None)
+    with p.mu:
+        p.advance_locked(False)
+    b = pb.InsertBatch.FromString(sent[3].data)
+    assert (b.sequence, b.window_start, b.window) == (4, 4, 3)
+    assert sent[3].headers == {"Nats-Msg-Id": f"{p.id}-4"}
+
+
+def test_unapplied_items_bound_the_writer() -> None:
+    p, sent = producer(max_unapplied=2)
+    for i in range(2):
+        with p.mu:
+            p.append_locked({"x": np.int64(i)})
+            p.create_item_locked("t", 1.0, p.resolve_locked({"x": ColumnHistory(p, "x")[-1]}))
+            p.advance_locked(False)
+    for r in sent:
+        p.on_settled(r, r.seq, None)  # acked, not applied
+    with p.mu:
+        p.append_locked({"x": np.int64(2)})
+        p.create_item_locked("t", 1.0, p.resolve_locked({"x": ColumnHistory(p, "x")[-1]}))
+        with pytest.raises(_Blocked):
+            p.advance_locked(False)
+    p.on_applied(2)
+    with p.mu:
+        p.advance_locked(False)
+    assert len(sent) == 3
+
+
+def test_column_dtype_and_shape_are_fixed() -> None:
+    p, _ = producer()
+    with p.mu:
+        p.append_locked({"x": np.zeros(3, np.float32), "y": 1})
+        with pytest.raises(reprise.SignatureMismatchError, match="'x'"):
+            p.append_locked({"x": np.zeros(4, np.float32)})
+        with pytest.raises(reprise.SignatureMismatchError, match="'y'"):
+            p.append_locked({"y": 1.5})
+        assert p.episode_steps == 1  # nothing of a refused step is kept
+
+
+def test_insert_batch_encoding_matches_protobuf() -> None:
+    c = pb.Chunk(key=5, dtype="uint8", step_shape=[2], length=1, raw_size=2, data=b"ab").SerializeToString()
+    it = pb.Item(key=9, table="t", priority=0.5).SerializeToString()
+    mine = encode_insert_batch("ab" * 16, 300, [c], [it], [1, 1 << 63], True, 290, 256)
+    ref = pb.InsertBatch(
+        producer_id="ab" * 16, sequence=300, chunks=[pb.Chunk.FromString(c)], items=[pb.Item.FromString(it)],
+        release_chunk_keys=[1, 1 << 63], end_of_stream=True, window_start=290, window=256,
+    ).SerializeToString()
+    assert mine == ref
+
+
+def test_writer_options_are_checked() -> None:
+    with pytest.raises(reprise.InvalidArgumentError):
+        WriterOptions(chunk_length=0)
+    with pytest.raises(reprise.InvalidArgumentError):
+        WriterOptions(compression="s2")

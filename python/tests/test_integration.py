@@ -1,0 +1,384 @@
+"""Against a real reprised process: Go producer -> Python sampler, Python
+writer -> Go client, Python -> Python, rate limiting, flow control,
+reconnects, dedupe and kill -9."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import reprise
+from reprise import _codec
+
+from conftest import Reprised, gohelper, wait_for
+
+
+def table_size(c: reprise.Client, table: str) -> int:
+    return c.server_info(timeout=5)[table].current_size
+
+
+def check_go_items(batch: reprise.SampleBatch, length: int) -> None:
+    """Items of the Go producer: `length` consecutive steps of one episode
+    with obs = [e, t, e*1000+t, -t], action = e*1000+t, frame = (e+t)%256."""
+    obs, action, frame = batch.data["obs"], batch.data["action"], batch.data["frame"]
+    b = len(batch)
+    assert obs.shape == (b, length, 4) and obs.dtype == np.float32
+    assert action.shape == (b, length) and action.dtype == np.int64
+    assert frame.shape == (b, length, 4, 4) and frame.dtype == np.uint8
+    e, t = obs[:, :, 0].astype(np.int64), obs[:, :, 1].astype(np.int64)
+    assert (e == e[:, :1]).all(), "an item spans episodes"
+    assert (np.diff(t, axis=1) == 1).all(), "steps are not consecutive"
+    np.testing.assert_array_equal(obs[:, :, 2], e * 1000 + t)
+    np.testing.assert_array_equal(obs[:, :, 3], -t)
+    np.testing.assert_array_equal(action, e * 1000 + t)
+    np.testing.assert_array_equal(frame, np.broadcast_to(((e + t) % 256).astype(np.uint8)[:, :, None, None], frame.shape))
+
+
+@pytest.mark.parametrize("compression,delta", [("zstd", True), ("none", False), ("zstd", False)])
+def test_go_producer_to_python_sampler(
+    reprised_factory: Any, binaries: Any, compression: str, delta: bool
+) -> None:
+    r = reprised_factory()
+    out = gohelper(binaries, "produce", "--nats", r.url, "--table", "replay", "--episodes", "4", "--steps", "20",
+                   "--length", "3", "--chunk-length", "4", "--compression", compression, f"--delta={str(delta).lower()}")
+    assert json.loads(out) == {"items": 4 * 18}
+    with reprise.Client(r.url) as c:
+        assert table_size(c, "replay") == 72
+        check_go_items(c.sample_batch("replay", 64, timeout=5), 3)
+        with c.sampler("replay", 32, prefetch=3) as s:
+            for _, batch in zip(range(5), s):
+                check_go_items(batch, 3)
+        for smp in c.sample("replay", 5):
+            assert smp.data["obs"].shape == (3, 4)
+            assert smp.info.table_size == 72 and smp.info.probability == pytest.approx(1 / 72)
+
+
+def test_go_s2_chunks_name_the_option(reprised_factory: Any, binaries: Any) -> None:
+    r = reprised_factory()
+    gohelper(binaries, "produce", "--nats", r.url, "--episodes", "1", "--steps", "5", "--compression", "s2")
+    with reprise.Client(r.url) as c:
+        with pytest.raises(reprise.UnsupportedCodecError, match="WithCompression"):
+            c.sample_batch("replay", 4, timeout=5)
+
+
+def steps_for(marker: int, n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "obs": np.array([marker, t, marker * 0.5, -t], dtype=np.float32),
+            "action": np.int64(marker * 100 + t),
+            "img": np.full((3, 2), (marker + t) % 256, dtype=np.uint8),
+            "id": np.int32(marker),
+        }
+        for t in range(n)
+    ]
+
+
+def test_python_writer_to_go_client(client: reprise.Client, server: Reprised, binaries: Any) -> None:
+    client.reset("dtypes")
+    written: dict[int, dict[str, np.ndarray]] = {}
+    with client.trajectory_writer(num_keep_alive_refs=4, chunk_length=3) as w:
+        for ep in range(5):
+            steps = steps_for(ep, 6)
+            for t, s in enumerate(steps):
+                w.append(s)
+                if t >= 1:
+                    w.create_item("dtypes", 0.5 + t, {
+                        "obs": w.history["obs"][-2:],
+                        "action": w.history["action"][-2:],
+                        "img": w.history["img"][-1],
+                        "id": w.history["id"][-1],
+                    })
+                    written[ep * 100 + t] = {
+                        "obs": np.stack([steps[t - 1]["obs"], s["obs"]]),
+                        "action": np.array([steps[t - 1]["action"], s["action"]]),
+                        "img": s["img"],
+                        "id": np.array(ep, np.int32),
+                    }
+            w.end_episode()
+        w.wait_applied(timeout=30)
+    assert table_size(client, "dtypes") == len(written) == 25
+    out = json.loads(gohelper(binaries, "consume", "--nats", server.url, "--table", "dtypes", "--distinct", "25"))
+    assert len(out) == 25
+    for it in out:
+        cols = {
+            name: np.frombuffer(base64.b64decode(t["raw"] or ""), _codec.DTYPES[t["dtype"]]).reshape(t["shape"] or ())
+            for name, t in it["columns"].items()
+        }
+        assert it["order"] == ["obs", "action", "img", "id"]
+        ep, t = int(cols["id"]), int(cols["action"][-1]) % 100
+        want = written[ep * 100 + t]
+        assert it["priority"] == 0.5 + t
+        for name, a in want.items():
+            assert cols[name].dtype == a.dtype and cols[name].shape == a.shape, name
+            np.testing.assert_array_equal(cols[name], a)
+
+
+def test_python_to_python_every_dtype(client: reprise.Client) -> None:
+    client.reset("dtypes")
+    rng = np.random.default_rng(1)
+    step: dict[str, np.ndarray] = {}
+    for name, dt in _codec.DTYPES.items():
+        if name == "bool":
+            step[name] = rng.integers(0, 2, (2, 3)).astype(dt)
+        elif np.issubdtype(dt, np.integer):
+            info = np.iinfo(dt)
+            step[name] = rng.integers(info.min, info.max, (2, 3), dtype=dt, endpoint=True)
+        else:
+            step[name] = rng.standard_normal((2, 3)).astype(dt)
+    step["float32"][0, 0] = np.nan
+    step["scalar"] = np.float64(3.25)
+    steps = []
+    with client.trajectory_writer(2, chunk_length=2) as w:
+        for k in range(4):
+            st = {n: (a if n == "bool" else (a + k).astype(np.asarray(a).dtype)) for n, a in step.items()}
+            st["k"] = np.int64(k)
+            steps.append(st)
+            w.append(st)
+            if k >= 1:
+                w.create_item("dtypes", 1.0, {n: w.history[n][-2:] for n in st})
+        w.wait_applied(timeout=30)
+    batch = client.sample_batch("dtypes", 16, timeout=5)
+    ks = batch.data["k"][:, 1]
+    for n in steps[0]:
+        got = batch.data[n]
+        assert got.dtype == np.asarray(steps[0][n]).dtype and got.shape == (16, 2, *np.shape(steps[0][n])), n
+        want = np.stack([np.stack([steps[k - 1][n], steps[k][n]]) for k in ks])
+        assert got.tobytes() == want.tobytes(), n  # bit for bit, NaN included
+    for s in client.sample("dtypes", 3):
+        k = int(s.data["k"][1])
+        for n in steps[0]:
+            assert s.data[n].tobytes() == np.stack([steps[k - 1][n], steps[k][n]]).tobytes()
+
+
+def test_signature_mismatch_before_sending(client: reprise.Client) -> None:
+    before = client.server_info()["sig"].num_inserts
+    with client.trajectory_writer(3) as w:
+        w.append({"obs": np.zeros(4, np.float32), "action": np.int64(1)})
+        w.create_item("sig", 1.0, {"obs": w.history["obs"][-1:], "action": w.history["action"][-1:]})
+    # The call above matched; now a real mismatch.
+    with client.trajectory_writer(3) as w:
+        w.append({"obs": np.zeros(4, np.float32), "action": np.int32(1)})
+        with pytest.raises(reprise.SignatureMismatchError, match="dtype int32"):
+            w.create_item("sig", 1.0, {"obs": w.history["obs"][-1:], "action": w.history["action"][-1:]})
+        with pytest.raises(reprise.SignatureMismatchError, match="shape"):
+            w.create_item("sig", 1.0, {"obs": w.history["obs"][-1], "action": w.history["action"][-1:]})
+        with pytest.raises(reprise.SignatureMismatchError, match="columns"):
+            w.create_item("sig", 1.0, {"obs": w.history["obs"][-1:]})
+        with pytest.raises(reprise.NotFoundError, match="unknown table"):
+            w.create_item("no-such-table", 1.0, {"obs": w.history["obs"][-1:]})
+        with pytest.raises(reprise.SignatureMismatchError, match="'obs'"):
+            w.append({"obs": np.zeros(5, np.float32), "action": np.int32(1)})
+    wait_for("the matching item", lambda: client.server_info()["sig"].num_inserts == before + 1)
+
+
+def test_rejection_reaches_the_writer(client: reprise.Client) -> None:
+    with client.trajectory_writer(3, validate_signatures=False) as w:
+        w.append({"obs": np.zeros(3, np.float32)})
+        w.create_item("sig", 1.0, {"obs": w.history["obs"][-1:]})
+        with pytest.raises(reprise.RejectedError) as e:
+            w.wait_applied(timeout=30)
+        assert isinstance(e.value, reprise.InvalidArgumentError)  # the code's class too
+        assert e.value.table == "sig" and e.value.item_key != 0
+        with pytest.raises(reprise.RejectedError, match="unknown table"):
+            w.create_item("no-such-table", 1.0, {"obs": w.history["obs"][-1:]})
+            w.wait_applied(timeout=30)
+
+
+def test_rate_limited_sample_raises(client: reprise.Client) -> None:
+    client.reset("limited")
+    t0 = time.monotonic()
+    with pytest.raises(reprise.RateLimitedError, match="rate limiter"):
+        client.sample_batch("limited", 1, timeout=0.5)
+    assert time.monotonic() - t0 < 5
+    assert isinstance(reprise.RateLimitedError("x"), TimeoutError)
+    # A sampler with a timeout ends instead of hanging, as Reverb's does.
+    assert list(client.sampler("limited", 2, timeout=0.3)) == []
+    # A blocked request is served once inserts arrive.
+    result: dict[str, Any] = {}
+
+    def sample() -> None:
+        try:
+            result["batch"] = client.sample_batch("limited", 2, timeout=30)
+        except Exception as e:  # noqa: BLE001
+            result["error"] = e
+
+    th = threading.Thread(target=sample)
+    th.start()
+    for i in range(5):
+        client.insert({"x": np.int64(i)}, {"limited": 1.0})
+    th.join(30)
+    assert "batch" in result, result
+    assert result["batch"].data["x"].shape == (2,)
+
+
+def test_unknown_table_and_bad_arguments(client: reprise.Client) -> None:
+    with pytest.raises(reprise.NotFoundError, match="nope"):
+        client.sample_batch("nope", 1, timeout=2)
+    with pytest.raises(reprise.NotFoundError):
+        client.reset("nope")
+    with pytest.raises(reprise.InvalidArgumentError):
+        client.mutate_priorities("replay", {1: float("nan")})
+    with pytest.raises(reprise.InvalidArgumentError):
+        client.update_priorities("replay", [1, 2], [0.5])
+
+
+def test_priorities_deletes_reset_info_checkpoint(client: reprise.Client) -> None:
+    client.reset("replay")
+    with client.trajectory_writer(1) as w:
+        for i in range(10):
+            w.append({"x": np.int64(i)})
+            w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
+        w.wait_applied(timeout=30)
+    batch = client.sample_batch("replay", 10, timeout=5)
+    keys = np.unique(batch.info.key)
+    client.update_priorities("replay", keys, np.full(len(keys), 7.5))
+    wait_for("priorities", lambda: all(s.info.priority == 7.5 for s in client.sample("replay", 10) if s.info.key in set(keys.tolist())))
+    client.mutate_priorities("replay", deletes=keys[:2].tolist())
+    wait_for("deletes", lambda: table_size(client, "replay") == 8)
+    info = client.server_info()
+    t = info["replay"]
+    assert (t.sampler, t.remover, t.max_size) == ("uniform", "fifo", 1000000)
+    assert t.rate_limiter_info.min_size_to_sample == 1 and t.limiter.inserts == 10
+    assert info["sig"].signature[0] == reprise.ColumnSpec("obs", "float32", (-1, 4))
+    cp = client.checkpoint()
+    assert cp.name and cp.applied_sequence > 0
+    client.reset("replay")
+    assert table_size(client, "replay") == 0
+
+
+def test_sample_reply_in_parts(reprised_factory: Any) -> None:
+    r = reprised_factory(extra=["--max-payload", "65536"])
+    with reprise.Client(r.url) as c:
+        with c.trajectory_writer(1, compression="none") as w:
+            for i in range(40):
+                w.append({"x": np.full(2000, i, np.float32)})  # 8 kB each
+                w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
+            w.wait_applied(timeout=30)
+        batch = c.sample_batch("replay", 40, timeout=5)  # ~320 kB: 5+ parts
+        assert batch.data["x"].shape == (40, 2000)
+        assert (batch.data["x"] == batch.data["x"][:, :1]).all()
+
+
+def test_writer_blocks_while_inserts_are_held_then_resumes(reprised_factory: Any) -> None:
+    tables = """
+tables:
+  - name: queue
+    max_size: 4
+    rate_limiter: {preset: queue}
+"""
+    r = reprised_factory(tables)
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(1, max_unapplied=2, linger=0.0)
+        for i in range(8):
+            if i == 6:
+                break
+            w.append({"x": np.int64(i)})
+            w.create_item("queue", 1.0, {"x": w.history["x"][-1]})
+        # The queue holds 4; the 5th waits in the service; the window of 2
+        # unapplied items is full: the writer cannot finish.
+        with pytest.raises(reprise.DeadlineExceededError, match="not applied|awaiting|published"):
+            w.wait_applied(timeout=1.0)
+        got = [int(x) for _ in range(6) for x in c.sample_batch("queue", 1, timeout=10).data["x"]]
+        assert got == list(range(6)), "a queue returns every item once, in order"
+        w.wait_applied(timeout=10)
+        w.close()
+
+
+def test_retries_never_insert_twice(reprised_factory: Any) -> None:
+    """An ack timeout far below the round trip makes every message be sent
+    several times: JetStream drops the copies (same dedupe id)."""
+    r = reprised_factory()
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(1, ack_timeout=0.0005, batch_items=5)
+        for i in range(50):
+            w.append({"x": np.int64(i)})
+            w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
+        w.wait_applied(timeout=60)
+        w.close()
+        info = c.server_info()["replay"]
+        assert info.current_size == 50 and info.num_inserts == 50
+
+
+def test_duplicate_ack_for_a_message_sent_once_is_an_error(reprised_factory: Any) -> None:
+    r = reprised_factory()
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(1)
+        # Someone else publishes with the writer's next dedupe id first.
+        c._lt.call(c._aclient.nats.request(
+            "reprise.data.insert", b"", headers={"Nats-Msg-Id": f"{w.producer_id}-1"}, timeout=5))
+        w.append({"x": np.int64(1)})
+        w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
+        with pytest.raises(reprise.DuplicateIdError, match="sent once"):
+            w.flush(timeout=10)
+        w.close()
+
+
+def test_client_reconnects_after_reprised_restarts(reprised_factory: Any) -> None:
+    r = reprised_factory()
+    with reprise.Client(r.url) as c:
+        c.insert({"x": np.int64(1)}, {"replay": 1.0})
+        assert len(c.sample_batch("replay", 1, timeout=5)) == 1
+        r.stop()
+        with pytest.raises((reprise.UnavailableError, reprise.DeadlineExceededError)):
+            c.sample_batch("replay", 1, timeout=1)
+        r.start(wait=False)
+        # The same client, without reconnecting by hand.
+        batch = wait_for("a sample after the restart", lambda: c.sample_batch("replay", 1, timeout=2), 60)
+        assert int(batch.data["x"][0]) == 1
+        c.insert({"x": np.int64(2)}, {"replay": 1.0})
+        wait_for("the new insert", lambda: table_size(c, "replay") == 2)
+        # A sampler rides out a restart too.
+        with c.sampler("replay", 2, prefetch=2) as s:
+            next(s)
+            r.stop()
+            r.start(wait=False)
+            for _ in range(3):
+                assert len(next(s)) == 2
+
+
+def test_kill9_during_writes_loses_no_flushed_item(reprised_factory: Any) -> None:
+    r = reprised_factory()
+    total = 1500
+    flushed = 0
+    killed_at: list[int] = []
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(1, batch_items=16)
+
+        def killer() -> None:
+            wait_for("some flushed items", lambda: flushed >= 300, 60)
+            r.kill9()
+            killed_at.append(flushed)
+            time.sleep(0.3)
+            r.start(wait=False)
+
+        th = threading.Thread(target=killer)
+        th.start()
+        for i in range(total):
+            w.append({"x": np.int64(i), "payload": np.full(64, i, np.float32)})
+            w.create_item("replay", 1.0, {"x": w.history["x"][-1], "payload": w.history["payload"][-1]})
+            if i % 25 == 24:
+                w.flush(timeout=120)
+                flushed = i + 1
+        w.flush(timeout=120)
+        th.join(60)
+        assert killed_at and killed_at[0] < total, "reprised was not killed during the writes"
+        r.wait_ready()
+        w.wait_applied(timeout=120)
+        w.close()
+        # Every item whose flush returned survived, and the writer's resends
+        # after the restart added each missing one exactly once.
+        wait_for("every item applied", lambda: table_size(c, "replay") == total, 60)
+        info = c.server_info()["replay"]
+        assert info.current_size == total
+        seen = set()
+        for _ in range(40):
+            b = c.sample_batch("replay", 256, timeout=10)
+            np.testing.assert_array_equal(b.data["payload"][:, 0], b.data["x"].astype(np.float32))
+            seen.update(b.data["x"].tolist())
+        assert seen <= set(range(total)) and len(seen) > total * 0.9

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Runs every test of the repository: the Go tests (go test -race ./...) and
+# the Python client's tests (pytest), in a virtualenv at .venv.
+#
+#   scripts/test.sh                   # everything (CI runs exactly this)
+#   scripts/test.sh --python          # only the Python side (a quicker loop)
+#   scripts/test.sh --update-golden   # rewrite the golden vectors, then test
+#
+# Needs Go, Python 3.10+ and protoc 3.21 (installed with apt-get when missing
+# and running as root). The first run installs python/ with its test extras
+# (pytest, torch, gymnasium) into .venv: about 2 minutes and 5.5 GB, almost
+# all of it torch and its CUDA libraries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python_only=0
+update_golden=0
+for arg in "$@"; do
+  case "$arg" in
+    --python) python_only=1 ;;
+    --update-golden) update_golden=1 ;;
+    *) echo "test.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  echo "test.sh: need Python 3.10 or newer (set PYTHON=...)" >&2
+  exit 1
+fi
+
+if ! command -v protoc >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "== installing protoc (apt-get install protobuf-compiler)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null
+fi
+echo "== python protobuf code matches broker/wire/reprise.proto"
+scripts/gen-python-proto.sh --check
+
+echo "== virtualenv .venv with python/[test]"
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e "./python[test]"
+
+bin=$(mktemp -d)
+trap 'rm -rf "$bin"' EXIT
+echo "== building reprised and the Go test helper"
+go build -o "$bin/reprised" ./cmd/reprised
+go build -o "$bin/gohelper" ./python/tests/gohelper
+
+if [ "$update_golden" = 1 ]; then
+  echo "== rewriting golden vectors (python/tests/golden)"
+  go test ./broker -run TestGoldenGoVectors -update -count=1
+  (cd python && REPRISE_UPDATE_GOLDEN=1 ../.venv/bin/python -m pytest -q -p no:cacheprovider tests/test_golden.py)
+fi
+
+echo "== pytest"
+set +e
+(cd python && REPRISE_BIN_DIR="$bin" REPRISE_REQUIRE_TORCH=1 ../.venv/bin/python -m pytest -q -p no:cacheprovider tests)
+rc=$?
+set -e
+if [ "$rc" = 5 ]; then
+  echo "test.sh: pytest collected no tests" >&2
+  exit 1
+elif [ "$rc" != 0 ]; then
+  exit "$rc"
+fi
+
+if [ "$python_only" = 1 ]; then
+  exit 0
+fi
+echo "== go test -race ./..."
+go test -race ./...
