@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
 
@@ -163,7 +164,19 @@ func microCode(c wire.Code) string {
 // every answer the same way.
 func (s *Service) respondStatus(r micro.Request, code wire.Code, msg string) {
 	data, _ := proto.Marshal(&wire.SampleResponse{Status: &wire.Status{Code: code, Message: msg}})
-	if err := r.Error(microCode(code), msg, data); err != nil {
+	s.reply(r, data, nats.Header{micro.ErrorHeader: []string{msg}, micro.ErrorCodeHeader: []string{microCode(code)}})
+}
+
+// reply publishes data on r's reply subject. Handlers that wait answer from
+// their own goroutine after micro's handler has returned, and micro's own
+// Respond records its outcome in the request, which micro reads then: a
+// data race. So every answer goes out here instead (micro's stats still
+// count requests and processing time, not errors).
+func (s *Service) reply(r micro.Request, data []byte, h nats.Header) {
+	if r.Reply() == "" {
+		return
+	}
+	if err := s.nc.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: data, Header: h}); err != nil {
 		s.log.Debug("reprise service: replying", "error", err)
 	}
 }
@@ -234,20 +247,14 @@ var responseBuffers = sync.Pool{New: func() any { return new([]byte) }}
 func (s *Service) respondParts(r micro.Request, data []byte) {
 	limit := int(s.nc.MaxPayload()) - payloadHeadroom
 	if len(data) <= limit {
-		if err := r.Respond(data); err != nil {
-			s.log.Debug("reprise service: replying", "error", err)
-		}
+		s.reply(r, data, nil)
 		return
 	}
 	parts := (len(data) + limit - 1) / limit
 	total := strconv.Itoa(parts)
 	for i := range parts {
 		part := data[i*limit : min(len(data), (i+1)*limit)]
-		h := micro.Headers{headerPart: []string{strconv.Itoa(i)}, headerParts: []string{total}}
-		if err := r.Respond(part, micro.WithHeaders(h)); err != nil {
-			s.log.Debug("reprise service: replying", "part", i, "error", err)
-			return
-		}
+		s.reply(r, part, nats.Header{headerPart: []string{strconv.Itoa(i)}, headerParts: []string{total}})
 	}
 }
 
@@ -337,9 +344,7 @@ func (s *Service) handleReset(ctx context.Context, r micro.Request) {
 		return
 	}
 	out, _ := proto.Marshal(&wire.ResetResponse{Status: &wire.Status{}})
-	if err := r.Respond(out); err != nil {
-		s.log.Debug("reprise service: replying", "error", err)
-	}
+	s.reply(r, out, nil)
 }
 
 // handleCheckpoint writes a checkpoint and answers with what it wrote.
@@ -358,9 +363,7 @@ func (s *Service) handleCheckpoint(ctx context.Context, r micro.Request) {
 		Status: &wire.Status{}, Name: res.Name, AppliedSequence: res.Applied, Items: res.Items, Bytes: res.Bytes,
 		PauseNs: res.Pause.Nanoseconds(), WriteNs: res.Write.Nanoseconds(),
 	})
-	if err := r.Respond(out); err != nil {
-		s.log.Debug("reprise service: replying", "error", err)
-	}
+	s.reply(r, out, nil)
 }
 
 // maxListItems bounds one page of ItemsRequest.

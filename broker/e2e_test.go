@@ -242,7 +242,7 @@ func TestQueueExactlyOnceInOrder(t *testing.T) {
 		}
 	}
 	// Nothing left: a further sample is rate limited.
-	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	if _, err := c.Sample(short, "queue", 1); !errors.Is(err, ErrRateLimited) {
 		t.Fatalf("sample from the drained queue: %v, want ErrRateLimited", err)
@@ -294,7 +294,7 @@ func TestSampleToInsertRatio(t *testing.T) {
 					return
 				default:
 				}
-				short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				short, cancel := context.WithTimeout(ctx, time.Second)
 				_, err := c.Sample(short, "ratio", 3, Flexible())
 				cancel()
 				if err != nil && !errors.Is(err, ErrRateLimited) {
@@ -707,7 +707,7 @@ func TestProducerGap(t *testing.T) {
 	if got := drain(1); got[0] != 10 {
 		t.Fatalf("got %v, want 10 first", got)
 	}
-	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	if _, err := c.Sample(short, "queue", 1); !errors.Is(err, ErrRateLimited) {
 		t.Fatalf("sample while message 2 is missing: %v, want ErrRateLimited (message 3 held)", err)

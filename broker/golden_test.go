@@ -427,9 +427,15 @@ func TestGoldenPythonVectors(t *testing.T) {
 				t.Errorf("release keys %v, want %v", b.ReleaseChunkKeys, m.Release)
 			}
 			// The service's own parser reads it the same way.
-			pb, err := parseInsertBatch(m.Data)
+			limits := DefaultLimits()
+			pb, err := parseInsertBatch(m.Data, &limits)
 			if err != nil {
 				t.Fatal(err)
+			}
+			for _, it := range pb.items {
+				if it.err != nil {
+					t.Errorf("service rejects item %d: %v", it.item.Key, it.err)
+				}
 			}
 			if pb.producerID != b.ProducerId || pb.sequence != b.Sequence || len(pb.items) != len(b.Items) || len(pb.chunks) != len(b.Chunks) || !slices.Equal(pb.release, b.ReleaseChunkKeys) {
 				t.Errorf("parseInsertBatch disagrees with proto.Unmarshal")

@@ -97,7 +97,7 @@ func TestHeldMessagesSurviveCheckpoint(t *testing.T) {
 			if got := drainQueue(t, c, "queue", 4); !slices.Equal(got, []int64{1, 2, 3, 4}) {
 				t.Fatalf("queue delivered %v, want [1 2 3 4]", got)
 			}
-			ctx, cancel := context.WithTimeout(testContext(t), 200*time.Millisecond)
+			ctx, cancel := context.WithTimeout(testContext(t), 500*time.Millisecond)
 			defer cancel()
 			if s, err := c.Sample(ctx, "queue", 1); !errors.Is(err, ErrRateLimited) {
 				t.Fatalf("a fifth item %v (%v): something was delivered twice", s, err)
@@ -168,7 +168,7 @@ func TestCloseNotStuckBehindWaitingAppend(t *testing.T) {
 		defer p.flow.mu.Unlock()
 		return p.flow.changed != nil
 	})
-	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	if err := add(short, 3); !errors.Is(err, ErrNotApplied) {
 		t.Fatalf("a call with a deadline behind the waiting one: %v, want ErrNotApplied", err)
