@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -35,21 +36,66 @@ const checkpointPrefix = "checkpoint-"
 // ObjectStoreCheckpoints keeps checkpoints in a JetStream object store
 // bucket, replicated like the stream when the bucket is.
 type ObjectStoreCheckpoints struct {
+	js     jetstream.JetStream
+	config jetstream.ObjectStoreConfig
+
+	mu sync.Mutex // guards os, replaced if the bucket is deleted
 	os jetstream.ObjectStore
 }
 
 // NewObjectStoreCheckpoints opens (creating if needed) the bucket.
 func NewObjectStoreCheckpoints(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*ObjectStoreCheckpoints, error) {
-	os, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+	cfg := jetstream.ObjectStoreConfig{
 		Bucket:      bucket,
 		Description: "Reprise checkpoints",
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
-	})
+	}
+	os, err := js.CreateOrUpdateObjectStore(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("broker: checkpoint bucket %s: %w", bucket, err)
 	}
-	return &ObjectStoreCheckpoints{os: os}, nil
+	return &ObjectStoreCheckpoints{js: js, config: cfg, os: os}, nil
+}
+
+func (s *ObjectStoreCheckpoints) store() jetstream.ObjectStore {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.os
+}
+
+// ensure recreates the bucket if it was deleted, and says so.
+func (s *ObjectStoreCheckpoints) ensure(ctx context.Context) (bool, error) {
+	_, err := s.js.ObjectStore(ctx, s.config.Bucket)
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return false, nil // there, or the server cannot tell now
+	}
+	os, err := s.js.CreateOrUpdateObjectStore(ctx, s.config)
+	if err != nil {
+		return false, fmt.Errorf("broker: recreating checkpoint bucket %s: %w", s.config.Bucket, err)
+	}
+	s.mu.Lock()
+	s.os = os
+	s.mu.Unlock()
+	return true, nil
+}
+
+// ensure recreates the directory if it was removed, and says so.
+func (f *FileCheckpoints) ensure(context.Context) (bool, error) {
+	if _, err := os.Stat(f.dir); !errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err := os.MkdirAll(f.dir, 0o755); err != nil {
+		return false, fmt.Errorf("broker: recreating checkpoint directory: %w", err)
+	}
+	return true, nil
+}
+
+// recreatable is a checkpoint store that can notice its storage vanishing
+// and recreate it: the service then writes a checkpoint at once, since the
+// stream may already be trimmed below what the lost ones covered.
+type recreatable interface {
+	ensure(ctx context.Context) (recreated bool, err error)
 }
 
 // checkpointBucket is the default bucket of a prefix's checkpoints.
@@ -58,7 +104,7 @@ func checkpointBucket(subj subjects) string { return subj.stream() + "_CHECKPOIN
 // Save writes the checkpoint; the object store lists it once its last
 // chunk and its digest are stored.
 func (s *ObjectStoreCheckpoints) Save(ctx context.Context, name string, data []byte) error {
-	if _, err := s.os.PutBytes(ctx, name, data); err != nil {
+	if _, err := s.store().PutBytes(ctx, name, data); err != nil {
 		return fmt.Errorf("broker: saving checkpoint %s: %w", name, err)
 	}
 	return nil
@@ -66,7 +112,7 @@ func (s *ObjectStoreCheckpoints) Save(ctx context.Context, name string, data []b
 
 // Load reads a checkpoint; the object store checks its digest.
 func (s *ObjectStoreCheckpoints) Load(ctx context.Context, name string) ([]byte, error) {
-	data, err := s.os.GetBytes(ctx, name)
+	data, err := s.store().GetBytes(ctx, name)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil, fmt.Errorf("%w: %s", ErrNoCheckpoint, name)
 	}
@@ -78,7 +124,7 @@ func (s *ObjectStoreCheckpoints) Load(ctx context.Context, name string) ([]byte,
 
 // List names the stored checkpoints, oldest first.
 func (s *ObjectStoreCheckpoints) List(ctx context.Context) ([]string, error) {
-	infos, err := s.os.List(ctx)
+	infos, err := s.store().List(ctx)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, nil
 	}
@@ -97,7 +143,7 @@ func (s *ObjectStoreCheckpoints) List(ctx context.Context) ([]string, error) {
 
 // Delete removes a checkpoint.
 func (s *ObjectStoreCheckpoints) Delete(ctx context.Context, name string) error {
-	if err := s.os.Delete(ctx, name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+	if err := s.store().Delete(ctx, name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 		return fmt.Errorf("broker: deleting checkpoint %s: %w", name, err)
 	}
 	return nil

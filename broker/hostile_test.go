@@ -446,3 +446,38 @@ func TestStreamDeletedStopsService(t *testing.T) {
 		t.Fatal("the service kept running on a deleted stream")
 	}
 }
+
+// TestCheckpointBucketDeletedIsRecreated: the service notices its
+// checkpoint bucket deleted, recreates it and writes a checkpoint at once,
+// so a crash soon after still finds what the stream was trimmed below.
+func TestCheckpointBucketDeletedIsRecreated(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{service: []ServiceOption{WithObjectStoreCheckpoints()}})
+	ctx := testContext(t)
+	p := d.producer()
+	for i := range int64(10) {
+		if err := p.Append(ctx, step(i, 2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.client().Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bucket := checkpointBucket(d.svc.subj)
+	if err := d.svc.js.DeleteObjectStore(ctx, bucket); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "a checkpoint in the recreated bucket", func() bool {
+		obs, err := d.svc.js.ObjectStore(ctx, bucket)
+		if err != nil {
+			return false
+		}
+		infos, err := obs.List(ctx)
+		return err == nil && len(infos) > 0
+	})
+}

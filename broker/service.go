@@ -467,10 +467,32 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64) error {
 	return nil
 }
 
+// checkCheckpointStore recreates a deleted checkpoint bucket or directory,
+// loudly, and writes a checkpoint at once: the stream may be trimmed below
+// what the lost checkpoints covered, so until then a crash would lose data.
+func (s *Service) checkCheckpointStore(ctx context.Context) {
+	rc, ok := s.o.checkpoints.(recreatable)
+	if !ok {
+		return
+	}
+	recreated, err := rc.ensure(ctx)
+	if err != nil {
+		s.log.Error("reprise service: the checkpoint store is gone and cannot be recreated", "error", err)
+		return
+	}
+	if !recreated {
+		return
+	}
+	s.log.Error("reprise service: the checkpoint store was deleted; recreated it, writing a checkpoint now")
+	if _, err := s.Checkpoint(ctx); err != nil && ctx.Err() == nil {
+		s.log.Error("reprise service: checkpoint after recreating the store", "error", err)
+	}
+}
+
 // watchStream ends the run, through lose, when the stream is deleted or
 // replaced under the service: the tables would go on answering from a log
 // that no longer exists, and producers' acks would come from a stream
-// nobody applies.
+// nobody applies. It also looks after the checkpoint store.
 func (s *Service) watchStream(ctx context.Context, lose context.CancelCauseFunc) {
 	t := time.NewTicker(s.o.progressPeriod)
 	defer t.Stop()
@@ -481,6 +503,7 @@ func (s *Service) watchStream(ctx context.Context, lose context.CancelCauseFunc)
 		case <-ctx.Done():
 			return
 		}
+		s.checkCheckpointStore(ctx)
 		info, err := s.stream.Info(ctx)
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound):

@@ -397,7 +397,7 @@ func (s *suite) atari(ctx context.Context, d *daemon) error {
 	p := s.plan
 	r, err := load.Atari(ctx, load.AtariConfig{URL: d.url, Prefix: broker.DefaultPrefix, Table: atariTable,
 		Actors: p.atariActors, Learners: p.atariLearners, ChunkLength: 16, SequenceLength: 16, Period: 8, EpisodeLength: 400,
-		SampleBatch: 32, Warmup: p.warmup, Duration: p.duration})
+		SampleBatch: p.atariBatch, Warmup: p.warmup, Duration: p.duration})
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,9 @@ type plan struct {
 	mixedClients []int
 
 	atariActors, atariLearners int
+	// atariBatch is the learners' batch: small in the quick plan, whose
+	// learners decode under the race detector on a loaded CI machine.
+	atariBatch int
 
 	// latencyPoint times single-item samples; latencyInserts items go
 	// through the insert-to-sampleable run.
@@ -53,6 +56,7 @@ func fullPlan() plan {
 		mixedClients:   []int{1, 4, 16},
 		atariActors:    4,
 		atariLearners:  4,
+		atariBatch:     32,
 		latencyPoint:   3 * time.Second,
 		latencyInserts: 1000,
 		memory: []memorySeries{
@@ -76,6 +80,7 @@ func quickPlan() plan {
 		mixedClients:   []int{2},
 		atariActors:    2,
 		atariLearners:  2,
+		atariBatch:     4,
 		latencyPoint:   750 * time.Millisecond,
 		latencyInserts: 100,
 		memory: []memorySeries{
