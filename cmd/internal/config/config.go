@@ -70,6 +70,14 @@ type Server struct {
 	TLSCA   string
 	TLSCert string
 	TLSKey  string
+	// User and Password, or Nkey (a seed file), authenticate reprised to
+	// an external server.
+	User     string
+	Password string
+	Nkey     string
+	// InboxPrefix overrides where replies to reprised arrive on an
+	// external server (default: the user's inbox, broker.InboxPrefix).
+	InboxPrefix string
 	// Listen is the embedded server's client address (HOST:PORT; port -1
 	// picks a free one).
 	Listen string

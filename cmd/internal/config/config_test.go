@@ -118,7 +118,11 @@ func TestEmptyFileIsDefault(t *testing.T) {
 }
 
 func TestSettingsWithoutTablesKeepDefaultTable(t *testing.T) {
-	cfg, err := Parse("s.yaml", []byte(`
+	cfg, err := Parse("e.yaml", []byte("server:\n  nats: nats://x:4222\n  user: reprised\n  password: pw\n  inbox_prefix: _R.reprised\n"))
+	if err != nil || cfg.Server.User != "reprised" || cfg.Server.Password != "pw" || cfg.Server.InboxPrefix != "_R.reprised" {
+		t.Errorf("external user: %+v, %v", cfg.Server, err)
+	}
+	cfg, err = Parse("s.yaml", []byte(`
 server:
   nats: nats://10.0.0.1:4222,nats://10.0.0.2:4222
   creds: user.creds
@@ -245,6 +249,7 @@ func TestErrors(t *testing.T) {
 		{"credentials without external", "server:\n  creds: a.creds\n", 2, "server.creds", []string{"set server.nats too"}},
 		{"cert without key", "server:\n  nats: nats://x:4222\n  tls_cert: c.pem\n", 3, "server.tls_cert", []string{"needs both tls_cert and tls_key"}},
 		{"max payload too large", "server:\n  max_payload: 1e9\n", 2, "server.max_payload", []string{"must be in [1024, 67108864], got 1e9"}},
+		{"password without external", "server:\n  user: reprised\n  password: pw\n", 2, "server.user", []string{"set server.nats too"}},
 		{"bad duration", "stream:\n  max_age: 3 days\n", 2, "stream.max_age", []string{"want a duration such as 30s"}},
 		{"duration without unit", "service:\n  producer_idle: 30\n", 2, "service.producer_idle", []string{"want a duration"}},
 		{"zero sample wait", "service:\n  max_sample_wait: 0s\n", 2, "service.max_sample_wait", []string{"must be > 0"}},

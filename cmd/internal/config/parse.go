@@ -61,6 +61,10 @@ func serverFields(p *parser, s *Server) []field {
 		{"tls_ca", p.str(&s.TLSCA, nil)},
 		{"tls_cert", p.str(&s.TLSCert, nil)},
 		{"tls_key", p.str(&s.TLSKey, nil)},
+		{"user", p.str(&s.User, nil)},
+		{"password", p.str(&s.Password, nil)},
+		{"nkey", p.str(&s.Nkey, nil)},
+		{"inbox_prefix", p.str(&s.InboxPrefix, nil)},
 		{"listen", p.str(&s.Listen, CheckListen)},
 		{"store", p.str(&s.Store, nonEmpty("a directory such as ./reprise-data"))},
 		{"max_payload", intInto(p, &s.MaxPayload, MinMaxPayload, MaxMaxPayload, "")},
@@ -116,7 +120,7 @@ const (
 // externalOnly those that configure the connection to an external one.
 var (
 	embeddedOnly = []string{"listen", "store", "max_payload", "sync_always"}
-	externalOnly = []string{"creds", "tls_ca", "tls_cert", "tls_key"}
+	externalOnly = []string{"creds", "tls_ca", "tls_cert", "tls_key", "user", "password", "nkey", "inbox_prefix"}
 )
 
 // checkServer reports settings that contradict each other.

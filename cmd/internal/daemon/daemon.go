@@ -24,6 +24,7 @@ import (
 	"github.com/reprise-rl/reprise/cmd/internal/config"
 	"github.com/reprise-rl/reprise/cmd/internal/metrics"
 	"github.com/reprise-rl/reprise/embeddednats"
+	"github.com/reprise-rl/reprise/internal/natsconn"
 )
 
 // Main runs reprised until ctx ends and returns its exit status: 0 after a
@@ -92,7 +93,7 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	def := config.Default()
 	var (
 		file string
-		conn cli.Conn
+		conn natsconn.Config
 		s    = def.Server
 		lg   = def.Log
 	)
@@ -143,6 +144,10 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	override("tls-ca", &cfg.Server.TLSCA, conn.TLSCA)
 	override("tls-cert", &cfg.Server.TLSCert, conn.TLSCert)
 	override("tls-key", &cfg.Server.TLSKey, conn.TLSKey)
+	override("user", &cfg.Server.User, conn.User)
+	override("password", &cfg.Server.Password, conn.Password)
+	override("nkey", &cfg.Server.Nkey, conn.NkeyFile)
+	override("inbox-prefix", &cfg.Server.InboxPrefix, conn.InboxPrefix)
 	override("listen", &cfg.Server.Listen, s.Listen)
 	override("store", &cfg.Server.Store, s.Store)
 	override("prefix", &cfg.Server.Prefix, s.Prefix)
@@ -168,7 +173,7 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 			return config.Config{}, cli.Usagef("--%s configures the embedded server, but NATS is external (%s): drop --%s", name, cfg.Server.NATS, name)
 		}
 	}
-	for _, name := range []string{"creds", "tls-ca", "tls-cert", "tls-key"} {
+	for _, name := range []string{"creds", "tls-ca", "tls-cert", "tls-key", "user", "password", "nkey", "inbox-prefix"} {
 		if set[name] && cfg.Server.Embedded() {
 			return config.Config{}, cli.Usagef("--%s is for connecting to an external server: add --nats URL", name)
 		}
@@ -180,8 +185,9 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 		// Settings for an external server that a file set and --nats ""
 		// turned off.
 		cfg.Server.Creds, cfg.Server.TLSCA, cfg.Server.TLSCert, cfg.Server.TLSKey = "", "", "", ""
+		cfg.Server.User, cfg.Server.Password, cfg.Server.Nkey, cfg.Server.InboxPrefix = "", "", "", ""
 	}
-	if err := serverConn(cfg.Server).Check(); err != nil {
+	if err := cli.CheckConn(serverConn(cfg.Server)); err != nil {
 		return config.Config{}, err
 	}
 	return cfg, nil
@@ -208,8 +214,11 @@ func parseSize(v string) (int64, error) {
 	return n, nil
 }
 
-func serverConn(s config.Server) cli.Conn {
-	return cli.Conn{URL: s.NATS, Creds: s.Creds, TLSCA: s.TLSCA, TLSCert: s.TLSCert, TLSKey: s.TLSKey}
+func serverConn(s config.Server) natsconn.Config {
+	return natsconn.Config{
+		URL: s.NATS, Creds: s.Creds, TLSCA: s.TLSCA, TLSCert: s.TLSCert, TLSKey: s.TLSKey,
+		User: s.User, Password: s.Password, NkeyFile: s.Nkey, InboxPrefix: s.InboxPrefix,
+	}
 }
 
 // daemon is one run of reprised. shutdown undoes what run started, in
@@ -423,7 +432,7 @@ func (d *daemon) printReady(metricsURL string) {
 		fmt.Fprintf(w, "  metrics:   %s\n", metricsURL)
 	}
 	check := "reprisectl info"
-	if d.url != cli.DefaultURL {
+	if d.url != natsconn.DefaultURL {
 		check += " --nats " + d.url
 	}
 	if s.Prefix != broker.DefaultPrefix {

@@ -309,6 +309,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--creds", "a.creds"}, "--creds is for connecting to an external server: add --nats URL"},
 		{[]string{"--nats", "nats://x:4222", "--tls-cert", "c.pem"}, "--tls-cert and --tls-key go together"},
 		{[]string{"--store", ""}, "--store is empty"},
+		{[]string{"--user", "service", "--password", "pw"}, "--user is for connecting to an external server: add --nats URL"},
+		{[]string{"--nkey", "s.nk"}, "--nkey is for connecting to an external server"},
+		{[]string{"--nats", "nats://x:4222", "--password", "pw"}, "--password needs --user"},
+		{[]string{"--nats", "nats://x:4222", "--user", "a", "--password", "p", "--creds", "c"}, "--user and --creds are different ways to authenticate"},
 	}
 	for _, tt := range tests {
 		var stderr bytes.Buffer
@@ -365,7 +369,7 @@ func TestHelp(t *testing.T) {
 		t.Errorf("exit status %d for -h, want 0", code)
 	}
 	help := stderr.String()
-	for _, f := range []string{"config", "nats", "creds", "tls-ca", "tls-cert", "tls-key", "listen", "store", "max-payload", "prefix", "metrics", "log-format", "log-level"} {
+	for _, f := range []string{"config", "nats", "creds", "user", "password", "nkey", "inbox-prefix", "tls-ca", "tls-cert", "tls-key", "listen", "store", "max-payload", "prefix", "metrics", "log-format", "log-level"} {
 		if !strings.Contains(help, "--"+f+" ") {
 			t.Errorf("help does not explain --%s:\n%s", f, help)
 		}
