@@ -513,3 +513,38 @@ func TestCheckpoint(t *testing.T) {
 		t.Fatalf("checkpoint with an argument: %v, want a usage error", err)
 	}
 }
+
+// TestRoles: against a reprised with users, every command authenticates;
+// one the user's role does not allow fails at once, saying so.
+func TestRoles(t *testing.T) {
+	url := startReprised(t, "--listen", "127.0.0.1:-1", "--store", t.TempDir(), "--prefix", "ctl.roles", "--log-level", "warn",
+		"--embedded-user", "learner:lea:lea-pw", "--embedded-user", "admin:ops:ops-pw")
+	as := func(user, password string, args ...string) []string {
+		return append(args, "--nats", url, "--prefix", "ctl.roles", "--timeout", "1m", "--user", user, "--password", password)
+	}
+	if out, _, err := ctl(t, as("lea", "lea-pw", "info")...); err != nil || !strings.Contains(out, "replay") {
+		t.Errorf("info as a learner = %q, %v", out, err)
+	}
+	start := time.Now()
+	_, _, err := ctl(t, as("lea", "lea-pw", "reset", "replay")...)
+	if err == nil || !strings.Contains(err.Error(), "the NATS server refused this user") || !strings.Contains(err.Error(), `"ctl.roles.api.reset"`) {
+		t.Errorf("reset as a learner: %v, want a refusal naming the subject", err)
+	}
+	if waited := time.Since(start); waited > 30*time.Second {
+		t.Errorf("the refusal took %v: it waited for the timeout", waited)
+	}
+	if _, _, err := ctl(t, as("ops", "ops-pw", "checkpoint")...); err != nil {
+		t.Errorf("checkpoint as an admin: %v", err)
+	}
+	if out, _, err := ctl(t, as("ops", "ops-pw", "reset", "--all")...); err != nil || out != "reset every table\n" {
+		t.Errorf("reset as an admin = %q, %v", out, err)
+	}
+	_, _, err = ctl(t, as("ops", "wrong", "info")...)
+	if err == nil || !strings.Contains(err.Error(), "refused these credentials") {
+		t.Errorf("a wrong password: %v", err)
+	}
+	_, _, err = ctl(t, "info", "--nats", url, "--prefix", "ctl.roles")
+	if err == nil || !strings.Contains(err.Error(), "requires authentication") {
+		t.Errorf("no credentials: %v", err)
+	}
+}
