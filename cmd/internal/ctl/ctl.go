@@ -1,7 +1,8 @@
 // Package ctl is reprisectl, the operator's tool for a Reprise deployment:
 // it shows the tables (info), empties them (reset), checkpoints them
-// (checkpoint) and loads them with a benchmark (bench). cmd/reprisectl is
-// a thin main around Main.
+// (checkpoint), loads them with a benchmark (bench) and prints the users
+// of an external NATS server with their roles' permissions (permissions).
+// cmd/reprisectl is a thin main around Main.
 package ctl
 
 import (
@@ -32,8 +33,10 @@ Commands:
   checkpoint    write a checkpoint of every table now
   bench         load the deployment with inserts, samples or both, and
                 report items/s, bytes/s and latency percentiles
+  permissions   print nats-server users with the permissions of each role
+                (actor, learner, admin, service), for an external server
 
-Every command takes --nats URL (default ` + natsconn.DefaultURL + `,
+Every command but permissions takes --nats URL (default ` + natsconn.DefaultURL + `,
 where reprised listens by default), --prefix (default ` + broker.DefaultPrefix + `) and
 how to authenticate: --user (and --password or $` + natsconn.PasswordEnv + `), --nkey
 SEED_FILE or --creds FILE, and TLS files (--tls-ca, --tls-cert, --tls-key).
@@ -61,7 +64,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usageText)
-		return cli.Usagef("no command: want info, reset, checkpoint or bench")
+		return cli.Usagef("no command: want info, reset, checkpoint, bench or permissions")
 	}
 	cmd, args := args[0], args[1:]
 	switch cmd {
@@ -73,6 +76,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runCheckpoint(ctx, args, stdout, stderr)
 	case "bench":
 		return runBench(ctx, args, stdout, stderr)
+	case "permissions":
+		return runPermissions(ctx, args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		if len(args) > 0 {
 			return Run(ctx, []string{args[0], "--help"}, stdout, stderr)
@@ -80,7 +85,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, usageText)
 		return flag.ErrHelp
 	}
-	return cli.Usagef("unknown command %q: want info, reset, checkpoint or bench (see reprisectl --help)", cmd)
+	return cli.Usagef("unknown command %q: want info, reset, checkpoint, bench or permissions (see reprisectl --help)", cmd)
 }
 
 // target is where a command sends its requests: the flags every command
@@ -148,7 +153,7 @@ func (t *target) dial(ctx context.Context) (c *broker.Client, rctx context.Conte
 // context of the request that failed.
 func (t *target) explain(ctx context.Context, err error) error {
 	if cause := context.Cause(ctx); errors.Is(cause, nats.ErrPermissionViolation) {
-		return fmt.Errorf("the NATS server refused this user: %w (its role does not allow it)", cause)
+		return fmt.Errorf("the NATS server refused this user: %w (its role does not allow it; reprisectl permissions shows what each role may do)", cause)
 	}
 	switch {
 	case errors.Is(err, broker.ErrUnknownTable):

@@ -59,6 +59,7 @@ reprise.example.yaml for every setting, table option and default.
 Without users the embedded server lets in any client that reaches it, so it
 listens beyond loopback only with users (--embedded-user, --embedded-nkey),
 client certificates (--listen-tls-verify) or --allow-unauthenticated.
+"reprisectl permissions" prints the users of an external server.
 
 Flags:
 `
