@@ -208,7 +208,8 @@ func WithAllowUnauthenticated() Option {
 
 // Server is a running embedded NATS server.
 type Server struct {
-	ns        *server.Server
+	ns *server.Server
+	// probe is set when clients must authenticate.
 	probe     *probe
 	listening bool
 	stopOnce  sync.Once

@@ -2,10 +2,14 @@
 //
 //	reprisectl info [--json] [TABLE]    show the tables
 //	reprisectl reset TABLE | --all      empty a table
+//	reprisectl checkpoint               write a checkpoint now
 //	reprisectl bench [--mode insert|sample|mixed] [--clients N] [--payload BYTES] ...
+//	reprisectl permissions [--role ROLE] nats-server users for each role
 //
-// Every command takes --nats URL (default nats://127.0.0.1:4222, where
-// reprised listens by default) and --prefix. Ctrl-C stops a bench early and
+// Every command but permissions takes --nats URL (default
+// nats://127.0.0.1:4222, where reprised listens by default), --prefix, and
+// how to authenticate (--user and --password, --nkey SEED_FILE or --creds
+// FILE; --tls-ca, --tls-cert, --tls-key). Ctrl-C stops a bench early and
 // prints what it measured.
 package main
 

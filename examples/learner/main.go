@@ -6,6 +6,10 @@
 //	go run ./cmd/reprised           # terminal 1
 //	go run ./examples/learner       # terminal 2
 //	go run ./examples/actor         # terminal 3
+//
+// Against a reprised whose server has users, pass the credentials of a
+// user with the learner role: --user NAME (with --password or $NATS_PASSWORD),
+// or --nkey SEED_FILE; and --tls-ca FILE when the server uses TLS.
 package main
 
 import (
@@ -18,9 +22,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/internal/natsconn"
 )
 
 func main() {
@@ -32,7 +35,9 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("learner", flag.ContinueOnError)
-	url := fs.String("nats", "nats://127.0.0.1:4222", "`URL` of the NATS server of a running reprised")
+	var conn natsconn.Config
+	fs.StringVar(&conn.URL, "nats", natsconn.DefaultURL, "`URL` of the NATS server of a running reprised")
+	conn.RegisterAuth(fs)
 	prefix := fs.String("prefix", broker.DefaultPrefix, "subject `prefix` of that reprised")
 	table := fs.String("table", "replay", "`table` to sample")
 	want := fs.Int("items", 1000, "stop after sampling this many items")
@@ -43,9 +48,12 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, *wait)
 	defer cancel()
-	nc, err := nats.Connect(*url, nats.Name("reprise-learner"))
+	if err := conn.Check(); err != nil {
+		return err
+	}
+	nc, err := conn.Connect("reprise-learner")
 	if err != nil {
-		return fmt.Errorf("connecting to %s (is reprised running?): %w", *url, err)
+		return err
 	}
 	defer nc.Close()
 	c, err := broker.NewClient(nc, broker.WithPrefix(*prefix))

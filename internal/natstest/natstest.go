@@ -114,6 +114,8 @@ type Option func(*config)
 type config struct {
 	storeDir   string
 	maxPayload int32
+	extra      string
+	probe      []nats.Option
 }
 
 // WithStoreDir keeps JetStream data in dir instead of a fresh t.TempDir(),
@@ -125,6 +127,14 @@ func WithStoreDir(dir string) Option {
 // WithMaxPayload sets the server's max_payload, in bytes.
 func WithMaxPayload(bytes int32) Option {
 	return func(c *config) { c.maxPayload = bytes }
+}
+
+// WithConfig appends text to the server's configuration file, e.g. an
+// authorization block. probe are the connection options Start checks
+// readiness with: the credentials of a user the block lets ask JetStream
+// for its account info ($JS.API.INFO) and read its inbox.
+func WithConfig(text string, probe ...nats.Option) Option {
+	return func(c *config) { c.extra, c.probe = text, probe }
 }
 
 // Process is a nats-server process with JetStream, listening on a loopback
@@ -222,6 +232,7 @@ func (p *Process) launch(t testing.TB, port int) {
 	if p.cfg.maxPayload > 0 {
 		conf += fmt.Sprintf("max_payload: %d\n", p.cfg.maxPayload)
 	}
+	conf += p.cfg.extra
 	confPath := filepath.Join(dir, "nats-server.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		t.Fatalf("natstest: %v", err)
@@ -276,7 +287,7 @@ func (p *Process) launch(t testing.TB, port int) {
 	p.url, p.port = clientURL, bound
 	p.mu.Unlock()
 
-	for err := jetStreamAnswers(clientURL); err != nil; err = jetStreamAnswers(clientURL) {
+	for err := jetStreamAnswers(clientURL, p.cfg.probe); err != nil; err = jetStreamAnswers(clientURL, p.cfg.probe) {
 		await(fmt.Sprintf("JetStream (last error: %v)", err))
 	}
 }
@@ -301,8 +312,8 @@ func readPortsFile(dir string) string {
 	return ""
 }
 
-func jetStreamAnswers(clientURL string) error {
-	nc, err := nats.Connect(clientURL, nats.Timeout(time.Second), nats.NoReconnect())
+func jetStreamAnswers(clientURL string, probe []nats.Option) error {
+	nc, err := nats.Connect(clientURL, append([]nats.Option{nats.Timeout(time.Second), nats.NoReconnect()}, probe...)...)
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ func TestAckedMessageSurvivesKill(t *testing.T) {
 	}
 
 	p.Kill()
-	if err := jetStreamAnswers(url); err == nil {
+	if err := jetStreamAnswers(url, nil); err == nil {
 		t.Fatal("server still answers after Kill")
 	}
 	p.Restart(t)
@@ -78,7 +78,7 @@ func TestRestartStopsARunningServer(t *testing.T) {
 		t.Fatalf("publishing over max payload: err = %v, want ErrMaxPayload", err)
 	}
 	p.Stop()
-	if err := jetStreamAnswers(p.URL()); err == nil {
+	if err := jetStreamAnswers(p.URL(), nil); err == nil {
 		t.Fatal("server still answers after Stop")
 	}
 }

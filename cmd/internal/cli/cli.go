@@ -1,5 +1,6 @@
-// Package cli holds what reprised and reprisectl share: the flags that say
-// how to reach a NATS server, loggers, and the rendering of flag help.
+// Package cli holds what reprised and reprisectl share: usage errors,
+// loggers, and the rendering of flag help. The flags that say how to reach
+// a NATS server are internal/natsconn's, shared with the examples.
 package cli
 
 import (
@@ -10,11 +11,8 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/nats-io/nats.go"
+	"github.com/reprise-rl/reprise/internal/natsconn"
 )
-
-// DefaultURL is where reprised's embedded server listens by default.
-const DefaultURL = "nats://127.0.0.1:4222"
 
 // ErrUsage marks errors in the command line, which exit with status 2.
 var ErrUsage = errors.New("usage")
@@ -24,58 +22,12 @@ func Usagef(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrUsage, fmt.Sprintf(format, args...))
 }
 
-// Conn says how to connect to a NATS server.
-type Conn struct {
-	URL     string
-	Creds   string
-	TLSCA   string
-	TLSCert string
-	TLSKey  string
-}
-
-// RegisterAuth adds --creds, --tls-ca, --tls-cert and --tls-key to fs.
-func (c *Conn) RegisterAuth(fs *flag.FlagSet) {
-	fs.StringVar(&c.Creds, "creds", c.Creds, "NATS credentials `file` (user JWT and nkey seed)")
-	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "CA certificate `file` to verify the NATS server with")
-	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "client certificate `file` for NATS (with --tls-key)")
-	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "client private key `file` for NATS (with --tls-cert)")
-}
-
-// Check reports a certificate without its key and the reverse.
-func (c Conn) Check() error {
-	if (c.TLSCert == "") != (c.TLSKey == "") {
-		return Usagef("--tls-cert and --tls-key go together: give both or neither")
+// CheckConn checks connection settings, as a usage error.
+func CheckConn(c natsconn.Config) error {
+	if err := c.Check(); err != nil {
+		return Usagef("%s", strings.TrimPrefix(err.Error(), natsconn.ErrInvalid.Error()+": "))
 	}
 	return nil
-}
-
-// Options are the nats.go options for the credentials and TLS files, and a
-// client name.
-func (c Conn) Options(name string) []nats.Option {
-	opts := []nats.Option{nats.Name(name)}
-	if c.Creds != "" {
-		opts = append(opts, nats.UserCredentials(c.Creds))
-	}
-	if c.TLSCA != "" {
-		opts = append(opts, nats.RootCAs(c.TLSCA))
-	}
-	if c.TLSCert != "" {
-		opts = append(opts, nats.ClientCert(c.TLSCert, c.TLSKey))
-	}
-	return opts
-}
-
-// Connect connects to c.URL, with an error that says what to check.
-func (c Conn) Connect(name string, extra ...nats.Option) (*nats.Conn, error) {
-	nc, err := nats.Connect(c.URL, append(c.Options(name), extra...)...)
-	if err != nil {
-		hint := "is the server running and reachable?"
-		if errors.Is(err, nats.ErrNoServers) && c.URL == DefaultURL {
-			hint = "start one with: go run ./cmd/reprised"
-		}
-		return nil, fmt.Errorf("connecting to NATS at %s: %w (%s)", c.URL, err, hint)
-	}
-	return nc, nil
 }
 
 // NewLogger returns a logger writing to w in format "text" or "json" at

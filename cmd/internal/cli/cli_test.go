@@ -8,6 +8,8 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/reprise-rl/reprise/internal/natsconn"
 )
 
 func TestNewLogger(t *testing.T) {
@@ -38,25 +40,12 @@ func TestNewLogger(t *testing.T) {
 	}
 }
 
-func TestConn(t *testing.T) {
-	if err := (Conn{TLSCert: "c.pem"}).Check(); !errors.Is(err, ErrUsage) {
-		t.Errorf("a certificate without a key: %v", err)
+func TestCheckConn(t *testing.T) {
+	if err := CheckConn(natsconn.Config{TLSCert: "c.pem"}); !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "--tls-cert and --tls-key go together") {
+		t.Errorf("a certificate without a key: %v, want a usage error naming the flags", err)
 	}
-	if err := (Conn{TLSCert: "c.pem", TLSKey: "k.pem"}).Check(); err != nil {
+	if err := CheckConn(natsconn.Config{TLSCert: "c.pem", TLSKey: "k.pem"}); err != nil {
 		t.Errorf("a certificate with its key: %v", err)
-	}
-	// The name, then one option per file given.
-	if n := len((Conn{Creds: "u.creds", TLSCA: "ca.pem", TLSCert: "c.pem", TLSKey: "k.pem"}).Options("x")); n != 4 {
-		t.Errorf("%d options, want 4", n)
-	}
-	nc, err := Conn{URL: DefaultURL}.Connect("test")
-	if err == nil {
-		nc.Close()
-	}
-	// Nothing listens on 4222 in tests, or something does: either way a
-	// failure names the URL and says what to do.
-	if err != nil && (!strings.Contains(err.Error(), DefaultURL) || !strings.Contains(err.Error(), "go run ./cmd/reprised")) {
-		t.Errorf("connecting to the default URL: %v", err)
 	}
 }
 
@@ -67,7 +56,7 @@ func TestParseAndHelp(t *testing.T) {
 	fs.Usage = func() { PrintDefaults(fs.Output(), fs) }
 	name := fs.String("name", "dflt", "the `thing` to use")
 	fs.Bool("quiet", false, "say less")
-	var c Conn
+	var c natsconn.Config
 	c.RegisterAuth(fs)
 
 	if err := Parse(fs, []string{"--name", "v"}); err != nil || *name != "v" {
@@ -83,7 +72,7 @@ func TestParseAndHelp(t *testing.T) {
 		t.Errorf("-h: %v", err)
 	}
 	help := out.String()
-	for _, want := range []string{"  --name thing\n    \tthe thing to use (default dflt)\n", "  --quiet\n    \tsay less\n", "  --creds file\n", "  --tls-ca file\n", "  --tls-cert file\n", "  --tls-key file\n"} {
+	for _, want := range []string{"  --name thing\n    \tthe thing to use (default dflt)\n", "  --quiet\n    \tsay less\n", "  --creds file\n", "  --tls-ca file\n", "  --tls-cert file\n", "  --tls-key file\n", "  --user name\n", "  --nkey file\n"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("help lacks %q:\n%s", want, help)
 		}

@@ -11,6 +11,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nkeys"
+
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -23,7 +25,11 @@ var ErrInvalid = errors.New("config: invalid")
 
 // Config is everything reprised needs to run.
 type Config struct {
-	Server     Server
+	Server Server
+	// Users may connect to the embedded server (server.users); with none,
+	// it lets any client in, and so listens on loopback only unless
+	// Server.AllowUnauthenticated.
+	Users      []User
 	Log        Log
 	Stream     broker.StreamOptions
 	Service    Service
@@ -70,9 +76,27 @@ type Server struct {
 	TLSCA   string
 	TLSCert string
 	TLSKey  string
+	// User and Password, or Nkey (a seed file), authenticate reprised to
+	// an external server.
+	User     string
+	Password string
+	Nkey     string
+	// InboxPrefix overrides where replies to reprised arrive on an
+	// external server (default: the user's inbox, broker.InboxPrefix).
+	InboxPrefix string
 	// Listen is the embedded server's client address (HOST:PORT; port -1
 	// picks a free one).
 	Listen string
+	// ListenTLSCert and ListenTLSKey make the embedded server's clients
+	// connect over TLS; with ListenTLSVerify they must present a
+	// certificate, signed by ListenTLSCA (or a system root).
+	ListenTLSCert   string
+	ListenTLSKey    string
+	ListenTLSCA     string
+	ListenTLSVerify bool
+	// AllowUnauthenticated lets the embedded server listen beyond the
+	// loopback interface without users or verified client certificates.
+	AllowUnauthenticated bool
 	// Store is the embedded server's JetStream directory.
 	Store string
 	// MaxPayload is the embedded server's largest message, in bytes.
@@ -88,6 +112,50 @@ type Server struct {
 
 // Embedded reports whether reprised runs its own NATS server.
 func (s Server) Embedded() bool { return s.NATS == "" }
+
+// User may connect to the embedded server in a role: with a name and a
+// password, or with an nkey.
+type User struct {
+	Role broker.Role
+	// Name and Password (plain, or a bcrypt hash as "nats server passwd"
+	// prints it) authenticate a password user.
+	Name     string
+	Password string
+	// Nkey is the public key (U…) of an nkey user.
+	Nkey string
+}
+
+// ID names the user in its permissions and its reply inbox: its name, or
+// its public key.
+func (u User) ID() string {
+	if u.Nkey != "" {
+		return u.Nkey
+	}
+	return u.Name
+}
+
+// Check reports a user that cannot connect: an unknown role, a name that
+// cannot name an inbox, a missing password, or a malformed nkey.
+func (u User) Check() error {
+	if _, err := broker.ParseRole(string(u.Role)); err != nil {
+		return err
+	}
+	switch {
+	case u.Nkey != "" && (u.Name != "" || u.Password != ""):
+		return errors.New("give an nkey, or a name and a password, not both")
+	case u.Nkey != "":
+		if !nkeys.IsValidPublicUserKey(u.Nkey) {
+			return fmt.Errorf("%q is not the public key of a user nkey (it starts with U; the seed, SU..., stays with the client)", u.Nkey)
+		}
+	case u.Name == "":
+		return errors.New("give a name and a password, or an nkey")
+	case u.Password == "":
+		return fmt.Errorf("user %q has no password", u.Name)
+	default:
+		return broker.CheckUser(u.Name)
+	}
+	return nil
+}
 
 // Log chooses the log format ("text" or "json") and the lowest level logged
 // ("debug", "info", "warn" or "error").

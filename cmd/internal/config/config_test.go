@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
 	"github.com/reprise-rl/reprise/tables"
@@ -76,6 +77,7 @@ func TestExampleDocumentsEveryKey(t *testing.T) {
 		c  Config
 		ts tableSpec
 		ls limiterSpec
+		u  User
 	)
 	sections := map[string][]field{
 		"server":       serverFields(p, &c.Server),
@@ -84,6 +86,7 @@ func TestExampleDocumentsEveryKey(t *testing.T) {
 		"service":      serviceFields(p, &c.Service),
 		"table":        tableFields(p, &ts),
 		"rate_limiter": limiterFields(p, &ls),
+		"users":        append(userFields(p, &u), field{key: "users"}),
 	}
 	text := string(data)
 	for section, fields := range sections {
@@ -118,7 +121,11 @@ func TestEmptyFileIsDefault(t *testing.T) {
 }
 
 func TestSettingsWithoutTablesKeepDefaultTable(t *testing.T) {
-	cfg, err := Parse("s.yaml", []byte(`
+	cfg, err := Parse("e.yaml", []byte("server:\n  nats: nats://x:4222\n  user: reprised\n  password: pw\n  inbox_prefix: _R.reprised\n"))
+	if err != nil || cfg.Server.User != "reprised" || cfg.Server.Password != "pw" || cfg.Server.InboxPrefix != "_R.reprised" {
+		t.Errorf("external user: %+v, %v", cfg.Server, err)
+	}
+	cfg, err = Parse("s.yaml", []byte(`
 server:
   nats: nats://10.0.0.1:4222,nats://10.0.0.2:4222
   creds: user.creds
@@ -148,6 +155,41 @@ service: {max_sample_wait: 10s, max_concurrent_samples: 64, pull_bytes: 8_388_60
 	}
 	if !reflect.DeepEqual(cfg.Tables, []tables.Config{DefaultTable()}) {
 		t.Errorf("tables = %+v, want the default table", cfg.Tables)
+	}
+}
+
+func TestUsers(t *testing.T) {
+	cfg, err := Parse("u.yaml", []byte(`
+server:
+  listen: 0.0.0.0:4222
+  listen_tls_cert: server-cert.pem
+  listen_tls_key: server-key.pem
+  listen_tls_ca: ca.pem
+  listen_tls_verify: true
+  users:
+    - {name: actor1, role: actor, password: "$2a$11$0123456789012345678901uJx9y1m2Yf5oCvaYpW4x5N4yTqjvF6G"}
+    - {nkey: UALJQ2NSA54IU2SHMG5QCRW3ZFYFQX5CP5F4GDSUUG5KCTUTB6LE4FUS, role: learner}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []User{
+		{Role: broker.RoleActor, Name: "actor1", Password: "$2a$11$0123456789012345678901uJx9y1m2Yf5oCvaYpW4x5N4yTqjvF6G"},
+		{Role: broker.RoleLearner, Nkey: "UALJQ2NSA54IU2SHMG5QCRW3ZFYFQX5CP5F4GDSUUG5KCTUTB6LE4FUS"},
+	}
+	if !reflect.DeepEqual(cfg.Users, want) {
+		t.Errorf("users = %+v, want %+v", cfg.Users, want)
+	}
+	if s := cfg.Server; s.ListenTLSCert != "server-cert.pem" || s.ListenTLSKey != "server-key.pem" || s.ListenTLSCA != "ca.pem" || !s.ListenTLSVerify || s.AllowUnauthenticated {
+		t.Errorf("server = %+v", s)
+	}
+	if cfg.Users[1].ID() != want[1].Nkey || cfg.Users[0].ID() != "actor1" {
+		t.Errorf("IDs %q and %q", cfg.Users[0].ID(), cfg.Users[1].ID())
+	}
+
+	cfg, err = Parse("e.yaml", []byte("server:\n  listen: 0.0.0.0:4222\n  allow_unauthenticated: true\n"))
+	if err != nil || !cfg.Server.AllowUnauthenticated {
+		t.Errorf("allow_unauthenticated: %+v, %v", cfg.Server, err)
 	}
 }
 
@@ -245,6 +287,20 @@ func TestErrors(t *testing.T) {
 		{"credentials without external", "server:\n  creds: a.creds\n", 2, "server.creds", []string{"set server.nats too"}},
 		{"cert without key", "server:\n  nats: nats://x:4222\n  tls_cert: c.pem\n", 3, "server.tls_cert", []string{"needs both tls_cert and tls_key"}},
 		{"max payload too large", "server:\n  max_payload: 1e9\n", 2, "server.max_payload", []string{"must be in [1024, 67108864], got 1e9"}},
+		{"password without external", "server:\n  user: reprised\n  password: pw\n", 2, "server.user", []string{"set server.nats too"}},
+		{"users with external", "server:\n  nats: nats://x:4222\n  users:\n    - {name: a, role: actor, password: p}\n", 4, "server.users", []string{"configures the embedded server"}},
+		{"user without role", "server:\n  users:\n    - {name: a, password: p}\n", 3, "server.users[0]", []string{"no role", "actor, learner, admin, service"}},
+		{"user with unknown role", "server:\n  users:\n    - {name: a, password: p, role: actr}\n", 3, "server.users[0].role", []string{`unknown role "actr"`, `did you mean "actor"`}},
+		{"user without password", "server:\n  users:\n    - {name: a, role: actor}\n", 3, "server.users[0]", []string{`user "a" has no password`}},
+		{"user with a dotted name", "server:\n  users:\n    - {name: a.b, role: actor, password: p}\n", 3, "server.users[0]", []string{"without dots"}},
+		{"user with name and nkey", "server:\n  users:\n    - {name: a, password: p, nkey: UABC, role: actor}\n", 3, "server.users[0]", []string{"not both"}},
+		{"user with a seed as nkey", "server:\n  users:\n    - {nkey: SUAB, role: actor}\n", 3, "server.users[0]", []string{"not the public key of a user nkey"}},
+		{"user defined twice", "server:\n  users:\n    - {name: a, role: actor, password: p}\n    - {name: a, role: admin, password: q}\n", 4, "server.users[1]", []string{"user a is already defined at line 3"}},
+		{"users empty", "server:\n  users: []\n", 2, "server.users", []string{"the list is empty"}},
+		{"users unknown key", "server:\n  users:\n    - {user: a, role: actor, password: p}\n", 3, "server.users[0].user", []string{"unknown key", "role, name, password, nkey"}},
+		{"listen TLS cert without key", "server:\n  listen_tls_cert: c.pem\n", 2, "server.listen_tls_cert", []string{"needs both listen_tls_cert and listen_tls_key"}},
+		{"listen TLS CA without verify", "server:\n  listen_tls_cert: c.pem\n  listen_tls_key: k.pem\n  listen_tls_ca: ca.pem\n", 4, "server.listen_tls_ca", []string{"set listen_tls_verify: true"}},
+		{"listen TLS verify without TLS", "server:\n  listen_tls_verify: true\n", 2, "server.listen_tls_verify", []string{"needs TLS"}},
 		{"bad duration", "stream:\n  max_age: 3 days\n", 2, "stream.max_age", []string{"want a duration such as 30s"}},
 		{"duration without unit", "service:\n  producer_idle: 30\n", 2, "service.producer_idle", []string{"want a duration"}},
 		{"zero sample wait", "service:\n  max_sample_wait: 0s\n", 2, "service.max_sample_wait", []string{"must be > 0"}},

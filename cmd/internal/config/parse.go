@@ -11,6 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -30,8 +31,11 @@ func Parse(name string, data []byte) (Config, error) {
 	cfg := Default()
 	var tablesNode *yaml.Node
 	var serverKeys map[string]*yaml.Node
+	var usersNode *yaml.Node
 	p.mapping(root, "", []field{
-		{"server", func(n *yaml.Node, key string) { serverKeys = p.mapping(n, key, serverFields(p, &cfg.Server)) }},
+		{"server", func(n *yaml.Node, key string) {
+			serverKeys = p.mapping(n, key, append(serverFields(p, &cfg.Server), field{"users", p.node(&usersNode)}))
+		}},
 		{"log", func(n *yaml.Node, key string) { p.mapping(n, key, logFields(p, &cfg.Log)) }},
 		{"stream", func(n *yaml.Node, key string) { p.mapping(n, key, streamFields(p, &cfg)) }},
 		{"service", func(n *yaml.Node, key string) { p.mapping(n, key, serviceFields(p, &cfg.Service)) }},
@@ -39,6 +43,9 @@ func Parse(name string, data []byte) (Config, error) {
 		{"tables", p.node(&tablesNode)},
 	})
 	p.checkServer(cfg.Server, serverKeys)
+	if usersNode != nil {
+		cfg.Users = p.userList(usersNode, "server.users")
+	}
 	if tablesNode != nil {
 		cfg.Tables = p.tableList(tablesNode, "tables")
 	}
@@ -61,7 +68,16 @@ func serverFields(p *parser, s *Server) []field {
 		{"tls_ca", p.str(&s.TLSCA, nil)},
 		{"tls_cert", p.str(&s.TLSCert, nil)},
 		{"tls_key", p.str(&s.TLSKey, nil)},
+		{"user", p.str(&s.User, nil)},
+		{"password", p.str(&s.Password, nil)},
+		{"nkey", p.str(&s.Nkey, nil)},
+		{"inbox_prefix", p.str(&s.InboxPrefix, nil)},
 		{"listen", p.str(&s.Listen, CheckListen)},
+		{"listen_tls_cert", p.str(&s.ListenTLSCert, nil)},
+		{"listen_tls_key", p.str(&s.ListenTLSKey, nil)},
+		{"listen_tls_ca", p.str(&s.ListenTLSCA, nil)},
+		{"listen_tls_verify", p.boolean(&s.ListenTLSVerify)},
+		{"allow_unauthenticated", p.boolean(&s.AllowUnauthenticated)},
 		{"store", p.str(&s.Store, nonEmpty("a directory such as ./reprise-data"))},
 		{"max_payload", intInto(p, &s.MaxPayload, MinMaxPayload, MaxMaxPayload, "")},
 		{"sync_always", p.boolean(&s.SyncAlways)},
@@ -115,8 +131,8 @@ const (
 // embeddedOnly are the server keys that configure the embedded server, and
 // externalOnly those that configure the connection to an external one.
 var (
-	embeddedOnly = []string{"listen", "store", "max_payload", "sync_always"}
-	externalOnly = []string{"creds", "tls_ca", "tls_cert", "tls_key"}
+	embeddedOnly = []string{"listen", "store", "max_payload", "sync_always", "users", "listen_tls_cert", "listen_tls_key", "listen_tls_ca", "listen_tls_verify", "allow_unauthenticated"}
+	externalOnly = []string{"creds", "tls_ca", "tls_cert", "tls_key", "user", "password", "nkey", "inbox_prefix"}
 )
 
 // checkServer reports settings that contradict each other.
@@ -138,6 +154,75 @@ func (p *parser) checkServer(s Server, keys map[string]*yaml.Node) {
 		}
 		p.failf(n, "server.tls_cert", "a client certificate needs both tls_cert and tls_key")
 	}
+	if (s.ListenTLSCert == "") != (s.ListenTLSKey == "") {
+		n := keys["listen_tls_cert"]
+		if n == nil {
+			n = keys["listen_tls_key"]
+		}
+		p.failf(n, "server.listen_tls_cert", "TLS needs both listen_tls_cert and listen_tls_key")
+	}
+	if n := keys["listen_tls_ca"]; n != nil && !s.ListenTLSVerify {
+		p.failf(n, "server.listen_tls_ca", "the CA verifies client certificates: set listen_tls_verify: true, or remove it")
+	}
+	if n := keys["listen_tls_verify"]; n != nil && s.ListenTLSVerify && s.ListenTLSCert == "" {
+		p.failf(n, "server.listen_tls_verify", "verifying client certificates needs TLS: set listen_tls_cert and listen_tls_key")
+	}
+}
+
+func userFields(p *parser, u *User) []field {
+	return []field{
+		{"role", p.str((*string)(&u.Role), oneOf("role", roleNames()...))},
+		{"name", p.str(&u.Name, nil)},
+		{"password", p.str(&u.Password, nil)},
+		{"nkey", p.str(&u.Nkey, nil)},
+	}
+}
+
+func roleNames() []string {
+	var names []string
+	for _, r := range broker.Roles() {
+		names = append(names, string(r))
+	}
+	return names
+}
+
+// userList reads the embedded server's users.
+func (p *parser) userList(n *yaml.Node, key string) []User {
+	if n.Kind != yaml.SequenceNode {
+		p.failf(n, key, "want a list of users, each {name: alice, role: actor, password: ...} or {nkey: U..., role: learner}, got %s", describe(n))
+		return nil
+	}
+	if len(n.Content) == 0 {
+		p.failf(n, key, "the list is empty: add a user, or remove users to let any client in (on loopback only)")
+		return nil
+	}
+	var users []User
+	lines := make(map[string]int)
+	for i, un := range n.Content {
+		un = resolve(un)
+		ukey := fmt.Sprintf("%s[%d]", key, i)
+		var u User
+		before := len(p.errs)
+		keys := p.mapping(un, ukey, userFields(p, &u))
+		if len(p.errs) > before {
+			continue
+		}
+		if keys["role"] == nil {
+			p.failf(un, ukey, "no role: add role: with one of %s", strings.Join(roleNames(), ", "))
+			continue
+		}
+		if err := u.Check(); err != nil {
+			p.fail(un, ukey, err)
+			continue
+		}
+		if line, dup := lines[u.ID()]; dup {
+			p.failf(un, ukey, "user %s is already defined at line %d", u.ID(), line)
+			continue
+		}
+		lines[u.ID()] = un.Line
+		users = append(users, u)
+	}
+	return users
 }
 
 func nonEmpty(what string) func(string) error {

@@ -123,21 +123,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // preflight checks that the table exists and can take the benchmark's
 // items, so that a mistake shows at once rather than after the run.
 func (o benchOptions) preflight(ctx context.Context, stderr io.Writer) error {
-	nc, err := o.connect()
+	c, rctx, hangUp, err := o.dial(ctx)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	c, err := o.client(nc)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	rctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
+	defer hangUp()
 	info, err := c.Info(rctx, o.table)
 	if err != nil {
-		return o.explain(err)
+		return o.explain(rctx, err)
 	}
 	ti := info.Tables[0]
 	if sig := ti.Signature; len(sig) > 0 {
@@ -341,7 +334,7 @@ func (b *bench) clientErr(ctx context.Context, kind string, client int, err erro
 	if ended(ctx, err) {
 		return nil
 	}
-	return fmt.Errorf("%s client %d: %w", kind, client, b.o.explain(err))
+	return fmt.Errorf("%s client %d: %w", kind, client, b.o.explain(ctx, err))
 }
 
 func (b *bench) sampler(ctx context.Context, client int) error {

@@ -1,6 +1,8 @@
 // Package ctl is reprisectl, the operator's tool for a Reprise deployment:
 // it shows the tables (info), empties them (reset), checkpoints them
-// (checkpoint) and loads them with a benchmark (bench). cmd/reprisectl is a thin main around Main.
+// (checkpoint), loads them with a benchmark (bench) and prints the users
+// of an external NATS server with their roles' permissions (permissions).
+// cmd/reprisectl is a thin main around Main.
 package ctl
 
 import (
@@ -17,6 +19,7 @@ import (
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
 	"github.com/reprise-rl/reprise/cmd/internal/config"
+	"github.com/reprise-rl/reprise/internal/natsconn"
 )
 
 const usageText = `reprisectl talks to a running Reprise deployment (see reprised).
@@ -30,9 +33,13 @@ Commands:
   checkpoint    write a checkpoint of every table now
   bench         load the deployment with inserts, samples or both, and
                 report items/s, bytes/s and latency percentiles
+  permissions   print nats-server users with the permissions of each role
+                (actor, learner, admin, service), for an external server
 
-Every command takes --nats URL (default ` + cli.DefaultURL + `, where reprised
-listens by default) and --prefix (default ` + broker.DefaultPrefix + `).
+Every command but permissions takes --nats URL (default ` + natsconn.DefaultURL + `,
+where reprised listens by default), --prefix (default ` + broker.DefaultPrefix + `) and
+how to authenticate: --user (and --password or $` + natsconn.PasswordEnv + `), --nkey
+SEED_FILE or --creds FILE, and TLS files (--tls-ca, --tls-cert, --tls-key).
 Run "reprisectl <command> --help" for a command's flags.
 `
 
@@ -57,7 +64,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usageText)
-		return cli.Usagef("no command: want info, reset, checkpoint or bench")
+		return cli.Usagef("no command: want info, reset, checkpoint, bench or permissions")
 	}
 	cmd, args := args[0], args[1:]
 	switch cmd {
@@ -69,6 +76,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runCheckpoint(ctx, args, stdout, stderr)
 	case "bench":
 		return runBench(ctx, args, stdout, stderr)
+	case "permissions":
+		return runPermissions(ctx, args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		if len(args) > 0 {
 			return Run(ctx, []string{args[0], "--help"}, stdout, stderr)
@@ -76,19 +85,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, usageText)
 		return flag.ErrHelp
 	}
-	return cli.Usagef("unknown command %q: want info, reset, checkpoint or bench (see reprisectl --help)", cmd)
+	return cli.Usagef("unknown command %q: want info, reset, checkpoint, bench or permissions (see reprisectl --help)", cmd)
 }
 
 // target is where a command sends its requests: the flags every command
 // shares.
 type target struct {
-	conn    cli.Conn
+	conn    natsconn.Config
 	prefix  string
 	timeout time.Duration
 }
 
 func (t *target) register(fs *flag.FlagSet) {
-	t.conn.URL = cli.DefaultURL
+	t.conn.URL = natsconn.DefaultURL
 	t.prefix = broker.DefaultPrefix
 	fs.StringVar(&t.conn.URL, "nats", t.conn.URL, "`URL` of the NATS server reprised uses (comma-separated for a cluster)")
 	fs.StringVar(&t.prefix, "prefix", t.prefix, "subject `prefix` of the deployment, as given to reprised")
@@ -103,32 +112,49 @@ func (t *target) check() error {
 	if t.timeout <= 0 {
 		return cli.Usagef("--timeout must be > 0, got %v", t.timeout)
 	}
-	return t.conn.Check()
+	return cli.CheckConn(t.conn)
 }
 
-func (t *target) connect() (*nats.Conn, error) {
-	return t.conn.Connect("reprisectl")
+func (t *target) connect(opts ...nats.Option) (*nats.Conn, error) {
+	return t.conn.Connect("reprisectl", opts...)
 }
 
 func (t *target) client(nc *nats.Conn) (*broker.Client, error) {
 	return broker.NewClient(nc, broker.WithPrefix(t.prefix))
 }
 
-// dial connects and makes a client; hangUp closes both.
-func (t *target) dial() (c *broker.Client, hangUp func(), err error) {
-	nc, err := t.connect()
+// dial connects and makes a client, and a context for its requests that
+// ends after --timeout, or as soon as the server refuses this connection a
+// publish or a subscription: a request the user's role does not allow gets
+// no answer, and would wait out the timeout. hangUp closes all three.
+func (t *target) dial(ctx context.Context) (c *broker.Client, rctx context.Context, hangUp func(), err error) {
+	rctx, refuse := context.WithCancelCause(ctx)
+	rctx, cancel := context.WithTimeout(rctx, t.timeout)
+	nc, err := t.connect(nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			refuse(err)
+		}
+	}))
+	if err == nil {
+		c, err = t.client(nc)
+		if err != nil {
+			nc.Close()
+		}
+	}
 	if err != nil {
-		return nil, nil, err
+		cancel()
+		refuse(nil)
+		return nil, nil, nil, err
 	}
-	if c, err = t.client(nc); err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return c, func() { c.Close(); nc.Close() }, nil
+	return c, rctx, func() { c.Close(); nc.Close(); cancel(); refuse(nil) }, nil
 }
 
-// explain adds what to do to an error from the table service.
-func (t *target) explain(err error) error {
+// explain adds what to do to an error from the table service; ctx is the
+// context of the request that failed.
+func (t *target) explain(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, nats.ErrPermissionViolation) {
+		return fmt.Errorf("the NATS server refused this user: %w (its role does not allow it; reprisectl permissions shows what each role may do)", cause)
+	}
 	switch {
 	case errors.Is(err, broker.ErrUnknownTable):
 		return fmt.Errorf("%w (reprisectl info lists the tables)", err)

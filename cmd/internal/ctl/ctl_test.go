@@ -513,3 +513,94 @@ func TestCheckpoint(t *testing.T) {
 		t.Fatalf("checkpoint with an argument: %v, want a usage error", err)
 	}
 }
+
+func TestPermissions(t *testing.T) {
+	out, _, err := ctl(t, "permissions", "--prefix", "team.rl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"authorization {\n  users = [\n",
+		"    # actor: publishes inserts",
+		`      user: "actor"` + "\n" + `      password: "ACTOR_PASSWORD"`,
+		`      user: "learner"`, `      user: "admin"`, `      user: "service"`,
+		`"team.rl.data.insert"`, `"$JS.API.STREAM.INFO.REPRISE_TEAM_RL"`, `"_INBOX.actor.>"`,
+		"          deny: [\n            \"team.rl.api.>\"\n          ]",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("permissions output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "{") != strings.Count(out, "}") || strings.Count(out, "[") != strings.Count(out, "]") {
+		t.Errorf("unbalanced braces or brackets:\n%s", out)
+	}
+
+	out, _, err = ctl(t, "permissions", "--role", "learner", "--user", "lea")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `user: "lea"`) || !strings.Contains(out, `"_INBOX.lea.>"`) || !strings.Contains(out, `"reprise.api.sample"`) || strings.Contains(out, "actor") {
+		t.Errorf("--role learner --user lea:\n%s", out)
+	}
+	const pub = "UALJQ2NSA54IU2SHMG5QCRW3ZFYFQX5CP5F4GDSUUG5KCTUTB6LE4FUS"
+	out, _, err = ctl(t, "permissions", "--role", "actor", "--nkey", pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `nkey: "`+pub+`"`) || strings.Contains(out, "password:") || !strings.Contains(out, `"_INBOX.`+pub+`.>"`) {
+		t.Errorf("--nkey:\n%s", out)
+	}
+
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--role", "observer"}, `unknown role "observer"`},
+		{[]string{"--user", "x"}, "add --role"},
+		{[]string{"--role", "actor", "--user", "a.b"}, "without dots"},
+		{[]string{"--role", "actor", "--user", "a", "--nkey", pub}, "give one"},
+		{[]string{"--role", "actor", "--nkey", "SUAB"}, "not the public key"},
+		{[]string{"--prefix", "a.>"}, "not a subject prefix"},
+		{[]string{"extra"}, "takes no arguments"},
+	} {
+		_, _, err := ctl(t, append([]string{"permissions"}, tt.args...)...)
+		if !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("permissions %q: %v, want a usage error containing %q", tt.args, err, tt.want)
+		}
+	}
+}
+
+// TestRoles: against a reprised with users, every command authenticates;
+// one the user's role does not allow fails at once, saying so.
+func TestRoles(t *testing.T) {
+	url := startReprised(t, "--listen", "127.0.0.1:-1", "--store", t.TempDir(), "--prefix", "ctl.roles", "--log-level", "warn",
+		"--embedded-user", "learner:lea:lea-pw", "--embedded-user", "admin:ops:ops-pw")
+	as := func(user, password string, args ...string) []string {
+		return append(args, "--nats", url, "--prefix", "ctl.roles", "--timeout", "1m", "--user", user, "--password", password)
+	}
+	if out, _, err := ctl(t, as("lea", "lea-pw", "info")...); err != nil || !strings.Contains(out, "replay") {
+		t.Errorf("info as a learner = %q, %v", out, err)
+	}
+	start := time.Now()
+	_, _, err := ctl(t, as("lea", "lea-pw", "reset", "replay")...)
+	if err == nil || !strings.Contains(err.Error(), "the NATS server refused this user") || !strings.Contains(err.Error(), `"ctl.roles.api.reset"`) {
+		t.Errorf("reset as a learner: %v, want a refusal naming the subject", err)
+	}
+	if waited := time.Since(start); waited > 30*time.Second {
+		t.Errorf("the refusal took %v: it waited for the timeout", waited)
+	}
+	if _, _, err := ctl(t, as("ops", "ops-pw", "checkpoint")...); err != nil {
+		t.Errorf("checkpoint as an admin: %v", err)
+	}
+	if out, _, err := ctl(t, as("ops", "ops-pw", "reset", "--all")...); err != nil || out != "reset every table\n" {
+		t.Errorf("reset as an admin = %q, %v", out, err)
+	}
+	_, _, err = ctl(t, as("ops", "wrong", "info")...)
+	if err == nil || !strings.Contains(err.Error(), "refused these credentials") {
+		t.Errorf("a wrong password: %v", err)
+	}
+	_, _, err = ctl(t, "info", "--nats", url, "--prefix", "ctl.roles")
+	if err == nil || !strings.Contains(err.Error(), "requires authentication") {
+		t.Errorf("no credentials: %v", err)
+	}
+}

@@ -78,16 +78,14 @@ func runInfo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if len(pos) == 1 {
 		table = pos[0]
 	}
-	c, hangUp, err := t.dial()
+	c, rctx, hangUp, err := t.dial(ctx)
 	if err != nil {
 		return err
 	}
 	defer hangUp()
-	rctx, cancel := context.WithTimeout(ctx, t.timeout)
-	defer cancel()
 	resp, err := c.Info(rctx, table)
 	if err != nil {
-		return t.explain(err)
+		return t.explain(rctx, err)
 	}
 	rep := newInfoReport(t.conn.URL, t.prefix, resp)
 	if asJSON {
@@ -230,15 +228,13 @@ func runReset(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !all {
 		table = pos[0]
 	}
-	c, hangUp, err := t.dial()
+	c, rctx, hangUp, err := t.dial(ctx)
 	if err != nil {
 		return err
 	}
 	defer hangUp()
-	rctx, cancel := context.WithTimeout(ctx, t.timeout)
-	defer cancel()
 	if err := c.Reset(rctx, table); err != nil {
-		return t.explain(err)
+		return t.explain(rctx, err)
 	}
 	if all {
 		fmt.Fprintln(stdout, "reset every table")
@@ -267,16 +263,14 @@ func runCheckpoint(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := t.check(); err != nil {
 		return err
 	}
-	c, hangUp, err := t.dial()
+	c, rctx, hangUp, err := t.dial(ctx)
 	if err != nil {
 		return err
 	}
 	defer hangUp()
-	rctx, cancel := context.WithTimeout(ctx, t.timeout)
-	defer cancel()
 	res, err := c.Checkpoint(rctx)
 	if err != nil {
-		return t.explain(err)
+		return t.explain(rctx, err)
 	}
 	pause, write := time.Duration(res.PauseNs), time.Duration(res.WriteNs)
 	if asJSON {

@@ -18,12 +18,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
 	"github.com/reprise-rl/reprise/cmd/internal/config"
 	"github.com/reprise-rl/reprise/cmd/internal/metrics"
 	"github.com/reprise-rl/reprise/embeddednats"
+	"github.com/reprise-rl/reprise/internal/natsconn"
 )
 
 // Main runs reprised until ctx ends and returns its exit status: 0 after a
@@ -53,6 +55,11 @@ Usage:
 
 Flags override the server and log settings of the --config file; see
 reprise.example.yaml for every setting, table option and default.
+
+Without users the embedded server lets in any client that reaches it, so it
+listens beyond loopback only with users (--embedded-user, --embedded-nkey),
+client certificates (--listen-tls-verify) or --allow-unauthenticated.
+"reprisectl permissions" prints the users of an external server.
 
 Flags:
 `
@@ -91,15 +98,23 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	}
 	def := config.Default()
 	var (
-		file string
-		conn cli.Conn
-		s    = def.Server
-		lg   = def.Log
+		file  string
+		conn  natsconn.Config
+		s     = def.Server
+		lg    = def.Log
+		users []config.User
 	)
 	fs.StringVar(&file, "config", "", "YAML configuration `file` with the tables and settings (see reprise.example.yaml)")
 	fs.StringVar(&conn.URL, "nats", "", "`URL` of an external NATS server with JetStream (comma-separated for a cluster); without it reprised starts an embedded server")
 	conn.RegisterAuth(fs)
-	fs.Func("listen", "`HOST:PORT` where the embedded server accepts clients (port -1: any free port) (default "+config.DefaultListen+")", checked(&s.Listen, config.CheckListen))
+	fs.Func("listen", "`HOST:PORT` where the embedded server accepts clients (port -1: any free port; beyond loopback it needs users, --listen-tls-verify or --allow-unauthenticated) (default "+config.DefaultListen+")", checked(&s.Listen, config.CheckListen))
+	fs.Func("embedded-user", "let `ROLE:NAME:PASSWORD` connect to the embedded server (role actor, learner, admin or service; the password plain or bcrypt-hashed); repeat for more users; replaces the config file's users", embeddedUser(&users, false))
+	fs.Func("embedded-nkey", "let the nkey `ROLE:PUBLIC_KEY` connect to the embedded server; repeatable, with --embedded-user too", embeddedUser(&users, true))
+	fs.StringVar(&s.ListenTLSCert, "listen-tls-cert", "", "certificate `file` of the embedded server: clients connect over TLS (with --listen-tls-key)")
+	fs.StringVar(&s.ListenTLSKey, "listen-tls-key", "", "private key `file` of --listen-tls-cert")
+	fs.StringVar(&s.ListenTLSCA, "listen-tls-ca", "", "CA certificate `file` that clients' certificates must be signed by (with --listen-tls-verify)")
+	fs.BoolVar(&s.ListenTLSVerify, "listen-tls-verify", false, "require clients of the embedded server to present a TLS certificate")
+	fs.BoolVar(&s.AllowUnauthenticated, "allow-unauthenticated", false, "let the embedded server listen beyond loopback with no users and no client certificates: anyone who reaches it may read, change and delete everything")
 	fs.StringVar(&s.Store, "store", s.Store, "`directory` where the embedded server keeps its JetStream data")
 	fs.Func("max-payload", "largest NATS message of the embedded server, in `bytes` (default 1048576)", func(v string) error {
 		n, err := parseSize(v)
@@ -143,6 +158,22 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	override("tls-ca", &cfg.Server.TLSCA, conn.TLSCA)
 	override("tls-cert", &cfg.Server.TLSCert, conn.TLSCert)
 	override("tls-key", &cfg.Server.TLSKey, conn.TLSKey)
+	override("user", &cfg.Server.User, conn.User)
+	override("password", &cfg.Server.Password, conn.Password)
+	override("nkey", &cfg.Server.Nkey, conn.NkeyFile)
+	override("inbox-prefix", &cfg.Server.InboxPrefix, conn.InboxPrefix)
+	override("listen-tls-cert", &cfg.Server.ListenTLSCert, s.ListenTLSCert)
+	override("listen-tls-key", &cfg.Server.ListenTLSKey, s.ListenTLSKey)
+	override("listen-tls-ca", &cfg.Server.ListenTLSCA, s.ListenTLSCA)
+	if set["listen-tls-verify"] {
+		cfg.Server.ListenTLSVerify = s.ListenTLSVerify
+	}
+	if set["allow-unauthenticated"] {
+		cfg.Server.AllowUnauthenticated = s.AllowUnauthenticated
+	}
+	if set["embedded-user"] || set["embedded-nkey"] {
+		cfg.Users = users
+	}
 	override("listen", &cfg.Server.Listen, s.Listen)
 	override("store", &cfg.Server.Store, s.Store)
 	override("prefix", &cfg.Server.Prefix, s.Prefix)
@@ -163,12 +194,12 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 		cfg.Checkpoint.Every = cp.Every
 	}
 
-	for _, name := range []string{"listen", "store", "max-payload", "sync-always"} {
+	for _, name := range []string{"listen", "store", "max-payload", "sync-always", "embedded-user", "embedded-nkey", "listen-tls-cert", "listen-tls-key", "listen-tls-ca", "listen-tls-verify", "allow-unauthenticated"} {
 		if set[name] && !cfg.Server.Embedded() {
 			return config.Config{}, cli.Usagef("--%s configures the embedded server, but NATS is external (%s): drop --%s", name, cfg.Server.NATS, name)
 		}
 	}
-	for _, name := range []string{"creds", "tls-ca", "tls-cert", "tls-key"} {
+	for _, name := range []string{"creds", "tls-ca", "tls-cert", "tls-key", "user", "password", "nkey", "inbox-prefix"} {
 		if set[name] && cfg.Server.Embedded() {
 			return config.Config{}, cli.Usagef("--%s is for connecting to an external server: add --nats URL", name)
 		}
@@ -180,11 +211,62 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 		// Settings for an external server that a file set and --nats ""
 		// turned off.
 		cfg.Server.Creds, cfg.Server.TLSCA, cfg.Server.TLSCert, cfg.Server.TLSKey = "", "", "", ""
+		cfg.Server.User, cfg.Server.Password, cfg.Server.Nkey, cfg.Server.InboxPrefix = "", "", "", ""
+		if err := checkListenTLS(cfg.Server); err != nil {
+			return config.Config{}, err
+		}
+	} else {
+		// The reverse: settings of the embedded server.
+		cfg.Users = nil
+		cfg.Server.ListenTLSCert, cfg.Server.ListenTLSKey, cfg.Server.ListenTLSCA = "", "", ""
+		cfg.Server.ListenTLSVerify, cfg.Server.AllowUnauthenticated = false, false
 	}
-	if err := serverConn(cfg.Server).Check(); err != nil {
+	if err := cli.CheckConn(serverConn(cfg.Server)); err != nil {
 		return config.Config{}, err
 	}
 	return cfg, nil
+}
+
+// embeddedUser parses --embedded-user ROLE:NAME:PASSWORD, or with nkey
+// --embedded-nkey ROLE:PUBLIC_KEY, into users.
+func embeddedUser(users *[]config.User, nkey bool) func(string) error {
+	return func(v string) error {
+		var u config.User
+		if nkey {
+			role, key, _ := strings.Cut(v, ":")
+			u = config.User{Role: broker.Role(role), Nkey: key}
+		} else {
+			parts := strings.SplitN(v, ":", 3)
+			for len(parts) < 3 {
+				parts = append(parts, "")
+			}
+			u = config.User{Role: broker.Role(parts[0]), Name: parts[1], Password: parts[2]}
+		}
+		if err := u.Check(); err != nil {
+			return err
+		}
+		for _, other := range *users {
+			if other.ID() == u.ID() {
+				return fmt.Errorf("user %s given twice", u.ID())
+			}
+		}
+		*users = append(*users, u)
+		return nil
+	}
+}
+
+// checkListenTLS checks the embedded server's TLS settings, which flags
+// and the file may have given in part.
+func checkListenTLS(s config.Server) error {
+	switch {
+	case (s.ListenTLSCert == "") != (s.ListenTLSKey == ""):
+		return cli.Usagef("--listen-tls-cert and --listen-tls-key go together: give both or neither")
+	case s.ListenTLSCA != "" && !s.ListenTLSVerify:
+		return cli.Usagef("--listen-tls-ca verifies client certificates: add --listen-tls-verify")
+	case s.ListenTLSVerify && s.ListenTLSCert == "":
+		return cli.Usagef("--listen-tls-verify needs TLS: add --listen-tls-cert and --listen-tls-key")
+	}
+	return nil
 }
 
 func checked(dst *string, check func(string) error) func(string) error {
@@ -208,8 +290,11 @@ func parseSize(v string) (int64, error) {
 	return n, nil
 }
 
-func serverConn(s config.Server) cli.Conn {
-	return cli.Conn{URL: s.NATS, Creds: s.Creds, TLSCA: s.TLSCA, TLSCert: s.TLSCert, TLSKey: s.TLSKey}
+func serverConn(s config.Server) natsconn.Config {
+	return natsconn.Config{
+		URL: s.NATS, Creds: s.Creds, TLSCA: s.TLSCA, TLSCert: s.TLSCert, TLSKey: s.TLSKey,
+		User: s.User, Password: s.Password, NkeyFile: s.Nkey, InboxPrefix: s.InboxPrefix,
+	}
 }
 
 // daemon is one run of reprised. shutdown undoes what run started, in
@@ -310,13 +395,20 @@ func (d *daemon) connect(ctx context.Context) error {
 		if s.SyncAlways {
 			opts = append(opts, embeddednats.WithSyncAlways())
 		}
-		srv, err := embeddednats.Start(ctx, opts...)
+		auth, connOpts, err := d.embeddedAuth()
+		if err != nil {
+			return err
+		}
+		srv, err := embeddednats.Start(ctx, append(opts, auth...)...)
+		if errors.Is(err, embeddednats.ErrUnauthenticated) {
+			return cli.Usagef("--listen %s reaches beyond this machine, and no client would need to authenticate: anyone who reaches the port could read, change and delete everything. Add users (--embedded-user, --embedded-nkey, or server.users in the config), or client certificates (--listen-tls-verify), or listen on 127.0.0.1; --allow-unauthenticated accepts the risk", s.Listen)
+		}
 		if err != nil {
 			return fmt.Errorf("starting the embedded NATS server on %s (store %s): %w (is another reprised or NATS server using the port? pick another with --listen)", s.Listen, s.Store, err)
 		}
 		d.srv = srv
 		d.url = srv.ClientURL()
-		d.nc, err = srv.Connect(nats.Name("reprised"))
+		d.nc, err = srv.Connect(append(connOpts, nats.Name("reprised"))...)
 		if err != nil {
 			return fmt.Errorf("connecting to the embedded NATS server: %w", err)
 		}
@@ -338,6 +430,61 @@ func (d *daemon) connect(ctx context.Context) error {
 	d.nc = nc
 	d.url = s.NATS
 	return checkJetStream(ctx, nc, s.NATS)
+}
+
+// embeddedAuth turns the users and TLS settings into the embedded server's
+// options. With users, reprised connects as the service role with an nkey
+// made for this run, whose seed never leaves the process; connOpts say so.
+func (d *daemon) embeddedAuth() (opts []embeddednats.Option, connOpts []nats.Option, err error) {
+	s := d.cfg.Server
+	if s.ListenTLSCert != "" {
+		opts = append(opts, embeddednats.WithTLS(embeddednats.TLS{
+			CertFile: s.ListenTLSCert, KeyFile: s.ListenTLSKey, CAFile: s.ListenTLSCA, VerifyClients: s.ListenTLSVerify,
+		}))
+	}
+	if s.AllowUnauthenticated {
+		opts = append(opts, embeddednats.WithAllowUnauthenticated())
+	}
+	if len(d.cfg.Users) == 0 {
+		return opts, nil, nil
+	}
+	for _, u := range d.cfg.Users {
+		perms, err := rolePermissions(u.Role, s.Prefix, u.ID())
+		if err != nil {
+			return nil, nil, err
+		}
+		if u.Nkey != "" {
+			opts = append(opts, embeddednats.WithNkeyUser(u.Nkey, perms))
+		} else {
+			opts = append(opts, embeddednats.WithUser(u.Name, u.Password, perms))
+		}
+	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating reprised's own nkey: %w", err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating reprised's own nkey: %w", err)
+	}
+	perms, err := rolePermissions(broker.RoleService, s.Prefix, pub)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts = append(opts, embeddednats.WithNkeyUser(pub, perms))
+	connOpts = []nats.Option{nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(broker.InboxPrefix(pub))}
+	return opts, connOpts, nil
+}
+
+func rolePermissions(role broker.Role, prefix, user string) (embeddednats.Permissions, error) {
+	p, err := broker.RolePermissions(role, prefix, user)
+	if err != nil {
+		return embeddednats.Permissions{}, err
+	}
+	return embeddednats.Permissions{
+		Publish:   embeddednats.SubjectPermissions{Allow: p.Publish.Allow, Deny: p.Publish.Deny},
+		Subscribe: embeddednats.SubjectPermissions{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny},
+	}, nil
 }
 
 // checkJetStream fails fast on a server without JetStream, where the
@@ -423,14 +570,38 @@ func (d *daemon) printReady(metricsURL string) {
 		fmt.Fprintf(w, "  metrics:   %s\n", metricsURL)
 	}
 	check := "reprisectl info"
-	if d.url != cli.DefaultURL {
+	if d.url != natsconn.DefaultURL {
 		check += " --nats " + d.url
 	}
 	if s.Prefix != broker.DefaultPrefix {
 		check += " --prefix " + s.Prefix
 	}
+	check += d.tryCredentials()
 	fmt.Fprintf(w, "Try: go run ./cmd/%s\n", check)
 	fmt.Fprintln(w, "Stop it with Ctrl-C.")
+}
+
+// tryCredentials are the flags reprisectl info needs to pass the embedded
+// server's authentication: a user that may read info, and TLS files.
+func (d *daemon) tryCredentials() string {
+	var flags string
+	if users := d.cfg.Users; len(users) > 0 {
+		flags = " --nkey SEED_FILE"
+		for _, u := range users {
+			if u.Name != "" && (u.Role == broker.RoleAdmin || u.Role == broker.RoleLearner) {
+				flags = " --user " + u.Name + " (password: --password or $" + natsconn.PasswordEnv + ")"
+				break
+			}
+		}
+	}
+	if s := d.cfg.Server; s.Embedded() && s.ListenTLSCert != "" {
+		tls := " --tls-ca CA_FILE"
+		if s.ListenTLSVerify {
+			tls += " --tls-cert CERT_FILE --tls-key KEY_FILE"
+		}
+		flags = tls + flags
+	}
+	return flags
 }
 
 // shutdown stops the metrics server, the connection and the embedded

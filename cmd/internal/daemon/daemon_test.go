@@ -309,6 +309,19 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--creds", "a.creds"}, "--creds is for connecting to an external server: add --nats URL"},
 		{[]string{"--nats", "nats://x:4222", "--tls-cert", "c.pem"}, "--tls-cert and --tls-key go together"},
 		{[]string{"--store", ""}, "--store is empty"},
+		{[]string{"--user", "service", "--password", "pw"}, "--user is for connecting to an external server: add --nats URL"},
+		{[]string{"--nkey", "s.nk"}, "--nkey is for connecting to an external server"},
+		{[]string{"--nats", "nats://x:4222", "--password", "pw"}, "--password needs --user"},
+		{[]string{"--nats", "nats://x:4222", "--user", "a", "--password", "p", "--creds", "c"}, "--user and --creds are different ways to authenticate"},
+		{[]string{"--nats", "nats://x:4222", "--embedded-user", "actor:a:p"}, "--embedded-user configures the embedded server"},
+		{[]string{"--embedded-user", "actr:a:p"}, `unknown role "actr"`},
+		{[]string{"--embedded-user", "actor:alice"}, `user "alice" has no password`},
+		{[]string{"--embedded-user", "actor:a.b:p"}, "without dots"},
+		{[]string{"--embedded-user", "actor:a:p", "--embedded-user", "admin:a:q"}, "user a given twice"},
+		{[]string{"--embedded-nkey", "learner:SUAB"}, "not the public key of a user nkey"},
+		{[]string{"--listen-tls-cert", "c.pem"}, "--listen-tls-cert and --listen-tls-key go together"},
+		{[]string{"--listen-tls-cert", "c.pem", "--listen-tls-key", "k.pem", "--listen-tls-ca", "ca.pem"}, "add --listen-tls-verify"},
+		{[]string{"--listen-tls-verify"}, "--listen-tls-verify needs TLS"},
 	}
 	for _, tt := range tests {
 		var stderr bytes.Buffer
@@ -355,6 +368,24 @@ func TestConfigFileErrors(t *testing.T) {
 	}
 }
 
+// TestListenBeyondLoopback: an embedded server reachable from other
+// machines with no way to authenticate clients needs the explicit flag,
+// and then reprised warns.
+func TestListenBeyondLoopback(t *testing.T) {
+	var stderr bytes.Buffer
+	code := Main(testCtx(t), []string{"--listen", "0.0.0.0:-1", "--store", t.TempDir()}, io.Discard, &stderr)
+	for _, want := range []string{"--listen 0.0.0.0:-1 reaches beyond this machine", "--embedded-user", "--allow-unauthenticated"} {
+		if code != 2 || !strings.Contains(stderr.String(), want) {
+			t.Errorf("exit status %d, stderr %q: want 2 and %q", code, stderr.String(), want)
+		}
+	}
+	r := start(t, "--listen", "0.0.0.0:-1", "--store", t.TempDir(), "--allow-unauthenticated")
+	if !strings.Contains(r.stderr.String(), "without authentication") {
+		t.Errorf("no warning about listening without authentication:\n%s", r.stderr.String())
+	}
+	start(t, "--listen", "0.0.0.0:-1", "--store", t.TempDir(), "--embedded-user", "admin:ops:pw")
+}
+
 func TestHelp(t *testing.T) {
 	var stderr bytes.Buffer
 	err := Run(testCtx(t), []string{"--help"}, io.Discard, &stderr)
@@ -365,8 +396,8 @@ func TestHelp(t *testing.T) {
 		t.Errorf("exit status %d for -h, want 0", code)
 	}
 	help := stderr.String()
-	for _, f := range []string{"config", "nats", "creds", "tls-ca", "tls-cert", "tls-key", "listen", "store", "max-payload", "prefix", "metrics", "log-format", "log-level"} {
-		if !strings.Contains(help, "--"+f+" ") {
+	for _, f := range []string{"config", "nats", "creds", "user", "password", "nkey", "inbox-prefix", "tls-ca", "tls-cert", "tls-key", "listen", "listen-tls-cert", "listen-tls-key", "listen-tls-ca", "listen-tls-verify", "allow-unauthenticated", "embedded-user", "embedded-nkey", "store", "max-payload", "prefix", "metrics", "log-format", "log-level"} {
+		if !strings.Contains(help, "--"+f+" ") && !strings.Contains(help, "--"+f+"\n") {
 			t.Errorf("help does not explain --%s:\n%s", f, help)
 		}
 	}

@@ -22,19 +22,23 @@ import (
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/embeddednats"
+	"github.com/reprise-rl/reprise/internal/natsconn"
 	"github.com/reprise-rl/reprise/tables"
 )
 
 // Flags are the command-line flags every example takes.
 type Flags struct {
-	URL      string
+	// Conn is where reprised's NATS server is and how to authenticate.
+	Conn     natsconn.Config
 	Prefix   string
 	Embedded bool
 }
 
-// Register adds --nats, --prefix and --embedded to fs.
+// Register adds --nats, the authentication flags (--user, --password,
+// --nkey, --creds, TLS), --prefix and --embedded to fs.
 func (f *Flags) Register(fs *flag.FlagSet) {
-	fs.StringVar(&f.URL, "nats", "nats://127.0.0.1:4222", "`URL` of the NATS server of a running reprised")
+	fs.StringVar(&f.Conn.URL, "nats", natsconn.DefaultURL, "`URL` of the NATS server of a running reprised")
+	f.Conn.RegisterAuth(fs)
 	fs.StringVar(&f.Prefix, "prefix", broker.DefaultPrefix, "subject `prefix` of that reprised")
 	fs.BoolVar(&f.Embedded, "embedded", false, "run alone: start a NATS server and a table service inside this program")
 }
@@ -67,11 +71,14 @@ func Start(ctx context.Context, f Flags, want []tables.Config) (*Deployment, err
 			return nil, errors.Join(err, d.Close())
 		}
 	} else {
-		d.Where = f.URL
+		if err := f.Conn.Check(); err != nil {
+			return nil, err
+		}
+		d.Where = f.Conn.URL
 		d.connect = func() (*nats.Conn, error) {
-			nc, err := nats.Connect(f.URL, nats.Name("reprise-example"))
+			nc, err := f.Conn.Connect("reprise-example")
 			if err != nil {
-				return nil, fmt.Errorf("connecting to %s: %w\nStart reprised with the examples' tables: go run ./cmd/reprised --config examples/reprise.yaml\nor run this example alone with --embedded", f.URL, err)
+				return nil, fmt.Errorf("%w\nStart reprised with the examples' tables: go run ./cmd/reprised --config examples/reprise.yaml\nor run this example alone with --embedded", err)
 			}
 			return nc, nil
 		}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/internal/natsconn"
 	"github.com/reprise-rl/reprise/tables"
 )
 
@@ -45,7 +46,7 @@ func TestEmbeddedServesAndResets(t *testing.T) {
 }
 
 func TestNoReprised(t *testing.T) {
-	_, err := Start(context.Background(), Flags{URL: "nats://127.0.0.1:1", Prefix: "x"}, nil)
+	_, err := Start(context.Background(), Flags{Conn: natsconn.Config{URL: "nats://127.0.0.1:1"}, Prefix: "x"}, nil)
 	if err == nil || !strings.Contains(err.Error(), "go run ./cmd/reprised --config examples/reprise.yaml") || !strings.Contains(err.Error(), "--embedded") {
 		t.Errorf("Start without a server: %v, want the commands that fix it", err)
 	}
