@@ -71,3 +71,12 @@ if [ "$python_only" = 1 ]; then
 fi
 echo "== go test -race ./..."
 go test -race ./...
+
+# Each fuzz target searches briefly past its checked-in corpus (which the
+# run above replays); FUZZTIME=10m searches longer.
+fuzztime=${FUZZTIME:-10s}
+for target in ./broker:FuzzApply ./broker:FuzzParseInsertBatch ./broker/wire:FuzzDecodeChunk ./broker/wire:FuzzRoundTrip \
+  ./tables:FuzzTable ./limiter:FuzzLimiter ./selectors:FuzzSelectors; do
+  echo "== fuzz ${target#*:} for $fuzztime"
+  go test -run - -fuzz "^${target#*:}\$" -fuzztime "$fuzztime" "${target%%:*}"
+done
