@@ -95,15 +95,15 @@ func (l Limits) validate() error {
 	if l.MaxChunkBytes > wire.MaxChunkRawSize {
 		return fmt.Errorf("%w: limits: max chunk bytes %d exceeds the wire's %d", ErrInvalidOption, l.MaxChunkBytes, int64(wire.MaxChunkRawSize))
 	}
-	if l.MaxProducerWindow > maxProducerWindow {
-		return fmt.Errorf("%w: limits: max producer window %d exceeds %d", ErrInvalidOption, l.MaxProducerWindow, maxProducerWindow)
+	if l.MaxProducerWindow > MaxProducerWindow {
+		return fmt.Errorf("%w: limits: max producer window %d exceeds %d", ErrInvalidOption, l.MaxProducerWindow, MaxProducerWindow)
 	}
 	return nil
 }
 
-// maxProducerWindow is the largest window a producer may ask for
+// MaxProducerWindow is the largest window a producer may ask for
 // (WithMaxInFlight), and so the largest the service may allow.
-const maxProducerWindow = 1 << 16
+const MaxProducerWindow = 1 << 16
 
 // WithLimits replaces the service's limits (see DefaultLimits).
 func WithLimits(l Limits) ServiceOption {

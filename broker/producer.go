@@ -107,8 +107,8 @@ func WithHistory(steps int) ProducerOption {
 // service refuses one above its limits.max_producer_window (default 1024).
 func WithMaxInFlight(messages int) ProducerOption {
 	return producerOption(func(o *producerOptions) error {
-		if messages > maxProducerWindow {
-			return fmt.Errorf("%w: max in flight %d exceeds %d", ErrInvalidOption, messages, maxProducerWindow)
+		if messages > MaxProducerWindow {
+			return fmt.Errorf("%w: max in flight %d exceeds %d", ErrInvalidOption, messages, MaxProducerWindow)
 		}
 		o.maxInFlight = messages
 		return positive("max in flight", messages)

@@ -34,7 +34,9 @@ type Config struct {
 	Stream     broker.StreamOptions
 	Service    Service
 	Checkpoint Checkpoint
-	Tables     []tables.Config
+	// Limits bound what one client can make the service spend.
+	Limits broker.Limits
+	Tables []tables.Config
 }
 
 // Checkpoint says when and where the service writes checkpoints of its
@@ -230,6 +232,7 @@ func Default() Config {
 			ProducerIdle:         30 * time.Minute,
 		},
 		Checkpoint: Checkpoint{Every: DefaultCheckpointEvery, Keep: 2},
+		Limits:     broker.DefaultLimits(),
 		Tables:     []tables.Config{DefaultTable()},
 	}
 }

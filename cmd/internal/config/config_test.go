@@ -134,6 +134,7 @@ server:
 log: {format: json, level: debug}
 stream: {replicas: 3, max_bytes: 1e9, max_age: 24h, duplicates: 5m, memory: true}
 service: {max_sample_wait: 10s, max_concurrent_samples: 64, pull_bytes: 8_388_608, producer_idle: 0s}
+limits: {max_columns_per_item: 4096, max_reply_bytes: 8e9, max_producer_window: 4096}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -152,6 +153,11 @@ service: {max_sample_wait: 10s, max_concurrent_samples: 64, pull_bytes: 8_388_60
 	}
 	if s := cfg.Service; s.MaxSampleWait != 10*time.Second || s.MaxConcurrentSamples != 64 || s.PullBytes != 8<<20 || s.ProducerIdle != 0 {
 		t.Errorf("service = %+v", s)
+	}
+	want := broker.DefaultLimits()
+	want.MaxColumnsPerItem, want.MaxReplyBytes, want.MaxProducerWindow = 4096, 8e9, 4096
+	if cfg.Limits != want {
+		t.Errorf("limits = %+v, want %+v", cfg.Limits, want)
 	}
 	if !reflect.DeepEqual(cfg.Tables, []tables.Config{DefaultTable()}) {
 		t.Errorf("tables = %+v, want the default table", cfg.Tables)
@@ -248,6 +254,8 @@ func TestErrors(t *testing.T) {
 		want []string // substrings of the message
 	}{
 		{"unknown top-level key", "server:\n  prefix: x\nservre: {}\n", 3, "servre", []string{"unknown key", `did you mean "server"`}},
+		{"zero limit", "limits:\n  max_columns_per_item: 0\n", 2, "limits.max_columns_per_item", []string{"must be >= 1, got 0"}},
+		{"window over the wire's", "limits:\n  max_producer_window: 100000\n", 2, "limits.max_producer_window", []string{"WithMaxInFlight"}},
 		{"unknown table key", "tables:\n  - name: t\n    max_size: 10\n    samplr: uniform\n", 4, "tables[0].samplr", []string{`did you mean "sampler"`, "max_times_sampled"}},
 		{"unknown key without suggestion", "log:\n  colour: red\n", 2, "log.colour", []string{"unknown key", "format, level"}},
 		{"bad sampler kind", "tables:\n  - name: t\n    max_size: 10\n    sampler: unifrom\n", 4, "tables[0].sampler", []string{`unknown selector kind "unifrom"`, `did you mean "uniform"`}},

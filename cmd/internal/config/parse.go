@@ -40,6 +40,7 @@ func Parse(name string, data []byte) (Config, error) {
 		{"stream", func(n *yaml.Node, key string) { p.mapping(n, key, streamFields(p, &cfg)) }},
 		{"service", func(n *yaml.Node, key string) { p.mapping(n, key, serviceFields(p, &cfg.Service)) }},
 		{"checkpoint", func(n *yaml.Node, key string) { p.mapping(n, key, checkpointFields(p, &cfg.Checkpoint)) }},
+		{"limits", func(n *yaml.Node, key string) { p.mapping(n, key, limitsFields(p, &cfg.Limits)) }},
 		{"tables", p.node(&tablesNode)},
 	})
 	p.checkServer(cfg.Server, serverKeys)
@@ -118,6 +119,23 @@ func checkpointFields(p *parser, c *Checkpoint) []field {
 		{"every", p.duration(&c.Every, false)},
 		{"dir", p.str(&c.Dir, nil)},
 		{"keep", intInto(p, &c.Keep, 1, 1000, " (at least 1; 2 leaves a way back if the newest is damaged)")},
+	}
+}
+
+func limitsFields(p *parser, l *broker.Limits) []field {
+	return []field{
+		{"max_chunk_bytes", intInto(p, &l.MaxChunkBytes, 1, wire.MaxChunkRawSize, " (at most the wire's 256 MiB)")},
+		{"max_chunks_per_message", intInto(p, &l.MaxChunksPerMessage, 1, math.MaxInt32, "")},
+		{"max_items_per_message", intInto(p, &l.MaxItemsPerMessage, 1, math.MaxInt32, "")},
+		{"max_columns_per_item", intInto(p, &l.MaxColumnsPerItem, 1, math.MaxInt32, "")},
+		{"max_slices_per_item", intInto(p, &l.MaxSlicesPerItem, 1, math.MaxInt32, "")},
+		{"max_item_bytes", intInto(p, &l.MaxItemBytes, 1, math.MaxInt64, "")},
+		{"max_reply_bytes", intInto(p, &l.MaxReplyBytes, 1, math.MaxInt64, "")},
+		{"max_mutation_ops", intInto(p, &l.MaxMutationOps, 1, math.MaxInt32, "")},
+		{"max_producers", intInto(p, &l.MaxProducers, 1, math.MaxInt32, "")},
+		{"max_producer_window", intInto(p, &l.MaxProducerWindow, 1, broker.MaxProducerWindow, " (a producer's WithMaxInFlight)")},
+		{"max_held_chunk_bytes", intInto(p, &l.MaxHeldChunkBytes, 1, math.MaxInt64, "")},
+		{"max_held_message_bytes", intInto(p, &l.MaxHeldMessageBytes, 1, math.MaxInt64, "")},
 	}
 }
 

@@ -323,7 +323,7 @@ func (d *daemon) run(ctx context.Context) error {
 		broker.WithPrefix(d.cfg.Server.Prefix),
 		broker.WithLogger(d.log),
 		broker.WithServiceStream(d.cfg.Stream),
-	}, append(d.cfg.Service.Options(), cpOpts...)...)
+	}, append(append(d.cfg.Service.Options(), broker.WithLimits(d.cfg.Limits)), cpOpts...)...)
 	var m *metrics.Metrics
 	if d.cfg.Server.Metrics != "" {
 		m = metrics.New()
