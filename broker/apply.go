@@ -208,7 +208,7 @@ func (s *Service) apply(ctx context.Context, m *streamMsg) error {
 // codeOf is the status code a rejection for err carries.
 func codeOf(err error) wire.Code {
 	switch {
-	case errors.Is(err, ErrTooLarge), errors.Is(err, tables.ErrTooLarge):
+	case errors.Is(err, ErrResourceExhausted), errors.Is(err, tables.ErrTooLarge):
 		return wire.Code_CODE_RESOURCE_EXHAUSTED
 	case errors.Is(err, tables.ErrSignature):
 		return wire.Code_CODE_SIGNATURE_MISMATCH

@@ -199,7 +199,7 @@ func statusError(st *wire.Status) error {
 	case wire.Code_CODE_INVALID_ARGUMENT:
 		sentinel = ErrInvalidMessage
 	case wire.Code_CODE_RESOURCE_EXHAUSTED:
-		sentinel = ErrTooLarge
+		sentinel = ErrResourceExhausted
 	case wire.Code_CODE_SIGNATURE_MISMATCH:
 		sentinel = ErrSignature
 	default:

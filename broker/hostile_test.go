@@ -335,7 +335,7 @@ func TestSampleSlotsShared(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := c.Sample(wctx, "empty", 1); errors.Is(err, ErrTooLarge) {
+			if _, err := c.Sample(wctx, "empty", 1); errors.Is(err, ErrResourceExhausted) {
 				busy <- struct{}{}
 			}
 		}()
@@ -369,8 +369,8 @@ func TestReplyBytesBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := d.client()
-	if _, err := c.Sample(ctx, "t", 11); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "ask for at most 10") {
-		t.Fatalf("sample of 11 = %v, want ErrTooLarge saying at most 10", err)
+	if _, err := c.Sample(ctx, "t", 11); !errors.Is(err, ErrResourceExhausted) || !strings.Contains(err.Error(), "ask for at most 10") {
+		t.Fatalf("sample of 11 = %v, want ErrResourceExhausted saying at most 10", err)
 	}
 	if _, err := c.Sample(ctx, "t", 10); err != nil {
 		t.Fatal(err)

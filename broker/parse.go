@@ -131,7 +131,7 @@ func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 				return nil, fmt.Errorf("%w: insert batch chunk %d: %v", ErrInvalidMessage, len(out.chunks), protowire.ParseError(n))
 			}
 			if len(out.chunks) == l.MaxChunksPerMessage {
-				return nil, fmt.Errorf("%w: insert batch has more than %d chunks (limits.max_chunks_per_message)", ErrTooLarge, l.MaxChunksPerMessage)
+				return nil, fmt.Errorf("%w: insert batch has more than %d chunks (limits.max_chunks_per_message)", ErrResourceExhausted, l.MaxChunksPerMessage)
 			}
 			c, err := parseChunk(v)
 			out.chunks, b = append(out.chunks, rawChunk{chunk: c, key: chunkKeyOf(c), err: err}), b[n:]
@@ -141,7 +141,7 @@ func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 				return nil, fmt.Errorf("%w: insert batch item %d: %v", ErrInvalidMessage, len(out.items), protowire.ParseError(n))
 			}
 			if len(out.items) == l.MaxItemsPerMessage {
-				return nil, fmt.Errorf("%w: insert batch has more than %d items (limits.max_items_per_message)", ErrTooLarge, l.MaxItemsPerMessage)
+				return nil, fmt.Errorf("%w: insert batch has more than %d items (limits.max_items_per_message)", ErrResourceExhausted, l.MaxItemsPerMessage)
 			}
 			item := &wire.Item{}
 			if err := proto.Unmarshal(v, item); err != nil {
@@ -204,7 +204,7 @@ const maxProducerIDLen = 128
 func prepareItem(w *wire.Item, l *Limits) preparedItem {
 	p := preparedItem{table: w.Table}
 	if len(w.Columns) > l.MaxColumnsPerItem {
-		p.err = fmt.Errorf("%w: item %d has %d columns, over the limit of %d (limits.max_columns_per_item)", ErrTooLarge, w.Key, len(w.Columns), l.MaxColumnsPerItem)
+		p.err = fmt.Errorf("%w: item %d has %d columns, over the limit of %d (limits.max_columns_per_item)", ErrResourceExhausted, w.Key, len(w.Columns), l.MaxColumnsPerItem)
 		return p
 	}
 	slices := 0
@@ -212,7 +212,7 @@ func prepareItem(w *wire.Item, l *Limits) preparedItem {
 		slices += len(c.Slices)
 	}
 	if slices > l.MaxSlicesPerItem {
-		p.err = fmt.Errorf("%w: item %d has %d slices, over the limit of %d (limits.max_slices_per_item)", ErrTooLarge, w.Key, slices, l.MaxSlicesPerItem)
+		p.err = fmt.Errorf("%w: item %d has %d slices, over the limit of %d (limits.max_slices_per_item)", ErrResourceExhausted, w.Key, slices, l.MaxSlicesPerItem)
 		return p
 	}
 	// One backing array for every column's slices: two allocations per
@@ -233,7 +233,7 @@ func prepareItem(w *wire.Item, l *Limits) preparedItem {
 // the result is dropped (the store keeps the chunk as it came).
 func checkChunkDecodes(c *tables.Chunk, maxBytes int64) error {
 	if int64(c.Length)*c.StepBytes > maxBytes {
-		return fmt.Errorf("%w: chunk %d decodes to %d bytes, over the limit of %d (limits.max_chunk_bytes)", ErrTooLarge, c.Key, int64(c.Length)*c.StepBytes, maxBytes)
+		return fmt.Errorf("%w: chunk %d decodes to %d bytes, over the limit of %d (limits.max_chunk_bytes)", ErrResourceExhausted, c.Key, int64(c.Length)*c.StepBytes, maxBytes)
 	}
 	wc, err := readChunk(c.Data)
 	if err != nil {

@@ -102,8 +102,8 @@ func FuzzParseInsertBatch(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := parseInsertBatch(data, &limits)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidMessage) && !errors.Is(err, ErrTooLarge) {
-				t.Fatalf("error %v matches neither ErrInvalidMessage nor ErrTooLarge", err)
+			if !errors.Is(err, ErrInvalidMessage) && !errors.Is(err, ErrResourceExhausted) {
+				t.Fatalf("error %v matches neither ErrInvalidMessage nor ErrResourceExhausted", err)
 			}
 			return
 		}

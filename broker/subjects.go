@@ -43,9 +43,10 @@ var (
 	ErrHistory        = errors.New("broker: trajectory outside the producer's history")
 	ErrNotApplied     = errors.New("broker: items not yet applied by the table service")
 	ErrServer         = errors.New("broker: table service error")
-	// ErrTooLarge reports a message, item or reply over one of the
-	// service's Limits.
-	ErrTooLarge = errors.New("broker: over a limit")
+	// ErrResourceExhausted reports a limit reached: a message, item or
+	// reply over one of the service's Limits, too many producers, or no
+	// free request slot.
+	ErrResourceExhausted = errors.New("broker: resource exhausted")
 	// ErrStreamLost ends a service whose stream was deleted or recreated
 	// under it.
 	ErrStreamLost = errors.New("broker: stream lost")
