@@ -120,7 +120,7 @@ func (s *prioritized) overflow(priority float64) error {
 }
 
 func (s *prioritized) Insert(key Key, priority float64) error {
-	if err := checkPriority(priority); err != nil {
+	if err := CheckPriority(priority); err != nil {
 		return err
 	}
 	if _, ok := s.index[key]; ok {
@@ -145,7 +145,7 @@ func (s *prioritized) Insert(key Key, priority float64) error {
 }
 
 func (s *prioritized) Update(key Key, priority float64) error {
-	if err := checkPriority(priority); err != nil {
+	if err := CheckPriority(priority); err != nil {
 		return err
 	}
 	i, ok := s.index[key]

@@ -117,8 +117,9 @@ func New(o Options, rng *rand.Rand) (Selector, error) {
 	}
 }
 
-// checkPriority rejects priorities no selector can hold.
-func checkPriority(p float64) error {
+// CheckPriority returns an error wrapping ErrInvalidPriority for a priority
+// that no selector accepts: NaN, infinite or negative.
+func CheckPriority(p float64) error {
 	if math.IsNaN(p) || math.IsInf(p, 0) || p < 0 {
 		return fmt.Errorf("%w: %v (must be finite and >= 0)", ErrInvalidPriority, p)
 	}
