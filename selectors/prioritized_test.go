@@ -64,12 +64,12 @@ func TestSumTreeDoesNotDrift(t *testing.T) {
 	}
 	// A new selector fed the same weights in the same leaf order.
 	fresh, _ := NewPrioritized(exponent, nil)
-	for _, k := range s.keys {
+	for _, k := range s.base.keys {
 		if err := fresh.Insert(k, priorities[k]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got, want := s.total, fresh.(*prioritized).total; math.Float64bits(got) != math.Float64bits(want) {
+	if got, want := s.base.total, fresh.(*prioritized).base.total; math.Float64bits(got) != math.Float64bits(want) {
 		t.Fatalf("root %v after updates, fresh tree %v", got, want)
 	}
 	// And independently of the tree's order of summation.
@@ -77,8 +77,8 @@ func TestSumTreeDoesNotDrift(t *testing.T) {
 	for _, p := range priorities {
 		total += math.Pow(p, exponent)
 	}
-	if math.Abs(s.total-total) > 1e-12*total {
-		t.Fatalf("root %v, sum of weights %v", s.total, total)
+	if math.Abs(s.base.total-total) > 1e-12*total {
+		t.Fatalf("root %v, sum of weights %v", s.base.total, total)
 	}
 	for range 10_000 {
 		k, p, err := s.Sample()
