@@ -139,3 +139,38 @@ func BenchmarkSample(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkPrioritizedHostile alternates inserting and deleting a key of
+// priority 1e308 in a selector of n ordinary keys, one operation per
+// iteration: the pattern that would rescale every leaf each time if all
+// leaves shared one scale. Its cost must not grow with n.
+func BenchmarkPrioritizedHostile(b *testing.B) {
+	for _, exponent := range []float64{1, 3} {
+		for _, n := range []int{10_000, 1_000_000} {
+			b.Run(fmt.Sprintf("exponent=%g/n=%d", exponent, n), func(b *testing.B) {
+				s, err := NewPrioritized(exponent, rand.New(rand.NewPCG(3, 4)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range n {
+					if err := s.Insert(Key(i), priorityOf(i)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportAllocs()
+				huge, i := Key(n), 0
+				for b.Loop() {
+					if i%2 == 0 {
+						err = s.Insert(huge, 1e308)
+					} else {
+						err = s.Delete(huge)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+					i++
+				}
+			})
+		}
+	}
+}

@@ -82,7 +82,7 @@ func (h *priorityHeap) fix(i int) {
 }
 
 func (h *priorityHeap) Insert(key Key, priority float64) error {
-	if err := checkPriority(priority); err != nil {
+	if err := CheckPriority(priority); err != nil {
 		return err
 	}
 	if _, ok := h.index[key]; ok {
@@ -104,7 +104,7 @@ func (h *priorityHeap) Insert(key Key, priority float64) error {
 }
 
 func (h *priorityHeap) Update(key Key, priority float64) error {
-	if err := checkPriority(priority); err != nil {
+	if err := CheckPriority(priority); err != nil {
 		return err
 	}
 	s, ok := h.index[key]

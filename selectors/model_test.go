@@ -12,9 +12,10 @@ import (
 // reference is a deliberately naive model of every selector: a slice in
 // insertion order, scanned in full by every operation.
 type reference struct {
-	opts  Options
-	items []refItem
-	seq   uint64
+	opts    Options
+	items   []refItem
+	seq     uint64
+	samples int
 }
 
 type refItem struct {
@@ -31,16 +32,13 @@ func (r *reference) validPriority(p float64) bool {
 	return !math.IsNaN(p) && !math.IsInf(p, 0) && p >= 0
 }
 
-// weight is the spec of Prioritized: p^α, every key weighing 1 when α = 0.
-func (r *reference) weight(p float64) float64 {
-	if r.opts.Exponent == 0 {
-		return 1
+// priorities is the priority of every key held.
+func (r *reference) priorities() map[Key]float64 {
+	m := make(map[Key]float64, len(r.items))
+	for _, it := range r.items {
+		m[it.key] = it.priority
 	}
-	return math.Pow(p, r.opts.Exponent)
-}
-
-func (r *reference) overflows(p float64) bool {
-	return r.opts.Kind == KindPrioritized && math.IsInf(r.weight(p), 0)
+	return m
 }
 
 func (r *reference) insert(key Key, p float64) error {
@@ -49,8 +47,6 @@ func (r *reference) insert(key Key, p float64) error {
 		return ErrInvalidPriority
 	case r.find(key) >= 0:
 		return ErrKeyExists
-	case r.overflows(p):
-		return ErrInvalidPriority
 	}
 	r.seq++
 	r.items = append(r.items, refItem{key: key, priority: p, seq: r.seq})
@@ -64,8 +60,6 @@ func (r *reference) update(key Key, p float64) error {
 		return ErrInvalidPriority
 	case i < 0:
 		return ErrKeyNotFound
-	case r.overflows(p):
-		return ErrInvalidPriority
 	}
 	r.seq++
 	r.items[i].priority = p
@@ -133,22 +127,24 @@ func (r *reference) checkSample(key Key, prob float64, err error) error {
 		}
 		return nil
 	}
-	var total float64
-	for _, it := range r.items {
-		total += r.weight(it.priority)
+	if r.opts.Exponent > 0 && r.items[i].priority == 0 && slices.ContainsFunc(r.items, func(it refItem) bool { return it.priority > 0 }) {
+		return fmt.Errorf("Sample returned key %d of priority 0 while others have weight", key)
 	}
-	if total == 0 {
-		if prob != uniform {
-			return fmt.Errorf("all weights 0: probability %v, want 1/%d", prob, n)
-		}
+	// The spec of Prioritized, computed exactly: for every draw from a small
+	// selector, for some from a large one (the sum is slow).
+	if r.samples++; n > 64 && r.samples%16 != 0 {
 		return nil
 	}
-	w := r.weight(r.items[i].priority)
-	if w == 0 {
-		return fmt.Errorf("Sample returned key %d of weight 0 while the total is %v", key, total)
+	total := newExact()
+	for _, it := range r.items {
+		total.Add(total, cachedWeight(it.priority, r.opts.Exponent))
 	}
-	if want := w / total; math.Abs(prob-want) > 1e-12*want {
-		return fmt.Errorf("Sample probability of key %d = %v, want %v", key, prob, want)
+	want := 1 / float64(n)
+	if total.Sign() > 0 {
+		want, _ = newExact().Quo(cachedWeight(r.items[i].priority, r.opts.Exponent), total).Float64()
+	}
+	if d := ulpsApart(prob, want); d > probabilityUlps {
+		return fmt.Errorf("Sample probability of key %d = %v, want %v (%.1f ulps apart)", key, prob, want, d)
 	}
 	return nil
 }
@@ -216,6 +212,10 @@ func runModel(sel Selector, ops []op) error {
 		if err == nil {
 			err = checkInvariants(sel)
 		}
+		// The whole distribution, exactly, as often as is cheap enough.
+		if p, ok := sel.(*prioritized); ok && err == nil && (len(ref.items) <= 16 || i%64 == 0) {
+			err = checkProbabilities(p, ref.priorities())
+		}
 		if err != nil {
 			return fmt.Errorf("%v: op %d %v: %w", sel.Options(), i, o, err)
 		}
@@ -274,49 +274,99 @@ func checkInvariants(sel Selector) error {
 	return nil
 }
 
-// checkSumTree verifies that every node above the leaves is exactly the sum
-// of its group, as is the total, that unused leaves weigh 0 and that the index
-// is consistent.
+// checkSumTree verifies every band of s: each node above the leaves is
+// exactly the sum of its group, as is the total, unused leaves weigh 0, used
+// ones lie in the band's range (positive outside the base band), and the
+// indexes and the heap of bands agree with the bands.
 func checkSumTree(s *prioritized) error {
-	for l := 1; l < len(s.levels); l++ {
-		for j := range s.levels[l] {
+	if err := checkBand(&s.base, true); err != nil {
+		return fmt.Errorf("base band: %w", err)
+	}
+	if len(s.base.keys) != len(s.index) {
+		return fmt.Errorf("%d keys in the base band, index of %d", len(s.base.keys), len(s.index))
+	}
+	for i, k := range s.base.keys {
+		if j, ok := s.index[k]; !ok || j != i {
+			return fmt.Errorf("index of key %d is %d (present %v), want %d", k, j, ok, i)
+		}
+	}
+	if len(s.order) != len(s.bands) {
+		return fmt.Errorf("heap of %d bands, map of %d", len(s.order), len(s.bands))
+	}
+	far := 0
+	for i, b := range s.order {
+		if err := checkBand(b, false); err != nil {
+			return fmt.Errorf("band %d: %w", b.id, err)
+		}
+		switch {
+		case b.id == 0:
+			return fmt.Errorf("band 0 in the heap at %d", i)
+		case b.pos != i:
+			return fmt.Errorf("band %d at %d in the heap says %d", b.id, i, b.pos)
+		case s.bands[b.id] != b:
+			return fmt.Errorf("band %d at %d in the heap is not the map's", b.id, i)
+		case len(b.keys) == 0:
+			return fmt.Errorf("band %d is empty", b.id)
+		case i > 0 && s.order[(i-1)/2].id < b.id:
+			return fmt.Errorf("band %d is below band %d in the heap", b.id, s.order[(i-1)/2].id)
+		}
+		for j, k := range b.keys {
+			if f := s.far[k]; f.band != b || f.leaf != j {
+				return fmt.Errorf("key %d is at leaf %d of band %d, the index says %d of %v", k, j, b.id, f.leaf, f.band)
+			}
+		}
+		far += len(b.keys)
+	}
+	if far != len(s.far) {
+		return fmt.Errorf("%d keys outside the base band, index of %d", far, len(s.far))
+	}
+	return nil
+}
+
+func checkBand(b *band, base bool) error {
+	for l := 1; l < len(b.levels); l++ {
+		for j := range b.levels[l] {
 			var sum float64
-			if j*fanout < len(s.levels[l-1]) {
-				sum = sumGroup(group(s.levels[l-1], j))
+			if j*fanout < len(b.levels[l-1]) {
+				sum = sumGroup(group(b.levels[l-1], j))
 			}
-			if math.Float64bits(s.levels[l][j]) != math.Float64bits(sum) {
-				return fmt.Errorf("level %d node %d = %v, its group sums to %v", l, j, s.levels[l][j], sum)
-			}
-		}
-	}
-	if len(s.levels) > 0 {
-		if top := s.levels[len(s.levels)-1]; len(top) != fanout || math.Float64bits(s.total) != math.Float64bits(sumGroup(group(top, 0))) {
-			return fmt.Errorf("total %v, top level %v", s.total, top)
-		}
-		for i := len(s.keys); i < len(s.levels[0]); i++ {
-			if s.levels[0][i] != 0 {
-				return fmt.Errorf("unused leaf %d weighs %v", i, s.levels[0][i])
+			if math.Float64bits(b.levels[l][j]) != math.Float64bits(sum) {
+				return fmt.Errorf("level %d node %d = %v, its group sums to %v", l, j, b.levels[l][j], sum)
 			}
 		}
 	}
-	if len(s.keys) != len(s.index) {
-		return fmt.Errorf("%d keys, index of %d", len(s.keys), len(s.index))
+	if len(b.levels) == 0 {
+		if len(b.keys) > 0 || b.total != 0 {
+			return fmt.Errorf("%d keys and total %v without leaves", len(b.keys), b.total)
+		}
+		return nil
 	}
-	for i, k := range s.keys {
-		if s.index[k] != i {
-			return fmt.Errorf("index of key %d is %d, want %d", k, s.index[k], i)
+	if top := b.levels[len(b.levels)-1]; len(top) != fanout || math.Float64bits(b.total) != math.Float64bits(sumGroup(group(top, 0))) {
+		return fmt.Errorf("total %v, top level %v", b.total, top)
+	}
+	if math.IsInf(b.total, 0) || math.IsNaN(b.total) || b.total >= 0x1p831 {
+		return fmt.Errorf("total %v", b.total)
+	}
+	for i, w := range b.levels[0] {
+		switch {
+		case i >= len(b.keys) && w != 0:
+			return fmt.Errorf("unused leaf %d weighs %v", i, w)
+		case i < len(b.keys) && !(w >= 0x1p-768 && w < 0x1p768) && !(base && w == 0):
+			return fmt.Errorf("leaf %d weighs %v, outside the band", i, w)
 		}
 	}
 	return nil
 }
 
-// modelPriorities mixes the ordinary, the tied, the extreme and the invalid.
+// modelPriorities mixes the ordinary, the tied, the extreme (whose powers
+// and sums overflow or underflow float64) and the invalid.
 var modelPriorities = []float64{
 	0, 0.5, 1, 1, 2, 3, 7.25, 10, 1e-300, 1e100, 1e200,
+	1e300, 1e308, 1e308, math.MaxFloat64, 0x1p-1022, 5e-324, 1e-323,
 	math.Copysign(0, -1), -1, math.NaN(), math.Inf(1), math.Inf(-1),
 }
 
-var modelExponents = []float64{0, 0.5, 0.6, 1, 2}
+var modelExponents = []float64{0, 0.5, 0.6, 1, 1.5, 2, 3}
 
 // allSelectors builds one selector of every kind, one Prioritized for each
 // exponent, the random ones seeded.
@@ -397,6 +447,9 @@ func TestModel(t *testing.T) {
 // decodeOps turns fuzz input into an exponent and operations: the first byte
 // picks the exponent, then every 3 bytes are (operation, key, priority). 96
 // keys are enough for a sum tree of three levels and few enough to collide.
+// A priority byte below 128 picks one of modelPriorities, and one above
+// picks a power of two times 1, 1.25, 1.5 or 1.75 anywhere in float64's
+// range (from rounding to 0, through the subnormals, to overflowing to +Inf).
 func decodeOps(data []byte) (float64, []op) {
 	if len(data) == 0 {
 		return 1, nil
@@ -405,7 +458,7 @@ func decodeOps(data []byte) (float64, []op) {
 	data = data[1:]
 	ops := make([]op, 0, len(data)/3)
 	for ; len(data) >= 3; data = data[3:] {
-		o := op{key: Key(data[1] % 96), priority: modelPriorities[int(data[2])%len(modelPriorities)]}
+		o := op{key: Key(data[1] % 96), priority: fuzzPriority(data[2])}
 		switch k := data[0] % 16; {
 		case k < 5:
 			o.kind = opInsert
@@ -423,12 +476,24 @@ func decodeOps(data []byte) (float64, []op) {
 	return exponent, ops
 }
 
+func fuzzPriority(b byte) float64 {
+	if b < 128 {
+		return modelPriorities[int(b)%len(modelPriorities)]
+	}
+	b -= 128
+	return math.Ldexp(1+float64(b%4)/4, int(b/4)*68-1076)
+}
+
 func FuzzSelectors(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{3, 0, 1, 2, 0, 2, 2, 0, 3, 0, 11, 0, 0, 8, 1, 0, 11, 0, 0})
 	f.Add([]byte{1, 0, 1, 0, 0, 2, 0, 11, 0, 0, 5, 1, 7, 11, 0, 0, 15, 0, 0, 11, 0, 0})
 	f.Add([]byte{4, 0, 1, 10, 0, 2, 10, 0, 3, 6, 11, 0, 0, 5, 1, 13, 0, 4, 12, 11, 0, 0})
 	f.Add([]byte{2, 0, 7, 8, 0, 8, 1, 0, 9, 2, 11, 0, 0, 8, 7, 3, 11, 0, 0, 12, 8, 4})
+	// Extremes: MaxFloat64 and twice 1e308 at exponent 1, then subnormals and
+	// powers across the range at exponent 3, with updates between them.
+	f.Add([]byte{3, 0, 1, 14, 0, 2, 12, 0, 3, 13, 11, 0, 0, 5, 1, 16, 11, 0, 0, 9, 2, 0, 11, 0, 0})
+	f.Add([]byte{6, 0, 1, 16, 0, 2, 17, 0, 3, 130, 0, 4, 250, 11, 0, 0, 5, 3, 12, 11, 0, 0, 10, 4, 0, 11, 0, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		exponent, ops := decodeOps(data)
 		for _, sel := range allSelectors(t, 7, exponent) {

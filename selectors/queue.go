@@ -36,7 +36,7 @@ func newQueue(lifo bool) *queue {
 }
 
 func (q *queue) Insert(key Key, priority float64) error {
-	if err := checkPriority(priority); err != nil {
+	if err := CheckPriority(priority); err != nil {
 		return err
 	}
 	if _, ok := q.index[key]; ok {
@@ -62,7 +62,7 @@ func (q *queue) Insert(key Key, priority float64) error {
 }
 
 func (q *queue) Update(key Key, priority float64) error {
-	if err := checkPriority(priority); err != nil {
+	if err := CheckPriority(priority); err != nil {
 		return err
 	}
 	if _, ok := q.index[key]; !ok {

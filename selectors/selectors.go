@@ -26,8 +26,8 @@ var (
 	ErrKeyNotFound = errors.New("selectors: key not found")
 	// ErrEmpty is returned by Sample when the selector holds no keys.
 	ErrEmpty = errors.New("selectors: empty")
-	// ErrInvalidPriority is returned for NaN, infinite or negative priorities,
-	// and by Prioritized for a priority whose weight would overflow float64.
+	// ErrInvalidPriority is returned for NaN, infinite or negative
+	// priorities, by every selector alike (see CheckPriority).
 	ErrInvalidPriority = errors.New("selectors: invalid priority")
 	// ErrInvalidOptions is returned by New for an unknown kind or a bad parameter.
 	ErrInvalidOptions = errors.New("selectors: invalid options")
@@ -117,8 +117,10 @@ func New(o Options, rng *rand.Rand) (Selector, error) {
 	}
 }
 
-// checkPriority rejects priorities no selector can hold.
-func checkPriority(p float64) error {
+// CheckPriority returns an error wrapping ErrInvalidPriority for a priority
+// that no selector accepts: NaN, infinite or negative. Every selector accepts
+// every other priority.
+func CheckPriority(p float64) error {
 	if math.IsNaN(p) || math.IsInf(p, 0) || p < 0 {
 		return fmt.Errorf("%w: %v (must be finite and >= 0)", ErrInvalidPriority, p)
 	}

@@ -211,32 +211,36 @@ func assertSameBehaviour(t *testing.T, a, b Selector) {
 	}
 }
 
-func TestPrioritizedOverflowIsRejected(t *testing.T) {
-	a, _ := NewPrioritized(1, rand.New(rand.NewPCG(1, 1)))
-	b, _ := NewPrioritized(1, rand.New(rand.NewPCG(1, 1)))
-	for _, s := range []Selector{a, b} {
-		for k := range Key(16) { // fill the first tree so the next insert grows it
-			if err := s.Insert(k, 1e307); err != nil {
-				t.Fatal(err)
-			}
+// TestPrioritizedAcceptsEveryFinitePriority makes the weights and their sum
+// overflow float64 in every way the selector once refused.
+func TestPrioritizedAcceptsEveryFinitePriority(t *testing.T) {
+	s, _ := NewPrioritized(1, rand.New(rand.NewPCG(1, 1)))
+	priorities := map[Key]float64{}
+	for k := range Key(16) { // fill the first tree so the next insert grows it
+		if err := s.Insert(k, 1e307); err != nil {
+			t.Fatal(err)
 		}
+		priorities[k] = 1e307
 	}
-	// 16e307 is finite; one more 1e308 is not.
-	if err := a.Insert(16, math.MaxFloat64); !errors.Is(err, ErrInvalidPriority) {
-		t.Errorf("Insert making the sum overflow: err = %v, want ErrInvalidPriority", err)
+	// 16e307 is finite; one more MaxFloat64 is not.
+	if err := s.Insert(16, math.MaxFloat64); err != nil {
+		t.Errorf("Insert making the sum overflow: %v", err)
 	}
-	if err := a.Update(3, math.MaxFloat64); !errors.Is(err, ErrInvalidPriority) {
-		t.Errorf("Update making the sum overflow: err = %v, want ErrInvalidPriority", err)
+	priorities[16] = math.MaxFloat64
+	if err := s.Update(3, math.MaxFloat64); err != nil {
+		t.Errorf("Update making the sum overflow: %v", err)
 	}
-	assertSameBehaviour(t, a, b)
+	priorities[3] = math.MaxFloat64
+	checkExact(t, s, priorities)
 
 	sq, _ := NewPrioritized(2, nil)
-	if err := sq.Insert(1, 1e200); !errors.Is(err, ErrInvalidPriority) || !strings.Contains(err.Error(), "overflows") {
-		t.Errorf("Insert(1, 1e200) with exponent 2: err = %v, want ErrInvalidPriority naming the overflow", err)
+	if err := sq.Insert(1, 1e200); err != nil {
+		t.Errorf("Insert(1, 1e200) with exponent 2: %v", err)
 	}
-	if sq.Len() != 0 {
-		t.Errorf("Len = %d after a rejected insert", sq.Len())
+	if err := sq.Insert(2, 1e-200); err != nil {
+		t.Errorf("Insert(2, 1e-200) with exponent 2: %v", err)
 	}
+	checkExact(t, sq, map[Key]float64{1: 1e200, 2: 1e-200})
 }
 
 // fixedSource always yields the same word, to drive Sample to the extremes
@@ -251,12 +255,19 @@ func TestPrioritizedExtremeDraws(t *testing.T) {
 		src     fixedSource
 		weights []float64
 		want    Key
+		prob    float64 // 0: the weight over the base band's total
 	}{
-		{"lowest draw skips leading zeros", 0, []float64{0, 0, 5e-324, 0, 3, 0, 1e-300}, 2},
+		{"lowest draw skips leading zeros", 0, []float64{0, 0, 1e-200, 0, 3, 0, 1e-100}, 2, 0},
 		// The draw just below 3.7, less 0.7, rounds to 3 or more, carrying
 		// the descent past every leaf of the group: it must fall back on the
 		// last positive leaf rather than an empty one past the last key.
-		{"highest draw stays on the last positive leaf", fixedSource(math.MaxUint64), []float64{0.7, 0, 3}, 2},
+		{"highest draw stays on the last positive leaf", fixedSource(math.MaxUint64), []float64{0.7, 0, 3}, 2, 0},
+		// Across bands, the lowest draw lands in the top band, on its first
+		// positive leaf; the tiny weights in lower bands are out of its reach.
+		{"lowest draw starts in the top band", 0, []float64{0, 5e-324, 3, 0, 1e308}, 4, 1},
+		// 2^767 is the largest weight of band 0 and 2^769 lies in band 1: the
+		// highest draw goes past the top band into the one below.
+		{"highest draw reaches the band below", fixedSource(math.MaxUint64), []float64{0x1p769, 0, 0x1p767}, 2, 0.2},
 	}
 	for _, tt := range tests {
 		s, _ := NewPrioritized(1, rand.New(tt.src))
@@ -265,9 +276,12 @@ func TestPrioritizedExtremeDraws(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		if tt.prob == 0 {
+			tt.prob = tt.weights[tt.want] / s.(*prioritized).base.total
+		}
 		k, p, err := s.Sample()
-		if err != nil || k != tt.want || p != tt.weights[k]/s.(*prioritized).total {
-			t.Errorf("%s: Sample = (%d, %v, %v), want key %d", tt.name, k, p, err, tt.want)
+		if err != nil || k != tt.want || p != tt.prob {
+			t.Errorf("%s: Sample = (%d, %v, %v), want (%d, %v)", tt.name, k, p, err, tt.want, tt.prob)
 		}
 	}
 }

@@ -18,7 +18,7 @@ func NewUniform(rng *rand.Rand) Selector {
 }
 
 func (u *uniform) Insert(key Key, priority float64) error {
-	if err := checkPriority(priority); err != nil {
+	if err := CheckPriority(priority); err != nil {
 		return err
 	}
 	if _, ok := u.index[key]; ok {
@@ -30,7 +30,7 @@ func (u *uniform) Insert(key Key, priority float64) error {
 }
 
 func (u *uniform) Update(key Key, priority float64) error {
-	if err := checkPriority(priority); err != nil {
+	if err := CheckPriority(priority); err != nil {
 		return err
 	}
 	if _, ok := u.index[key]; !ok {

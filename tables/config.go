@@ -2,7 +2,6 @@ package tables
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -122,14 +121,6 @@ func (cs *ColumnSpec) match(name string, c *Chunk, steps int64, squeeze bool) er
 			shape = append([]int64{steps}, c.Shape...)
 		}
 		return fmt.Errorf("%w: column %q has shape %v, signature wants %v", ErrSignature, name, shape, cs.Shape)
-	}
-	return nil
-}
-
-// checkPriority rejects priorities no selector can hold.
-func checkPriority(p float64) error {
-	if math.IsNaN(p) || math.IsInf(p, 0) || p < 0 {
-		return fmt.Errorf("%w: %v (must be finite and >= 0)", ErrInvalidPriority, p)
 	}
 	return nil
 }

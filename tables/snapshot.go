@@ -116,7 +116,7 @@ func NewFromSnapshot(snap TableSnapshot, store *ChunkStore, opts ...Option) (*Ta
 func (t *Table) restoreItems(items []ItemSnapshot) error {
 	for i := range items {
 		it := &items[i]
-		if err := checkPriority(it.Priority); err != nil {
+		if err := selectors.CheckPriority(it.Priority); err != nil {
 			return fmt.Errorf("%w: item %d: %w", ErrInvalidSnapshot, it.Key, err)
 		}
 		if it.TimesSampled < 0 {

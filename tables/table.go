@@ -190,7 +190,8 @@ func (t *Table) Size() int64 {
 // limiter.ErrRateLimited and ctx.Err()) or until the table is closed
 // (ErrClosed).
 //
-// The item is checked before any wait: its priority (ErrInvalidPriority), its
+// The item is checked before any wait: its priority (ErrInvalidPriority if
+// NaN, infinite or negative; any other is valid, however large), its
 // trajectory (ErrInvalidItem), its chunks, which must be in the store
 // (ErrChunkMissing), and the table's signature (ErrSignature). Insert then
 // takes a reference to each chunk, so a waiting item's chunks stay put,
@@ -205,7 +206,7 @@ func (t *Table) Size() int64 {
 // a new item can be its own victim (a MinHeap remover picks it when its
 // priority is the lowest). Insert then succeeds and the item is gone at once.
 func (t *Table) Insert(ctx context.Context, item Item) error {
-	if err := checkPriority(item.Priority); err != nil {
+	if err := selectors.CheckPriority(item.Priority); err != nil {
 		return fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
 	}
 	if err := checkTrajectory(item.Trajectory, t.sig); err != nil {
@@ -367,8 +368,16 @@ func (t *Table) removeLocked(e *entry) {
 }
 
 // must stops on a selector refusing what the table's own bookkeeping makes
-// valid (a key it holds, a key it does not, a checked priority): the two are
-// out of step, and carrying on would corrupt the table.
+// valid, which no caller's input can cause. Every selector call passes a key
+// that t.items says the selectors hold (Update, Delete) or do not (Insert),
+// and a priority that selectors.CheckPriority accepted before anything
+// changed: that check is the selectors' whole rule, so every selector
+// accepts it, at any magnitude. Sample is called only on a non-empty
+// selector: eviction runs while the table holds more than max_size >= 1
+// items, and the limiter allows a sample only while inserts - deletes, which
+// is the table's size, is at least min_size >= 1. An error here means the
+// selectors and the table are out of step, and carrying on would corrupt the
+// table.
 func must(err error) {
 	if err != nil {
 		panic(fmt.Sprintf("tables: selector out of step with its table: %v", err))
@@ -474,7 +483,7 @@ func (t *Table) Mutate(muts []Mutation) (missing []uint64, err error) {
 		if m.Delete {
 			continue
 		}
-		if err := checkPriority(m.Priority); err != nil {
+		if err := selectors.CheckPriority(m.Priority); err != nil {
 			return nil, fmt.Errorf("table %q: mutation %d (key %d): %w", t.name, i, m.Key, err)
 		}
 	}

@@ -461,3 +461,56 @@ func TestCloseWakesWaiters(t *testing.T) {
 		t.Fatal("Close dropped the items")
 	}
 }
+
+// TestExtremePriorities gives a prioritized sampler and remover priorities
+// whose powers, or the sums of them, overflow float64, through every path a
+// priority takes: insert, re-insert, Mutate, eviction, sampling and a
+// snapshot. Selectors once refused them, and the table panicked.
+func TestExtremePriorities(t *testing.T) {
+	for _, tt := range []struct {
+		exponent, huge float64
+	}{{1, 1e308}, {1, math.MaxFloat64}, {1.5, 1e300}, {3, 1e308}} {
+		s := NewChunkStore()
+		putChunk(s, 1, 1, 1)
+		cfg := config("t", selectors.KindPrioritized, selectors.KindPrioritized, 3, limiter.MinSize(1))
+		cfg.Sampler.Exponent, cfg.Remover.Exponent = tt.exponent, tt.exponent
+		tb := mustNew(t, cfg, s)
+		mustInsert(t, tb, newItem(1, tt.huge, 1))
+		mustInsert(t, tb, newItem(2, tt.huge, 1))
+		mustInsert(t, tb, newItem(3, 1, 1))
+		mustInsert(t, tb, newItem(1, tt.huge, 1)) // present: an update
+		if missing, err := tb.Mutate([]Mutation{{Key: 3, Priority: tt.huge}}); err != nil || missing != nil {
+			t.Fatalf("exponent %v: Mutate to %v: missing %v, %v", tt.exponent, tt.huge, missing, err)
+		}
+		if info := tb.Info(); info.Size != 3 || info.Counters.Inserts != 3 || info.Limiter.Inserts != 3 {
+			t.Fatalf("exponent %v: size %d, counters %+v, limiter %+v; want 3 items inserted", tt.exponent, info.Size, info.Counters, info.Limiter)
+		}
+		// Three equal weights: a third each, and every item drawn.
+		ss, err := tb.Sample(expired(), 3000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := map[uint64]int{}
+		for _, smp := range ss {
+			if d := math.Abs(smp.Info.Probability - 1.0/3); d > 1e-15 || smp.Info.TableSize != 3 {
+				t.Fatalf("exponent %v: sample info %+v, want probability 1/3 of 3 items", tt.exponent, smp.Info)
+			}
+			counts[smp.Info.Key]++
+		}
+		if len(counts) != 3 || counts[1] < 850 || counts[2] < 850 || counts[3] < 850 {
+			t.Fatalf("exponent %v: counts %v, want about 1000 each", tt.exponent, counts)
+		}
+		// A fourth huge item makes the prioritized remover evict one.
+		mustInsert(t, tb, newItem(4, tt.huge, 1))
+		if info := tb.Info(); info.Size != 3 || info.Counters.Evictions != 1 || info.Limiter.Inserts-info.Limiter.Deletes != 3 {
+			t.Fatalf("exponent %v: size %d, counters %+v, limiter %+v after an eviction", tt.exponent, info.Size, info.Counters, info.Limiter)
+		}
+		restored, err := NewFromSnapshot(tb.Snapshot(), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sampleKeys(t, restored, 10); len(got) != 10 {
+			t.Fatalf("exponent %v: restored table sampled %v", tt.exponent, got)
+		}
+	}
+}
