@@ -34,7 +34,7 @@ func FuzzApply(f *testing.F) {
 	f.Fuzz(func(t *testing.T, kind uint8, data []byte) {
 		cfgs := []tables.Config{
 			tableConfig("u", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 8, limiter.MinSize(1)),
-			tableConfig("p", selectors.Options{Kind: selectors.KindPrioritized, Exponent: 0.6}, selectors.Options{Kind: selectors.KindMinHeap}, 8, limiter.MinSize(1)),
+			tableConfig("p", selectors.Options{Kind: selectors.KindPrioritized, Exponent: 1}, selectors.Options{Kind: selectors.KindMinHeap}, 8, limiter.MinSize(1)),
 		}
 		s, err := NewService(nc, cfgs, WithPrefix("fuzz"), WithLogger(quietLogger()), WithLimits(limits))
 		if err != nil {
