@@ -310,10 +310,11 @@ func (s *prioritized) Insert(key Key, priority float64) error {
 	if err := CheckPriority(priority); err != nil {
 		return err
 	}
-	if _, ok := s.index[key]; ok {
-		return errKeyExists(key)
+	_, ok := s.index[key]
+	if !ok && len(s.far) > 0 { // ordinary tables have no far keys: skip the lookup
+		_, ok = s.far[key]
 	}
-	if _, ok := s.far[key]; ok {
+	if ok {
 		return errKeyExists(key)
 	}
 	id, leaf := s.place(priority)
@@ -502,6 +503,11 @@ func (v *view) probability(b *band, i int) float64 {
 }
 
 func (s *prioritized) Sample() (Key, float64, error) {
+	if b := &s.base; len(s.order) == 0 && b.total > 0 {
+		// Every ordinary table: one band, so no view to build.
+		i := b.descend(s.rng.Float64() * b.total)
+		return b.keys[i], b.levels[0][i] / b.total, nil
+	}
 	v := s.view()
 	b := v.top
 	if b == nil {
