@@ -49,7 +49,9 @@ class _LoopThread:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except TimeoutError:
+            if fut.done():
+                raise  # the coroutine's own error (DeadlineExceededError is a TimeoutError)
             fut.cancel()
             raise errors.DeadlineExceededError(f"no result within {timeout}s") from None
 
