@@ -324,7 +324,11 @@ class Sampler:
             data = self.next_raw()
             try:
                 return _aio.decode_batch(data)
-            except errors.RateLimitedError:
+            except errors.RateLimitedError as e:
+                if e.partial is not None and len(e.partial):
+                    return e.partial  # a short batch: samples are never dropped
+                if self._args[2] is None:
+                    continue  # no timeout: wait on, as Reverb's sampler does
                 self.close()
                 raise StopIteration from None
             except errors.UnavailableError:

@@ -36,8 +36,11 @@ import reprise
 TABLE = "dqn"
 
 
+HIDDEN = 128
+
+
 def make_net() -> nn.Module:
-    return nn.Sequential(nn.Linear(4, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 2))
+    return nn.Sequential(nn.Linear(4, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 2))
 
 
 def load_weights(net: nn.Module, path: Path, last_mtime: float) -> float:
@@ -186,8 +189,9 @@ def learner(args: argparse.Namespace) -> int:
             opt.step()
             updates += 1
             client.update_priorities(TABLE, batch.info.key, td.detach().abs().numpy() + 1e-3)
-            if updates % args.target_every == 0:
-                target.load_state_dict(net.state_dict())
+            with torch.no_grad():  # a slowly moving target network
+                for pt, pn in zip(target.parameters(), net.parameters()):
+                    pt.lerp_(pn, args.tau)
             if updates % 50 == 0:
                 save_weights(net, weights)
             now = time.monotonic()
@@ -250,11 +254,11 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=15)
     ap.add_argument("--target", type=float, default=450)
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--gamma", type=float, default=0.99)
     ap.add_argument("--beta", type=float, default=0.4)
-    ap.add_argument("--target-every", type=int, default=200)
-    ap.add_argument("--eps-decay-steps", type=int, default=20_000)
+    ap.add_argument("--tau", type=float, default=0.005, help="target network update rate per learner step")
+    ap.add_argument("--eps-decay-steps", type=int, default=10_000)
     ap.add_argument("--eps-min", type=float, default=0.02)
     ap.add_argument("--eval-every", type=float, default=20)
     ap.add_argument("--eval-episodes", type=int, default=20)
