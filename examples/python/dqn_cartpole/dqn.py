@@ -1,5 +1,5 @@
 """DQN on CartPole-v1 with Reprise: actor processes play and publish
-transitions through the Python writer; a PyTorch learner samples a
+n-step transitions through the Python writer; a PyTorch learner samples a
 prioritized table held to a samples-per-insert ratio and updates priorities
 from TD errors.
 
@@ -58,9 +58,12 @@ def load_weights(net: nn.Module, path: Path, last_mtime: float) -> float:
 
 
 def actor(index: int, args: argparse.Namespace, weights: Path, stop: mp.Event, steps_out: mp.Value) -> None:
-    """Plays episodes with an epsilon-greedy policy and writes each
-    transition as an item: obs of 2 steps (s, s'), and action, reward and
-    terminated of the first."""
+    """Plays episodes with an epsilon-greedy policy and writes one item per
+    transition: the n+1 observations s_t .. s_t+n as one column, the action
+    a_t, and the n rewards and discounts that follow (n-step returns). Each
+    step's discount is gamma, 0 where the episode terminated; the steps after
+    an episode's end repeat its last observation with reward 0 and discount
+    1, so every item has the same shape."""
     torch.set_num_threads(1)
     # The rate limiter holds the actors to the learner's pace by design:
     # the writer's "waiting for room" notes are expected here.
@@ -69,8 +72,22 @@ def actor(index: int, args: argparse.Namespace, weights: Path, stop: mp.Event, s
     env = gym.make("CartPole-v1")
     net = make_net()
     mtime = 0.0
+    n = args.n_step
     client = reprise.Client(args.nats, prefix=args.prefix)
-    w = client.trajectory_writer(num_keep_alive_refs=2)
+    w = client.trajectory_writer(num_keep_alive_refs=n + 1)
+
+    def append(obs: np.ndarray, action: int, reward: float, discount: float) -> None:
+        w.append({"obs": obs.astype(np.float32), "action": np.int64(action),
+                  "reward": np.float32(reward), "discount": np.float32(discount)})
+        if w.episode_steps >= n + 1:
+            h = w.history
+            w.create_item(TABLE, 1.0, {
+                "obs": h["obs"][-(n + 1):],
+                "action": h["action"][-(n + 1)],
+                "reward": h["reward"][-(n + 1):-1],
+                "discount": h["discount"][-(n + 1):-1],
+            })
+
     steps = 0
     obs, _ = env.reset(seed=args.seed * 1000 + index)
     try:
@@ -82,17 +99,12 @@ def actor(index: int, args: argparse.Namespace, weights: Path, stop: mp.Event, s
                 with torch.no_grad():
                     action = int(net(torch.from_numpy(obs)).argmax())
             nxt, reward, terminated, truncated, _ = env.step(action)
-            w.append({"obs": obs.astype(np.float32), "action": np.int64(action),
-                      "reward": np.float32(reward), "terminated": np.float32(terminated)})
-            if w.episode_steps >= 2:
-                make_item(w)
+            append(obs, action, reward, 0.0 if terminated else args.gamma)
             obs = nxt
             steps += 1
             if terminated or truncated:
-                # The last step holds only the final observation.
-                w.append({"obs": obs.astype(np.float32), "action": np.int64(0),
-                          "reward": np.float32(0), "terminated": np.float32(0)})
-                make_item(w)
+                for _ in range(n):  # the final observation, then padding
+                    append(obs, 0, 0.0, 1.0)
                 w.end_episode()
                 obs, _ = env.reset()
             if steps % 200 == 0:
@@ -108,16 +120,6 @@ def actor(index: int, args: argparse.Namespace, weights: Path, stop: mp.Event, s
         print(f"actor {index}: stopping: {e}", file=sys.stderr)
     finally:
         client.close()
-
-
-def make_item(w: reprise.TrajectoryWriter) -> None:
-    h = w.history
-    w.create_item(TABLE, 1.0, {
-        "obs": h["obs"][-2:],
-        "action": h["action"][-2],
-        "reward": h["reward"][-2],
-        "terminated": h["terminated"][-2],
-    })
 
 
 def evaluate(net: nn.Module, episodes: int, seed: int) -> float:
@@ -164,17 +166,18 @@ def learner(args: argparse.Namespace) -> int:
     reached = False
     beta = args.beta
     try:
-        sampler = client.sampler(TABLE, args.batch, prefetch=2, timeout=30)
-        for batch in sampler:
+        for batch in batches(client, args, procs, deadline):
             d = batch.data
-            obs = torch.from_numpy(d["obs"])  # [B, 2, 4]
-            s, s2 = obs[:, 0], obs[:, 1]
-            a = torch.from_numpy(d["action"])
-            r = torch.from_numpy(d["reward"])
-            term = torch.from_numpy(d["terminated"])
+            obs = torch.from_numpy(d["obs"])  # [B, n+1, 4]: s_t .. s_t+n
+            s, sn = obs[:, 0], obs[:, -1]
+            a = torch.from_numpy(d["action"])  # [B]
+            r = torch.from_numpy(d["reward"])  # [B, n]
+            disc = torch.cumprod(torch.from_numpy(d["discount"]), dim=1)  # [B, n]
+            # n-step return: r_t + d_t r_t+1 + d_t d_t+1 r_t+2 + ...
+            ret = r[:, 0] + (r[:, 1:] * disc[:, :-1]).sum(1)
             with torch.no_grad():
-                a2 = net(s2).argmax(1, keepdim=True)  # double DQN
-                y = r + args.gamma * (1 - term) * target(s2).gather(1, a2).squeeze(1)
+                an = net(sn).argmax(1, keepdim=True)  # double DQN
+                y = ret + disc[:, -1] * target(sn).gather(1, an).squeeze(1)
             q = net(s).gather(1, a.unsqueeze(1)).squeeze(1)
             td = q - y
             # Importance weights for prioritized sampling.
@@ -230,6 +233,17 @@ def learner(args: argparse.Namespace) -> int:
     return 0 if reached else 2
 
 
+def batches(client: reprise.Client, args: argparse.Namespace, procs: list, deadline: float):  # type: ignore[no-untyped-def]
+    """Sampled batches until the deadline. A sampler with a timeout ends
+    when the rate limiter allows nothing for that long (the actors are
+    starting, or gone): check on them, then sample again."""
+    while time.monotonic() < deadline:
+        with client.sampler(TABLE, args.batch, prefetch=2, timeout=10) as sampler:
+            yield from sampler
+        if not any(p.is_alive() for p in procs):
+            raise RuntimeError("every actor exited; see their errors above")
+
+
 def save_weights(net: nn.Module, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(net.state_dict(), tmp)
@@ -256,6 +270,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--gamma", type=float, default=0.99)
+    ap.add_argument("--n-step", type=int, default=3, help="steps of reward before bootstrapping")
     ap.add_argument("--beta", type=float, default=0.4)
     ap.add_argument("--tau", type=float, default=0.005, help="target network update rate per learner step")
     ap.add_argument("--eps-decay-steps", type=int, default=10_000)
