@@ -191,7 +191,10 @@ def learner(args: argparse.Namespace) -> int:
             nn.utils.clip_grad_norm_(net.parameters(), 10.0)
             opt.step()
             updates += 1
-            client.update_priorities(TABLE, batch.info.key, td.detach().abs().numpy() + 1e-3)
+            # Actors insert at priority 1 (they cannot know the largest TD
+            # error so far): clipping at 1 keeps fresh transitions at the
+            # top priority, as "new items get the max priority" does.
+            client.update_priorities(TABLE, batch.info.key, td.detach().abs().clamp(1e-3, 1.0).numpy())
             with torch.no_grad():  # a slowly moving target network
                 for pt, pn in zip(target.parameters(), net.parameters()):
                     pt.lerp_(pn, args.tau)

@@ -30,7 +30,7 @@ def main() -> None:
     ax.set_title("DQN on CartPole-v1 through Reprise")
     ax.set_ylim(0, 520)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(dst)
     print(f"wrote {dst}")
