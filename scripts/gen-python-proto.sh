@@ -16,13 +16,13 @@ out=python/reprise/_proto
 if [[ "${1:-}" == "--check" ]]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  protoc -Ibroker/wire --python_out="$tmp" broker/wire/reprise.proto
-  if ! cmp -s "$tmp/reprise_pb2.py" "$out/reprise_pb2.py"; then
+  protoc -Ibroker/wire --python_out="$tmp" --pyi_out="$tmp" broker/wire/reprise.proto
+  if ! cmp -s "$tmp/reprise_pb2.py" "$out/reprise_pb2.py" || ! cmp -s "$tmp/reprise_pb2.pyi" "$out/reprise_pb2.pyi"; then
     echo "gen-python-proto: $out/reprise_pb2.py does not match broker/wire/reprise.proto; run scripts/gen-python-proto.sh" >&2
     exit 1
   fi
   echo "gen-python-proto: $out/reprise_pb2.py is up to date"
   exit 0
 fi
-protoc -Ibroker/wire --python_out="$out" broker/wire/reprise.proto
+protoc -Ibroker/wire --python_out="$out" --pyi_out="$out" broker/wire/reprise.proto
 echo "gen-python-proto: wrote $out/reprise_pb2.py"

@@ -54,6 +54,9 @@ if [ "$update_golden" = 1 ]; then
   (cd python && REPRISE_UPDATE_GOLDEN=1 ../.venv/bin/python -m pytest -q -p no:cacheprovider tests/test_golden.py)
 fi
 
+echo "== mypy (python/reprise)"
+(cd python && ../.venv/bin/python -m mypy reprise)
+
 echo "== pytest"
 set +e
 (cd python && REPRISE_BIN_DIR="$bin" REPRISE_REQUIRE_TORCH=1 ../.venv/bin/python -m pytest -q -p no:cacheprovider tests)

@@ -3,7 +3,8 @@
 Starts reprised (built with ``go build``) on a free port, then for each
 workload runs the Go client (``reprisectl bench``) and the Python client the
 same way (one client, same payloads, batch sizes and duration) and prints
-both with their ratio:
+both with their ratio (the Go client has one request in flight; the Python
+sampler is measured with prefetch 1, the same, and with --prefetch):
 
   insert 400 B   one-step items of random float32s, uncompressed chunks,
                  64 items per message; items/s once JetStream acked them
@@ -149,16 +150,20 @@ def main() -> None:
             p = py_insert(srv.url, 400, 64, args.duration)
             results.append(("insert 400 B, 64 per message (items/s)", g["items_per_sec"], p["items_per_sec"], 0.25))
             g = go_bench(bins, srv.url, "sample", 400, 256, args.duration)
+            p1 = py_sample(srv.url, 256, args.duration, 1)
             p = py_sample(srv.url, 256, args.duration, args.prefetch)
-            results.append(("sample 400 B, batch 256 (items/s)", g["items_per_sec"], p["items_per_sec"], 0.5))
+            results.append(("sample 400 B, batch 256 (items/s)", g["items_per_sec"], p1["items_per_sec"], 0.5))
+            results.append((f"  ... Python prefetch={args.prefetch}", g["items_per_sec"], p["items_per_sec"], 0.5))
         finally:
             srv.stop()
         srv = Server(bins, work / "b")
         try:
             go_bench(bins, srv.url, "insert", 40000, 8, 3)
             g = go_bench(bins, srv.url, "sample", 40000, 23, args.duration)
+            p1 = py_sample(srv.url, 23, args.duration, 1)
             p = py_sample(srv.url, 23, args.duration, args.prefetch)
-            results.append(("sample 40 kB, batch 23 (MB/s)", g["bytes_per_sec"] / 1e6, p["bytes_per_sec"] / 1e6, 0.8))
+            results.append(("sample 40 kB, batch 23 (MB/s)", g["bytes_per_sec"] / 1e6, p1["bytes_per_sec"] / 1e6, 0.8))
+            results.append((f"  ... Python prefetch={args.prefetch}", g["bytes_per_sec"] / 1e6, p["bytes_per_sec"] / 1e6, 0.8))
         finally:
             srv.stop()
         if args.json:

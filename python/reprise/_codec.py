@@ -51,7 +51,7 @@ DTYPES: Final[dict[str, np.dtype]] = {
 }
 
 _INTEGER: Final = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
-_UNSIGNED_OF_WIDTH: Final = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_UNSIGNED_OF_WIDTH: Final[dict[int, np.dtype]] = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _NAME_OF: Final[dict[np.dtype, str]] = {}
 for _name, _dt in DTYPES.items():
     _NAME_OF[_dt] = _name

@@ -116,6 +116,12 @@ class _Chunks:
             self._raw[c.key] = c
         self._decoded: dict[int, np.ndarray] = {}
 
+    def raw(self, key: int) -> Any:
+        c = self._raw.get(key)
+        if c is None:
+            raise errors.ProtocolError(f"the response references chunk {key}, which it does not carry")
+        return c
+
     def get(self, key: int) -> np.ndarray:
         a = self._decoded.get(key)
         if a is None:
@@ -166,17 +172,28 @@ def decode_samples(resp: _Response) -> list[ReplaySample]:
     return out
 
 
+_INFO_DTYPE = np.dtype(
+    [
+        ("key", np.uint64),
+        ("probability", np.float64),
+        ("table_size", np.int64),
+        ("priority", np.float64),
+        ("times_sampled", np.int32),
+        ("inserted_at_unix_nano", np.int64),
+        ("rate_limited", np.bool_),
+    ]
+)
+
+
 def _info_arrays(items: Sequence[Any]) -> BatchInfo:
-    infos = [it.info for it in items]
-    return BatchInfo(
-        key=np.fromiter((i.key for i in infos), dtype=np.uint64, count=len(infos)),
-        probability=np.fromiter((i.probability for i in infos), dtype=np.float64, count=len(infos)),
-        table_size=np.fromiter((i.table_size for i in infos), dtype=np.int64, count=len(infos)),
-        priority=np.fromiter((i.priority for i in infos), dtype=np.float64, count=len(infos)),
-        times_sampled=np.fromiter((i.times_sampled for i in infos), dtype=np.int32, count=len(infos)),
-        inserted_at_unix_nano=np.fromiter((i.inserted_at_unix_nano for i in infos), dtype=np.int64, count=len(infos)),
-        rate_limited=np.fromiter((i.rate_limited for i in infos), dtype=np.bool_, count=len(infos)),
+    rec = np.array(
+        [
+            (i.key, i.probability, i.table_size, i.priority, i.times_sampled, i.inserted_at_unix_nano, i.rate_limited)
+            for i in (it.info for it in items)
+        ],
+        dtype=_INFO_DTYPE,
     )
+    return BatchInfo(**{name: np.ascontiguousarray(rec[name]) for name in _INFO_DTYPE.names or ()})
 
 
 def decode_batch(resp: _Response) -> SampleBatch:
@@ -204,8 +221,77 @@ def decode_batch(resp: _Response) -> SampleBatch:
     return SampleBatch(info, data)
 
 
+def _gather_single_slices(name: str, squeeze: bool, cols: Sequence[Any], chunks: _Chunks) -> np.ndarray | None:
+    """The fast path of _gather_batch_column: every item's column is one
+    slice, and no chunk needs delta decoding across steps. The chunks'
+    bytes are joined into one buffer (decompressed where needed) that numpy
+    reads once; None when the path does not apply."""
+    sls = [c.slices for c in cols]
+    if any(len(s) != 1 for s in sls) or any(c.squeeze != squeeze for c in cols):
+        return None
+    first = [s[0] for s in sls]
+    keys = [s.chunk_key for s in first]
+    offs = np.fromiter((s.offset for s in first), dtype=np.int64, count=len(first))
+    lens = np.fromiter((s.length for s in first), dtype=np.int64, count=len(first))
+    steps = int(lens[0])
+    if steps < 1 or not (lens == steps).all():
+        return None
+    order = list(dict.fromkeys(keys))
+    raws = []
+    for k in order:
+        c = chunks.raw(k)
+        if c.delta_encoded and c.length > 1:
+            return None
+        raws.append(c)
+    c0 = raws[0]
+    dtype, step_shape = c0.dtype, list(c0.step_shape)
+    dt = _codec.DTYPES.get(dtype)
+    if dt is None or c0.compression not in (pb.COMPRESSION_NONE, pb.COMPRESSION_ZSTD):
+        return None  # the slow path raises the right error
+    parts = []
+    rows = []
+    for c in raws:
+        if c.dtype != dtype or list(c.step_shape) != step_shape:
+            raise errors.InvalidArgumentError(
+                f"column {name!r}: items hold steps of different dtypes or shapes; use sample()"
+            )
+        if c.compression == pb.COMPRESSION_NONE and len(c.data) == c.raw_size and c.length >= 1:
+            parts.append(c.data)
+        else:
+            parts.append(chunks.get(c.key).tobytes())  # checked decoding
+        rows.append(c.length)
+    try:
+        step_elems = _codec._num_elements(step_shape, _codec.MAX_CHUNK_RAW_SIZE)
+    except ValueError as e:
+        raise errors.ProtocolError(f"chunk {c0.key}: step_shape {step_shape}: {e}") from None
+    total = int(sum(rows))
+    buf = b"".join(parts)
+    if len(buf) != total * step_elems * dt.itemsize:
+        return None  # a size mismatch: the slow path names the chunk
+    whole = np.frombuffer(buf, dtype=dt).reshape((total, *step_shape))
+    ends = np.cumsum(np.asarray(rows, dtype=np.int64))
+    base = dict(zip(order, (ends - rows).tolist()))
+    sizes = dict(zip(order, rows))
+    starts = np.fromiter((base[k] for k in keys), dtype=np.int64, count=len(keys))
+    size = np.fromiter((sizes[k] for k in keys), dtype=np.int64, count=len(keys))
+    if (offs < 0).any() or (offs + steps > size).any():
+        bad = int(np.flatnonzero((offs < 0) | (offs + steps > size))[0])
+        raise errors.ProtocolError(
+            f"column {name!r}: slice wants steps [{offs[bad]}, {offs[bad]}+{steps}) of chunk {keys[bad]}, which has {size[bad]}"
+        )
+    starts += offs
+    if squeeze:
+        if steps != 1:
+            raise errors.ProtocolError(f"column {name!r} is squeezed but selects {steps} steps")
+        return whole[starts]
+    return whole[starts[:, None] + np.arange(steps, dtype=np.int64)[None, :]]
+
+
 def _gather_batch_column(name: str, squeeze: bool, cols: Sequence[Any], chunks: _Chunks) -> np.ndarray:
     """One column of every item, stacked, gathered with one fancy index."""
+    out = _gather_single_slices(name, squeeze, cols, chunks)
+    if out is not None:
+        return out
     # The column's chunks are concatenated once; placed[key] is where a
     # chunk's first step lands and how many steps it has.
     placed: dict[int, tuple[int, int]] = {}

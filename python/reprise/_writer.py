@@ -412,7 +412,7 @@ class _Pending:
 class _Record:
     """One published message, until it is settled."""
 
-    __slots__ = ("seq", "data", "headers", "items", "first_sent", "attempts", "future", "sent_at")
+    __slots__ = ("seq", "data", "headers", "items", "first_sent", "attempts", "future", "sent_at", "settled")
 
     def __init__(self, seq: int, data: bytes, headers: dict[str, str], items: int) -> None:
         self.seq = seq
@@ -423,6 +423,7 @@ class _Record:
         self.sent_at = 0.0
         self.attempts = 0
         self.future: asyncio.Future[Msg] | None = None
+        self.settled = False
 
 
 class _Blocked(Exception):
@@ -906,8 +907,28 @@ class _Transport:
     async def _on_ack(self, m: Msg) -> None:
         token = m.subject[m.subject.rfind(".") + 1 :]
         rec = self._acks.get(token)
-        if rec is not None and rec.future is not None and not rec.future.done():
+        if rec is None or rec.settled:
+            return
+        stream_seq, dup, err, _ = _parse_ack(m)
+        if err is None:
+            # Stored: settle at once (the ack loop skips it), so a writer
+            # waiting for room wakes without more hops through the loop.
+            self._settle_stored(rec, stream_seq, dup)
+        if rec.future is not None and not rec.future.done():
             rec.future.set_result(m)
+
+    def _settle_stored(self, rec: _Record, stream_seq: int | None, dup: bool) -> None:
+        p = self.p
+        assert p is not None
+        rec.settled = True
+        self._forget(rec)
+        if dup and rec.attempts == 1:
+            p.on_settled(rec, None, errors.DuplicateIdError(
+                f"message {rec.seq} ({rec.items} items) was sent once and JetStream acknowledged it as a "
+                "duplicate: another publisher used this writer's dedupe id; its items were not stored"
+            ))
+        else:
+            p.on_settled(rec, stream_seq, None)
 
     async def _send(self, rec: _Record) -> None:
         rec.attempts += 1
@@ -950,22 +971,22 @@ class _Transport:
         assert p is not None
         backoff = 0.05
         while True:
+            if rec.settled:
+                return
             assert rec.future is not None
             timeout = rec.sent_at + self.o.ack_timeout - self.loop.time()
             err: errors.RepriseError
             retryable = True
             try:
-                m = await asyncio.wait_for(asyncio.shield(rec.future), max(0.0, timeout))
+                if rec.future.done():
+                    m = rec.future.result()
+                else:
+                    m = await asyncio.wait_for(asyncio.shield(rec.future), max(0.0, timeout))
+                if rec.settled:
+                    return
                 stream_seq, dup, err_or_none, retryable = _parse_ack(m)
                 if err_or_none is None:
-                    self._forget(rec)
-                    if dup and rec.attempts == 1:
-                        p.on_settled(rec, None, errors.DuplicateIdError(
-                            f"message {rec.seq} ({rec.items} items) was sent once and JetStream acknowledged it as a "
-                            "duplicate: another publisher used this writer's dedupe id; its items were not stored"
-                        ))
-                    else:
-                        p.on_settled(rec, stream_seq, None)
+                    self._settle_stored(rec, stream_seq, dup)
                     return
                 err = err_or_none
             except asyncio.TimeoutError:
@@ -974,6 +995,7 @@ class _Transport:
                 err = e
                 retryable = not isinstance(e, (errors.ClosedError, errors.ResourceExhaustedError))
             if not retryable or self.loop.time() - rec.first_sent > self.o.retry_for or self._abort.is_set():
+                rec.settled = True
                 self._forget(rec)
                 log.warning("reprise writer: publish failed: producer %s message %d (%d items): %s",
                             p.token, rec.seq, rec.items, err.message)

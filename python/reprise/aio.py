@@ -439,7 +439,11 @@ class AsyncSampler:
             data = await self.next_raw()
             try:
                 return decode_batch(data)
-            except errors.RateLimitedError:
+            except errors.RateLimitedError as e:
+                if e.partial is not None and len(e.partial):
+                    return e.partial  # a short batch: samples are never dropped
+                if self._args[2] is None:
+                    continue  # no timeout: wait on, as Reverb's sampler does
                 await self.aclose()
                 raise StopAsyncIteration from None
             except errors.UnavailableError:

@@ -49,7 +49,9 @@ class _LoopThread:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except TimeoutError:
+            if fut.done():
+                raise  # the coroutine's own error (DeadlineExceededError is a TimeoutError)
             fut.cancel()
             raise errors.DeadlineExceededError(f"no result within {timeout}s") from None
 
@@ -322,7 +324,11 @@ class Sampler:
             data = self.next_raw()
             try:
                 return _aio.decode_batch(data)
-            except errors.RateLimitedError:
+            except errors.RateLimitedError as e:
+                if e.partial is not None and len(e.partial):
+                    return e.partial  # a short batch: samples are never dropped
+                if self._args[2] is None:
+                    continue  # no timeout: wait on, as Reverb's sampler does
                 self.close()
                 raise StopIteration from None
             except errors.UnavailableError:

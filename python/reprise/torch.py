@@ -121,6 +121,13 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         self.client_options = dict(client_options or {})
         self._client: Client | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # DataLoader workers get a copy without the connection: each makes
+        # its own.
+        state = self.__dict__.copy()
+        state["_client"] = None
+        return state
+
     def client(self) -> Client:
         """This process's client (made on first use)."""
         if self._client is None:

@@ -382,3 +382,46 @@ def test_kill9_during_writes_loses_no_flushed_item(reprised_factory: Any) -> Non
             np.testing.assert_array_equal(b.data["payload"][:, 0], b.data["x"].astype(np.float32))
             seen.update(b.data["x"].tolist())
         assert seen <= set(range(total)) and len(seen) > total * 0.9
+
+
+def test_user_and_password(binaries: Any, tmp_path: Any) -> None:
+    """The connection options reach a NATS server that demands a user:
+    reprised and the Python client both log in with user and password."""
+    import subprocess
+
+    from conftest import DEFAULT_TABLES, free_port
+
+    port = free_port()
+    srv = subprocess.Popen(
+        [str(binaries["gohelper"]), "auth-server", "--listen", f"127.0.0.1:{port}", "--store", str(tmp_path / "js"),
+         "--user", "actor", "--password", "s3cret"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    procs = [srv]
+    try:
+        assert srv.stdout is not None and srv.stdout.readline().strip() == "ready"
+        cfg = tmp_path / "reprise.yaml"
+        cfg.write_text(DEFAULT_TABLES)
+        rp = subprocess.Popen(
+            [str(binaries["reprised"]), "--config", str(cfg), "--nats", f"nats://actor:s3cret@127.0.0.1:{port}",
+             "--checkpoint-every", "0s", "--log-level", "warn"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        procs.append(rp)
+        url = f"nats://127.0.0.1:{port}"
+        with pytest.raises(reprise.UnavailableError):
+            reprise.Client(url, user="actor", password="wrong", connect_timeout=1)
+
+        def ready() -> bool:
+            with reprise.Client(url, user="actor", password="s3cret", connect_timeout=2) as c:
+                c.server_info(timeout=2)
+            return True
+
+        wait_for("reprised behind a password", ready, 60)
+        with reprise.Client(url, user="actor", password="s3cret") as c:
+            c.insert({"x": np.int64(5)}, {"replay": 1.0})
+            assert int(c.sample_batch("replay", 1, timeout=5).data["x"][0]) == 5
+    finally:
+        for p in reversed(procs):
+            p.kill()
+            p.wait()

@@ -5,6 +5,7 @@
 //
 //	gohelper produce --nats URL --table T --episodes 5 --steps 20 --length 3 --chunk-length 4 --compression zstd
 //	gohelper consume --nats URL --table T --distinct 40
+//	gohelper auth-server --listen 127.0.0.1:PORT --store DIR --user U --password P
 //
 // produce writes, for episode e and step t, obs = [e, t, e*1000+t, -t]
 // (float32), action = e*1000+t (int64) and frame = (e+t)%256 everywhere
@@ -18,9 +19,14 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
 	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/reprise-rl/reprise/broker"
@@ -38,6 +44,8 @@ func main() {
 		err = produce(os.Args[2:])
 	case "consume":
 		err = consume(os.Args[2:])
+	case "auth-server":
+		err = authServer(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -173,4 +181,42 @@ func consume(args []string) error {
 		out = append(out, seen[k])
 	}
 	return json.NewEncoder(os.Stdout).Encode(out)
+}
+
+// authServer runs a NATS server with JetStream that only lets in the given
+// user, so that the Python client's user/password options meet a real
+// server (reprised then runs against it with --nats). It prints "ready"
+// and serves until it gets SIGTERM.
+func authServer(args []string) error {
+	fs := flag.NewFlagSet("auth-server", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:-1", "HOST:PORT")
+	store := fs.String("store", "", "JetStream directory")
+	user := fs.String("user", "", "user")
+	password := fs.String("password", "", "password")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	host, port, err := net.SplitHostPort(*listen)
+	if err != nil {
+		return err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return err
+	}
+	s, err := server.NewServer(&server.Options{Host: host, Port: p, JetStream: true, StoreDir: *store,
+		Username: *user, Password: *password, NoSigs: true})
+	if err != nil {
+		return err
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		return fmt.Errorf("server not ready")
+	}
+	fmt.Println("ready")
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	s.Shutdown()
+	return nil
 }
