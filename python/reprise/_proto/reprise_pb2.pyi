@@ -257,20 +257,22 @@ class MutationOp(_message.Message):
     def __init__(self, key: _Optional[int] = ..., priority: _Optional[float] = ..., delete: bool = ...) -> None: ...
 
 class ProducerCheckpoint(_message.Message):
-    __slots__ = ["chunk_keys", "end", "held", "id", "last_seen_unix_nano", "last_sequence"]
+    __slots__ = ["chunk_keys", "chunk_orders", "end", "held", "id", "last_seen_unix_nano", "last_sequence"]
     CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_ORDERS_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     chunk_keys: _containers.RepeatedScalarFieldContainer[int]
+    chunk_orders: _containers.RepeatedScalarFieldContainer[int]
     end: bool
     held: _containers.RepeatedCompositeFieldContainer[HeldMessage]
     id: str
     last_seen_unix_nano: int
     last_sequence: int
-    def __init__(self, id: _Optional[str] = ..., last_sequence: _Optional[int] = ..., last_seen_unix_nano: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[int]] = ..., held: _Optional[_Iterable[_Union[HeldMessage, _Mapping]]] = ..., end: bool = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., last_sequence: _Optional[int] = ..., last_seen_unix_nano: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[int]] = ..., held: _Optional[_Iterable[_Union[HeldMessage, _Mapping]]] = ..., end: bool = ..., chunk_orders: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ["code", "item_key", "message", "producer", "sequence", "table"]
