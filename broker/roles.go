@@ -56,7 +56,7 @@ func ParseRole(s string) (Role, error) {
 func (r Role) Describe() string {
 	switch r {
 	case RoleActor:
-		return "publishes inserts; reads applied progress and its rejections; waits for the stream"
+		return "publishes inserts; reads applied progress, its rejections and table info; waits for the stream"
 	case RoleLearner:
 		return "samples, lists items, reads info; updates priorities and deletes items"
 	case RoleAdmin:
@@ -124,7 +124,9 @@ func RolePermissions(role Role, prefix, user string) (Permissions, error) {
 	var p Permissions
 	switch role {
 	case RoleActor:
-		p.Publish.Allow = []string{subj.insert(), streamInfoAPI(stream)}
+		// Info (table names, sizes and signatures, no data) lets an actor
+		// check an item against its table's signature before sending it.
+		p.Publish.Allow = []string{subj.insert(), subj.info(), streamInfoAPI(stream)}
 		p.Subscribe.Allow = []string{subj.applied(), rejected, inbox}
 	case RoleLearner:
 		p.Publish.Allow = []string{subj.sample(), subj.info(), subj.items(), subj.mutate()}

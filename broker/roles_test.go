@@ -113,7 +113,7 @@ func TestRolePermissions(t *testing.T) {
 			{pub, "rl.x.data.reset", false},
 			{pub, "rl.x.data.mutate", false},
 			{pub, "rl.x.api.sample", false},
-			{pub, "rl.x.api.info", false},
+			{pub, "rl.x.api.info", true}, // sizes and signatures, for checking items before sending
 			{pub, "rl.x.api.reset", false},
 			{pub, "rl.x.api.checkpoint", false},
 			{pub, "rl.x.applied", false},

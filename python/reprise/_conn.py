@@ -39,6 +39,7 @@ class ConnectOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_hostname: str | None = None
+    inbox_prefix: str | None = None
     name: str | None = None
     connect_timeout: float = 10.0
     reconnect_time_wait: float = 0.25
@@ -47,6 +48,23 @@ class ConnectOptions:
         check_prefix(self.prefix)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise errors.InvalidArgumentError("tls_cert and tls_key go together")
+        if self.inbox_prefix is not None and (
+            not self.inbox_prefix
+            or self.inbox_prefix[0] == "."
+            or self.inbox_prefix[-1] == "."
+            or any(ch in self.inbox_prefix for ch in "*> \t")
+        ):
+            raise errors.InvalidArgumentError(f"invalid inbox prefix {self.inbox_prefix!r}")
+
+    def reply_inbox(self) -> str | None:
+        """Where replies arrive: the given inbox prefix, else the user's own
+        inbox ``_INBOX.<user>`` (the only one a Reprise role may read, see
+        the README's roles), else NATS's default."""
+        if self.inbox_prefix is not None:
+            return self.inbox_prefix
+        if self.user is not None:
+            return "_INBOX." + self.user
+        return None
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.tls is not None:
@@ -79,6 +97,9 @@ class ConnectOptions:
             kw["nkeys_seed"] = self.nkeys_seed
         if self.credentials is not None:
             kw["user_credentials"] = self.credentials
+        inbox = self.reply_inbox()
+        if inbox is not None:
+            kw["inbox_prefix"] = inbox
         ctx = self.ssl_context()
         if ctx is not None:
             kw["tls"] = ctx

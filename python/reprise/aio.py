@@ -116,6 +116,7 @@ class Client:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_hostname: str | None = None,
+        inbox_prefix: str | None = None,
         name: str | None = None,
         connect_timeout: float = 10.0,
     ) -> None:
@@ -133,6 +134,7 @@ class Client:
             tls_cert=tls_cert,
             tls_key=tls_key,
             tls_hostname=tls_hostname,
+            inbox_prefix=inbox_prefix,
             name=name,
             connect_timeout=connect_timeout,
         )

@@ -79,6 +79,10 @@ class Client:
       credentials: path of a NATS credentials (.creds) file (``--creds``).
       tls: an ``ssl.SSLContext``; or ``tls_ca`` (a CA file to trust),
         ``tls_cert`` and ``tls_key`` (a client certificate) to build one.
+      inbox_prefix: where replies arrive (``--inbox-prefix``); by default
+        ``_INBOX.<user>`` when ``user`` is given, the only inbox a Reprise
+        role may read. An nkey user's inbox is ``_INBOX.<public key>``:
+        pass it here.
       name: the connection's name as NATS monitoring shows it.
 
     Reverb users: ``reverb.Client(address)`` becomes

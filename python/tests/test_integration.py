@@ -425,3 +425,34 @@ def test_user_and_password(binaries: Any, tmp_path: Any) -> None:
         for p in reversed(procs):
             p.kill()
             p.wait()
+
+
+def test_roles_on_embedded_server(binaries: Any, tmp_path: Any) -> None:
+    """With users on reprised's embedded server, a Python actor and a Python
+    learner each work within their role: their replies reach them in their
+    own ``_INBOX.<user>``, the only inbox a role may read. (The Go tests
+    check what each role is refused.)"""
+    from conftest import DEFAULT_TABLES, Reprised
+
+    r = Reprised(binaries["reprised"], tmp_path, DEFAULT_TABLES,
+                 ["--embedded-user", "actor:bob:s3cret", "--embedded-user", "learner:alice:s3cret"])
+    r.start(wait=False)
+    try:
+        def ready() -> bool:
+            assert r.proc is not None
+            if r.proc.poll() is not None:
+                pytest.fail(f"reprised exited with {r.proc.returncode}:\n{r.log()}")
+            with reprise.Client(r.url, user="alice", password="s3cret", connect_timeout=1) as c:
+                c.server_info(timeout=1)
+            return True
+
+        wait_for("reprised with users to answer", ready, 60)
+        with reprise.Client(r.url, user="bob", password="s3cret") as actor:
+            for x in range(5):
+                actor.insert({"x": np.int64(x)}, {"replay": 1.0})
+        with reprise.Client(r.url, user="alice", password="s3cret") as learner:
+            wait_for("the actor's items", lambda: learner.server_info(timeout=2)["replay"].current_size == 5, 30)
+            got = set(learner.sample_batch("replay", 64, timeout=5).data["x"].tolist())
+            assert got <= set(range(5)) and got
+    finally:
+        r.kill9()
