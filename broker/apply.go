@@ -47,7 +47,14 @@ type producerState struct {
 	// Messages not yet fully applied: the one being applied, and those
 	// that arrived ahead of a gap.
 	waiting map[uint64]*insertBatch
-	end     bool // the producer closed, or its chunks were dropped
+	end     bool   // the producer closed, or its chunks were dropped
+	notice  string // the notice subject of its latest message
+}
+
+// noticeTo is whom a rejection concerns and where it is sent.
+type noticeTo struct {
+	producer string // the producer's id; empty when not known
+	subject  string // its notice subject; empty for none
 }
 
 // chunkHold is a producer's hold on a chunk: its size, and its place in
@@ -190,7 +197,7 @@ func (s *Service) apply(ctx context.Context, m *streamMsg) error {
 	switch m.subject {
 	case s.subj.insert():
 		if m.err != nil {
-			s.reject("", m.seq, 0, "", codeOf(m.err), m.err.Error())
+			s.reject(noticeTo{}, m.seq, 0, "", codeOf(m.err), m.err.Error())
 			return nil
 		}
 		m.insert.storedAt, m.insert.raw = m.at, m.data
@@ -200,7 +207,7 @@ func (s *Service) apply(ctx context.Context, m *streamMsg) error {
 	case s.subj.reset():
 		s.applyReset(m.data, m.seq)
 	default:
-		s.reject("", m.seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("unexpected subject %q", m.subject))
+		s.reject(noticeTo{}, m.seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("unexpected subject %q", m.subject))
 	}
 	return nil
 }
@@ -224,7 +231,7 @@ func (s *Service) applyInsert(ctx context.Context, b *insertBatch, seq uint64) e
 	ps := s.producers[b.producerID]
 	if ps == nil {
 		if len(s.producers) >= s.o.limits.MaxProducers {
-			s.reject(b.producerID, b.sequence, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
+			s.reject(noticeTo{b.producerID, b.notice}, b.sequence, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
 				fmt.Sprintf("the service tracks %d producers, its limit (limits.max_producers): a new producer is refused until idle ones expire", len(s.producers)))
 			return nil
 		}
@@ -232,6 +239,9 @@ func (s *Service) applyInsert(ctx context.Context, b *insertBatch, seq uint64) e
 		s.producers[b.producerID] = ps
 	}
 	ps.lastSeen = b.storedAt
+	if b.notice != "" {
+		ps.notice = b.notice
+	}
 	if _, waiting := ps.waiting[b.sequence]; waiting || b.sequence <= ps.lastSeq {
 		// A resend the stream's dedupe window did not catch.
 		s.stats.duplicates.Add(1)
@@ -315,7 +325,7 @@ func (s *Service) shedHeldMessages() {
 		if oldest == nil {
 			return
 		}
-		s.reject(oldestID, oldest.sequence, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
+		s.reject(noticeTo{oldestID, oldest.notice}, oldest.sequence, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
 			fmt.Sprintf("message held behind missing message %d dropped: held messages exceed %d bytes (limits.max_held_message_bytes)",
 				s.producers[oldestID].lastSeq+1, s.o.limits.MaxHeldMessageBytes))
 		s.heldBytes -= int64(len(oldest.raw))
@@ -371,7 +381,7 @@ func (s *Service) applyBatch(ctx context.Context, id string, ps *producerState, 
 	if b.done == 0 {
 		for i, rc := range b.chunks {
 			if rc.err != nil {
-				s.reject(id, b.sequence, 0, "", codeOf(rc.err), rc.err.Error())
+				s.reject(noticeTo{id, b.notice}, b.sequence, 0, "", codeOf(rc.err), rc.err.Error())
 				continue
 			}
 			if _, dup := ps.chunks[rc.key]; dup {
@@ -399,12 +409,12 @@ func (s *Service) applyBatch(ctx context.Context, id string, ps *producerState, 
 // limiter held the insert.
 func (s *Service) insertItem(ctx context.Context, producer string, b *insertBatch, it *preparedItem) error {
 	if it.err != nil {
-		s.reject(producer, b.sequence, it.item.Key, it.table, codeOf(it.err), it.err.Error())
+		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, codeOf(it.err), it.err.Error())
 		return nil
 	}
 	t, ok := s.tables[it.table]
 	if !ok {
-		s.reject(producer, b.sequence, it.item.Key, it.table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", it.table, strings.Join(s.names, ", ")))
+		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", it.table, strings.Join(s.names, ", ")))
 		return nil
 	}
 	var err error
@@ -426,7 +436,11 @@ func (s *Service) insertItem(ctx context.Context, producer string, b *insertBatc
 	case ctx.Err() != nil:
 		return ctx.Err()
 	default:
-		s.reject(producer, b.sequence, it.item.Key, it.table, codeOf(err), err.Error())
+		msg := err.Error()
+		if errors.Is(err, tables.ErrTooLarge) {
+			msg += " (limits.max_item_bytes)"
+		}
+		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, codeOf(err), msg)
 	}
 	return nil
 }
@@ -492,7 +506,7 @@ func (s *Service) shedHeldChunks() {
 		}
 		ps := s.producers[e.producer]
 		s.unholdQuiet(ps, e.key)
-		s.reject(e.producer, 0, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
+		s.reject(noticeTo{e.producer, ps.notice}, 0, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
 			fmt.Sprintf("chunk %d released: producers hold more than %d bytes of chunks (limits.max_held_chunk_bytes); later items that reference it are rejected", e.key, s.o.limits.MaxHeldChunkBytes))
 	}
 	s.maybeCompactHolds()
@@ -521,16 +535,16 @@ func (s *Service) dropProducer(id string, ps *producerState) {
 func (s *Service) applyMutation(data []byte, seq uint64) {
 	var m wire.Mutation
 	if err := proto.Unmarshal(data, &m); err != nil {
-		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed mutation: %v", err))
+		s.reject(noticeTo{}, seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed mutation: %v", err))
 		return
 	}
 	t, ok := s.tables[m.Table]
 	if !ok {
-		s.reject("", seq, 0, m.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("mutation for unknown table %q", m.Table))
+		s.reject(noticeTo{}, seq, 0, m.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("mutation for unknown table %q", m.Table))
 		return
 	}
 	if len(m.Ops) > s.o.limits.MaxMutationOps {
-		s.reject("", seq, 0, m.Table, wire.Code_CODE_RESOURCE_EXHAUSTED, fmt.Sprintf("mutation of %d ops, over the limit of %d (limits.max_mutation_ops)", len(m.Ops), s.o.limits.MaxMutationOps))
+		s.reject(noticeTo{}, seq, 0, m.Table, wire.Code_CODE_RESOURCE_EXHAUSTED, fmt.Sprintf("mutation of %d ops, over the limit of %d (limits.max_mutation_ops)", len(m.Ops), s.o.limits.MaxMutationOps))
 		return
 	}
 	muts := make([]tables.Mutation, len(m.Ops))
@@ -539,7 +553,7 @@ func (s *Service) applyMutation(data []byte, seq uint64) {
 	}
 	missing, err := t.Mutate(muts)
 	if err != nil {
-		s.reject("", seq, 0, m.Table, wire.Code_CODE_INVALID_ARGUMENT, err.Error())
+		s.reject(noticeTo{}, seq, 0, m.Table, wire.Code_CODE_INVALID_ARGUMENT, err.Error())
 	}
 	s.stats.missing.Add(int64(len(missing)))
 }
@@ -547,7 +561,7 @@ func (s *Service) applyMutation(data []byte, seq uint64) {
 func (s *Service) applyReset(data []byte, seq uint64) {
 	var r wire.ResetRequest
 	if err := proto.Unmarshal(data, &r); err != nil {
-		s.reject("", seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed reset: %v", err))
+		s.reject(noticeTo{}, seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed reset: %v", err))
 		return
 	}
 	if r.Table == "" {
@@ -558,30 +572,32 @@ func (s *Service) applyReset(data []byte, seq uint64) {
 	}
 	t, ok := s.tables[r.Table]
 	if !ok {
-		s.reject("", seq, 0, r.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("reset of unknown table %q", r.Table))
+		s.reject(noticeTo{}, seq, 0, r.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("reset of unknown table %q", r.Table))
 		return
 	}
 	t.Reset()
 }
 
-// reject counts, logs (rate-limited) and, when the producer is known, tells
-// it what was refused.
-func (s *Service) reject(producer string, seq, itemKey uint64, table string, code wire.Code, msg string) {
+// reject counts, logs (rate-limited) and, when the producer gave a notice
+// subject, tells it what was refused.
+func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code wire.Code, msg string) {
 	s.stats.rejected.Add(1)
 	if s.o.observer != nil {
 		s.o.observer.Rejected(table, code)
 	}
 	token := ""
-	if producer != "" {
-		token = noticeToken(producer)
+	if to.producer != "" {
+		token = noticeToken(to.producer)
 	}
 	if s.rejectLog.allow() {
 		s.log.Warn("reprise service: rejected", "producer", token, "sequence", seq, "item", itemKey, "table", table, "code", code.String(), "reason", msg)
 	}
-	if producer == "" {
+	// A notice subject under the prefix would put the notice on the
+	// service's own subjects: only a hostile producer names one.
+	if to.subject == "" || s.subj.owns(to.subject) {
 		return
 	}
 	data, _ := proto.Marshal(&wire.Rejection{Producer: token, Sequence: seq, ItemKey: itemKey, Table: table, Code: code, Message: msg})
 	// Best effort: the count and the log line are the record.
-	_ = s.nc.Publish(s.subj.rejected(producer), data)
+	_ = s.nc.Publish(to.subject, data)
 }

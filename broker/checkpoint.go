@@ -149,7 +149,7 @@ func (s *Service) capture() *captured {
 		}
 	}
 	for id, ps := range s.producers {
-		pc := &wire.ProducerCheckpoint{Id: id, LastSequence: ps.lastSeq, LastSeenUnixNano: ps.lastSeen.UnixNano(), End: ps.end}
+		pc := &wire.ProducerCheckpoint{Id: id, LastSequence: ps.lastSeq, LastSeenUnixNano: ps.lastSeen.UnixNano(), End: ps.end, NoticeSubject: ps.notice}
 		keys := make([]uint64, 0, len(ps.chunks))
 		for key := range ps.chunks {
 			keys = append(keys, key)
@@ -484,7 +484,7 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 		heldBytes      int64
 	)
 	for _, pc := range cp.Producers {
-		ps := &producerState{lastSeq: pc.LastSequence, lastSeen: time.Unix(0, pc.LastSeenUnixNano), end: pc.End, chunks: make(map[uint64]chunkHold, len(pc.ChunkKeys))}
+		ps := &producerState{lastSeq: pc.LastSequence, lastSeen: time.Unix(0, pc.LastSeenUnixNano), end: pc.End, notice: pc.NoticeSubject, chunks: make(map[uint64]chunkHold, len(pc.ChunkKeys))}
 		if len(pc.ChunkOrders) != len(pc.ChunkKeys) {
 			return fail(fmt.Errorf("producer %s: %d chunk orders for %d chunks", noticeToken(pc.Id), len(pc.ChunkOrders), len(pc.ChunkKeys)))
 		}

@@ -310,7 +310,7 @@ func goldenGoInsert(t *testing.T) goldenInsert {
 		}},
 	}
 	b := &wire.InsertBatch{ProducerId: "0123456789abcdef0123456789abcdef", Sequence: 7, Chunks: []*wire.Chunk{obs, act}, Items: items,
-		ReleaseChunkKeys: []uint64{3, 4}, WindowStart: 5, Window: 256}
+		ReleaseChunkKeys: []uint64{3, 4}, WindowStart: 5, Window: 256, NoticeSubject: "_INBOX.actor.notice1"}
 	decoded := map[uint64]*wire.Tensor{}
 	for _, c := range b.Chunks {
 		d, err := wire.DecodeChunk(c)
@@ -372,6 +372,7 @@ type pythonInsert struct {
 	Data        []byte       `json:"data"`
 	MsgID       string       `json:"msg_id"`
 	NoticeToken string       `json:"notice_token"`
+	Notice      string       `json:"notice_subject"`
 	ProducerID  string       `json:"producer_id"`
 	Sequence    uint64       `json:"sequence"`
 	WindowStart uint64       `json:"window_start"`
@@ -410,9 +411,9 @@ func TestGoldenPythonVectors(t *testing.T) {
 			if !hex32.MatchString(b.ProducerId) {
 				t.Errorf("producer id %q is not 32 lowercase hex digits", b.ProducerId)
 			}
-			if b.ProducerId != m.ProducerID || b.Sequence != m.Sequence || b.WindowStart != m.WindowStart || b.Window != m.Window || b.EndOfStream != m.End {
-				t.Errorf("header fields: got id %s seq %d window [%d,+%d) end %v, want %s %d [%d,+%d) %v",
-					b.ProducerId, b.Sequence, b.WindowStart, b.Window, b.EndOfStream, m.ProducerID, m.Sequence, m.WindowStart, m.Window, m.End)
+			if b.ProducerId != m.ProducerID || b.Sequence != m.Sequence || b.WindowStart != m.WindowStart || b.Window != m.Window || b.EndOfStream != m.End || b.NoticeSubject != m.Notice {
+				t.Errorf("header fields: got id %s seq %d window [%d,+%d) end %v notice %q, want %s %d [%d,+%d) %v %q",
+					b.ProducerId, b.Sequence, b.WindowStart, b.Window, b.EndOfStream, b.NoticeSubject, m.ProducerID, m.Sequence, m.WindowStart, m.Window, m.End, m.Notice)
 			}
 			if b.Sequence < b.WindowStart || b.Sequence >= b.WindowStart+uint64(b.Window) {
 				t.Errorf("sequence %d outside the window [%d, %d)", b.Sequence, b.WindowStart, b.WindowStart+uint64(b.Window))
@@ -437,7 +438,7 @@ func TestGoldenPythonVectors(t *testing.T) {
 					t.Errorf("service rejects item %d: %v", it.item.Key, it.err)
 				}
 			}
-			if pb.producerID != b.ProducerId || pb.sequence != b.Sequence || len(pb.items) != len(b.Items) || len(pb.chunks) != len(b.Chunks) || !slices.Equal(pb.release, b.ReleaseChunkKeys) {
+			if pb.producerID != b.ProducerId || pb.sequence != b.Sequence || len(pb.items) != len(b.Items) || len(pb.chunks) != len(b.Chunks) || !slices.Equal(pb.release, b.ReleaseChunkKeys) || pb.notice != b.NoticeSubject {
 				t.Errorf("parseInsertBatch disagrees with proto.Unmarshal")
 			}
 			var keys []uint64

@@ -53,11 +53,14 @@ func int64Chunk(t *testing.T, key uint64, v int64) *wire.Chunk {
 	return ch
 }
 
-// notices subscribes to the rejections of producer id.
-func notices(t *testing.T, d *deployment, id string) <-chan *wire.Rejection {
+// notices subscribes to a new inbox for rejections: messages that name it
+// as their notice subject get their notices there.
+func notices(t *testing.T, d *deployment) (string, <-chan *wire.Rejection) {
 	t.Helper()
 	out := make(chan *wire.Rejection, 1024)
-	sub, err := d.connect().Subscribe(d.svc.subj.rejected(id), func(m *nats.Msg) {
+	nc := d.connect()
+	inbox := nc.NewInbox()
+	sub, err := nc.Subscribe(inbox, func(m *nats.Msg) {
 		var r wire.Rejection
 		if proto.Unmarshal(m.Data, &r) == nil {
 			out <- &r
@@ -67,7 +70,7 @@ func notices(t *testing.T, d *deployment, id string) <-chan *wire.Rejection {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sub.Unsubscribe() })
-	return out
+	return inbox, out
 }
 
 func waitNotice(t *testing.T, ch <-chan *wire.Rejection, code wire.Code, text string) *wire.Rejection {
@@ -128,8 +131,8 @@ func TestProducerIDsUnguessable(t *testing.T) {
 	if len(a.ID()) != 32 || a.ID() == b.ID() || strings.HasPrefix(b.ID(), a.ID()[:8]) {
 		t.Fatalf("producer ids %q and %q: want 32 independent hex digits", a.ID(), b.ID())
 	}
-	if tok := a.NoticeToken(); tok == a.ID() || strings.Contains(d.svc.subj.rejected(a.ID()), a.ID()) {
-		t.Fatalf("rejection subject %q gives the id away", d.svc.subj.rejected(a.ID()))
+	if tok := a.NoticeToken(); tok == a.ID() || strings.Contains(a.notice, a.ID()) {
+		t.Fatalf("notice token %q or subject %q gives the id away", tok, a.notice)
 	}
 }
 
@@ -201,7 +204,7 @@ func TestWindowStartClosesGap(t *testing.T) {
 func TestItemLimits(t *testing.T) {
 	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{maxPayload: 8 << 20})
 	id := "0123456789abcdef0123456789abcdef"
-	ch := notices(t, d, id)
+	inbox, ch := notices(t, d)
 	big, err := wire.EncodeChunk(7, []*wire.Tensor{wire.Uint8s([]int64{1 << 20}, make([]uint8, 1<<20))}, wire.ChunkOptions{Codec: wire.Zstd})
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +218,7 @@ func TestItemLimits(t *testing.T) {
 	for range 2000 {
 		long.Columns[0].Slices = append(long.Columns[0].Slices, &wire.ColumnSlice{ChunkKey: 7, Length: 1})
 	}
-	publishBatch(t, d, &wire.InsertBatch{ProducerId: id, Sequence: 1, WindowStart: 1, Window: 4, Chunks: []*wire.Chunk{big, small},
+	publishBatch(t, d, &wire.InsertBatch{ProducerId: id, Sequence: 1, WindowStart: 1, Window: 4, NoticeSubject: inbox, Chunks: []*wire.Chunk{big, small},
 		Items: []*wire.Item{wide, long, oneStepItem(3, "t", 8)}}, "")
 	waitNotice(t, ch, wire.Code_CODE_RESOURCE_EXHAUSTED, "max_columns_per_item")
 	waitNotice(t, ch, wire.Code_CODE_RESOURCE_EXHAUSTED, "over the limit of")
@@ -229,7 +232,7 @@ func TestItemLimits(t *testing.T) {
 func TestCorruptChunkRejectedOnArrival(t *testing.T) {
 	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{})
 	id := "corrupt0corrupt0corrupt0corrupt0"
-	ch := notices(t, d, id)
+	inbox, ch := notices(t, d)
 	bad := int64Chunk(t, 5, 5)
 	bad.Compression, bad.Data = wire.Compression_COMPRESSION_ZSTD, []byte{0x28, 0xb5, 0x2f, 0xfd, 0x20, 0x08, 0x41, 0x00, 0x00, 0xde, 0xad, 0xbe, 0xef}
 	bomb, err := wire.EncodeChunk(6, []*wire.Tensor{wire.Uint8s([]int64{64 << 10}, make([]uint8, 64<<10))}, wire.ChunkOptions{Codec: wire.Zstd})
@@ -245,7 +248,7 @@ func TestCorruptChunkRejectedOnArrival(t *testing.T) {
 		items = append(items, oneStepItem(uint64(100+i), "t", c.Key))
 	}
 	items = append(items, oneStepItem(5, "t", 5), oneStepItem(6, "t", 6))
-	publishBatch(t, d, &wire.InsertBatch{ProducerId: id, Sequence: 1, WindowStart: 1, Window: 4, Chunks: append(chunks, bad, bomb), Items: items}, "")
+	publishBatch(t, d, &wire.InsertBatch{ProducerId: id, Sequence: 1, WindowStart: 1, Window: 4, NoticeSubject: inbox, Chunks: append(chunks, bad, bomb), Items: items}, "")
 	waitNotice(t, ch, wire.Code_CODE_INVALID_ARGUMENT, "chunk 5")
 	waitNotice(t, ch, wire.Code_CODE_INVALID_ARGUMENT, "declares")
 	c := d.client()
@@ -265,7 +268,7 @@ func TestHeldChunksBounded(t *testing.T) {
 	limits.MaxHeldChunkBytes = 64 << 10
 	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{service: []ServiceOption{WithLimits(limits)}})
 	id := "hoarder0hoarder0hoarder0hoarder0"
-	ch := notices(t, d, id)
+	inbox, ch := notices(t, d)
 	for seq := uint64(1); seq <= 40; seq++ {
 		noise := make([]uint8, 16<<10)
 		rand.Read(noise)
@@ -273,7 +276,7 @@ func TestHeldChunksBounded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		publishBatch(t, d, &wire.InsertBatch{ProducerId: id, Sequence: seq, WindowStart: seq, Window: 4, Chunks: []*wire.Chunk{c}}, "")
+		publishBatch(t, d, &wire.InsertBatch{ProducerId: id, Sequence: seq, WindowStart: seq, Window: 4, NoticeSubject: inbox, Chunks: []*wire.Chunk{c}}, "")
 	}
 	waitUntil(t, "all 40 messages applied", func() bool { return d.svc.Applied() >= 40 })
 	waitNotice(t, ch, wire.Code_CODE_RESOURCE_EXHAUSTED, "max_held_chunk_bytes")
@@ -480,4 +483,45 @@ func TestCheckpointBucketDeletedIsRecreated(t *testing.T) {
 		infos, err := obs.List(ctx)
 		return err == nil && len(infos) > 0
 	})
+}
+
+// TestNoticeSubjectUnderPrefixIgnored: a message may name where its
+// rejections go, but the service never publishes them onto its own
+// subjects (a hostile producer's way to inject messages there). The
+// service publishes its applied progress after the notices of the messages
+// it covers, so once the progress covers the message, a notice would have
+// arrived.
+func TestNoticeSubjectUnderPrefixIgnored(t *testing.T) {
+	d := deploy(t, []tables.Config{uniformTable("t", 10)}, deployOptions{})
+	nc := d.connect()
+	target := d.svc.subj.prefix + ".notices.x"
+	got := make(chan *nats.Msg, 64)
+	for _, subject := range []string{target, d.svc.subj.applied()} {
+		if _, err := nc.ChanSubscribe(subject, got); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c := int64Chunk(t, 1, 1)
+	ack := publishBatch(t, d, &wire.InsertBatch{ProducerId: "prefixed0prefixed0prefixed0prefi", Sequence: 1, WindowStart: 1, Window: 1,
+		NoticeSubject: target, Chunks: []*wire.Chunk{c}, Items: []*wire.Item{oneStepItem(1, "missing", 1)}}, "")
+	deadline := time.After(time.Minute)
+	for {
+		select {
+		case m := <-got:
+			if m.Subject == target {
+				t.Fatalf("the service published a notice on its own subject %s", target)
+			}
+			if seq, err := strconv.ParseUint(string(m.Data), 10, 64); err == nil && seq >= ack.Sequence {
+				if d.svc.Rejected() != 1 {
+					t.Fatalf("%d rejections counted, want the item's 1", d.svc.Rejected())
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatal("the service's progress never covered the message")
+		}
+	}
 }

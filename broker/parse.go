@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -25,6 +26,7 @@ type insertBatch struct {
 	items       []preparedItem
 	release     []uint64
 	end         bool
+	notice      string // where rejections go; empty for none
 
 	storedAt  time.Time // when the stream stored it
 	streamSeq uint64
@@ -39,7 +41,7 @@ func (b *insertBatch) toTombstone() {
 	b.chunks, b.items, b.done = nil, nil, 0
 	b.raw, _ = proto.Marshal(&wire.InsertBatch{
 		ProducerId: b.producerID, Sequence: b.sequence, WindowStart: b.windowStart, Window: uint32(b.window),
-		ReleaseChunkKeys: b.release, EndOfStream: b.end,
+		ReleaseChunkKeys: b.release, EndOfStream: b.end, NoticeSubject: b.notice,
 	})
 }
 
@@ -67,6 +69,7 @@ const (
 	fieldBatchEnd      = 6
 	fieldBatchWinStart = 7
 	fieldBatchWindow   = 8
+	fieldBatchNotice   = 9
 
 	fieldChunkKey         = 1
 	fieldChunkDtype       = 2
@@ -148,6 +151,12 @@ func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 				return nil, fmt.Errorf("%w: insert batch item %d: %v", ErrInvalidMessage, len(out.items), err)
 			}
 			out.items, b = append(out.items, prepareItem(item, l)), b[n:]
+		case num == fieldBatchNotice && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil, fmt.Errorf("%w: insert batch notice subject: %v", ErrInvalidMessage, protowire.ParseError(n))
+			}
+			out.notice, b = string(v), b[n:]
 		case num == fieldBatchRelease:
 			var err error
 			if out.release, b, err = consumeUint64s(b, typ, out.release); err != nil {
@@ -181,6 +190,9 @@ func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 	if out.producerID == "" || len(out.producerID) > maxProducerIDLen {
 		return nil, fmt.Errorf("%w: insert batch producer id of %d bytes (want 1 to %d)", ErrInvalidMessage, len(out.producerID), maxProducerIDLen)
 	}
+	if err := checkNoticeSubject(out.notice); err != nil {
+		return nil, err
+	}
 	// A producer never has more than window messages unsettled, so its
 	// sequence lies in [window_start, window_start+window); a sequence
 	// outside is forged or corrupt, and must not make the service wait.
@@ -197,6 +209,42 @@ func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 
 // maxProducerIDLen bounds a producer id (ours are 32 hex digits).
 const maxProducerIDLen = 128
+
+// maxNoticeSubjectLen bounds a notice subject (ours are an inbox: the
+// prefix, a dot and 22 characters).
+const maxNoticeSubjectLen = 256
+
+// checkNoticeSubject accepts an empty subject (no notices) or a literal one
+// the service may publish to: dot-separated tokens of printable characters
+// without wildcards, and not a $ subject (the server's own APIs).
+func checkNoticeSubject(s string) error {
+	if s == "" {
+		return nil
+	}
+	bad := func(why string) error {
+		return fmt.Errorf("%w: insert batch notice subject %.64q: %s", ErrInvalidMessage, s, why)
+	}
+	if len(s) > maxNoticeSubjectLen {
+		return bad(fmt.Sprintf("%d bytes, over %d", len(s), maxNoticeSubjectLen))
+	}
+	if s[0] == '$' {
+		return bad("a $ subject is the server's")
+	}
+	for tok := range strings.SplitSeq(s, ".") {
+		switch {
+		case tok == "":
+			return bad("empty token")
+		case tok == "*" || tok == ">":
+			return bad("wildcard (want a literal subject)")
+		}
+		for _, r := range tok {
+			if r <= ' ' || r == 0x7f {
+				return bad("whitespace or control character")
+			}
+		}
+	}
+	return nil
+}
 
 // prepareItem turns a wire item into the table's form, or marks it for
 // rejection when it is over a limit. Item-level checks that need the chunks

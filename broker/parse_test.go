@@ -4,6 +4,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -82,6 +83,36 @@ func TestParseChunkRejects(t *testing.T) {
 				t.Fatalf("parseChunk = %v, want ErrInvalidMessage", err)
 			}
 		})
+	}
+}
+
+// TestParseNoticeSubject: the service publishes rejections to the subject a
+// message names, so only a literal subject outside the server's $ APIs is
+// accepted.
+func TestParseNoticeSubject(t *testing.T) {
+	limits := DefaultLimits()
+	parse := func(notice string) error {
+		data, _ := proto.Marshal(&wire.InsertBatch{ProducerId: "p", Sequence: 1, WindowStart: 1, Window: 1, NoticeSubject: notice})
+		_, err := parseInsertBatch(data, &limits)
+		return err
+	}
+	for _, ok := range []string{"", "_INBOX.actor1.AbC123", "my-inbox.x"} {
+		if err := parse(ok); err != nil {
+			t.Errorf("notice subject %q: %v", ok, err)
+		}
+	}
+	for notice, why := range map[string]string{
+		"_INBOX.*":                "wildcard",
+		"_INBOX.>":                "wildcard",
+		"_INBOX..x":               "empty token",
+		"_INBOX.x.":               "empty token",
+		"_INBOX. x":               "whitespace",
+		"$JS.API.STREAM.DELETE.X": "$ subject",
+		strings.Repeat("a", 300):  "over 256",
+	} {
+		if err := parse(notice); !errors.Is(err, ErrInvalidMessage) || !strings.Contains(err.Error(), why) {
+			t.Errorf("notice subject %q: %v, want ErrInvalidMessage naming %q", notice, err, why)
+		}
 	}
 }
 

@@ -168,6 +168,7 @@ type Producer struct {
 	js         jetstream.JetStream
 	subj       subjects
 	id         string
+	notice     string // an inbox of the connection's: rejections arrive there
 	o          producerOptions
 	maxPayload int
 	flow       *flow
@@ -296,7 +297,8 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 	// the service published, so a rejection is always seen before the
 	// progress that covers it.
 	p.notes = make(chan *nats.Msg, 256)
-	for _, subject := range []string{subj.applied(), subj.rejected(p.id)} {
+	p.notice = nc.NewInbox()
+	for _, subject := range []string{subj.applied(), p.notice} {
 		sub, err := nc.ChanSubscribe(subject, p.notes)
 		if err != nil {
 			for _, s := range p.subs {
@@ -318,8 +320,8 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 // duplicates. Logs name a producer by its notice token (NoticeToken).
 func (p *Producer) ID() string { return p.id }
 
-// NoticeToken is the producer's public name: the last token of the subject
-// its rejections arrive on, and how the service's logs name it.
+// NoticeToken is the producer's public name: how the service's logs and
+// rejections name it.
 func (p *Producer) NoticeToken() string { return noticeToken(p.id) }
 
 // readNotes handles the service's progress and rejection messages until
@@ -683,6 +685,7 @@ func (p *Producer) sendBatchLocked(end bool) {
 		Items:            p.batch.items,
 		ReleaseChunkKeys: p.release,
 		EndOfStream:      end,
+		NoticeSubject:    p.notice,
 	}
 	n := len(p.batch.items)
 	p.batch = batch{}

@@ -16,7 +16,7 @@ type Role string
 // The roles of a deployment.
 const (
 	// RoleActor publishes inserts and reads what it needs to pace them:
-	// the service's applied progress and its own rejections. It cannot read
+	// the service's applied progress and its own rejections (in its inbox). It cannot read
 	// data, mutate, reset, or touch the stream beyond asking whether it
 	// exists.
 	RoleActor Role = "actor"
@@ -114,11 +114,10 @@ func RolePermissions(role Role, prefix, user string) (Permissions, error) {
 		return Permissions{}, err
 	}
 	var (
-		inbox    = InboxPrefix(user) + ".>"
-		all      = subj.prefix + ".>"
-		api      = subj.apiGroup() + ".>"
-		rejected = subj.prefix + ".rejected.*"
-		stream   = subj.stream()
+		inbox  = InboxPrefix(user) + ".>"
+		all    = subj.prefix + ".>"
+		api    = subj.apiGroup() + ".>"
+		stream = subj.stream()
 	)
 	objects := objectStoreStream(checkpointBucket(subj))
 	var p Permissions
@@ -127,7 +126,9 @@ func RolePermissions(role Role, prefix, user string) (Permissions, error) {
 		// Info (table names, sizes and signatures, no data) lets an actor
 		// check an item against its table's signature before sending it.
 		p.Publish.Allow = []string{subj.insert(), subj.info(), streamInfoAPI(stream)}
-		p.Subscribe.Allow = []string{subj.applied(), rejected, inbox}
+		// Rejections arrive in the producer's inbox, which no other user
+		// may read.
+		p.Subscribe.Allow = []string{subj.applied(), inbox}
 	case RoleLearner:
 		p.Publish.Allow = []string{subj.sample(), subj.info(), subj.items(), subj.mutate()}
 		p.Subscribe.Allow = []string{subj.applied(), inbox}
@@ -141,7 +142,7 @@ func RolePermissions(role Role, prefix, user string) (Permissions, error) {
 		p.Subscribe.Deny = []string{api}
 	case RoleService:
 		p.Publish.Allow = slices.Concat(
-			[]string{subj.reset(), subj.applied(), rejected, subj.info(), accountInfoAPI},
+			[]string{subj.reset(), subj.applied(), subj.info(), accountInfoAPI},
 			streamAPI(stream), streamAPI(objects),
 			consumerReplies(stream), consumerReplies(objects),
 			[]string{objectStoreSubjects(checkpointBucket(subj)), anyInbox})

@@ -105,7 +105,9 @@ func TestRolePermissions(t *testing.T) {
 		RoleActor: {
 			{pub, "rl.x.data.insert", true},
 			{sub, "rl.x.applied", true},
-			{sub, "rl.x.rejected.0123abcd", true},
+			// Rejections come to its own inbox (others' are in common).
+			{sub, "_INBOX.u.notice", true},
+			{sub, "rl.x.rejected.0123abcd", false},
 			{pub, "$JS.API.STREAM.INFO." + stream, true},
 			{sub, "rl.x.data.>", false},
 			{sub, "rl.x.data.insert", false},
@@ -184,7 +186,8 @@ func TestRolePermissions(t *testing.T) {
 			{sub, "rl.x.api.checkpoint", true},
 			{sub, "$SRV.INFO.reprise", true},
 			{pub, "rl.x.applied", true},
-			{pub, "rl.x.rejected.0123abcd", true},
+			{pub, "_INBOX.actor.notice", true},
+			{pub, "rl.x.rejected.0123abcd", false},
 			{pub, "rl.x.data.reset", true},
 			{pub, "rl.x.api.info", true},
 			{pub, "_INBOX.learner.abc.1", true},

@@ -9,12 +9,14 @@
 //	<prefix>.data.mutate    Mutation messages (JetStream)
 //	<prefix>.data.reset     table resets (JetStream, published by the service)
 //	<prefix>.applied        the service's last applied stream sequence (core NATS)
-//	<prefix>.rejected.<tok> what the service rejected from the producer whose notice token is <tok> (core NATS)
 //	<prefix>.api.sample     sample requests (request-reply, a NATS micro endpoint)
 //	<prefix>.api.info       table info (request-reply)
 //	<prefix>.api.items      list items by key or page (request-reply)
 //	<prefix>.api.reset      reset a table (request-reply)
 //	<prefix>.api.checkpoint write a checkpoint now (request-reply)
+//
+// What the service rejects from a producer goes to the notice subject the
+// producer names in its messages, an inbox only its own user may read.
 package broker
 
 import (
@@ -84,11 +86,11 @@ func (s subjects) resetAPI() string {
 }
 func (s subjects) checkpoint() string { return s.apiGroup() + ".checkpoint" }
 func (s subjects) items() string      { return s.apiGroup() + ".items" }
-func (s subjects) rejected(producerID string) string {
-	return s.prefix + ".rejected." + noticeToken(producerID)
-}
 
-// noticeToken names a producer in public (its rejection subject) without
+// owns reports whether subject lies under the prefix.
+func (s subjects) owns(subject string) bool { return strings.HasPrefix(subject, s.prefix+".") }
+
+// noticeToken names a producer in public (in logs and rejections) without
 // giving away its secret id, which forms its messages' dedupe ids.
 func noticeToken(producerID string) string {
 	sum := sha256.Sum256([]byte("reprise-notice:" + producerID))

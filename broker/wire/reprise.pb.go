@@ -554,8 +554,13 @@ type InsertBatch struct {
 	// in [window_start, window_start + window). A sequence below window_start
 	// that the service has not seen will never come: it stops waiting for it.
 	// A sequence outside the window is rejected.
-	WindowStart   uint64 `protobuf:"varint,7,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
-	Window        uint32 `protobuf:"varint,8,opt,name=window,proto3" json:"window,omitempty"`
+	WindowStart uint64 `protobuf:"varint,7,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	Window      uint32 `protobuf:"varint,8,opt,name=window,proto3" json:"window,omitempty"`
+	// Where the service sends its rejections of this message (Rejection):
+	// a literal subject in the producer's own reply inbox, which no other
+	// client may read. Outside the service's prefix and not a $ subject;
+	// empty for no notices.
+	NoticeSubject string `protobuf:"bytes,9,opt,name=notice_subject,json=noticeSubject,proto3" json:"notice_subject,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -644,6 +649,13 @@ func (x *InsertBatch) GetWindow() uint32 {
 		return x.Window
 	}
 	return 0
+}
+
+func (x *InsertBatch) GetNoticeSubject() string {
+	if x != nil {
+		return x.NoticeSubject
+	}
+	return ""
 }
 
 // MutationOp updates one item's priority, or deletes it.
@@ -1576,11 +1588,12 @@ func (x *ResetResponse) GetStatus() *Status {
 	return nil
 }
 
-// Rejection tells a producer, on <prefix>.rejected.<notice token>, what the
-// service refused from one of its messages and why. The notice token is the
-// first 32 hex digits of SHA-256("reprise-notice:" + producer_id): public,
-// and no way back to the secret producer id. Core NATS: a producer that is
-// not listening misses it; the service also counts and logs it.
+// Rejection tells a producer, on its message's notice_subject, what the
+// service refused from one of its messages and why. Producers are named by
+// their notice token, the first 32 hex digits of SHA-256("reprise-notice:" +
+// producer_id): public (logs show it), and no way back to the secret
+// producer id. Core NATS: a producer that is not listening misses it; the
+// service also counts and logs it.
 type Rejection struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The producer's notice token (never its id).
@@ -2108,7 +2121,9 @@ type ProducerCheckpoint struct {
 	End  bool           `protobuf:"varint,6,opt,name=end,proto3" json:"end,omitempty"`
 	// For each of chunk_keys, its place in the order in which the service
 	// releases producers' chunks when they exceed their bound.
-	ChunkOrders   []uint64 `protobuf:"varint,7,rep,packed,name=chunk_orders,json=chunkOrders,proto3" json:"chunk_orders,omitempty"`
+	ChunkOrders []uint64 `protobuf:"varint,7,rep,packed,name=chunk_orders,json=chunkOrders,proto3" json:"chunk_orders,omitempty"`
+	// The notice subject of the producer's latest message.
+	NoticeSubject string `protobuf:"bytes,8,opt,name=notice_subject,json=noticeSubject,proto3" json:"notice_subject,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2190,6 +2205,13 @@ func (x *ProducerCheckpoint) GetChunkOrders() []uint64 {
 		return x.ChunkOrders
 	}
 	return nil
+}
+
+func (x *ProducerCheckpoint) GetNoticeSubject() string {
+	if x != nil {
+		return x.NoticeSubject
+	}
+	return ""
 }
 
 type HeldMessage struct {
@@ -2550,7 +2572,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x1a\n" +
 	"\bpriority\x18\x03 \x01(\x01R\bpriority\x126\n" +
-	"\acolumns\x18\x04 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xaa\x02\n" +
+	"\acolumns\x18\x04 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xd1\x02\n" +
 	"\vInsertBatch\x12\x1f\n" +
 	"\vproducer_id\x18\x01 \x01(\tR\n" +
 	"producerId\x12\x1a\n" +
@@ -2560,7 +2582,8 @@ const file_reprise_proto_rawDesc = "" +
 	"\x12release_chunk_keys\x18\x05 \x03(\x04R\x10releaseChunkKeys\x12\"\n" +
 	"\rend_of_stream\x18\x06 \x01(\bR\vendOfStream\x12!\n" +
 	"\fwindow_start\x18\a \x01(\x04R\vwindowStart\x12\x16\n" +
-	"\x06window\x18\b \x01(\rR\x06window\"R\n" +
+	"\x06window\x18\b \x01(\rR\x06window\x12%\n" +
+	"\x0enotice_subject\x18\t \x01(\tR\rnoticeSubject\"R\n" +
 	"\n" +
 	"MutationOp\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x1a\n" +
@@ -2678,7 +2701,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\rtimes_sampled\x18\x03 \x01(\x05R\ftimesSampled\x121\n" +
 	"\x15inserted_at_unix_nano\x18\x04 \x01(\x03R\x12insertedAtUnixNano\x12\x10\n" +
 	"\x03seq\x18\x05 \x01(\x04R\x03seq\x126\n" +
-	"\acolumns\x18\x06 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xf9\x01\n" +
+	"\acolumns\x18\x06 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xa0\x02\n" +
 	"\x12ProducerCheckpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
 	"\rlast_sequence\x18\x02 \x01(\x04R\flastSequence\x12-\n" +
@@ -2687,7 +2710,8 @@ const file_reprise_proto_rawDesc = "" +
 	"chunk_keys\x18\x04 \x03(\x04R\tchunkKeys\x12+\n" +
 	"\x04held\x18\x05 \x03(\v2\x17.reprise.v1.HeldMessageR\x04held\x12\x10\n" +
 	"\x03end\x18\x06 \x01(\bR\x03end\x12!\n" +
-	"\fchunk_orders\x18\a \x03(\x04R\vchunkOrders\"u\n" +
+	"\fchunk_orders\x18\a \x03(\x04R\vchunkOrders\x12%\n" +
+	"\x0enotice_subject\x18\b \x01(\tR\rnoticeSubject\"u\n" +
 	"\vHeldMessage\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12-\n" +
 	"\x13stored_at_unix_nano\x18\x02 \x01(\x03R\x10storedAtUnixNano\x12#\n" +

@@ -220,6 +220,27 @@ func insert(t *testing.T, c conn, prefix string, n int) {
 	}
 }
 
+// insertRejected: an item for an unknown table comes back to the actor's
+// producer as a rejection, through its own inbox.
+func insertRejected(t *testing.T, c conn, prefix string) {
+	t.Helper()
+	ctx := testCtx(t)
+	p, err := broker.NewProducer(ctx, c.nc, broker.WithPrefix(prefix))
+	if err != nil {
+		t.Fatalf("actor's producer: %v", err)
+	}
+	defer p.Close(ctx)
+	if err := p.Append(ctx, broker.Step{"x": wire.Float32s([]int64{2}, []float32{0, 1})}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "no-such-table", 1, broker.LastStep("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitApplied(ctx); !errors.Is(err, broker.ErrRejected) || !strings.Contains(err.Error(), "unknown table") {
+		t.Fatalf("an item for an unknown table: %v, want its rejection", err)
+	}
+}
+
 func short(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	t.Cleanup(cancel)
@@ -231,7 +252,8 @@ func short(t *testing.T) context.Context {
 func checkActorLimits(t *testing.T, actor conn, prefix string) {
 	t.Helper()
 	stream := "REPRISE_" + strings.ToUpper(strings.ReplaceAll(prefix, ".", "_"))
-	for _, subject := range []string{prefix + ".data.>", prefix + ".api.sample"} {
+	// Nor read another user's inbox, where its rejections and replies go.
+	for _, subject := range []string{prefix + ".data.>", prefix + ".api.sample", "_INBOX.learner1.>"} {
 		actor.nc.SubscribeSync(subject)
 		actor.v.refused(t, subject)
 	}
@@ -372,6 +394,7 @@ tables:
 	// The actor inserts; its items land.
 	actor := connect(t, url, "actor1", "actor-pw")
 	insert(t, actor, prefix, 20)
+	insertRejected(t, actor, prefix)
 	noViolations(t, "the actor", actor)
 	checkActorLimits(t, actor, prefix)
 

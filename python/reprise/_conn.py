@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import re
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import nats
@@ -133,9 +135,6 @@ class Subjects:
         self.reset = prefix + ".api.reset"
         self.checkpoint = prefix + ".api.checkpoint"
 
-    def rejected(self, token: str) -> str:
-        return self.prefix + ".rejected." + token
-
 
 async def open_connection(opts: ConnectOptions, **callbacks: Any) -> NATS:
     """Connects, retrying until opts.connect_timeout passes (a deployment
@@ -172,6 +171,45 @@ async def _connect_once(kw: dict[str, Any], cbs: dict[str, Any], timeout: float)
     return nc
 
 
+# Older servers capitalise it ("Permissions Violation for Publish to").
+_PERMISSION_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"', re.IGNORECASE)
+
+
+def permission_denied(err: BaseException, user: str | None) -> errors.PermissionDeniedError | None:
+    """The PermissionDeniedError a NATS error reports, or None when it is
+    not a permissions violation."""
+    m = _PERMISSION_VIOLATION.search(str(err))
+    if m is None:
+        return None
+    op = "publish" if m.group(1).lower() == "publish" else "subscribe"
+    who = f"user {user!r}" if user else "this connection's user"
+    return errors.PermissionDeniedError(
+        f"the NATS server refused {who} to {op} {m.group(2)!r}: its role does not allow it "
+        "(reprisectl permissions prints what each role may do)",
+        operation=op,
+        subject=m.group(2),
+    )
+
+
+class Denials:
+    """Hands the server's permission violations on one connection to the
+    parts that made the refused publish or subscription, so their calls
+    fail at once rather than waiting for answers that cannot come."""
+
+    def __init__(self) -> None:
+        self._listeners: set[Callable[[errors.PermissionDeniedError], None]] = set()
+
+    def add(self, cb: Callable[[errors.PermissionDeniedError], None]) -> None:
+        self._listeners.add(cb)
+
+    def discard(self, cb: Callable[[errors.PermissionDeniedError], None]) -> None:
+        self._listeners.discard(cb)
+
+    def dispatch(self, err: errors.PermissionDeniedError) -> None:
+        for cb in list(self._listeners):
+            cb(err)
+
+
 class _Call:
     __slots__ = ("future", "parts", "want", "subject")
 
@@ -194,6 +232,7 @@ class Requester:
         self._pending: dict[str, _Call] = {}
         self._ids = itertools.count(1)
         self._sub: Any = None
+        self._denied: errors.PermissionDeniedError | None = None
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._inbox + ".*", cb=self._on_reply, pending_bytes_limit=1 << 30)
@@ -213,6 +252,20 @@ class Requester:
         for c in calls.values():
             if not c.future.done():
                 c.future.set_exception(err)
+
+    def on_denied(self, err: errors.PermissionDeniedError) -> None:
+        """Fails the calls a refused publish or subscription leaves without
+        an answer: those sent to the subject, or every call when the reply
+        inbox itself was refused (and every later call too)."""
+        if err.operation == "subscribe":
+            if err.subject == self._inbox + ".*":
+                self._denied = err
+                self.fail_all(err)
+            return
+        for token, call in list(self._pending.items()):
+            if call.subject == err.subject and not call.future.done():
+                del self._pending[token]
+                call.future.set_exception(err)
 
     async def _on_reply(self, m: Msg) -> None:
         token = m.subject[m.subject.rfind(".") + 1 :]
@@ -250,6 +303,8 @@ class Requester:
     async def request(self, subject: str, data: bytes, timeout: float | None) -> bytes:
         """Sends data and returns the whole reply, joined from its parts.
         Raises DeadlineExceededError when timeout (seconds) passes first."""
+        if self._denied is not None:
+            raise self._denied
         token = format(next(self._ids), "x")
         fut: asyncio.Future[list[bytes]] = asyncio.get_running_loop().create_future()
         self._pending[token] = _Call(fut, subject)

@@ -32,7 +32,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from . import _codec, errors
-from ._conn import Subjects
+from ._conn import Denials, Subjects
 from ._proto import reprise_pb2 as pb
 
 log = logging.getLogger("reprise")
@@ -215,12 +215,13 @@ def encode_insert_batch(
     end: bool,
     window_start: int,
     window: int,
+    notice: str = "",
 ) -> bytes:
     """An encoded InsertBatch from already encoded chunks and items, fields
     in number order as protobuf writes them."""
     return encode_insert_batch_fields(
         producer_id, sequence, [b"\x1a" + _uvarint(len(c)) + c for c in chunks],
-        [b"\x22" + _uvarint(len(it)) + it for it in items], release, end, window_start, window,
+        [b"\x22" + _uvarint(len(it)) + it for it in items], release, end, window_start, window, notice,
     )
 
 
@@ -233,6 +234,7 @@ def encode_insert_batch_fields(
     end: bool,
     window_start: int,
     window: int,
+    notice: str = "",
 ) -> bytes:
     """encode_insert_batch from chunk and item fields already prefixed with
     their tags and lengths."""
@@ -249,6 +251,8 @@ def encode_insert_batch_fields(
         parts.append(b"\x38" + _varint(window_start))
     if window:
         parts.append(b"\x40" + _varint(window))
+    if notice:
+        parts.append(_field_bytes(9, notice.encode()))
     return b"".join(parts)
 
 
@@ -474,6 +478,9 @@ class _Producer:
         self.o = opts
         self.id = new_producer_id()
         self.token = notice_token(self.id)
+        # The inbox subject the service sends rejections to; set by the
+        # transport before the first message.
+        self.notice = ""
         self.max_payload = max_payload
         self._submit = submit
         self.mu = threading.Lock()
@@ -722,7 +729,8 @@ class _Producer:
         self.unsettled.append(seq)
         n = len(self.batch_items)
         data = encode_insert_batch_fields(
-            self.id, seq, self.batch_chunks, self.batch_items, self.release, end, self.unsettled[0], self.o.max_in_flight
+            self.id, seq, self.batch_chunks, self.batch_items, self.release, end, self.unsettled[0], self.o.max_in_flight,
+            self.notice,
         )
         self.batch_chunks, self.batch_items, self.batch_bytes, self.release = [], [], 0, []
         self.unacked_items += n
@@ -856,8 +864,12 @@ class _Transport:
     JetStream's acks in publish order and resends failed ones with the same
     dedupe id until retry_for passes."""
 
-    def __init__(self, nc: NATS, subjects: Subjects, loop: asyncio.AbstractEventLoop, opts: WriterOptions) -> None:
+    def __init__(
+        self, nc: NATS, subjects: Subjects, loop: asyncio.AbstractEventLoop, opts: WriterOptions, denials: Denials
+    ) -> None:
         self.nc = nc
+        self._denials = denials
+        self._denied: errors.PermissionDeniedError | None = None
         self.subj = subjects
         self.loop = loop
         self.o = opts
@@ -865,6 +877,9 @@ class _Transport:
         self._queue: asyncio.Queue[_Record | None] = asyncio.Queue()
         self._order: asyncio.Queue[_Record | None] = asyncio.Queue()
         self._inbox = nc.new_inbox()
+        # Rejections come to an inbox of the connection's, which only this
+        # user may read (a role's permissions).
+        self._notice = nc.new_inbox()
         self._subs: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._abort = asyncio.Event()
@@ -875,9 +890,26 @@ class _Transport:
         p.linger_cb = self._arm_linger
         self._subs.append(await self.nc.subscribe(self._inbox + ".*", cb=self._on_ack))
         self._subs.append(await self.nc.subscribe(self.subj.applied, cb=self._on_applied))
-        self._subs.append(await self.nc.subscribe(self.subj.rejected(p.token), cb=self._on_rejected))
+        p.notice = self._notice
+        self._denials.add(self._on_denied)
+        self._subs.append(await self.nc.subscribe(self._notice, cb=self._on_rejected))
         self._tasks.append(self.loop.create_task(self._publisher()))
         self._tasks.append(self.loop.create_task(self._ack_loop()))
+
+    def _on_denied(self, err: errors.PermissionDeniedError) -> None:
+        """A refused insert publish, or a refused subscription to the acks,
+        notices or progress, leaves the writer unable to work: every message
+        fails at once (no resends) and the next call raises err."""
+        mine = {self.subj.insert} if err.operation == "publish" else {
+            self._inbox + ".*", self._notice, self.subj.applied}
+        if err.subject not in mine or self._denied is not None:
+            return
+        self._denied = err
+        for rec in list(self._acks.values()):
+            if rec.future is not None and not rec.future.done():
+                rec.future.set_exception(err)
+        assert self.p is not None
+        self.p.on_rejected(err)
 
     def submit(self, rec: _Record) -> None:
         """Thread-safe: queue a record for publishing, in order."""
@@ -937,6 +969,9 @@ class _Transport:
             rec.first_sent = rec.sent_at
         token = f"{rec.seq}x{rec.attempts}"
         rec.future = self.loop.create_future()
+        if self._denied is not None:
+            rec.future.set_exception(self._denied)
+            return
         self._acks[token] = rec
         try:
             await self.nc.publish(self.subj.insert, rec.data, reply=self._inbox + "." + token, headers=rec.headers)
@@ -993,10 +1028,15 @@ class _Transport:
                 err = errors.DeadlineExceededError(f"no ack from JetStream within {self.o.ack_timeout}s")
             except errors.RepriseError as e:
                 err = e
-                retryable = not isinstance(e, (errors.ClosedError, errors.ResourceExhaustedError))
+                retryable = not isinstance(
+                    e, (errors.ClosedError, errors.ResourceExhaustedError, errors.PermissionDeniedError)
+                )
             if not retryable or self.loop.time() - rec.first_sent > self.o.retry_for or self._abort.is_set():
                 rec.settled = True
                 self._forget(rec)
+                if isinstance(err, errors.PermissionDeniedError):
+                    p.on_settled(rec, None, None)  # the writer holds err once (_on_denied), not per message
+                    return
                 log.warning("reprise writer: publish failed: producer %s message %d (%d items): %s",
                             p.token, rec.seq, rec.items, err.message)
                 p.on_settled(rec, None, type(err)(
@@ -1023,6 +1063,7 @@ class _Transport:
         except asyncio.TimeoutError:
             self._abort.set()
             await done
+        self._denials.discard(self._on_denied)
         for s in self._subs:
             try:
                 await s.unsubscribe()

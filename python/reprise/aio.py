@@ -145,6 +145,7 @@ class Client:
         self._insert_writer: AsyncTrajectoryWriter | None = None
         self._insert_lock: asyncio.Lock | None = None
         self._writers: set[Any] = set()
+        self._denials = _conn.Denials()
 
     # -- connection -------------------------------------------------------
 
@@ -154,12 +155,24 @@ class Client:
         if self._nc is not None:
             return self
         nc = await _conn.open_connection(
-            self.options, disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected
+            self.options,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+            error_cb=self._on_error,
         )
         self._nc = nc
         self._req = Requester(nc, self.options.prefix)
+        self._denials.add(self._req.on_denied)
         await self._req.start()
         return self
+
+    async def _on_error(self, e: Exception) -> None:
+        # Other errors surface through the calls they affect (or, while
+        # connecting, through open_connection).
+        err = _conn.permission_denied(e, self.options.user)
+        if err is not None:
+            log.warning("reprise: %s", err.message)
+            self._denials.dispatch(err)
 
     async def _on_disconnected(self) -> None:
         if self._req is not None:
@@ -486,7 +499,7 @@ class AsyncTrajectoryWriter:
         if nc is None:
             raise errors.ClosedError("client not connected")
         loop = asyncio.get_running_loop()
-        self._t = _Transport(nc, self._c.subjects, loop, self.options)
+        self._t = _Transport(nc, self._c.subjects, loop, self.options, self._c._denials)
         self._p = _Producer(self.options, self._c.max_payload, self._t.submit)
         await self._t.start(self._p)
         self._c._writers.add(self)

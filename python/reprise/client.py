@@ -392,7 +392,7 @@ class TrajectoryWriter:
 
         async def start() -> tuple[_Producer, _Transport]:
             nc = client._aclient.nats
-            t = _Transport(nc, client._aclient.subjects, lt.loop, opts)
+            t = _Transport(nc, client._aclient.subjects, lt.loop, opts, client._aclient._denials)
             p = _Producer(opts, client._aclient.max_payload, t.submit)
             await t.start(p)
             return p, t

@@ -123,6 +123,19 @@ class ClosedError(RepriseError):
     """The client or writer was closed."""
 
 
+class PermissionDeniedError(RepriseError, PermissionError):
+    """The NATS server refused this connection's user a publish or a
+    subscription: its role does not allow the call (``reprisectl
+    permissions`` prints what each role may do). Raised at once instead of
+    waiting out a timeout for an answer that cannot come. ``operation`` is
+    ``"publish"`` or ``"subscribe"`` and ``subject`` the refused subject."""
+
+    def __init__(self, message: str, *, operation: str, subject: str) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.subject = subject
+
+
 class DuplicateIdError(RepriseError):
     """JetStream acknowledged a message that was sent only once as a
     duplicate: another publisher used this writer's dedupe id, and the

@@ -171,10 +171,11 @@ def test_column_dtype_and_shape_are_fixed() -> None:
 def test_insert_batch_encoding_matches_protobuf() -> None:
     c = pb.Chunk(key=5, dtype="uint8", step_shape=[2], length=1, raw_size=2, data=b"ab").SerializeToString()
     it = pb.Item(key=9, table="t", priority=0.5).SerializeToString()
-    mine = encode_insert_batch("ab" * 16, 300, [c], [it], [1, 1 << 63], True, 290, 256)
+    mine = encode_insert_batch("ab" * 16, 300, [c], [it], [1, 1 << 63], True, 290, 256, "_INBOX.u.n1")
     ref = pb.InsertBatch(
         producer_id="ab" * 16, sequence=300, chunks=[pb.Chunk.FromString(c)], items=[pb.Item.FromString(it)],
         release_chunk_keys=[1, 1 << 63], end_of_stream=True, window_start=290, window=256,
+        notice_subject="_INBOX.u.n1",
     ).SerializeToString()
     assert mine == ref
 

@@ -175,6 +175,7 @@ def python_vectors() -> list[dict[str, Any]]:
         )
         p.id = format(seed * 0x1F2E3D4C5B6A7988 % (1 << 128), "032x")
         p.token = notice_token(p.id)
+        p.notice = f"_INBOX.golden.notice{seed}"
         p._rng = random.Random(seed)
         p.episode = 42
         return p
@@ -260,6 +261,7 @@ def python_vectors() -> list[dict[str, Any]]:
                 "data": base64.b64encode(rec.data).decode(),
                 "msg_id": rec.headers["Nats-Msg-Id"],
                 "notice_token": prod.token,
+                "notice_subject": b.notice_subject,
                 "producer_id": prod.id,
                 "sequence": rec.seq,
                 "window_start": b.window_start,

@@ -427,6 +427,18 @@ def test_user_and_password(binaries: Any, tmp_path: Any) -> None:
             p.wait()
 
 
+def test_permission_violations_parsed() -> None:
+    """Both spellings servers use, for publish and subscribe; other errors
+    are not permission denials."""
+    from reprise._conn import permission_denied
+
+    e = permission_denied(Exception('nats: permissions violation for publish to "rl.api.sample"'), "bob")
+    assert e is not None and (e.operation, e.subject) == ("publish", "rl.api.sample") and "'bob'" in e.message
+    e = permission_denied(Exception("nats: 'Permissions Violation for Subscription to \"_INBOX.x.*\"'"), None)
+    assert e is not None and (e.operation, e.subject) == ("subscribe", "_INBOX.x.*")
+    assert permission_denied(Exception("nats: stale connection"), "bob") is None
+
+
 def test_roles_on_embedded_server(binaries: Any, tmp_path: Any) -> None:
     """With users on reprised's embedded server, a Python actor and a Python
     learner each work within their role: their replies reach them in their
@@ -434,7 +446,8 @@ def test_roles_on_embedded_server(binaries: Any, tmp_path: Any) -> None:
     check what each role is refused.)"""
     from conftest import DEFAULT_TABLES, Reprised
 
-    r = Reprised(binaries["reprised"], tmp_path, DEFAULT_TABLES,
+    # Items over 64 bytes give the actor a rejection only the service sends.
+    r = Reprised(binaries["reprised"], tmp_path, DEFAULT_TABLES + "limits:\n  max_item_bytes: 64\n",
                  ["--embedded-user", "actor:bob:s3cret", "--embedded-user", "learner:alice:s3cret"])
     r.start(wait=False)
     try:
@@ -450,9 +463,25 @@ def test_roles_on_embedded_server(binaries: Any, tmp_path: Any) -> None:
         with reprise.Client(r.url, user="bob", password="s3cret") as actor:
             for x in range(5):
                 actor.insert({"x": np.int64(x)}, {"replay": 1.0})
+            # Rejections reach the actor in its own inbox.
+            with actor.trajectory_writer() as w:
+                w.append({"x": np.zeros(100, np.uint8)})
+                w.create_item("replay", 1.0, {"x": w.history["x"][-1:]})
+                with pytest.raises(reprise.RejectedError, match="max_item_bytes"):
+                    w.wait_applied(timeout=30)
+            # What the role does not allow fails at once, naming the subject,
+            # instead of waiting out the timeout.
+            with pytest.raises(reprise.PermissionDeniedError) as e:
+                actor.sample_batch("replay", 4, timeout=60)
+            assert e.value.operation == "publish" and e.value.subject.endswith(".api.sample")
+            assert "'bob'" in str(e.value)
         with reprise.Client(r.url, user="alice", password="s3cret") as learner:
             wait_for("the actor's items", lambda: learner.server_info(timeout=2)["replay"].current_size == 5, 30)
             got = set(learner.sample_batch("replay", 64, timeout=5).data["x"].tolist())
             assert got <= set(range(5)) and got
+            with pytest.raises(reprise.PermissionDeniedError) as e:
+                learner.insert({"x": np.int64(1)}, {"replay": 1.0}, timeout=60)
+            assert e.value.subject.endswith(".data.insert")
+            assert learner.sample_batch("replay", 4, timeout=5).data["x"].shape == (4,)
     finally:
         r.kill9()

@@ -137,10 +137,11 @@ class InfoResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ..., applied_sequence: _Optional[int] = ..., chunks: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., rejected_messages: _Optional[int] = ...) -> None: ...
 
 class InsertBatch(_message.Message):
-    __slots__ = ["chunks", "end_of_stream", "items", "producer_id", "release_chunk_keys", "sequence", "window", "window_start"]
+    __slots__ = ["chunks", "end_of_stream", "items", "notice_subject", "producer_id", "release_chunk_keys", "sequence", "window", "window_start"]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     END_OF_STREAM_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    NOTICE_SUBJECT_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     RELEASE_CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
@@ -149,12 +150,13 @@ class InsertBatch(_message.Message):
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     end_of_stream: bool
     items: _containers.RepeatedCompositeFieldContainer[Item]
+    notice_subject: str
     producer_id: str
     release_chunk_keys: _containers.RepeatedScalarFieldContainer[int]
     sequence: int
     window: int
     window_start: int
-    def __init__(self, producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., items: _Optional[_Iterable[_Union[Item, _Mapping]]] = ..., release_chunk_keys: _Optional[_Iterable[int]] = ..., end_of_stream: bool = ..., window_start: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
+    def __init__(self, producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., items: _Optional[_Iterable[_Union[Item, _Mapping]]] = ..., release_chunk_keys: _Optional[_Iterable[int]] = ..., end_of_stream: bool = ..., window_start: _Optional[int] = ..., window: _Optional[int] = ..., notice_subject: _Optional[str] = ...) -> None: ...
 
 class Item(_message.Message):
     __slots__ = ["columns", "key", "priority", "table"]
@@ -257,7 +259,7 @@ class MutationOp(_message.Message):
     def __init__(self, key: _Optional[int] = ..., priority: _Optional[float] = ..., delete: bool = ...) -> None: ...
 
 class ProducerCheckpoint(_message.Message):
-    __slots__ = ["chunk_keys", "chunk_orders", "end", "held", "id", "last_seen_unix_nano", "last_sequence"]
+    __slots__ = ["chunk_keys", "chunk_orders", "end", "held", "id", "last_seen_unix_nano", "last_sequence", "notice_subject"]
     CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_ORDERS_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +267,7 @@ class ProducerCheckpoint(_message.Message):
     ID_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    NOTICE_SUBJECT_FIELD_NUMBER: _ClassVar[int]
     chunk_keys: _containers.RepeatedScalarFieldContainer[int]
     chunk_orders: _containers.RepeatedScalarFieldContainer[int]
     end: bool
@@ -272,7 +275,8 @@ class ProducerCheckpoint(_message.Message):
     id: str
     last_seen_unix_nano: int
     last_sequence: int
-    def __init__(self, id: _Optional[str] = ..., last_sequence: _Optional[int] = ..., last_seen_unix_nano: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[int]] = ..., held: _Optional[_Iterable[_Union[HeldMessage, _Mapping]]] = ..., end: bool = ..., chunk_orders: _Optional[_Iterable[int]] = ...) -> None: ...
+    notice_subject: str
+    def __init__(self, id: _Optional[str] = ..., last_sequence: _Optional[int] = ..., last_seen_unix_nano: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[int]] = ..., held: _Optional[_Iterable[_Union[HeldMessage, _Mapping]]] = ..., end: bool = ..., chunk_orders: _Optional[_Iterable[int]] = ..., notice_subject: _Optional[str] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ["code", "item_key", "message", "producer", "sequence", "table"]
