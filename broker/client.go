@@ -14,9 +14,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -37,7 +37,7 @@ type clientOptions struct {
 type Client struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
-	subj  subjects
+	subj  protocol.Subjects
 	o     clientOptions
 	inbox string
 	sub   *nats.Subscription
@@ -69,7 +69,7 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) (*Client, error) {
 			return nil, err
 		}
 	}
-	subj, err := newSubjects(o.prefix)
+	subj, err := protocol.NewSubjects(o.prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -115,19 +115,19 @@ func (c *Client) onReply(m *nats.Msg) {
 		delete(c.pending, id)
 	}
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
-		finish(fmt.Errorf("%w: no table service is listening on %s (is reprised running with prefix %q?)", ErrServer, cl.subject, c.subj.prefix))
+		finish(fmt.Errorf("%w: no table service is listening on %s (is reprised running with prefix %q?)", ErrServer, cl.subject, c.subj.Prefix))
 		return
 	}
-	parts := m.Header.Get(headerParts)
+	parts := m.Header.Get(protocol.HeaderParts)
 	if parts == "" {
 		cl.parts = [][]byte{m.Data}
 		finish(nil)
 		return
 	}
 	n, err1 := strconv.Atoi(parts)
-	i, err2 := strconv.Atoi(m.Header.Get(headerPart))
+	i, err2 := strconv.Atoi(m.Header.Get(protocol.HeaderPart))
 	if err1 != nil || err2 != nil || n < 1 || i != len(cl.parts) || (cl.want != 0 && cl.want != n) {
-		finish(fmt.Errorf("%w: reply part %q of %q out of order", ErrServer, m.Header.Get(headerPart), parts))
+		finish(fmt.Errorf("%w: reply part %q of %q out of order", ErrServer, m.Header.Get(protocol.HeaderPart), parts))
 		return
 	}
 	cl.want = n
@@ -258,13 +258,13 @@ func (c *Client) Sample(ctx context.Context, table string, n int, opts ...Sample
 		margin := min(left/2, max(left/10, 250*time.Millisecond))
 		req.TimeoutMs = max(0, (left - margin).Milliseconds())
 	}
-	data, err := c.request(ctx, c.subj.sample(), req)
+	data, err := c.request(ctx, c.subj.Sample(), req)
 	if err != nil {
 		return nil, err
 	}
-	status, items, chunks, err := readSampleResponse(data)
+	status, items, chunks, err := wire.ReadSampleResponse(data)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrServer, err)
 	}
 	if err := statusError(status); err != nil {
 		return nil, err
@@ -279,62 +279,10 @@ func (c *Client) Sample(ctx context.Context, table string, n int, opts ...Sample
 	return out, nil
 }
 
-// readSampleResponse splits a SampleResponse into its status, its items
-// and its chunks, which stay sub-slices of b: a chunk's bytes are read in
-// place, not copied first.
-func readSampleResponse(b []byte) (status *wire.Status, items []*wire.SampledItem, chunks [][]byte, err error) {
-	status = &wire.Status{}
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, nil, nil, fmt.Errorf("%w: malformed sample response: %v", ErrServer, protowire.ParseError(n))
-		}
-		b = b[n:]
-		if typ != protowire.BytesType || num < 1 || num > 3 {
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return nil, nil, nil, fmt.Errorf("%w: malformed sample response: %v", ErrServer, protowire.ParseError(n))
-			}
-			b = b[n:]
-			continue
-		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return nil, nil, nil, fmt.Errorf("%w: malformed sample response: %v", ErrServer, protowire.ParseError(n))
-		}
-		b = b[n:]
-		switch num {
-		case 1:
-			err = proto.Unmarshal(v, status)
-		case 2:
-			it := &wire.SampledItem{}
-			err = proto.Unmarshal(v, it)
-			items = append(items, it)
-		case 3:
-			chunks = append(chunks, v)
-		}
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("%w: malformed sample response: %v", ErrServer, err)
-		}
-	}
-	return status, items, chunks, nil
-}
-
 func decodeSamples(items []*wire.SampledItem, chunks [][]byte) ([]Sample, error) {
-	decoded := make(map[uint64]*wire.Tensor, len(chunks))
-	for i, raw := range chunks {
-		ch, err := readChunk(raw)
-		if err != nil {
-			return nil, fmt.Errorf("%w: chunk %d of the response: %v", ErrServer, i, err)
-		}
-		t, err := wire.DecodeChunk(ch)
-		if err != nil {
-			return nil, fmt.Errorf("%w: chunk %d: %v", ErrServer, ch.Key, err)
-		}
-		decoded[ch.Key] = t
-	}
-	lookup := func(key uint64) (*wire.Tensor, bool) {
-		t, ok := decoded[key]
-		return t, ok
+	columns, err := wire.DecodeSampled(items, chunks)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrServer, err)
 	}
 	out := make([]Sample, len(items))
 	for i, it := range items {
@@ -347,11 +295,7 @@ func decodeSamples(items []*wire.SampledItem, chunks [][]byte) ([]Sample, error)
 			Columns: make([]NamedTensor, len(it.Columns)),
 		}
 		for j, col := range it.Columns {
-			t, err := wire.GatherColumn(col, lookup)
-			if err != nil {
-				return nil, fmt.Errorf("%w: item %d: %v", ErrServer, in.GetKey(), err)
-			}
-			s.Columns[j] = NamedTensor{Name: col.Name, Tensor: t}
+			s.Columns[j] = NamedTensor{Name: col.Name, Tensor: columns[i][j]}
 		}
 		out[i] = s
 	}
@@ -385,7 +329,7 @@ func (c *Client) Mutate(ctx context.Context, table string, muts ...tables.Mutati
 	if err != nil {
 		return fmt.Errorf("broker: encoding mutation: %w", err)
 	}
-	if _, err := c.js.Publish(ctx, c.subj.mutate(), data); err != nil {
+	if _, err := c.js.Publish(ctx, c.subj.Mutate(), data); err != nil {
 		return fmt.Errorf("broker: publishing mutation for table %q: %w", table, err)
 	}
 	return nil
@@ -411,7 +355,7 @@ func (c *Client) Delete(ctx context.Context, table string, keys ...uint64) error
 
 // Info describes every table, or only the named one.
 func (c *Client) Info(ctx context.Context, table string) (*wire.InfoResponse, error) {
-	data, err := c.request(ctx, c.subj.info(), &wire.TableRequest{Table: table})
+	data, err := c.request(ctx, c.subj.Info(), &wire.TableRequest{Table: table})
 	if err != nil {
 		return nil, err
 	}
@@ -428,7 +372,7 @@ func (c *Client) Info(ctx context.Context, table string) (*wire.InfoResponse, er
 // Reset empties table (every table when table is empty) and zeroes its
 // rate limiter. Like a mutation it goes through the stream.
 func (c *Client) Reset(ctx context.Context, table string) error {
-	data, err := c.request(ctx, c.subj.resetAPI(), &wire.TableRequest{Table: table})
+	data, err := c.request(ctx, c.subj.ResetAPI(), &wire.TableRequest{Table: table})
 	if err != nil {
 		return err
 	}
@@ -556,7 +500,7 @@ func (s *Sampler) Close() {
 
 // Checkpoint asks the service to write a checkpoint now.
 func (c *Client) Checkpoint(ctx context.Context) (*wire.CheckpointResponse, error) {
-	data, err := c.request(ctx, c.subj.checkpoint(), &wire.CheckpointRequest{})
+	data, err := c.request(ctx, c.subj.Checkpoint(), &wire.CheckpointRequest{})
 	if err != nil {
 		return nil, err
 	}
@@ -586,7 +530,7 @@ func (c *Client) Get(ctx context.Context, table string, keys ...uint64) (*wire.I
 }
 
 func (c *Client) items(ctx context.Context, req *wire.ItemsRequest) (*wire.ItemsResponse, error) {
-	data, err := c.request(ctx, c.subj.items(), req)
+	data, err := c.request(ctx, c.subj.Items(), req)
 	if err != nil {
 		return nil, err
 	}

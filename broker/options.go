@@ -2,11 +2,9 @@ package broker
 
 import "log/slog"
 
-// Option is an option that the Producer, the Service and the Client all
-// take.
+// Option is an option that both the Producer and the Client take.
 type Option interface {
 	ProducerOption
-	ServiceOption
 	ClientOption
 }
 
@@ -18,7 +16,6 @@ func WithPrefix(prefix string) Option { return prefixOption(prefix) }
 type prefixOption string
 
 func (p prefixOption) configureProducer(o *producerOptions) error { o.prefix = string(p); return nil }
-func (p prefixOption) configureService(o *serviceOptions) error   { o.prefix = string(p); return nil }
 func (p prefixOption) configureClient(o *clientOptions) error     { o.prefix = string(p); return nil }
 
 // WithLogger sets the logger (default slog.Default()).
@@ -27,5 +24,4 @@ func WithLogger(l *slog.Logger) Option { return loggerOption{l} }
 type loggerOption struct{ l *slog.Logger }
 
 func (l loggerOption) configureProducer(o *producerOptions) error { o.logger = l.l; return nil }
-func (l loggerOption) configureService(o *serviceOptions) error   { o.logger = l.l; return nil }
 func (l loggerOption) configureClient(o *clientOptions) error     { o.logger = l.l; return nil }

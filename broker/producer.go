@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 )
 
@@ -166,7 +167,7 @@ func WithRetryFor(d time.Duration) ProducerOption {
 type Producer struct {
 	nc         *nats.Conn
 	js         jetstream.JetStream
-	subj       subjects
+	subj       protocol.Subjects
 	id         string
 	notice     string // an inbox of the connection's: rejections arrive there
 	o          producerOptions
@@ -259,7 +260,7 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 			return nil, err
 		}
 	}
-	subj, err := newSubjects(o.prefix)
+	subj, err := protocol.NewSubjects(o.prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +299,7 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 	// progress that covers it.
 	p.notes = make(chan *nats.Msg, 256)
 	p.notice = nc.NewInbox()
-	for _, subject := range []string{subj.applied(), p.notice} {
+	for _, subject := range []string{subj.Applied(), p.notice} {
 		sub, err := nc.ChanSubscribe(subject, p.notes)
 		if err != nil {
 			for _, s := range p.subs {
@@ -322,7 +323,7 @@ func (p *Producer) ID() string { return p.id }
 
 // NoticeToken is the producer's public name: how the service's logs and
 // rejections name it.
-func (p *Producer) NoticeToken() string { return noticeToken(p.id) }
+func (p *Producer) NoticeToken() string { return protocol.NoticeToken(p.id) }
 
 // readNotes handles the service's progress and rejection messages until
 // Close unsubscribes and stops it.
@@ -331,7 +332,7 @@ func (p *Producer) readNotes() {
 	for {
 		select {
 		case m := <-p.notes:
-			if m.Subject == p.subj.applied() {
+			if m.Subject == p.subj.Applied() {
 				p.onApplied(m)
 			} else {
 				p.onRejected(m)
@@ -692,7 +693,7 @@ func (p *Producer) sendBatchLocked(end bool) {
 	p.release = nil
 	// Marshal cannot fail on a message built from valid Go values.
 	data, _ := proto.Marshal(msg)
-	m := nats.NewMsg(p.subj.insert())
+	m := nats.NewMsg(p.subj.Insert())
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, p.id+"-"+strconv.FormatUint(p.seq, 10))
 	rec := &inFlight{msg: m, items: n, seq: p.seq, published: time.Now()}
@@ -736,7 +737,7 @@ func (p *Producer) await(rec *inFlight) (uint64, error) {
 					// and this producer never sent it: someone else did,
 					// and this message was dropped in its place.
 					p.o.logger.Error("reprise producer: JetStream took a message this producer never sent for its own; its dedupe id was forged or reused",
-						"producer", noticeToken(p.id), "sequence", rec.seq)
+						"producer", protocol.NoticeToken(p.id), "sequence", rec.seq)
 					return 0, fmt.Errorf("%w: message %d (%d items) not stored: JetStream reports a duplicate of a message this producer never sent (a forged or reused dedupe id)", ErrRejected, rec.seq, rec.items)
 				}
 				return ack.Sequence, nil
@@ -746,7 +747,7 @@ func (p *Producer) await(rec *inFlight) (uint64, error) {
 			}
 		}
 		if !retryablePublishError(lastErr) || time.Now().After(deadline) {
-			p.o.logger.Warn("reprise producer: publish failed", "producer", noticeToken(p.id), "sequence", rec.seq, "items", rec.items, "error", lastErr)
+			p.o.logger.Warn("reprise producer: publish failed", "producer", protocol.NoticeToken(p.id), "sequence", rec.seq, "items", rec.items, "error", lastErr)
 			return 0, fmt.Errorf("broker: message %d (%d items) not stored: %w", rec.seq, rec.items, lastErr)
 		}
 		select {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 )
 
 // Role is what a NATS user may do in one deployment (one prefix). The NATS
@@ -29,7 +31,7 @@ const (
 	// the stream and the checkpoint bucket.
 	RoleAdmin Role = "admin"
 	// RoleService is the table service (reprised) itself: it owns the
-	// stream and the checkpoint bucket, serves the request subjects and
+	// stream and the checkpoint bucket, serves the request protocol.Subjects and
 	// publishes progress, rejections and resets.
 	RoleService Role = "service"
 )
@@ -103,7 +105,7 @@ func CheckUser(user string) error {
 // the given subject prefix, may publish and subscribe to. user names the
 // user's inbox (InboxPrefix); for an nkey user it is the public key.
 func RolePermissions(role Role, prefix, user string) (Permissions, error) {
-	subj, err := newSubjects(prefix)
+	subj, err := protocol.NewSubjects(prefix)
 	if err != nil {
 		return Permissions{}, err
 	}
@@ -115,37 +117,37 @@ func RolePermissions(role Role, prefix, user string) (Permissions, error) {
 	}
 	var (
 		inbox  = InboxPrefix(user) + ".>"
-		all    = subj.prefix + ".>"
-		api    = subj.apiGroup() + ".>"
-		stream = subj.stream()
+		all    = subj.Prefix + ".>"
+		api    = subj.APIGroup() + ".>"
+		stream = subj.Stream()
 	)
-	objects := objectStoreStream(checkpointBucket(subj))
+	objects := objectStoreStream(subj.CheckpointBucket())
 	var p Permissions
 	switch role {
 	case RoleActor:
 		// Info (table names, sizes and signatures, no data) lets an actor
 		// check an item against its table's signature before sending it.
-		p.Publish.Allow = []string{subj.insert(), subj.info(), streamInfoAPI(stream)}
+		p.Publish.Allow = []string{subj.Insert(), subj.Info(), streamInfoAPI(stream)}
 		// Rejections arrive in the producer's inbox, which no other user
 		// may read.
-		p.Subscribe.Allow = []string{subj.applied(), inbox}
+		p.Subscribe.Allow = []string{subj.Applied(), inbox}
 	case RoleLearner:
-		p.Publish.Allow = []string{subj.sample(), subj.info(), subj.items(), subj.mutate()}
-		p.Subscribe.Allow = []string{subj.applied(), inbox}
+		p.Publish.Allow = []string{subj.Sample(), subj.Info(), subj.Items(), subj.Mutate()}
+		p.Subscribe.Allow = []string{subj.Applied(), inbox}
 	case RoleAdmin:
 		p.Publish.Allow = slices.Concat(
 			[]string{all, accountInfoAPI, microDiscovery},
 			streamAPI(stream), streamAPI(objects),
 			consumerReplies(stream), consumerReplies(objects),
-			[]string{objectStoreSubjects(checkpointBucket(subj))})
+			[]string{objectStoreSubjects(subj.CheckpointBucket())})
 		p.Subscribe.Allow = []string{all, inbox}
 		p.Subscribe.Deny = []string{api}
 	case RoleService:
 		p.Publish.Allow = slices.Concat(
-			[]string{subj.reset(), subj.applied(), subj.info(), accountInfoAPI},
+			[]string{subj.Reset(), subj.Applied(), subj.Info(), accountInfoAPI},
 			streamAPI(stream), streamAPI(objects),
 			consumerReplies(stream), consumerReplies(objects),
-			[]string{objectStoreSubjects(checkpointBucket(subj)), anyInbox})
+			[]string{objectStoreSubjects(subj.CheckpointBucket()), anyInbox})
 		p.Subscribe.Allow = []string{api, microDiscovery, inbox}
 	}
 	return p, nil
@@ -185,7 +187,7 @@ func streamAPI(stream string) []string {
 	}
 }
 
-// consumerReplies are the subjects a consumer of the stream acknowledges
+// consumerReplies are the protocol.Subjects a consumer of the stream acknowledges
 // messages and answers flow control on, in the server's two formats
 // ($JS.ACK.<stream>.… and $JS.ACK.<domain>.<account hash>.<stream>.…).
 // The object store reads objects through a flow-controlled consumer.
@@ -199,7 +201,7 @@ func consumerReplies(stream string) []string {
 }
 
 // objectStoreStream is the stream behind an object store bucket, and
-// objectStoreSubjects the subjects its chunks and metadata are published
+// objectStoreSubjects the protocol.Subjects its chunks and metadata are published
 // on.
 func objectStoreStream(bucket string) string   { return "OBJ_" + bucket }
 func objectStoreSubjects(bucket string) string { return "$O." + bucket + ".>" }

@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reprise-rl/reprise/broker/service"
+
+	"github.com/reprise-rl/reprise/internal/testutil"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -284,7 +288,7 @@ func startRoleServer(t *testing.T, prefix string) *roleServer {
 	t.Helper()
 	opts := []embeddednats.Option{
 		embeddednats.WithStoreDir(t.TempDir()), embeddednats.WithListen("127.0.0.1:-1"),
-		embeddednats.WithLogger(quietLogger()),
+		embeddednats.WithLogger(testutil.QuietLogger()),
 		// Sample replies larger than this travel in parts; object store
 		// chunks (128 KiB) still fit.
 		embeddednats.WithMaxPayload(256 << 10),
@@ -300,7 +304,7 @@ func startRoleServer(t *testing.T, prefix string) *roleServer {
 		}
 		opts = append(opts, embeddednats.WithUser(string(role), "pw-"+string(role), perms))
 	}
-	srv, err := embeddednats.Start(testContext(t), opts...)
+	srv, err := embeddednats.Start(testutil.Context(t), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +334,7 @@ func (v *violations) list() []string {
 // has waits until a violation naming subject has been reported.
 func (v *violations) has(t *testing.T, subject string) {
 	t.Helper()
-	waitUntil(t, "a permissions violation for "+subject, func() bool {
+	testutil.WaitUntil(t, "a permissions violation for "+subject, func() bool {
 		return slices.ContainsFunc(v.list(), func(e string) bool { return strings.Contains(e, `"`+subject+`"`) })
 	})
 }
@@ -359,12 +363,12 @@ func (s *roleServer) connect(role Role) (*nats.Conn, *violations) {
 func TestRolesOnAServer(t *testing.T) {
 	const prefix = "roles"
 	s := startRoleServer(t, prefix)
-	ctx := testContext(t)
-	cfgs := []tables.Config{uniformTable("t", 10000)}
+	ctx := testutil.Context(t)
+	cfgs := []tables.Config{testutil.UniformTable("t", 10000)}
 
 	svcConn, svcViolations := s.connect(RoleService)
 	runService := func() func() {
-		svc, err := NewService(svcConn, cfgs, WithPrefix(prefix), WithLogger(quietLogger()), WithObjectStoreCheckpoints())
+		svc, err := service.New(svcConn, cfgs, service.WithPrefix(prefix), service.WithLogger(testutil.QuietLogger()), service.WithObjectStoreCheckpoints())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -382,7 +386,7 @@ func TestRolesOnAServer(t *testing.T) {
 
 	// The actor inserts 200 items of 4 KiB.
 	actorConn, actorViolations := s.connect(RoleActor)
-	p, err := NewProducer(ctx, actorConn, WithPrefix(prefix), WithLogger(quietLogger()))
+	p, err := NewProducer(ctx, actorConn, WithPrefix(prefix), WithLogger(testutil.QuietLogger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +432,7 @@ func TestRolesOnAServer(t *testing.T) {
 	stop()
 	stop = runService()
 	defer func() { stop() }()
-	waitUntil(t, "the restarted service answers", func() bool {
+	testutil.WaitUntil(t, "the restarted service answers", func() bool {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		info, err := learner.Info(rctx, "t")
@@ -492,7 +496,7 @@ func TestRolesOnAServer(t *testing.T) {
 	learnerViolations.has(t, prefix+".data.insert")
 	learnerConn.SubscribeSync(prefix + ".data.>")
 	learnerViolations.has(t, prefix+".data.>")
-	if _, err := NewProducer(short(), learnerConn, WithPrefix(prefix), WithLogger(quietLogger())); err == nil {
+	if _, err := NewProducer(short(), learnerConn, WithPrefix(prefix), WithLogger(testutil.QuietLogger())); err == nil {
 		t.Error("the learner made a producer")
 	}
 

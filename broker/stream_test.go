@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reprise-rl/reprise/internal/testutil"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -19,7 +21,7 @@ import (
 // service does not create the stream (an actor may not); it says what it
 // waits for, and goes on once the service has created it.
 func TestProducerWaitsForTheStream(t *testing.T) {
-	url := startEmbedded(t, 0)
+	url := testutil.StartEmbedded(t, 0)
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
@@ -32,10 +34,10 @@ func TestProducerWaitsForTheStream(t *testing.T) {
 	}
 	made := make(chan result, 1)
 	go func() {
-		p, err := NewProducer(testContext(t), nc, WithPrefix("test"), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		p, err := NewProducer(testutil.Context(t), nc, WithPrefix("test"), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 		made <- result{p, err}
 	}()
-	waitUntil(t, "the producer says it waits for the stream", func() bool {
+	testutil.WaitUntil(t, "the producer says it waits for the stream", func() bool {
 		return strings.Contains(logs.String(), "waiting for the table service to create the stream") &&
 			strings.Contains(logs.String(), "stream=REPRISE_TEST")
 	})
@@ -48,17 +50,17 @@ func TestProducerWaitsForTheStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Stream(testContext(t), "REPRISE_TEST"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+	if _, err := js.Stream(testutil.Context(t), "REPRISE_TEST"); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("the waiting producer created the stream (or the look-up failed): %v", err)
 	}
 
-	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{url: url})
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, url)
 	r := <-made
 	if r.err != nil {
 		t.Fatalf("NewProducer: %v", r.err)
 	}
 	p := r.p
-	ctx := testContext(t)
+	ctx := testutil.Context(t)
 	if err := p.Append(ctx, step(1, 2)); err != nil {
 		t.Fatal(err)
 	}
@@ -80,14 +82,14 @@ func TestProducerWaitsForTheStream(t *testing.T) {
 }
 
 func TestProducerGivesUpWaitingForTheStream(t *testing.T) {
-	nc, err := nats.Connect(startEmbedded(t, 0))
+	nc, err := nats.Connect(testutil.StartEmbedded(t, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	_, err = NewProducer(ctx, nc, WithPrefix("nobody.here"), WithLogger(quietLogger()))
+	_, err = NewProducer(ctx, nc, WithPrefix("nobody.here"), WithLogger(testutil.QuietLogger()))
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "REPRISE_NOBODY_HERE") || !strings.Contains(err.Error(), `prefix "nobody.here"`) {
 		t.Fatalf("NewProducer without a service = %v, want a deadline error naming the stream and the prefix", err)
 	}

@@ -50,7 +50,7 @@ go build -o "$bin/gohelper" ./python/tests/gohelper
 
 if [ "$update_golden" = 1 ]; then
   echo "== rewriting golden vectors (python/tests/golden)"
-  go test ./broker -run TestGoldenGoVectors -update -count=1
+  go test ./broker/service -run TestGoldenGoVectors -update -count=1
   (cd python && REPRISE_UPDATE_GOLDEN=1 ../.venv/bin/python -m pytest -q -p no:cacheprovider tests/test_golden.py)
 fi
 
@@ -78,7 +78,7 @@ go test -race ./...
 # Each fuzz target searches briefly past its checked-in corpus (which the
 # run above replays); FUZZTIME=10m searches longer.
 fuzztime=${FUZZTIME:-10s}
-for target in ./broker:FuzzApply ./broker:FuzzParseInsertBatch ./broker/wire:FuzzDecodeChunk ./broker/wire:FuzzRoundTrip \
+for target in ./broker/service:FuzzApply ./broker/service:FuzzParseInsertBatch ./broker/wire:FuzzDecodeChunk ./broker/wire:FuzzRoundTrip \
   ./tables:FuzzTable ./limiter:FuzzLimiter ./selectors:FuzzSelectors; do
   echo "== fuzz ${target#*:} for $fuzztime"
   go test -run - -fuzz "^${target#*:}\$" -fuzztime "$fuzztime" "${target%%:*}"

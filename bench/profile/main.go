@@ -25,6 +25,7 @@ import (
 
 	"github.com/reprise-rl/reprise/bench/internal/load"
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/embeddednats"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -83,8 +84,8 @@ func run(ctx context.Context, mode string, payload, batch, clients, fill int, wa
 		Limiter: limiter.MinSize(1),
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	svc, err := broker.NewService(nc, []tables.Config{cfg}, broker.WithLogger(log),
-		broker.WithServiceStream(broker.StreamOptions{MaxBytes: 2 << 30}))
+	svc, err := service.New(nc, []tables.Config{cfg}, service.WithLogger(log),
+		service.WithStream(service.StreamOptions{MaxBytes: 2 << 30}))
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,8 @@ var (
 	// ErrMissingChunk: a trajectory column references a chunk the caller
 	// does not have.
 	ErrMissingChunk = errors.New("wire: missing chunk")
+	// ErrMalformed: bytes that do not parse as the message they should be.
+	ErrMalformed = errors.New("wire: malformed message")
 )
 
 // MaxChunkRawSize bounds the decompressed size of one chunk, in bytes.

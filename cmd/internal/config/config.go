@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
 	"github.com/reprise-rl/reprise/tables"
@@ -31,11 +32,11 @@ type Config struct {
 	// Server.AllowUnauthenticated.
 	Users      []User
 	Log        Log
-	Stream     broker.StreamOptions
+	Stream     service.StreamOptions
 	Service    Service
 	Checkpoint Checkpoint
 	// Limits bound what one client can make the service spend.
-	Limits broker.Limits
+	Limits service.Limits
 	Tables []tables.Config
 }
 
@@ -54,16 +55,16 @@ type Checkpoint struct {
 }
 
 // Options turns the settings into the table service's options.
-func (c Checkpoint) Options() ([]broker.ServiceOption, error) {
-	opts := []broker.ServiceOption{broker.WithCheckpointEvery(c.Every), broker.WithCheckpointKeep(c.Keep)}
+func (c Checkpoint) Options() ([]service.Option, error) {
+	opts := []service.Option{service.WithCheckpointEvery(c.Every), service.WithCheckpointKeep(c.Keep)}
 	if c.Dir == "" {
-		return append(opts, broker.WithObjectStoreCheckpoints()), nil
+		return append(opts, service.WithObjectStoreCheckpoints()), nil
 	}
-	fc, err := broker.NewFileCheckpoints(c.Dir)
+	fc, err := service.NewFileCheckpoints(c.Dir)
 	if err != nil {
 		return nil, err
 	}
-	return append(opts, broker.WithCheckpoints(fc)), nil
+	return append(opts, service.WithCheckpoints(fc)), nil
 }
 
 // Server says where NATS is and where the table service listens.
@@ -177,12 +178,12 @@ type Service struct {
 }
 
 // Options turns the settings into the table service's options.
-func (s Service) Options() []broker.ServiceOption {
-	return []broker.ServiceOption{
-		broker.WithMaxSampleWait(s.MaxSampleWait),
-		broker.WithMaxConcurrentSamples(s.MaxConcurrentSamples),
-		broker.WithPullBytes(s.PullBytes),
-		broker.WithProducerIdle(s.ProducerIdle),
+func (s Service) Options() []service.Option {
+	return []service.Option{
+		service.WithMaxSampleWait(s.MaxSampleWait),
+		service.WithMaxConcurrentSamples(s.MaxConcurrentSamples),
+		service.WithPullBytes(s.PullBytes),
+		service.WithProducerIdle(s.ProducerIdle),
 	}
 }
 
@@ -224,7 +225,7 @@ func Default() Config {
 			Prefix:     broker.DefaultPrefix,
 		},
 		Log:    Log{Format: "text", Level: "info"},
-		Stream: broker.StreamOptions{Replicas: 1},
+		Stream: service.StreamOptions{Replicas: 1},
 		Service: Service{
 			MaxSampleWait:        time.Minute,
 			MaxConcurrentSamples: 1024,
@@ -232,7 +233,7 @@ func Default() Config {
 			ProducerIdle:         30 * time.Minute,
 		},
 		Checkpoint: Checkpoint{Every: DefaultCheckpointEvery, Keep: 2},
-		Limits:     broker.DefaultLimits(),
+		Limits:     service.DefaultLimits(),
 		Tables:     []tables.Config{DefaultTable()},
 	}
 }

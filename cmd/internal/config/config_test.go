@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
 	"github.com/reprise-rl/reprise/tables"
@@ -154,7 +155,7 @@ limits: {max_columns_per_item: 4096, max_reply_bytes: 8e9, max_producer_window: 
 	if s := cfg.Service; s.MaxSampleWait != 10*time.Second || s.MaxConcurrentSamples != 64 || s.PullBytes != 8<<20 || s.ProducerIdle != 0 {
 		t.Errorf("service = %+v", s)
 	}
-	want := broker.DefaultLimits()
+	want := service.DefaultLimits()
 	want.MaxColumnsPerItem, want.MaxReplyBytes, want.MaxProducerWindow = 4096, 8e9, 4096
 	if cfg.Limits != want {
 		t.Errorf("limits = %+v, want %+v", cfg.Limits, want)

@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -122,7 +123,7 @@ func checkpointFields(p *parser, c *Checkpoint) []field {
 	}
 }
 
-func limitsFields(p *parser, l *broker.Limits) []field {
+func limitsFields(p *parser, l *service.Limits) []field {
 	return []field{
 		{"max_chunk_bytes", intInto(p, &l.MaxChunkBytes, 1, wire.MaxChunkRawSize, " (at most the wire's 256 MiB)")},
 		{"max_chunks_per_message", intInto(p, &l.MaxChunksPerMessage, 1, math.MaxInt32, "")},

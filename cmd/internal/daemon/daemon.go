@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
 	"github.com/reprise-rl/reprise/cmd/internal/config"
 	"github.com/reprise-rl/reprise/cmd/internal/metrics"
@@ -319,17 +320,17 @@ func (d *daemon) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	opts := append([]broker.ServiceOption{
-		broker.WithPrefix(d.cfg.Server.Prefix),
-		broker.WithLogger(d.log),
-		broker.WithServiceStream(d.cfg.Stream),
-	}, append(append(d.cfg.Service.Options(), broker.WithLimits(d.cfg.Limits)), cpOpts...)...)
+	opts := append([]service.Option{
+		service.WithPrefix(d.cfg.Server.Prefix),
+		service.WithLogger(d.log),
+		service.WithStream(d.cfg.Stream),
+	}, append(append(d.cfg.Service.Options(), service.WithLimits(d.cfg.Limits)), cpOpts...)...)
 	var m *metrics.Metrics
 	if d.cfg.Server.Metrics != "" {
 		m = metrics.New()
-		opts = append(opts, broker.WithObserver(m))
+		opts = append(opts, service.WithObserver(m))
 	}
-	svc, err := broker.NewService(d.nc, d.cfg.Tables, opts...)
+	svc, err := service.New(d.nc, d.cfg.Tables, opts...)
 	if err != nil {
 		return fmt.Errorf("table service: %w", err)
 	}

@@ -1,5 +1,5 @@
 // Package metrics exports a Reprise table service to Prometheus. Latencies
-// and rejections are recorded as they happen, through the broker.Observer
+// and rejections are recorded as they happen, through the service.Observer
 // the service calls; table sizes and counters are read from the tables at
 // each scrape, so they cost nothing between scrapes.
 package metrics
@@ -15,12 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
 
-// Tables is what the metrics read at a scrape; *broker.Service has it.
+// Tables is what the metrics read at a scrape; *service.Service has it.
 type Tables interface {
 	TableNames() []string
 	Table(name string) (*tables.Table, bool)
@@ -29,7 +29,7 @@ type Tables interface {
 
 // Metrics is a registry with Reprise's metrics, and the Observer that feeds
 // the event-driven ones. Create it with New, pass it to the service with
-// broker.WithObserver, then call Watch with the service.
+// service.WithObserver, then call Watch with the service.
 type Metrics struct {
 	reg *prometheus.Registry
 
@@ -49,7 +49,7 @@ type series struct {
 	sampleDuration, insertAge prometheus.Observer
 }
 
-var _ broker.Observer = (*Metrics)(nil)
+var _ service.Observer = (*Metrics)(nil)
 
 // latencyBuckets span 50µs (a sample served at once in process) to a
 // minute (the longest a request waits for a rate limiter by default).

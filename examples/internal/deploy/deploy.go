@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/embeddednats"
 	"github.com/reprise-rl/reprise/internal/natsconn"
@@ -137,7 +138,7 @@ func (d *Deployment) startEmbedded(ctx context.Context, want []tables.Config) er
 		return err
 	}
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	svc, err := broker.NewService(nc, want, broker.WithPrefix(d.Prefix), broker.WithLogger(quiet))
+	svc, err := service.New(nc, want, service.WithPrefix(d.Prefix), service.WithLogger(quiet))
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,14 @@
-package broker
+// Package service is Reprise's table service, the only writer of table
+// state. It consumes a deployment's JetStream stream in order and applies
+// it to the tables: a reader pulls messages, prepare workers parse and
+// validate inserts off the apply loop (parse.go), and the apply loop
+// (apply.go) inserts items, keeps each producer's window and reorder buffer,
+// and rejects what it cannot apply. It answers sample, info, items, reset
+// and checkpoint requests as NATS micro endpoints (api.go), writes
+// checkpoints and recovers from the newest one plus the stream's tail
+// (checkpoint.go, checkpoint_store.go). Producers and clients are in package
+// broker; the byte layouts in package broker/wire.
+package service
 
 import (
 	"context"
@@ -14,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -21,9 +32,21 @@ import (
 // Version is the version the service reports to NATS micro discovery.
 const Version = "0.1.0"
 
-// ServiceOption configures a Service.
-type ServiceOption interface {
+// Option configures a Service.
+type Option interface {
 	configureService(*serviceOptions) error
+}
+
+// WithPrefix sets the subject prefix of the deployment (default
+// "reprise"). Deployments with different prefixes share a NATS server
+// without seeing each other; producers and clients must use the same one.
+func WithPrefix(prefix string) Option {
+	return serviceOption(func(o *serviceOptions) error { o.prefix = prefix; return nil })
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return serviceOption(func(o *serviceOptions) error { o.logger = l; return nil })
 }
 
 type serviceOption func(*serviceOptions) error
@@ -68,13 +91,13 @@ type Observer interface {
 }
 
 // WithObserver sets an Observer for the service's measurements.
-func WithObserver(obs Observer) ServiceOption {
+func WithObserver(obs Observer) Option {
 	return serviceOption(func(o *serviceOptions) error { o.observer = obs; return nil })
 }
 
 func defaultServiceOptions() serviceOptions {
 	return serviceOptions{
-		prefix:          DefaultPrefix,
+		prefix:          protocol.DefaultPrefix,
 		logger:          slog.Default(),
 		maxSampleWait:   time.Minute,
 		maxConcurrent:   1024,
@@ -89,18 +112,18 @@ func defaultServiceOptions() serviceOptions {
 	}
 }
 
-// WithServiceStream sets the stream's limits; the service applies them to an
+// WithStream sets the stream's limits; the service applies them to an
 // existing stream too.
-func WithServiceStream(s StreamOptions) ServiceOption {
+func WithStream(s StreamOptions) Option {
 	return serviceOption(func(o *serviceOptions) error { o.stream = s; return nil })
 }
 
 // WithMaxSampleWait caps how long a sample request may wait for a table's
 // rate limiter, whatever timeout it asks for (default 1 minute).
-func WithMaxSampleWait(d time.Duration) ServiceOption {
+func WithMaxSampleWait(d time.Duration) Option {
 	return serviceOption(func(o *serviceOptions) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: max sample wait must be > 0, got %v", ErrInvalidOption, d)
+			return fmt.Errorf("%w: max sample wait must be > 0, got %v", protocol.ErrInvalidOption, d)
 		}
 		o.maxSampleWait = d
 		return nil
@@ -109,7 +132,7 @@ func WithMaxSampleWait(d time.Duration) ServiceOption {
 
 // WithMaxConcurrentSamples bounds the sample requests served at once
 // (default 1024); requests beyond it are answered "unavailable" at once.
-func WithMaxConcurrentSamples(n int) ServiceOption {
+func WithMaxConcurrentSamples(n int) Option {
 	return serviceOption(func(o *serviceOptions) error { o.maxConcurrent = n; return positive("max concurrent samples", n) })
 }
 
@@ -117,17 +140,17 @@ func WithMaxConcurrentSamples(n int) ServiceOption {
 // apply loop (default 16 MiB). It must exceed the largest message, and stay
 // well below the server's per-client output buffer (max_pending, 64 MiB by
 // default), or the server drops the service as a slow consumer.
-func WithPullBytes(n int) ServiceOption {
+func WithPullBytes(n int) Option {
 	return serviceOption(func(o *serviceOptions) error { o.pullBytes = n; return positive("pull bytes", n) })
 }
 
 // WithProducerIdle sets after how long without a message (in stream time) a
 // producer's held chunks are dropped (default 30 minutes): a producer that
 // died without closing must not pin memory forever. 0 never drops them.
-func WithProducerIdle(d time.Duration) ServiceOption {
+func WithProducerIdle(d time.Duration) Option {
 	return serviceOption(func(o *serviceOptions) error {
 		if d < 0 {
-			return fmt.Errorf("%w: producer idle time must be >= 0 (0: never drop), got %v", ErrInvalidOption, d)
+			return fmt.Errorf("%w: producer idle time must be >= 0 (0: never drop), got %v", protocol.ErrInvalidOption, d)
 		}
 		o.producerIdle = d
 		return nil
@@ -138,10 +161,10 @@ func WithProducerIdle(d time.Duration) ServiceOption {
 // producer's messages that arrived ahead of a missing one before it gives up
 // on the missing one (default 2 minutes; keep it above the producers'
 // WithRetryFor).
-func WithGapTimeout(d time.Duration) ServiceOption {
+func WithGapTimeout(d time.Duration) Option {
 	return serviceOption(func(o *serviceOptions) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: gap timeout must be > 0, got %v", ErrInvalidOption, d)
+			return fmt.Errorf("%w: gap timeout must be > 0, got %v", protocol.ErrInvalidOption, d)
 		}
 		o.gapTimeout = d
 		return nil
@@ -150,7 +173,7 @@ func WithGapTimeout(d time.Duration) ServiceOption {
 
 // WithStartSequence makes the service consume the stream from seq on (for
 // recovery from a checkpoint taken at seq-1); default: from the beginning.
-func WithStartSequence(seq uint64) ServiceOption {
+func WithStartSequence(seq uint64) Option {
 	return serviceOption(func(o *serviceOptions) error { o.startSequence = seq; return nil })
 }
 
@@ -158,23 +181,23 @@ func WithStartSequence(seq uint64) ServiceOption {
 // newest usable one at start, writes one on request, periodically (see
 // WithCheckpointEvery) and at shutdown, and trims the stream below what the
 // kept checkpoints need.
-func WithCheckpoints(cs CheckpointStore) ServiceOption {
+func WithCheckpoints(cs CheckpointStore) Option {
 	return serviceOption(func(o *serviceOptions) error { o.checkpoints = cs; return nil })
 }
 
 // WithObjectStoreCheckpoints keeps checkpoints in the JetStream object
 // store bucket REPRISE_<PREFIX>_CHECKPOINTS on the service's own server,
 // replicated like the stream.
-func WithObjectStoreCheckpoints() ServiceOption {
+func WithObjectStoreCheckpoints() Option {
 	return serviceOption(func(o *serviceOptions) error { o.objectStore = true; return nil })
 }
 
 // WithCheckpointEvery writes a checkpoint at this interval (default never;
 // a checkpoint is still written on request and at shutdown).
-func WithCheckpointEvery(d time.Duration) ServiceOption {
+func WithCheckpointEvery(d time.Duration) Option {
 	return serviceOption(func(o *serviceOptions) error {
 		if d < 0 {
-			return fmt.Errorf("%w: checkpoint interval must be >= 0, got %v", ErrInvalidOption, d)
+			return fmt.Errorf("%w: checkpoint interval must be >= 0, got %v", protocol.ErrInvalidOption, d)
 		}
 		o.checkpointEvery = d
 		return nil
@@ -184,24 +207,24 @@ func WithCheckpointEvery(d time.Duration) ServiceOption {
 // WithCheckpointKeep sets how many checkpoints are kept (default 2, at
 // least 1). The stream is trimmed below what the oldest kept one needs, so
 // with 2 an unreadable newest checkpoint still leaves a way back.
-func WithCheckpointKeep(n int) ServiceOption {
+func WithCheckpointKeep(n int) Option {
 	return serviceOption(func(o *serviceOptions) error { o.checkpointKeep = n; return positive("checkpoints kept", n) })
 }
 
 // WithoutFinalCheckpoint skips the checkpoint a graceful shutdown writes
 // (for tests of crash recovery).
-func WithoutFinalCheckpoint() ServiceOption {
+func WithoutFinalCheckpoint() Option {
 	return serviceOption(func(o *serviceOptions) error { o.finalCheckpoint = false; return nil })
 }
 
 // WithRecoveryReport calls f with what recovery loaded, before the service
 // starts consuming.
-func WithRecoveryReport(f func(RecoveryResult)) ServiceOption {
+func WithRecoveryReport(f func(RecoveryResult)) Option {
 	return serviceOption(func(o *serviceOptions) error { o.recovered = f; return nil })
 }
 
 // WithTableOptions passes options to every table the service creates.
-func WithTableOptions(opts ...tables.Option) ServiceOption {
+func WithTableOptions(opts ...tables.Option) Option {
 	return serviceOption(func(o *serviceOptions) error { o.tableOptions = opts; return nil })
 }
 
@@ -211,7 +234,7 @@ func WithTableOptions(opts ...tables.Option) ServiceOption {
 type Service struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
-	subj  subjects
+	subj  protocol.Subjects
 	o     serviceOptions
 	log   *slog.Logger
 	store *tables.ChunkStore
@@ -254,14 +277,14 @@ type serviceStats struct {
 }
 
 // NewService builds the tables from their configs. Run starts serving.
-func NewService(nc *nats.Conn, configs []tables.Config, opts ...ServiceOption) (*Service, error) {
+func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, error) {
 	o := defaultServiceOptions()
 	for _, opt := range opts {
 		if err := opt.configureService(&o); err != nil {
 			return nil, err
 		}
 	}
-	subj, err := newSubjects(o.prefix)
+	subj, err := protocol.NewSubjects(o.prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +301,7 @@ func NewService(nc *nats.Conn, configs []tables.Config, opts ...ServiceOption) (
 		js:        js,
 		subj:      subj,
 		o:         o,
-		log:       o.logger.With("prefix", subj.prefix),
+		log:       o.logger.With("prefix", subj.Prefix),
 		store:     tables.NewChunkStore(),
 		tables:    make(map[string]*tables.Table, len(configs)),
 		producers: make(map[string]*producerState),
@@ -327,11 +350,11 @@ func (s *Service) Rejected() int64 { return s.stats.rejected.Load() }
 // nil after a shutdown through ctx.
 func (s *Service) Run(parent context.Context) error {
 	if s.running.Swap(true) {
-		return fmt.Errorf("%w: Run called twice", ErrInvalidOption)
+		return fmt.Errorf("%w: Run called twice", protocol.ErrInvalidOption)
 	}
 	defer s.stopApply()
 	// The stream's disappearance ends the run as the parent's end would,
-	// with ErrStreamLost as the cause.
+	// with protocol.ErrStreamLost as the cause.
 	ctx, lose := context.WithCancelCause(parent)
 	defer lose(nil)
 	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream)
@@ -347,14 +370,14 @@ func (s *Service) Run(parent context.Context) error {
 	if err := s.checkStreamCovers(ctx, start); err != nil {
 		return err
 	}
-	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.subj.data()}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start}
+	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.subj.Data()}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start}
 	cons, err := stream.OrderedConsumer(ctx, cc)
 	if err != nil {
-		return fmt.Errorf("broker: consumer on %s: %w", s.subj.stream(), err)
+		return fmt.Errorf("broker: consumer on %s: %w", s.subj.Stream(), err)
 	}
 	msgs, err := cons.Messages(jetstream.PullMaxBytes(s.o.pullBytes))
 	if err != nil {
-		return fmt.Errorf("broker: consuming %s: %w", s.subj.stream(), err)
+		return fmt.Errorf("broker: consuming %s: %w", s.subj.Stream(), err)
 	}
 	defer msgs.Stop()
 
@@ -381,7 +404,7 @@ func (s *Service) Run(parent context.Context) error {
 			s.checkpointPeriodically(ctx)
 		}()
 	}
-	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.stream(), "start_sequence", start)
+	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.Stream(), "start_sequence", start)
 
 	err = s.applyLoop(ctx, msgs)
 	s.stopApply()
@@ -407,7 +430,7 @@ func (s *Service) Run(parent context.Context) error {
 	for _, t := range s.tables {
 		t.Close()
 	}
-	if cause := context.Cause(ctx); errors.Is(cause, ErrStreamLost) {
+	if cause := context.Cause(ctx); errors.Is(cause, protocol.ErrStreamLost) {
 		err = cause
 	} else if ctx.Err() != nil && (err == nil || errors.Is(err, ctx.Err())) {
 		err = nil
@@ -459,7 +482,7 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64) error {
 		// would purge it.
 		s.log.Error("reprise service: the stream ends before the checkpoint: it was deleted and recreated. The checkpoints hold everything applied up to their sequence; to serve from them and drop the new stream's messages, purge the new stream past the checkpoint's sequence; to start over from the new stream, move the checkpoints away",
 			"stream_last", st.LastSeq, "checkpoint_applied", start-1)
-		return fmt.Errorf("%w: %s ends at sequence %d, before the checkpoint's %d", ErrStreamLost, s.subj.stream(), st.LastSeq, start-1)
+		return fmt.Errorf("%w: %s ends at sequence %d, before the checkpoint's %d", protocol.ErrStreamLost, s.subj.Stream(), st.LastSeq, start-1)
 	case st.Msgs > 0 && st.FirstSeq > start:
 		s.log.Error("reprise service: the stream no longer holds messages recovery needs (stream limits, or a purge); they are lost",
 			"missing_from", start, "missing_to", st.FirstSeq-1)
@@ -507,14 +530,14 @@ func (s *Service) watchStream(ctx context.Context, lose context.CancelCauseFunc)
 		info, err := s.stream.Info(ctx)
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound):
-			s.log.Error("reprise service: the stream was deleted; stopping (the final checkpoint keeps what was applied)", "stream", s.subj.stream())
-			lose(fmt.Errorf("%w: %s was deleted", ErrStreamLost, s.subj.stream()))
+			s.log.Error("reprise service: the stream was deleted; stopping (the final checkpoint keeps what was applied)", "stream", s.subj.Stream())
+			lose(fmt.Errorf("%w: %s was deleted", protocol.ErrStreamLost, s.subj.Stream()))
 			return
 		case err != nil:
 			continue // the server may be electing a leader or restarting
 		case !info.Created.Equal(created):
-			s.log.Error("reprise service: the stream was deleted and recreated; stopping (the final checkpoint keeps what was applied)", "stream", s.subj.stream())
-			lose(fmt.Errorf("%w: %s was recreated", ErrStreamLost, s.subj.stream()))
+			s.log.Error("reprise service: the stream was deleted and recreated; stopping (the final checkpoint keeps what was applied)", "stream", s.subj.Stream())
+			lose(fmt.Errorf("%w: %s was recreated", protocol.ErrStreamLost, s.subj.Stream()))
 			return
 		}
 	}
@@ -618,7 +641,7 @@ func (s *Service) publishProgress(ctx context.Context) {
 	for {
 		cur, changed := s.progress.next()
 		if cur != sent {
-			if err := s.nc.Publish(s.subj.applied(), strconv.AppendUint(nil, cur, 10)); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			if err := s.nc.Publish(s.subj.Applied(), strconv.AppendUint(nil, cur, 10)); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 				s.log.Warn("reprise service: publishing progress", "error", err)
 			}
 			sent = cur
@@ -638,4 +661,11 @@ func (s *Service) publishProgress(ctx context.Context) {
 			return
 		}
 	}
+}
+
+func positive(name string, v int) error {
+	if v < 1 {
+		return fmt.Errorf("%w: %s must be >= 1, got %d", protocol.ErrInvalidOption, name, v)
+	}
+	return nil
 }

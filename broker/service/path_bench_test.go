@@ -1,4 +1,4 @@
-package broker
+package service
 
 import (
 	"context"
@@ -6,29 +6,33 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/reprise-rl/reprise/internal/testutil"
+
+	"github.com/reprise-rl/reprise/broker"
+
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
 
 // randomFloats is a step of random float32s of the given byte size, the
 // Reverb paper's payload.
-func randomFloats(rng *rand.Rand, bytes int) Step {
+func randomFloats(rng *rand.Rand, bytes int) broker.Step {
 	v := make([]float32, bytes/4)
 	for i := range v {
 		v[i] = rng.Float32()
 	}
-	return Step{"x": wire.Float32s([]int64{int64(len(v))}, v)}
+	return broker.Step{"x": wire.Float32s([]int64{int64(len(v))}, v)}
 }
 
-// BenchmarkInsertPath measures items/s from Producer.CreateItem to applied
+// BenchmarkInsertPath measures items/s from broker.Producer.CreateItem to applied
 // in the table, through an embedded server over loopback TCP.
 //
 //	go test -run - -bench 'Path' -benchtime 20000x ./broker
 func BenchmarkInsertPath(b *testing.B) {
 	for _, size := range []int{400, 40_000} {
 		b.Run(fmt.Sprintf("payload=%d", size), func(b *testing.B) {
-			d := deploy(b, []tables.Config{uniformTable("t", 1_000_000)}, deployOptions{})
-			p := d.producer(WithCompression(wire.Uncompressed))
+			d := deploy(b, []tables.Config{testutil.UniformTable("t", 1_000_000)}, deployOptions{})
+			p := d.producer(broker.WithCompression(wire.Uncompressed))
 			ctx := context.Background()
 			step := randomFloats(rand.New(rand.NewPCG(1, 2)), size)
 			b.SetBytes(int64(size))
@@ -37,7 +41,7 @@ func BenchmarkInsertPath(b *testing.B) {
 				if err := p.Append(ctx, step); err != nil {
 					b.Fatal(err)
 				}
-				if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
+				if err := p.CreateItem(ctx, "t", 1, broker.LastStep("x")); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -54,15 +58,15 @@ func BenchmarkInsertPath(b *testing.B) {
 func BenchmarkSamplePath(b *testing.B) {
 	for _, size := range []int{400, 40_000} {
 		b.Run(fmt.Sprintf("payload=%d", size), func(b *testing.B) {
-			d := deploy(b, []tables.Config{uniformTable("t", 1_000_000)}, deployOptions{})
-			p := d.producer(WithCompression(wire.Uncompressed))
+			d := deploy(b, []tables.Config{testutil.UniformTable("t", 1_000_000)}, deployOptions{})
+			p := d.producer(broker.WithCompression(wire.Uncompressed))
 			ctx := context.Background()
 			rng := rand.New(rand.NewPCG(1, 2))
 			for range 1000 {
 				if err := p.Append(ctx, randomFloats(rng, size)); err != nil {
 					b.Fatal(err)
 				}
-				if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
+				if err := p.CreateItem(ctx, "t", 1, broker.LastStep("x")); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,4 +1,4 @@
-package broker
+package service
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 )
 
 // CheckpointStore keeps checkpoints by name. Names sort in the order the
@@ -99,7 +100,7 @@ type recreatable interface {
 }
 
 // checkpointBucket is the default bucket of a prefix's checkpoints.
-func checkpointBucket(subj subjects) string { return subj.stream() + "_CHECKPOINTS" }
+func checkpointBucket(subj protocol.Subjects) string { return subj.Stream() + "_CHECKPOINTS" }
 
 // Save writes the checkpoint; the object store lists it once its last
 // chunk and its digest are stored.

@@ -1,10 +1,12 @@
-package broker
+package service
 
 import (
 	"context"
 	"math"
 	"testing"
 	"time"
+
+	"github.com/reprise-rl/reprise/internal/testutil"
 
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
@@ -33,31 +35,31 @@ func FuzzApply(f *testing.F) {
 	limits.MaxHeldChunkBytes, limits.MaxHeldMessageBytes = 1<<20, 1<<20
 	f.Fuzz(func(t *testing.T, kind uint8, data []byte) {
 		cfgs := []tables.Config{
-			tableConfig("u", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 8, limiter.MinSize(1)),
-			tableConfig("p", selectors.Options{Kind: selectors.KindPrioritized, Exponent: 1}, selectors.Options{Kind: selectors.KindMinHeap}, 8, limiter.MinSize(1)),
+			testutil.TableConfig("u", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 8, limiter.MinSize(1)),
+			testutil.TableConfig("p", selectors.Options{Kind: selectors.KindPrioritized, Exponent: 1}, selectors.Options{Kind: selectors.KindMinHeap}, 8, limiter.MinSize(1)),
 		}
-		s, err := NewService(nc, cfgs, WithPrefix("fuzz"), WithLogger(quietLogger()), WithLimits(limits))
+		s, err := New(nc, cfgs, WithPrefix("fuzz"), WithLogger(testutil.QuietLogger()), WithLimits(limits))
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		subject := []string{s.subj.insert(), s.subj.mutate(), s.subj.reset(), "fuzz.data.other"}[int(kind)%4]
+		subject := []string{s.subj.Insert(), s.subj.Mutate(), s.subj.Reset(), "fuzz.data.other"}[int(kind)%4]
 		at := time.Unix(1_700_000_000, 0)
 		var seq uint64
 		apply := func(subject string, data []byte) {
 			seq++
 			m := &streamMsg{subject: subject, data: data, seq: seq, at: at.Add(time.Duration(seq) * time.Second)}
-			if subject == s.subj.insert() {
+			if subject == s.subj.Insert() {
 				m.insert, m.err = parseInsertBatch(data, &s.o.limits)
 			}
 			if err := s.apply(ctx, m); err != nil {
 				t.Fatalf("apply of message %d: %v", seq, err)
 			}
 		}
-		apply(s.subj.insert(), liveBatch(t, 1, 1))
+		apply(s.subj.Insert(), liveBatch(t, 1, 1))
 		apply(subject, data)
-		apply(s.subj.insert(), liveBatch(t, 2, 2))
+		apply(s.subj.Insert(), liveBatch(t, 2, 2))
 		for name, tb := range s.tables {
 			info := tb.Info()
 			if info.Size > info.Config.MaxSize {
@@ -73,11 +75,11 @@ func FuzzApply(f *testing.F) {
 			if err != nil {
 				t.Fatalf("sampling %s: %v", name, err)
 			}
-			status, items, chunks, err := readSampleResponse(appendSampleResponse(nil, wire.Code_CODE_OK, "", samples))
+			status, items, chunks, err := wire.ReadSampleResponse(wire.AppendSampleResponse(nil, wire.Code_CODE_OK, "", samples))
 			if err != nil || status.GetCode() != wire.Code_CODE_OK {
 				t.Fatalf("reading a reply from %s: %v %v", name, status, err)
 			}
-			if _, err := decodeSamples(items, chunks); err != nil {
+			if _, err := wire.DecodeSampled(items, chunks); err != nil {
 				t.Fatalf("a learner cannot decode a sample of %s: %v", name, err)
 			}
 		}
@@ -157,7 +159,7 @@ func applySeeds(f *testing.F) []applySeed {
 // process (each fuzz worker runs the target's setup anew): rejections are
 // published on it.
 func fuzzConn(f *testing.F) *nats.Conn {
-	srv, err := embeddednats.Start(context.Background(), embeddednats.WithStoreDir(f.TempDir()), embeddednats.WithoutListener(), embeddednats.WithLogger(quietLogger()))
+	srv, err := embeddednats.Start(context.Background(), embeddednats.WithStoreDir(f.TempDir()), embeddednats.WithoutListener(), embeddednats.WithLogger(testutil.QuietLogger()))
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -1,14 +1,14 @@
-package broker
+package service
 
 import (
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -59,30 +59,6 @@ type preparedItem struct {
 	err   error // an item-level rejection: over a limit
 }
 
-// Field numbers of InsertBatch and Chunk in reprise.proto.
-const (
-	fieldBatchProducer = 1
-	fieldBatchSequence = 2
-	fieldBatchChunks   = 3
-	fieldBatchItems    = 4
-	fieldBatchRelease  = 5
-	fieldBatchEnd      = 6
-	fieldBatchWinStart = 7
-	fieldBatchWindow   = 8
-	fieldBatchNotice   = 9
-
-	fieldChunkKey         = 1
-	fieldChunkDtype       = 2
-	fieldChunkStepShape   = 3
-	fieldChunkLength      = 4
-	fieldChunkCompression = 5
-	fieldChunkDelta       = 6
-	fieldChunkRawSize     = 7
-	fieldChunkData        = 8
-	fieldChunkEpisode     = 9
-	fieldChunkEpisodeStep = 10
-)
-
 // parseInsertBatch reads an insert message and checks everything about it
 // that does not depend on the service's state: its limits, its window, and
 // that every chunk decodes to its declared size (so that no learner ever
@@ -112,68 +88,68 @@ func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return nil, fmt.Errorf("%w: insert batch: %v", ErrInvalidMessage, protowire.ParseError(n))
+			return nil, fmt.Errorf("%w: insert batch: %v", protocol.ErrInvalidMessage, protowire.ParseError(n))
 		}
 		b = b[n:]
 		switch {
-		case num == fieldBatchProducer && typ == protowire.BytesType:
+		case num == wire.FieldBatchProducer && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
-				return nil, fmt.Errorf("%w: insert batch producer id: %v", ErrInvalidMessage, protowire.ParseError(n))
+				return nil, fmt.Errorf("%w: insert batch producer id: %v", protocol.ErrInvalidMessage, protowire.ParseError(n))
 			}
 			out.producerID, b = string(v), b[n:]
-		case num == fieldBatchSequence && typ == protowire.VarintType:
+		case num == wire.FieldBatchSequence && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
-				return nil, fmt.Errorf("%w: insert batch sequence: %v", ErrInvalidMessage, protowire.ParseError(n))
+				return nil, fmt.Errorf("%w: insert batch sequence: %v", protocol.ErrInvalidMessage, protowire.ParseError(n))
 			}
 			out.sequence, b = v, b[n:]
-		case num == fieldBatchChunks && typ == protowire.BytesType:
+		case num == wire.FieldBatchChunks && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
-				return nil, fmt.Errorf("%w: insert batch chunk %d: %v", ErrInvalidMessage, len(out.chunks), protowire.ParseError(n))
+				return nil, fmt.Errorf("%w: insert batch chunk %d: %v", protocol.ErrInvalidMessage, len(out.chunks), protowire.ParseError(n))
 			}
 			if len(out.chunks) == l.MaxChunksPerMessage {
-				return nil, fmt.Errorf("%w: insert batch has more than %d chunks (limits.max_chunks_per_message)", ErrResourceExhausted, l.MaxChunksPerMessage)
+				return nil, fmt.Errorf("%w: insert batch has more than %d chunks (limits.max_chunks_per_message)", protocol.ErrResourceExhausted, l.MaxChunksPerMessage)
 			}
 			c, err := parseChunk(v)
 			out.chunks, b = append(out.chunks, rawChunk{chunk: c, key: chunkKeyOf(c), err: err}), b[n:]
-		case num == fieldBatchItems && typ == protowire.BytesType:
+		case num == wire.FieldBatchItems && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
-				return nil, fmt.Errorf("%w: insert batch item %d: %v", ErrInvalidMessage, len(out.items), protowire.ParseError(n))
+				return nil, fmt.Errorf("%w: insert batch item %d: %v", protocol.ErrInvalidMessage, len(out.items), protowire.ParseError(n))
 			}
 			if len(out.items) == l.MaxItemsPerMessage {
-				return nil, fmt.Errorf("%w: insert batch has more than %d items (limits.max_items_per_message)", ErrResourceExhausted, l.MaxItemsPerMessage)
+				return nil, fmt.Errorf("%w: insert batch has more than %d items (limits.max_items_per_message)", protocol.ErrResourceExhausted, l.MaxItemsPerMessage)
 			}
 			item := &wire.Item{}
 			if err := proto.Unmarshal(v, item); err != nil {
-				return nil, fmt.Errorf("%w: insert batch item %d: %v", ErrInvalidMessage, len(out.items), err)
+				return nil, fmt.Errorf("%w: insert batch item %d: %v", protocol.ErrInvalidMessage, len(out.items), err)
 			}
 			out.items, b = append(out.items, prepareItem(item, l)), b[n:]
-		case num == fieldBatchNotice && typ == protowire.BytesType:
+		case num == wire.FieldBatchNotice && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
-				return nil, fmt.Errorf("%w: insert batch notice subject: %v", ErrInvalidMessage, protowire.ParseError(n))
+				return nil, fmt.Errorf("%w: insert batch notice subject: %v", protocol.ErrInvalidMessage, protowire.ParseError(n))
 			}
 			out.notice, b = string(v), b[n:]
-		case num == fieldBatchRelease:
+		case num == wire.FieldBatchRelease:
 			var err error
-			if out.release, b, err = consumeUint64s(b, typ, out.release); err != nil {
-				return nil, fmt.Errorf("%w: insert batch release keys: %v", ErrInvalidMessage, err)
+			if out.release, b, err = wire.ConsumeUint64s(b, typ, out.release); err != nil {
+				return nil, fmt.Errorf("%w: insert batch release keys: %v", protocol.ErrInvalidMessage, err)
 			}
-		case num == fieldBatchEnd && typ == protowire.VarintType:
+		case num == wire.FieldBatchEnd && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
-				return nil, fmt.Errorf("%w: insert batch end flag: %v", ErrInvalidMessage, protowire.ParseError(n))
+				return nil, fmt.Errorf("%w: insert batch end flag: %v", protocol.ErrInvalidMessage, protowire.ParseError(n))
 			}
 			out.end, b = v != 0, b[n:]
-		case (num == fieldBatchWinStart || num == fieldBatchWindow) && typ == protowire.VarintType:
+		case (num == wire.FieldBatchWinStart || num == wire.FieldBatchWindow) && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
-				return nil, fmt.Errorf("%w: insert batch window: %v", ErrInvalidMessage, protowire.ParseError(n))
+				return nil, fmt.Errorf("%w: insert batch window: %v", protocol.ErrInvalidMessage, protowire.ParseError(n))
 			}
-			if num == fieldBatchWinStart {
+			if num == wire.FieldBatchWinStart {
 				out.windowStart = v
 			} else {
 				out.window = v
@@ -182,13 +158,13 @@ func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
-				return nil, fmt.Errorf("%w: insert batch field %d: %v", ErrInvalidMessage, num, protowire.ParseError(n))
+				return nil, fmt.Errorf("%w: insert batch field %d: %v", protocol.ErrInvalidMessage, num, protowire.ParseError(n))
 			}
 			b = b[n:]
 		}
 	}
 	if out.producerID == "" || len(out.producerID) > maxProducerIDLen {
-		return nil, fmt.Errorf("%w: insert batch producer id of %d bytes (want 1 to %d)", ErrInvalidMessage, len(out.producerID), maxProducerIDLen)
+		return nil, fmt.Errorf("%w: insert batch producer id of %d bytes (want 1 to %d)", protocol.ErrInvalidMessage, len(out.producerID), maxProducerIDLen)
 	}
 	if err := checkNoticeSubject(out.notice); err != nil {
 		return nil, err
@@ -198,11 +174,11 @@ func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 	// outside is forged or corrupt, and must not make the service wait.
 	switch {
 	case out.sequence == 0:
-		return nil, fmt.Errorf("%w: insert batch sequence 0 (producers number their messages from 1)", ErrInvalidMessage)
+		return nil, fmt.Errorf("%w: insert batch sequence 0 (producers number their messages from 1)", protocol.ErrInvalidMessage)
 	case out.window == 0 || out.window > uint64(l.MaxProducerWindow):
-		return nil, fmt.Errorf("%w: insert batch window %d (want 1 to %d, limits.max_producer_window; the producer's WithMaxInFlight)", ErrInvalidMessage, out.window, l.MaxProducerWindow)
+		return nil, fmt.Errorf("%w: insert batch window %d (want 1 to %d, limits.max_producer_window; the producer's WithMaxInFlight)", protocol.ErrInvalidMessage, out.window, l.MaxProducerWindow)
 	case out.windowStart == 0 || out.sequence < out.windowStart || out.sequence-out.windowStart >= out.window:
-		return nil, fmt.Errorf("%w: insert batch sequence %d outside its window [%d, %d+%d)", ErrInvalidMessage, out.sequence, out.windowStart, out.windowStart, out.window)
+		return nil, fmt.Errorf("%w: insert batch sequence %d outside its window [%d, %d+%d)", protocol.ErrInvalidMessage, out.sequence, out.windowStart, out.windowStart, out.window)
 	}
 	return out, nil
 }
@@ -222,7 +198,7 @@ func checkNoticeSubject(s string) error {
 		return nil
 	}
 	bad := func(why string) error {
-		return fmt.Errorf("%w: insert batch notice subject %.64q: %s", ErrInvalidMessage, s, why)
+		return fmt.Errorf("%w: insert batch notice subject %.64q: %s", protocol.ErrInvalidMessage, s, why)
 	}
 	if len(s) > maxNoticeSubjectLen {
 		return bad(fmt.Sprintf("%d bytes, over %d", len(s), maxNoticeSubjectLen))
@@ -252,7 +228,7 @@ func checkNoticeSubject(s string) error {
 func prepareItem(w *wire.Item, l *Limits) preparedItem {
 	p := preparedItem{table: w.Table}
 	if len(w.Columns) > l.MaxColumnsPerItem {
-		p.err = fmt.Errorf("%w: item %d has %d columns, over the limit of %d (limits.max_columns_per_item)", ErrResourceExhausted, w.Key, len(w.Columns), l.MaxColumnsPerItem)
+		p.err = fmt.Errorf("%w: item %d has %d columns, over the limit of %d (limits.max_columns_per_item)", protocol.ErrResourceExhausted, w.Key, len(w.Columns), l.MaxColumnsPerItem)
 		return p
 	}
 	slices := 0
@@ -260,7 +236,7 @@ func prepareItem(w *wire.Item, l *Limits) preparedItem {
 		slices += len(c.Slices)
 	}
 	if slices > l.MaxSlicesPerItem {
-		p.err = fmt.Errorf("%w: item %d has %d slices, over the limit of %d (limits.max_slices_per_item)", ErrResourceExhausted, w.Key, slices, l.MaxSlicesPerItem)
+		p.err = fmt.Errorf("%w: item %d has %d slices, over the limit of %d (limits.max_slices_per_item)", protocol.ErrResourceExhausted, w.Key, slices, l.MaxSlicesPerItem)
 		return p
 	}
 	// One backing array for every column's slices: two allocations per
@@ -281,14 +257,14 @@ func prepareItem(w *wire.Item, l *Limits) preparedItem {
 // the result is dropped (the store keeps the chunk as it came).
 func checkChunkDecodes(c *tables.Chunk, maxBytes int64) error {
 	if int64(c.Length)*c.StepBytes > maxBytes {
-		return fmt.Errorf("%w: chunk %d decodes to %d bytes, over the limit of %d (limits.max_chunk_bytes)", ErrResourceExhausted, c.Key, int64(c.Length)*c.StepBytes, maxBytes)
+		return fmt.Errorf("%w: chunk %d decodes to %d bytes, over the limit of %d (limits.max_chunk_bytes)", protocol.ErrResourceExhausted, c.Key, int64(c.Length)*c.StepBytes, maxBytes)
 	}
-	wc, err := readChunk(c.Data)
+	wc, err := wire.ReadChunk(c.Data)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", protocol.ErrInvalidMessage, err)
 	}
 	if err := wire.CheckChunk(wc); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidMessage, err)
+		return fmt.Errorf("%w: %v", protocol.ErrInvalidMessage, err)
 	}
 	return nil
 }
@@ -301,130 +277,38 @@ func chunkKeyOf(c *tables.Chunk) uint64 {
 }
 
 // consumeUint64s reads a repeated uint64 field, packed or not.
-func consumeUint64s(b []byte, typ protowire.Type, dst []uint64) ([]uint64, []byte, error) {
-	switch typ {
-	case protowire.VarintType:
-		v, n := protowire.ConsumeVarint(b)
-		if n < 0 {
-			return nil, nil, protowire.ParseError(n)
-		}
-		return append(dst, v), b[n:], nil
-	case protowire.BytesType:
-		packed, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return nil, nil, protowire.ParseError(n)
-		}
-		for len(packed) > 0 {
-			v, m := protowire.ConsumeVarint(packed)
-			if m < 0 {
-				return nil, nil, protowire.ParseError(m)
-			}
-			dst, packed = append(dst, v), packed[m:]
-		}
-		return dst, b[n:], nil
-	}
-	return nil, nil, fmt.Errorf("wire type %d for a repeated uint64", typ)
-}
-
-// readChunk decodes an encoded Chunk without copying its data: the
-// returned chunk's Data is a sub-slice of b.
-func readChunk(b []byte) (*wire.Chunk, error) {
-	c := &wire.Chunk{}
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, fmt.Errorf("%w: chunk: %v", ErrInvalidMessage, protowire.ParseError(n))
-		}
-		b = b[n:]
-		var (
-			v   uint64
-			err error
-		)
-		switch {
-		case num == fieldChunkStepShape:
-			var dims []uint64
-			if dims, b, err = consumeUint64s(b, typ, nil); err != nil {
-				return nil, fmt.Errorf("%w: chunk %d step shape: %v", ErrInvalidMessage, c.Key, err)
-			}
-			for _, d := range dims {
-				c.StepShape = append(c.StepShape, int64(d))
-			}
-			continue
-		case typ == protowire.VarintType:
-			v, n = protowire.ConsumeVarint(b)
-		case num == fieldChunkDtype && typ == protowire.BytesType:
-			var s []byte
-			s, n = protowire.ConsumeBytes(b)
-			c.Dtype = string(s)
-		case num == fieldChunkData && typ == protowire.BytesType:
-			c.Data, n = protowire.ConsumeBytes(b)
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return nil, fmt.Errorf("%w: chunk %d field %d: %v", ErrInvalidMessage, c.Key, num, protowire.ParseError(n))
-		}
-		b = b[n:]
-		if typ != protowire.VarintType {
-			continue
-		}
-		switch num {
-		case fieldChunkKey:
-			c.Key = v
-		case fieldChunkLength:
-			if v > math.MaxInt32 {
-				return nil, fmt.Errorf("%w: chunk %d length %d", ErrInvalidMessage, c.Key, v)
-			}
-			c.Length = int32(v)
-		case fieldChunkCompression:
-			if v > math.MaxInt32 {
-				return nil, fmt.Errorf("%w: chunk %d: unknown compression %d", ErrInvalidMessage, c.Key, v)
-			}
-			c.Compression = wire.Compression(v)
-		case fieldChunkDelta:
-			c.DeltaEncoded = v != 0
-		case fieldChunkRawSize:
-			c.RawSize = v
-		case fieldChunkEpisode:
-			c.EpisodeId = v
-		case fieldChunkEpisodeStep:
-			c.EpisodeStep = int64(v)
-		}
-	}
-	return c, nil
-}
 
 // parseChunk reads a chunk's header and checks that it describes a
 // well-formed tensor: known dtype, non-negative shape, a raw size that
 // matches and fits MaxChunkRawSize. The returned chunk's Data is b, the
 // whole encoded chunk, which is what the store keeps and sends on.
 func parseChunk(b []byte) (*tables.Chunk, error) {
-	wc, err := readChunk(b)
+	wc, err := wire.ReadChunk(b)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", protocol.ErrInvalidMessage, err)
 	}
 	c := &tables.Chunk{Key: wc.Key, DType: wc.Dtype, Shape: wc.StepShape, Length: wc.Length, Data: b}
 	compression, rawSize, dataLen := wc.Compression, wc.RawSize, len(wc.Data)
 	if _, ok := wire.Compression_name[int32(compression)]; !ok {
-		return nil, fmt.Errorf("%w: chunk %d: unknown compression %d", ErrInvalidMessage, c.Key, compression)
+		return nil, fmt.Errorf("%w: chunk %d: unknown compression %d", protocol.ErrInvalidMessage, c.Key, compression)
 	}
 	if dataLen == 0 && rawSize > 0 {
-		return nil, fmt.Errorf("%w: chunk %d has no data", ErrInvalidMessage, c.Key)
+		return nil, fmt.Errorf("%w: chunk %d has no data", protocol.ErrInvalidMessage, c.Key)
 	}
 	if c.Key == 0 {
-		return nil, fmt.Errorf("%w: chunk without a key", ErrInvalidMessage)
+		return nil, fmt.Errorf("%w: chunk without a key", protocol.ErrInvalidMessage)
 	}
 	if c.Length < 1 {
-		return nil, fmt.Errorf("%w: chunk %d: length %d (must be >= 1)", ErrInvalidMessage, c.Key, c.Length)
+		return nil, fmt.Errorf("%w: chunk %d: length %d (must be >= 1)", protocol.ErrInvalidMessage, c.Key, c.Length)
 	}
 	// The header must describe exactly raw_size bytes of a known dtype; the
 	// codec checks the same again when a learner decodes.
 	want, err := tensorBytes(c.DType, int64(c.Length), c.Shape)
 	if err != nil {
-		return nil, fmt.Errorf("%w: chunk %d: %v", ErrInvalidMessage, c.Key, err)
+		return nil, fmt.Errorf("%w: chunk %d: %v", protocol.ErrInvalidMessage, c.Key, err)
 	}
 	if want != rawSize {
-		return nil, fmt.Errorf("%w: chunk %d: raw size %d, but %d steps of %s%v take %d bytes", ErrInvalidMessage, c.Key, rawSize, c.Length, c.DType, c.Shape, want)
+		return nil, fmt.Errorf("%w: chunk %d: raw size %d, but %d steps of %s%v take %d bytes", protocol.ErrInvalidMessage, c.Key, rawSize, c.Length, c.DType, c.Shape, want)
 	}
 	c.StepBytes = int64(want) / int64(c.Length)
 	return c, nil

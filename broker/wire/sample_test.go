@@ -1,4 +1,4 @@
-package broker
+package wire
 
 import (
 	"math"
@@ -8,20 +8,19 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
 
 // referenceSampleResponse builds the response with the generated code.
-func referenceSampleResponse(code wire.Code, msg string, samples []tables.Sample) *wire.SampleResponse {
-	resp := &wire.SampleResponse{Status: &wire.Status{Code: code, Message: msg}}
+func referenceSampleResponse(code Code, msg string, samples []tables.Sample) *SampleResponse {
+	resp := &SampleResponse{Status: &Status{Code: code, Message: msg}}
 	seen := map[uint64]bool{}
 	for _, smp := range samples {
 		in := smp.Info
-		resp.Items = append(resp.Items, &wire.SampledItem{
-			Info: &wire.SampleInfo{Key: in.Key, Probability: in.Probability, TableSize: in.TableSize, Priority: in.Priority,
+		resp.Items = append(resp.Items, &SampledItem{
+			Info: &SampleInfo{Key: in.Key, Probability: in.Probability, TableSize: in.TableSize, Priority: in.Priority,
 				TimesSampled: in.TimesSampled, InsertedAtUnixNano: in.InsertedAt.UnixNano(), RateLimited: in.RateLimited},
-			Columns: wireColumns(smp.Trajectory),
+			Columns: FromTableColumns(smp.Trajectory),
 		})
 		for _, ch := range smp.Chunks {
 			if !seen[ch.Key] {
@@ -66,16 +65,16 @@ func TestAppendSampleResponse(t *testing.T) {
 				Chunks:     used,
 			})
 		}
-		code, msg := []wire.Code{0, wire.Code_CODE_PARTIAL}[trial%2], []string{"", "partial"}[trial%2]
-		var got wire.SampleResponse
-		if err := proto.Unmarshal(appendSampleResponse(nil, code, msg, samples), &got); err != nil {
+		code, msg := []Code{0, Code_CODE_PARTIAL}[trial%2], []string{"", "partial"}[trial%2]
+		var got SampleResponse
+		if err := proto.Unmarshal(AppendSampleResponse(nil, code, msg, samples), &got); err != nil {
 			t.Fatalf("trial %d: %v", trial, err)
 		}
 		want := referenceSampleResponse(code, msg, samples)
 		if !proto.Equal(&got, want) {
 			t.Fatalf("trial %d: decoded %v, want %v", trial, &got, want)
 		}
-		if n := len(appendSampleResponse(nil, code, msg, samples)); n != proto.Size(want) {
+		if n := len(AppendSampleResponse(nil, code, msg, samples)); n != proto.Size(want) {
 			t.Fatalf("trial %d: %d bytes, the generated code makes %d", trial, n, proto.Size(want))
 		}
 	}

@@ -1,4 +1,4 @@
-package broker
+package service
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/tables"
@@ -219,7 +220,7 @@ func (c *captured) encode() ([]byte, error) {
 		for i, it := range t.Items {
 			tc.Items[i] = &wire.ItemCheckpoint{
 				Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
-				InsertedAtUnixNano: it.InsertedAt.UnixNano(), Seq: it.Seq, Columns: wireColumns(it.Trajectory),
+				InsertedAtUnixNano: it.InsertedAt.UnixNano(), Seq: it.Seq, Columns: wire.FromTableColumns(it.Trajectory),
 			}
 		}
 		msg.Tables = append(msg.Tables, tc)
@@ -230,30 +231,6 @@ func (c *captured) encode() ([]byte, error) {
 	}
 	sum := sha256.Sum256(data)
 	return proto.Marshal(&wire.CheckpointFile{Checkpoint: data, Sha256: sum[:]})
-}
-
-func wireColumns(cols []tables.Column) []*wire.TrajectoryColumn {
-	out := make([]*wire.TrajectoryColumn, len(cols))
-	for i, c := range cols {
-		tc := &wire.TrajectoryColumn{Name: c.Name, Squeeze: c.Squeeze, Slices: make([]*wire.ColumnSlice, len(c.Slices))}
-		for j, sl := range c.Slices {
-			tc.Slices[j] = &wire.ColumnSlice{ChunkKey: sl.Chunk, Offset: sl.Offset, Length: sl.Length}
-		}
-		out[i] = tc
-	}
-	return out
-}
-
-func engineColumns(cols []*wire.TrajectoryColumn) []tables.Column {
-	out := make([]tables.Column, len(cols))
-	for i, c := range cols {
-		col := tables.Column{Name: c.Name, Squeeze: c.Squeeze, Slices: make([]tables.Slice, len(c.Slices))}
-		for j, sl := range c.Slices {
-			col.Slices[j] = tables.Slice{Chunk: sl.ChunkKey, Offset: sl.Offset, Length: sl.Length}
-		}
-		out[i] = col
-	}
-	return out
 }
 
 func decodeCheckpoint(data []byte) (*wire.Checkpoint, error) {
@@ -280,13 +257,13 @@ func decodeCheckpoint(data []byte) (*wire.Checkpoint, error) {
 // written; they stop only while the state is copied (Pause).
 func (s *Service) Checkpoint(ctx context.Context) (CheckpointResult, error) {
 	if s.o.checkpoints == nil {
-		return CheckpointResult{}, fmt.Errorf("%w: no checkpoint store configured", ErrServer)
+		return CheckpointResult{}, fmt.Errorf("%w: no checkpoint store configured", protocol.ErrServer)
 	}
 	var c *captured
 	select {
 	case c = <-s.intr.request():
 	case <-s.applyDone:
-		return CheckpointResult{}, fmt.Errorf("%w: service stopped", ErrClosed)
+		return CheckpointResult{}, fmt.Errorf("%w: service stopped", protocol.ErrClosed)
 	case <-ctx.Done():
 		return CheckpointResult{}, fmt.Errorf("broker: waiting for the apply loop to copy the state: %w", ctx.Err())
 	}
@@ -301,7 +278,7 @@ func (s *Service) write(ctx context.Context, c *captured) (CheckpointResult, err
 	start := time.Now()
 	res := CheckpointResult{Name: checkpointName(c.applied), Applied: c.applied, Items: c.items(), Pause: c.pause}
 	if c.applied < s.lastCheckpoint {
-		return res, fmt.Errorf("%w: a newer checkpoint (sequence %d) is already written", ErrServer, s.lastCheckpoint)
+		return res, fmt.Errorf("%w: a newer checkpoint (sequence %d) is already written", protocol.ErrServer, s.lastCheckpoint)
 	}
 	data, err := c.encode()
 	if err != nil {
@@ -455,7 +432,7 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 		for i, it := range tc.Items {
 			snap.Items[i] = tables.ItemSnapshot{
 				Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
-				InsertedAt: time.Unix(0, it.InsertedAtUnixNano), Seq: it.Seq, Trajectory: engineColumns(it.Columns),
+				InsertedAt: time.Unix(0, it.InsertedAtUnixNano), Seq: it.Seq, Trajectory: wire.ToTableColumns(it.Columns),
 			}
 		}
 		t, err := tables.NewFromSnapshot(snap, store, s.o.tableOptions...)
@@ -486,10 +463,10 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 	for _, pc := range cp.Producers {
 		ps := &producerState{lastSeq: pc.LastSequence, lastSeen: time.Unix(0, pc.LastSeenUnixNano), end: pc.End, notice: pc.NoticeSubject, chunks: make(map[uint64]chunkHold, len(pc.ChunkKeys))}
 		if len(pc.ChunkOrders) != len(pc.ChunkKeys) {
-			return fail(fmt.Errorf("producer %s: %d chunk orders for %d chunks", noticeToken(pc.Id), len(pc.ChunkOrders), len(pc.ChunkKeys)))
+			return fail(fmt.Errorf("producer %s: %d chunk orders for %d chunks", protocol.NoticeToken(pc.Id), len(pc.ChunkOrders), len(pc.ChunkKeys)))
 		}
 		if err := store.Retain(pc.ChunkKeys...); err != nil {
-			return fail(fmt.Errorf("producer %s: %w", noticeToken(pc.Id), err))
+			return fail(fmt.Errorf("producer %s: %w", protocol.NoticeToken(pc.Id), err))
 		}
 		for i, k := range pc.ChunkKeys {
 			ch, _ := store.Get(k)
@@ -502,7 +479,7 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 			b, err := parseInsertBatch(h.Data, &s.o.limits)
 			if err != nil {
 				// Accepted when it arrived: the limits have changed since.
-				s.log.Error("reprise service: a message held in the checkpoint is now refused; it is dropped", "producer", noticeToken(pc.Id), "error", err)
+				s.log.Error("reprise service: a message held in the checkpoint is now refused; it is dropped", "producer", protocol.NoticeToken(pc.Id), "error", err)
 				continue
 			}
 			b.raw, b.storedAt = h.Data, time.Unix(0, h.StoredAtUnixNano)

@@ -1,19 +1,20 @@
-package broker
+package wire
 
 import (
+	"fmt"
 	"math"
 
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
 
-// appendSampleResponse encodes a SampleResponse straight from the table's
+// AppendSampleResponse appends the encoding of a SampleResponse straight from the table's
 // samples: no intermediate messages per item, sizes computed exactly, and
 // each chunk appended once, as stored. It encodes what the generated code
 // would for the same message (TestAppendSampleResponse checks).
-func appendSampleResponse(b []byte, code wire.Code, msg string, samples []tables.Sample) []byte {
+func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Sample) []byte {
 	// The status is always set, even when empty (OK).
 	b = protowire.AppendTag(b, 1, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(sizeStatus(code, msg)))
@@ -47,7 +48,7 @@ func appendSampleResponse(b []byte, code wire.Code, msg string, samples []tables
 	return b
 }
 
-func sizeStatus(code wire.Code, msg string) int {
+func sizeStatus(code Code, msg string) int {
 	n := 0
 	if code != 0 {
 		n += 1 + protowire.SizeVarint(uint64(code))
@@ -58,7 +59,7 @@ func sizeStatus(code wire.Code, msg string) int {
 	return n
 }
 
-func appendStatus(b []byte, code wire.Code, msg string) []byte {
+func appendStatus(b []byte, code Code, msg string) []byte {
 	if code != 0 {
 		b = protowire.AppendTag(b, 1, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(code))
@@ -167,4 +168,101 @@ func appendColumn(b []byte, c *tables.Column) []byte {
 		b = appendVarintField(b, 3, 1)
 	}
 	return b
+}
+
+// ReadSampleResponse splits a SampleResponse into its status, its items
+// and its chunks, which stay sub-slices of b: a chunk's bytes are read in
+// place, not copied first.
+func ReadSampleResponse(b []byte) (status *Status, items []*SampledItem, chunks [][]byte, err error) {
+	status = &Status{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, nil, nil, fmt.Errorf("%w: sample response: %v", ErrMalformed, protowire.ParseError(n))
+		}
+		b = b[n:]
+		if typ != protowire.BytesType || num < 1 || num > 3 {
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				return nil, nil, nil, fmt.Errorf("%w: sample response: %v", ErrMalformed, protowire.ParseError(n))
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return nil, nil, nil, fmt.Errorf("%w: sample response: %v", ErrMalformed, protowire.ParseError(n))
+		}
+		b = b[n:]
+		switch num {
+		case 1:
+			err = proto.Unmarshal(v, status)
+		case 2:
+			it := &SampledItem{}
+			err = proto.Unmarshal(v, it)
+			items = append(items, it)
+		case 3:
+			chunks = append(chunks, v)
+		}
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%w: sample response: %v", ErrMalformed, err)
+		}
+	}
+	return status, items, chunks, nil
+}
+
+// FromTableColumns is an item's trajectory as the wire carries it.
+func FromTableColumns(cols []tables.Column) []*TrajectoryColumn {
+	out := make([]*TrajectoryColumn, len(cols))
+	for i, c := range cols {
+		tc := &TrajectoryColumn{Name: c.Name, Squeeze: c.Squeeze, Slices: make([]*ColumnSlice, len(c.Slices))}
+		for j, sl := range c.Slices {
+			tc.Slices[j] = &ColumnSlice{ChunkKey: sl.Chunk, Offset: sl.Offset, Length: sl.Length}
+		}
+		out[i] = tc
+	}
+	return out
+}
+
+// ToTableColumns is a trajectory from the wire as the tables hold it.
+func ToTableColumns(cols []*TrajectoryColumn) []tables.Column {
+	out := make([]tables.Column, len(cols))
+	for i, c := range cols {
+		col := tables.Column{Name: c.Name, Squeeze: c.Squeeze, Slices: make([]tables.Slice, len(c.Slices))}
+		for j, sl := range c.Slices {
+			col.Slices[j] = tables.Slice{Chunk: sl.ChunkKey, Offset: sl.Offset, Length: sl.Length}
+		}
+		out[i] = col
+	}
+	return out
+}
+
+// DecodeSampled decodes a sample response's chunks, once each, and gathers
+// every item's columns from them: columns[i][j] is column j of items[i].
+func DecodeSampled(items []*SampledItem, chunks [][]byte) (columns [][]*Tensor, err error) {
+	decoded := make(map[uint64]*Tensor, len(chunks))
+	for i, raw := range chunks {
+		ch, err := ReadChunk(raw)
+		if err != nil {
+			return nil, fmt.Errorf("chunk %d of the response: %w", i, err)
+		}
+		t, err := DecodeChunk(ch)
+		if err != nil {
+			return nil, fmt.Errorf("chunk %d: %w", ch.Key, err)
+		}
+		decoded[ch.Key] = t
+	}
+	lookup := func(key uint64) (*Tensor, bool) {
+		t, ok := decoded[key]
+		return t, ok
+	}
+	columns = make([][]*Tensor, len(items))
+	for i, it := range items {
+		columns[i] = make([]*Tensor, len(it.Columns))
+		for j, col := range it.Columns {
+			if columns[i][j], err = GatherColumn(col, lookup); err != nil {
+				return nil, fmt.Errorf("item %d: %w", it.GetInfo().GetKey(), err)
+			}
+		}
+	}
+	return columns, nil
 }

@@ -1,4 +1,4 @@
-package broker
+package service
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -30,7 +31,7 @@ import (
 // and the Python files with scripts/test.sh --update-golden.
 var updateGolden = flag.Bool("update", false, "rewrite the golden vectors in python/tests/golden")
 
-const goldenDir = "../python/tests/golden"
+const goldenDir = "../../python/tests/golden"
 
 // goldenTensor is a decoded tensor in a golden file: dtype, shape and its
 // little-endian bytes.
@@ -252,7 +253,7 @@ func goldenResponses(t *testing.T) []goldenResponse {
 			samples = append(samples, smp)
 			want = append(want, gi)
 		}
-		return goldenResponse{Name: name, Response: appendSampleResponse(nil, code, msg, samples), Code: int32(code), Message: msg, Items: want, Batchable: batchable}
+		return goldenResponse{Name: name, Response: wire.AppendSampleResponse(nil, code, msg, samples), Code: int32(code), Message: msg, Items: want, Batchable: batchable}
 	}
 	return []goldenResponse{
 		build("trajectories: 3-step columns, a squeezed column, shared chunks", wire.Code_CODE_OK, "", true, []col{
@@ -421,7 +422,7 @@ func TestGoldenPythonVectors(t *testing.T) {
 			if want := b.ProducerId + "-" + fmt.Sprint(b.Sequence); m.MsgID != want {
 				t.Errorf("dedupe id %q, the Go producer sets %q", m.MsgID, want)
 			}
-			if tok := noticeToken(b.ProducerId); m.NoticeToken != tok {
+			if tok := protocol.NoticeToken(b.ProducerId); m.NoticeToken != tok {
 				t.Errorf("notice token %q, Go computes %q", m.NoticeToken, tok)
 			}
 			if !slices.Equal(b.ReleaseChunkKeys, m.Release) {

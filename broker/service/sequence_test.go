@@ -1,4 +1,4 @@
-package broker
+package service
 
 import (
 	"context"
@@ -7,6 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reprise-rl/reprise/internal/testutil"
+
+	"github.com/reprise-rl/reprise/broker"
+
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -31,18 +36,18 @@ func publishRaw(t *testing.T, d *deployment, producer string, seq uint64, items 
 		m.Items = append(m.Items, &wire.Item{Key: uint64(it.id), Table: it.table, Priority: 1,
 			Columns: []*wire.TrajectoryColumn{{Name: "id", Squeeze: true, Slices: []*wire.ColumnSlice{{ChunkKey: ch.Key, Length: 1}}}}})
 	}
-	ack, err := d.svc.js.Publish(testContext(t), d.svc.subj.insert(), mustMarshal(t, m))
+	ack, err := d.svc.js.Publish(testutil.Context(t), d.svc.subj.Insert(), mustMarshal(t, m))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return ack.Sequence
 }
 
-func drainQueue(t *testing.T, c *Client, table string, n int) []int64 {
+func drainQueue(t *testing.T, c *broker.Client, table string, n int) []int64 {
 	t.Helper()
 	var got []int64
 	for range n {
-		ctx, cancel := context.WithTimeout(testContext(t), 5*time.Second)
+		ctx, cancel := context.WithTimeout(testutil.Context(t), 5*time.Second)
 		s, err := c.Sample(ctx, table, 1)
 		cancel()
 		if err != nil {
@@ -75,7 +80,7 @@ func TestHeldMessagesSurviveCheckpoint(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			opts := []ServiceOption{WithCheckpoints(cs)}
+			opts := []Option{WithCheckpoints(cs)}
 			if !graceful {
 				opts = append(opts, WithoutFinalCheckpoint())
 			}
@@ -85,9 +90,9 @@ func TestHeldMessagesSurviveCheckpoint(t *testing.T) {
 			publishRaw(t, d, "p", 3, rawItem{3, "queue"}, rawItem{4, "queue"})
 			publishRaw(t, d, "p", 2, rawItem{2, "queue"})
 			q, _ := d.svc.Table("queue")
-			waitUntil(t, "queue full, insert held", func() bool { return q.Size() == 2 && q.Info().Counters.InsertWaits > 0 })
+			testutil.WaitUntil(t, "queue full, insert held", func() bool { return q.Size() == 2 && q.Info().Counters.InsertWaits > 0 })
 			if !graceful {
-				if _, err := d.svc.Checkpoint(testContext(t)); err != nil {
+				if _, err := d.svc.Checkpoint(testutil.Context(t)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -97,9 +102,9 @@ func TestHeldMessagesSurviveCheckpoint(t *testing.T) {
 			if got := drainQueue(t, c, "queue", 4); !slices.Equal(got, []int64{1, 2, 3, 4}) {
 				t.Fatalf("queue delivered %v, want [1 2 3 4]", got)
 			}
-			ctx, cancel := context.WithTimeout(testContext(t), 500*time.Millisecond)
+			ctx, cancel := context.WithTimeout(testutil.Context(t), 500*time.Millisecond)
 			defer cancel()
-			if s, err := c.Sample(ctx, "queue", 1); !errors.Is(err, ErrRateLimited) {
+			if s, err := c.Sample(ctx, "queue", 1); !errors.Is(err, protocol.ErrRateLimited) {
 				t.Fatalf("a fifth item %v (%v): something was delivered twice", s, err)
 			}
 		})
@@ -115,12 +120,12 @@ func TestPartialBatchNotReinserted(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfgs := []tables.Config{tables.QueueConfig("q", 10), tables.QueueConfig("full", 1)}
-	d := deploy(t, cfgs, deployOptions{service: []ServiceOption{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
-	ctx := testContext(t)
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
+	ctx := testutil.Context(t)
 	publishRaw(t, d, "p", 1, rawItem{100, "full"})
 	publishRaw(t, d, "p", 2, rawItem{1, "q"}, rawItem{2, "full"})
 	full, _ := d.svc.Table("full")
-	waitUntil(t, "item 2 held", func() bool { return full.Info().Counters.InsertWaits > 0 })
+	testutil.WaitUntil(t, "item 2 held", func() bool { return full.Info().Counters.InsertWaits > 0 })
 	if got := drainQueue(t, d.client(), "q", 1); got[0] != 1 {
 		t.Fatalf("q delivered %v, want [1]", got)
 	}
@@ -132,67 +137,11 @@ func TestPartialBatchNotReinserted(t *testing.T) {
 	c := d.client()
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if s, err := c.Sample(short, "q", 1); !errors.Is(err, ErrRateLimited) {
+	if s, err := c.Sample(short, "q", 1); !errors.Is(err, protocol.ErrRateLimited) {
 		t.Fatalf("q after recovery: %v (%v), want nothing: item 1 was sampled out before the checkpoint", s, err)
 	}
 	// The held item 2 goes in once the full table makes room.
 	if got := drainQueue(t, c, "full", 2); !slices.Equal(got, []int64{100, 2}) {
 		t.Fatalf("full delivered %v, want [100 2]", got)
-	}
-}
-
-// TestCloseNotStuckBehindWaitingAppend: a call waiting for room in the
-// window (with a context that allows it to wait forever) does not keep
-// Close, or another call with a deadline, from returning in time.
-func TestCloseNotStuckBehindWaitingAppend(t *testing.T) {
-	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 1)}, deployOptions{})
-	ctx := testContext(t)
-	p := d.producer(WithLinger(0), WithMaxUnapplied(1))
-	add := func(ctx context.Context, i int64) error {
-		if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
-			return err
-		}
-		return p.CreateItem(ctx, "queue", 1, LastStep("id"))
-	}
-	for i := range int64(2) {
-		if err := add(ctx, i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	q, _ := d.svc.Table("queue")
-	waitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
-	blocked := make(chan error, 1)
-	go func() { blocked <- add(context.Background(), 2) }()
-	waitUntil(t, "the third item waits for the window", func() bool {
-		p.flow.mu.Lock()
-		defer p.flow.mu.Unlock()
-		return p.flow.changed != nil
-	})
-	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	defer cancel()
-	if err := add(short, 3); !errors.Is(err, ErrNotApplied) {
-		t.Fatalf("a call with a deadline behind the waiting one: %v, want ErrNotApplied", err)
-	}
-	cctx, ccancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer ccancel()
-	closed := make(chan error, 1)
-	go func() { closed <- p.Close(cctx) }()
-	select {
-	case err := <-closed:
-		if err == nil {
-			t.Fatal("Close with items it could not send returned nil")
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Close is stuck behind a call waiting for the window")
-	}
-	// The learner makes room: the waiting call ends (sent, or closed).
-	c := d.client()
-	for range 2 {
-		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		c.Sample(sctx, "queue", 1)
-		cancel()
-	}
-	if err := <-blocked; err != nil && !errors.Is(err, ErrClosed) {
-		t.Fatalf("the waiting call: %v, want nil or ErrClosed", err)
 	}
 }

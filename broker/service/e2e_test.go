@@ -1,4 +1,4 @@
-package broker
+package service
 
 import (
 	"context"
@@ -10,8 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reprise-rl/reprise/internal/testutil"
+
+	"github.com/reprise-rl/reprise/broker"
+
 	"google.golang.org/protobuf/proto"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -21,20 +26,20 @@ import (
 // TestRoundTrip: what an actor appends is what a learner samples, bit for
 // bit, for sequences that span chunks and for squeezed single steps.
 func TestRoundTrip(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("seq", 1000), uniformTable("single", 1000)}, deployOptions{})
-	ctx := testContext(t)
-	p := d.producer(WithChunkLength(4))
+	d := deploy(t, []tables.Config{testutil.UniformTable("seq", 1000), testutil.UniformTable("single", 1000)}, deployOptions{})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithChunkLength(4))
 	const obsLen = 5
 	for i := range int64(20) {
 		if err := p.Append(ctx, step(i, obsLen)); err != nil {
 			t.Fatal(err)
 		}
 		if i >= 2 {
-			if err := p.CreateItem(ctx, "seq", 1, Last(3, "obs", "id")); err != nil {
+			if err := p.CreateItem(ctx, "seq", 1, broker.Last(3, "obs", "id")); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := p.CreateItem(ctx, "single", 1, LastStep("obs", "id")); err != nil {
+		if err := p.CreateItem(ctx, "single", 1, broker.LastStep("obs", "id")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -89,8 +94,8 @@ func TestRoundTrip(t *testing.T) {
 // TestSharedChunks: overlapping items in two tables reference the same
 // chunks, which the service stores once (Reverb paper §4).
 func TestSharedChunks(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("two", 1000), uniformTable("three", 1000)}, deployOptions{})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{testutil.UniformTable("two", 1000), testutil.UniformTable("three", 1000)}, deployOptions{})
+	ctx := testutil.Context(t)
 	p := d.producer()
 	const steps = 30
 	for i := range int64(steps) {
@@ -98,12 +103,12 @@ func TestSharedChunks(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i >= 1 {
-			if err := p.CreateItem(ctx, "two", 1, Last(2, "obs", "id")); err != nil {
+			if err := p.CreateItem(ctx, "two", 1, broker.Last(2, "obs", "id")); err != nil {
 				t.Fatal(err)
 			}
 		}
 		if i >= 2 {
-			if err := p.CreateItem(ctx, "three", 1, Last(3, "obs", "id")); err != nil {
+			if err := p.CreateItem(ctx, "three", 1, broker.Last(3, "obs", "id")); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -140,10 +145,10 @@ func TestEverySelector(t *testing.T) {
 	}
 	var cfgs []tables.Config
 	for _, k := range kinds {
-		cfgs = append(cfgs, tableConfig(string(k.Kind), k, selectors.Options{Kind: selectors.KindFifo}, 100, limiter.MinSize(1)))
+		cfgs = append(cfgs, testutil.TableConfig(string(k.Kind), k, selectors.Options{Kind: selectors.KindFifo}, 100, limiter.MinSize(1)))
 	}
 	d := deploy(t, cfgs, deployOptions{})
-	ctx := testContext(t)
+	ctx := testutil.Context(t)
 	p := d.producer()
 	for i := range int64(10) {
 		if err := p.Append(ctx, step(i, 1)); err != nil {
@@ -152,7 +157,7 @@ func TestEverySelector(t *testing.T) {
 		for _, k := range kinds {
 			// Priority i: the heaps see 9 as max and 0 as min; prioritized
 			// never returns the zero-priority item 0.
-			if err := p.CreateItem(ctx, string(k.Kind), float64(i), LastStep("id")); err != nil {
+			if err := p.CreateItem(ctx, string(k.Kind), float64(i), broker.LastStep("id")); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -189,21 +194,21 @@ func TestEverySelector(t *testing.T) {
 // items arrive in the order it created them.
 func TestQueueExactlyOnceInOrder(t *testing.T) {
 	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 50)}, deployOptions{})
-	ctx := testContext(t)
+	ctx := testutil.Context(t)
 	const actors, perActor = 3, 200
 	var wg sync.WaitGroup
 	errc := make(chan error, actors)
 	for a := range actors {
-		p := d.producer(WithMaxUnapplied(16))
+		p := d.producer(broker.WithMaxUnapplied(16))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range int64(perActor) {
-				if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{int64(a)*1_000_000 + i})}); err != nil {
+				if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{int64(a)*1_000_000 + i})}); err != nil {
 					errc <- err
 					return
 				}
-				if err := p.CreateItem(ctx, "queue", 1, LastStep("id")); err != nil {
+				if err := p.CreateItem(ctx, "queue", 1, broker.LastStep("id")); err != nil {
 					errc <- err
 					return
 				}
@@ -218,7 +223,7 @@ func TestQueueExactlyOnceInOrder(t *testing.T) {
 		last[a] = -1
 	}
 	for len(seen) < actors*perActor {
-		samples, err := c.Sample(ctx, "queue", 1+len(seen)%7, Flexible())
+		samples, err := c.Sample(ctx, "queue", 1+len(seen)%7, broker.Flexible())
 		if err != nil {
 			t.Fatalf("after %d items: %v", len(seen), err)
 		}
@@ -244,8 +249,8 @@ func TestQueueExactlyOnceInOrder(t *testing.T) {
 	// Nothing left: a further sample is rate limited.
 	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	if _, err := c.Sample(short, "queue", 1); !errors.Is(err, ErrRateLimited) {
-		t.Fatalf("sample from the drained queue: %v, want ErrRateLimited", err)
+	if _, err := c.Sample(short, "queue", 1); !errors.Is(err, protocol.ErrRateLimited) {
+		t.Fatalf("sample from the drained queue: %v, want protocol.ErrRateLimited", err)
 	}
 }
 
@@ -257,22 +262,22 @@ func TestSampleToInsertRatio(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := deploy(t, []tables.Config{tableConfig("ratio", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 1000, lim)}, deployOptions{})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{testutil.TableConfig("ratio", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 1000, lim)}, deployOptions{})
+	ctx := testutil.Context(t)
 	const actors, perActor = 2, 300
 	stop := make(chan struct{})
 	var actorsDone sync.WaitGroup
 	for a := range actors {
-		p := d.producer(WithMaxUnapplied(8))
+		p := d.producer(broker.WithMaxUnapplied(8))
 		actorsDone.Add(1)
 		go func() {
 			defer actorsDone.Done()
 			for i := range int64(perActor) {
-				if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{int64(a)<<32 | i})}); err != nil {
+				if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{int64(a)<<32 | i})}); err != nil {
 					t.Error(err)
 					return
 				}
-				if err := p.CreateItem(ctx, "ratio", 1, LastStep("id")); err != nil {
+				if err := p.CreateItem(ctx, "ratio", 1, broker.LastStep("id")); err != nil {
 					t.Error(err)
 					return
 				}
@@ -295,9 +300,9 @@ func TestSampleToInsertRatio(t *testing.T) {
 				default:
 				}
 				short, cancel := context.WithTimeout(ctx, time.Second)
-				_, err := c.Sample(short, "ratio", 3, Flexible())
+				_, err := c.Sample(short, "ratio", 3, broker.Flexible())
 				cancel()
-				if err != nil && !errors.Is(err, ErrRateLimited) {
+				if err != nil && !errors.Is(err, protocol.ErrRateLimited) {
 					t.Error(err)
 					return
 				}
@@ -318,7 +323,7 @@ func TestSampleToInsertRatio(t *testing.T) {
 			t.Fatalf("inserts %d samples %d: inserts*spi - samples = %v outside [%v, %v]", l.Inserts, l.Samples, diff, lim.MinDiff-3, lim.MaxDiff)
 		}
 	}
-	waitUntil(t, "all inserts applied", func() bool {
+	testutil.WaitUntil(t, "all inserts applied", func() bool {
 		check()
 		info, err := c.Info(ctx, "ratio")
 		return err == nil && info.Tables[0].Inserts == actors*perActor
@@ -334,15 +339,15 @@ func TestSampleToInsertRatio(t *testing.T) {
 // a learner samples, they resume and nothing was dropped.
 func TestLimiterHoldsProducers(t *testing.T) {
 	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 5)}, deployOptions{})
-	ctx := testContext(t)
-	p := d.producer(WithMaxUnapplied(4), WithLinger(0))
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithMaxUnapplied(4), broker.WithLinger(0))
 	created := 0
 	var blockedErr error
 	for i := range int64(100) {
 		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		err := p.Append(short, Step{"id": wire.Int64s(nil, []int64{i})})
+		err := p.Append(short, broker.Step{"id": wire.Int64s(nil, []int64{i})})
 		if err == nil {
-			err = p.CreateItem(short, "queue", 1, LastStep("id"))
+			err = p.CreateItem(short, "queue", 1, broker.LastStep("id"))
 		}
 		cancel()
 		if err != nil {
@@ -351,8 +356,8 @@ func TestLimiterHoldsProducers(t *testing.T) {
 		}
 		created++
 	}
-	if !errors.Is(blockedErr, ErrNotApplied) || !errors.Is(blockedErr, context.DeadlineExceeded) {
-		t.Fatalf("after %d items the producer said %v, want ErrNotApplied and DeadlineExceeded", created, blockedErr)
+	if !errors.Is(blockedErr, protocol.ErrNotApplied) || !errors.Is(blockedErr, context.DeadlineExceeded) {
+		t.Fatalf("after %d items the producer said %v, want protocol.ErrNotApplied and DeadlineExceeded", created, blockedErr)
 	}
 	// Queue(5) holds 5 items, the window 4 more, give or take one in the
 	// batch being sent.
@@ -390,15 +395,15 @@ func TestLimiterHoldsProducers(t *testing.T) {
 
 // TestLargeSample: a response larger than the max payload arrives whole.
 func TestLargeSample(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("big", 100)}, deployOptions{maxPayload: 64 << 10})
-	ctx := testContext(t)
-	p := d.producer(WithCompression(wire.Uncompressed))
+	d := deploy(t, []tables.Config{testutil.UniformTable("big", 100)}, deployOptions{maxPayload: 64 << 10})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithCompression(wire.Uncompressed))
 	const obsLen = 4000 // 16 kB per item
 	for i := range int64(40) {
 		if err := p.Append(ctx, step(i, obsLen)); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "big", 1, LastStep("obs", "id")); err != nil {
+		if err := p.CreateItem(ctx, "big", 1, broker.LastStep("obs", "id")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -417,11 +422,11 @@ func TestLargeSample(t *testing.T) {
 	}
 }
 
-// TestGarbageRejected: bytes published straight onto the data subjects are
+// TestGarbageRejected: bytes published straight onto the data protocol.Subjects are
 // rejected and counted while valid traffic goes on.
 func TestGarbageRejected(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("t", 1000)}, deployOptions{})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 1000)}, deployOptions{})
+	ctx := testutil.Context(t)
 	nc := d.connect()
 	p := d.producer()
 	garbage := [][]byte{
@@ -444,20 +449,20 @@ func TestGarbageRejected(t *testing.T) {
 		if err := p.Append(ctx, step(i, 3)); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
 			t.Fatal(err)
 		}
 		if i%10 == 0 {
 			g := garbage[i/10]
-			if _, err := d.svc.js.Publish(ctx, d.svc.subj.insert(), g); err != nil {
+			if _, err := d.svc.js.Publish(ctx, d.svc.subj.Insert(), g); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := d.svc.js.Publish(ctx, d.svc.subj.mutate(), g); err != nil {
+			if _, err := d.svc.js.Publish(ctx, d.svc.subj.Mutate(), g); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	if err := nc.Publish(d.svc.subj.prefix+".data.insert", []byte{1, 2, 3}); err != nil {
+	if err := nc.Publish(d.svc.subj.Prefix+".data.insert", []byte{1, 2, 3}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.WaitApplied(ctx); err != nil {
@@ -486,52 +491,52 @@ func TestGarbageRejected(t *testing.T) {
 // refused and why; the producer returns it from its next Flush.
 func TestRejectionsReachProducer(t *testing.T) {
 	sig := tables.Signature{{Name: "obs", DType: "float32", Shape: []int64{3}}}
-	cfg := uniformTable("typed", 100)
+	cfg := testutil.UniformTable("typed", 100)
 	cfg.Signature = sig
 	d := deploy(t, []tables.Config{cfg}, deployOptions{})
-	ctx := testContext(t)
+	ctx := testutil.Context(t)
 	p := d.producer()
-	if err := p.Append(ctx, Step{"obs": wire.Float32s([]int64{4}, make([]float32, 4)), "id": wire.Int64s(nil, []int64{1})}); err != nil {
+	if err := p.Append(ctx, broker.Step{"obs": wire.Float32s([]int64{4}, make([]float32, 4)), "id": wire.Int64s(nil, []int64{1})}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.CreateItem(ctx, "typed", 1, LastStep("obs")); err != nil {
+	if err := p.CreateItem(ctx, "typed", 1, broker.LastStep("obs")); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.CreateItem(ctx, "missing", 1, LastStep("obs")); err != nil {
+	if err := p.CreateItem(ctx, "missing", 1, broker.LastStep("obs")); err != nil {
 		t.Fatal(err)
 	}
 	err := p.WaitApplied(ctx)
-	if !errors.Is(err, ErrRejected) {
-		t.Fatalf("WaitApplied = %v, want ErrRejected", err)
+	if !errors.Is(err, protocol.ErrRejected) {
+		t.Fatalf("WaitApplied = %v, want protocol.ErrRejected", err)
 	}
 	for _, want := range []string{`"obs"`, `"missing"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Fatalf("rejection %q does not name %s", err, want)
 		}
 	}
-	// Producer-side checks fail at once.
-	if err := p.Append(ctx, Step{"obs": wire.Int32s([]int64{4}, make([]int32, 4))}); !errors.Is(err, ErrSignature) {
-		t.Fatalf("append with a changed dtype: %v, want ErrSignature", err)
+	// broker.Producer-side checks fail at once.
+	if err := p.Append(ctx, broker.Step{"obs": wire.Int32s([]int64{4}, make([]int32, 4))}); !errors.Is(err, protocol.ErrSignature) {
+		t.Fatalf("append with a changed dtype: %v, want protocol.ErrSignature", err)
 	}
-	if err := p.CreateItem(ctx, "typed", math.Inf(1), LastStep("obs")); !errors.Is(err, ErrInvalidMessage) {
-		t.Fatalf("infinite priority: %v, want ErrInvalidMessage", err)
+	if err := p.CreateItem(ctx, "typed", math.Inf(1), broker.LastStep("obs")); !errors.Is(err, protocol.ErrInvalidMessage) {
+		t.Fatalf("infinite priority: %v, want protocol.ErrInvalidMessage", err)
 	}
-	if err := p.CreateItem(ctx, "typed", 1, Last(5, "obs")); !errors.Is(err, ErrHistory) {
-		t.Fatalf("item longer than the episode: %v, want ErrHistory", err)
+	if err := p.CreateItem(ctx, "typed", 1, broker.Last(5, "obs")); !errors.Is(err, protocol.ErrHistory) {
+		t.Fatalf("item longer than the episode: %v, want protocol.ErrHistory", err)
 	}
 }
 
 // TestMutationsAndReset: priority updates and deletes travel through the
 // stream and apply in order; reset empties a table.
 func TestMutationsAndReset(t *testing.T) {
-	d := deploy(t, []tables.Config{tableConfig("heap", selectors.Options{Kind: selectors.KindMaxHeap}, selectors.Options{Kind: selectors.KindFifo}, 100, limiter.MinSize(1))}, deployOptions{})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{testutil.TableConfig("heap", selectors.Options{Kind: selectors.KindMaxHeap}, selectors.Options{Kind: selectors.KindFifo}, 100, limiter.MinSize(1))}, deployOptions{})
+	ctx := testutil.Context(t)
 	p := d.producer()
 	for i := range int64(5) {
-		if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
+		if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "heap", float64(i), LastStep("id")); err != nil {
+		if err := p.CreateItem(ctx, "heap", float64(i), broker.LastStep("id")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -539,7 +544,7 @@ func TestMutationsAndReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := d.client()
-	top := func() Sample {
+	top := func() broker.Sample {
 		t.Helper()
 		s, err := c.Sample(ctx, "heap", 1)
 		if err != nil {
@@ -563,7 +568,7 @@ func TestMutationsAndReset(t *testing.T) {
 		if err := c.Mutate(ctx, "heap", tables.Mutation{Key: s.Info.Key, Priority: 0}); err != nil {
 			t.Fatal(err)
 		}
-		waitUntil(t, "priority update applied", func() bool { return top().Info.Key != s.Info.Key })
+		testutil.WaitUntil(t, "priority update applied", func() bool { return top().Info.Key != s.Info.Key })
 	}
 	if key1 == 0 {
 		t.Fatal("never saw step 1 at the top")
@@ -571,9 +576,9 @@ func TestMutationsAndReset(t *testing.T) {
 	if err := c.Mutate(ctx, "heap", tables.Mutation{Key: 12345, Delete: true}, tables.Mutation{Key: key1, Delete: true}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "delete applied", func() bool { return ids(t, top())[0] != 1 })
-	if err := c.Mutate(ctx, "heap", tables.Mutation{Key: 1, Priority: math.NaN()}); !errors.Is(err, ErrInvalidMessage) {
-		t.Fatalf("NaN priority update: %v, want ErrInvalidMessage", err)
+	testutil.WaitUntil(t, "delete applied", func() bool { return ids(t, top())[0] != 1 })
+	if err := c.Mutate(ctx, "heap", tables.Mutation{Key: 1, Priority: math.NaN()}); !errors.Is(err, protocol.ErrInvalidMessage) {
+		t.Fatalf("NaN priority update: %v, want protocol.ErrInvalidMessage", err)
 	}
 	if err := c.Reset(ctx, "heap"); err != nil {
 		t.Fatal(err)
@@ -585,23 +590,23 @@ func TestMutationsAndReset(t *testing.T) {
 	if ti := info.Tables[0]; ti.Size != 0 || ti.Limiter.Inserts != 0 {
 		t.Fatalf("after reset: size %d, limiter inserts %d; want 0 and 0", ti.Size, ti.Limiter.Inserts)
 	}
-	if err := c.Reset(ctx, "nope"); !errors.Is(err, ErrUnknownTable) {
-		t.Fatalf("reset of an unknown table: %v, want ErrUnknownTable", err)
+	if err := c.Reset(ctx, "nope"); !errors.Is(err, protocol.ErrUnknownTable) {
+		t.Fatalf("reset of an unknown table: %v, want protocol.ErrUnknownTable", err)
 	}
-	if _, err := c.Sample(ctx, "nope", 1); !errors.Is(err, ErrUnknownTable) {
-		t.Fatalf("sample of an unknown table: %v, want ErrUnknownTable", err)
+	if _, err := c.Sample(ctx, "nope", 1); !errors.Is(err, protocol.ErrUnknownTable) {
+		t.Fatalf("sample of an unknown table: %v, want protocol.ErrUnknownTable", err)
 	}
 }
 
 // TestManyActorsAndLearners: several actors and prefetching learners at
 // once on a prioritized table; every sample decodes to the data appended.
 func TestManyActorsAndLearners(t *testing.T) {
-	d := deploy(t, []tables.Config{tableConfig("per", selectors.Options{Kind: selectors.KindPrioritized, Exponent: 0.6}, selectors.Options{Kind: selectors.KindFifo}, 500, limiter.MinSize(10))}, deployOptions{})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{testutil.TableConfig("per", selectors.Options{Kind: selectors.KindPrioritized, Exponent: 0.6}, selectors.Options{Kind: selectors.KindFifo}, 500, limiter.MinSize(10))}, deployOptions{})
+	ctx := testutil.Context(t)
 	const actors, steps = 4, 150
 	var wg sync.WaitGroup
 	for a := range actors {
-		p := d.producer(WithChunkLength(5))
+		p := d.producer(broker.WithChunkLength(5))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -611,7 +616,7 @@ func TestManyActorsAndLearners(t *testing.T) {
 					return
 				}
 				if i >= 4 {
-					if err := p.CreateItem(ctx, "per", float64(i%7), Last(5, "obs", "id")); err != nil {
+					if err := p.CreateItem(ctx, "per", float64(i%7), broker.Last(5, "obs", "id")); err != nil {
 						t.Error(err)
 						return
 					}
@@ -625,7 +630,7 @@ func TestManyActorsAndLearners(t *testing.T) {
 	c := d.client()
 	var learners sync.WaitGroup
 	for range 3 {
-		s := c.NewSampler("per", 16, WithInFlight(3))
+		s := c.NewSampler("per", 16, broker.WithInFlight(3))
 		learners.Add(1)
 		go func() {
 			defer learners.Done()
@@ -666,8 +671,8 @@ func mustMarshal(t testing.TB, m proto.Message) []byte {
 // when the missing message never comes, the service gives up on it after
 // the gap timeout and applies the rest.
 func TestProducerGap(t *testing.T) {
-	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 100)}, deployOptions{service: []ServiceOption{WithGapTimeout(200 * time.Millisecond)}})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 100)}, deployOptions{service: []Option{WithGapTimeout(200 * time.Millisecond)}})
+	ctx := testutil.Context(t)
 	publish := func(producer string, seq uint64, id int64) {
 		t.Helper()
 		ch, err := wire.EncodeChunk(uint64(1000+id), []*wire.Tensor{wire.Int64s(nil, []int64{id})}, wire.ChunkOptions{})
@@ -676,7 +681,7 @@ func TestProducerGap(t *testing.T) {
 		}
 		m := &wire.InsertBatch{ProducerId: producer, Sequence: seq, WindowStart: 1, Window: 1024, Chunks: []*wire.Chunk{ch},
 			Items: []*wire.Item{{Key: uint64(id), Table: "queue", Priority: 1, Columns: []*wire.TrajectoryColumn{{Name: "id", Squeeze: true, Slices: []*wire.ColumnSlice{{ChunkKey: ch.Key, Length: 1}}}}}}}
-		if _, err := d.svc.js.Publish(ctx, d.svc.subj.insert(), mustMarshal(t, m)); err != nil {
+		if _, err := d.svc.js.Publish(ctx, d.svc.subj.Insert(), mustMarshal(t, m)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -709,18 +714,18 @@ func TestProducerGap(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	if _, err := c.Sample(short, "queue", 1); !errors.Is(err, ErrRateLimited) {
-		t.Fatalf("sample while message 2 is missing: %v, want ErrRateLimited (message 3 held)", err)
+	if _, err := c.Sample(short, "queue", 1); !errors.Is(err, protocol.ErrRateLimited) {
+		t.Fatalf("sample while message 2 is missing: %v, want protocol.ErrRateLimited (message 3 held)", err)
 	}
 	// Stream time moves on with any later message.
-	waitUntil(t, "gap timeout passes", func() bool {
+	testutil.WaitUntil(t, "gap timeout passes", func() bool {
 		publish("c", 1, 20)
 		info, err := c.Info(ctx, "queue")
 		return err == nil && info.Tables[0].Size >= 2 && slices.Contains(drainAll(t, c, ctx), int64(12))
 	})
 }
 
-func drainAll(t *testing.T, c *Client, ctx context.Context) []int64 {
+func drainAll(t *testing.T, c *broker.Client, ctx context.Context) []int64 {
 	var out []int64
 	for {
 		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
@@ -735,8 +740,8 @@ func drainAll(t *testing.T, c *Client, ctx context.Context) []int64 {
 
 // TestItems: items are listed by page in insertion order and fetched by key.
 func TestItems(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{})
+	ctx := testutil.Context(t)
 	p := d.producer()
 	fill(t, p, 0, 25, "t")
 	c := d.client()
@@ -759,7 +764,7 @@ func TestItems(t *testing.T) {
 	if len(byKey.Items) != 2 || byKey.Items[0].Key != page.Items[3].Key || byKey.Items[1].Key != page.Items[1].Key {
 		t.Fatalf("by key: %v", byKey.Items)
 	}
-	if _, err := c.Items(ctx, "t", 0, 1_000_000); !errors.Is(err, ErrInvalidMessage) {
-		t.Fatalf("oversized page: %v, want ErrInvalidMessage", err)
+	if _, err := c.Items(ctx, "t", 0, 1_000_000); !errors.Is(err, protocol.ErrInvalidMessage) {
+		t.Fatalf("oversized page: %v, want protocol.ErrInvalidMessage", err)
 	}
 }

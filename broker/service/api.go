@@ -1,4 +1,4 @@
-package broker
+package service
 
 import (
 	"context"
@@ -13,26 +13,22 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
 
-// Headers of a sample response that travels in parts because it is larger
-// than the connection's max payload. Parts arrive in order on the reply
-// subject; the client joins them and decodes the whole.
-const (
-	headerPart  = "Reprise-Part"
-	headerParts = "Reprise-Parts"
-	// Room left in every message for headers and protocol overhead.
-	payloadHeadroom = 1024
-)
+// A sample response larger than the connection's max payload travels in
+// parts (headers protocol.HeaderPart and HeaderParts). Parts arrive in order
+// on the reply subject; the client joins them and decodes the whole.
+const payloadHeadroom = 1024 // room left in every message for headers and protocol overhead
 
 func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name:        "reprise",
 		Version:     Version,
 		Description: "Reprise experience replay table service",
-		Metadata:    map[string]string{"prefix": s.subj.prefix, "tables": strings.Join(s.names, ",")},
+		Metadata:    map[string]string{"prefix": s.subj.Prefix, "tables": strings.Join(s.names, ",")},
 		ErrorHandler: func(_ micro.Service, err *micro.NATSError) {
 			s.log.Warn("reprise service: request subscription", "subject", err.Subject, "error", err.Description)
 		},
@@ -40,7 +36,7 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: starting micro service: %w", err)
 	}
-	g := svc.AddGroup(s.subj.apiGroup())
+	g := svc.AddGroup(s.subj.APIGroup())
 	endpoints := []struct {
 		name    string
 		handler micro.HandlerFunc
@@ -232,7 +228,7 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	}
 	code, items = status, len(samples)
 	buf := responseBuffers.Get().(*[]byte)
-	*buf = appendSampleResponse((*buf)[:0], status, msg, samples)
+	*buf = wire.AppendSampleResponse((*buf)[:0], status, msg, samples)
 	s.respondParts(r, *buf)
 	// Respond copied the bytes into the connection's buffer.
 	responseBuffers.Put(buf)
@@ -254,7 +250,7 @@ func (s *Service) respondParts(r micro.Request, data []byte) {
 	total := strconv.Itoa(parts)
 	for i := range parts {
 		part := data[i*limit : min(len(data), (i+1)*limit)]
-		s.reply(r, part, nats.Header{headerPart: []string{strconv.Itoa(i)}, headerParts: []string{total}})
+		s.reply(r, part, nats.Header{protocol.HeaderPart: []string{strconv.Itoa(i)}, protocol.HeaderParts: []string{total}})
 	}
 }
 
@@ -334,7 +330,7 @@ func (s *Service) handleReset(ctx context.Context, r micro.Request) {
 	data, _ := proto.Marshal(&wire.ResetRequest{Table: req.Table})
 	wctx, cancel := context.WithTimeout(ctx, s.o.maxSampleWait)
 	defer cancel()
-	ack, err := s.js.Publish(wctx, s.subj.reset(), data)
+	ack, err := s.js.Publish(wctx, s.subj.Reset(), data)
 	if err != nil {
 		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, fmt.Sprintf("publishing reset: %v", err))
 		return
@@ -394,7 +390,7 @@ func (s *Service) handleItems(r micro.Request) {
 	resp := &wire.ItemsResponse{Status: &wire.Status{}, TableSize: t.Size(), Items: make([]*wire.ItemInfo, len(items))}
 	for i, it := range items {
 		resp.Items[i] = &wire.ItemInfo{Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
-			InsertedAtUnixNano: it.InsertedAt.UnixNano(), Columns: wireColumns(it.Trajectory)}
+			InsertedAtUnixNano: it.InsertedAt.UnixNano(), Columns: wire.FromTableColumns(it.Trajectory)}
 	}
 	data, _ := proto.Marshal(resp)
 	s.respondParts(r, data)

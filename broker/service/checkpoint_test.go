@@ -1,4 +1,4 @@
-package broker
+package service
 
 import (
 	"context"
@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reprise-rl/reprise/internal/testutil"
+
+	"github.com/reprise-rl/reprise/broker"
+
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -16,15 +20,15 @@ import (
 
 // fill appends n steps and creates one item per step in each table, then
 // waits until the service applied them.
-func fill(t testing.TB, p *Producer, from, n int64, tbls ...string) {
+func fill(t testing.TB, p *broker.Producer, from, n int64, tbls ...string) {
 	t.Helper()
-	ctx := testContext(t)
+	ctx := testutil.Context(t)
 	for i := from; i < from+n; i++ {
-		if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
+		if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
 			t.Fatal(err)
 		}
 		for _, tb := range tbls {
-			if err := p.CreateItem(ctx, tb, float64(i%10), LastStep("id")); err != nil {
+			if err := p.CreateItem(ctx, tb, float64(i%10), broker.LastStep("id")); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -80,8 +84,8 @@ func sameState(t testing.TB, what string, got, want tableState) {
 
 func checkpointTables(n int64) []tables.Config {
 	return []tables.Config{
-		tableConfig("uniform", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 2*n, limiter.MinSize(1)),
-		tableConfig("heap", selectors.Options{Kind: selectors.KindMaxHeap}, selectors.Options{Kind: selectors.KindFifo}, n/2, limiter.MinSize(1)),
+		testutil.TableConfig("uniform", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 2*n, limiter.MinSize(1)),
+		testutil.TableConfig("heap", selectors.Options{Kind: selectors.KindMaxHeap}, selectors.Options{Kind: selectors.KindFifo}, n/2, limiter.MinSize(1)),
 	}
 }
 
@@ -98,9 +102,9 @@ func TestRecoveryFromCheckpointAndTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfgs := checkpointTables(n)
-	d := deploy(t, cfgs, deployOptions{service: []ServiceOption{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
-	ctx := testContext(t)
-	p := d.producer(WithBatch(512, 1<<20), WithMaxUnapplied(1<<16))
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithBatch(512, 1<<20), broker.WithMaxUnapplied(1<<16))
 	c := d.client()
 
 	fill(t, p, 0, n/4, "uniform", "heap")
@@ -140,7 +144,7 @@ func TestRecoveryFromCheckpointAndTail(t *testing.T) {
 	var rep RecoveryResult
 	start := time.Now()
 	svc, _ := d.startService(cfgs, WithCheckpoints(cs), WithRecoveryReport(func(r RecoveryResult) { rep = r }))
-	waitUntil(t, "the tail is replayed", func() bool { return svc.Applied() >= d.svc.Applied() })
+	testutil.WaitUntil(t, "the tail is replayed", func() bool { return svc.Applied() >= d.svc.Applied() })
 	t.Logf("recovered %d items from %s in %v, replayed the tail in %v", rep.Items, rep.Checkpoint, rep.Duration, time.Since(start))
 	if rep.Checkpoint != cp.Name || rep.Applied != cp.Applied || len(rep.Skipped) != 0 {
 		t.Fatalf("recovery %+v, want checkpoint %s at %d", rep, cp.Name, cp.Applied)
@@ -164,8 +168,8 @@ func TestCorruptCheckpointFallsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfgs := checkpointTables(1000)
-	d := deploy(t, cfgs, deployOptions{service: []ServiceOption{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
-	ctx := testContext(t)
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
+	ctx := testutil.Context(t)
 	p := d.producer()
 	fill(t, p, 0, 100, "uniform", "heap")
 	older, err := d.svc.Checkpoint(ctx)
@@ -195,7 +199,7 @@ func TestCorruptCheckpointFallsBack(t *testing.T) {
 	if rep.Checkpoint != older.Name || len(rep.Skipped) != 1 {
 		t.Fatalf("recovery %+v, want %s after skipping %s", rep, older.Name, newer.Name)
 	}
-	waitUntil(t, "the tail is replayed", func() bool { return svc.Applied() >= d.svc.Applied() })
+	testutil.WaitUntil(t, "the tail is replayed", func() bool { return svc.Applied() >= d.svc.Applied() })
 	sameState(t, "uniform", stateOf(t, svc, "uniform"), want)
 
 	// The damaged checkpoint is gone, and the next ones are kept.
@@ -220,9 +224,9 @@ func TestTrimmingBoundsStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := deploy(t, checkpointTables(100), deployOptions{service: []ServiceOption{WithCheckpoints(cs)}})
-	ctx := testContext(t)
-	p := d.producer(WithLinger(0))
+	d := deploy(t, checkpointTables(100), deployOptions{service: []Option{WithCheckpoints(cs)}})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithLinger(0))
 	const rounds, perRound = 12, 50
 	var maxMsgs uint64
 	for r := range int64(rounds) {
@@ -258,7 +262,7 @@ func TestConfigOverridesCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfgs := checkpointTables(1000)
-	d := deploy(t, cfgs, deployOptions{service: []ServiceOption{WithCheckpoints(cs)}})
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithCheckpoints(cs)}})
 	p := d.producer()
 	fill(t, p, 0, 30, "uniform", "heap")
 	d.stop() // graceful: writes a final checkpoint
@@ -267,7 +271,7 @@ func TestConfigOverridesCheckpoint(t *testing.T) {
 	changed[0].Limiter = limiter.MinSize(7)
 	changed[0].MaxTimesSampled = 3
 	svc, _ := d.startService(changed, WithCheckpoints(cs))
-	info, err := d.client().Info(testContext(t), "")
+	info, err := d.client().Info(testutil.Context(t), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,14 +297,14 @@ func TestCheckpointWhileInsertHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfgs := []tables.Config{tables.QueueConfig("queue", 5)}
-	d := deploy(t, cfgs, deployOptions{service: []ServiceOption{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
-	ctx := testContext(t)
-	p := d.producer(WithLinger(0))
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithLinger(0))
 	for i := range int64(12) {
-		if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
+		if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "queue", 1, LastStep("id")); err != nil {
+		if err := p.CreateItem(ctx, "queue", 1, broker.LastStep("id")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -308,7 +312,7 @@ func TestCheckpointWhileInsertHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	q, _ := d.svc.Table("queue")
-	waitUntil(t, "the queue is full and an insert held", func() bool { return q.Size() == 5 && q.Info().Counters.InsertWaits > 0 })
+	testutil.WaitUntil(t, "the queue is full and an insert held", func() bool { return q.Size() == 5 && q.Info().Counters.InsertWaits > 0 })
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := d.client().Checkpoint(cctx)
@@ -337,8 +341,8 @@ func TestCheckpointWhileInsertHeld(t *testing.T) {
 // bucket on the same server, round-trips a checkpoint.
 func TestObjectStoreCheckpoints(t *testing.T) {
 	cfgs := checkpointTables(1000)
-	d := deploy(t, cfgs, deployOptions{service: []ServiceOption{WithObjectStoreCheckpoints(), WithoutFinalCheckpoint()}})
-	ctx := testContext(t)
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithObjectStoreCheckpoints(), WithoutFinalCheckpoint()}})
+	ctx := testutil.Context(t)
 	p := d.producer()
 	fill(t, p, 0, 200, "uniform", "heap")
 	if _, err := d.svc.Checkpoint(ctx); err != nil {

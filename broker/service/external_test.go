@@ -1,10 +1,14 @@
-package broker
+package service
 
 import (
 	"context"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/reprise-rl/reprise/internal/testutil"
+
+	"github.com/reprise-rl/reprise/broker"
 
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/natstest"
@@ -22,9 +26,9 @@ func TestExternalServer(t *testing.T) {
 		t.Skip("builds and runs a nats-server process")
 	}
 	srv := natstest.Start(t)
-	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 1000), uniformTable("uniform", 1000)}, deployOptions{url: srv.URL()})
-	ctx := testContext(t)
-	p := d.producer(WithRetryFor(time.Minute))
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 1000), testutil.UniformTable("uniform", 1000)}, deployOptions{url: srv.URL()})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithRetryFor(time.Minute))
 	c := d.client() // before the kill: connecting during it would fail
 	const total = 400
 	killed := make(chan struct{})
@@ -39,12 +43,12 @@ func TestExternalServer(t *testing.T) {
 				close(killed)
 			}
 			actx, cancel := context.WithTimeout(ctx, time.Minute)
-			err := p.Append(actx, Step{"id": wire.Int64s(nil, []int64{i})})
+			err := p.Append(actx, broker.Step{"id": wire.Int64s(nil, []int64{i})})
 			if err == nil {
-				err = p.CreateItem(actx, "queue", 1, LastStep("id"))
+				err = p.CreateItem(actx, "queue", 1, broker.LastStep("id"))
 			}
 			if err == nil && i%50 == 0 {
-				err = p.CreateItem(actx, "uniform", 1, LastStep("id"))
+				err = p.CreateItem(actx, "uniform", 1, broker.LastStep("id"))
 			}
 			cancel()
 			if err != nil {
@@ -62,7 +66,7 @@ func TestExternalServer(t *testing.T) {
 	next := int64(0)
 	for next < total {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		samples, err := c.Sample(sctx, "queue", 10, Flexible())
+		samples, err := c.Sample(sctx, "queue", 10, broker.Flexible())
 		cancel()
 		if err != nil {
 			t.Logf("sample after %d items: %v", next, err)

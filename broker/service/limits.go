@@ -1,8 +1,9 @@
-package broker
+package service
 
 import (
 	"fmt"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 )
 
@@ -89,24 +90,24 @@ func (l Limits) validate() error {
 		{"max held message bytes", l.MaxHeldMessageBytes},
 	} {
 		if c.v < 1 {
-			return fmt.Errorf("%w: limits: %s must be >= 1, got %d", ErrInvalidOption, c.name, c.v)
+			return fmt.Errorf("%w: limits: %s must be >= 1, got %d", protocol.ErrInvalidOption, c.name, c.v)
 		}
 	}
 	if l.MaxChunkBytes > wire.MaxChunkRawSize {
-		return fmt.Errorf("%w: limits: max chunk bytes %d exceeds the wire's %d", ErrInvalidOption, l.MaxChunkBytes, int64(wire.MaxChunkRawSize))
+		return fmt.Errorf("%w: limits: max chunk bytes %d exceeds the wire's %d", protocol.ErrInvalidOption, l.MaxChunkBytes, int64(wire.MaxChunkRawSize))
 	}
-	if l.MaxProducerWindow > MaxProducerWindow {
-		return fmt.Errorf("%w: limits: max producer window %d exceeds %d", ErrInvalidOption, l.MaxProducerWindow, MaxProducerWindow)
+	if l.MaxProducerWindow > protocol.MaxProducerWindow {
+		return fmt.Errorf("%w: limits: max producer window %d exceeds %d", protocol.ErrInvalidOption, l.MaxProducerWindow, protocol.MaxProducerWindow)
 	}
 	return nil
 }
 
 // MaxProducerWindow is the largest window a producer may ask for
 // (WithMaxInFlight), and so the largest the service may allow.
-const MaxProducerWindow = 1 << 16
+const MaxProducerWindow = protocol.MaxProducerWindow
 
 // WithLimits replaces the service's limits (see DefaultLimits).
-func WithLimits(l Limits) ServiceOption {
+func WithLimits(l Limits) Option {
 	return serviceOption(func(o *serviceOptions) error {
 		if err := l.validate(); err != nil {
 			return err

@@ -1,9 +1,11 @@
-package broker
+package service
 
 import (
 	"context"
 	"fmt"
 	"testing"
+
+	"github.com/reprise-rl/reprise/internal/testutil"
 
 	"github.com/nats-io/nats.go"
 
@@ -20,14 +22,14 @@ import (
 func BenchmarkRecovery(b *testing.B) {
 	for _, n := range []int{100_000, 1_000_000} {
 		b.Run(fmt.Sprintf("items=%d", n), func(b *testing.B) {
-			cfgs := []tables.Config{uniformTable("t", int64(n))}
-			url := startEmbedded(b, 0)
+			cfgs := []tables.Config{testutil.UniformTable("t", int64(n))}
+			url := testutil.StartEmbedded(b, 0)
 			nc, err := nats.Connect(url)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer nc.Close()
-			svc, err := NewService(nc, cfgs, WithPrefix("bench"), WithLogger(quietLogger()))
+			svc, err := New(nc, cfgs, WithPrefix("bench"), WithLogger(testutil.QuietLogger()))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -56,7 +58,7 @@ func BenchmarkRecovery(b *testing.B) {
 			b.SetBytes(int64(len(data)))
 			b.ResetTimer()
 			for range b.N {
-				fresh, err := NewService(nc, cfgs, WithPrefix("bench"), WithLogger(quietLogger()))
+				fresh, err := New(nc, cfgs, WithPrefix("bench"), WithLogger(testutil.QuietLogger()))
 				if err != nil {
 					b.Fatal(err)
 				}

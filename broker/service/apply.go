@@ -1,4 +1,4 @@
-package broker
+package service
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -172,7 +173,7 @@ func (s *Service) readStream(ctx context.Context, msgs jetstream.MessagesContext
 			continue
 		}
 		sm := &streamMsg{subject: m.Subject(), data: m.Data(), seq: meta.Sequence.Stream, at: meta.Timestamp, ready: make(chan struct{})}
-		if sm.subject == s.subj.insert() {
+		if sm.subject == s.subj.Insert() {
 			select {
 			case jobs <- sm:
 			case <-ctx.Done():
@@ -195,16 +196,16 @@ func (s *Service) readStream(ctx context.Context, msgs jetstream.MessagesContext
 func (s *Service) apply(ctx context.Context, m *streamMsg) error {
 	s.stats.messages.Add(1)
 	switch m.subject {
-	case s.subj.insert():
+	case s.subj.Insert():
 		if m.err != nil {
 			s.reject(noticeTo{}, m.seq, 0, "", codeOf(m.err), m.err.Error())
 			return nil
 		}
 		m.insert.storedAt, m.insert.raw = m.at, m.data
 		return s.applyInsert(ctx, m.insert, m.seq)
-	case s.subj.mutate():
+	case s.subj.Mutate():
 		s.applyMutation(m.data, m.seq)
-	case s.subj.reset():
+	case s.subj.Reset():
 		s.applyReset(m.data, m.seq)
 	default:
 		s.reject(noticeTo{}, m.seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("unexpected subject %q", m.subject))
@@ -215,7 +216,7 @@ func (s *Service) apply(ctx context.Context, m *streamMsg) error {
 // codeOf is the status code a rejection for err carries.
 func codeOf(err error) wire.Code {
 	switch {
-	case errors.Is(err, ErrResourceExhausted), errors.Is(err, tables.ErrTooLarge):
+	case errors.Is(err, protocol.ErrResourceExhausted), errors.Is(err, tables.ErrTooLarge):
 		return wire.Code_CODE_RESOURCE_EXHAUSTED
 	case errors.Is(err, tables.ErrSignature):
 		return wire.Code_CODE_SIGNATURE_MISMATCH
@@ -279,7 +280,7 @@ func (s *Service) drain(ctx context.Context, id string, ps *producerState, settl
 				break
 			}
 			s.log.Info("reprise service: a producer gave up on messages; going on without them",
-				"producer", noticeToken(id), "missing_from", ps.lastSeq+1, "missing_to", lowest-1)
+				"producer", protocol.NoticeToken(id), "missing_from", ps.lastSeq+1, "missing_to", lowest-1)
 			next = ps.waiting[lowest]
 			ps.lastSeq = lowest - 1
 		}
@@ -367,7 +368,7 @@ func (s *Service) sweep(ctx context.Context, now time.Time) error {
 		case idle > forget && len(ps.chunks) == 0:
 			delete(s.producers, id)
 		case idle > s.o.producerIdle && len(ps.chunks) > 0:
-			s.log.Info("reprise service: dropping the chunks of an idle producer", "producer", noticeToken(id), "idle", idle, "held_chunks", len(ps.chunks))
+			s.log.Info("reprise service: dropping the chunks of an idle producer", "producer", protocol.NoticeToken(id), "idle", idle, "held_chunks", len(ps.chunks))
 			s.dropProducer(id, ps)
 		}
 	}
@@ -587,14 +588,14 @@ func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code wi
 	}
 	token := ""
 	if to.producer != "" {
-		token = noticeToken(to.producer)
+		token = protocol.NoticeToken(to.producer)
 	}
 	if s.rejectLog.allow() {
 		s.log.Warn("reprise service: rejected", "producer", token, "sequence", seq, "item", itemKey, "table", table, "code", code.String(), "reason", msg)
 	}
 	// A notice subject under the prefix would put the notice on the
 	// service's own subjects: only a hostile producer names one.
-	if to.subject == "" || s.subj.owns(to.subject) {
+	if to.subject == "" || s.subj.Owns(to.subject) {
 		return
 	}
 	data, _ := proto.Marshal(&wire.Rejection{Producer: token, Sequence: seq, ItemKey: itemKey, Table: table, Code: code, Message: msg})

@@ -1,4 +1,4 @@
-package broker
+package service
 
 import (
 	"context"
@@ -11,10 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reprise-rl/reprise/internal/testutil"
+
+	"github.com/reprise-rl/reprise/broker"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -26,12 +31,12 @@ import (
 // rights could, with a dedupe id when msgID is set.
 func publishBatch(t *testing.T, d *deployment, m *wire.InsertBatch, msgID string) *jetstream.PubAck {
 	t.Helper()
-	msg := nats.NewMsg(d.svc.subj.insert())
+	msg := nats.NewMsg(d.svc.subj.Insert())
 	msg.Data = mustMarshal(t, m)
 	if msgID != "" {
 		msg.Header.Set(jetstream.MsgIDHeader, msgID)
 	}
-	ack, err := d.svc.js.PublishMsg(testContext(t), msg)
+	ack, err := d.svc.js.PublishMsg(testutil.Context(t), msg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,9 +93,9 @@ func waitNotice(t *testing.T, ch <-chan *wire.Rejection, code wire.Code, text st
 	}
 }
 
-func tableSize(t *testing.T, c *Client, table string) int64 {
+func tableSize(t *testing.T, c *broker.Client, table string) int64 {
 	t.Helper()
-	info, err := c.Info(testContext(t), table)
+	info, err := c.Info(testutil.Context(t), table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,9 +106,9 @@ func tableSize(t *testing.T, c *Client, table string) int64 {
 // dedupe ids make JetStream drop the producer's own as duplicates; the
 // producer must report that, never return nil from Flush.
 func TestForgedDedupeIDsFailFlush(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("t", 1000)}, deployOptions{})
-	ctx := testContext(t)
-	p := d.producer(WithLinger(0), WithBatch(1, 1<<20))
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 1000)}, deployOptions{})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithLinger(0), broker.WithBatch(1, 1<<20))
 	for seq := uint64(1); seq <= 3; seq++ {
 		publishBatch(t, d, &wire.InsertBatch{ProducerId: "forger", Sequence: seq, WindowStart: seq, Window: 4}, p.ID()+"-"+strconv.FormatUint(seq, 10))
 	}
@@ -112,27 +117,14 @@ func TestForgedDedupeIDsFailFlush(t *testing.T) {
 	var err error
 	for i := int64(0); i < 6 && err == nil; i++ {
 		if err = p.Append(ctx, step(i, 2)); err == nil {
-			err = p.CreateItem(ctx, "t", 1, LastStep("obs", "id"))
+			err = p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id"))
 		}
 	}
 	if err == nil {
 		err = p.Flush(ctx)
 	}
-	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "never sent") {
-		t.Fatalf("producer calls after forged dedupe ids = %v, want ErrRejected naming a duplicate never sent", err)
-	}
-}
-
-// TestProducerIDsUnguessable: ids are 128 random bits, and what the service
-// publishes names a producer only by its notice token.
-func TestProducerIDsUnguessable(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("t", 10)}, deployOptions{})
-	a, b := d.producer(), d.producer()
-	if len(a.ID()) != 32 || a.ID() == b.ID() || strings.HasPrefix(b.ID(), a.ID()[:8]) {
-		t.Fatalf("producer ids %q and %q: want 32 independent hex digits", a.ID(), b.ID())
-	}
-	if tok := a.NoticeToken(); tok == a.ID() || strings.Contains(a.notice, a.ID()) {
-		t.Fatalf("notice token %q or subject %q gives the id away", tok, a.notice)
+	if !errors.Is(err, protocol.ErrRejected) || !strings.Contains(err.Error(), "never sent") {
+		t.Fatalf("producer calls after forged dedupe ids = %v, want protocol.ErrRejected naming a duplicate never sent", err)
 	}
 }
 
@@ -140,15 +132,15 @@ func TestProducerIDsUnguessable(t *testing.T) {
 // live producer's id is rejected instead of making the service wait on
 // it, and the producer's later messages all apply.
 func TestSequenceOutsideWindowRejected(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("t", 1000)}, deployOptions{})
-	ctx := testContext(t)
-	p := d.producer(WithLinger(0), WithBatch(1, 1<<20))
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 1000)}, deployOptions{})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithLinger(0), broker.WithBatch(1, 1<<20))
 	write := func(from, to int64) {
 		for i := from; i < to; i++ {
 			if err := p.Append(ctx, step(i, 2)); err != nil {
 				t.Fatal(err)
 			}
-			if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+			if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -179,7 +171,7 @@ func TestSequenceOutsideWindowRejected(t *testing.T) {
 // sequence tells the service the missing one will never come: the held
 // messages apply at once, without waiting for the gap timeout.
 func TestWindowStartClosesGap(t *testing.T) {
-	d := deploy(t, []tables.Config{tables.QueueConfig("q", 100)}, deployOptions{service: []ServiceOption{WithGapTimeout(time.Hour)}})
+	d := deploy(t, []tables.Config{tables.QueueConfig("q", 100)}, deployOptions{service: []Option{WithGapTimeout(time.Hour)}})
 	batch := func(seq, ws uint64, id int64) *wire.InsertBatch {
 		ch := int64Chunk(t, uint64(1000+id), id)
 		return &wire.InsertBatch{ProducerId: "p", Sequence: seq, WindowStart: ws, Window: 16, Chunks: []*wire.Chunk{ch}, Items: []*wire.Item{oneStepItem(uint64(id), "q", ch.Key)}}
@@ -202,7 +194,7 @@ func TestWindowStartClosesGap(t *testing.T) {
 // chunk (2 GB for a learner to decode) are rejected, with notices naming
 // the limit; the message's other items land.
 func TestItemLimits(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{maxPayload: 8 << 20})
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{maxPayload: 8 << 20})
 	id := "0123456789abcdef0123456789abcdef"
 	inbox, ch := notices(t, d)
 	big, err := wire.EncodeChunk(7, []*wire.Tensor{wire.Uint8s([]int64{1 << 20}, make([]uint8, 1<<20))}, wire.ChunkOptions{Codec: wire.Zstd})
@@ -222,7 +214,7 @@ func TestItemLimits(t *testing.T) {
 		Items: []*wire.Item{wide, long, oneStepItem(3, "t", 8)}}, "")
 	waitNotice(t, ch, wire.Code_CODE_RESOURCE_EXHAUSTED, "max_columns_per_item")
 	waitNotice(t, ch, wire.Code_CODE_RESOURCE_EXHAUSTED, "over the limit of")
-	waitUntil(t, "the valid item lands", func() bool { return tableSize(t, d.client(), "t") == 1 })
+	testutil.WaitUntil(t, "the valid item lands", func() bool { return tableSize(t, d.client(), "t") == 1 })
 }
 
 // TestCorruptChunkRejectedOnArrival: a chunk whose header is right but
@@ -230,7 +222,7 @@ func TestItemLimits(t *testing.T) {
 // than the chunk (a bomb), are rejected when they arrive, so no learner's
 // batch ever fails on them.
 func TestCorruptChunkRejectedOnArrival(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{})
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{})
 	id := "corrupt0corrupt0corrupt0corrupt0"
 	inbox, ch := notices(t, d)
 	bad := int64Chunk(t, 5, 5)
@@ -252,9 +244,9 @@ func TestCorruptChunkRejectedOnArrival(t *testing.T) {
 	waitNotice(t, ch, wire.Code_CODE_INVALID_ARGUMENT, "chunk 5")
 	waitNotice(t, ch, wire.Code_CODE_INVALID_ARGUMENT, "declares")
 	c := d.client()
-	waitUntil(t, "the good items land", func() bool { return tableSize(t, c, "t") == 20 })
+	testutil.WaitUntil(t, "the good items land", func() bool { return tableSize(t, c, "t") == 20 })
 	for range 50 {
-		if _, err := c.Sample(testContext(t), "t", 32); err != nil {
+		if _, err := c.Sample(testutil.Context(t), "t", 32); err != nil {
 			t.Fatalf("a batch failed: %v", err)
 		}
 	}
@@ -266,7 +258,7 @@ func TestCorruptChunkRejectedOnArrival(t *testing.T) {
 func TestHeldChunksBounded(t *testing.T) {
 	limits := DefaultLimits()
 	limits.MaxHeldChunkBytes = 64 << 10
-	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{service: []ServiceOption{WithLimits(limits)}})
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithLimits(limits)}})
 	id := "hoarder0hoarder0hoarder0hoarder0"
 	inbox, ch := notices(t, d)
 	for seq := uint64(1); seq <= 40; seq++ {
@@ -278,9 +270,9 @@ func TestHeldChunksBounded(t *testing.T) {
 		}
 		publishBatch(t, d, &wire.InsertBatch{ProducerId: id, Sequence: seq, WindowStart: seq, Window: 4, NoticeSubject: inbox, Chunks: []*wire.Chunk{c}}, "")
 	}
-	waitUntil(t, "all 40 messages applied", func() bool { return d.svc.Applied() >= 40 })
+	testutil.WaitUntil(t, "all 40 messages applied", func() bool { return d.svc.Applied() >= 40 })
 	waitNotice(t, ch, wire.Code_CODE_RESOURCE_EXHAUSTED, "max_held_chunk_bytes")
-	info, err := d.client().Info(testContext(t), "")
+	info, err := d.client().Info(testutil.Context(t), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,20 +286,20 @@ func TestHeldChunksBounded(t *testing.T) {
 func TestMaxProducersRefusesNew(t *testing.T) {
 	limits := DefaultLimits()
 	limits.MaxProducers = 2
-	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{service: []ServiceOption{WithLimits(limits)}})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithLimits(limits)}})
+	ctx := testutil.Context(t)
 	var errs []error
 	for i := range int64(3) {
-		p := d.producer(WithLinger(0))
+		p := d.producer(broker.WithLinger(0))
 		if err := p.Append(ctx, step(i, 2)); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
 			t.Fatal(err)
 		}
 		errs = append(errs, p.WaitApplied(ctx))
 	}
-	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], ErrRejected) || !strings.Contains(errs[2].Error(), "max_producers") {
+	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], protocol.ErrRejected) || !strings.Contains(errs[2].Error(), "max_producers") {
 		t.Fatalf("WaitApplied of three producers = %v; want nil, nil and a rejection naming max_producers", errs)
 	}
 	if got := tableSize(t, d.client(), "t"); got != 2 {
@@ -318,13 +310,13 @@ func TestMaxProducersRefusesNew(t *testing.T) {
 // TestSampleSlotsShared: requests waiting on an empty table cannot take
 // every request slot: learners of another table are still served.
 func TestSampleSlotsShared(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("empty", 10), uniformTable("full", 10)}, deployOptions{service: []ServiceOption{WithMaxConcurrentSamples(16)}})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{testutil.UniformTable("empty", 10), testutil.UniformTable("full", 10)}, deployOptions{service: []Option{WithMaxConcurrentSamples(16)}})
+	ctx := testutil.Context(t)
 	p := d.producer()
 	if err := p.Append(ctx, step(1, 2)); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.CreateItem(ctx, "full", 1, LastStep("obs", "id")); err != nil {
+	if err := p.CreateItem(ctx, "full", 1, broker.LastStep("obs", "id")); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.WaitApplied(ctx); err != nil {
@@ -338,7 +330,7 @@ func TestSampleSlotsShared(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := c.Sample(wctx, "empty", 1); errors.Is(err, ErrResourceExhausted) {
+			if _, err := c.Sample(wctx, "empty", 1); errors.Is(err, protocol.ErrResourceExhausted) {
 				busy <- struct{}{}
 			}
 		}()
@@ -357,14 +349,14 @@ func TestSampleSlotsShared(t *testing.T) {
 func TestReplyBytesBounded(t *testing.T) {
 	limits := DefaultLimits()
 	limits.MaxReplyBytes = 1000
-	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{service: []ServiceOption{WithLimits(limits)}})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithLimits(limits)}})
+	ctx := testutil.Context(t)
 	p := d.producer()
 	for i := range int64(10) {
 		if err := p.Append(ctx, step(i, 23)); err != nil { // 100 bytes a step
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -372,8 +364,8 @@ func TestReplyBytesBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := d.client()
-	if _, err := c.Sample(ctx, "t", 11); !errors.Is(err, ErrResourceExhausted) || !strings.Contains(err.Error(), "ask for at most 10") {
-		t.Fatalf("sample of 11 = %v, want ErrResourceExhausted saying at most 10", err)
+	if _, err := c.Sample(ctx, "t", 11); !errors.Is(err, protocol.ErrResourceExhausted) || !strings.Contains(err.Error(), "ask for at most 10") {
+		t.Fatalf("sample of 11 = %v, want protocol.ErrResourceExhausted saying at most 10", err)
 	}
 	if _, err := c.Sample(ctx, "t", 10); err != nil {
 		t.Fatal(err)
@@ -390,60 +382,60 @@ func TestReplyBytesBounded(t *testing.T) {
 // TestSilentNoOpsReport: a reset of an unknown table through the stream is
 // a counted rejection; a delete on an unknown table is an error.
 func TestSilentNoOpsReport(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("t", 10)}, deployOptions{})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, deployOptions{})
+	ctx := testutil.Context(t)
 	rejected := d.svc.Rejected()
-	ack, err := d.svc.js.Publish(ctx, d.svc.subj.reset(), mustMarshal(t, &wire.ResetRequest{Table: "nope"}))
+	ack, err := d.svc.js.Publish(ctx, d.svc.subj.Reset(), mustMarshal(t, &wire.ResetRequest{Table: "nope"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "reset applied", func() bool { return d.svc.Applied() >= ack.Sequence })
+	testutil.WaitUntil(t, "reset applied", func() bool { return d.svc.Applied() >= ack.Sequence })
 	if d.svc.Rejected() != rejected+1 {
 		t.Fatalf("reset of an unknown table: rejected %d → %d, want one more", rejected, d.svc.Rejected())
 	}
-	if err := d.client().Delete(ctx, "nope", 1); !errors.Is(err, ErrUnknownTable) {
-		t.Fatalf("Delete on an unknown table = %v, want ErrUnknownTable", err)
+	if err := d.client().Delete(ctx, "nope", 1); !errors.Is(err, protocol.ErrUnknownTable) {
+		t.Fatalf("Delete on an unknown table = %v, want protocol.ErrUnknownTable", err)
 	}
 }
 
 // TestStreamDeletedStopsService: a deleted stream ends the service with
-// ErrStreamLost instead of leaving it answering from a log that is gone.
+// protocol.ErrStreamLost instead of leaving it answering from a log that is gone.
 func TestStreamDeletedStopsService(t *testing.T) {
-	url := startEmbedded(t, 0)
+	url := testutil.StartEmbedded(t, 0)
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	svc, err := NewService(nc, []tables.Config{uniformTable("t", 10)}, WithPrefix("gone"), WithLogger(quietLogger()))
+	svc, err := New(nc, []tables.Config{testutil.UniformTable("t", 10)}, WithPrefix("gone"), WithLogger(testutil.QuietLogger()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := testContext(t)
+	ctx := testutil.Context(t)
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewClient(nc, WithPrefix("gone"))
+	c, err := broker.NewClient(nc, broker.WithPrefix("gone"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	waitUntil(t, "the service answers", func() bool {
+	testutil.WaitUntil(t, "the service answers", func() bool {
 		short, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		_, err := c.Info(short, "")
 		return err == nil
 	})
-	if err := js.DeleteStream(ctx, svc.subj.stream()); err != nil {
+	if err := js.DeleteStream(ctx, svc.subj.Stream()); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case err := <-done:
-		if !errors.Is(err, ErrStreamLost) {
-			t.Fatalf("Run = %v, want ErrStreamLost", err)
+		if !errors.Is(err, protocol.ErrStreamLost) {
+			t.Fatalf("Run = %v, want protocol.ErrStreamLost", err)
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the service kept running on a deleted stream")
@@ -454,14 +446,14 @@ func TestStreamDeletedStopsService(t *testing.T) {
 // checkpoint bucket deleted, recreates it and writes a checkpoint at once,
 // so a crash soon after still finds what the stream was trimmed below.
 func TestCheckpointBucketDeletedIsRecreated(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("t", 100)}, deployOptions{service: []ServiceOption{WithObjectStoreCheckpoints()}})
-	ctx := testContext(t)
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithObjectStoreCheckpoints()}})
+	ctx := testutil.Context(t)
 	p := d.producer()
 	for i := range int64(10) {
 		if err := p.Append(ctx, step(i, 2)); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -475,7 +467,7 @@ func TestCheckpointBucketDeletedIsRecreated(t *testing.T) {
 	if err := d.svc.js.DeleteObjectStore(ctx, bucket); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "a checkpoint in the recreated bucket", func() bool {
+	testutil.WaitUntil(t, "a checkpoint in the recreated bucket", func() bool {
 		obs, err := d.svc.js.ObjectStore(ctx, bucket)
 		if err != nil {
 			return false
@@ -487,16 +479,16 @@ func TestCheckpointBucketDeletedIsRecreated(t *testing.T) {
 
 // TestNoticeSubjectUnderPrefixIgnored: a message may name where its
 // rejections go, but the service never publishes them onto its own
-// subjects (a hostile producer's way to inject messages there). The
+// protocol.Subjects (a hostile producer's way to inject messages there). The
 // service publishes its applied progress after the notices of the messages
 // it covers, so once the progress covers the message, a notice would have
 // arrived.
 func TestNoticeSubjectUnderPrefixIgnored(t *testing.T) {
-	d := deploy(t, []tables.Config{uniformTable("t", 10)}, deployOptions{})
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, deployOptions{})
 	nc := d.connect()
-	target := d.svc.subj.prefix + ".notices.x"
+	target := d.svc.subj.Prefix + ".notices.x"
 	got := make(chan *nats.Msg, 64)
-	for _, subject := range []string{target, d.svc.subj.applied()} {
+	for _, subject := range []string{target, d.svc.subj.Applied()} {
 		if _, err := nc.ChanSubscribe(subject, got); err != nil {
 			t.Fatal(err)
 		}

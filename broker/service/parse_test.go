@@ -1,4 +1,4 @@
-package broker
+package service
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -79,8 +80,8 @@ func TestParseChunkRejects(t *testing.T) {
 			c := proto.Clone(good).(*wire.Chunk)
 			mutate(c)
 			data, _ := proto.Marshal(c)
-			if _, err := parseChunk(data); !errors.Is(err, ErrInvalidMessage) {
-				t.Fatalf("parseChunk = %v, want ErrInvalidMessage", err)
+			if _, err := parseChunk(data); !errors.Is(err, protocol.ErrInvalidMessage) {
+				t.Fatalf("parseChunk = %v, want protocol.ErrInvalidMessage", err)
 			}
 		})
 	}
@@ -110,8 +111,8 @@ func TestParseNoticeSubject(t *testing.T) {
 		"$JS.API.STREAM.DELETE.X": "$ subject",
 		strings.Repeat("a", 300):  "over 256",
 	} {
-		if err := parse(notice); !errors.Is(err, ErrInvalidMessage) || !strings.Contains(err.Error(), why) {
-			t.Errorf("notice subject %q: %v, want ErrInvalidMessage naming %q", notice, err, why)
+		if err := parse(notice); !errors.Is(err, protocol.ErrInvalidMessage) || !strings.Contains(err.Error(), why) {
+			t.Errorf("notice subject %q: %v, want protocol.ErrInvalidMessage naming %q", notice, err, why)
 		}
 	}
 }
@@ -133,8 +134,8 @@ func FuzzParseInsertBatch(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := parseInsertBatch(data, &limits)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidMessage) && !errors.Is(err, ErrResourceExhausted) {
-				t.Fatalf("error %v matches neither ErrInvalidMessage nor ErrResourceExhausted", err)
+			if !errors.Is(err, protocol.ErrInvalidMessage) && !errors.Is(err, protocol.ErrResourceExhausted) {
+				t.Fatalf("error %v matches neither protocol.ErrInvalidMessage nor protocol.ErrResourceExhausted", err)
 			}
 			return
 		}
@@ -148,7 +149,7 @@ func FuzzParseInsertBatch(f *testing.F) {
 			if rc.err == nil {
 				// Accepted chunks decode, so no learner ever gets one that
 				// does not.
-				wc, err := readChunk(rc.chunk.Data)
+				wc, err := wire.ReadChunk(rc.chunk.Data)
 				if err != nil {
 					t.Fatal(err)
 				}

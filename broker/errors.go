@@ -1,0 +1,46 @@
+package broker
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
+)
+
+// DefaultPrefix is the subject prefix used when none is configured.
+const DefaultPrefix = protocol.DefaultPrefix
+
+// MaxProducerWindow is the largest window a producer may ask for
+// (WithMaxInFlight).
+const MaxProducerWindow = protocol.MaxProducerWindow
+
+// Errors shared by the producer, the client and the table service (package
+// broker/service returns the same values). Match them with errors.Is.
+var (
+	ErrInvalidPrefix  = protocol.ErrInvalidPrefix
+	ErrInvalidOption  = protocol.ErrInvalidOption
+	ErrUnknownTable   = protocol.ErrUnknownTable
+	ErrRateLimited    = protocol.ErrRateLimited
+	ErrRejected       = protocol.ErrRejected
+	ErrClosed         = protocol.ErrClosed
+	ErrInvalidMessage = protocol.ErrInvalidMessage
+	ErrSignature      = protocol.ErrSignature
+	ErrHistory        = protocol.ErrHistory
+	ErrNotApplied     = protocol.ErrNotApplied
+	ErrServer         = protocol.ErrServer
+	// ErrResourceExhausted reports a limit reached: a message, item or
+	// reply over one of the service's limits, too many producers, or no
+	// free request slot.
+	ErrResourceExhausted = protocol.ErrResourceExhausted
+	// ErrStreamLost ends a service whose stream was deleted or recreated
+	// under it.
+	ErrStreamLost = protocol.ErrStreamLost
+)
+
+// newProducerID returns 128 random bits as 32 hex digits: a dedupe id
+// prefix nobody else can guess.
+func newProducerID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

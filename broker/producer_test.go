@@ -1,0 +1,82 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/internal/testutil"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// TestCloseNotStuckBehindWaitingAppend: a call waiting for room in the
+// window (with a context that allows it to wait forever) does not keep
+// Close, or another call with a deadline, from returning in time.
+func TestCloseNotStuckBehindWaitingAppend(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 1)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0), WithMaxUnapplied(1))
+	add := func(ctx context.Context, i int64) error {
+		if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
+			return err
+		}
+		return p.CreateItem(ctx, "queue", 1, LastStep("id"))
+	}
+	for i := range int64(2) {
+		if err := add(ctx, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, _ := d.svc.Table("queue")
+	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	blocked := make(chan error, 1)
+	go func() { blocked <- add(context.Background(), 2) }()
+	testutil.WaitUntil(t, "the third item waits for the window", func() bool {
+		p.flow.mu.Lock()
+		defer p.flow.mu.Unlock()
+		return p.flow.changed != nil
+	})
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if err := add(short, 3); !errors.Is(err, ErrNotApplied) {
+		t.Fatalf("a call with a deadline behind the waiting one: %v, want ErrNotApplied", err)
+	}
+	cctx, ccancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer ccancel()
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close(cctx) }()
+	select {
+	case err := <-closed:
+		if err == nil {
+			t.Fatal("Close with items it could not send returned nil")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close is stuck behind a call waiting for the window")
+	}
+	// The learner makes room: the waiting call ends (sent, or closed).
+	c := d.client()
+	for range 2 {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		c.Sample(sctx, "queue", 1)
+		cancel()
+	}
+	if err := <-blocked; err != nil && !errors.Is(err, ErrClosed) {
+		t.Fatalf("the waiting call: %v, want nil or ErrClosed", err)
+	}
+}
+
+// TestProducerIDsUnguessable: ids are 128 random bits, and what the service
+// publishes names a producer only by its notice token.
+func TestProducerIDsUnguessable(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	a, b := d.producer(), d.producer()
+	if len(a.ID()) != 32 || a.ID() == b.ID() || strings.HasPrefix(b.ID(), a.ID()[:8]) {
+		t.Fatalf("producer ids %q and %q: want 32 independent hex digits", a.ID(), b.ID())
+	}
+	if tok := a.NoticeToken(); tok == a.ID() || strings.Contains(a.notice, a.ID()) {
+		t.Fatalf("notice token %q or subject %q gives the id away", tok, a.notice)
+	}
+}

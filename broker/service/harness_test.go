@@ -1,0 +1,130 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/reprise-rl/reprise/internal/testutil"
+
+	"github.com/reprise-rl/reprise/broker"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// deployment is a NATS server, a running table service and a way to make
+// clients for it.
+type deployment struct {
+	t       testing.TB
+	url     string
+	prefix  string
+	svc     *Service
+	stop    func() // stops svc
+	connect func() *nats.Conn
+}
+
+type deployOptions struct {
+	maxPayload int32
+	service    []Option
+	url        string // use this server instead of starting an embedded one
+}
+
+func deploy(t testing.TB, cfgs []tables.Config, o deployOptions) *deployment {
+	t.Helper()
+	url := o.url
+	if url == "" {
+		url = testutil.StartEmbedded(t, o.maxPayload)
+	}
+	d := &deployment{t: t, url: url, prefix: "test"}
+	d.connect = func() *nats.Conn {
+		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.ReconnectWait(50*time.Millisecond))
+		if err != nil {
+			t.Fatalf("connecting to %s: %v", url, err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	d.svc, d.stop = d.startService(cfgs, o.service...)
+	return d
+}
+
+// startService runs a table service on the deployment's server until the
+// returned stop is called (or the test ends), and waits until it answers.
+func (d *deployment) startService(cfgs []tables.Config, extra ...Option) (*Service, func()) {
+	t := d.t
+	t.Helper()
+	opts := append([]Option{WithPrefix(d.prefix), WithLogger(testutil.QuietLogger())}, extra...)
+	svc, err := New(d.connect(), cfgs, opts...)
+	if err != nil {
+		t.Fatalf("NewService: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("service Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("service did not stop within 30s of its context ending")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	c := d.client()
+	testutil.WaitUntil(t, "service answers info", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("service Run returned early: %v", err)
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := c.Info(ctx, "")
+		return err == nil
+	})
+	return svc, stop
+}
+
+func (d *deployment) client() *broker.Client {
+	c, err := broker.NewClient(d.connect(), broker.WithPrefix(d.prefix))
+	if err != nil {
+		d.t.Fatalf("NewClient: %v", err)
+	}
+	d.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func (d *deployment) producer(opts ...broker.ProducerOption) *broker.Producer {
+	opts = append([]broker.ProducerOption{broker.WithPrefix(d.prefix), broker.WithLogger(testutil.QuietLogger())}, opts...)
+	p, err := broker.NewProducer(testutil.Context(d.t), d.connect(), opts...)
+	if err != nil {
+		d.t.Fatalf("NewProducer: %v", err)
+	}
+	d.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := p.Close(ctx); err != nil && !errors.Is(err, protocol.ErrClosed) {
+			d.t.Logf("closing producer: %v", err)
+		}
+	})
+	return p
+}
+
+func step(i int64, obsLen int) broker.Step { return testutil.Step(i, obsLen) }
+
+func ids(t testing.TB, s broker.Sample) []int64 { return testutil.IDs(t, s.Column("id")) }
+
+func checkObs(t testing.TB, s broker.Sample, obsLen int) {
+	testutil.CheckObs(t, s.Column("id"), s.Column("obs"), obsLen)
+}

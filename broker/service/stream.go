@@ -1,0 +1,78 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
+)
+
+// StreamOptions sets the limits of the stream that carries a deployment's
+// inserts and mutations. The zero value keeps everything (no byte or age
+// limit), on file storage, with one replica and JetStream's default dedupe
+// window.
+type StreamOptions struct {
+	// Replicas is the number of copies in a clustered JetStream (1, 3 or 5).
+	Replicas int
+	// MaxBytes caps the stream's size; the oldest messages go first. 0 means
+	// unlimited. Messages removed before a checkpoint covers them are lost
+	// to recovery, so size it for the checkpoint interval.
+	MaxBytes int64
+	// MaxAge drops messages older than this; 0 means never.
+	MaxAge time.Duration
+	// Duplicates is the window in which a resent message (same producer
+	// and sequence) is recognised and dropped; 0 means the server default
+	// (2 minutes).
+	Duplicates time.Duration
+	// Memory keeps the stream in memory instead of on disk: faster, and
+	// lost with the server.
+	Memory bool
+}
+
+func (o StreamOptions) config(subj protocol.Subjects) jetstream.StreamConfig {
+	cfg := jetstream.StreamConfig{
+		Name:        subj.Stream(),
+		Description: "Reprise inserts and mutations for prefix " + subj.Prefix,
+		Subjects:    []string{subj.Data()},
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		MaxBytes:    -1,
+		MaxMsgs:     -1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(o.Replicas, 1),
+		MaxAge:      o.MaxAge,
+		Duplicates:  o.Duplicates,
+	}
+	if o.MaxBytes > 0 {
+		cfg.MaxBytes = o.MaxBytes
+	}
+	if o.Memory {
+		cfg.Storage = jetstream.MemoryStorage
+	}
+	return cfg
+}
+
+// ensureStream creates the stream, or gives an existing one the limits o
+// sets. Only the table service (and admins) may: a producer waits for the
+// stream with waitStream.
+func ensureStream(ctx context.Context, js jetstream.JetStream, subj protocol.Subjects, o StreamOptions) (jetstream.Stream, error) {
+	cfg := o.config(subj)
+	for {
+		s, err := js.CreateOrUpdateStream(ctx, cfg)
+		if err == nil {
+			return s, nil
+		}
+		// A cluster answers JetStream API calls only once it has a meta
+		// leader; until then calls fail and are worth retrying.
+		if !protocol.RetryableJSError(err) {
+			return nil, fmt.Errorf("broker: stream %s: %w", cfg.Name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("broker: stream %s: %w (last error: %v)", cfg.Name, ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,128 @@
+package wire
+
+import (
+	"fmt"
+	"math"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// Field numbers of InsertBatch and Chunk in reprise.proto, for the
+// hand-written parsers that read them without copying.
+const (
+	FieldBatchProducer = 1
+	FieldBatchSequence = 2
+	FieldBatchChunks   = 3
+	FieldBatchItems    = 4
+	FieldBatchRelease  = 5
+	FieldBatchEnd      = 6
+	FieldBatchWinStart = 7
+	FieldBatchWindow   = 8
+	FieldBatchNotice   = 9
+
+	FieldChunkKey         = 1
+	FieldChunkDtype       = 2
+	FieldChunkStepShape   = 3
+	FieldChunkLength      = 4
+	FieldChunkCompression = 5
+	FieldChunkDelta       = 6
+	FieldChunkRawSize     = 7
+	FieldChunkData        = 8
+	FieldChunkEpisode     = 9
+	FieldChunkEpisodeStep = 10
+)
+
+// ConsumeUint64s appends the values of one repeated uint64 field, packed
+// or not, to dst and returns the rest of b.
+func ConsumeUint64s(b []byte, typ protowire.Type, dst []uint64) ([]uint64, []byte, error) {
+	switch typ {
+	case protowire.VarintType:
+		v, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return nil, nil, protowire.ParseError(n)
+		}
+		return append(dst, v), b[n:], nil
+	case protowire.BytesType:
+		packed, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return nil, nil, protowire.ParseError(n)
+		}
+		for len(packed) > 0 {
+			v, m := protowire.ConsumeVarint(packed)
+			if m < 0 {
+				return nil, nil, protowire.ParseError(m)
+			}
+			dst, packed = append(dst, v), packed[m:]
+		}
+		return dst, b[n:], nil
+	}
+	return nil, nil, fmt.Errorf("wire type %d for a repeated uint64", typ)
+}
+
+// ReadChunk decodes an encoded Chunk without copying its data: the
+// returned chunk's Data is a sub-slice of b.
+func ReadChunk(b []byte) (*Chunk, error) {
+	c := &Chunk{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, fmt.Errorf("%w: chunk: %v", ErrInvalidChunk, protowire.ParseError(n))
+		}
+		b = b[n:]
+		var (
+			v   uint64
+			err error
+		)
+		switch {
+		case num == FieldChunkStepShape:
+			var dims []uint64
+			if dims, b, err = ConsumeUint64s(b, typ, nil); err != nil {
+				return nil, fmt.Errorf("%w: chunk %d step shape: %v", ErrInvalidChunk, c.Key, err)
+			}
+			for _, d := range dims {
+				c.StepShape = append(c.StepShape, int64(d))
+			}
+			continue
+		case typ == protowire.VarintType:
+			v, n = protowire.ConsumeVarint(b)
+		case num == FieldChunkDtype && typ == protowire.BytesType:
+			var s []byte
+			s, n = protowire.ConsumeBytes(b)
+			c.Dtype = string(s)
+		case num == FieldChunkData && typ == protowire.BytesType:
+			c.Data, n = protowire.ConsumeBytes(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return nil, fmt.Errorf("%w: chunk %d field %d: %v", ErrInvalidChunk, c.Key, num, protowire.ParseError(n))
+		}
+		b = b[n:]
+		if typ != protowire.VarintType {
+			continue
+		}
+		switch num {
+		case FieldChunkKey:
+			c.Key = v
+		case FieldChunkLength:
+			if v > math.MaxInt32 {
+				return nil, fmt.Errorf("%w: chunk %d length %d", ErrInvalidChunk, c.Key, v)
+			}
+			c.Length = int32(v)
+		case FieldChunkCompression:
+			if v > math.MaxInt32 {
+				return nil, fmt.Errorf("%w: chunk %d: unknown compression %d", ErrInvalidChunk, c.Key, v)
+			}
+			c.Compression = Compression(v)
+		case FieldChunkDelta:
+			c.DeltaEncoded = v != 0
+		case FieldChunkRawSize:
+			c.RawSize = v
+		case FieldChunkEpisode:
+			c.EpisodeId = v
+		case FieldChunkEpisodeStep:
+			c.EpisodeStep = int64(v)
+		}
+	}
+	return c, nil
+}
