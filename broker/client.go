@@ -185,27 +185,9 @@ func (c *Client) forget(id string) {
 	c.mu.Unlock()
 }
 
-// statusError turns a reply status into an error matching the sentinels.
+// statusError is the error a reply's status reports, or nil.
 func statusError(st *wire.Status) error {
-	if st == nil || st.Code == wire.Code_CODE_OK || st.Code == wire.Code_CODE_PARTIAL {
-		return nil
-	}
-	var sentinel error
-	switch st.Code {
-	case wire.Code_CODE_NOT_FOUND:
-		sentinel = ErrUnknownTable
-	case wire.Code_CODE_RATE_LIMITED:
-		sentinel = ErrRateLimited
-	case wire.Code_CODE_INVALID_ARGUMENT:
-		sentinel = ErrInvalidMessage
-	case wire.Code_CODE_RESOURCE_EXHAUSTED:
-		sentinel = ErrResourceExhausted
-	case wire.Code_CODE_SIGNATURE_MISMATCH:
-		sentinel = ErrSignature
-	default:
-		sentinel = ErrServer
-	}
-	return fmt.Errorf("%w: %s", sentinel, st.Message)
+	return protocol.Status(protocol.Code(st.GetCode()), st.GetMessage())
 }
 
 // Sample is one sampled item: its sample info and its columns as tensors.

@@ -37,6 +37,33 @@ var (
 	ErrStreamLost = protocol.ErrStreamLost
 )
 
+// Code is the status code of a reply from the table service or of a
+// rejection: stable, and the same numbers in every client.
+type Code = protocol.Code
+
+// The codes.
+const (
+	CodeOK                = protocol.CodeOK
+	CodeInvalidArgument   = protocol.CodeInvalidArgument
+	CodeNotFound          = protocol.CodeNotFound
+	CodeRateLimited       = protocol.CodeRateLimited
+	CodeUnavailable       = protocol.CodeUnavailable
+	CodeInternal          = protocol.CodeInternal
+	CodePartial           = protocol.CodePartial
+	CodeResourceExhausted = protocol.CodeResourceExhausted
+	CodeSignatureMismatch = protocol.CodeSignatureMismatch
+)
+
+// StatusError is an error the table service reported, with its code and
+// message as they crossed the wire. errors.As gives the code; errors.Is
+// matches the error values above by code (CodeRateLimited is
+// ErrRateLimited, CodeNotFound ErrUnknownTable, CodeInvalidArgument
+// ErrInvalidMessage, CodeResourceExhausted ErrResourceExhausted,
+// CodeSignatureMismatch ErrSignature, CodeUnavailable and CodeInternal
+// ErrServer). A rejection of what a producer sent wraps both ErrRejected and
+// a StatusError.
+type StatusError = protocol.StatusError
+
 // newProducerID returns 128 random bits as 32 hex digits: a dedupe id
 // prefix nobody else can guess.
 func newProducerID() string {

@@ -360,7 +360,7 @@ func (p *Producer) onRejected(m *nats.Msg) {
 	if r.ItemKey != 0 {
 		what = fmt.Sprintf("item %d for table %q", r.ItemKey, r.Table)
 	}
-	p.flow.addError(fmt.Errorf("%w: %s of message %d: %s: %s", ErrRejected, what, r.Sequence, r.Code, r.Message))
+	p.flow.addError(fmt.Errorf("%w: %s of message %d: %w", ErrRejected, what, r.Sequence, &StatusError{Code: Code(r.Code), Message: r.Message}))
 }
 
 // Append adds one step to the current episode. Every column keeps the dtype

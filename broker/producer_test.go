@@ -80,3 +80,28 @@ func TestProducerIDsUnguessable(t *testing.T) {
 		t.Fatalf("notice token %q or subject %q gives the id away", tok, a.notice)
 	}
 }
+
+// TestErrorsCarryCodes: what the service refuses reaches the caller as a
+// StatusError with the service's code, matched by errors.Is and errors.As,
+// from a client's request and from a producer's rejected item alike.
+func TestErrorsCarryCodes(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	ctx := testutil.Context(t)
+	_, err := d.client().Sample(ctx, "nope", 1)
+	var se *StatusError
+	if !errors.Is(err, ErrUnknownTable) || !errors.As(err, &se) || se.Code != CodeNotFound || !strings.Contains(se.Message, `"nope"`) {
+		t.Fatalf("sampling an unknown table: %v (%+v), want a StatusError with CodeNotFound", err, se)
+	}
+	p := d.producer(WithLinger(0))
+	if err := p.Append(ctx, step(1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "nope", 1, LastStep("id")); err != nil {
+		t.Fatal(err)
+	}
+	err = p.WaitApplied(ctx)
+	se = nil
+	if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrUnknownTable) || !errors.As(err, &se) || se.Code != CodeNotFound {
+		t.Fatalf("an item for an unknown table: %v (%+v), want a rejection with CodeNotFound", err, se)
+	}
+}

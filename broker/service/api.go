@@ -60,12 +60,12 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 func (s *Service) spawnSample(ctx context.Context, r micro.Request) {
 	var req wire.SampleRequest
 	if err := proto.Unmarshal(r.Data(), &req); err != nil {
-		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed sample request: %v", err))
+		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("malformed sample request: %v", err))
 		return
 	}
 	t, ok := s.tables[req.Table]
 	if !ok {
-		s.respondStatus(r, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
+		s.respondStatus(r, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
 		return
 	}
 	s.spawnIn(ctx, r, req.Table, func(ctx context.Context, r micro.Request) { s.handleSample(ctx, r, &req, t) })
@@ -81,11 +81,11 @@ func (s *Service) spawnIn(ctx context.Context, r micro.Request, table string, h 
 	s.closingMu.Lock()
 	defer s.closingMu.Unlock()
 	if s.closing {
-		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, "service shutting down")
+		s.respondStatus(r, protocol.CodeUnavailable, "service shutting down")
 		return
 	}
 	if err := s.slots.take(table); err != nil {
-		s.respondStatus(r, wire.Code_CODE_RESOURCE_EXHAUSTED, err.Error())
+		s.respondStatus(r, protocol.CodeResourceExhausted, err.Error())
 		return
 	}
 	s.handlers.Add(1)
@@ -140,15 +140,15 @@ func (rs *requestSlots) give(table string) {
 }
 
 // microCode maps a status to the code NATS micro stats show.
-func microCode(c wire.Code) string {
+func microCode(c protocol.Code) string {
 	switch c {
-	case wire.Code_CODE_INVALID_ARGUMENT:
+	case protocol.CodeInvalidArgument:
 		return "400"
-	case wire.Code_CODE_NOT_FOUND:
+	case protocol.CodeNotFound:
 		return "404"
-	case wire.Code_CODE_RATE_LIMITED:
+	case protocol.CodeRateLimited:
 		return "429"
-	case wire.Code_CODE_UNAVAILABLE, wire.Code_CODE_RESOURCE_EXHAUSTED:
+	case protocol.CodeUnavailable, protocol.CodeResourceExhausted:
 		return "503"
 	default:
 		return "500"
@@ -158,8 +158,8 @@ func microCode(c wire.Code) string {
 // respondStatus answers with an error status only; the body is the
 // endpoint's response message with just its status set, so clients decode
 // every answer the same way.
-func (s *Service) respondStatus(r micro.Request, code wire.Code, msg string) {
-	data, _ := proto.Marshal(&wire.SampleResponse{Status: &wire.Status{Code: code, Message: msg}})
+func (s *Service) respondStatus(r micro.Request, code protocol.Code, msg string) {
+	data, _ := proto.Marshal(&wire.SampleResponse{Status: &wire.Status{Code: wire.Code(code), Message: msg}})
 	s.reply(r, data, nats.Header{micro.ErrorHeader: []string{msg}, micro.ErrorCodeHeader: []string{microCode(code)}})
 }
 
@@ -180,13 +180,13 @@ func (s *Service) reply(r micro.Request, data []byte, h nats.Header) {
 func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.SampleRequest, t *tables.Table) {
 	start := time.Now()
 	if req.NumSamples < 1 || int(req.NumSamples) > s.o.maxBatch {
-		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("num_samples %d out of range [1, %d]", req.NumSamples, s.o.maxBatch))
+		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("num_samples %d out of range [1, %d]", req.NumSamples, s.o.maxBatch))
 		return
 	}
 	// Refused before anything is sampled: a sample counts against the
 	// limiter and max_times_sampled whether or not it reaches the learner.
 	if largest := t.LargestItemBytes(); largest > 0 && int64(req.NumSamples) > s.o.limits.MaxReplyBytes/largest {
-		s.respondStatus(r, wire.Code_CODE_RESOURCE_EXHAUSTED, fmt.Sprintf("table %q: %d items of up to %d bytes may decode to more than %d bytes (limits.max_reply_bytes): ask for at most %d",
+		s.respondStatus(r, protocol.CodeResourceExhausted, fmt.Sprintf("table %q: %d items of up to %d bytes may decode to more than %d bytes (limits.max_reply_bytes): ask for at most %d",
 			req.Table, req.NumSamples, largest, s.o.limits.MaxReplyBytes, s.o.limits.MaxReplyBytes/largest))
 		return
 	}
@@ -196,7 +196,7 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	code := wire.Code_CODE_INTERNAL
+	code := protocol.CodeInternal
 	items := 0
 	if s.o.observer != nil {
 		defer func() { s.o.observer.SampleServed(req.Table, items, time.Since(start), code) }()
@@ -210,25 +210,25 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	} else {
 		samples, err = t.Sample(wctx, int(req.NumSamples))
 	}
-	status, msg := wire.Code_CODE_OK, ""
+	status, msg := protocol.CodeOK, ""
 	switch {
 	case err == nil:
 	case len(samples) > 0:
-		status, msg = wire.Code_CODE_PARTIAL, fmt.Sprintf("%d of %d samples before the timeout: %v", len(samples), req.NumSamples, err)
+		status, msg = protocol.CodePartial, fmt.Sprintf("%d of %d samples before the timeout: %v", len(samples), req.NumSamples, err)
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
-		code = wire.Code_CODE_RATE_LIMITED
-		s.respondStatus(r, wire.Code_CODE_RATE_LIMITED, fmt.Sprintf("table %q: rate limiter allowed no sample within %v: %v", req.Table, wait, err))
+		code = protocol.CodeRateLimited
+		s.respondStatus(r, protocol.CodeRateLimited, fmt.Sprintf("table %q: rate limiter allowed no sample within %v: %v", req.Table, wait, err))
 		return
 	case errors.Is(err, tables.ErrClosed):
-		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, "service shutting down")
+		s.respondStatus(r, protocol.CodeUnavailable, "service shutting down")
 		return
 	default:
-		s.respondStatus(r, wire.Code_CODE_INTERNAL, err.Error())
+		s.respondStatus(r, protocol.CodeInternal, err.Error())
 		return
 	}
 	code, items = status, len(samples)
 	buf := responseBuffers.Get().(*[]byte)
-	*buf = wire.AppendSampleResponse((*buf)[:0], status, msg, samples)
+	*buf = wire.AppendSampleResponse((*buf)[:0], wire.Code(status), msg, samples)
 	s.respondParts(r, *buf)
 	// Respond copied the bytes into the connection's buffer.
 	responseBuffers.Put(buf)
@@ -257,7 +257,7 @@ func (s *Service) respondParts(r micro.Request, data []byte) {
 func (s *Service) handleInfo(r micro.Request) {
 	var req wire.TableRequest
 	if err := proto.Unmarshal(r.Data(), &req); err != nil {
-		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed info request: %v", err))
+		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("malformed info request: %v", err))
 		return
 	}
 	resp := &wire.InfoResponse{
@@ -270,7 +270,7 @@ func (s *Service) handleInfo(r micro.Request) {
 	names := s.names
 	if req.Table != "" {
 		if _, ok := s.tables[req.Table]; !ok {
-			s.respondStatus(r, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
+			s.respondStatus(r, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
 			return
 		}
 		names = []string{req.Table}
@@ -320,11 +320,11 @@ func tableInfo(in tables.Info) *wire.TableInfo {
 func (s *Service) handleReset(ctx context.Context, r micro.Request) {
 	var req wire.TableRequest
 	if err := proto.Unmarshal(r.Data(), &req); err != nil {
-		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed reset request: %v", err))
+		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("malformed reset request: %v", err))
 		return
 	}
 	if _, ok := s.tables[req.Table]; req.Table != "" && !ok {
-		s.respondStatus(r, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
+		s.respondStatus(r, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
 		return
 	}
 	data, _ := proto.Marshal(&wire.ResetRequest{Table: req.Table})
@@ -332,11 +332,11 @@ func (s *Service) handleReset(ctx context.Context, r micro.Request) {
 	defer cancel()
 	ack, err := s.js.Publish(wctx, s.subj.Reset(), data)
 	if err != nil {
-		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, fmt.Sprintf("publishing reset: %v", err))
+		s.respondStatus(r, protocol.CodeUnavailable, fmt.Sprintf("publishing reset: %v", err))
 		return
 	}
 	if err := s.progress.waitFor(wctx, ack.Sequence); err != nil {
-		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, fmt.Sprintf("reset stored at sequence %d but not applied yet (a rate limiter may be holding an insert before it): %v", ack.Sequence, err))
+		s.respondStatus(r, protocol.CodeUnavailable, fmt.Sprintf("reset stored at sequence %d but not applied yet (a rate limiter may be holding an insert before it): %v", ack.Sequence, err))
 		return
 	}
 	out, _ := proto.Marshal(&wire.ResetResponse{Status: &wire.Status{}})
@@ -347,12 +347,12 @@ func (s *Service) handleReset(ctx context.Context, r micro.Request) {
 func (s *Service) handleCheckpoint(ctx context.Context, r micro.Request) {
 	var req wire.CheckpointRequest
 	if err := proto.Unmarshal(r.Data(), &req); err != nil {
-		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed checkpoint request: %v", err))
+		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("malformed checkpoint request: %v", err))
 		return
 	}
 	res, err := s.Checkpoint(ctx)
 	if err != nil {
-		s.respondStatus(r, wire.Code_CODE_UNAVAILABLE, err.Error())
+		s.respondStatus(r, protocol.CodeUnavailable, err.Error())
 		return
 	}
 	out, _ := proto.Marshal(&wire.CheckpointResponse{
@@ -369,16 +369,16 @@ const maxListItems = 10_000
 func (s *Service) handleItems(r micro.Request) {
 	var req wire.ItemsRequest
 	if err := proto.Unmarshal(r.Data(), &req); err != nil {
-		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed items request: %v", err))
+		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("malformed items request: %v", err))
 		return
 	}
 	t, ok := s.tables[req.Table]
 	if !ok {
-		s.respondStatus(r, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
+		s.respondStatus(r, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
 		return
 	}
 	if len(req.Keys) > maxListItems || req.Limit < 0 || req.Limit > maxListItems || req.Offset < 0 {
-		s.respondStatus(r, wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("items request: at most %d keys, limit in [0, %d], offset >= 0", maxListItems, maxListItems))
+		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("items request: at most %d keys, limit in [0, %d], offset >= 0", maxListItems, maxListItems))
 		return
 	}
 	var items []tables.Item

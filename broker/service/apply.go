@@ -208,20 +208,21 @@ func (s *Service) apply(ctx context.Context, m *streamMsg) error {
 	case s.subj.Reset():
 		s.applyReset(m.data, m.seq)
 	default:
-		s.reject(noticeTo{}, m.seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("unexpected subject %q", m.subject))
+		s.reject(noticeTo{}, m.seq, 0, "", protocol.CodeInvalidArgument, fmt.Sprintf("unexpected subject %q", m.subject))
 	}
 	return nil
 }
 
-// codeOf is the status code a rejection for err carries.
-func codeOf(err error) wire.Code {
+// codeOf is the status code a rejection for err carries: the engine's
+// errors are over a limit or against a signature, or else invalid.
+func codeOf(err error) protocol.Code {
 	switch {
-	case errors.Is(err, protocol.ErrResourceExhausted), errors.Is(err, tables.ErrTooLarge):
-		return wire.Code_CODE_RESOURCE_EXHAUSTED
+	case errors.Is(err, tables.ErrTooLarge):
+		return protocol.CodeResourceExhausted
 	case errors.Is(err, tables.ErrSignature):
-		return wire.Code_CODE_SIGNATURE_MISMATCH
+		return protocol.CodeSignatureMismatch
 	}
-	return wire.Code_CODE_INVALID_ARGUMENT
+	return protocol.CodeOf(err)
 }
 
 func (s *Service) applyInsert(ctx context.Context, b *insertBatch, seq uint64) error {
@@ -232,7 +233,7 @@ func (s *Service) applyInsert(ctx context.Context, b *insertBatch, seq uint64) e
 	ps := s.producers[b.producerID]
 	if ps == nil {
 		if len(s.producers) >= s.o.limits.MaxProducers {
-			s.reject(noticeTo{b.producerID, b.notice}, b.sequence, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
+			s.reject(noticeTo{b.producerID, b.notice}, b.sequence, 0, "", protocol.CodeResourceExhausted,
 				fmt.Sprintf("the service tracks %d producers, its limit (limits.max_producers): a new producer is refused until idle ones expire", len(s.producers)))
 			return nil
 		}
@@ -326,7 +327,7 @@ func (s *Service) shedHeldMessages() {
 		if oldest == nil {
 			return
 		}
-		s.reject(noticeTo{oldestID, oldest.notice}, oldest.sequence, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
+		s.reject(noticeTo{oldestID, oldest.notice}, oldest.sequence, 0, "", protocol.CodeResourceExhausted,
 			fmt.Sprintf("message held behind missing message %d dropped: held messages exceed %d bytes (limits.max_held_message_bytes)",
 				s.producers[oldestID].lastSeq+1, s.o.limits.MaxHeldMessageBytes))
 		s.heldBytes -= int64(len(oldest.raw))
@@ -415,7 +416,7 @@ func (s *Service) insertItem(ctx context.Context, producer string, b *insertBatc
 	}
 	t, ok := s.tables[it.table]
 	if !ok {
-		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("unknown table %q (tables: %s)", it.table, strings.Join(s.names, ", ")))
+		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", it.table, strings.Join(s.names, ", ")))
 		return nil
 	}
 	var err error
@@ -507,7 +508,7 @@ func (s *Service) shedHeldChunks() {
 		}
 		ps := s.producers[e.producer]
 		s.unholdQuiet(ps, e.key)
-		s.reject(noticeTo{e.producer, ps.notice}, 0, 0, "", wire.Code_CODE_RESOURCE_EXHAUSTED,
+		s.reject(noticeTo{e.producer, ps.notice}, 0, 0, "", protocol.CodeResourceExhausted,
 			fmt.Sprintf("chunk %d released: producers hold more than %d bytes of chunks (limits.max_held_chunk_bytes); later items that reference it are rejected", e.key, s.o.limits.MaxHeldChunkBytes))
 	}
 	s.maybeCompactHolds()
@@ -536,16 +537,16 @@ func (s *Service) dropProducer(id string, ps *producerState) {
 func (s *Service) applyMutation(data []byte, seq uint64) {
 	var m wire.Mutation
 	if err := proto.Unmarshal(data, &m); err != nil {
-		s.reject(noticeTo{}, seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed mutation: %v", err))
+		s.reject(noticeTo{}, seq, 0, "", protocol.CodeInvalidArgument, fmt.Sprintf("malformed mutation: %v", err))
 		return
 	}
 	t, ok := s.tables[m.Table]
 	if !ok {
-		s.reject(noticeTo{}, seq, 0, m.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("mutation for unknown table %q", m.Table))
+		s.reject(noticeTo{}, seq, 0, m.Table, protocol.CodeNotFound, fmt.Sprintf("mutation for unknown table %q", m.Table))
 		return
 	}
 	if len(m.Ops) > s.o.limits.MaxMutationOps {
-		s.reject(noticeTo{}, seq, 0, m.Table, wire.Code_CODE_RESOURCE_EXHAUSTED, fmt.Sprintf("mutation of %d ops, over the limit of %d (limits.max_mutation_ops)", len(m.Ops), s.o.limits.MaxMutationOps))
+		s.reject(noticeTo{}, seq, 0, m.Table, protocol.CodeResourceExhausted, fmt.Sprintf("mutation of %d ops, over the limit of %d (limits.max_mutation_ops)", len(m.Ops), s.o.limits.MaxMutationOps))
 		return
 	}
 	muts := make([]tables.Mutation, len(m.Ops))
@@ -554,7 +555,7 @@ func (s *Service) applyMutation(data []byte, seq uint64) {
 	}
 	missing, err := t.Mutate(muts)
 	if err != nil {
-		s.reject(noticeTo{}, seq, 0, m.Table, wire.Code_CODE_INVALID_ARGUMENT, err.Error())
+		s.reject(noticeTo{}, seq, 0, m.Table, protocol.CodeInvalidArgument, err.Error())
 	}
 	s.stats.missing.Add(int64(len(missing)))
 }
@@ -562,7 +563,7 @@ func (s *Service) applyMutation(data []byte, seq uint64) {
 func (s *Service) applyReset(data []byte, seq uint64) {
 	var r wire.ResetRequest
 	if err := proto.Unmarshal(data, &r); err != nil {
-		s.reject(noticeTo{}, seq, 0, "", wire.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("malformed reset: %v", err))
+		s.reject(noticeTo{}, seq, 0, "", protocol.CodeInvalidArgument, fmt.Sprintf("malformed reset: %v", err))
 		return
 	}
 	if r.Table == "" {
@@ -573,7 +574,7 @@ func (s *Service) applyReset(data []byte, seq uint64) {
 	}
 	t, ok := s.tables[r.Table]
 	if !ok {
-		s.reject(noticeTo{}, seq, 0, r.Table, wire.Code_CODE_NOT_FOUND, fmt.Sprintf("reset of unknown table %q", r.Table))
+		s.reject(noticeTo{}, seq, 0, r.Table, protocol.CodeNotFound, fmt.Sprintf("reset of unknown table %q", r.Table))
 		return
 	}
 	t.Reset()
@@ -581,7 +582,7 @@ func (s *Service) applyReset(data []byte, seq uint64) {
 
 // reject counts, logs (rate-limited) and, when the producer gave a notice
 // subject, tells it what was refused.
-func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code wire.Code, msg string) {
+func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code protocol.Code, msg string) {
 	s.stats.rejected.Add(1)
 	if s.o.observer != nil {
 		s.o.observer.Rejected(table, code)
@@ -598,7 +599,7 @@ func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code wi
 	if to.subject == "" || s.subj.Owns(to.subject) {
 		return
 	}
-	data, _ := proto.Marshal(&wire.Rejection{Producer: token, Sequence: seq, ItemKey: itemKey, Table: table, Code: code, Message: msg})
+	data, _ := proto.Marshal(&wire.Rejection{Producer: token, Sequence: seq, ItemKey: itemKey, Table: table, Code: wire.Code(code), Message: msg})
 	// Best effort: the count and the log line are the record.
 	_ = s.nc.Publish(to.subject, data)
 }

@@ -25,9 +25,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
+
+// Code is the status code of a reply or a rejection (the same type as
+// broker.Code).
+type Code = protocol.Code
 
 // Version is the version the service reports to NATS micro discovery.
 const Version = "0.1.0"
@@ -82,12 +85,12 @@ type serviceOptions struct {
 // must not block.
 type Observer interface {
 	// SampleServed is called once per sample request answered.
-	SampleServed(table string, items int, latency time.Duration, code wire.Code)
+	SampleServed(table string, items int, latency time.Duration, code Code)
 	// ItemInserted is called per item applied to a table; age is the time
 	// from the stream storing the message to the item being sampleable.
 	ItemInserted(table string, age time.Duration)
 	// Rejected is called per message or item refused.
-	Rejected(table string, code wire.Code)
+	Rejected(table string, code Code)
 }
 
 // WithObserver sets an Observer for the service's measurements.

@@ -45,29 +45,6 @@ const (
 	HeaderParts = "Reprise-Parts"
 )
 
-// Errors shared by the producer, the service and the client. Match them
-// with errors.Is.
-var (
-	ErrInvalidPrefix  = errors.New("broker: invalid subject prefix")
-	ErrInvalidOption  = errors.New("broker: invalid option")
-	ErrUnknownTable   = errors.New("broker: unknown table")
-	ErrRateLimited    = errors.New("broker: rate limited")
-	ErrRejected       = errors.New("broker: rejected by the table service")
-	ErrClosed         = errors.New("broker: closed")
-	ErrInvalidMessage = errors.New("broker: invalid message")
-	ErrSignature      = errors.New("broker: signature mismatch")
-	ErrHistory        = errors.New("broker: trajectory outside the producer's history")
-	ErrNotApplied     = errors.New("broker: items not yet applied by the table service")
-	ErrServer         = errors.New("broker: table service error")
-	// ErrResourceExhausted reports a limit reached: a message, item or
-	// reply over one of the service's Limits, too many producers, or no
-	// free request slot.
-	ErrResourceExhausted = errors.New("broker: resource exhausted")
-	// ErrStreamLost ends a service whose stream was deleted or recreated
-	// under it.
-	ErrStreamLost = errors.New("broker: stream lost")
-)
-
 // Subjects derives every subject and the stream name from a prefix.
 type Subjects struct {
 	Prefix string

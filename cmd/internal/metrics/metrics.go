@@ -7,7 +7,6 @@ package metrics
 import (
 	"errors"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -16,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/reprise-rl/reprise/broker/service"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
 
@@ -116,20 +114,15 @@ func (m *Metrics) table(name string) (string, *series) {
 	return "", nil
 }
 
-// codeLabel turns CODE_RATE_LIMITED into rate_limited.
-func codeLabel(c wire.Code) string {
-	return strings.ToLower(strings.TrimPrefix(c.String(), "CODE_"))
-}
-
 // SampleServed records a sample request's latency and outcome.
-func (m *Metrics) SampleServed(table string, _ int, latency time.Duration, code wire.Code) {
+func (m *Metrics) SampleServed(table string, _ int, latency time.Duration, code service.Code) {
 	label, s := m.table(table)
 	if s != nil {
 		s.sampleDuration.Observe(latency.Seconds())
 	} else {
 		m.sampleDuration.WithLabelValues(label).Observe(latency.Seconds())
 	}
-	m.sampleRequests.WithLabelValues(label, codeLabel(code)).Inc()
+	m.sampleRequests.WithLabelValues(label, code.String()).Inc()
 }
 
 // ItemInserted records how long an item took from the stream to its table.
@@ -143,9 +136,9 @@ func (m *Metrics) ItemInserted(table string, age time.Duration) {
 }
 
 // Rejected counts a refused message or item.
-func (m *Metrics) Rejected(table string, code wire.Code) {
+func (m *Metrics) Rejected(table string, code service.Code) {
 	label, _ := m.table(table)
-	m.rejected.WithLabelValues(label, codeLabel(code)).Inc()
+	m.rejected.WithLabelValues(label, code.String()).Inc()
 }
 
 // tableCollector reads every table's Info at scrape time.

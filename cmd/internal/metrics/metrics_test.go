@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
 	"github.com/reprise-rl/reprise/tables"
@@ -81,13 +81,13 @@ func TestMetrics(t *testing.T) {
 	if err := m.Watch(newFake(t)); err != nil {
 		t.Fatal(err)
 	}
-	m.SampleServed("a", 1, 3*time.Millisecond, wire.Code_CODE_OK)
-	m.SampleServed("a", 0, 2*time.Second, wire.Code_CODE_RATE_LIMITED)
+	m.SampleServed("a", 1, 3*time.Millisecond, broker.CodeOK)
+	m.SampleServed("a", 0, 2*time.Second, broker.CodeRateLimited)
 	m.ItemInserted("a", time.Millisecond)
 	m.ItemInserted("b", 5*time.Millisecond)
-	m.Rejected("a", wire.Code_CODE_INVALID_ARGUMENT)
-	m.Rejected("no such table", wire.Code_CODE_NOT_FOUND)
-	m.Rejected("", wire.Code_CODE_INVALID_ARGUMENT)
+	m.Rejected("a", broker.CodeInvalidArgument)
+	m.Rejected("no such table", broker.CodeNotFound)
+	m.Rejected("", broker.CodeInvalidArgument)
 
 	got := scrape(t, m)
 	for _, want := range []string{
@@ -140,7 +140,7 @@ func TestWatchTwice(t *testing.T) {
 
 func TestObserverBeforeWatch(t *testing.T) {
 	m := New()
-	m.Rejected("a", wire.Code_CODE_NOT_FOUND)
+	m.Rejected("a", broker.CodeNotFound)
 	if got := scrape(t, m); !strings.Contains(got, `reprise_rejected_total{code="not_found",table=""} 1`) {
 		t.Errorf("a rejection before Watch is not counted under the empty table label:\n%s", got)
 	}
@@ -166,6 +166,6 @@ func BenchmarkSampleServed(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		m.SampleServed("a", 64, time.Millisecond, wire.Code_CODE_OK)
+		m.SampleServed("a", 64, time.Millisecond, broker.CodeOK)
 	}
 }
