@@ -199,25 +199,43 @@ type Sample struct {
 // NamedTensor is one column of a sampled item.
 type NamedTensor struct {
 	Name   string
-	Tensor *wire.Tensor
+	Tensor Tensor
 }
 
-// Column returns the named column, or nil.
-func (s Sample) Column(name string) *wire.Tensor {
+// Column returns the named column, and whether the item has it.
+func (s Sample) Column(name string) (Tensor, bool) {
 	for _, c := range s.Columns {
 		if c.Name == name {
-			return c.Tensor
+			return c.Tensor, true
 		}
 	}
-	return nil
+	return Tensor{}, false
 }
 
-// SampleOption configures one Sample call.
-type SampleOption func(*wire.SampleRequest)
+// SampleOption configures one Sample call; given to NewSampler, it
+// configures each of the Sampler's calls.
+type SampleOption interface {
+	configureSample(*sampleOptions) error
+}
+
+type sampleOptions struct {
+	flexible bool
+}
 
 // Flexible returns as soon as at least one item is allowed, with up to the
-// asked number.
-func Flexible() SampleOption { return func(r *wire.SampleRequest) { r.Flexible = true } }
+// asked number: a batch may be smaller than asked when the rate limiter
+// allows only some items.
+func Flexible() interface {
+	SampleOption
+	SamplerOption
+} {
+	return flexibleOption{}
+}
+
+type flexibleOption struct{}
+
+func (flexibleOption) configureSample(o *sampleOptions) error   { o.flexible = true; return nil }
+func (flexibleOption) configureSampler(o *samplerOptions) error { o.sample.flexible = true; return nil }
 
 // Sample takes n items from table. It waits for the table's rate limiter as
 // long as ctx allows (the service caps the wait); when the limiter allows no
@@ -225,13 +243,20 @@ func Flexible() SampleOption { return func(r *wire.SampleRequest) { r.Flexible =
 // some, those are returned with an error matching ErrRateLimited: samples
 // are never dropped.
 func (c *Client) Sample(ctx context.Context, table string, n int, opts ...SampleOption) ([]Sample, error) {
-	req := &wire.SampleRequest{Table: table, NumSamples: int32(n), TimeoutMs: -1}
 	if n < 1 || n > 1<<30 {
 		return nil, fmt.Errorf("%w: sample size %d", ErrInvalidMessage, n)
 	}
-	for _, o := range opts {
-		o(req)
+	var o sampleOptions
+	for _, opt := range opts {
+		if err := opt.configureSample(&o); err != nil {
+			return nil, err
+		}
 	}
+	return c.sample(ctx, table, n, o)
+}
+
+func (c *Client) sample(ctx context.Context, table string, n int, o sampleOptions) ([]Sample, error) {
+	req := &wire.SampleRequest{Table: table, NumSamples: int32(n), TimeoutMs: -1, Flexible: o.flexible}
 	if dl, ok := ctx.Deadline(); ok {
 		// Leave the reply time to travel, even on a loaded machine: a
 		// sample the service takes after the client stopped listening is
@@ -256,7 +281,7 @@ func (c *Client) Sample(ctx context.Context, table string, n int, opts ...Sample
 		return nil, err
 	}
 	if status.GetCode() == wire.Code_CODE_PARTIAL {
-		return out, fmt.Errorf("%w: %s", ErrRateLimited, status.Message)
+		return out, &StatusError{Code: CodeRateLimited, Message: status.Message}
 	}
 	return out, nil
 }
@@ -277,7 +302,7 @@ func decodeSamples(items []*wire.SampledItem, chunks [][]byte) ([]Sample, error)
 			Columns: make([]NamedTensor, len(it.Columns)),
 		}
 		for j, col := range it.Columns {
-			s.Columns[j] = NamedTensor{Name: col.Name, Tensor: columns[i][j]}
+			s.Columns[j] = NamedTensor{Name: col.Name, Tensor: fromWire(columns[i][j])}
 		}
 		out[i] = s
 	}
@@ -336,7 +361,7 @@ func (c *Client) Delete(ctx context.Context, table string, keys ...uint64) error
 }
 
 // Info describes every table, or only the named one.
-func (c *Client) Info(ctx context.Context, table string) (*wire.InfoResponse, error) {
+func (c *Client) Info(ctx context.Context, table string) (*Info, error) {
 	data, err := c.request(ctx, c.subj.Info(), &wire.TableRequest{Table: table})
 	if err != nil {
 		return nil, err
@@ -348,7 +373,7 @@ func (c *Client) Info(ctx context.Context, table string) (*wire.InfoResponse, er
 	if err := statusError(resp.Status); err != nil {
 		return nil, err
 	}
-	return &resp, nil
+	return infoFromWire(&resp), nil
 }
 
 // Reset empties table (every table when table is empty) and zeroes its
@@ -386,45 +411,54 @@ type samplerResult struct {
 	err     error
 }
 
-// SamplerOption configures a Sampler.
-type SamplerOption func(*samplerOptions)
+// SamplerOption configures a Sampler. Flexible is one too.
+type SamplerOption interface {
+	configureSampler(*samplerOptions) error
+}
+
+type samplerOption func(*samplerOptions) error
+
+func (f samplerOption) configureSampler(o *samplerOptions) error { return f(o) }
 
 type samplerOptions struct {
 	inFlight int
 	timeout  time.Duration
-	flexible bool
+	sample   sampleOptions
 }
 
-// WithInFlight sets how many requests are kept open (default 2).
+// WithInFlight sets how many requests are kept open (default 2, at least
+// 1).
 func WithInFlight(n int) SamplerOption {
-	return func(o *samplerOptions) { o.inFlight = max(1, n) }
+	return samplerOption(func(o *samplerOptions) error {
+		if n < 1 {
+			return fmt.Errorf("%w: WithInFlight(%d): want at least 1", ErrInvalidOption, n)
+		}
+		o.inFlight = n
+		return nil
+	})
 }
 
 // WithRateLimitTimeout bounds how long one request may wait for the rate
 // limiter (default: the service's maximum). Next then returns an error
 // matching ErrRateLimited instead of hanging.
 func WithRateLimitTimeout(d time.Duration) SamplerOption {
-	return func(o *samplerOptions) { o.timeout = d }
+	return samplerOption(func(o *samplerOptions) error { o.timeout = d; return nil })
 }
 
-// WithFlexibleBatches lets a batch be smaller than asked when the limiter
-// allows only some items.
-func WithFlexibleBatches() SamplerOption {
-	return func(o *samplerOptions) { o.flexible = true }
-}
-
-// NewSampler starts prefetching batches of size items from table.
-func (c *Client) NewSampler(table string, size int, opts ...SamplerOption) *Sampler {
+// NewSampler starts prefetching batches of size items from table, until
+// Close.
+func (c *Client) NewSampler(table string, size int, opts ...SamplerOption) (*Sampler, error) {
+	if size < 1 || size > 1<<30 {
+		return nil, fmt.Errorf("%w: sample size %d", ErrInvalidOption, size)
+	}
 	o := samplerOptions{inFlight: 2}
 	for _, opt := range opts {
-		opt(&o)
+		if err := opt.configureSampler(&o); err != nil {
+			return nil, err
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sampler{results: make(chan samplerResult, o.inFlight), cancel: cancel}
-	var sopts []SampleOption
-	if o.flexible {
-		sopts = append(sopts, Flexible())
-	}
 	for range o.inFlight {
 		s.wg.Add(1)
 		go func() {
@@ -435,7 +469,7 @@ func (c *Client) NewSampler(table string, size int, opts ...SamplerOption) *Samp
 				if o.timeout > 0 {
 					rctx, rcancel = context.WithTimeout(ctx, o.timeout)
 				}
-				samples, err := c.Sample(rctx, table, size, sopts...)
+				samples, err := c.sample(rctx, table, size, o.sample)
 				rcancel()
 				if ctx.Err() != nil {
 					return
@@ -460,7 +494,7 @@ func (c *Client) NewSampler(table string, size int, opts ...SamplerOption) *Samp
 			}
 		}()
 	}
-	return s
+	return s, nil
 }
 
 // Next returns the next batch. A batch cut short by the rate limiter comes
@@ -481,7 +515,7 @@ func (s *Sampler) Close() {
 }
 
 // Checkpoint asks the service to write a checkpoint now.
-func (c *Client) Checkpoint(ctx context.Context) (*wire.CheckpointResponse, error) {
+func (c *Client) Checkpoint(ctx context.Context) (*CheckpointInfo, error) {
 	data, err := c.request(ctx, c.subj.Checkpoint(), &wire.CheckpointRequest{})
 	if err != nil {
 		return nil, err
@@ -493,25 +527,28 @@ func (c *Client) Checkpoint(ctx context.Context) (*wire.CheckpointResponse, erro
 	if err := statusError(resp.Status); err != nil {
 		return nil, err
 	}
-	return &resp, nil
+	return &CheckpointInfo{
+		Name: resp.Name, AppliedSequence: resp.AppliedSequence, Items: resp.Items, Bytes: resp.Bytes,
+		Pause: time.Duration(resp.PauseNs), Write: time.Duration(resp.WriteNs),
+	}, nil
 }
 
 // Items returns the metadata of up to limit items of table, in insertion
 // order, after the first offset.
-func (c *Client) Items(ctx context.Context, table string, offset int64, limit int32) (*wire.ItemsResponse, error) {
+func (c *Client) Items(ctx context.Context, table string, offset int64, limit int32) (*ItemList, error) {
 	return c.items(ctx, &wire.ItemsRequest{Table: table, Offset: offset, Limit: limit})
 }
 
 // Get returns the metadata of the items of table with the given keys, in
 // the order asked, skipping keys the table does not hold.
-func (c *Client) Get(ctx context.Context, table string, keys ...uint64) (*wire.ItemsResponse, error) {
+func (c *Client) Get(ctx context.Context, table string, keys ...uint64) (*ItemList, error) {
 	if len(keys) == 0 {
 		return nil, fmt.Errorf("%w: Get needs at least one key", ErrInvalidMessage)
 	}
 	return c.items(ctx, &wire.ItemsRequest{Table: table, Keys: keys})
 }
 
-func (c *Client) items(ctx context.Context, req *wire.ItemsRequest) (*wire.ItemsResponse, error) {
+func (c *Client) items(ctx context.Context, req *wire.ItemsRequest) (*ItemList, error) {
 	data, err := c.request(ctx, c.subj.Items(), req)
 	if err != nil {
 		return nil, err
@@ -523,5 +560,12 @@ func (c *Client) items(ctx context.Context, req *wire.ItemsRequest) (*wire.Items
 	if err := statusError(resp.Status); err != nil {
 		return nil, err
 	}
-	return &resp, nil
+	out := &ItemList{Items: make([]ItemInfo, len(resp.Items)), TableSize: resp.TableSize}
+	for i, it := range resp.Items {
+		out.Items[i] = ItemInfo{
+			Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
+			InsertedAt: time.Unix(0, it.InsertedAtUnixNano), Trajectory: wire.ToTableColumns(it.Columns),
+		}
+	}
+	return out, nil
 }

@@ -88,8 +88,32 @@ func (d *deployment) producer(opts ...ProducerOption) *Producer {
 	return p
 }
 
-func step(i int64, obsLen int) Step { return testutil.Step(i, obsLen) }
+// step is step i of the tests' episodes: "obs" from testutil.Obs and "id"
+// i itself.
+func step(i int64, obsLen int) Step {
+	return Step{"obs": Float32s([]int64{int64(obsLen)}, testutil.Obs(i, obsLen)), "id": Int64s(nil, []int64{i})}
+}
+
+// ids are the step ids of a sampled item.
+func ids(t testing.TB, s Sample) []int64 {
+	t.Helper()
+	id, ok := s.Column("id")
+	if !ok {
+		t.Fatalf("sample %d has no id column (columns %v)", s.Info.Key, s.Columns)
+	}
+	v, err := id.Int64s()
+	if err != nil {
+		t.Fatalf("id column: %v", err)
+	}
+	return v
+}
 
 func checkObs(t testing.TB, s Sample, obsLen int) {
-	testutil.CheckObs(t, s.Column("id"), s.Column("obs"), obsLen)
+	t.Helper()
+	col, _ := s.Column("obs")
+	obs, err := col.Float32s()
+	if err != nil {
+		t.Fatalf("obs column: %v", err)
+	}
+	testutil.CheckObs(t, ids(t, s), obs, obsLen)
 }

@@ -379,27 +379,24 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 		if name == "" {
 			return fmt.Errorf("%w: step has a column with an empty name", ErrInvalidMessage)
 		}
-		if t == nil {
-			return fmt.Errorf("%w: column %q: nil tensor", ErrInvalidMessage, name)
-		}
-		if err := wire.ValidateTensor(t); err != nil {
+		if err := t.Validate(); err != nil {
 			return fmt.Errorf("column %q: %w", name, err)
 		}
-		if c, ok := p.cols[name]; ok && (c.dtype != t.Dtype || !slices.Equal(c.shape, t.Shape)) {
+		if c, ok := p.cols[name]; ok && (c.dtype != t.DType || !slices.Equal(c.shape, t.Shape)) {
 			return fmt.Errorf("%w: column %q: step %d has %s%v, earlier steps have %s%v",
-				ErrSignature, name, p.step, t.Dtype, t.Shape, c.dtype, c.shape)
+				ErrSignature, name, p.step, t.DType, t.Shape, c.dtype, c.shape)
 		}
 	}
 	for name, t := range step {
 		c, ok := p.cols[name]
 		if !ok {
-			c = &column{name: name, dtype: t.Dtype, shape: slices.Clone(t.Shape)}
+			c = &column{name: name, dtype: t.DType, shape: slices.Clone(t.Shape)}
 			p.cols[name] = c
 		}
 		if len(c.open) == 0 {
 			c.openStart = p.step
 		}
-		c.open = append(c.open, &wire.Tensor{Dtype: t.Dtype, Shape: c.shape, Data: slices.Clone(t.Data)})
+		c.open = append(c.open, &wire.Tensor{Dtype: t.DType, Shape: c.shape, Data: slices.Clone(t.Data)})
 	}
 	var errs []error
 	for name, c := range p.cols {

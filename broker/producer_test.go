@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -20,7 +19,7 @@ func TestCloseNotStuckBehindWaitingAppend(t *testing.T) {
 	ctx := testutil.Context(t)
 	p := d.producer(WithLinger(0), WithMaxUnapplied(1))
 	add := func(ctx context.Context, i int64) error {
-		if err := p.Append(ctx, Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
 			return err
 		}
 		return p.CreateItem(ctx, "queue", 1, LastStep("id"))

@@ -2,13 +2,7 @@ package broker
 
 import (
 	"fmt"
-
-	"github.com/reprise-rl/reprise/broker/wire"
 )
-
-// Step is one row of an episode: column name to tensor. A step may leave
-// columns out; an item that references a missing cell is an error.
-type Step map[string]*wire.Tensor
 
 // ColumnRef picks steps of one column from the producer's recent history:
 // the Length steps that end Skip steps before the newest one. Squeeze (only

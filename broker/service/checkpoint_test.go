@@ -12,7 +12,6 @@ import (
 
 	"github.com/reprise-rl/reprise/broker"
 
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
 	"github.com/reprise-rl/reprise/tables"
@@ -24,7 +23,7 @@ func fill(t testing.TB, p *broker.Producer, from, n int64, tbls ...string) {
 	t.Helper()
 	ctx := testutil.Context(t)
 	for i := from; i < from+n; i++ {
-		if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
+		if err := p.Append(ctx, broker.Step{"id": broker.Int64s(nil, []int64{i})}); err != nil {
 			t.Fatal(err)
 		}
 		for _, tb := range tbls {
@@ -301,7 +300,7 @@ func TestCheckpointWhileInsertHeld(t *testing.T) {
 	ctx := testutil.Context(t)
 	p := d.producer(broker.WithLinger(0))
 	for i := range int64(12) {
-		if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
+		if err := p.Append(ctx, broker.Step{"id": broker.Int64s(nil, []int64{i})}); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.CreateItem(ctx, "queue", 1, broker.LastStep("id")); err != nil {

@@ -68,7 +68,7 @@ func TestRoundTrip(t *testing.T) {
 		if len(idv) != 3 || idv[1] != idv[0]+1 || idv[2] != idv[1]+1 {
 			t.Fatalf("seq item has steps %v, want 3 consecutive", idv)
 		}
-		if got := s.Column("obs").Shape; !slices.Equal(got, []int64{3, obsLen}) {
+		if got := column(t, s, "obs").Shape; !slices.Equal(got, []int64{3, obsLen}) {
 			t.Fatalf("seq obs shape %v, want [3 %d]", got, obsLen)
 		}
 		checkObs(t, s, obsLen)
@@ -81,10 +81,10 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range samples {
-		if got := s.Column("obs").Shape; !slices.Equal(got, []int64{obsLen}) {
+		if got := column(t, s, "obs").Shape; !slices.Equal(got, []int64{obsLen}) {
 			t.Fatalf("squeezed obs shape %v, want [%d]", got, obsLen)
 		}
-		if got := s.Column("id").Shape; len(got) != 0 {
+		if got := column(t, s, "id").Shape; len(got) != 0 {
 			t.Fatalf("squeezed id shape %v, want scalar", got)
 		}
 		checkObs(t, s, obsLen)
@@ -204,7 +204,7 @@ func TestQueueExactlyOnceInOrder(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range int64(perActor) {
-				if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{int64(a)*1_000_000 + i})}); err != nil {
+				if err := p.Append(ctx, broker.Step{"id": broker.Int64s(nil, []int64{int64(a)*1_000_000 + i})}); err != nil {
 					errc <- err
 					return
 				}
@@ -273,7 +273,7 @@ func TestSampleToInsertRatio(t *testing.T) {
 		go func() {
 			defer actorsDone.Done()
 			for i := range int64(perActor) {
-				if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{int64(a)<<32 | i})}); err != nil {
+				if err := p.Append(ctx, broker.Step{"id": broker.Int64s(nil, []int64{int64(a)<<32 | i})}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -345,7 +345,7 @@ func TestLimiterHoldsProducers(t *testing.T) {
 	var blockedErr error
 	for i := range int64(100) {
 		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		err := p.Append(short, broker.Step{"id": wire.Int64s(nil, []int64{i})})
+		err := p.Append(short, broker.Step{"id": broker.Int64s(nil, []int64{i})})
 		if err == nil {
 			err = p.CreateItem(short, "queue", 1, broker.LastStep("id"))
 		}
@@ -496,7 +496,7 @@ func TestRejectionsReachProducer(t *testing.T) {
 	d := deploy(t, []tables.Config{cfg}, deployOptions{})
 	ctx := testutil.Context(t)
 	p := d.producer()
-	if err := p.Append(ctx, broker.Step{"obs": wire.Float32s([]int64{4}, make([]float32, 4)), "id": wire.Int64s(nil, []int64{1})}); err != nil {
+	if err := p.Append(ctx, broker.Step{"obs": broker.Float32s([]int64{4}, make([]float32, 4)), "id": broker.Int64s(nil, []int64{1})}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.CreateItem(ctx, "typed", 1, broker.LastStep("obs")); err != nil {
@@ -515,7 +515,7 @@ func TestRejectionsReachProducer(t *testing.T) {
 		}
 	}
 	// broker.Producer-side checks fail at once.
-	if err := p.Append(ctx, broker.Step{"obs": wire.Int32s([]int64{4}, make([]int32, 4))}); !errors.Is(err, protocol.ErrSignature) {
+	if err := p.Append(ctx, broker.Step{"obs": broker.Int32s([]int64{4}, make([]int32, 4))}); !errors.Is(err, protocol.ErrSignature) {
 		t.Fatalf("append with a changed dtype: %v, want protocol.ErrSignature", err)
 	}
 	if err := p.CreateItem(ctx, "typed", math.Inf(1), broker.LastStep("obs")); !errors.Is(err, protocol.ErrInvalidMessage) {
@@ -533,7 +533,7 @@ func TestMutationsAndReset(t *testing.T) {
 	ctx := testutil.Context(t)
 	p := d.producer()
 	for i := range int64(5) {
-		if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{i})}); err != nil {
+		if err := p.Append(ctx, broker.Step{"id": broker.Int64s(nil, []int64{i})}); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.CreateItem(ctx, "heap", float64(i), broker.LastStep("id")); err != nil {
@@ -630,7 +630,10 @@ func TestManyActorsAndLearners(t *testing.T) {
 	c := d.client()
 	var learners sync.WaitGroup
 	for range 3 {
-		s := c.NewSampler("per", 16, broker.WithInFlight(3))
+		s, err := c.NewSampler("per", 16, broker.WithInFlight(3))
+		if err != nil {
+			t.Fatal(err)
+		}
 		learners.Add(1)
 		go func() {
 			defer learners.Done()

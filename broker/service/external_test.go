@@ -10,7 +10,6 @@ import (
 
 	"github.com/reprise-rl/reprise/broker"
 
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/natstest"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -43,7 +42,7 @@ func TestExternalServer(t *testing.T) {
 				close(killed)
 			}
 			actx, cancel := context.WithTimeout(ctx, time.Minute)
-			err := p.Append(actx, broker.Step{"id": wire.Int64s(nil, []int64{i})})
+			err := p.Append(actx, broker.Step{"id": broker.Int64s(nil, []int64{i})})
 			if err == nil {
 				err = p.CreateItem(actx, "queue", 1, broker.LastStep("id"))
 			}

@@ -121,10 +121,42 @@ func (d *deployment) producer(opts ...broker.ProducerOption) *broker.Producer {
 	return p
 }
 
-func step(i int64, obsLen int) broker.Step { return testutil.Step(i, obsLen) }
+// step is step i of the tests' episodes: "obs" from testutil.Obs and "id"
+// i itself.
+func step(i int64, obsLen int) broker.Step {
+	return broker.Step{"obs": broker.Float32s([]int64{int64(obsLen)}, testutil.Obs(i, obsLen)), "id": broker.Int64s(nil, []int64{i})}
+}
 
-func ids(t testing.TB, s broker.Sample) []int64 { return testutil.IDs(t, s.Column("id")) }
+// ids are the step ids of a sampled item.
+func ids(t testing.TB, s broker.Sample) []int64 {
+	t.Helper()
+	id, ok := s.Column("id")
+	if !ok {
+		t.Fatalf("sample %d has no id column (columns %v)", s.Info.Key, s.Columns)
+	}
+	v, err := id.Int64s()
+	if err != nil {
+		t.Fatalf("id column: %v", err)
+	}
+	return v
+}
 
 func checkObs(t testing.TB, s broker.Sample, obsLen int) {
-	testutil.CheckObs(t, s.Column("id"), s.Column("obs"), obsLen)
+	t.Helper()
+	col, _ := s.Column("obs")
+	obs, err := col.Float32s()
+	if err != nil {
+		t.Fatalf("obs column: %v", err)
+	}
+	testutil.CheckObs(t, ids(t, s), obs, obsLen)
+}
+
+// column is a sampled item's column, which it must have.
+func column(t testing.TB, s broker.Sample, name string) broker.Tensor {
+	t.Helper()
+	c, ok := s.Column(name)
+	if !ok {
+		t.Fatalf("sample %d has no column %q", s.Info.Key, name)
+	}
+	return c
 }

@@ -21,7 +21,7 @@ func randomFloats(rng *rand.Rand, bytes int) broker.Step {
 	for i := range v {
 		v[i] = rng.Float32()
 	}
-	return broker.Step{"x": wire.Float32s([]int64{int64(len(v))}, v)}
+	return broker.Step{"x": broker.Float32s([]int64{int64(len(v))}, v)}
 }
 
 // BenchmarkInsertPath measures items/s from broker.Producer.CreateItem to applied

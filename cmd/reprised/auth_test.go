@@ -26,7 +26,6 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/reprise-rl/reprise/broker"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/natstest"
 	"github.com/reprise-rl/reprise/internal/syncbuf"
 	"github.com/reprise-rl/reprise/internal/testcerts"
@@ -205,7 +204,7 @@ func insert(t *testing.T, c conn, prefix string, n int) {
 		t.Fatalf("actor's producer: %v", err)
 	}
 	for i := range n {
-		if err := p.Append(ctx, broker.Step{"x": wire.Float32s([]int64{2}, []float32{float32(i), 1})}); err != nil {
+		if err := p.Append(ctx, broker.Step{"x": broker.Float32s([]int64{2}, []float32{float32(i), 1})}); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.CreateItem(ctx, "replay", 1, broker.LastStep("x")); err != nil {
@@ -230,7 +229,7 @@ func insertRejected(t *testing.T, c conn, prefix string) {
 		t.Fatalf("actor's producer: %v", err)
 	}
 	defer p.Close(ctx)
-	if err := p.Append(ctx, broker.Step{"x": wire.Float32s([]int64{2}, []float32{0, 1})}); err != nil {
+	if err := p.Append(ctx, broker.Step{"x": broker.Float32s([]int64{2}, []float32{0, 1})}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.CreateItem(ctx, "no-such-table", 1, broker.LastStep("x")); err != nil {

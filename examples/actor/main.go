@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/reprise-rl/reprise/broker"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/natsconn"
 )
 
@@ -72,9 +71,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 				reward = 1
 			}
 			step := broker.Step{
-				"obs":    wire.Float32s([]int64{4}, obs),
-				"action": wire.Int64s(nil, []int64{action}),
-				"reward": wire.Float32s(nil, []float32{reward}),
+				"obs":    broker.Float32s([]int64{4}, obs),
+				"action": broker.Int64s(nil, []int64{action}),
+				"reward": broker.Float32s(nil, []float32{reward}),
 			}
 			if err := p.Append(ctx, step); err != nil {
 				return err

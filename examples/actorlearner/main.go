@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/reprise-rl/reprise/broker"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/examples/internal/deploy"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -176,9 +175,9 @@ func act(ctx context.Context, d *deploy.Deployment, id, n int) (episodes int64, 
 			reward, end := env.step(action == 1)
 			done = end
 			step := broker.Step{
-				"observation": wire.Float32s([]int64{2}, obs),
-				"action":      wire.Int32s(nil, []int32{action}),
-				"reward":      wire.Float32s(nil, []float32{reward}),
+				"observation": broker.Float32s([]int64{2}, obs),
+				"action":      broker.Int32s(nil, []int32{action}),
+				"reward":      broker.Float32s(nil, []float32{reward}),
 			}
 			if err := p.Append(ctx, step); err != nil {
 				return episodes, fmt.Errorf("actor %d: %w", id, err)

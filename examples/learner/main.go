@@ -63,7 +63,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	defer c.Close()
 	// Two requests in flight: the next batch is on its way while this one
 	// is checked.
-	s := c.NewSampler(*table, *batch, broker.WithInFlight(2))
+	s, err := c.NewSampler(*table, *batch, broker.WithInFlight(2))
+	if err != nil {
+		return err
+	}
 	defer s.Close()
 	sampled := 0
 	episodes := map[float32]bool{}
@@ -73,16 +76,18 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			return fmt.Errorf("after %d items: %w", sampled, err)
 		}
 		for _, it := range items {
-			obs, err := it.Column("obs").AsFloat32s()
+			obsColumn, _ := it.Column("obs")
+			actionColumn, _ := it.Column("action")
+			obs, err := obsColumn.Float32s()
 			if err != nil {
 				return err
 			}
-			actions, err := it.Column("action").AsInt64s()
+			actions, err := actionColumn.Int64s()
 			if err != nil {
 				return err
 			}
-			if !slices.Equal(it.Column("obs").Shape, []int64{3, 4}) || len(actions) != 3 {
-				return fmt.Errorf("item %d: obs shape %v, %d actions; want [3 4] and 3", it.Info.Key, it.Column("obs").Shape, len(actions))
+			if !slices.Equal(obsColumn.Shape, []int64{3, 4}) || len(actions) != 3 {
+				return fmt.Errorf("item %d: obs shape %v, %d actions; want [3 4] and 3", it.Info.Key, obsColumn.Shape, len(actions))
 			}
 			for k := range 3 {
 				ep, t := obs[4*k], obs[4*k+1]

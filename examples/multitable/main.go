@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/reprise-rl/reprise/broker"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/examples/internal/deploy"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -95,7 +94,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	sizes := map[string]*wire.TableInfo{}
+	sizes := map[string]broker.TableInfo{}
 	for _, t := range after.Tables {
 		sizes[t.Name] = t
 	}
@@ -113,7 +112,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		obs, act := s[0].Column("observation"), s[0].Column("action")
+		obs, _ := s[0].Column("observation")
+		act, _ := s[0].Column("action")
 		fmt.Fprintf(stdout, "a sample from %s: observation %v, action %v\n", name, obs.Shape, act.Shape)
 	}
 	return nil
@@ -138,8 +138,8 @@ func write(ctx context.Context, d *deploy.Deployment, episodes, length int) (err
 	for e := range episodes {
 		for t := range length {
 			step := broker.Step{
-				"observation": wire.Float32s([]int64{3}, []float32{float32(e), float32(t), 0.5}),
-				"action":      wire.Int64s(nil, []int64{int64(t % 2)}),
+				"observation": broker.Float32s([]int64{3}, []float32{float32(e), float32(t), 0.5}),
+				"action":      broker.Int64s(nil, []int64{int64(t % 2)}),
 			}
 			if err := p.Append(ctx, step); err != nil {
 				return err

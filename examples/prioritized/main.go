@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/reprise-rl/reprise/broker"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/examples/internal/deploy"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -142,7 +141,7 @@ func insert(ctx context.Context, d *deploy.Deployment, n int) (err error) {
 		}
 	}()
 	for i := range n {
-		if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{int64(i)})}); err != nil {
+		if err := p.Append(ctx, broker.Step{"id": broker.Int64s(nil, []int64{int64(i)})}); err != nil {
 			return err
 		}
 		// New items get the largest priority, so each is sampled soon.
@@ -157,7 +156,8 @@ func insert(ctx context.Context, d *deploy.Deployment, n int) (err error) {
 }
 
 func isHard(s broker.Sample) bool {
-	id, _ := s.Column("id").AsInt64s()
+	col, _ := s.Column("id")
+	id, _ := col.Int64s()
 	return len(id) == 1 && id[0]%10 == 0
 }
 

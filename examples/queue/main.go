@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/reprise-rl/reprise/broker"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/examples/internal/deploy"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -94,7 +93,8 @@ func learn(ctx context.Context, d *deploy.Deployment, n int) (int64, error) {
 			return next, fmt.Errorf("learner: %w", err)
 		}
 		for _, s := range batch {
-			id, err := s.Column("id").AsInt64s()
+			col, _ := s.Column("id")
+			id, err := col.Int64s()
 			if err != nil {
 				return next, err
 			}
@@ -124,8 +124,8 @@ func act(ctx context.Context, d *deploy.Deployment, n int) (err error) {
 	}()
 	for i := range n {
 		step := broker.Step{
-			"id":          wire.Int64s(nil, []int64{int64(i)}),
-			"observation": wire.Float32s([]int64{4}, []float32{float32(i), 0, 1, 0}),
+			"id":          broker.Int64s(nil, []int64{int64(i)}),
+			"observation": broker.Float32s([]int64{4}, []float32{float32(i), 0, 1, 0}),
 		}
 		if err := p.Append(ctx, step); err != nil {
 			return fmt.Errorf("actor: %w", err)

@@ -23,7 +23,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/reprise-rl/reprise/broker"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/natstest"
 	"github.com/reprise-rl/reprise/internal/syncbuf"
 	"github.com/reprise-rl/reprise/tables"
@@ -180,7 +179,7 @@ func actor(ctx context.Context, t *testing.T, nc *nats.Conn, l *ledger, stop <-c
 		default:
 		}
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := p.Append(actx, broker.Step{"id": wire.Int64s(nil, []int64{id})})
+		err := p.Append(actx, broker.Step{"id": broker.Int64s(nil, []int64{id})})
 		if err == nil {
 			err = p.CreateItem(actx, table, float64(id), broker.LastStep("id"))
 		}
@@ -226,7 +225,8 @@ func learner(ctx context.Context, c *broker.Client, l *ledger, stop <-chan struc
 			continue
 		}
 		for _, s := range samples {
-			v, err := s.Column("id").AsInt64s()
+			col, _ := s.Column("id")
+			v, err := col.Int64s()
 			if err != nil || len(v) != 1 {
 				continue
 			}
@@ -266,7 +266,7 @@ func verify(t *testing.T, c *broker.Client, l *ledger) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	byID := map[int64][]*wire.ItemInfo{}
+	byID := map[int64][]broker.ItemInfo{}
 	var total int64
 	for offset := int64(0); ; {
 		page, err := c.Items(ctx, table, offset, 5000)

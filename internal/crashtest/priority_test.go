@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/reprise-rl/reprise/broker"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
 
@@ -46,7 +45,7 @@ func TestExtremePrioritiesNoCrashLoop(t *testing.T) {
 	}
 	priorities := map[string][]float64{"linear": {1e308, math.MaxFloat64, 1}, "power": {1e300, 1e200, 5e-324}}
 	for id := range int64(3) {
-		if err := p.Append(ctx, broker.Step{"id": wire.Int64s(nil, []int64{id})}); err != nil {
+		if err := p.Append(ctx, broker.Step{"id": broker.Int64s(nil, []int64{id})}); err != nil {
 			t.Fatal(err)
 		}
 		for name, prios := range priorities {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/embeddednats"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -82,47 +81,27 @@ func UniformTable(name string, maxSize int64) tables.Config {
 	return TableConfig(name, selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, maxSize, limiter.MinSize(1))
 }
 
-// Step is a step whose "obs" is a float32 vector derived from i and whose
-// "id" is i itself, so a sampled item tells which steps it came from.
-func Step(i int64, obsLen int) map[string]*wire.Tensor {
+// Obs is the "obs" vector of step i in the tests' episodes, whose "id" is
+// i itself: a sampled item's ids tell which steps it came from, and
+// CheckObs checks its obs against them.
+func Obs(i int64, obsLen int) []float32 {
 	obs := make([]float32, obsLen)
 	for j := range obs {
 		obs[j] = float32(i) + float32(j)/1000
 	}
-	return map[string]*wire.Tensor{
-		"obs": wire.Float32s([]int64{int64(obsLen)}, obs),
-		"id":  wire.Int64s(nil, []int64{i}),
-	}
+	return obs
 }
 
-// IDs are the step ids of a sampled item's "id" column.
-func IDs(t testing.TB, id *wire.Tensor) []int64 {
+// CheckObs checks that a sampled item's obs values are what Obs gives for
+// each of its ids.
+func CheckObs(t testing.TB, ids []int64, obs []float32, obsLen int) {
 	t.Helper()
-	if id == nil {
-		t.Fatal("sample has no id column")
+	if len(obs) != len(ids)*obsLen {
+		t.Fatalf("obs has %d values for %d steps of %d", len(obs), len(ids), obsLen)
 	}
-	v, err := id.AsInt64s()
-	if err != nil {
-		t.Fatalf("id column: %v", err)
-	}
-	return v
-}
-
-// CheckObs checks that a sampled item's "obs" column holds what Step put
-// there for each of its ids.
-func CheckObs(t testing.TB, id, obs *wire.Tensor, obsLen int) {
-	t.Helper()
-	idv := IDs(t, id)
-	values, err := obs.AsFloat32s()
-	if err != nil {
-		t.Fatalf("obs column: %v", err)
-	}
-	if len(values) != len(idv)*obsLen {
-		t.Fatalf("obs has %d values for %d steps of %d", len(values), len(idv), obsLen)
-	}
-	for k, i := range idv {
-		for j := range obsLen {
-			if got, want := values[k*obsLen+j], float32(i)+float32(j)/1000; got != want {
+	for k, i := range ids {
+		for j, want := range Obs(i, obsLen) {
+			if got := obs[k*obsLen+j]; got != want {
 				t.Fatalf("step %d obs[%d] = %v, want %v", i, j, got, want)
 			}
 		}

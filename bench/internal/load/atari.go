@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/reprise-rl/reprise/broker"
-	"github.com/reprise-rl/reprise/broker/wire"
 )
 
 // FrameSide is the side of an Atari observation after the usual
@@ -217,9 +216,9 @@ func Atari(ctx context.Context, cfg AtariConfig) (AtariResult, error) {
 		for t := 1; time.Now().Before(c.w.End); t++ {
 			t0 := time.Now()
 			step := broker.Step{
-				"observation": wire.Uint8s(shape, frames.Next()),
-				"action":      wire.Int32s(nil, []int32{int32(t % 18)}),
-				"reward":      wire.Float32s(nil, []float32{float32(t%7) * 0.5}),
+				"observation": broker.Uint8s(shape, frames.Next()),
+				"action":      broker.Int32s(nil, []int32{int32(t % 18)}),
+				"reward":      broker.Float32s(nil, []float32{float32(t%7) * 0.5}),
 			}
 			if err := p.Append(ctx, step); err != nil {
 				return fmt.Errorf("load: atari actor %d: %w", i, err)
@@ -297,9 +296,9 @@ func Atari(ctx context.Context, cfg AtariConfig) (AtariResult, error) {
 			}
 			var bytes int64
 			for _, s := range samples {
-				obs := s.Column("observation")
-				if obs == nil || !slices.Equal(obs.Shape, []int64{int64(cfg.SequenceLength), FrameSide, FrameSide}) {
-					return fmt.Errorf("load: atari learner %d: sampled observation %v, want shape [%d %d %d]", i, obs, cfg.SequenceLength, FrameSide, FrameSide)
+				obs, ok := s.Column("observation")
+				if !ok || !slices.Equal(obs.Shape, []int64{int64(cfg.SequenceLength), FrameSide, FrameSide}) {
+					return fmt.Errorf("load: atari learner %d: sampled observation %v, want shape [%d %d %d]", i, obs.Shape, cfg.SequenceLength, FrameSide, FrameSide)
 				}
 				for _, col := range s.Columns {
 					bytes += int64(len(col.Tensor.Data))

@@ -92,7 +92,8 @@ func InsertToSampleable(ctx context.Context, cfg LatencyConfig) (InsertLatency, 
 			case err != nil:
 				r.err = err
 			default:
-				v, verr := s[0].Column("payload").AsFloat32s()
+				col, _ := s[0].Column("payload")
+				v, verr := col.Float32s()
 				r.id, r.err = v[0], verr
 			}
 			select {
@@ -117,7 +118,7 @@ func InsertToSampleable(ctx context.Context, cfg LatencyConfig) (InsertLatency, 
 	for i := range cfg.Inserts {
 		v[0] = float32(i)
 		t0 := time.Now()
-		if err := p.Append(ctx, broker.Step{"payload": wire.Float32s([]int64{int64(len(v))}, v)}); err != nil {
+		if err := p.Append(ctx, broker.Step{"payload": broker.Float32s([]int64{int64(len(v))}, v)}); err != nil {
 			return InsertLatency{}, fmt.Errorf("load: latency actor: %w", err)
 		}
 		if err := p.CreateItem(ctx, cfg.Table, 1, traj); err != nil {

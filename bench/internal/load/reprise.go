@@ -114,15 +114,15 @@ func Sample(ctx context.Context, cfg BenchConfig) (Throughput, error) {
 
 // randomPayloads makes 8 payloads of random float32s for one client to
 // cycle through: random, so that compression cannot shrink them.
-func randomPayloads(client, seed uint64, bytes int) []*wire.Tensor {
+func randomPayloads(client, seed uint64, bytes int) []broker.Tensor {
 	rng := rand.New(rand.NewPCG(client, seed))
-	payloads := make([]*wire.Tensor, 8)
+	payloads := make([]broker.Tensor, 8)
 	for k := range payloads {
 		v := make([]float32, bytes/4)
 		for j := range v {
 			v[j] = rng.Float32()
 		}
-		payloads[k] = wire.Float32s([]int64{int64(len(v))}, v)
+		payloads[k] = broker.Float32s([]int64{int64(len(v))}, v)
 	}
 	return payloads
 }

@@ -135,7 +135,7 @@ func (o benchOptions) preflight(ctx context.Context, stderr io.Writer) error {
 	ti := info.Tables[0]
 	if sig := ti.Signature; len(sig) > 0 {
 		n := int64(o.payload / 4)
-		ok := len(sig) == 1 && sig[0].Name == "payload" && sig[0].Dtype == "float32" && len(sig[0].Shape) == 1 && (sig[0].Shape[0] == n || sig[0].Shape[0] == -1)
+		ok := len(sig) == 1 && sig[0].Name == "payload" && sig[0].DType == "float32" && len(sig[0].Shape) == 1 && (sig[0].Shape[0] == n || sig[0].Shape[0] == -1)
 		if !ok {
 			return fmt.Errorf("table %q has a signature its items must match, and bench's items have one column payload float32[%d]: bench a table without a signature", o.table, n)
 		}
@@ -143,7 +143,7 @@ func (o benchOptions) preflight(ctx context.Context, stderr io.Writer) error {
 	if o.mode == "sample" && ti.Size == 0 {
 		return fmt.Errorf("table %q is empty: nothing to sample. Insert first (reprisectl bench --mode insert --table %s) or use --mode mixed", o.table, o.table)
 	}
-	if l := ti.GetLimiter(); o.mode == "insert" && !math.IsInf(l.GetMaxDiff(), 1) {
+	if l := ti.Limiter; o.mode == "insert" && !math.IsInf(l.MaxDiff, 1) {
 		fmt.Fprintf(stderr, "note: the rate limiter of table %q holds inserts that outrun samples (%s); without learners, inserts stop once it is full\n", o.table, describeLimiter(limiterConfig(l), ti.Sampler))
 	}
 	return nil
@@ -261,16 +261,16 @@ func (b *bench) run(ctx context.Context) (benchReport, error) {
 
 // payloads returns a few random payloads for one client to cycle through:
 // random floats, so that compression cannot shrink them.
-func (b *bench) payloads(client int) []*wire.Tensor {
+func (b *bench) payloads(client int) []broker.Tensor {
 	rng := rand.New(rand.NewPCG(uint64(client), 0x5eed))
 	n := b.o.payload / 4
-	out := make([]*wire.Tensor, 8)
+	out := make([]broker.Tensor, 8)
 	for i := range out {
 		v := make([]float32, n)
 		for j := range v {
 			v[j] = rng.Float32()
 		}
-		out[i] = wire.Float32s([]int64{int64(n)}, v)
+		out[i] = broker.Float32s([]int64{int64(n)}, v)
 	}
 	return out
 }

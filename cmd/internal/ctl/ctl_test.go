@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/reprise-rl/reprise/broker"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
 	"github.com/reprise-rl/reprise/cmd/internal/daemon"
 	"github.com/reprise-rl/reprise/embeddednats"
@@ -86,7 +85,7 @@ func insert(t *testing.T, url, prefix, table string, n int) {
 		t.Fatal(err)
 	}
 	for i := range n {
-		if err := p.Append(ctx, broker.Step{"x": wire.Float32s([]int64{4}, []float32{float32(i), 0, 0, 0})}); err != nil {
+		if err := p.Append(ctx, broker.Step{"x": broker.Float32s([]int64{4}, []float32{float32(i), 0, 0, 0})}); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.CreateItem(ctx, table, 1, broker.LastStep("x")); err != nil {

@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/tables"
@@ -96,31 +96,29 @@ func runInfo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return rep.write(stdout)
 }
 
-func newInfoReport(url, prefix string, resp *wire.InfoResponse) infoReport {
+func newInfoReport(url, prefix string, resp *broker.Info) infoReport {
 	rep := infoReport{
 		URL: url, Prefix: prefix,
 		AppliedSequence: resp.AppliedSequence, Chunks: resp.Chunks, ChunkBytes: resp.ChunkBytes, Rejected: resp.RejectedMessages,
 		Tables: make([]tableReport, 0, len(resp.Tables)),
 	}
 	for _, ti := range resp.Tables {
-		l := ti.GetLimiter()
+		l := ti.Limiter
 		cfg := limiterConfig(l)
 		tr := tableReport{
 			Name: ti.Name, Sampler: ti.Sampler, Remover: ti.Remover, MaxSize: ti.MaxSize, MaxTimesSampled: ti.MaxTimesSampled,
-			RateLimiter: limiterReport{Preset: describeLimiter(cfg, ti.Sampler), Config: cfg, Inserts: l.GetInserts(), Samples: l.GetSamples(), Deletes: l.GetDeletes()},
+			RateLimiter: limiterReport{Preset: describeLimiter(cfg, ti.Sampler), Config: cfg, Inserts: l.Inserts, Samples: l.Samples, Deletes: l.Deletes},
 			Size:        ti.Size, BytesHeld: ti.BytesHeld, Inserts: ti.Inserts, Samples: ti.Samples, Deletes: ti.Deletes,
 			Evictions: ti.Evictions, InsertWaits: ti.InsertWaits, SampleWaits: ti.SampleWaits,
 		}
-		for _, cs := range ti.Signature {
-			tr.Signature = append(tr.Signature, tables.ColumnSpec{Name: cs.Name, DType: cs.Dtype, Shape: cs.Shape})
-		}
+		tr.Signature = ti.Signature
 		rep.Tables = append(rep.Tables, tr)
 	}
 	return rep
 }
 
-func limiterConfig(l *wire.LimiterInfo) limiter.Config {
-	return limiter.Config{SamplesPerInsert: l.GetSamplesPerInsert(), MinSize: l.GetMinSize(), MinDiff: l.GetMinDiff(), MaxDiff: l.GetMaxDiff()}
+func limiterConfig(l broker.LimiterInfo) limiter.Config {
+	return limiter.Config{SamplesPerInsert: l.SamplesPerInsert, MinSize: l.MinSize, MinDiff: l.MinDiff, MaxDiff: l.MaxDiff}
 }
 
 // describeLimiter names the preset a limiter's parameters match, with the
@@ -272,7 +270,7 @@ func runCheckpoint(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return t.explain(rctx, err)
 	}
-	pause, write := time.Duration(res.PauseNs), time.Duration(res.WriteNs)
+	pause, write := res.Pause, res.Write
 	if asJSON {
 		return json.NewEncoder(stdout).Encode(map[string]any{
 			"name": res.Name, "applied_sequence": res.AppliedSequence, "items": res.Items, "bytes": res.Bytes,

@@ -22,7 +22,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/reprise-rl/reprise/broker"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
 	"github.com/reprise-rl/reprise/cmd/internal/config"
 	"github.com/reprise-rl/reprise/internal/natstest"
@@ -117,7 +116,7 @@ func insert(t *testing.T, url, prefix, table string, n int) {
 		t.Fatal(err)
 	}
 	for i := range n {
-		if err := p.Append(ctx, broker.Step{"x": wire.Float32s([]int64{2}, []float32{float32(i), 1})}); err != nil {
+		if err := p.Append(ctx, broker.Step{"x": broker.Float32s([]int64{2}, []float32{float32(i), 1})}); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.CreateItem(ctx, table, 1, broker.LastStep("x")); err != nil {

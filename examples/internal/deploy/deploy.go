@@ -21,7 +21,6 @@ import (
 
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/service"
-	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/embeddednats"
 	"github.com/reprise-rl/reprise/internal/natsconn"
 	"github.com/reprise-rl/reprise/tables"
@@ -171,7 +170,7 @@ func (d *Deployment) prepare(ctx context.Context, want []tables.Config) error {
 		return fmt.Errorf("no table service on prefix %q at %s: %w\nStart one with the examples' tables: go run ./cmd/reprised --config examples/reprise.yaml\nor run this example alone with --embedded", d.Prefix, d.Where, err)
 	}
 	for _, cfg := range want {
-		i := slices.IndexFunc(info.Tables, func(t *wire.TableInfo) bool { return t.Name == cfg.Name })
+		i := slices.IndexFunc(info.Tables, func(t broker.TableInfo) bool { return t.Name == cfg.Name })
 		if i < 0 {
 			return fmt.Errorf("reprised at %s does not serve table %q: start it with the examples' tables: go run ./cmd/reprised --config examples/reprise.yaml (or run this example with --embedded)", d.Where, cfg.Name)
 		}
@@ -187,7 +186,7 @@ func (d *Deployment) prepare(ctx context.Context, want []tables.Config) error {
 
 // waitInfo asks for the tables until the service answers: an embedded one
 // may still be starting.
-func waitInfo(ctx context.Context, c *broker.Client) (*wire.InfoResponse, error) {
+func waitInfo(ctx context.Context, c *broker.Client) (*broker.Info, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -205,7 +204,7 @@ func waitInfo(ctx context.Context, c *broker.Client) (*wire.InfoResponse, error)
 }
 
 // differences describes how a served table differs from cfg.
-func differences(t *wire.TableInfo, cfg tables.Config) string {
+func differences(t broker.TableInfo, cfg tables.Config) string {
 	var d []string
 	check := func(what string, got, want any) {
 		if got != want {
@@ -216,10 +215,10 @@ func differences(t *wire.TableInfo, cfg tables.Config) string {
 	check("remover", t.Remover, cfg.Remover.String())
 	check("max_size", t.MaxSize, cfg.MaxSize)
 	check("max_times_sampled", t.MaxTimesSampled, cfg.MaxTimesSampled)
-	l := t.GetLimiter()
-	check("samples_per_insert", l.GetSamplesPerInsert(), cfg.Limiter.SamplesPerInsert)
-	check("min_size", l.GetMinSize(), cfg.Limiter.MinSize)
-	check("min_diff", l.GetMinDiff(), cfg.Limiter.MinDiff)
-	check("max_diff", l.GetMaxDiff(), cfg.Limiter.MaxDiff)
+	l := t.Limiter
+	check("samples_per_insert", l.SamplesPerInsert, cfg.Limiter.SamplesPerInsert)
+	check("min_size", l.MinSize, cfg.Limiter.MinSize)
+	check("min_diff", l.MinDiff, cfg.Limiter.MinDiff)
+	check("max_diff", l.MaxDiff, cfg.Limiter.MaxDiff)
 	return strings.Join(d, ", ")
 }

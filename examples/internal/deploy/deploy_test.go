@@ -5,16 +5,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/internal/natsconn"
 	"github.com/reprise-rl/reprise/tables"
 )
 
 func TestDifferences(t *testing.T) {
 	q := tables.QueueConfig("q", 16)
-	served := &wire.TableInfo{
+	served := broker.TableInfo{
 		Name: "q", Sampler: "fifo", Remover: "fifo", MaxSize: 16, MaxTimesSampled: 1,
-		Limiter: &wire.LimiterInfo{SamplesPerInsert: 1, MinSize: 1, MinDiff: 0, MaxDiff: 16},
+		Limiter: broker.LimiterInfo{SamplesPerInsert: 1, MinSize: 1, MinDiff: 0, MaxDiff: 16},
 	}
 	if d := differences(served, q); d != "" {
 		t.Errorf("a matching table differs: %s", d)

@@ -95,9 +95,9 @@ func produce(args []string) error {
 				frame[i] = uint8((e + t) % 256)
 			}
 			step := broker.Step{
-				"obs":    wire.Float32s([]int64{4}, []float32{float32(e), float32(t), float32(id), float32(-t)}),
-				"action": wire.Int64s(nil, []int64{id}),
-				"frame":  wire.Uint8s([]int64{4, 4}, frame),
+				"obs":    broker.Float32s([]int64{4}, []float32{float32(e), float32(t), float32(id), float32(-t)}),
+				"action": broker.Int64s(nil, []int64{id}),
+				"frame":  broker.Uint8s([]int64{4, 4}, frame),
 			}
 			if err := p.Append(ctx, step); err != nil {
 				return err
@@ -169,7 +169,7 @@ func consume(args []string) error {
 			}
 			it := itemJSON{Key: s.Info.Key, Priority: s.Info.Priority, Columns: map[string]tensorJSON{}}
 			for _, col := range s.Columns {
-				it.Columns[col.Name] = tensorJSON{Dtype: col.Tensor.Dtype, Shape: col.Tensor.Shape, Raw: col.Tensor.Data}
+				it.Columns[col.Name] = tensorJSON{Dtype: col.Tensor.DType, Shape: col.Tensor.Shape, Raw: col.Tensor.Data}
 				it.Order = append(it.Order, col.Name)
 			}
 			seen[s.Info.Key] = it
