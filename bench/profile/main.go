@@ -23,10 +23,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/reprise-rl/reprise/bench/internal/load"
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/embeddednats"
+	"github.com/reprise-rl/reprise/internal/load"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
 	"github.com/reprise-rl/reprise/tables"
