@@ -1,15 +1,18 @@
-// Package load generates the workloads of Reprise's benchmark suite that
-// reprisectl bench does not: the raw JetStream baselines (the limits of the
-// server Reprise runs on), the Atari-like run, insert-to-sampleable latency
-// and the fills behind the memory figures. Every workload connects to a
-// NATS URL over TCP with its own connections, as a separate program would.
+// Package load generates the workloads of Reprise's benchmarks: reprisectl
+// bench's inserts and samples (Bench), and those of the benchmark suite
+// that reprisectl bench does not run: the raw JetStream baselines (the
+// limits of the server Reprise runs on), the Atari-like run,
+// insert-to-sampleable latency and the fills behind the memory figures.
+// Every client has its own connection over TCP, as a separate program
+// would.
 package load
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,83 +37,151 @@ func NewWindow(warmup, duration time.Duration) Window {
 // Contains reports whether an operation that ended at t counts.
 func (w Window) Contains(t time.Time) bool { return !t.Before(w.Start) && !t.After(w.End) }
 
-// Throughput is what a throughput workload measured inside its window.
+// Throughput is what one kind of operation did inside a run's window.
 type Throughput struct {
-	Items       int64         `json:"items"`
-	Bytes       int64         `json:"bytes"`
-	Seconds     float64       `json:"seconds"`
-	ItemsPerSec float64       `json:"items_per_sec"`
-	BytesPerSec float64       `json:"bytes_per_sec"`
+	Items       int64   `json:"items"`
+	Bytes       int64   `json:"bytes"`
+	Seconds     float64 `json:"seconds"`
+	ItemsPerSec float64 `json:"items_per_sec"`
+	BytesPerSec float64 `json:"bytes_per_sec"`
+	// RateLimited counts sample requests that the table's rate limiter
+	// cut short: a learner that outruns the actors is a result, not a
+	// failure.
+	RateLimited int64         `json:"rate_limited_requests,omitempty"`
 	Latency     LatencyReport `json:"latency"`
 }
 
-// LatencyReport summarises operation latencies in milliseconds.
+// LatencyReport summarises operation latencies in milliseconds, exact to
+// 1%.
 type LatencyReport struct {
-	Count int     `json:"count"`
-	P50Ms float64 `json:"p50_ms"`
-	P99Ms float64 `json:"p99_ms"`
-	MaxMs float64 `json:"max_ms"`
+	Count  int64   `json:"count"`
+	P50Ms  float64 `json:"p50_ms"`
+	P90Ms  float64 `json:"p90_ms"`
+	P99Ms  float64 `json:"p99_ms"`
+	MaxMs  float64 `json:"max_ms"`
+	MeanMs float64 `json:"mean_ms"`
 }
 
-// Latencies collects durations from several goroutines.
-type Latencies struct {
-	mu sync.Mutex
-	d  []time.Duration
+// meter counts one kind of operation across its clients.
+type meter struct {
+	w Window
+	// Everything done, warmup included, for progress.
+	liveItems, liveBytes atomic.Int64
+	// What ended inside the window.
+	items, bytes, rateLimited atomic.Int64
+	mu                        sync.Mutex
+	hist                      *histogram
 }
 
-// Add records one duration.
-func (l *Latencies) Add(d time.Duration) {
-	l.mu.Lock()
-	l.d = append(l.d, d)
-	l.mu.Unlock()
-}
+func newMeter(w Window) *meter { return &meter{w: w, hist: newHistogram()} }
 
-// Report sorts what was recorded and summarises it.
-func (l *Latencies) Report() LatencyReport {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.d) == 0 {
-		return LatencyReport{}
-	}
-	slices.Sort(l.d)
-	q := func(p float64) float64 {
-		return ms(l.d[min(len(l.d)-1, int(p*float64(len(l.d))))])
-	}
-	return LatencyReport{Count: len(l.d), P50Ms: q(0.50), P99Ms: q(0.99), MaxMs: ms(l.d[len(l.d)-1])}
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// counter accumulates items and bytes from several goroutines, keeping
-// only operations that end inside the window.
+// counter is one client's share of a meter. Its latencies go to a
+// histogram of its own, merged when the client ends, so that recording an
+// operation takes no lock that the other clients wait on.
 type counter struct {
-	w     Window
-	mu    sync.Mutex
-	items int64
-	bytes int64
-	lat   Latencies
+	w Window
+	m *meter
+	h *histogram
 }
 
+func (m *meter) counter() *counter { return &counter{w: m.w, m: m, h: newHistogram()} }
+
+// record counts an operation that ran from t0 to t1, in the results only
+// if it ended inside the window.
 func (c *counter) record(t0, t1 time.Time, items, bytes int64) {
+	c.m.liveItems.Add(items)
+	c.m.liveBytes.Add(bytes)
 	if !c.w.Contains(t1) {
 		return
 	}
-	c.mu.Lock()
-	c.items += items
-	c.bytes += bytes
-	c.mu.Unlock()
-	c.lat.Add(t1.Sub(t0))
+	c.m.items.Add(items)
+	c.m.bytes.Add(bytes)
+	c.h.record(t1.Sub(t0))
 }
 
-func (c *counter) result() Throughput {
-	secs := c.w.End.Sub(c.w.Start).Seconds()
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// done hands the client's latencies to its meter.
+func (c *counter) done() {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	c.m.hist.merge(c.h)
+}
+
+// add counts what o counted as well: the totals over several kinds of
+// operation.
+func (m *meter) add(o *meter) {
+	m.items.Add(o.items.Load())
+	m.bytes.Add(o.bytes.Load())
+	m.rateLimited.Add(o.rateLimited.Load())
+	m.hist.merge(o.hist)
+}
+
+// result is what the meter counted over secs seconds measured.
+func (m *meter) result(secs float64) Throughput {
+	items, bytes := m.items.Load(), m.bytes.Load()
 	return Throughput{
-		Items: c.items, Bytes: c.bytes, Seconds: secs,
-		ItemsPerSec: float64(c.items) / secs, BytesPerSec: float64(c.bytes) / secs,
-		Latency: c.lat.Report(),
+		Items: items, Bytes: bytes, Seconds: secs,
+		ItemsPerSec: float64(items) / secs, BytesPerSec: float64(bytes) / secs,
+		RateLimited: m.rateLimited.Load(), Latency: m.hist.report(),
 	}
+}
+
+// clientFunc is one client of a run: i numbers it among its kind, and c
+// counts what it does.
+type clientFunc func(ctx context.Context, i int, c *counter) error
+
+// crew runs the clients of one run. The first error a client returns is
+// the run's, and stops it: the errors of the clients stopped because of it
+// would only repeat it.
+type crew struct {
+	once sync.Once
+	err  error
+	stop []context.CancelFunc
+}
+
+// launch starts n clients on wg, each counting into m.
+func (r *crew) launch(ctx context.Context, wg *sync.WaitGroup, n int, m *meter, client clientFunc) {
+	for i := range n {
+		wg.Go(func() {
+			c := m.counter()
+			defer c.done()
+			if err := client(ctx, i, c); err != nil {
+				r.once.Do(func() { r.err = err })
+				for _, stop := range r.stop {
+					stop()
+				}
+			}
+		})
+	}
+}
+
+// runClients runs n clients until the window ends or one fails, and
+// returns what they counted inside the window. Each client stops by itself
+// at the window's end, so that its last operation completes.
+func runClients(ctx context.Context, n int, warmup, duration time.Duration, client clientFunc) (Throughput, error) {
+	w := NewWindow(warmup, duration)
+	m := newMeter(w)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := crew{stop: []context.CancelFunc{cancel}}
+	var wg sync.WaitGroup
+	r.launch(ctx, &wg, n, m, client)
+	wg.Wait()
+	if r.err != nil {
+		return Throughput{}, r.err
+	}
+	if err := ctx.Err(); err != nil {
+		return Throughput{}, err
+	}
+	return m.result(w.End.Sub(w.Start).Seconds()), nil
+}
+
+// dialer opens one client's connection; name says which client it is.
+type dialer func(name string) (*nats.Conn, error)
+
+// dialURL is the dialer of the workloads that connect to a URL with no
+// credentials.
+func dialURL(url string) dialer {
+	return func(name string) (*nats.Conn, error) { return connect(url, name) }
 }
 
 // connect opens one client connection named after its role, failing fast
