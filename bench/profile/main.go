@@ -23,10 +23,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/reprise-rl/reprise/bench/internal/load"
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/service"
+	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/embeddednats"
+	"github.com/reprise-rl/reprise/internal/load"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
 	"github.com/reprise-rl/reprise/tables"
@@ -101,7 +102,13 @@ func run(ctx context.Context, mode string, payload, batch, clients, fill int, wa
 		return err
 	}
 	url := srv.ClientURL()
-	bc := load.BenchConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Clients: clients, Payload: payload, Batch: batch, Warmup: warmup, Duration: duration}
+	bc := load.BenchConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Payload: payload, Batch: batch,
+		Compression: wire.Uncompressed, Warmup: warmup, Duration: duration}
+	if mode == "insert" {
+		bc.Inserters = clients
+	} else {
+		bc.Samplers = clients
+	}
 	if mode == "sample" {
 		if err := load.Fill(ctx, load.FillConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Items: fill, Payload: payload, Clients: 2}); err != nil {
 			return err
@@ -122,12 +129,7 @@ func run(ctx context.Context, mode string, payload, batch, clients, fill int, wa
 			profiling <- ctx.Err()
 		}
 	}()
-	var t load.Throughput
-	if mode == "insert" {
-		t, err = load.Insert(ctx, bc)
-	} else {
-		t, err = load.Sample(ctx, bc)
-	}
+	res, err := load.Bench(ctx, bc)
 	perr := <-profiling
 	if perr == nil {
 		pprof.StopCPUProfile()
@@ -135,6 +137,7 @@ func run(ctx context.Context, mode string, payload, batch, clients, fill int, wa
 	if err := errors.Join(err, perr); err != nil {
 		return err
 	}
+	t := res.Total
 	fmt.Printf("%s: %d clients, %d-byte items, batch %d: %.0f items/s, %.1f MB/s, p50 %.3f ms, p99 %.3f ms\n",
 		mode, clients, payload, batch, t.ItemsPerSec, t.BytesPerSec/1e6, t.Latency.P50Ms, t.Latency.P99Ms)
 	fmt.Printf("CPU profile: %s (go tool pprof -top %s)\n", cpuPath, cpuPath)

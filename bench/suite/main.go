@@ -38,8 +38,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/reprise-rl/reprise/bench/internal/load"
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/internal/load"
 )
 
 // The suite's sections, in the order they run; --only picks some.

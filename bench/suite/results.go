@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/reprise-rl/reprise/bench/internal/load"
+	"github.com/reprise-rl/reprise/internal/load"
 )
 
 // The systems compared.

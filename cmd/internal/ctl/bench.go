@@ -3,19 +3,17 @@ package ctl
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
-	"math/rand/v2"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/reprise-rl/reprise/broker"
+	"github.com/nats-io/nats.go"
+
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
+	"github.com/reprise-rl/reprise/internal/load"
 )
 
 const benchAbout = `Loads a table the way actors and learners do, in the spirit of the Reverb
@@ -103,11 +101,26 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := o.preflight(ctx, stderr); err != nil {
 		return err
 	}
-	b := newBench(o, stderr)
-	rep, err := b.run(ctx)
-	if err != nil {
-		return err
+	cfg := load.BenchConfig{
+		URL: o.conn.URL, Prefix: o.prefix, Table: o.table,
+		// Every client connects as reprisectl, with the user's credentials.
+		Connect: func(string) (*nats.Conn, error) { return o.connect() },
+		Payload: o.payload, Batch: o.batch, Compression: codecs[o.compression],
+		Warmup: o.warmup, Duration: o.duration,
+		Log:      slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Progress: func(p load.Progress) { writeProgress(stderr, p) },
 	}
+	if o.mode != "sample" {
+		cfg.Inserters = o.clients
+	}
+	if o.mode != "insert" {
+		cfg.Samplers = o.clients
+	}
+	res, err := load.Bench(ctx, cfg)
+	if err != nil {
+		return o.explain(ctx, err)
+	}
+	rep := o.report(res)
 	if o.asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -149,265 +162,23 @@ func (o benchOptions) preflight(ctx context.Context, stderr io.Writer) error {
 	return nil
 }
 
-// opStats accumulates one kind of operation across its clients.
-type opStats struct {
-	name     string
-	measures string
-	// Everything done, warmup included, for the progress line.
-	liveItems, liveBytes atomic.Int64
-	// What ended inside the measured window.
-	items, bytes, rateLimited atomic.Int64
-	mu                        sync.Mutex
-	hist                      *histogram
-}
-
-type bench struct {
-	o      benchOptions
-	stderr io.Writer
-	log    *slog.Logger
-	// measureFrom and end bound the measured window.
-	measureFrom, end time.Time
-	insert, sample   *opStats
-}
-
-func newBench(o benchOptions, stderr io.Writer) *bench {
-	b := &bench{o: o, stderr: stderr, log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
-	if o.mode != "sample" {
-		b.insert = &opStats{name: "insert", hist: newHistogram(),
-			measures: fmt.Sprintf("per batch of %d items, from its first Append until Flush returned (stored in JetStream)", o.batch)}
+// writeProgress writes the line that shows, once a second on stderr, that
+// the run goes on and how fast.
+func writeProgress(w io.Writer, p load.Progress) {
+	phase := "measuring"
+	if p.Warmup {
+		phase = "warmup"
 	}
-	if o.mode != "insert" {
-		b.sample = &opStats{name: "sample", hist: newHistogram(),
-			measures: fmt.Sprintf("per Sample request of %d items, from sending it until its items were decoded", o.batch)}
-	}
-	return b
-}
-
-// record counts an operation that ran from t0 to t1 in the client's
-// histogram h, if it ended inside the measured window.
-func (b *bench) record(s *opStats, h *histogram, t0, t1 time.Time, items, bytes int64) {
-	s.liveItems.Add(items)
-	s.liveBytes.Add(bytes)
-	if t1.Before(b.measureFrom) || t1.After(b.end) {
-		return
-	}
-	s.items.Add(items)
-	s.bytes.Add(bytes)
-	h.record(t1.Sub(t0))
-}
-
-func (s *opStats) merge(h *histogram) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.hist.merge(h)
-}
-
-func (b *bench) run(ctx context.Context) (benchReport, error) {
-	start := time.Now()
-	b.measureFrom = start.Add(b.o.warmup)
-	b.end = b.measureFrom.Add(b.o.duration)
-	rctx, cancel := context.WithDeadline(ctx, b.end)
-	defer cancel()
-
-	// In mixed mode the samplers go on until the inserters have closed
-	// their producers: closing sends the last items, which a rate limiter
-	// lets in only as samples are taken.
-	sctx, scancel := context.WithCancel(ctx)
-	defer scancel()
-	if b.insert == nil {
-		sctx = rctx
-	}
-	var (
-		inserters, samplers sync.WaitGroup
-		errOnce             sync.Once
-		firstErr            error
-	)
-	launch := func(wg *sync.WaitGroup, ctx context.Context, f func(context.Context, int) error) {
-		for i := range b.o.clients {
-			wg.Go(func() {
-				if err := f(ctx, i); err != nil {
-					errOnce.Do(func() { firstErr = err })
-					cancel()
-					scancel()
-				}
-			})
+	line := fmt.Sprintf("bench %4.0fs %-9s", p.Elapsed.Seconds(), phase)
+	for _, op := range []struct {
+		name string
+		r    *load.Rate
+	}{{"insert", p.Insert}, {"sample", p.Sample}} {
+		if op.r != nil {
+			line += fmt.Sprintf("  %s %8.0f items/s %10s/s", op.name, op.r.ItemsPerSec, formatBytes(op.r.BytesPerSec))
 		}
 	}
-	if b.insert != nil {
-		launch(&inserters, rctx, b.inserter)
-	}
-	if b.sample != nil {
-		launch(&samplers, sctx, b.sampler)
-	}
-	var progress sync.WaitGroup
-	progress.Go(func() { b.progress(rctx, start) })
-	inserters.Wait()
-	scancel()
-	samplers.Wait()
-	cancel()
-	progress.Wait()
-	if firstErr != nil {
-		return benchReport{}, firstErr
-	}
-	stop := time.Now()
-	if stop.After(b.end) {
-		stop = b.end
-	}
-	if !stop.After(b.measureFrom) {
-		return benchReport{}, fmt.Errorf("interrupted during the warmup: nothing measured")
-	}
-	return b.report(stop.Sub(b.measureFrom)), nil
-}
-
-// payloads returns a few random payloads for one client to cycle through:
-// random floats, so that compression cannot shrink them.
-func (b *bench) payloads(client int) []broker.Tensor {
-	rng := rand.New(rand.NewPCG(uint64(client), 0x5eed))
-	n := b.o.payload / 4
-	out := make([]broker.Tensor, 8)
-	for i := range out {
-		v := make([]float32, n)
-		for j := range v {
-			v[j] = rng.Float32()
-		}
-		out[i] = broker.Float32s([]int64{int64(n)}, v)
-	}
-	return out
-}
-
-// ended reports whether err is only the end of the run.
-func ended(ctx context.Context, err error) bool {
-	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, broker.ErrRateLimited))
-}
-
-func (b *bench) inserter(ctx context.Context, client int) (err error) {
-	nc, err := b.o.connect()
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	p, err := broker.NewProducer(ctx, nc,
-		broker.WithPrefix(b.o.prefix),
-		broker.WithLogger(b.log),
-		broker.WithCompression(codecs[b.o.compression]),
-		broker.WithBatch(b.o.batch, max(256<<10, b.o.batch*(b.o.payload+256))),
-	)
-	if err != nil {
-		if ended(ctx, err) {
-			return nil
-		}
-		return fmt.Errorf("insert client %d: %w", client, err)
-	}
-	defer func() {
-		// Items created when the run ended are sent now; they are not
-		// counted, but a failure to send them is still a failure.
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if cerr := p.Close(cctx); cerr != nil && err == nil {
-			err = fmt.Errorf("insert client %d: closing its producer: %w", client, cerr)
-		}
-	}()
-	h := newHistogram()
-	defer b.insert.merge(h)
-	payloads := b.payloads(client)
-	traj := broker.LastStep("payload")
-	bytes := int64(b.o.batch * b.o.payload)
-	for step := 0; ; {
-		t0 := time.Now()
-		for range b.o.batch {
-			if err := p.Append(ctx, broker.Step{"payload": payloads[step%len(payloads)]}); err != nil {
-				return b.clientErr(ctx, "insert", client, err)
-			}
-			if err := p.CreateItem(ctx, b.o.table, 1, traj); err != nil {
-				return b.clientErr(ctx, "insert", client, err)
-			}
-			step++
-		}
-		if err := p.Flush(ctx); err != nil {
-			return b.clientErr(ctx, "insert", client, err)
-		}
-		b.record(b.insert, h, t0, time.Now(), int64(b.o.batch), bytes)
-	}
-}
-
-func (b *bench) clientErr(ctx context.Context, kind string, client int, err error) error {
-	if ended(ctx, err) {
-		return nil
-	}
-	return fmt.Errorf("%s client %d: %w", kind, client, b.o.explain(ctx, err))
-}
-
-func (b *bench) sampler(ctx context.Context, client int) error {
-	nc, err := b.o.connect()
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	c, err := b.o.client(nc)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	h := newHistogram()
-	defer b.sample.merge(h)
-	for ctx.Err() == nil {
-		t0 := time.Now()
-		samples, err := c.Sample(ctx, b.o.table, b.o.batch)
-		t1 := time.Now()
-		if len(samples) > 0 {
-			var bytes int64
-			for _, s := range samples {
-				for _, col := range s.Columns {
-					bytes += int64(len(col.Tensor.Data))
-				}
-			}
-			b.record(b.sample, h, t0, t1, int64(len(samples)), bytes)
-		}
-		switch {
-		case err == nil:
-		case ended(ctx, err):
-			return nil
-		case errors.Is(err, broker.ErrRateLimited):
-			if !t1.Before(b.measureFrom) {
-				b.sample.rateLimited.Add(1)
-			}
-		default:
-			return b.clientErr(ctx, "sample", client, err)
-		}
-	}
-	return nil
-}
-
-// progress writes one line a second to stderr until ctx ends.
-func (b *bench) progress(ctx context.Context, start time.Time) {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	last := map[*opStats][2]int64{}
-	lastAt := start
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-tick.C:
-			phase := "measuring"
-			if lastAt.Before(b.measureFrom) {
-				phase = "warmup"
-			}
-			line := fmt.Sprintf("bench %4.0fs %-9s", now.Sub(start).Seconds(), phase)
-			secs := now.Sub(lastAt).Seconds()
-			for _, s := range []*opStats{b.insert, b.sample} {
-				if s == nil {
-					continue
-				}
-				items, bytes := s.liveItems.Load(), s.liveBytes.Load()
-				prev := last[s]
-				line += fmt.Sprintf("  %s %8.0f items/s %10s/s", s.name, float64(items-prev[0])/secs, formatBytes(float64(bytes-prev[1])/secs))
-				last[s] = [2]int64{items, bytes}
-			}
-			lastAt = now
-			fmt.Fprintln(b.stderr, line)
-		}
-	}
+	fmt.Fprintln(w, line)
 }
 
 // benchReport is what bench prints; its JSON form is --json's output.
@@ -423,72 +194,45 @@ type benchReport struct {
 	WarmupSec    float64 `json:"warmup_sec"`
 	DurationSec  float64 `json:"duration_sec"`
 	// The totals over every kind of operation.
-	Items       int64         `json:"items"`
-	ItemsPerSec float64       `json:"items_per_sec"`
-	BytesPerSec float64       `json:"bytes_per_sec"`
-	Latency     latencyReport `json:"latency"`
-	Insert      *opReport     `json:"insert,omitempty"`
-	Sample      *opReport     `json:"sample,omitempty"`
+	Items       int64              `json:"items"`
+	ItemsPerSec float64            `json:"items_per_sec"`
+	BytesPerSec float64            `json:"bytes_per_sec"`
+	Latency     load.LatencyReport `json:"latency"`
+	Insert      *opReport          `json:"insert,omitempty"`
+	Sample      *opReport          `json:"sample,omitempty"`
 }
 
 type opReport struct {
-	Items           int64         `json:"items"`
-	Bytes           int64         `json:"bytes"`
-	ItemsPerSec     float64       `json:"items_per_sec"`
-	BytesPerSec     float64       `json:"bytes_per_sec"`
-	RateLimited     int64         `json:"rate_limited_requests,omitempty"`
-	LatencyMeasures string        `json:"latency_measures"`
-	Latency         latencyReport `json:"latency"`
+	Items           int64              `json:"items"`
+	Bytes           int64              `json:"bytes"`
+	ItemsPerSec     float64            `json:"items_per_sec"`
+	BytesPerSec     float64            `json:"bytes_per_sec"`
+	RateLimited     int64              `json:"rate_limited_requests,omitempty"`
+	LatencyMeasures string             `json:"latency_measures"`
+	Latency         load.LatencyReport `json:"latency"`
 }
 
-// latencyReport gives percentiles in milliseconds, exact to 1%.
-type latencyReport struct {
-	Count  int64   `json:"count"`
-	P50Ms  float64 `json:"p50_ms"`
-	P90Ms  float64 `json:"p90_ms"`
-	P99Ms  float64 `json:"p99_ms"`
-	MaxMs  float64 `json:"max_ms"`
-	MeanMs float64 `json:"mean_ms"`
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func newLatencyReport(h *histogram) latencyReport {
-	return latencyReport{
-		Count: h.n, P50Ms: ms(h.quantile(0.5)), P90Ms: ms(h.quantile(0.9)), P99Ms: ms(h.quantile(0.99)),
-		MaxMs: ms(h.max), MeanMs: ms(h.mean()),
-	}
-}
-
-func (b *bench) report(elapsed time.Duration) benchReport {
-	secs := elapsed.Seconds()
+func (o benchOptions) report(r load.BenchResult) benchReport {
 	rep := benchReport{
-		Mode: b.o.mode, URL: b.o.conn.URL, Prefix: b.o.prefix, Table: b.o.table, Clients: b.o.clients,
-		Batch: b.o.batch, Compression: b.o.compression,
-		WarmupSec: b.o.warmup.Seconds(), DurationSec: secs,
+		Mode: o.mode, URL: o.conn.URL, Prefix: o.prefix, Table: o.table, Clients: o.clients,
+		Batch: o.batch, Compression: o.compression,
+		WarmupSec: o.warmup.Seconds(), DurationSec: r.Total.Seconds,
+		Items: r.Total.Items, ItemsPerSec: r.Total.ItemsPerSec, BytesPerSec: r.Total.BytesPerSec, Latency: r.Total.Latency,
 	}
-	all := newHistogram()
-	var bytes int64
-	op := func(s *opStats) *opReport {
-		if s == nil {
+	op := func(t *load.Throughput, measures string) *opReport {
+		if t == nil {
 			return nil
 		}
-		all.merge(s.hist)
-		items, by := s.items.Load(), s.bytes.Load()
-		rep.Items += items
-		bytes += by
 		return &opReport{
-			Items: items, Bytes: by, ItemsPerSec: float64(items) / secs, BytesPerSec: float64(by) / secs,
-			RateLimited: s.rateLimited.Load(), LatencyMeasures: s.measures, Latency: newLatencyReport(s.hist),
+			Items: t.Items, Bytes: t.Bytes, ItemsPerSec: t.ItemsPerSec, BytesPerSec: t.BytesPerSec,
+			RateLimited: t.RateLimited, LatencyMeasures: measures, Latency: t.Latency,
 		}
 	}
-	rep.Insert, rep.Sample = op(b.insert), op(b.sample)
+	rep.Insert = op(r.Insert, fmt.Sprintf("per batch of %d items, from its first Append until Flush returned (stored in JetStream)", o.batch))
+	rep.Sample = op(r.Sample, fmt.Sprintf("per Sample request of %d items, from sending it until its items were decoded", o.batch))
 	if rep.Insert != nil {
-		rep.PayloadBytes = b.o.payload
+		rep.PayloadBytes = o.payload
 	}
-	rep.ItemsPerSec = float64(rep.Items) / secs
-	rep.BytesPerSec = float64(bytes) / secs
-	rep.Latency = newLatencyReport(all)
 	return rep
 }
 

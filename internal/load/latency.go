@@ -114,7 +114,7 @@ func InsertToSampleable(ctx context.Context, cfg LatencyConfig) (InsertLatency, 
 		v[i] = rng.Float32()
 	}
 	traj := broker.LastStep("payload")
-	var sampled, durable Latencies
+	sampled, durable := newHistogram(), newHistogram()
 	for i := range cfg.Inserts {
 		v[0] = float32(i)
 		t0 := time.Now()
@@ -127,7 +127,7 @@ func InsertToSampleable(ctx context.Context, cfg LatencyConfig) (InsertLatency, 
 		if err := p.Flush(ctx); err != nil {
 			return InsertLatency{}, fmt.Errorf("load: latency actor: %w", err)
 		}
-		durable.Add(time.Since(t0))
+		durable.record(time.Since(t0))
 		select {
 		case r := <-got:
 			if r.err != nil {
@@ -136,14 +136,14 @@ func InsertToSampleable(ctx context.Context, cfg LatencyConfig) (InsertLatency, 
 			if r.id != float32(i) {
 				return InsertLatency{}, fmt.Errorf("load: latency learner got item %v, want %d: is table %q a queue nobody else uses?", r.id, i, cfg.Table)
 			}
-			sampled.Add(r.at.Sub(t0))
+			sampled.record(r.at.Sub(t0))
 		case <-time.After(10 * time.Second):
 			return InsertLatency{}, fmt.Errorf("load: latency: item %d was not sampled within 10s of its insert", i)
 		case <-ctx.Done():
 			return InsertLatency{}, ctx.Err()
 		}
 	}
-	return InsertLatency{ToSampled: sampled.Report(), ToDurable: durable.Report()}, nil
+	return InsertLatency{ToSampled: sampled.report(), ToDurable: durable.report()}, nil
 }
 
 // FillConfig describes a fill: Items items of Payload random bytes

@@ -283,7 +283,7 @@ func Atari(ctx context.Context, cfg AtariConfig) (AtariResult, error) {
 	res.CompressionRatio = float64(res.RawBytes) / float64(res.WireBytes)
 
 	res.Sample, err = runClients(ctx, cfg.Learners, cfg.Warmup, cfg.Duration, func(ctx context.Context, i int, c *counter) error {
-		cl, hangUp, err := dialClient(cfg.URL, fmt.Sprintf("atari learner %d", i), cfg.Prefix, log)
+		cl, hangUp, err := dialClient(dialURL(cfg.URL), fmt.Sprintf("atari learner %d", i), cfg.Prefix, log)
 		if err != nil {
 			return err
 		}
@@ -294,17 +294,13 @@ func Atari(ctx context.Context, cfg AtariConfig) (AtariResult, error) {
 			if err != nil {
 				return fmt.Errorf("load: atari learner %d: %w", i, err)
 			}
-			var bytes int64
 			for _, s := range samples {
 				obs, ok := s.Column("observation")
 				if !ok || !slices.Equal(obs.Shape, []int64{int64(cfg.SequenceLength), FrameSide, FrameSide}) {
 					return fmt.Errorf("load: atari learner %d: sampled observation %v, want shape [%d %d %d]", i, obs.Shape, cfg.SequenceLength, FrameSide, FrameSide)
 				}
-				for _, col := range s.Columns {
-					bytes += int64(len(col.Tensor.Data))
-				}
 			}
-			c.record(t0, time.Now(), int64(len(samples)), bytes)
+			c.record(t0, time.Now(), int64(len(samples)), sampledBytes(samples))
 		}
 		return nil
 	})

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -206,37 +205,6 @@ func RawRequest(ctx context.Context, cfg RawConfig) (Throughput, error) {
 		}
 		return nil
 	})
-}
-
-// runClients runs n clients until the window ends or one fails, and
-// returns what they counted inside the window.
-func runClients(ctx context.Context, n int, warmup, duration time.Duration, client func(context.Context, int, *counter) error) (Throughput, error) {
-	c := &counter{w: NewWindow(warmup, duration)}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-	)
-	for i := range n {
-		wg.Go(func() {
-			if err := client(ctx, i, c); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-				cancel()
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return Throughput{}, err
-	}
-	if err := ctx.Err(); err != nil {
-		return Throughput{}, err
-	}
-	return c.result(), nil
 }
 
 func ensureRawStream(ctx context.Context, url string) error {

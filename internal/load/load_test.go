@@ -3,6 +3,7 @@ package load
 import (
 	"bytes"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -43,29 +44,32 @@ func TestFramesAreSimilarInTimeAndCompress(t *testing.T) {
 	}
 }
 
-func TestLatenciesReport(t *testing.T) {
-	var l Latencies
-	if r := l.Report(); r != (LatencyReport{}) {
+func TestLatencyReport(t *testing.T) {
+	h := newHistogram()
+	if r := h.report(); r != (LatencyReport{}) {
 		t.Errorf("empty report %+v, want zeros", r)
 	}
 	for i := 100; i >= 1; i-- {
-		l.Add(time.Duration(i) * time.Millisecond)
+		h.record(time.Duration(i) * time.Millisecond)
 	}
-	r := l.Report()
-	if r.Count != 100 || r.P50Ms != 51 || r.P99Ms != 100 || r.MaxMs != 100 {
-		t.Errorf("report %+v, want count 100, p50 51ms, p99 100ms, max 100ms", r)
+	r := h.report()
+	near := func(got, want float64) bool { return math.Abs(got-want) <= 0.01*want }
+	if r.Count != 100 || !near(r.P50Ms, 50) || !near(r.P90Ms, 90) || !near(r.P99Ms, 99) || r.MaxMs != 100 || r.MeanMs != 50.5 {
+		t.Errorf("report %+v, want count 100, p50 50ms, p90 90ms, p99 99ms (within 1%%), max 100ms, mean 50.5ms", r)
 	}
 }
 
 func TestWindowCountsOnlyInside(t *testing.T) {
-	c := &counter{w: NewWindow(time.Hour, time.Hour)}
+	m := newMeter(NewWindow(time.Hour, time.Hour))
+	c := m.counter()
 	now := time.Now()
 	c.record(now, now, 5, 50) // during the warmup
 	in := c.w.Start.Add(time.Minute)
 	c.record(in, in, 3, 30)
 	after := c.w.End.Add(time.Second)
 	c.record(after, after, 7, 70)
-	if r := c.result(); r.Items != 3 || r.Bytes != 30 || r.Latency.Count != 1 {
+	c.done()
+	if r := m.result(3600); r.Items != 3 || r.Bytes != 30 || r.Latency.Count != 1 {
 		t.Errorf("result %+v, want only the operation inside the window", r)
 	}
 }
@@ -83,5 +87,11 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if err := Fill(ctx, FillConfig{Items: 1, Payload: 6, Clients: 1}); !errors.Is(err, ErrConfig) {
 		t.Errorf("payload of 6 bytes: %v, want ErrConfig", err)
+	}
+	if _, err := Bench(ctx, BenchConfig{Payload: 400, Batch: 1, Duration: time.Second}); !errors.Is(err, ErrConfig) {
+		t.Errorf("neither inserters nor samplers: %v, want ErrConfig", err)
+	}
+	if _, err := Bench(ctx, BenchConfig{Inserters: 1, Payload: 400, Batch: 1, Warmup: -time.Second, Duration: time.Second}); !errors.Is(err, ErrConfig) {
+		t.Errorf("negative warmup: %v, want ErrConfig", err)
 	}
 }

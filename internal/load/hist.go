@@ -1,4 +1,4 @@
-package ctl
+package load
 
 import (
 	"math"
@@ -76,3 +76,12 @@ func (h *histogram) mean() time.Duration {
 	}
 	return h.sum / time.Duration(h.n)
 }
+
+func (h *histogram) report() LatencyReport {
+	return LatencyReport{
+		Count: h.n, P50Ms: ms(h.quantile(0.5)), P90Ms: ms(h.quantile(0.9)), P99Ms: ms(h.quantile(0.99)),
+		MaxMs: ms(h.max), MeanMs: ms(h.mean()),
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,309 @@
+package load
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/wire"
+)
+
+// closeTimeout bounds how long a producer may take to send what it holds
+// when its run ends.
+const closeTimeout = 30 * time.Second
+
+// BenchConfig describes a run of reprisectl bench: inserters, samplers or
+// both at once on one table, each client on its own connection.
+type BenchConfig struct {
+	URL, Prefix, Table string
+	// Connect, if set, opens each client's connection instead of a plain
+	// one to URL: reprisectl's, with the user's credentials and TLS.
+	Connect func(name string) (*nats.Conn, error)
+	// Inserters append steps of one column "payload" (Payload bytes of
+	// random float32s, chunk length 1) and create one item per step,
+	// Batch items per Flush. Samplers ask for Batch items per request.
+	Inserters, Samplers int
+	Payload, Batch      int
+	// Compression of the inserted chunks; as in package broker, the zero
+	// value is zstd.
+	Compression      wire.Codec
+	Warmup, Duration time.Duration
+	// Log gets the warnings of the clients' producers and clients; nil
+	// discards them.
+	Log *slog.Logger
+	// Progress, if set, is called once a second while the run lasts.
+	Progress func(Progress)
+}
+
+func (c BenchConfig) validate() error {
+	err := errors.Join(check("Inserters", c.Inserters, 0), check("Samplers", c.Samplers, 0),
+		check("Payload", c.Payload, 4), check("Batch", c.Batch, 1))
+	if c.Inserters+c.Samplers == 0 {
+		err = errors.Join(err, fmt.Errorf("%w: no Inserters and no Samplers", ErrConfig))
+	}
+	if c.Payload%4 != 0 {
+		err = errors.Join(err, fmt.Errorf("%w: Payload must be a multiple of 4 (float32s), got %d", ErrConfig, c.Payload))
+	}
+	if c.Duration <= 0 || c.Warmup < 0 {
+		err = errors.Join(err, fmt.Errorf("%w: want Duration > 0 and Warmup >= 0, got %v and %v", ErrConfig, c.Duration, c.Warmup))
+	}
+	return err
+}
+
+func (c BenchConfig) dialer() dialer {
+	if c.Connect != nil {
+		return c.Connect
+	}
+	return dialURL(c.URL)
+}
+
+// BenchResult is what a Bench run measured. Insert and Sample are nil for
+// a kind of client the run did not have; Total adds them up, its latency
+// over both kinds of operation.
+type BenchResult struct {
+	Insert, Sample *Throughput
+	Total          Throughput
+}
+
+// Progress is a run's last second, warmup included, for a live display.
+type Progress struct {
+	// Elapsed is the time since the run started.
+	Elapsed time.Duration
+	// Warmup is whether the second began before the measured window.
+	Warmup bool
+	// Insert and Sample are nil for a kind of client the run does not
+	// have.
+	Insert, Sample *Rate
+}
+
+// Rate is how fast one kind of operation went.
+type Rate struct {
+	ItemsPerSec, BytesPerSec float64
+}
+
+// Bench runs the inserters and samplers of cfg for cfg.Warmup, then
+// measures them for cfg.Duration. Operations that end outside that window
+// are not counted. When ctx ends after the warmup, the result covers what
+// was measured until then.
+func Bench(ctx context.Context, cfg BenchConfig) (BenchResult, error) {
+	if err := cfg.validate(); err != nil {
+		return BenchResult{}, err
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	w := NewWindow(cfg.Warmup, cfg.Duration)
+	start := w.Start.Add(-cfg.Warmup)
+	var ins, smp *meter
+	if cfg.Inserters > 0 {
+		ins = newMeter(w)
+	}
+	if cfg.Samplers > 0 {
+		smp = newMeter(w)
+	}
+	// Every operation is cut short at the window's end, so that one the
+	// rate limiter holds does not stretch the run.
+	rctx, cancel := context.WithDeadline(ctx, w.End)
+	defer cancel()
+	// With inserters, the samplers go on until the inserters have closed
+	// their producers: closing sends the last items, which a rate limiter
+	// lets in only as samples are taken.
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	if ins == nil {
+		sctx = rctx
+	}
+	r := crew{stop: []context.CancelFunc{cancel, scancel}}
+	var inserters, samplers, progress sync.WaitGroup
+	r.launch(rctx, &inserters, cfg.Inserters, ins, cfg.inserter)
+	r.launch(sctx, &samplers, cfg.Samplers, smp, cfg.sampler)
+	if cfg.Progress != nil {
+		progress.Go(func() { cfg.progress(rctx, start, w, ins, smp) })
+	}
+	inserters.Wait()
+	scancel()
+	samplers.Wait()
+	cancel()
+	progress.Wait()
+	if r.err != nil {
+		return BenchResult{}, r.err
+	}
+	stop := time.Now()
+	if stop.After(w.End) {
+		stop = w.End
+	}
+	if !stop.After(w.Start) {
+		return BenchResult{}, errors.New("interrupted during the warmup: nothing measured")
+	}
+	secs := stop.Sub(w.Start).Seconds()
+	all := newMeter(w)
+	result := func(m *meter) *Throughput {
+		if m == nil {
+			return nil
+		}
+		all.add(m)
+		t := m.result(secs)
+		return &t
+	}
+	res := BenchResult{Insert: result(ins), Sample: result(smp)}
+	res.Total = all.result(secs)
+	return res, nil
+}
+
+// ended reports whether err is only the end of the run.
+func ended(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, broker.ErrRateLimited))
+}
+
+func clientErr(ctx context.Context, kind string, client int, err error) error {
+	if ended(ctx, err) {
+		return nil
+	}
+	return fmt.Errorf("%s client %d: %w", kind, client, err)
+}
+
+func (cfg BenchConfig) inserter(ctx context.Context, client int, c *counter) (err error) {
+	nc, err := cfg.dialer()(fmt.Sprintf("inserter %d", client))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	p, err := broker.NewProducer(ctx, nc,
+		broker.WithPrefix(cfg.Prefix),
+		broker.WithLogger(cfg.Log),
+		broker.WithCompression(cfg.Compression),
+		broker.WithBatch(cfg.Batch, max(256<<10, cfg.Batch*(cfg.Payload+256))),
+	)
+	if err != nil {
+		return clientErr(ctx, "insert", client, err)
+	}
+	defer func() {
+		// Items created when the run ended are sent now; they are not
+		// counted, but a failure to send them is still a failure.
+		cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		defer cancel()
+		if cerr := p.Close(cctx); cerr != nil && err == nil {
+			err = fmt.Errorf("insert client %d: closing its producer: %w", client, cerr)
+		}
+	}()
+	payloads := randomPayloads(uint64(client), 0x5eed, cfg.Payload)
+	traj := broker.LastStep("payload")
+	bytes := int64(cfg.Batch * cfg.Payload)
+	for step := 0; ; {
+		t0 := time.Now()
+		for range cfg.Batch {
+			if err := p.Append(ctx, broker.Step{"payload": payloads[step%len(payloads)]}); err != nil {
+				return clientErr(ctx, "insert", client, err)
+			}
+			if err := p.CreateItem(ctx, cfg.Table, 1, traj); err != nil {
+				return clientErr(ctx, "insert", client, err)
+			}
+			step++
+		}
+		if err := p.Flush(ctx); err != nil {
+			return clientErr(ctx, "insert", client, err)
+		}
+		c.record(t0, time.Now(), int64(cfg.Batch), bytes)
+	}
+}
+
+func (cfg BenchConfig) sampler(ctx context.Context, client int, c *counter) error {
+	cl, hangUp, err := dialClient(cfg.dialer(), fmt.Sprintf("sampler %d", client), cfg.Prefix, cfg.Log)
+	if err != nil {
+		return err
+	}
+	defer hangUp()
+	for ctx.Err() == nil {
+		t0 := time.Now()
+		samples, err := cl.Sample(ctx, cfg.Table, cfg.Batch)
+		t1 := time.Now()
+		if len(samples) > 0 {
+			c.record(t0, t1, int64(len(samples)), sampledBytes(samples))
+		}
+		switch {
+		case err == nil:
+		case ended(ctx, err):
+			return nil
+		case errors.Is(err, broker.ErrRateLimited):
+			if c.w.Contains(t1) {
+				c.m.rateLimited.Add(1)
+			}
+		default:
+			return clientErr(ctx, "sample", client, err)
+		}
+	}
+	return nil
+}
+
+// progress calls cfg.Progress once a second until ctx ends.
+func (cfg BenchConfig) progress(ctx context.Context, start time.Time, w Window, ins, smp *meter) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	last := map[*meter][2]int64{}
+	lastAt := start
+	rate := func(m *meter, secs float64) *Rate {
+		if m == nil {
+			return nil
+		}
+		items, bytes := m.liveItems.Load(), m.liveBytes.Load()
+		prev := last[m]
+		last[m] = [2]int64{items, bytes}
+		return &Rate{ItemsPerSec: float64(items-prev[0]) / secs, BytesPerSec: float64(bytes-prev[1]) / secs}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			secs := now.Sub(lastAt).Seconds()
+			cfg.Progress(Progress{Elapsed: now.Sub(start), Warmup: lastAt.Before(w.Start), Insert: rate(ins, secs), Sample: rate(smp, secs)})
+			lastAt = now
+		}
+	}
+}
+
+// randomPayloads makes 8 payloads of random float32s for one client to
+// cycle through: random, so that compression cannot shrink them.
+func randomPayloads(client, seed uint64, bytes int) []broker.Tensor {
+	rng := rand.New(rand.NewPCG(client, seed))
+	payloads := make([]broker.Tensor, 8)
+	for k := range payloads {
+		v := make([]float32, bytes/4)
+		for j := range v {
+			v[j] = rng.Float32()
+		}
+		payloads[k] = broker.Float32s([]int64{int64(len(v))}, v)
+	}
+	return payloads
+}
+
+// sampledBytes is the size of the decoded columns of samples.
+func sampledBytes(samples []broker.Sample) int64 {
+	var bytes int64
+	for _, s := range samples {
+		for _, col := range s.Columns {
+			bytes += int64(len(col.Tensor.Data))
+		}
+	}
+	return bytes
+}
+
+// dialClient connects a learner; hangUp closes the client and connection.
+func dialClient(dial dialer, name, prefix string, log *slog.Logger) (cl *broker.Client, hangUp func(), err error) {
+	nc, err := dial(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cl, err = broker.NewClient(nc, broker.WithPrefix(prefix), broker.WithLogger(log)); err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return cl, func() { cl.Close(); nc.Close() }, nil
+}
