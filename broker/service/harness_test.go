@@ -61,7 +61,7 @@ func (d *deployment) startService(cfgs []tables.Config, extra ...Option) (*Servi
 	opts := append([]Option{WithPrefix(d.prefix), WithLogger(testutil.QuietLogger())}, extra...)
 	svc, err := New(d.connect(), cfgs, opts...)
 	if err != nil {
-		t.Fatalf("NewService: %v", err)
+		t.Fatalf("service.New: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

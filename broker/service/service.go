@@ -279,7 +279,7 @@ type serviceStats struct {
 	messages   atomic.Int64
 }
 
-// NewService builds the tables from their configs. Run starts serving.
+// New builds the tables from their configs. Run starts serving.
 func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, error) {
 	o := defaultServiceOptions()
 	for _, opt := range opts {
