@@ -10,8 +10,10 @@ import (
 // flow is a producer's window: messages published but not acknowledged by
 // JetStream, and items acknowledged but not yet applied by the table
 // service. A full window blocks the producer, which is how a table's rate
-// limiter reaches the actors: a held insert stops the service's apply loop,
-// applied stops advancing, and the window fills.
+// limiter reaches the actors: items the limiter holds wait in their table's
+// queue on the service, the service's progress says that table is applied
+// only up to before them, and the window of every producer writing to that
+// table fills, while producers writing to other tables go on.
 type flow struct {
 	maxInFlight  int
 	maxUnapplied int
@@ -22,13 +24,28 @@ type flow struct {
 	unackedItems int
 	acked        []ackedBatch // acknowledged, not yet known to be applied
 	ackedItems   int
-	applied      uint64 // the service's last applied stream sequence
+	applied      uint64            // the service's last applied stream sequence
+	held         map[string]uint64 // tables applied only up to an earlier one
 	errs         []error
 }
 
 type ackedBatch struct {
-	seq   uint64
-	items int
+	seq    uint64
+	items  int
+	tables []string // the tables its items are for
+}
+
+// appliedLocked reports whether the service applied every item of b.
+func (f *flow) appliedLocked(b ackedBatch) bool {
+	if b.seq > f.applied {
+		return false
+	}
+	for _, t := range b.tables {
+		if held, ok := f.held[t]; ok && b.seq > held {
+			return false
+		}
+	}
+	return true
 }
 
 func newFlow(maxInFlight, maxUnapplied int) *flow {
@@ -74,14 +91,15 @@ func (f *flow) tryAcquire(n int) (bool, <-chan struct{}) {
 	return false, f.waitChanLocked()
 }
 
-// ack records that JetStream stored a message of n items at seq.
-func (f *flow) ack(seq uint64, n int) {
+// ack records that JetStream stored a message of n items for tables at
+// seq.
+func (f *flow) ack(seq uint64, n int, tables []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.inFlight--
 	f.unackedItems -= n
-	if seq > f.applied && n > 0 {
-		f.acked = append(f.acked, ackedBatch{seq, n})
+	if b := (ackedBatch{seq, n, tables}); n > 0 && !f.appliedLocked(b) {
+		f.acked = append(f.acked, b)
 		f.ackedItems += n
 	}
 	f.notifyLocked()
@@ -97,21 +115,22 @@ func (f *flow) fail(n int, err error) {
 	f.notifyLocked()
 }
 
-// setApplied records the service's progress.
-func (f *flow) setApplied(seq uint64) {
+// setApplied records the service's progress: applied, but for the tables
+// held applied only up to their sequence.
+func (f *flow) setApplied(applied uint64, held map[string]uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if seq <= f.applied {
-		return
+	if applied < f.applied {
+		return // the service published it before what we have
 	}
-	f.applied = seq
+	f.applied, f.held = applied, held
 	// Retries can store messages out of order, so filter rather than pop.
 	kept := f.acked[:0]
 	for _, b := range f.acked {
-		if b.seq > seq {
-			kept = append(kept, b)
-		} else {
+		if f.appliedLocked(b) {
 			f.ackedItems -= b.items
+		} else {
+			kept = append(kept, b)
 		}
 	}
 	f.acked = kept

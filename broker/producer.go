@@ -245,6 +245,7 @@ type inFlight struct {
 	msg       *nats.Msg
 	fut       jetstream.PubAckFuture
 	items     int
+	tables    []string  // the tables its items are for
 	seq       uint64    // producer sequence
 	published time.Time // first attempt; retries stop retryFor after it
 }
@@ -344,11 +345,18 @@ func (p *Producer) readNotes() {
 }
 
 func (p *Producer) onApplied(m *nats.Msg) {
-	seq, err := strconv.ParseUint(string(m.Data), 10, 64)
-	if err != nil {
+	var prog wire.Progress
+	if err := proto.Unmarshal(m.Data, &prog); err != nil {
 		return // not ours to judge: someone else published there
 	}
-	p.flow.setApplied(seq)
+	var held map[string]uint64
+	if len(prog.Held) > 0 {
+		held = make(map[string]uint64, len(prog.Held))
+		for _, h := range prog.Held {
+			held[h.Table] = h.AppliedSequence
+		}
+	}
+	p.flow.setApplied(prog.AppliedSequence, held)
 }
 
 func (p *Producer) onRejected(m *nats.Msg) {
@@ -686,6 +694,12 @@ func (p *Producer) sendBatchLocked(end bool) {
 		NoticeSubject:    p.notice,
 	}
 	n := len(p.batch.items)
+	var tables []string
+	for _, it := range p.batch.items {
+		if !slices.Contains(tables, it.Table) {
+			tables = append(tables, it.Table)
+		}
+	}
 	p.batch = batch{}
 	p.release = nil
 	// Marshal cannot fail on a message built from valid Go values.
@@ -693,7 +707,7 @@ func (p *Producer) sendBatchLocked(end bool) {
 	m := nats.NewMsg(p.subj.Insert())
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, p.id+"-"+strconv.FormatUint(p.seq, 10))
-	rec := &inFlight{msg: m, items: n, seq: p.seq, published: time.Now()}
+	rec := &inFlight{msg: m, items: n, tables: tables, seq: p.seq, published: time.Now()}
 	// A failed first attempt is left to the ack loop, which retries in
 	// publish order.
 	rec.fut, _ = p.js.PublishMsgAsync(m)
@@ -713,7 +727,7 @@ func (p *Producer) ackLoop() {
 		if err != nil {
 			p.flow.fail(rec.items, err)
 		} else {
-			p.flow.ack(streamSeq, rec.items)
+			p.flow.ack(streamSeq, rec.items, rec.tables)
 		}
 	}
 }

@@ -206,58 +206,72 @@ func (t *Table) Size() int64 {
 // a new item can be its own victim (a MinHeap remover picks it when its
 // priority is the lowest). Insert then succeeds and the item is gone at once.
 func (t *Table) Insert(ctx context.Context, item Item) error {
-	if err := selectors.CheckPriority(item.Priority); err != nil {
-		return fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
-	}
-	if err := checkTrajectory(item.Trajectory, t.sig); err != nil {
-		return fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
-	}
-	if !item.InsertedAt.IsZero() && !inRange(item.InsertedAt) {
-		return fmt.Errorf("%w: table %q: item %d: inserted_at %v is outside the years 1678-2262", ErrInvalidItem, t.name, item.Key, item.InsertedAt)
-	}
-	chunks, decoded, err := t.store.acquire(item.Trajectory, t.sig)
-	if err != nil {
-		return fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
-	}
-	if t.maxItemBytes > 0 && decoded > t.maxItemBytes {
-		t.store.releaseChunks(chunks)
-		return fmt.Errorf("%w: table %q: item %d decodes to %d bytes, over the limit of %d", ErrTooLarge, t.name, item.Key, decoded, t.maxItemBytes)
-	}
 	waited := false
 	for {
-		at := item.InsertedAt
-		if at.IsZero() {
-			at = t.now()
+		ok, changed, err := t.TryInsert(item, waited)
+		if ok || err != nil {
+			return err
 		}
-		t.mu.Lock()
-		if t.closed {
-			t.mu.Unlock()
-			t.store.releaseChunks(chunks)
-			return fmt.Errorf("%w: table %q", ErrClosed, t.name)
-		}
-		if e, ok := t.items[item.Key]; ok {
-			t.updateLocked(e, item.Priority)
-			t.mu.Unlock()
-			t.store.releaseChunks(chunks)
-			return nil
-		}
-		ok, changed := t.lim.TryInsert(1)
-		if ok {
-			t.largestItem = max(t.largestItem, decoded)
-			t.insertLocked(item.Key, item.Priority, at.UnixNano(), item.Trajectory, chunks)
-			t.mu.Unlock()
-			return nil
-		}
-		if !waited {
-			waited = true
-			t.counters.InsertWaits++
-		}
-		t.mu.Unlock()
+		waited = true
 		if err := t.wait(ctx, changed, "insert"); err != nil {
-			t.store.releaseChunks(chunks)
 			return err
 		}
 	}
+}
+
+// TryInsert is Insert without the wait: when the rate limiter does not
+// allow the insert now, it returns false and a channel closed at the
+// limiter's next change, when trying again may succeed. Checks and
+// eviction are as in Insert. retry says the caller was refused this item
+// before, so that the table counts each held insert once (InsertWaits).
+func (t *Table) TryInsert(item Item, retry bool) (inserted bool, changed <-chan struct{}, err error) {
+	if err := selectors.CheckPriority(item.Priority); err != nil {
+		return false, nil, fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
+	}
+	if err := checkTrajectory(item.Trajectory, t.sig); err != nil {
+		return false, nil, fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
+	}
+	if !item.InsertedAt.IsZero() && !inRange(item.InsertedAt) {
+		return false, nil, fmt.Errorf("%w: table %q: item %d: inserted_at %v is outside the years 1678-2262", ErrInvalidItem, t.name, item.Key, item.InsertedAt)
+	}
+	chunks, decoded, err := t.store.acquire(item.Trajectory, t.sig)
+	if err != nil {
+		return false, nil, fmt.Errorf("table %q: item %d: %w", t.name, item.Key, err)
+	}
+	if t.maxItemBytes > 0 && decoded > t.maxItemBytes {
+		t.store.releaseChunks(chunks)
+		return false, nil, fmt.Errorf("%w: table %q: item %d decodes to %d bytes, over the limit of %d", ErrTooLarge, t.name, item.Key, decoded, t.maxItemBytes)
+	}
+	at := item.InsertedAt
+	if at.IsZero() {
+		at = t.now()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		t.store.releaseChunks(chunks)
+		return false, nil, fmt.Errorf("%w: table %q", ErrClosed, t.name)
+	}
+	if e, ok := t.items[item.Key]; ok {
+		t.updateLocked(e, item.Priority)
+		t.store.releaseChunks(chunks)
+		return true, nil, nil
+	}
+	ok, changed := t.lim.TryInsert(1)
+	if !ok {
+		if !retry {
+			t.counters.InsertWaits++
+		}
+		t.store.releaseChunks(chunks)
+		if changed == nil {
+			// The limiter refuses for good only when a counter would overflow.
+			return false, nil, fmt.Errorf("%w: table %q: insert can never be allowed: limiter counters exhausted", limiter.ErrInvalidCount, t.name)
+		}
+		return false, changed, nil
+	}
+	t.largestItem = max(t.largestItem, decoded)
+	t.insertLocked(item.Key, item.Priority, at.UnixNano(), item.Trajectory, chunks)
+	return true, nil, nil
 }
 
 // wait blocks until the limiter's state changes, ctx ends or the table is

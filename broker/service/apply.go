@@ -87,15 +87,24 @@ type holdEntry struct {
 // be read. It owns the reader and the prepare workers, and stops them
 // before it returns.
 func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext) error {
-	// A message whose items a rate limiter was holding at the checkpoint
-	// goes on from where it stopped, now that learners can sample again.
+	rctx, stop := context.WithCancel(ctx)
+	s.watcher = &watcher{ctx: rctx, wake: make(chan string, len(s.names))}
+	defer func() {
+		stop()
+		s.watcher.wg.Wait()
+	}()
+	// Items waiting at the checkpoint go in as their limiters allow, and a
+	// message a full queue was holding up goes on from where it stopped.
+	for _, name := range s.names {
+		if s.pending[name].len() > 0 {
+			s.drainPending(name)
+		}
+	}
 	for id, ps := range s.stalled {
 		if err := s.drain(ctx, id, ps, 0); err != nil {
 			return err
 		}
 	}
-	rctx, stop := context.WithCancel(ctx)
-	defer stop()
 	ordered := make(chan *streamMsg, prefetchMessages)
 	jobs := make(chan *streamMsg)
 	var wg sync.WaitGroup
@@ -128,6 +137,9 @@ func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext)
 		var m *streamMsg
 		select {
 		case m = <-ordered:
+		case table := <-s.watcher.wake:
+			s.drainPending(table)
+			continue
 		case <-ictx.Done():
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -407,8 +419,9 @@ func (s *Service) applyBatch(ctx context.Context, id string, ps *producerState, 
 	return nil
 }
 
-// insertItem returns an error only when ctx ended while the table's rate
-// limiter held the insert.
+// insertItem inserts an item, or queues it while its table's rate limiter
+// holds it. It returns an error only when ctx ended while the table's full
+// queue held up the stream.
 func (s *Service) insertItem(ctx context.Context, producer string, b *insertBatch, it *preparedItem) error {
 	if it.err != nil {
 		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, codeOf(it.err), it.err.Error())
@@ -419,32 +432,17 @@ func (s *Service) insertItem(ctx context.Context, producer string, b *insertBatc
 		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", it.table, strings.Join(s.names, ", ")))
 		return nil
 	}
-	var err error
-	for {
-		// A checkpoint request interrupts a wait for the rate limiter; the
-		// insert is retried once the state is copied.
-		ictx := s.intr.context(ctx)
-		err = t.Insert(ictx, it.item)
-		if err == nil || !interrupted(ctx, ictx) {
-			break
-		}
-		s.serveCaptures()
+	return s.insertNow(ctx, t, &pendingItem{
+		item: it.item, streamSeq: b.streamSeq, storedAt: b.storedAt, to: noticeTo{producer, b.notice}, sequence: b.sequence,
+	})
+}
+
+// tooLarge names the limit an oversized item is over.
+func tooLarge(err error) string {
+	if errors.Is(err, tables.ErrTooLarge) {
+		return err.Error() + " (limits.max_item_bytes)"
 	}
-	switch {
-	case err == nil:
-		if s.o.observer != nil {
-			s.o.observer.ItemInserted(it.table, time.Since(b.storedAt))
-		}
-	case ctx.Err() != nil:
-		return ctx.Err()
-	default:
-		msg := err.Error()
-		if errors.Is(err, tables.ErrTooLarge) {
-			msg += " (limits.max_item_bytes)"
-		}
-		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, codeOf(err), msg)
-	}
-	return nil
+	return err.Error()
 }
 
 // hold records a producer's hold on a chunk it sent.

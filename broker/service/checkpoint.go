@@ -62,6 +62,7 @@ type captured struct {
 	tables    []tables.TableSnapshot
 	chunks    []*tables.Chunk
 	producers []*wire.ProducerCheckpoint
+	pending   []*wire.PendingItem
 	pause     time.Duration
 }
 
@@ -179,6 +180,25 @@ func (s *Service) capture() *captured {
 		c.producers = append(c.producers, pc)
 	}
 	slices.SortFunc(c.producers, func(a, b *wire.ProducerCheckpoint) int { return cmp.Compare(a.Id, b.Id) })
+	for _, name := range s.names {
+		q := s.pending[name]
+		for _, p := range q.items[q.head:] {
+			c.pending = append(c.pending, &wire.PendingItem{
+				Item:           &wire.Item{Key: p.item.Key, Table: name, Priority: p.item.Priority, Columns: wire.FromTableColumns(p.item.Trajectory)},
+				StreamSequence: p.streamSeq, StoredAtUnixNano: p.storedAt.UnixNano(),
+				ProducerId: p.to.producer, Sequence: p.sequence, NoticeSubject: p.to.subject,
+			})
+			for _, key := range p.chunks {
+				if _, dup := seen[key]; dup {
+					continue
+				}
+				if ch, ok := s.store.Get(key); ok {
+					seen[key] = struct{}{}
+					c.chunks = append(c.chunks, ch)
+				}
+			}
+		}
+	}
 	c.pause = time.Since(start)
 	return c
 }
@@ -197,6 +217,7 @@ func (c *captured) encode() ([]byte, error) {
 		AppliedSequence: c.applied,
 		CreatedUnixNano: c.created.UnixNano(),
 		Producers:       c.producers,
+		Pending:         c.pending,
 		Chunks:          make([][]byte, len(c.chunks)),
 	}
 	if !c.lastSweep.IsZero() {
@@ -498,10 +519,31 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 			stalled[pc.Id] = ps
 		}
 	}
+	pending := make(map[string]*pendingQueue, len(restored))
+	for name := range restored {
+		pending[name] = &pendingQueue{}
+	}
+	for _, pi := range cp.Pending {
+		q, ok := pending[pi.GetItem().GetTable()]
+		if !ok {
+			s.log.Warn("reprise service: an item waiting for a table no longer configured is dropped", "table", pi.GetItem().GetTable(), "item", pi.GetItem().GetKey())
+			continue
+		}
+		p := &pendingItem{
+			item:      tables.Item{Key: pi.Item.Key, Priority: pi.Item.Priority, Trajectory: wire.ToTableColumns(pi.Item.Columns)},
+			streamSeq: pi.StreamSequence, storedAt: time.Unix(0, pi.StoredAtUnixNano),
+			to: noticeTo{producer: pi.ProducerId, subject: pi.NoticeSubject}, sequence: pi.Sequence,
+		}
+		p.chunks = chunkKeys(p.item.Trajectory)
+		if err := store.Retain(p.chunks...); err != nil {
+			return fail(fmt.Errorf("waiting item %d of table %q: %w", p.item.Key, pi.Item.Table, err))
+		}
+		q.items = append(q.items, p)
+	}
 	for _, t := range s.tables {
 		t.Close()
 	}
-	s.store, s.tables, s.producers, s.stalled = store, restored, producers, stalled
+	s.store, s.tables, s.producers, s.stalled, s.pending = store, restored, producers, stalled, pending
 	// Holds are released oldest first: the same order as before the crash.
 	slices.SortFunc(holds, func(a, b holdEntry) int { return cmp.Compare(a.order, b.order) })
 	s.holds = holdQueue{entries: holds, live: len(holds), bytes: heldChunkBytes}
@@ -510,6 +552,11 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 		s.lastSweep = time.Unix(0, cp.LastSweepUnixNano)
 	}
 	s.progress.set(cp.AppliedSequence)
+	for name, q := range pending {
+		if q.len() > 0 {
+			s.progress.hold(name, q.front().streamSeq-1)
+		}
+	}
 	return nil
 }
 

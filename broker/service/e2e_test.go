@@ -771,3 +771,74 @@ func TestItems(t *testing.T) {
 		t.Fatalf("oversized page: %v, want protocol.ErrInvalidMessage", err)
 	}
 }
+
+// TestBlockedTableHoldsOnlyItsOwn: a table whose rate limiter holds its
+// items does not hold up another table's. Every item written to the free
+// table lands and can be sampled while the held one is full; only the
+// producer writing to the held table waits, and its items land, exactly
+// once and in order, as a learner makes room.
+func TestBlockedTableHoldsOnlyItsOwn(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("held", 2), testutil.UniformTable("free", 1000)}, deployOptions{})
+	ctx := testutil.Context(t)
+	blocked := d.producer(broker.WithLinger(0), broker.WithMaxUnapplied(100))
+	for i := range int64(8) {
+		if err := blocked.Append(ctx, broker.Step{"id": broker.Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := blocked.CreateItem(ctx, "held", 1, broker.LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := blocked.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held, _ := d.svc.Table("held")
+	testutil.WaitUntil(t, "the held table is full and its other items wait", func() bool {
+		return held.Size() == 2 && d.svc.Applied() > 0 && d.svc.pendingLen("held") == 6
+	})
+
+	// Another producer's items for the free table land meanwhile; its
+	// WaitApplied returns.
+	free := d.producer(broker.WithLinger(0))
+	for i := range int64(20) {
+		if err := free.Append(ctx, step(i, 2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := free.CreateItem(ctx, "free", 1, broker.LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := free.WaitApplied(ctx); err != nil {
+		t.Fatalf("the free table's producer: %v", err)
+	}
+	c := d.client()
+	if info, err := c.Info(ctx, "free"); err != nil || info.Tables[0].Size != 20 {
+		t.Fatalf("free table info %+v, %v: want 20 items", info, err)
+	}
+	if _, err := c.Sample(ctx, "free", 20); err != nil {
+		t.Fatal(err)
+	}
+	// The held table's producer has not had its items applied.
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := blocked.WaitApplied(short); !errors.Is(err, broker.ErrNotApplied) {
+		t.Fatalf("WaitApplied of the held table's producer = %v, want ErrNotApplied while 6 items wait", err)
+	}
+
+	// A learner makes room: all 8 arrive once each, in order.
+	for want := range int64(8) {
+		s, err := c.Sample(ctx, "held", 1)
+		if err != nil {
+			t.Fatalf("item %d: %v", want, err)
+		}
+		if got := ids(t, s[0])[0]; got != want {
+			t.Fatalf("held table delivered %d, want %d", got, want)
+		}
+	}
+	if err := blocked.WaitApplied(ctx); err != nil {
+		t.Fatalf("once the items landed: %v", err)
+	}
+	if n := d.svc.pendingLen("held"); n != 0 {
+		t.Fatalf("%d items still wait", n)
+	}
+}

@@ -160,3 +160,21 @@ func column(t testing.TB, s broker.Sample, name string) broker.Tensor {
 	}
 	return c
 }
+
+// pendingLen is how many items wait in table's queue, read on the apply
+// loop through a capture.
+func (s *Service) pendingLen(table string) int {
+	var c *captured
+	select {
+	case c = <-s.intr.request():
+	case <-s.applyDone:
+		return -1
+	}
+	n := 0
+	for _, p := range c.pending {
+		if p.Item.Table == table {
+			n++
+		}
+	}
+	return n
+}

@@ -506,7 +506,8 @@ func TestNoticeSubjectUnderPrefixIgnored(t *testing.T) {
 			if m.Subject == target {
 				t.Fatalf("the service published a notice on its own subject %s", target)
 			}
-			if seq, err := strconv.ParseUint(string(m.Data), 10, 64); err == nil && seq >= ack.Sequence {
+			var prog wire.Progress
+			if err := proto.Unmarshal(m.Data, &prog); err == nil && prog.AppliedSequence >= ack.Sequence {
 				if d.svc.Rejected() != 1 {
 					t.Fatalf("%d rejections counted, want the item's 1", d.svc.Rejected())
 				}

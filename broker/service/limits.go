@@ -50,6 +50,11 @@ type Limits struct {
 	// earlier message of the same producer, over all producers. Past it
 	// the oldest are rejected, and their producers told.
 	MaxHeldMessageBytes int64
+	// MaxPendingItems bounds, per table, the items waiting for the table's
+	// rate limiter while the service goes on applying other tables' items.
+	// A table whose queue is full holds up the whole stream until its
+	// limiter lets the oldest in.
+	MaxPendingItems int
 }
 
 // DefaultLimits returns the limits a service has unless WithLimits changes
@@ -68,6 +73,7 @@ func DefaultLimits() Limits {
 		MaxProducerWindow:   1024,
 		MaxHeldChunkBytes:   8 << 30,
 		MaxHeldMessageBytes: 1 << 30,
+		MaxPendingItems:     1 << 16,
 	}
 }
 
@@ -88,6 +94,7 @@ func (l Limits) validate() error {
 		{"max producer window", int64(l.MaxProducerWindow)},
 		{"max held chunk bytes", l.MaxHeldChunkBytes},
 		{"max held message bytes", l.MaxHeldMessageBytes},
+		{"max pending items", int64(l.MaxPendingItems)},
 	} {
 		if c.v < 1 {
 			return fmt.Errorf("%w: limits: %s must be >= 1, got %d", protocol.ErrInvalidOption, c.name, c.v)

@@ -15,16 +15,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
+	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
 
@@ -255,8 +258,10 @@ type Service struct {
 	stalled   map[string]*producerState // producers with waiting messages
 	lastSweep time.Time
 	holds     holdQueue
-	heldBytes int64         // of the messages in producers' waiting sets
-	dupWindow time.Duration // the stream's, read at start
+	heldBytes int64                    // of the messages in producers' waiting sets
+	pending   map[string]*pendingQueue // per table: items its rate limiter holds
+	watcher   *watcher                 // set by the apply loop
+	dupWindow time.Duration            // the stream's, read at start
 
 	slots     *requestSlots
 	handlers  sync.WaitGroup
@@ -309,6 +314,7 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 		tables:    make(map[string]*tables.Table, len(configs)),
 		producers: make(map[string]*producerState),
 		stalled:   make(map[string]*producerState),
+		pending:   make(map[string]*pendingQueue, len(configs)),
 		slots:     newRequestSlots(o.maxConcurrent, len(configs)),
 		configs:   make(map[string]tables.Config, len(configs)),
 		applyDone: make(chan struct{}),
@@ -324,6 +330,7 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 			return nil, err
 		}
 		s.tables[cfg.Name] = t
+		s.pending[cfg.Name] = &pendingQueue{}
 		s.configs[cfg.Name] = cfg
 		s.names = append(s.names, cfg.Name)
 	}
@@ -586,11 +593,16 @@ func (r *rateLimitedLog) allow() bool {
 	return true
 }
 
-// progress is the last applied stream sequence, with a way to wait for it.
+// progress is how far the apply loop got: the last stream sequence it
+// applied, and for each table whose rate limiter holds items in its queue,
+// the sequence before its oldest waiting item. It has a way to wait for a
+// change.
 type progress struct {
 	mu      sync.Mutex
 	seq     uint64
-	changed chan struct{}
+	held    map[string]uint64
+	version uint64
+	changed chan struct{} // closed at the next change; made only when someone waits
 }
 
 func (p *progress) get() uint64 {
@@ -599,30 +611,64 @@ func (p *progress) get() uint64 {
 	return p.seq
 }
 
-func (p *progress) set(seq uint64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.seq = seq
+func (p *progress) changedLocked() {
+	p.version++
 	if p.changed != nil {
 		close(p.changed)
 		p.changed = nil
 	}
 }
 
-// next returns the sequence and a channel closed when it changes.
-func (p *progress) next() (uint64, <-chan struct{}) {
+func (p *progress) set(seq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seq = seq
+	p.changedLocked()
+}
+
+// hold records that table's items are applied only up to seq, or, with
+// seq 0, that the table has no waiting items.
+func (p *progress) hold(table string, seq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if seq == 0 {
+		delete(p.held, table)
+	} else {
+		if p.held == nil {
+			p.held = make(map[string]uint64)
+		}
+		p.held[table] = seq
+	}
+	p.changedLocked()
+}
+
+// next returns the sequence, the version of the whole progress, and a
+// channel closed when either changes.
+func (p *progress) next() (seq, version uint64, changed <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.changed == nil {
 		p.changed = make(chan struct{})
 	}
-	return p.seq, p.changed
+	return p.seq, p.version, p.changed
+}
+
+// message is the progress as producers read it.
+func (p *progress) message() *wire.Progress {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := &wire.Progress{AppliedSequence: p.seq}
+	for table, seq := range p.held {
+		m.Held = append(m.Held, &wire.TableProgress{Table: table, AppliedSequence: seq})
+	}
+	slices.SortFunc(m.Held, func(a, b *wire.TableProgress) int { return strings.Compare(a.Table, b.Table) })
+	return m
 }
 
 // waitFor waits until seq is applied.
 func (p *progress) waitFor(ctx context.Context, seq uint64) error {
 	for {
-		cur, ch := p.next()
+		cur, _, ch := p.next()
 		if cur >= seq {
 			return nil
 		}
@@ -640,14 +686,15 @@ func (p *progress) waitFor(ctx context.Context, seq uint64) error {
 func (s *Service) publishProgress(ctx context.Context) {
 	heartbeat := time.NewTicker(s.o.progressPeriod)
 	defer heartbeat.Stop()
-	var sent uint64
+	sent := uint64(math.MaxUint64)
 	for {
-		cur, changed := s.progress.next()
-		if cur != sent {
-			if err := s.nc.Publish(s.subj.Applied(), strconv.AppendUint(nil, cur, 10)); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		_, version, changed := s.progress.next()
+		if version != sent {
+			data, _ := proto.Marshal(s.progress.message())
+			if err := s.nc.Publish(s.subj.Applied(), data); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 				s.log.Warn("reprise service: publishing progress", "error", err)
 			}
-			sent = cur
+			sent = version
 			// Batch bursts of applied messages into one update.
 			select {
 			case <-time.After(time.Millisecond):
@@ -659,7 +706,7 @@ func (s *Service) publishProgress(ctx context.Context) {
 		select {
 		case <-changed:
 		case <-heartbeat.C:
-			sent = 0 // resend the same value
+			sent = math.MaxUint64 // resend the same value
 		case <-ctx.Done():
 			return
 		}

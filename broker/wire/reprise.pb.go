@@ -13,12 +13,11 @@
 package wire
 
 import (
+	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
+	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
-
-	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
-	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 )
 
 const (
@@ -1873,8 +1872,11 @@ type Checkpoint struct {
 	Producers []*ProducerCheckpoint `protobuf:"bytes,6,rep,name=producers,proto3" json:"producers,omitempty"`
 	// The stream time of the service's last producer sweep.
 	LastSweepUnixNano int64 `protobuf:"varint,7,opt,name=last_sweep_unix_nano,json=lastSweepUnixNano,proto3" json:"last_sweep_unix_nano,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Items applied from the stream that their tables' rate limiters have not
+	// let in yet, in stream order per table.
+	Pending       []*PendingItem `protobuf:"bytes,8,rep,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Checkpoint) Reset() {
@@ -1956,6 +1958,211 @@ func (x *Checkpoint) GetLastSweepUnixNano() int64 {
 	return 0
 }
 
+func (x *Checkpoint) GetPending() []*PendingItem {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
+// PendingItem is an item waiting in its table's queue for the table's rate
+// limiter: applied from the stream (so it is never applied again), not yet
+// in the table.
+type PendingItem struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Item             *Item                  `protobuf:"bytes,1,opt,name=item,proto3" json:"item,omitempty"`
+	StreamSequence   uint64                 `protobuf:"varint,2,opt,name=stream_sequence,json=streamSequence,proto3" json:"stream_sequence,omitempty"`
+	StoredAtUnixNano int64                  `protobuf:"varint,3,opt,name=stored_at_unix_nano,json=storedAtUnixNano,proto3" json:"stored_at_unix_nano,omitempty"`
+	// Its producer and message, to tell the producer if it is refused.
+	ProducerId    string `protobuf:"bytes,4,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	Sequence      uint64 `protobuf:"varint,5,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	NoticeSubject string `protobuf:"bytes,6,opt,name=notice_subject,json=noticeSubject,proto3" json:"notice_subject,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PendingItem) Reset() {
+	*x = PendingItem{}
+	mi := &file_reprise_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PendingItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PendingItem) ProtoMessage() {}
+
+func (x *PendingItem) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PendingItem.ProtoReflect.Descriptor instead.
+func (*PendingItem) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *PendingItem) GetItem() *Item {
+	if x != nil {
+		return x.Item
+	}
+	return nil
+}
+
+func (x *PendingItem) GetStreamSequence() uint64 {
+	if x != nil {
+		return x.StreamSequence
+	}
+	return 0
+}
+
+func (x *PendingItem) GetStoredAtUnixNano() int64 {
+	if x != nil {
+		return x.StoredAtUnixNano
+	}
+	return 0
+}
+
+func (x *PendingItem) GetProducerId() string {
+	if x != nil {
+		return x.ProducerId
+	}
+	return ""
+}
+
+func (x *PendingItem) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *PendingItem) GetNoticeSubject() string {
+	if x != nil {
+		return x.NoticeSubject
+	}
+	return ""
+}
+
+// Progress is published on <prefix>.applied: how far the service has
+// applied the stream. Items of a table whose rate limiter holds them wait in
+// that table's queue while other tables go on, so a table with waiting
+// items is applied only up to the message before its oldest waiting item.
+type Progress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every message up to here is applied, but for the items in held.
+	AppliedSequence uint64           `protobuf:"varint,1,opt,name=applied_sequence,json=appliedSequence,proto3" json:"applied_sequence,omitempty"`
+	Held            []*TableProgress `protobuf:"bytes,2,rep,name=held,proto3" json:"held,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Progress) Reset() {
+	*x = Progress{}
+	mi := &file_reprise_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Progress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Progress) ProtoMessage() {}
+
+func (x *Progress) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Progress.ProtoReflect.Descriptor instead.
+func (*Progress) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *Progress) GetAppliedSequence() uint64 {
+	if x != nil {
+		return x.AppliedSequence
+	}
+	return 0
+}
+
+func (x *Progress) GetHeld() []*TableProgress {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+type TableProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Table string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	// The table's items are applied up to this stream sequence.
+	AppliedSequence uint64 `protobuf:"varint,2,opt,name=applied_sequence,json=appliedSequence,proto3" json:"applied_sequence,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TableProgress) Reset() {
+	*x = TableProgress{}
+	mi := &file_reprise_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableProgress) ProtoMessage() {}
+
+func (x *TableProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableProgress.ProtoReflect.Descriptor instead.
+func (*TableProgress) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *TableProgress) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *TableProgress) GetAppliedSequence() uint64 {
+	if x != nil {
+		return x.AppliedSequence
+	}
+	return 0
+}
+
 type TableCheckpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// tables.Config, limiter.State and tables.Counters as JSON: small, and
@@ -1971,7 +2178,7 @@ type TableCheckpoint struct {
 
 func (x *TableCheckpoint) Reset() {
 	*x = TableCheckpoint{}
-	mi := &file_reprise_proto_msgTypes[24]
+	mi := &file_reprise_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1983,7 +2190,7 @@ func (x *TableCheckpoint) String() string {
 func (*TableCheckpoint) ProtoMessage() {}
 
 func (x *TableCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[24]
+	mi := &file_reprise_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1996,7 +2203,7 @@ func (x *TableCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableCheckpoint.ProtoReflect.Descriptor instead.
 func (*TableCheckpoint) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{24}
+	return file_reprise_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TableCheckpoint) GetConfigJson() []byte {
@@ -2041,7 +2248,7 @@ type ItemCheckpoint struct {
 
 func (x *ItemCheckpoint) Reset() {
 	*x = ItemCheckpoint{}
-	mi := &file_reprise_proto_msgTypes[25]
+	mi := &file_reprise_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2053,7 +2260,7 @@ func (x *ItemCheckpoint) String() string {
 func (*ItemCheckpoint) ProtoMessage() {}
 
 func (x *ItemCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[25]
+	mi := &file_reprise_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2066,7 +2273,7 @@ func (x *ItemCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemCheckpoint.ProtoReflect.Descriptor instead.
 func (*ItemCheckpoint) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{25}
+	return file_reprise_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ItemCheckpoint) GetKey() uint64 {
@@ -2131,7 +2338,7 @@ type ProducerCheckpoint struct {
 
 func (x *ProducerCheckpoint) Reset() {
 	*x = ProducerCheckpoint{}
-	mi := &file_reprise_proto_msgTypes[26]
+	mi := &file_reprise_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2350,7 @@ func (x *ProducerCheckpoint) String() string {
 func (*ProducerCheckpoint) ProtoMessage() {}
 
 func (x *ProducerCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[26]
+	mi := &file_reprise_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2363,7 @@ func (x *ProducerCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerCheckpoint.ProtoReflect.Descriptor instead.
 func (*ProducerCheckpoint) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{26}
+	return file_reprise_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ProducerCheckpoint) GetId() string {
@@ -2227,7 +2434,7 @@ type HeldMessage struct {
 
 func (x *HeldMessage) Reset() {
 	*x = HeldMessage{}
-	mi := &file_reprise_proto_msgTypes[27]
+	mi := &file_reprise_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2239,7 +2446,7 @@ func (x *HeldMessage) String() string {
 func (*HeldMessage) ProtoMessage() {}
 
 func (x *HeldMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[27]
+	mi := &file_reprise_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2252,7 +2459,7 @@ func (x *HeldMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldMessage.ProtoReflect.Descriptor instead.
 func (*HeldMessage) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{27}
+	return file_reprise_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HeldMessage) GetData() []byte {
@@ -2288,7 +2495,7 @@ type CheckpointFile struct {
 
 func (x *CheckpointFile) Reset() {
 	*x = CheckpointFile{}
-	mi := &file_reprise_proto_msgTypes[28]
+	mi := &file_reprise_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2300,7 +2507,7 @@ func (x *CheckpointFile) String() string {
 func (*CheckpointFile) ProtoMessage() {}
 
 func (x *CheckpointFile) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[28]
+	mi := &file_reprise_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2313,7 +2520,7 @@ func (x *CheckpointFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointFile.ProtoReflect.Descriptor instead.
 func (*CheckpointFile) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{28}
+	return file_reprise_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CheckpointFile) GetCheckpoint() []byte {
@@ -2344,7 +2551,7 @@ type ItemsRequest struct {
 
 func (x *ItemsRequest) Reset() {
 	*x = ItemsRequest{}
-	mi := &file_reprise_proto_msgTypes[29]
+	mi := &file_reprise_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2356,7 +2563,7 @@ func (x *ItemsRequest) String() string {
 func (*ItemsRequest) ProtoMessage() {}
 
 func (x *ItemsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[29]
+	mi := &file_reprise_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2369,7 +2576,7 @@ func (x *ItemsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemsRequest.ProtoReflect.Descriptor instead.
 func (*ItemsRequest) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{29}
+	return file_reprise_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ItemsRequest) GetTable() string {
@@ -2413,7 +2620,7 @@ type ItemInfo struct {
 
 func (x *ItemInfo) Reset() {
 	*x = ItemInfo{}
-	mi := &file_reprise_proto_msgTypes[30]
+	mi := &file_reprise_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2425,7 +2632,7 @@ func (x *ItemInfo) String() string {
 func (*ItemInfo) ProtoMessage() {}
 
 func (x *ItemInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[30]
+	mi := &file_reprise_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2438,7 +2645,7 @@ func (x *ItemInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemInfo.ProtoReflect.Descriptor instead.
 func (*ItemInfo) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{30}
+	return file_reprise_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ItemInfo) GetKey() uint64 {
@@ -2488,7 +2695,7 @@ type ItemsResponse struct {
 
 func (x *ItemsResponse) Reset() {
 	*x = ItemsResponse{}
-	mi := &file_reprise_proto_msgTypes[31]
+	mi := &file_reprise_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2500,7 +2707,7 @@ func (x *ItemsResponse) String() string {
 func (*ItemsResponse) ProtoMessage() {}
 
 func (x *ItemsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[31]
+	mi := &file_reprise_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2513,7 +2720,7 @@ func (x *ItemsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemsResponse.ProtoReflect.Descriptor instead.
 func (*ItemsResponse) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{31}
+	return file_reprise_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ItemsResponse) GetStatus() *Status {
@@ -2680,7 +2887,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\x05items\x18\x04 \x01(\x03R\x05items\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x03R\x05bytes\x12\x19\n" +
 	"\bpause_ns\x18\x06 \x01(\x03R\apauseNs\x12\x19\n" +
-	"\bwrite_ns\x18\a \x01(\x03R\awriteNs\"\xb9\x02\n" +
+	"\bwrite_ns\x18\a \x01(\x03R\awriteNs\"\xec\x02\n" +
 	"\n" +
 	"Checkpoint\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12)\n" +
@@ -2689,7 +2896,22 @@ const file_reprise_proto_rawDesc = "" +
 	"\x06tables\x18\x04 \x03(\v2\x1b.reprise.v1.TableCheckpointR\x06tables\x12\x16\n" +
 	"\x06chunks\x18\x05 \x03(\fR\x06chunks\x12<\n" +
 	"\tproducers\x18\x06 \x03(\v2\x1e.reprise.v1.ProducerCheckpointR\tproducers\x12/\n" +
-	"\x14last_sweep_unix_nano\x18\a \x01(\x03R\x11lastSweepUnixNano\"\xac\x01\n" +
+	"\x14last_sweep_unix_nano\x18\a \x01(\x03R\x11lastSweepUnixNano\x121\n" +
+	"\apending\x18\b \x03(\v2\x17.reprise.v1.PendingItemR\apending\"\xef\x01\n" +
+	"\vPendingItem\x12$\n" +
+	"\x04item\x18\x01 \x01(\v2\x10.reprise.v1.ItemR\x04item\x12'\n" +
+	"\x0fstream_sequence\x18\x02 \x01(\x04R\x0estreamSequence\x12-\n" +
+	"\x13stored_at_unix_nano\x18\x03 \x01(\x03R\x10storedAtUnixNano\x12\x1f\n" +
+	"\vproducer_id\x18\x04 \x01(\tR\n" +
+	"producerId\x12\x1a\n" +
+	"\bsequence\x18\x05 \x01(\x04R\bsequence\x12%\n" +
+	"\x0enotice_subject\x18\x06 \x01(\tR\rnoticeSubject\"d\n" +
+	"\bProgress\x12)\n" +
+	"\x10applied_sequence\x18\x01 \x01(\x04R\x0fappliedSequence\x12-\n" +
+	"\x04held\x18\x02 \x03(\v2\x19.reprise.v1.TableProgressR\x04held\"P\n" +
+	"\rTableProgress\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12)\n" +
+	"\x10applied_sequence\x18\x02 \x01(\x04R\x0fappliedSequence\"\xac\x01\n" +
 	"\x0fTableCheckpoint\x12\x1f\n" +
 	"\vconfig_json\x18\x01 \x01(\fR\n" +
 	"configJson\x12!\n" +
@@ -2766,7 +2988,7 @@ func file_reprise_proto_rawDescGZIP() []byte {
 }
 
 var file_reprise_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_reprise_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_reprise_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_reprise_proto_goTypes = []any{
 	(Compression)(0),           // 0: reprise.v1.Compression
 	(Code)(0),                  // 1: reprise.v1.Code
@@ -2794,14 +3016,17 @@ var file_reprise_proto_goTypes = []any{
 	(*CheckpointRequest)(nil),  // 23: reprise.v1.CheckpointRequest
 	(*CheckpointResponse)(nil), // 24: reprise.v1.CheckpointResponse
 	(*Checkpoint)(nil),         // 25: reprise.v1.Checkpoint
-	(*TableCheckpoint)(nil),    // 26: reprise.v1.TableCheckpoint
-	(*ItemCheckpoint)(nil),     // 27: reprise.v1.ItemCheckpoint
-	(*ProducerCheckpoint)(nil), // 28: reprise.v1.ProducerCheckpoint
-	(*HeldMessage)(nil),        // 29: reprise.v1.HeldMessage
-	(*CheckpointFile)(nil),     // 30: reprise.v1.CheckpointFile
-	(*ItemsRequest)(nil),       // 31: reprise.v1.ItemsRequest
-	(*ItemInfo)(nil),           // 32: reprise.v1.ItemInfo
-	(*ItemsResponse)(nil),      // 33: reprise.v1.ItemsResponse
+	(*PendingItem)(nil),        // 26: reprise.v1.PendingItem
+	(*Progress)(nil),           // 27: reprise.v1.Progress
+	(*TableProgress)(nil),      // 28: reprise.v1.TableProgress
+	(*TableCheckpoint)(nil),    // 29: reprise.v1.TableCheckpoint
+	(*ItemCheckpoint)(nil),     // 30: reprise.v1.ItemCheckpoint
+	(*ProducerCheckpoint)(nil), // 31: reprise.v1.ProducerCheckpoint
+	(*HeldMessage)(nil),        // 32: reprise.v1.HeldMessage
+	(*CheckpointFile)(nil),     // 33: reprise.v1.CheckpointFile
+	(*ItemsRequest)(nil),       // 34: reprise.v1.ItemsRequest
+	(*ItemInfo)(nil),           // 35: reprise.v1.ItemInfo
+	(*ItemsResponse)(nil),      // 36: reprise.v1.ItemsResponse
 }
 var file_reprise_proto_depIdxs = []int32{
 	0,  // 0: reprise.v1.Chunk.compression:type_name -> reprise.v1.Compression
@@ -2822,19 +3047,22 @@ var file_reprise_proto_depIdxs = []int32{
 	10, // 15: reprise.v1.ResetResponse.status:type_name -> reprise.v1.Status
 	1,  // 16: reprise.v1.Rejection.code:type_name -> reprise.v1.Code
 	10, // 17: reprise.v1.CheckpointResponse.status:type_name -> reprise.v1.Status
-	26, // 18: reprise.v1.Checkpoint.tables:type_name -> reprise.v1.TableCheckpoint
-	28, // 19: reprise.v1.Checkpoint.producers:type_name -> reprise.v1.ProducerCheckpoint
-	27, // 20: reprise.v1.TableCheckpoint.items:type_name -> reprise.v1.ItemCheckpoint
-	5,  // 21: reprise.v1.ItemCheckpoint.columns:type_name -> reprise.v1.TrajectoryColumn
-	29, // 22: reprise.v1.ProducerCheckpoint.held:type_name -> reprise.v1.HeldMessage
-	5,  // 23: reprise.v1.ItemInfo.columns:type_name -> reprise.v1.TrajectoryColumn
-	10, // 24: reprise.v1.ItemsResponse.status:type_name -> reprise.v1.Status
-	32, // 25: reprise.v1.ItemsResponse.items:type_name -> reprise.v1.ItemInfo
-	26, // [26:26] is the sub-list for method output_type
-	26, // [26:26] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	29, // 18: reprise.v1.Checkpoint.tables:type_name -> reprise.v1.TableCheckpoint
+	31, // 19: reprise.v1.Checkpoint.producers:type_name -> reprise.v1.ProducerCheckpoint
+	26, // 20: reprise.v1.Checkpoint.pending:type_name -> reprise.v1.PendingItem
+	6,  // 21: reprise.v1.PendingItem.item:type_name -> reprise.v1.Item
+	28, // 22: reprise.v1.Progress.held:type_name -> reprise.v1.TableProgress
+	30, // 23: reprise.v1.TableCheckpoint.items:type_name -> reprise.v1.ItemCheckpoint
+	5,  // 24: reprise.v1.ItemCheckpoint.columns:type_name -> reprise.v1.TrajectoryColumn
+	32, // 25: reprise.v1.ProducerCheckpoint.held:type_name -> reprise.v1.HeldMessage
+	5,  // 26: reprise.v1.ItemInfo.columns:type_name -> reprise.v1.TrajectoryColumn
+	10, // 27: reprise.v1.ItemsResponse.status:type_name -> reprise.v1.Status
+	35, // 28: reprise.v1.ItemsResponse.items:type_name -> reprise.v1.ItemInfo
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_reprise_proto_init() }
@@ -2848,7 +3076,7 @@ func file_reprise_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_reprise_proto_rawDesc), len(file_reprise_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   32,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

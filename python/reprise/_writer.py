@@ -416,13 +416,16 @@ class _Pending:
 class _Record:
     """One published message, until it is settled."""
 
-    __slots__ = ("seq", "data", "headers", "items", "first_sent", "attempts", "future", "sent_at", "settled")
+    __slots__ = ("seq", "data", "headers", "items", "tables", "first_sent", "attempts", "future", "sent_at", "settled")
 
-    def __init__(self, seq: int, data: bytes, headers: dict[str, str], items: int) -> None:
+    def __init__(
+        self, seq: int, data: bytes, headers: dict[str, str], items: int, tables: frozenset[str] = frozenset()
+    ) -> None:
         self.seq = seq
         self.data = data
         self.headers = headers
         self.items = items
+        self.tables = tables  # the tables its items are for
         self.first_sent = 0.0
         self.sent_at = 0.0
         self.attempts = 0
@@ -495,6 +498,7 @@ class _Producer:
         self.pending: collections.deque[_Pending] = collections.deque()
         self.batch_chunks: list[bytes] = []
         self.batch_items: list[bytes] = []
+        self.batch_tables: set[str] = set()
         self.batch_bytes = 0
         self.release: list[int] = []
         self.seq = 0
@@ -505,7 +509,12 @@ class _Producer:
         # yet known to be applied.
         self.unsettled: collections.deque[int] = collections.deque()
         self.unacked_items = 0
-        self.acked: list[tuple[int, int]] = []
+        # (stream sequence, items, tables) of messages JetStream stored and
+        # the service has not applied yet.
+        self.acked: list[tuple[int, int, frozenset[str]]] = []
+        # Tables whose items the service applied only up to a sequence before
+        # `applied`: their rate limiters hold items in their queues.
+        self.held: dict[str, int] = {}
         self.acked_items = 0
         self.applied = 0
         self.errors: list[errors.RepriseError] = []
@@ -702,6 +711,7 @@ class _Producer:
                 self.batch_chunks.append(ch.encoded)
                 ch.encoded, ch.sent = None, True
             self.batch_items.append(item)
+            self.batch_tables.add(it.table)
             self.batch_bytes += size
             self.pending.popleft()
         full = len(self.batch_items) >= self.o.batch_items or self.batch_bytes >= self.o.batch_bytes
@@ -732,9 +742,11 @@ class _Producer:
             self.id, seq, self.batch_chunks, self.batch_items, self.release, end, self.unsettled[0], self.o.max_in_flight,
             self.notice,
         )
+        tables = frozenset(self.batch_tables)
         self.batch_chunks, self.batch_items, self.batch_bytes, self.release = [], [], 0, []
+        self.batch_tables = set()
         self.unacked_items += n
-        self._submit(_Record(seq, data, {MSG_ID_HEADER: msg_id(self.id, seq)}, n))
+        self._submit(_Record(seq, data, {MSG_ID_HEADER: msg_id(self.id, seq)}, n, tables))
 
     def on_linger(self) -> None:
         """The linger time passed: publish a partly filled batch if there is
@@ -777,25 +789,33 @@ class _Producer:
             self.unacked_items -= rec.items
             if err is not None:
                 self.errors.append(err)
-            elif stream_seq is not None and stream_seq > self.applied and rec.items > 0:
-                self.acked.append((stream_seq, rec.items))
+            elif stream_seq is not None and rec.items > 0 and not self._applied_locked(stream_seq, rec.tables):
+                self.acked.append((stream_seq, rec.items, rec.tables))
                 self.acked_items += rec.items
             retry_linger = self.linger_armed
             self.notify_locked()
         if retry_linger:
             self.on_linger()
 
-    def on_applied(self, seq: int) -> None:
+    def _applied_locked(self, seq: int, tables: frozenset[str]) -> bool:
+        """Whether the service applied every item of the message stored at
+        seq (for tables): it applied the stream up to seq, and none of the
+        tables holds items from before it."""
+        return seq <= self.applied and all(seq <= self.held.get(t, seq) for t in tables)
+
+    def on_applied(self, applied: int, held: dict[str, int]) -> None:
+        """The service's progress (a Progress message): applied, but for the
+        tables in held, applied only up to their sequence."""
         with self.mu:
-            if seq <= self.applied:
-                return
-            self.applied = seq
+            if applied < self.applied:
+                return  # published before what we have
+            self.applied, self.held = applied, held
             kept = []
-            for s, n in self.acked:
-                if s > seq:
-                    kept.append((s, n))
-                else:
+            for s, n, tables in self.acked:
+                if self._applied_locked(s, tables):
                     self.acked_items -= n
+                else:
+                    kept.append((s, n, tables))
             self.acked = kept
             self.notify_locked()
 
@@ -922,11 +942,11 @@ class _Transport:
 
     async def _on_applied(self, m: Msg) -> None:
         try:
-            seq = int(m.data)
-        except ValueError:
-            return  # not ours to judge
+            prog = pb.Progress.FromString(m.data)
+        except Exception:  # noqa: BLE001 - not ours to judge
+            return
         assert self.p is not None
-        self.p.on_applied(seq)
+        self.p.on_applied(prog.applied_sequence, {h.table: h.applied_sequence for h in prog.held})
 
     async def _on_rejected(self, m: Msg) -> None:
         try:

@@ -151,10 +151,31 @@ def test_unapplied_items_bound_the_writer() -> None:
         p.create_item_locked("t", 1.0, p.resolve_locked({"x": ColumnHistory(p, "x")[-1]}))
         with pytest.raises(_Blocked):
             p.advance_locked(False)
-    p.on_applied(2)
+    p.on_applied(2, {})
     with p.mu:
         p.advance_locked(False)
     assert len(sent) == 3
+
+
+def test_a_held_table_holds_only_its_items() -> None:
+    """The service's progress names the tables whose rate limiters hold
+    items: the writer counts its items for them as not applied, and its
+    items for other tables as applied."""
+    p, sent = producer(max_unapplied=100)
+    for i, table in enumerate(["a", "b", "b"]):
+        with p.mu:
+            p.append_locked({"x": np.int64(i)})
+            p.create_item_locked(table, 1.0, p.resolve_locked({"x": ColumnHistory(p, "x")[-1]}))
+            p.advance_locked(False)
+    assert [r.tables for r in sent] == [frozenset({"a"}), frozenset({"b"}), frozenset({"b"})]
+    for r in sent:
+        p.on_settled(r, r.seq, None)
+    p.on_applied(3, {"a": 0})
+    assert p.acked_items == 1  # a's item waits in its table's queue
+    p.on_applied(2, {})
+    assert p.acked_items == 1  # published before: ignored
+    p.on_applied(3, {})
+    assert p.acked_items == 0
 
 
 def test_column_dtype_and_shape_are_fixed() -> None:

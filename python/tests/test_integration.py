@@ -485,3 +485,40 @@ def test_roles_on_embedded_server(binaries: Any, tmp_path: Any) -> None:
             assert learner.sample_batch("replay", 4, timeout=5).data["x"].shape == (4,)
     finally:
         r.kill9()
+
+
+def test_held_table_holds_only_its_writers(binaries: Any, tmp_path: Any) -> None:
+    """A table whose rate limiter holds items does not hold up another
+    table: a writer to the free table gets its items applied while the held
+    one is full; the held table's writer waits, and its items land in order
+    as a learner makes room."""
+    from conftest import Reprised
+
+    cfg = """
+tables:
+  - {name: held, max_size: 2, rate_limiter: {preset: queue}}
+  - {name: free, max_size: 1000}
+"""
+    r = Reprised(binaries["reprised"], tmp_path, cfg)
+    r.start()
+    try:
+        with reprise.Client(r.url) as c:
+            blocked = c.trajectory_writer(1, linger=0.0)
+            for i in range(6):
+                blocked.append({"id": np.int64(i)})
+                blocked.create_item("held", 1.0, {"id": blocked.history["id"][-1:]})
+            blocked.flush(timeout=30)
+            with c.trajectory_writer(1, linger=0.0) as free:
+                for i in range(10):
+                    free.append({"id": np.int64(100 + i)})
+                    free.create_item("free", 1.0, {"id": free.history["id"][-1:]})
+                free.wait_applied(timeout=30)
+            assert c.server_info(timeout=5)["free"].current_size == 10
+            with pytest.raises(reprise.DeadlineExceededError):
+                blocked.wait_applied(timeout=0.2)  # 4 items wait for the held table
+            got = [int(s.data["id"][0]) for _ in range(6) for s in c.sample("held", 1, timeout=30)]
+            assert got == list(range(6))
+            blocked.wait_applied(timeout=30)
+            blocked.close()
+    finally:
+        r.kill9()

@@ -137,6 +137,7 @@ func limitsFields(p *parser, l *service.Limits) []field {
 		{"max_producer_window", intInto(p, &l.MaxProducerWindow, 1, broker.MaxProducerWindow, " (a producer's WithMaxInFlight)")},
 		{"max_held_chunk_bytes", intInto(p, &l.MaxHeldChunkBytes, 1, math.MaxInt64, "")},
 		{"max_held_message_bytes", intInto(p, &l.MaxHeldMessageBytes, 1, math.MaxInt64, "")},
+		{"max_pending_items", intInto(p, &l.MaxPendingItems, 1, math.MaxInt32, "")},
 	}
 }
 

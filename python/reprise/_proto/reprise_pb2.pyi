@@ -19,11 +19,12 @@ COMPRESSION_ZSTD: Compression
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Checkpoint(_message.Message):
-    __slots__ = ["applied_sequence", "chunks", "created_unix_nano", "last_sweep_unix_nano", "producers", "tables", "version"]
+    __slots__ = ["applied_sequence", "chunks", "created_unix_nano", "last_sweep_unix_nano", "pending", "producers", "tables", "version"]
     APPLIED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     LAST_SWEEP_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     PRODUCERS_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -31,10 +32,11 @@ class Checkpoint(_message.Message):
     chunks: _containers.RepeatedScalarFieldContainer[bytes]
     created_unix_nano: int
     last_sweep_unix_nano: int
+    pending: _containers.RepeatedCompositeFieldContainer[PendingItem]
     producers: _containers.RepeatedCompositeFieldContainer[ProducerCheckpoint]
     tables: _containers.RepeatedCompositeFieldContainer[TableCheckpoint]
     version: int
-    def __init__(self, version: _Optional[int] = ..., applied_sequence: _Optional[int] = ..., created_unix_nano: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableCheckpoint, _Mapping]]] = ..., chunks: _Optional[_Iterable[bytes]] = ..., producers: _Optional[_Iterable[_Union[ProducerCheckpoint, _Mapping]]] = ..., last_sweep_unix_nano: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., applied_sequence: _Optional[int] = ..., created_unix_nano: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableCheckpoint, _Mapping]]] = ..., chunks: _Optional[_Iterable[bytes]] = ..., producers: _Optional[_Iterable[_Union[ProducerCheckpoint, _Mapping]]] = ..., last_sweep_unix_nano: _Optional[int] = ..., pending: _Optional[_Iterable[_Union[PendingItem, _Mapping]]] = ...) -> None: ...
 
 class CheckpointFile(_message.Message):
     __slots__ = ["checkpoint", "sha256"]
@@ -258,6 +260,22 @@ class MutationOp(_message.Message):
     priority: float
     def __init__(self, key: _Optional[int] = ..., priority: _Optional[float] = ..., delete: bool = ...) -> None: ...
 
+class PendingItem(_message.Message):
+    __slots__ = ["item", "notice_subject", "producer_id", "sequence", "stored_at_unix_nano", "stream_sequence"]
+    ITEM_FIELD_NUMBER: _ClassVar[int]
+    NOTICE_SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    STORED_AT_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
+    STREAM_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    item: Item
+    notice_subject: str
+    producer_id: str
+    sequence: int
+    stored_at_unix_nano: int
+    stream_sequence: int
+    def __init__(self, item: _Optional[_Union[Item, _Mapping]] = ..., stream_sequence: _Optional[int] = ..., stored_at_unix_nano: _Optional[int] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., notice_subject: _Optional[str] = ...) -> None: ...
+
 class ProducerCheckpoint(_message.Message):
     __slots__ = ["chunk_keys", "chunk_orders", "end", "held", "id", "last_seen_unix_nano", "last_sequence", "notice_subject"]
     CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +295,14 @@ class ProducerCheckpoint(_message.Message):
     last_sequence: int
     notice_subject: str
     def __init__(self, id: _Optional[str] = ..., last_sequence: _Optional[int] = ..., last_seen_unix_nano: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[int]] = ..., held: _Optional[_Iterable[_Union[HeldMessage, _Mapping]]] = ..., end: bool = ..., chunk_orders: _Optional[_Iterable[int]] = ..., notice_subject: _Optional[str] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ["applied_sequence", "held"]
+    APPLIED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    applied_sequence: int
+    held: _containers.RepeatedCompositeFieldContainer[TableProgress]
+    def __init__(self, applied_sequence: _Optional[int] = ..., held: _Optional[_Iterable[_Union[TableProgress, _Mapping]]] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ["code", "item_key", "message", "producer", "sequence", "table"]
@@ -407,6 +433,14 @@ class TableInfo(_message.Message):
     signature: _containers.RepeatedCompositeFieldContainer[ColumnSpec]
     size: int
     def __init__(self, name: _Optional[str] = ..., sampler: _Optional[str] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., limiter: _Optional[_Union[LimiterInfo, _Mapping]] = ..., signature: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., size: _Optional[int] = ..., bytes_held: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ..., evictions: _Optional[int] = ..., insert_waits: _Optional[int] = ..., sample_waits: _Optional[int] = ...) -> None: ...
+
+class TableProgress(_message.Message):
+    __slots__ = ["applied_sequence", "table"]
+    APPLIED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    applied_sequence: int
+    table: str
+    def __init__(self, table: _Optional[str] = ..., applied_sequence: _Optional[int] = ...) -> None: ...
 
 class TableRequest(_message.Message):
     __slots__ = ["table"]
