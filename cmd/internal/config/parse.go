@@ -430,7 +430,7 @@ func (p *parser) selector(n *yaml.Node, key string) (selectors.Options, bool) {
 	case keys["kind"] == nil:
 		p.failf(n, key, "no kind: add kind: with one of %s", strings.Join(selectorKinds, ", "))
 	case o.Kind == selectors.KindPrioritized && keys["exponent"] == nil:
-		p.failf(n, key, "prioritized needs an exponent: write {kind: prioritized, exponent: 0.6} (0 samples uniformly, 1 in proportion to priority)")
+		p.failf(n, key, "prioritized needs an exponent: write {kind: prioritized, exponent: 0.6} (0 samples every positive priority alike, 1 in proportion to priority)")
 	case o.Kind != selectors.KindPrioritized && keys["exponent"] != nil:
 		p.failf(keys["exponent"], joinKey(key, "exponent"), "only prioritized takes an exponent: remove it")
 	default:
