@@ -301,8 +301,7 @@ func errorClass(err error) any {
 		return nil
 	case errors.Is(err, limiter.ErrRateLimited):
 		return "rate_limited"
-	case errors.Is(err, tables.ErrInvalidPriority), errors.Is(err, tables.ErrInvalidArgument),
-		errors.Is(err, tables.ErrInvalidConfig):
+	case errors.Is(err, tables.ErrInvalidPriority), errors.Is(err, tables.ErrInvalidArgument):
 		return "invalid_argument"
 	}
 	return "other: " + err.Error()
