@@ -253,10 +253,12 @@ def compare(s: Json, ref: list[Json], got: list[Json]) -> list[str]:
 
 
 def deliberate_names() -> set[str]:
-    """Scenario names in the Scenarios column of the docs' table."""
+    """Scenario names in the Scenarios column (the last) of the docs'
+    table."""
     if not DOCS.exists():
         return set()
-    return set(re.findall(r"`([a-z0-9_]+)`", "\n".join(l for l in DOCS.read_text().splitlines() if l.startswith("|"))))
+    cells = [line.rstrip(" |").rsplit("|", 1)[-1] for line in DOCS.read_text().splitlines() if line.startswith("|")]
+    return set(re.findall(r"`([a-z0-9_-]+)`", "\n".join(cells)))
 
 
 def main() -> None:
