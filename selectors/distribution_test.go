@@ -86,13 +86,16 @@ func TestUniformDistribution(t *testing.T) {
 	checkDistribution(t, s, want, 100_000) // 10 keys: df 9
 }
 
-// prioritizedWant is p^α / Σ p^α, with α = 0 weighing everything 1 and an
-// all-zero total meaning uniform.
+// prioritizedWant is p^α / Σ p^α, with a zero priority weighing 0 at every
+// α (α = 0 weighs the others 1) and an all-zero total meaning uniform.
 func prioritizedWant(priorities map[Key]float64, exponent float64) map[Key]float64 {
 	weights := make(map[Key]float64, len(priorities))
 	var total float64
 	for k, p := range priorities {
-		w := math.Pow(p, exponent)
+		var w float64
+		if p != 0 {
+			w = math.Pow(p, exponent) // math.Pow(0, 0) is 1
+		}
 		weights[k] = w
 		total += w
 	}
@@ -124,7 +127,7 @@ func TestPrioritizedDistribution(t *testing.T) {
 			}
 			priorities[k] = initial[k]
 		}
-		// α = 0: 10 keys, df 9; otherwise 7 positive keys, df 6.
+		// 7 positive keys, df 6, at every α.
 		checkDistribution(t, s, prioritizedWant(priorities, exponent), n)
 		for k, p := range updates {
 			if err := s.Update(k, p); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"math/rand/v2"
 	"sync"
 	"testing"
 )
@@ -32,17 +33,17 @@ func cachedWeight(p, a float64) *big.Float {
 	return w
 }
 
-// exactWeight is the spec of Prioritized's weight, p^a (1 for every key when
-// a = 0), computed in math/big: exactly for a whole a, from square roots
+// exactWeight is the spec of Prioritized's weight, p^a, with 0 weighing 0
+// even when a = 0 (so a = 0 weighs every positive priority 1), computed in math/big: exactly for a whole a, from square roots
 // (to 192 bits) for a multiple of 1/4, and otherwise as e^(a·ln p) from
 // series (to about 180 bits).
 func exactWeight(p, a float64) *big.Float {
 	x := newExact().SetFloat64(p)
 	switch {
-	case a == 0:
-		return newExact().SetInt64(1)
 	case p == 0:
 		return newExact()
+	case a == 0:
+		return newExact().SetInt64(1)
 	case a*4 != math.Trunc(a*4) || a > 16:
 		return bigExp(newExact().Mul(newExact().SetFloat64(a), bigLog(x)))
 	}
@@ -220,5 +221,38 @@ func TestExactReference(t *testing.T) {
 				t.Errorf("%v^%v: series %v, square roots %v", p, a, series, roots)
 			}
 		}
+	}
+}
+
+// TestZeroPriorityAtExponentZero pins Reverb's rule that a priority of 0 has
+// probability 0 at every exponent, 0 included: at exponent 0 the positive
+// priorities share the draw equally, and only an all-zero table is uniform.
+func TestZeroPriorityAtExponentZero(t *testing.T) {
+	s, err := NewPrioritized(0, rand.New(rand.NewPCG(3, 4)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	priorities := map[Key]float64{1: 0, 2: 1, 3: 2e300, 4: 0, 5: 5e-324}
+	for k := Key(1); k <= 5; k++ {
+		if err := s.Insert(k, priorities[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkExact(t, s, priorities)
+	for range 1000 {
+		k, p, err := s.Sample()
+		if err != nil || priorities[k] == 0 || p != 1.0/3 {
+			t.Fatalf("Sample = key %d (priority %v), probability %v, %v; want a positive priority at exactly 1/3", k, priorities[k], p, err)
+		}
+	}
+	for _, k := range []Key{2, 3, 5} {
+		if err := s.Update(k, 0); err != nil {
+			t.Fatal(err)
+		}
+		priorities[k] = 0
+	}
+	checkExact(t, s, priorities)
+	if _, p, err := s.Sample(); err != nil || p != 1.0/5 {
+		t.Fatalf("all zero: probability %v, %v; want uniform 1/5", p, err)
 	}
 }

@@ -108,10 +108,10 @@ func group(level []float64, j int) *[fanout]float64 {
 }
 
 // NewPrioritized returns a selector that picks a key with probability
-// proportional to its priority raised to exponent: 0 makes every key equally
-// likely (priority 0 included), 1 is proportional to priority. For exponent > 0
-// a key of priority 0 is never picked unless every key has priority 0, in
-// which case the pick is uniform. rng drives the draws; nil means a randomly
+// proportional to its priority raised to exponent: 0 makes every key of
+// positive priority equally likely, 1 is proportional to priority. For every
+// exponent, 0 included, a key of priority 0 is never picked unless every key
+// has priority 0, in which case the pick is uniform (Reverb's rule). rng drives the draws; nil means a randomly
 // seeded source.
 //
 // Every finite priority >= 0 is accepted with any exponent, including those
@@ -139,10 +139,12 @@ func (s *prioritized) place(priority float64) (id int64, leaf float64) {
 	var frac float64
 	var exp int64
 	switch {
+	case priority == 0:
+		// Before the exponent: as in Reverb, a priority of 0 is never
+		// drawn, even at exponent 0. Also turns -0 into +0.
+		return 0, 0
 	case s.exponent == 0:
 		return 0, 1
-	case priority == 0:
-		return 0, 0 // also turns -0 into +0
 	case s.exponent == 1:
 		if priority >= 0x1p-768 && priority < 0x1p768 {
 			return 0, priority

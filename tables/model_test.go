@@ -180,7 +180,7 @@ func runModel(t *testing.T, sampler selectors.Kind, seed uint64, ops int) {
 			m.inserts, m.samples, m.deletes = 0, 0, 0
 		default:
 			m.lim = modelLimiters[rng.IntN(len(modelLimiters))]
-			m.maxTimes = int32(rng.IntN(4))
+			m.maxTimes = int32(rng.IntN(6)) - 2 // below 1: unlimited
 			what = fmt.Sprintf("reconfigure %+v max times %d", m.lim, m.maxTimes)
 			if err := tb.Reconfigure(m.lim, m.maxTimes); err != nil {
 				t.Fatal(err)

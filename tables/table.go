@@ -68,8 +68,10 @@ type heldChunk struct {
 	items int32
 }
 
-// Counters are a table's lifetime event counts. Reset does not clear them
-// (the limiter's counters, which Reset does clear, are in Info.Limiter).
+// Counters are a table's lifetime event counts. Reset does not clear them:
+// metrics export them as counters, which only grow. The counts since the
+// last Reset, which Reverb's info reports as its completed inserts and
+// samples, are the limiter's, in Info.Limiter.
 type Counters struct {
 	// Inserts counts new items. Inserting a key already present updates
 	// its priority and is not counted here.

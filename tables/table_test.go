@@ -514,3 +514,20 @@ func TestExtremePriorities(t *testing.T) {
 		}
 	}
 }
+
+// TestNegativeMaxTimesSampled checks Reverb's rule that any max_times_sampled
+// below 1 means unlimited.
+func TestNegativeMaxTimesSampled(t *testing.T) {
+	for _, m := range []int32{0, -1, math.MinInt32} {
+		s := NewChunkStore()
+		putChunk(s, 1, 1, 1)
+		cfg := config("t", selectors.KindFifo, selectors.KindFifo, 10, limiter.MinSize(1))
+		cfg.MaxTimesSampled = m
+		tb := mustNew(t, cfg, s)
+		mustInsert(t, tb, newItem(1, 1, 1))
+		ss, err := tb.Sample(expired(), 5)
+		if err != nil || len(ss) != 5 || ss[4].Info.TimesSampled != 5 || tb.Size() != 1 {
+			t.Fatalf("max_times_sampled %d: %d samples, %v, size %d", m, len(ss), err, tb.Size())
+		}
+	}
+}

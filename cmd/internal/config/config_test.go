@@ -267,7 +267,7 @@ func TestErrors(t *testing.T) {
 		{"max size mapping", "tables:\n  - name: t\n    max_size: {a: 1}\n", 3, "tables[0].max_size", []string{"want a whole number, got a mapping"}},
 		{"missing max size", "tables:\n  - name: t\n", 2, "tables[0]", []string{"no max_size"}},
 		{"missing name", "tables:\n  - max_size: 3\n", 2, "tables[0]", []string{"no name"}},
-		{"negative max times sampled", "tables:\n  - name: t\n    max_size: 3\n    max_times_sampled: -1\n", 4, "tables[0].max_times_sampled", []string{"0 for unlimited"}},
+		{"max times sampled beyond int32", "tables:\n  - name: t\n    max_size: 3\n    max_times_sampled: -2147483649\n", 4, "tables[0].max_times_sampled", []string{"below 1 for unlimited"}},
 		{"ratio error buffer too small", "tables:\n  - name: t\n    max_size: 10\n    rate_limiter:\n      preset: sample_to_insert_ratio\n      samples_per_insert: 4\n      min_size: 10\n      error_buffer: 1\n", 5, "tables[0].rate_limiter", []string{"error buffer 1 is too small"}},
 		{"ratio missing parameter", "tables:\n  - name: t\n    max_size: 10\n    rate_limiter: {preset: sample_to_insert_ratio, samples_per_insert: 2, min_size: 5}\n", 4, "tables[0].rate_limiter", []string{"needs error_buffer"}},
 		{"parameter of another preset", "tables:\n  - name: t\n    max_size: 10\n    rate_limiter:\n      preset: min_size\n      min_size: 3\n      max_diff: 10\n", 7, "tables[0].rate_limiter.max_diff", []string{"not a parameter of preset min_size", "use preset custom"}},
@@ -412,5 +412,17 @@ func TestCheckers(t *testing.T) {
 		if err := CheckPrefix(s); err == nil {
 			t.Errorf("CheckPrefix(%q) accepted", s)
 		}
+	}
+}
+
+// TestNegativeMaxTimesSampled accepts what Reverb accepts: any
+// max_times_sampled below 1 means unlimited.
+func TestNegativeMaxTimesSampled(t *testing.T) {
+	cfg, err := Parse("t.yaml", []byte("tables:\n  - name: t\n    max_size: 3\n    max_times_sampled: -1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Tables[0].MaxTimesSampled; got != -1 {
+		t.Fatalf("max_times_sampled = %d, want -1", got)
 	}
 }

@@ -432,7 +432,7 @@ func (p *parser) selector(n *yaml.Node, key string) (selectors.Options, bool) {
 	case keys["kind"] == nil:
 		p.failf(n, key, "no kind: add kind: with one of %s", strings.Join(selectorKinds, ", "))
 	case o.Kind == selectors.KindPrioritized && keys["exponent"] == nil:
-		p.failf(n, key, "prioritized needs an exponent: write {kind: prioritized, exponent: 0.6} (0 samples uniformly, 1 in proportion to priority)")
+		p.failf(n, key, "prioritized needs an exponent: write {kind: prioritized, exponent: 0.6} (0 samples every positive priority alike, 1 in proportion to priority)")
 	case o.Kind != selectors.KindPrioritized && keys["exponent"] != nil:
 		p.failf(keys["exponent"], joinKey(key, "exponent"), "only prioritized takes an exponent: remove it")
 	default:
@@ -483,7 +483,7 @@ func tableFields(p *parser, t *tableSpec) []field {
 		{"sampler", p.node(&t.sampler)},
 		{"remover", p.node(&t.remover)},
 		{"max_size", intInto(p, &t.cfg.MaxSize, 1, math.MaxInt64, " (the most items the table holds)")},
-		{"max_times_sampled", intInto(p, &t.cfg.MaxTimesSampled, 0, math.MaxInt32, " (0 for unlimited)")},
+		{"max_times_sampled", intInto(p, &t.cfg.MaxTimesSampled, math.MinInt32, math.MaxInt32, " (below 1 for unlimited, as in Reverb)")},
 		{"rate_limiter", p.node(&t.rateLimiter)},
 		{"signature", p.node(&t.signature)},
 	}
