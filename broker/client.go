@@ -27,8 +27,9 @@ type ClientOption interface {
 }
 
 type clientOptions struct {
-	prefix string
-	logger *slog.Logger
+	prefix        string
+	logger        *slog.Logger
+	returnOnStore bool // mutations return once stored, not once applied
 }
 
 // Client is a learner's connection to a deployment: it samples, updates
@@ -41,6 +42,9 @@ type Client struct {
 	o     clientOptions
 	inbox string
 	sub   *nats.Subscription
+	// The service's applied stream sequence, which mutations wait for.
+	progressSub *nats.Subscription
+	applied     appliedWatch
 
 	mu      sync.Mutex
 	closed  bool
@@ -84,12 +88,17 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: subscribing to replies: %w", err)
 	}
+	c.progressSub, err = nc.Subscribe(subj.Applied(), c.applied.onProgress)
+	if err != nil {
+		c.sub.Unsubscribe()
+		return nil, fmt.Errorf("broker: subscribing to the service's progress: %w", err)
+	}
 	return c, nil
 }
 
 // Close stops the client. Calls in progress fail with ErrClosed.
 func (c *Client) Close() error {
-	err := c.sub.Unsubscribe()
+	err := errors.Join(c.sub.Unsubscribe(), c.progressSub.Unsubscribe())
 	c.mu.Lock()
 	c.closed = true
 	for id, cl := range c.pending {
@@ -310,9 +319,10 @@ func decodeSamples(items []*wire.SampledItem, chunks [][]byte) ([]Sample, error)
 }
 
 // Mutate updates priorities and deletes items of table, in the order given.
-// It goes through the stream like inserts, so it is durable once Mutate
-// returns and is applied in order with the inserts around it. Keys that are
-// not in the table are skipped.
+// It goes through the stream like inserts, so it is durable and applied in
+// order with the inserts around it; it returns once the service applied it
+// (a sample or Get after it sees it), or with WithReturnOnStore once
+// JetStream stored it. Keys that are not in the table are skipped.
 func (c *Client) Mutate(ctx context.Context, table string, muts ...tables.Mutation) error {
 	if table == "" {
 		return fmt.Errorf("%w: empty table name", ErrInvalidMessage)
@@ -336,10 +346,61 @@ func (c *Client) Mutate(ctx context.Context, table string, muts ...tables.Mutati
 	if err != nil {
 		return fmt.Errorf("broker: encoding mutation: %w", err)
 	}
-	if _, err := c.js.Publish(ctx, c.subj.Mutate(), data); err != nil {
+	ack, err := c.js.Publish(ctx, c.subj.Mutate(), data)
+	if err != nil {
 		return fmt.Errorf("broker: publishing mutation for table %q: %w", table, err)
 	}
+	if c.o.returnOnStore {
+		return nil
+	}
+	if err := c.applied.waitFor(ctx, ack.Sequence); err != nil {
+		return fmt.Errorf("%w: mutation for table %q stored at sequence %d: %w", ErrNotApplied, table, ack.Sequence, err)
+	}
 	return nil
+}
+
+// appliedWatch follows the service's applied stream sequence.
+type appliedWatch struct {
+	mu      sync.Mutex
+	seq     uint64
+	changed chan struct{} // closed at the next change; made only when someone waits
+}
+
+func (w *appliedWatch) onProgress(m *nats.Msg) {
+	var prog wire.Progress
+	if proto.Unmarshal(m.Data, &prog) != nil {
+		return // not ours to judge: someone else published there
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if prog.AppliedSequence > w.seq {
+		w.seq = prog.AppliedSequence
+		if w.changed != nil {
+			close(w.changed)
+			w.changed = nil
+		}
+	}
+}
+
+// waitFor waits until the service has applied the stream up to seq.
+func (w *appliedWatch) waitFor(ctx context.Context, seq uint64) error {
+	for {
+		w.mu.Lock()
+		if w.seq >= seq {
+			w.mu.Unlock()
+			return nil
+		}
+		if w.changed == nil {
+			w.changed = make(chan struct{})
+		}
+		ch := w.changed
+		w.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // UpdatePriorities sets the priorities of items in table.

@@ -25,3 +25,23 @@ type loggerOption struct{ l *slog.Logger }
 
 func (l loggerOption) configureProducer(o *producerOptions) error { o.logger = l.l; return nil }
 func (l loggerOption) configureClient(o *clientOptions) error     { o.logger = l.l; return nil }
+
+// WithReturnOnStore makes the Producer's Flush and the Client's mutations
+// (Mutate, UpdatePriorities, Delete) return once JetStream has stored what
+// they sent, which makes it durable, without waiting for the table service
+// to apply it: a round trip sooner, but a sample or info right after may
+// not see it yet. By default they return once it is applied and visible,
+// as Reverb's flush and mutate_priorities do.
+func WithReturnOnStore() Option { return returnOnStoreOption{} }
+
+type returnOnStoreOption struct{}
+
+func (returnOnStoreOption) configureProducer(o *producerOptions) error {
+	o.returnOnStore = true
+	return nil
+}
+
+func (returnOnStoreOption) configureClient(o *clientOptions) error {
+	o.returnOnStore = true
+	return nil
+}

@@ -30,19 +30,20 @@ type producerOption func(*producerOptions) error
 func (f producerOption) configureProducer(o *producerOptions) error { return f(o) }
 
 type producerOptions struct {
-	prefix       string
-	chunkLength  int
-	compression  wire.Codec
-	delta        bool
-	history      int
-	maxInFlight  int
-	maxUnapplied int
-	batchItems   int
-	batchBytes   int
-	linger       time.Duration
-	retryFor     time.Duration
-	ackTimeout   time.Duration
-	logger       *slog.Logger
+	prefix        string
+	chunkLength   int
+	compression   wire.Codec
+	delta         bool
+	history       int
+	maxInFlight   int
+	maxUnapplied  int
+	batchItems    int
+	batchBytes    int
+	linger        time.Duration
+	retryFor      time.Duration
+	ackTimeout    time.Duration
+	logger        *slog.Logger
+	returnOnStore bool // Flush returns once stored, not once applied
 }
 
 func defaultProducerOptions() producerOptions {
@@ -792,9 +793,21 @@ func retryablePublishError(err error) bool {
 }
 
 // Flush completes every open chunk, publishes every item created so far and
-// waits until JetStream has stored them: on return they are durable. It
-// returns the errors seen since the last call.
+// waits until the table service has applied them: on return they are in
+// their tables (or were rejected, which it reports), so a sample or info
+// sees them, as after Reverb's flush. Under a rate limiter that holds the
+// items it waits until the limiter lets them in or ctx ends. With
+// WithReturnOnStore it returns once JetStream has stored them, which makes
+// them durable. It returns the errors seen since the last call.
 func (p *Producer) Flush(ctx context.Context) error {
+	if !p.o.returnOnStore {
+		return p.WaitApplied(ctx)
+	}
+	return p.flushStored(ctx)
+}
+
+// flushStored publishes everything and waits until JetStream stored it.
+func (p *Producer) flushStored(ctx context.Context) error {
 	p.mu.Lock()
 	if p.closing {
 		p.mu.Unlock()
@@ -827,9 +840,10 @@ func (p *Producer) flushLocked(ctx context.Context) error {
 // in their tables, or were rejected (which the call reports), or wait in the
 // service behind an earlier message of this producer that the stream
 // stored late (a resend after a reconnect). Under a rate limiter that holds
-// inserts it waits until ctx ends.
+// the items it waits until the limiter lets them in or ctx ends. It is what
+// Flush does unless WithReturnOnStore.
 func (p *Producer) WaitApplied(ctx context.Context) error {
-	if err := p.Flush(ctx); err != nil {
+	if err := p.flushStored(ctx); err != nil {
 		return err
 	}
 	if err := p.flow.waitApplied(ctx); err != nil {

@@ -298,7 +298,8 @@ func TestCheckpointWhileInsertHeld(t *testing.T) {
 	cfgs := []tables.Config{tables.QueueConfig("queue", 5)}
 	d := deploy(t, cfgs, deployOptions{service: []Option{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
 	ctx := testutil.Context(t)
-	p := d.producer(broker.WithLinger(0))
+	// Flush returns once the items are stored: the queue holds most of them.
+	p := d.producer(broker.WithLinger(0), broker.WithReturnOnStore())
 	for i := range int64(12) {
 		if err := p.Append(ctx, broker.Step{"id": broker.Int64s(nil, []int64{i})}); err != nil {
 			t.Fatal(err)

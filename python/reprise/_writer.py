@@ -90,6 +90,10 @@ class WriterOptions:
     ack_timeout: float = 5.0
     #: Check items against their table's signature before sending.
     validate_signatures: bool = True
+    #: ``flush`` returns once JetStream stored the items (durable) instead of
+    #: once the service applied them (visible to a sample), as Reverb's
+    #: flush does (broker.WithReturnOnStore): a round trip sooner.
+    return_on_store: bool = False
 
     def __post_init__(self) -> None:
         for name in ("chunk_length", "num_keep_alive_refs", "max_in_flight", "max_unapplied", "batch_items", "batch_bytes"):
@@ -829,6 +833,13 @@ class _Producer:
             return None
         errs, self.errors = self.errors, []
         return _join(errs)
+
+    def flushed_locked(self, n: int) -> bool:
+        """Whether at most n items are still to be done as flush counts
+        them: not yet applied by the service (not yet stored by JetStream
+        with return_on_store), staged items included."""
+        left = self.in_flight_items_locked() + (0 if self.o.return_on_store else self.acked_items)
+        return left <= n and (n > 0 or not self.unsettled)
 
     def in_flight_items_locked(self) -> int:
         staged = len(self.batch_items) + len(self.pending)

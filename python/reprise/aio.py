@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from nats.aio.msg import Msg
 
 from . import _codec, _conn, _info, _sample, errors
 from ._conn import ConnectOptions, Requester, Subjects
@@ -96,6 +97,47 @@ def _priorities_from_arrays(keys: Any, priorities: Any) -> dict[int, float]:
     return dict(zip(k.tolist(), p.tolist()))
 
 
+class _AppliedWatch:
+    """The service's applied stream sequence (<prefix>.applied), which
+    mutations wait for."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    async def on_progress(self, m: Msg) -> None:
+        try:
+            seq = pb.Progress.FromString(m.data).applied_sequence
+        except Exception:  # noqa: BLE001 - not ours to judge
+            return
+        if seq <= self.seq:
+            return
+        self.seq = seq
+        kept = []
+        for want, fut in self._waiters:
+            if want <= seq:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                kept.append((want, fut))
+        self._waiters = kept
+
+    async def wait_for(self, seq: int, timeout: float | None) -> None:
+        if self.seq >= seq:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((seq, fut))
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise errors.DeadlineExceededError(
+                f"mutation stored at stream sequence {seq} but not applied within {timeout:.3g}s "
+                "(is the table service running?)"
+            ) from None
+        finally:
+            self._waiters = [(w, f) for w, f in self._waiters if f is not fut]
+
+
 class Client:
     """An asyncio client of a Reprise deployment. Create it, then ``await
     client.connect()`` or use ``async with``. The arguments are those of
@@ -119,6 +161,7 @@ class Client:
         inbox_prefix: str | None = None,
         name: str | None = None,
         connect_timeout: float = 10.0,
+        return_on_store: bool = False,
     ) -> None:
         servers = server_address if isinstance(server_address, str) else tuple(server_address)
         self.options = ConnectOptions(
@@ -146,6 +189,8 @@ class Client:
         self._insert_lock: asyncio.Lock | None = None
         self._writers: set[Any] = set()
         self._denials = _conn.Denials()
+        self._return_on_store = return_on_store
+        self._applied = _AppliedWatch()
 
     # -- connection -------------------------------------------------------
 
@@ -164,6 +209,7 @@ class Client:
         self._req = Requester(nc, self.options.prefix)
         self._denials.add(self._req.on_denied)
         await self._req.start()
+        await nc.subscribe(self.subjects.applied, cb=self._applied.on_progress)
         return self
 
     async def _on_error(self, e: Exception) -> None:
@@ -272,8 +318,12 @@ class Client:
         """Updates priorities and deletes items (see
         :meth:`reprise.Client.mutate_priorities`)."""
         msgs = mutation_messages(table, updates, deletes, self.max_payload)
+        deadline = _deadline(timeout, None)
+        seq = 0
         for m in msgs:
-            await self._publish_js(self.subjects.mutate, m, timeout)
+            seq = await self._publish_js(self.subjects.mutate, m, _left(deadline))
+        if msgs and not self._return_on_store:
+            await self._applied.wait_for(seq, _left(deadline))
 
     async def update_priorities(self, table: str, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
         """mutate_priorities with arrays: ``keys`` (uint64) and
@@ -602,21 +652,16 @@ class AsyncTrajectoryWriter:
     async def flush(
         self, block_until_num_items: int = 0, timeout_ms: int | None = None, *, timeout: float | None = None
     ) -> None:
-        """Publishes everything and waits for JetStream's acks (see
+        """Publishes everything and waits until it is applied (see
         :meth:`reprise.TrajectoryWriter.flush`)."""
         deadline = _deadline(timeout, timeout_ms)
         await self._advance(True, deadline)
-        await self._wait(
-            lambda p: p.in_flight_items_locked() <= block_until_num_items
-            and (block_until_num_items > 0 or not p.unsettled),
-            deadline,
-            "flush",
-        )
+        await self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush")
 
     async def wait_applied(self, timeout: float | None = None) -> None:
         """Flushes, then waits until the service applied every item."""
         deadline = _deadline(timeout, None)
-        await self.flush(timeout=None if deadline is None else max(0.0, deadline - _now()))
+        await self.flush(timeout=_left(deadline))
         await self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied")
 
     async def _wait(self, cond: Any, deadline: float | None, what: str) -> None:
@@ -683,7 +728,7 @@ class AsyncTrajectoryWriter:
         with p.mu:
             p.closing = True
             p.closed = True
-        await t.close(None if deadline is None else max(0.0, deadline - _now()))
+        await t.close(_left(deadline))
         with p.mu:
             err = p.take_errors_locked()
         if first is not None:
@@ -700,6 +745,11 @@ class AsyncTrajectoryWriter:
 
 def _now() -> float:
     return time.monotonic()
+
+
+def _left(deadline: float | None) -> float | None:
+    """The seconds left until deadline (None: no deadline)."""
+    return None if deadline is None else max(0.0, deadline - _now())
 
 
 def _deadline(timeout: float | None, timeout_ms: int | None) -> float | None:

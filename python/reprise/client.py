@@ -84,6 +84,9 @@ class Client:
         role may read. An nkey user's inbox is ``_INBOX.<public key>``:
         pass it here.
       name: the connection's name as NATS monitoring shows it.
+      return_on_store: mutations return once JetStream stored them
+        (durable) rather than once the service applied them (visible), a
+        round trip sooner (Go: broker.WithReturnOnStore).
 
     Reverb users: ``reverb.Client(address)`` becomes
     ``reprise.Client("nats://host:4222")``; ``sample``, ``insert``,
@@ -208,9 +211,10 @@ class Client:
         """Sets the priorities of items (``updates``: key to priority) and
         deletes items (``deletes``: keys) of ``table``. Like Reverb, deletes
         apply first; keys not in the table are skipped. The change goes
-        through the stream: durable once this returns, and applied in order
-        with the inserts around it (it may not be visible to a sample sent
-        right after)."""
+        through the stream, durable and applied in order with the inserts
+        around it, and this returns once the service applied it: a sample
+        sent after sees it. With ``Client(..., return_on_store=True)`` it
+        returns once the change is stored (durable), a round trip sooner."""
         self._call(self._aclient.mutate_priorities(table, updates, deletes, timeout=timeout))
 
     def update_priorities(self, table: str, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
@@ -506,23 +510,21 @@ class TrajectoryWriter:
     def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None, *, timeout: float | None = None) -> None:
         """Completes the open chunks, publishes every item created so far and
         waits until at most ``block_until_num_items`` items are not yet
-        stored by JetStream (0: all stored, so durable). ``timeout``
+        applied by the table service (0: all in their tables, so a sample
+        sees them, as after Reverb's flush; a rate limiter that holds them
+        holds this call). With ``WriterOptions(return_on_store=True)`` it
+        waits only until JetStream stored them (durable). ``timeout``
         (seconds) or ``timeout_ms`` bounds the wait (DeadlineExceededError;
         the items keep being retried)."""
         deadline = _aio._deadline(timeout, timeout_ms)
         self._advance(True, deadline)
-        self._wait(
-            lambda p: p.in_flight_items_locked() <= block_until_num_items
-            and (block_until_num_items > 0 or not p.unsettled),
-            deadline,
-            "flush",
-        )
+        self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush")
 
     def wait_applied(self, timeout: float | None = None) -> None:
         """Flushes, then waits until the table service applied every item of
         this writer (or rejected it, which raises)."""
         deadline = _aio._deadline(timeout, None)
-        self.flush(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.flush(timeout=_aio._left(deadline))
         self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied")
 
     def _wait(self, cond: Any, deadline: float | None, what: str) -> None:
@@ -577,7 +579,7 @@ class TrajectoryWriter:
         with p.mu:
             p.closing = True
             p.closed = True
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        left = _aio._left(deadline)
         self._c._lt.call(self._t.close(left))
         with p.mu:
             err = p.take_errors_locked()

@@ -503,7 +503,7 @@ tables:
     r.start()
     try:
         with reprise.Client(r.url) as c:
-            blocked = c.trajectory_writer(1, linger=0.0)
+            blocked = c.trajectory_writer(1, linger=0.0, return_on_store=True)
             for i in range(6):
                 blocked.append({"id": np.int64(i)})
                 blocked.create_item("held", 1.0, {"id": blocked.history["id"][-1:]})
@@ -522,3 +522,20 @@ tables:
             blocked.close()
     finally:
         r.kill9()
+
+
+def test_read_your_writes(reprised_factory: Any) -> None:
+    """Once flush or a mutation returns, the service has applied it: info
+    shows the item, and a max-heap table samples the item just raised to the
+    top priority, with that priority, round after round."""
+    r = reprised_factory("tables:\n  - {name: heap, max_size: 1000, sampler: max_heap}\n")
+    with reprise.Client(r.url) as c, c.trajectory_writer(1, linger=3600.0) as w:
+        for i in range(30):
+            w.append({"x": np.int64(i)})
+            w.create_item("heap", 1.0, {"x": w.history["x"][-1:]})
+            w.flush(timeout=30)
+            assert c.server_info(timeout=5)["heap"].current_size == i + 1, f"round {i}: flush returned before applied"
+            item = next(c.sample("heap", 1, timeout=5))
+            c.mutate_priorities("heap", {item.info.key: float(1000 + i)}, timeout=30)
+            top = next(c.sample("heap", 1, timeout=5))
+            assert (top.info.key, top.info.priority) == (item.info.key, float(1000 + i)), f"round {i}: update not visible"
