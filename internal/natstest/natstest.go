@@ -114,8 +114,15 @@ type Option func(*config)
 type config struct {
 	storeDir   string
 	maxPayload int32
+	port       int
 	extra      string
 	probe      []nats.Option
+}
+
+// WithPort listens on port instead of a free one: for a client started
+// before the server.
+func WithPort(port int) Option {
+	return func(c *config) { c.port = port }
 }
 
 // WithStoreDir keeps JetStream data in dir instead of a fresh t.TempDir(),
@@ -169,7 +176,11 @@ func Start(t testing.TB, opts ...Option) *Process {
 			t.Logf("nats-server output:\n%s", p.output.String())
 		}
 	})
-	p.launch(t, -1)
+	port := -1
+	if p.cfg.port > 0 {
+		port = p.cfg.port
+	}
+	p.launch(t, port)
 	return p
 }
 

@@ -72,6 +72,11 @@ type Server struct {
 	// NATS is the URL (or comma-separated URLs) of an external NATS server;
 	// empty starts an embedded one.
 	NATS string
+	// NATSWait bounds how long reprised waits at startup for an external
+	// NATS server to accept it and for JetStream to answer (a cluster
+	// started at the same moment elects its leader first); 0 waits until
+	// reprised is stopped.
+	NATSWait time.Duration
 	// Creds, TLSCA, TLSCert and TLSKey are files for connecting to an
 	// external server: a credentials file, a CA to trust, and a client
 	// certificate and its key.

@@ -66,6 +66,7 @@ func Parse(name string, data []byte) (Config, error) {
 func serverFields(p *parser, s *Server) []field {
 	return []field{
 		{"nats", p.str(&s.NATS, nil)},
+		{"nats_wait", p.duration(&s.NATSWait, false)},
 		{"creds", p.str(&s.Creds, nil)},
 		{"tls_ca", p.str(&s.TLSCA, nil)},
 		{"tls_cert", p.str(&s.TLSCert, nil)},

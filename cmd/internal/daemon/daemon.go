@@ -107,6 +107,7 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	)
 	fs.StringVar(&file, "config", "", "YAML configuration `file` with the tables and settings (see reprise.example.yaml)")
 	fs.StringVar(&conn.URL, "nats", "", "`URL` of an external NATS server with JetStream (comma-separated for a cluster); without it reprised starts an embedded server")
+	natsWait := fs.Duration("nats-wait", 0, "how long to wait at startup for the external NATS server and its JetStream (`duration`; 0 waits until stopped)")
 	conn.RegisterAuth(fs)
 	fs.Func("listen", "`HOST:PORT` where the embedded server accepts clients (port -1: any free port; beyond loopback it needs users, --listen-tls-verify or --allow-unauthenticated) (default "+config.DefaultListen+")", checked(&s.Listen, config.CheckListen))
 	fs.Func("embedded-user", "let `ROLE:NAME:PASSWORD` connect to the embedded server (role actor, learner, admin or service; the password plain or bcrypt-hashed); repeat for more users; replaces the config file's users", embeddedUser(&users, false))
@@ -155,6 +156,12 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 		}
 	}
 	override("nats", &cfg.Server.NATS, conn.URL)
+	if set["nats-wait"] {
+		if *natsWait < 0 {
+			return config.Config{}, cli.Usagef("--nats-wait %v is negative: give a duration such as 1m, or 0 to wait until stopped", *natsWait)
+		}
+		cfg.Server.NATSWait = *natsWait
+	}
 	override("creds", &cfg.Server.Creds, conn.Creds)
 	override("tls-ca", &cfg.Server.TLSCA, conn.TLSCA)
 	override("tls-cert", &cfg.Server.TLSCert, conn.TLSCert)
@@ -314,6 +321,9 @@ type daemon struct {
 
 func (d *daemon) run(ctx context.Context) error {
 	if err := d.connect(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for NATS: nothing had started
+		}
 		return err
 	}
 	cpOpts, err := d.cfg.Checkpoint.Options()
@@ -415,22 +425,59 @@ func (d *daemon) connect(ctx context.Context) error {
 		}
 		return nil
 	}
+	// A server or cluster started together with reprised (compose,
+	// Kubernetes) may accept connections, and elect the leader JetStream
+	// needs, only later: wait for both, saying what for. Once connected,
+	// the connection reconnects by itself for as long as reprised runs.
+	if s.NATSWait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.NATSWait)
+		defer cancel()
+	}
 	conn := serverConn(s)
-	nc, err := conn.Connect("reprised",
-		nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			d.log.Warn("disconnected from NATS", "error", err)
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			d.log.Info("reconnected to NATS", "url", nc.ConnectedUrl())
-		}),
-	)
+	err := d.waitFor(ctx, "the NATS server at "+s.NATS, func() (bool, error) {
+		nc, err := conn.Connect("reprised",
+			nats.MaxReconnects(-1),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				d.log.Warn("disconnected from NATS", "error", err)
+			}),
+			nats.ReconnectHandler(func(nc *nats.Conn) {
+				d.log.Info("reconnected to NATS", "url", nc.ConnectedUrl())
+			}),
+		)
+		d.nc = nc
+		// Refused credentials will not change by waiting.
+		return errors.Is(err, nats.ErrAuthorization), err
+	})
 	if err != nil {
 		return err
 	}
-	d.nc = nc
 	d.url = s.NATS
-	return checkJetStream(ctx, nc, s.NATS)
+	return d.waitFor(ctx, "JetStream at "+s.NATS, func() (bool, error) { return checkJetStream(ctx, d.nc, s.NATS) })
+}
+
+// waitFor tries until try succeeds, fails for good, or ctx ends (then it
+// returns try's last error), logging what it waits for at once and every
+// 10 seconds after.
+func (d *daemon) waitFor(ctx context.Context, what string, try func() (permanent bool, err error)) error {
+	backoff := 50 * time.Millisecond
+	var logged time.Time
+	for {
+		permanent, err := try()
+		if err == nil || permanent {
+			return err
+		}
+		if time.Since(logged) >= 10*time.Second {
+			d.log.Warn("reprised: waiting for "+what, "error", err)
+			logged = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (gave up waiting: server.nats_wait or --nats-wait)", err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }
 
 // embeddedAuth turns the users and TLS settings into the embedded server's
@@ -488,22 +535,23 @@ func rolePermissions(role broker.Role, prefix, user string) (embeddednats.Permis
 	}, nil
 }
 
-// checkJetStream fails fast on a server without JetStream, where the
-// service would otherwise wait for a stream it can never create.
-func checkJetStream(ctx context.Context, nc *nats.Conn, url string) error {
+// checkJetStream asks whether JetStream answers. A server without
+// JetStream fails for good (permanent), where the service would otherwise
+// wait for a stream it can never create.
+func checkJetStream(ctx context.Context, nc *nats.Conn, url string) (permanent bool, err error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return err
+		return true, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := js.AccountInfo(ctx); err != nil {
 		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
-			return fmt.Errorf("NATS at %s has no JetStream: %w (start nats-server with -js, or enable JetStream for this account)", url, err)
+			return true, fmt.Errorf("NATS at %s has no JetStream: %w (start nats-server with -js, or enable JetStream for this account)", url, err)
 		}
-		return fmt.Errorf("NATS at %s: JetStream does not answer: %w", url, err)
+		return false, fmt.Errorf("NATS at %s: JetStream does not answer: %w", url, err)
 	}
-	return nil
+	return false, nil
 }
 
 // serveMetrics listens before returning, so that a busy port is an error

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -26,6 +27,7 @@ import (
 	"github.com/reprise-rl/reprise/cmd/internal/config"
 	"github.com/reprise-rl/reprise/internal/natstest"
 	"github.com/reprise-rl/reprise/internal/syncbuf"
+	"github.com/reprise-rl/reprise/internal/testutil"
 )
 
 // running is reprised started in process by start.
@@ -270,13 +272,62 @@ func TestExternalServer(t *testing.T) {
 func TestExternalServerUnreachable(t *testing.T) {
 	var stderr bytes.Buffer
 	// Port 1 on loopback: nothing listens there.
-	code := Main(testCtx(t), []string{"--nats", "nats://127.0.0.1:1"}, io.Discard, &stderr)
+	code := Main(testCtx(t), []string{"--nats", "nats://127.0.0.1:1", "--nats-wait", "300ms"}, io.Discard, &stderr)
 	if code != 1 {
 		t.Errorf("exit status %d, want 1", code)
 	}
-	if msg := stderr.String(); !strings.Contains(msg, "connecting to NATS at nats://127.0.0.1:1") {
-		t.Errorf("error %q does not say which server it could not reach", msg)
+	msg := stderr.String()
+	if !strings.Contains(msg, "waiting for the NATS server at nats://127.0.0.1:1") {
+		t.Errorf("log %q does not say what reprised waits for", msg)
 	}
+	if !strings.Contains(msg, "connecting to NATS at nats://127.0.0.1:1") || !strings.Contains(msg, "--nats-wait") {
+		t.Errorf("error %q does not say which server it could not reach, and how to wait longer", msg)
+	}
+}
+
+// TestExternalServerStartsLater: reprised started before its NATS server
+// (as compose or Kubernetes start them) waits for it, saying so, and serves
+// once it is up.
+func TestExternalServerStartsLater(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	stdout, stderr := &syncbuf.Buffer{}, &syncbuf.Buffer{}
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, []string{"--nats", url, "--prefix", "late"}, stdout, stderr) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("reprised: %v", err)
+		}
+	}()
+	waitOutput(t, stderr, "waiting for the NATS server at "+url, done)
+	natstest.Start(t, natstest.WithPort(port))
+	waitOutput(t, stdout, "Stop it with Ctrl-C.", done)
+	insert(t, url, "late", "replay", 3)
+	if got := tableSize(t, url, "late", "replay"); got != 3 {
+		t.Errorf("replay holds %d items, want 3", got)
+	}
+}
+
+// waitOutput waits until out holds want, failing if reprised exits first.
+func waitOutput(t *testing.T, out *syncbuf.Buffer, want string, done chan error) {
+	t.Helper()
+	testutil.WaitUntil(t, fmt.Sprintf("reprised writes %q", want), func() bool {
+		select {
+		case err := <-done:
+			done <- err // for the deferred stop
+			t.Fatalf("reprised exited: %v\n%s", err, out.String())
+		default:
+		}
+		return strings.Contains(out.String(), want)
+	})
 }
 
 func TestPortInUse(t *testing.T) {
