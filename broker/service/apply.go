@@ -432,9 +432,7 @@ func (s *Service) insertItem(ctx context.Context, producer string, b *insertBatc
 		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", it.table, strings.Join(s.names, ", ")))
 		return nil
 	}
-	return s.insertNow(ctx, t, &pendingItem{
-		item: it.item, streamSeq: b.streamSeq, storedAt: b.storedAt, to: noticeTo{producer, b.notice}, sequence: b.sequence,
-	})
+	return s.insertNow(ctx, t, it.item, arrival{streamSeq: b.streamSeq, storedAt: b.storedAt, to: noticeTo{producer, b.notice}, sequence: b.sequence})
 }
 
 // tooLarge names the limit an oversized item is over.

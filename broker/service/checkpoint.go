@@ -530,9 +530,11 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 			continue
 		}
 		p := &pendingItem{
-			item:      tables.Item{Key: pi.Item.Key, Priority: pi.Item.Priority, Trajectory: wire.ToTableColumns(pi.Item.Columns)},
-			streamSeq: pi.StreamSequence, storedAt: time.Unix(0, pi.StoredAtUnixNano),
-			to: noticeTo{producer: pi.ProducerId, subject: pi.NoticeSubject}, sequence: pi.Sequence,
+			item: tables.Item{Key: pi.Item.Key, Priority: pi.Item.Priority, Trajectory: wire.ToTableColumns(pi.Item.Columns)},
+			arrival: arrival{
+				streamSeq: pi.StreamSequence, storedAt: time.Unix(0, pi.StoredAtUnixNano),
+				to: noticeTo{producer: pi.ProducerId, subject: pi.NoticeSubject}, sequence: pi.Sequence,
+			},
 		}
 		p.chunks = chunkKeys(p.item.Trajectory)
 		if err := store.Retain(p.chunks...); err != nil {

@@ -20,8 +20,14 @@ import (
 
 // pendingItem is an item that waits for its table's rate limiter.
 type pendingItem struct {
-	item      tables.Item
-	chunks    []uint64 // the distinct chunks it references, which it holds
+	item   tables.Item
+	chunks []uint64 // the distinct chunks it references, which it holds
+	arrival
+}
+
+// arrival is where an item came from: its message in the stream and its
+// producer.
+type arrival struct {
 	streamSeq uint64
 	storedAt  time.Time
 	to        noticeTo // who is told if it is refused
@@ -173,18 +179,18 @@ func (s *Service) makeRoom(ctx context.Context, table string) error {
 // insertNow inserts an item that arrived from the stream, or queues it
 // while its table's limiter holds it. It returns an error only when ctx
 // ended while a full queue held up the stream.
-func (s *Service) insertNow(ctx context.Context, t *tables.Table, p *pendingItem) error {
+func (s *Service) insertNow(ctx context.Context, t *tables.Table, item tables.Item, from arrival) error {
 	table := t.Name()
 	q := s.pending[table]
 	if q.len() == 0 {
-		ok, changed, err := t.TryInsert(p.item, false)
+		ok, changed, err := t.TryInsert(item, false)
 		switch {
 		case err != nil:
-			s.reject(p.to, p.sequence, p.item.Key, table, codeOf(err), tooLarge(err))
+			s.reject(from.to, from.sequence, item.Key, table, codeOf(err), tooLarge(err))
 			return nil
 		case ok:
 			if s.o.observer != nil {
-				s.o.observer.ItemInserted(table, time.Since(p.storedAt))
+				s.o.observer.ItemInserted(table, time.Since(from.storedAt))
 			}
 			return nil
 		}
@@ -194,6 +200,7 @@ func (s *Service) insertNow(ctx context.Context, t *tables.Table, p *pendingItem
 			return err
 		}
 	}
+	p := &pendingItem{item: item, arrival: from}
 	if err := s.enqueue(table, p); err != nil {
 		s.reject(p.to, p.sequence, p.item.Key, table, protocol.CodeInvalidArgument, fmt.Sprintf("item %d: %v", p.item.Key, err))
 	}
