@@ -405,14 +405,15 @@ class Client:
 
     async def insert(self, data: Mapping[str, Any], priorities: Mapping[str, float], *, timeout: float | None = 60.0) -> None:
         """Inserts one single-step item into each table of ``priorities``,
-        as Reverb's ``Client.insert``; returns once JetStream stored it."""
+        as Reverb's ``Client.insert``; returns once the service applied it
+        (with ``return_on_store`` once stored)."""
         if not priorities:
             raise errors.InvalidArgumentError("insert needs priorities={table: priority}")
         if self._insert_lock is None:
             self._insert_lock = asyncio.Lock()
         async with self._insert_lock:
             if self._insert_writer is None:
-                self._insert_writer = await self.trajectory_writer(1, linger=0.0)
+                self._insert_writer = await self.trajectory_writer(1, linger=0.0, return_on_store=self._return_on_store)
             w = self._insert_writer
             await w.append(data)
             traj = {c: w.history[c][-1] for c in data}

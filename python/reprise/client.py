@@ -253,14 +253,14 @@ class Client:
     def insert(self, data: Mapping[str, Any], priorities: Mapping[str, float], *, timeout: float | None = 60.0) -> None:
         """Inserts ``data`` (column name to array or scalar) as one
         single-step item into each table of ``priorities`` (table to
-        priority), as Reverb's ``Client.insert``. Returns once JetStream
-        stored it (durable); the service applies it shortly after. For many
-        items a :meth:`trajectory_writer` is much faster."""
+        priority), as Reverb's ``Client.insert``. Returns once the service
+        applied it (``Client(return_on_store=True)``: once stored, durable).
+        For many items a :meth:`trajectory_writer` is much faster."""
         if not priorities:
             raise errors.InvalidArgumentError("insert needs priorities={table: priority}")
         with self._insert_lock:
             if self._insert_writer is None:
-                self._insert_writer = self.trajectory_writer(1, linger=0.0)
+                self._insert_writer = self.trajectory_writer(1, linger=0.0, return_on_store=self._aclient._return_on_store)
             w = self._insert_writer
             w.append(data)
             traj = {c: w.history[c][-1] for c in data}
@@ -382,9 +382,10 @@ class TrajectoryWriter:
     Differences from Reverb: a column's dtype and shape are fixed by its
     first step (a mismatch raises SignatureMismatchError naming the column);
     ``history`` references finished steps (the steps of a ``partial_step``
-    become visible when the step is finished); ``flush`` returns when
-    JetStream stored the items (durable), :meth:`wait_applied` when the
-    service applied them.
+    become visible when the step is finished). ``flush`` returns, as
+    Reverb's does, once the service applied the items (with
+    ``return_on_store=True`` once JetStream stored them, durable; then
+    :meth:`wait_applied` waits for the service).
     """
 
     def __init__(self, client: Client, opts: WriterOptions) -> None:
@@ -540,8 +541,8 @@ class TrajectoryWriter:
             raise err
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None, *, timeout: float | None = None) -> None:
-        """Publishes the episode's items, waits until JetStream stored them,
-        and starts a new episode: later items cannot reference its steps and
+        """Publishes the episode's items, waits as :meth:`flush` does, and
+        starts a new episode: later items cannot reference its steps and
         the service releases its chunks. (``clear_buffers`` is accepted for
         Reverb compatibility; buffers are always cleared.)"""
         self.flush(timeout_ms=timeout_ms, timeout=timeout)
