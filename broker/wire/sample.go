@@ -256,8 +256,14 @@ func DecodeSampled(items []*SampledItem, chunks [][]byte) (columns [][]*Tensor, 
 		return t, ok
 	}
 	columns = make([][]*Tensor, len(items))
+	total := 0
+	for _, it := range items {
+		total += len(it.Columns)
+	}
+	// One backing array for every item's columns: one allocation a reply.
+	flat := make([]*Tensor, total)
 	for i, it := range items {
-		columns[i] = make([]*Tensor, len(it.Columns))
+		columns[i], flat = flat[:len(it.Columns):len(it.Columns)], flat[len(it.Columns):]
 		for j, col := range it.Columns {
 			if columns[i][j], err = GatherColumn(col, lookup); err != nil {
 				return nil, fmt.Errorf("item %d: %w", it.GetInfo().GetKey(), err)
