@@ -158,7 +158,7 @@ func applySeeds(f *testing.F) []applySeed {
 // fuzzConn connects to an in-process NATS server for the fuzz target's
 // process (each fuzz worker runs the target's setup anew): rejections are
 // published on it.
-func fuzzConn(f *testing.F) *nats.Conn {
+func fuzzConn(f testing.TB) *nats.Conn {
 	srv, err := embeddednats.Start(context.Background(), embeddednats.WithStoreDir(f.TempDir()), embeddednats.WithoutListener(), embeddednats.WithLogger(testutil.QuietLogger()))
 	if err != nil {
 		f.Fatal(err)
