@@ -99,6 +99,7 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) (*Client, error) {
 // Close stops the client. Calls in progress fail with ErrClosed.
 func (c *Client) Close() error {
 	err := errors.Join(c.sub.Unsubscribe(), c.progressSub.Unsubscribe())
+	c.applied.close()
 	c.mu.Lock()
 	c.closed = true
 	for id, cl := range c.pending {
@@ -364,6 +365,18 @@ type appliedWatch struct {
 	mu      sync.Mutex
 	seq     uint64
 	changed chan struct{} // closed at the next change; made only when someone waits
+	closed  bool
+}
+
+// close makes every wait, current and later, fail with ErrClosed.
+func (w *appliedWatch) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+	if w.changed != nil {
+		close(w.changed)
+		w.changed = nil
+	}
 }
 
 func (w *appliedWatch) onProgress(m *nats.Msg) {
@@ -389,6 +402,10 @@ func (w *appliedWatch) waitFor(ctx context.Context, seq uint64) error {
 		if w.seq >= seq {
 			w.mu.Unlock()
 			return nil
+		}
+		if w.closed {
+			w.mu.Unlock()
+			return ErrClosed
 		}
 		if w.changed == nil {
 			w.changed = make(chan struct{})

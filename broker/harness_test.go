@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,10 +17,11 @@ import (
 // deployment is a NATS server with a running table service, for the tests
 // of producers and clients (the service's own tests have a fuller one).
 type deployment struct {
-	t      testing.TB
-	url    string
-	prefix string
-	svc    *service.Service
+	t           testing.TB
+	url         string
+	prefix      string
+	svc         *service.Service
+	stopService func() // stops svc, once
 }
 
 // deploy runs a table service with cfgs on the server at url, or on an
@@ -37,12 +39,13 @@ func deploy(t testing.TB, cfgs []tables.Config, url string) *deployment {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
-	t.Cleanup(func() {
+	d.stopService = sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("service Run: %v", err)
 		}
 	})
+	t.Cleanup(d.stopService)
 	d.svc = svc
 	c := d.client()
 	testutil.WaitUntil(t, "the service answers info", func() bool {

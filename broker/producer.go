@@ -852,20 +852,24 @@ func (p *Producer) WaitApplied(ctx context.Context) error {
 	return p.flow.takeErrors()
 }
 
-// EndEpisode publishes the episode's remaining items and starts a new
-// episode: later items can no longer reference its steps, and the service
-// drops its hold on its chunks.
+// EndEpisode publishes the episode's remaining items, waits for them as
+// Flush does, and starts a new episode: later items can no longer
+// reference its steps, and the service drops its hold on its chunks.
 func (p *Producer) EndEpisode(ctx context.Context) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closing {
+		p.mu.Unlock()
 		return ErrClosed
 	}
-	if err := p.flushLocked(ctx); err != nil {
+	err := p.flushLocked(ctx)
+	if err == nil {
+		p.endEpisodeLocked()
+	}
+	p.mu.Unlock()
+	if err != nil {
 		return err
 	}
-	p.endEpisodeLocked()
-	return p.flow.takeErrors()
+	return p.Flush(ctx)
 }
 
 func (p *Producer) endEpisodeLocked() {

@@ -221,6 +221,15 @@ func (t *Table) Insert(ctx context.Context, item Item) error {
 	}
 }
 
+// CountHeldInsert counts an insert the rate limiter holds that the caller
+// queued without trying it (behind others it holds), as TryInsert counts
+// the ones it refuses.
+func (t *Table) CountHeldInsert() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.counters.InsertWaits++
+}
+
 // TryInsert is Insert without the wait: when the rate limiter does not
 // allow the insert now, it returns false and a channel closed at the
 // limiter's next change, when trying again may succeed. Checks and

@@ -552,8 +552,16 @@ func (s *Service) applyMutation(data []byte, seq uint64) {
 	missing, err := t.Mutate(muts)
 	if err != nil {
 		s.reject(noticeTo{}, seq, 0, m.Table, protocol.CodeInvalidArgument, err.Error())
+		return
 	}
-	s.stats.missing.Add(int64(len(missing)))
+	// Items still waiting for the table's limiter were inserted before the
+	// mutation: it applies to them too.
+	queued := s.mutatePending(m.Table, muts)
+	for _, key := range missing {
+		if !queued[key] {
+			s.stats.missing.Add(1)
+		}
+	}
 }
 
 func (s *Service) applyReset(data []byte, seq uint64) {
@@ -563,8 +571,9 @@ func (s *Service) applyReset(data []byte, seq uint64) {
 		return
 	}
 	if r.Table == "" {
-		for _, t := range s.tables {
+		for name, t := range s.tables {
 			t.Reset()
+			s.resetPending(name)
 		}
 		return
 	}
@@ -574,6 +583,7 @@ func (s *Service) applyReset(data []byte, seq uint64) {
 		return
 	}
 	t.Reset()
+	s.resetPending(r.Table)
 }
 
 // reject counts, logs (rate-limited) and, when the producer gave a notice

@@ -37,12 +37,17 @@ func FuzzApply(f *testing.F) {
 		cfgs := []tables.Config{
 			testutil.TableConfig("u", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 8, limiter.MinSize(1)),
 			testutil.TableConfig("p", selectors.Options{Kind: selectors.KindPrioritized, Exponent: 1}, selectors.Options{Kind: selectors.KindMinHeap}, 8, limiter.MinSize(1)),
+			// Its limiter holds every insert past the second: items wait in
+			// its queue.
+			tables.QueueConfig("q", 2),
 		}
 		s, err := New(nc, cfgs, WithPrefix("fuzz"), WithLogger(testutil.QuietLogger()), WithLimits(limits))
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s.watcher = &watcher{ctx: ctx, wake: make(chan string, len(cfgs))}
+		defer s.watcher.wg.Wait()
 		defer cancel()
 		subject := []string{s.subj.Insert(), s.subj.Mutate(), s.subj.Reset(), "fuzz.data.other"}[int(kind)%4]
 		at := time.Unix(1_700_000_000, 0)
@@ -65,13 +70,31 @@ func FuzzApply(f *testing.F) {
 			if info.Size > info.Config.MaxSize {
 				t.Fatalf("table %s holds %d items, over its max size %d", name, info.Size, info.Config.MaxSize)
 			}
+			// The progress published for a table never covers an item
+			// that still waits in its queue.
+			if q := s.pending[name]; q.len() > 0 {
+				held, ok := s.progress.message(), false
+				for _, h := range held.Held {
+					if h.Table == name {
+						ok = true
+						for _, p := range q.items[q.head:] {
+							if !p.dropped && p.streamSeq <= h.AppliedSequence {
+								t.Fatalf("table %s: progress %d covers a waiting item of stream sequence %d", name, h.AppliedSequence, p.streamSeq)
+							}
+						}
+					}
+				}
+				if !ok {
+					t.Fatalf("table %s has %d waiting items and no progress of its own", name, q.len())
+				}
+			}
 			if name == "u" && len(tb.Get(liveKey(2))) != 1 {
 				t.Fatalf("the live producer's message after the input did not land in table u")
 			}
 			if info.Size == 0 {
 				continue
 			}
-			samples, err := tb.Sample(ctx, 4)
+			samples, err := tb.SampleFlexible(ctx, 4)
 			if err != nil {
 				t.Fatalf("sampling %s: %v", name, err)
 			}
@@ -136,6 +159,12 @@ func applySeeds(f *testing.F) []applySeed {
 		},
 		ReleaseChunkKeys: []uint64{11}, EndOfStream: true,
 	}
+	// Four items for the queue table, whose limiter lets two in: two wait,
+	// one of them a key already in it.
+	queued := &wire.InsertBatch{ProducerId: "seedq", Sequence: 1, WindowStart: 1, Window: 8, Chunks: []*wire.Chunk{ints}}
+	for _, key := range []uint64{21, 22, 23, 21} {
+		queued.Items = append(queued.Items, &wire.Item{Key: key, Table: "q", Priority: 1, Columns: []*wire.TrajectoryColumn{{Name: "a", Squeeze: true, Slices: []*wire.ColumnSlice{{ChunkKey: 11, Offset: 2, Length: 1}}}}})
+	}
 	mutation := &wire.Mutation{Table: "u", Ops: []*wire.MutationOp{{Key: liveKey(1), Priority: 2}, {Key: liveKey(1), Delete: true}, {Key: 77, Priority: 1e308}}}
 	marshal := func(m proto.Message) []byte {
 		b, err := proto.Marshal(m)
@@ -146,7 +175,10 @@ func applySeeds(f *testing.F) []applySeed {
 	}
 	return []applySeed{
 		{0, marshal(insert)},
+		{0, marshal(queued)},
 		{1, marshal(mutation)},
+		{1, marshal(&wire.Mutation{Table: "q", Ops: []*wire.MutationOp{{Key: 21, Delete: true}, {Key: 23, Priority: 3}}})},
+		{2, marshal(&wire.ResetRequest{Table: "q"})},
 		{1, marshal(&wire.Mutation{Table: "p", Ops: []*wire.MutationOp{{Key: liveKey(1), Priority: math.MaxFloat64}}})},
 		{2, marshal(&wire.ResetRequest{Table: "u"})},
 		{2, marshal(&wire.ResetRequest{})},

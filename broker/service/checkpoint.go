@@ -183,6 +183,9 @@ func (s *Service) capture() *captured {
 	for _, name := range s.names {
 		q := s.pending[name]
 		for _, p := range q.items[q.head:] {
+			if p.dropped {
+				continue
+			}
 			c.pending = append(c.pending, &wire.PendingItem{
 				Item:           &wire.Item{Key: p.item.Key, Table: name, Priority: p.item.Priority, Columns: wire.FromTableColumns(p.item.Trajectory)},
 				StreamSequence: p.streamSeq, StoredAtUnixNano: p.storedAt.UnixNano(),
@@ -521,7 +524,7 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 	}
 	pending := make(map[string]*pendingQueue, len(restored))
 	for name := range restored {
-		pending[name] = &pendingQueue{}
+		pending[name] = newPendingQueue()
 	}
 	for _, pi := range cp.Pending {
 		q, ok := pending[pi.GetItem().GetTable()]
@@ -540,7 +543,11 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 		if err := store.Retain(p.chunks...); err != nil {
 			return fail(fmt.Errorf("waiting item %d of table %q: %w", p.item.Key, pi.Item.Table, err))
 		}
-		q.items = append(q.items, p)
+		for _, k := range p.chunks {
+			ch, _ := store.Get(k)
+			p.bytes += int64(len(ch.Data))
+		}
+		q.push(p)
 	}
 	for _, t := range s.tables {
 		t.Close()
@@ -555,9 +562,7 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 	}
 	s.progress.set(cp.AppliedSequence)
 	for name, q := range pending {
-		if q.len() > 0 {
-			s.progress.hold(name, q.front().streamSeq-1)
-		}
+		s.noteHeld(name, q)
 	}
 	return nil
 }

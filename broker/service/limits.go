@@ -55,6 +55,10 @@ type Limits struct {
 	// A table whose queue is full holds up the whole stream until its
 	// limiter lets the oldest in.
 	MaxPendingItems int
+	// MaxPendingBytes bounds, per table, the chunk bytes its waiting items
+	// hold (a chunk counted once per item that references it). Like a full
+	// queue, going over it holds up the stream.
+	MaxPendingBytes int64
 }
 
 // DefaultLimits returns the limits a service has unless WithLimits changes
@@ -74,6 +78,7 @@ func DefaultLimits() Limits {
 		MaxHeldChunkBytes:   8 << 30,
 		MaxHeldMessageBytes: 1 << 30,
 		MaxPendingItems:     1 << 16,
+		MaxPendingBytes:     1 << 30,
 	}
 }
 
@@ -95,6 +100,7 @@ func (l Limits) validate() error {
 		{"max held chunk bytes", l.MaxHeldChunkBytes},
 		{"max held message bytes", l.MaxHeldMessageBytes},
 		{"max pending items", int64(l.MaxPendingItems)},
+		{"max pending bytes", l.MaxPendingBytes},
 	} {
 		if c.v < 1 {
 			return fmt.Errorf("%w: limits: %s must be >= 1, got %d", protocol.ErrInvalidOption, c.name, c.v)

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/tables"
 )
 
@@ -15,13 +14,18 @@ import (
 // not hold up the others (Reverb holds only the writer of the blocked
 // table). An item in a queue has been applied from the stream: it is never
 // applied again, checkpoints carry it, and it holds its chunks until it is
-// in its table or refused. A table's items go in in stream order: while its
-// queue is not empty, every new item joins the queue.
+// in its table, refused, deleted or reset. A table's items go in in the
+// order the service applied them (stream order, but for a message a
+// producer's reorder buffer held behind a missing one): while its queue is
+// not empty, every new item joins the queue. A mutation or reset applies to
+// the queued items too, so it stays ordered with the inserts before it.
 
 // pendingItem is an item that waits for its table's rate limiter.
 type pendingItem struct {
-	item   tables.Item
-	chunks []uint64 // the distinct chunks it references, which it holds
+	item    tables.Item
+	chunks  []uint64 // the distinct chunks it references, which it holds
+	bytes   int64    // of those chunks
+	dropped bool     // deleted or reset while it waited
 	arrival
 }
 
@@ -34,18 +38,58 @@ type arrival struct {
 	sequence  uint64   // its producer's message
 }
 
-// pendingQueue is one table's waiting items, oldest first.
+// pendingQueue is one table's waiting items, in the order they go in.
 type pendingQueue struct {
-	items   []*pendingItem // items[head:] wait
-	head    int
-	watched bool // a goroutine waits for the table's limiter to change
+	items []*pendingItem // items[head:] wait; dropped ones are skipped
+	head  int
+	// lows are the stream sequences of the queue's items that are lower
+	// than every later item's (a monotonic queue): lows[0] is the lowest
+	// sequence waiting, which bounds what the table has applied.
+	lows    []uint64
+	byKey   map[uint64][]*pendingItem // the live items, for mutations
+	bytes   int64                     // of the live items' chunks
+	watched bool                      // a goroutine waits for the table's limiter to change
+}
+
+func newPendingQueue() *pendingQueue {
+	return &pendingQueue{byKey: make(map[uint64][]*pendingItem)}
 }
 
 func (q *pendingQueue) len() int { return len(q.items) - q.head }
 
 func (q *pendingQueue) front() *pendingItem { return q.items[q.head] }
 
-func (q *pendingQueue) pop() {
+func (q *pendingQueue) push(p *pendingItem) {
+	q.items = append(q.items, p)
+	n := len(q.lows)
+	for n > 0 && q.lows[n-1] > p.streamSeq {
+		n--
+	}
+	q.lows = append(q.lows[:n], p.streamSeq)
+	q.byKey[p.item.Key] = append(q.byKey[p.item.Key], p)
+	q.bytes += p.bytes
+}
+
+// forget takes a live item out of the key index and the byte count.
+func (q *pendingQueue) forget(p *pendingItem) {
+	same := q.byKey[p.item.Key]
+	for i, o := range same {
+		if o == p {
+			same = append(same[:i], same[i+1:]...)
+			break
+		}
+	}
+	if len(same) == 0 {
+		delete(q.byKey, p.item.Key)
+	} else {
+		q.byKey[p.item.Key] = same
+	}
+	q.bytes -= p.bytes
+}
+
+// pop takes the front item out of the queue.
+func (q *pendingQueue) pop() *pendingItem {
+	p := q.items[q.head]
 	q.items[q.head] = nil
 	q.head++
 	if q.head == len(q.items) {
@@ -53,6 +97,13 @@ func (q *pendingQueue) pop() {
 	} else if q.head > 1024 && q.head > len(q.items)/2 {
 		q.items, q.head = append(q.items[:0], q.items[q.head:]...), 0
 	}
+	if q.lows[0] == p.streamSeq {
+		q.lows = q.lows[1:]
+	}
+	if !p.dropped {
+		q.forget(p)
+	}
+	return p
 }
 
 // watcher wakes the apply loop when a waiting table's limiter changes.
@@ -83,35 +134,51 @@ func chunkKeys(traj []tables.Column) []uint64 {
 	return keys
 }
 
-// enqueue adds an item to its table's queue, taking a hold on its chunks.
-func (s *Service) enqueue(table string, p *pendingItem) error {
+// retain takes a hold on an item's chunks for as long as it waits.
+func (s *Service) retain(p *pendingItem) error {
 	p.chunks = chunkKeys(p.item.Trajectory)
 	if err := s.store.Retain(p.chunks...); err != nil {
 		return err
 	}
-	q := s.pending[table]
-	q.items = append(q.items, p)
-	if q.len() == 1 {
-		s.progress.hold(table, p.streamSeq-1)
+	p.bytes = 0
+	for _, k := range p.chunks {
+		if ch, ok := s.store.Get(k); ok {
+			p.bytes += int64(len(ch.Data))
+		}
 	}
 	return nil
 }
 
-// settle takes an item out of the front of its queue: it went in, or was
-// refused (err), which its producer is told.
-func (s *Service) settle(table string, q *pendingQueue, err error) {
-	p := q.front()
-	if err != nil {
-		s.reject(p.to, p.sequence, p.item.Key, table, codeOf(err), err.Error())
-	} else if s.o.observer != nil {
-		s.o.observer.ItemInserted(table, time.Since(p.storedAt))
-	}
-	_ = s.store.Release(p.chunks...)
-	q.pop()
+// noteHeld publishes how far table is applied: up to before its lowest
+// waiting item, or entirely.
+func (s *Service) noteHeld(table string, q *pendingQueue) {
 	if q.len() == 0 {
-		s.progress.hold(table, 0)
+		s.progress.release(table)
 	} else {
-		s.progress.hold(table, q.front().streamSeq-1)
+		s.progress.hold(table, q.lows[0]-1)
+	}
+}
+
+// popFront takes the front item out of its queue and lets go of its
+// chunks: it went in, or was refused (err, which its producer is told), or
+// was dropped while it waited.
+func (s *Service) popFront(table string, q *pendingQueue, err error) {
+	p := q.pop()
+	if !p.dropped {
+		if err != nil {
+			s.reject(p.to, p.sequence, p.item.Key, table, codeOf(err), tooLarge(err))
+		} else if s.o.observer != nil {
+			s.o.observer.ItemInserted(table, time.Since(p.storedAt))
+		}
+		_ = s.store.Release(p.chunks...)
+	}
+	s.noteHeld(table, q)
+}
+
+// skipDropped pops the dropped items at the front of a queue.
+func (s *Service) skipDropped(table string, q *pendingQueue) {
+	for q.len() > 0 && q.front().dropped {
+		s.popFront(table, q, nil)
 	}
 }
 
@@ -120,13 +187,13 @@ func (s *Service) settle(table string, q *pendingQueue, err error) {
 func (s *Service) drainPending(table string) {
 	q, t := s.pending[table], s.tables[table]
 	q.watched = false
-	for q.len() > 0 {
+	for s.skipDropped(table, q); q.len() > 0; s.skipDropped(table, q) {
 		ok, changed, err := t.TryInsert(q.front().item, true)
 		if !ok && err == nil {
 			s.watch(table, q, changed)
 			return
 		}
-		s.settle(table, q, err)
+		s.popFront(table, q, err)
 	}
 }
 
@@ -151,22 +218,30 @@ func (s *Service) watch(table string, q *pendingQueue, changed <-chan struct{}) 
 	}()
 }
 
-// makeRoom waits until the table's oldest waiting item goes in (or is
-// refused), holding up the stream: the table's queue is full. It returns
-// an error only when ctx ends.
-func (s *Service) makeRoom(ctx context.Context, table string) error {
+// makeRoom waits until the table's queue can take an item of need bytes:
+// fewer than limits.max_pending_items items, and need more bytes within
+// limits.max_pending_bytes (an empty queue takes any item). It holds up
+// the stream meanwhile, but still lets other tables' waiting items in. It
+// returns an error only when ctx ends.
+func (s *Service) makeRoom(ctx context.Context, table string, need int64) error {
 	q, t := s.pending[table], s.tables[table]
-	for {
+	for s.skipDropped(table, q); q.len() > 0 && (q.len() >= s.o.limits.MaxPendingItems || q.bytes+need > s.o.limits.MaxPendingBytes); s.skipDropped(table, q) {
 		ok, changed, err := t.TryInsert(q.front().item, true)
 		if ok || err != nil {
-			s.settle(table, q, err)
-			return nil
+			s.popFront(table, q, err)
+			continue
 		}
 		// A checkpoint request interrupts the wait; the state it copies
 		// has the item still waiting.
 		ictx := s.intr.context(ctx)
 		select {
 		case <-changed:
+		case other := <-s.watcher.wake:
+			if other == table {
+				q.watched = false // its watcher is spent: this loop tries again
+			} else {
+				s.drainPending(other)
+			}
 		case <-ictx.Done():
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -174,6 +249,7 @@ func (s *Service) makeRoom(ctx context.Context, table string) error {
 			s.serveCaptures()
 		}
 	}
+	return nil
 }
 
 // insertNow inserts an item that arrived from the stream, or queues it
@@ -182,27 +258,95 @@ func (s *Service) makeRoom(ctx context.Context, table string) error {
 func (s *Service) insertNow(ctx context.Context, t *tables.Table, item tables.Item, from arrival) error {
 	table := t.Name()
 	q := s.pending[table]
-	if q.len() == 0 {
-		ok, changed, err := t.TryInsert(item, false)
-		switch {
-		case err != nil:
-			s.reject(from.to, from.sequence, item.Key, table, codeOf(err), tooLarge(err))
-			return nil
-		case ok:
-			if s.o.observer != nil {
-				s.o.observer.ItemInserted(table, time.Since(from.storedAt))
+	var p *pendingItem // made once the item is to wait
+	held := false
+	for {
+		s.skipDropped(table, q)
+		if q.len() == 0 {
+			ok, changed, err := t.TryInsert(item, held)
+			if ok || err != nil {
+				if p != nil {
+					_ = s.store.Release(p.chunks...)
+				}
+				if err != nil {
+					s.reject(from.to, from.sequence, item.Key, table, codeOf(err), tooLarge(err))
+				} else if s.o.observer != nil {
+					s.o.observer.ItemInserted(table, time.Since(from.storedAt))
+				}
+				return nil
+			}
+			s.watch(table, q, changed)
+		} else if !held {
+			t.CountHeldInsert()
+		}
+		held = true
+		if p == nil {
+			p = &pendingItem{item: item, arrival: from}
+			if err := s.retain(p); err != nil {
+				s.reject(from.to, from.sequence, item.Key, table, codeOf(err), fmt.Sprintf("table %q: item %d: %v", table, item.Key, err))
+				return nil
+			}
+		}
+		if q.len() == 0 || q.len() < s.o.limits.MaxPendingItems && q.bytes+p.bytes <= s.o.limits.MaxPendingBytes {
+			q.push(p)
+			s.noteHeld(table, q)
+			if !q.watched {
+				// makeRoom spent the watcher: the queue needs one to drain.
+				s.drainPending(table)
 			}
 			return nil
 		}
-		s.watch(table, q, changed)
-	} else if q.len() >= s.o.limits.MaxPendingItems {
-		if err := s.makeRoom(ctx, table); err != nil {
+		if err := s.makeRoom(ctx, table, p.bytes); err != nil {
+			_ = s.store.Release(p.chunks...)
 			return err
 		}
 	}
-	p := &pendingItem{item: item, arrival: from}
-	if err := s.enqueue(table, p); err != nil {
-		s.reject(p.to, p.sequence, p.item.Key, table, protocol.CodeInvalidArgument, fmt.Sprintf("item %d: %v", p.item.Key, err))
+}
+
+// resetPending drops a table's waiting items: they were applied before the
+// reset, which empties the table.
+func (s *Service) resetPending(table string) {
+	q := s.pending[table]
+	for _, p := range q.items[q.head:] {
+		if !p.dropped {
+			s.dropPending(q, p)
+		}
 	}
-	return nil
+	s.skipDropped(table, q)
+}
+
+// dropPending lets go of a waiting item that was deleted or reset; it
+// leaves the queue when it reaches the front.
+func (s *Service) dropPending(q *pendingQueue, p *pendingItem) {
+	p.dropped = true
+	q.forget(p)
+	_ = s.store.Release(p.chunks...)
+}
+
+// mutatePending applies a mutation's ops to a table's waiting items, as to
+// items already in the table, and returns the keys it found there.
+func (s *Service) mutatePending(table string, muts []tables.Mutation) map[uint64]bool {
+	q := s.pending[table]
+	if len(q.byKey) == 0 {
+		return nil
+	}
+	found := make(map[uint64]bool)
+	for _, m := range muts {
+		same := q.byKey[m.Key]
+		if len(same) == 0 {
+			continue
+		}
+		found[m.Key] = true
+		if m.Delete {
+			for _, p := range append([]*pendingItem(nil), same...) {
+				s.dropPending(q, p)
+			}
+			continue
+		}
+		for _, p := range same {
+			p.item.Priority = m.Priority
+		}
+	}
+	s.skipDropped(table, q)
+	return found
 }

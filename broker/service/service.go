@@ -330,7 +330,7 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 			return nil, err
 		}
 		s.tables[cfg.Name] = t
-		s.pending[cfg.Name] = &pendingQueue{}
+		s.pending[cfg.Name] = newPendingQueue()
 		s.configs[cfg.Name] = cfg
 		s.names = append(s.names, cfg.Name)
 	}
@@ -626,19 +626,28 @@ func (p *progress) set(seq uint64) {
 	p.changedLocked()
 }
 
-// hold records that table's items are applied only up to seq, or, with
-// seq 0, that the table has no waiting items.
+// hold records that table's items are applied only up to seq.
 func (p *progress) hold(table string, seq uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if seq == 0 {
-		delete(p.held, table)
-	} else {
-		if p.held == nil {
-			p.held = make(map[string]uint64)
-		}
-		p.held[table] = seq
+	if p.held == nil {
+		p.held = make(map[string]uint64)
 	}
+	if cur, ok := p.held[table]; ok && cur == seq {
+		return
+	}
+	p.held[table] = seq
+	p.changedLocked()
+}
+
+// release records that table has no waiting items.
+func (p *progress) release(table string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.held[table]; !ok {
+		return
+	}
+	delete(p.held, table)
 	p.changedLocked()
 }
 

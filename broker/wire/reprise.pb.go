@@ -1873,7 +1873,7 @@ type Checkpoint struct {
 	// The stream time of the service's last producer sweep.
 	LastSweepUnixNano int64 `protobuf:"varint,7,opt,name=last_sweep_unix_nano,json=lastSweepUnixNano,proto3" json:"last_sweep_unix_nano,omitempty"`
 	// Items applied from the stream that their tables' rate limiters have not
-	// let in yet, in stream order per table.
+	// let in yet, per table in the order they go in.
 	Pending       []*PendingItem `protobuf:"bytes,8,rep,name=pending,proto3" json:"pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

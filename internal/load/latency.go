@@ -58,8 +58,10 @@ func InsertToSampleable(ctx context.Context, cfg LatencyConfig) (InsertLatency, 
 		return InsertLatency{}, err
 	}
 	defer lnc.Close()
+	// Flush returns once stored: ToDurable measures durability, and
+	// ToSampled the service's part.
 	p, err := broker.NewProducer(ctx, anc, broker.WithPrefix(cfg.Prefix), broker.WithLogger(log),
-		broker.WithLinger(0), broker.WithCompression(wire.Uncompressed))
+		broker.WithLinger(0), broker.WithCompression(wire.Uncompressed), broker.WithReturnOnStore())
 	if err != nil {
 		return InsertLatency{}, fmt.Errorf("load: latency actor: %w", err)
 	}
@@ -173,7 +175,7 @@ func Fill(ctx context.Context, cfg FillConfig) error {
 			return err
 		}
 		defer nc.Close()
-		p, err := broker.NewProducer(ctx, nc, broker.WithPrefix(cfg.Prefix), broker.WithLogger(log), broker.WithCompression(wire.Uncompressed))
+		p, err := broker.NewProducer(ctx, nc, broker.WithPrefix(cfg.Prefix), broker.WithLogger(log), broker.WithCompression(wire.Uncompressed), broker.WithReturnOnStore())
 		if err != nil {
 			return fmt.Errorf("load: filler %d: %w", i, err)
 		}

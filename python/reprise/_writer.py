@@ -90,9 +90,9 @@ class WriterOptions:
     ack_timeout: float = 5.0
     #: Check items against their table's signature before sending.
     validate_signatures: bool = True
-    #: ``flush`` returns once JetStream stored the items (durable) instead of
-    #: once the service applied them (visible to a sample), as Reverb's
-    #: flush does (broker.WithReturnOnStore): a round trip sooner.
+    #: ``flush`` returns once JetStream stored the items (durable), a round
+    #: trip sooner, instead of once the service applied them (visible to a
+    #: sample), which is what Reverb's flush does (broker.WithReturnOnStore).
     return_on_store: bool = False
 
     def __post_init__(self) -> None:

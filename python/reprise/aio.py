@@ -103,6 +103,7 @@ class _AppliedWatch:
 
     def __init__(self) -> None:
         self.seq = 0
+        self._closed = False
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     async def on_progress(self, m: Msg) -> None:
@@ -122,9 +123,19 @@ class _AppliedWatch:
                 kept.append((want, fut))
         self._waiters = kept
 
+    def close(self) -> None:
+        """Fails every wait, as the client closes."""
+        waiters, self._waiters = self._waiters, []
+        self._closed = True
+        for _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(errors.ClosedError("client closed while a mutation waited to be applied"))
+
     async def wait_for(self, seq: int, timeout: float | None) -> None:
         if self.seq >= seq:
             return
+        if self._closed:
+            raise errors.ClosedError("client closed")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((seq, fut))
         try:
@@ -241,6 +252,7 @@ class Client:
                 await w.close()
             except errors.RepriseError as e:
                 log.warning("reprise: closing a writer: %s", e)
+        self._applied.close()
         if self._req is not None:
             await self._req.stop()
         try:

@@ -139,6 +139,7 @@ func limitsFields(p *parser, l *service.Limits) []field {
 		{"max_held_chunk_bytes", intInto(p, &l.MaxHeldChunkBytes, 1, math.MaxInt64, "")},
 		{"max_held_message_bytes", intInto(p, &l.MaxHeldMessageBytes, 1, math.MaxInt64, "")},
 		{"max_pending_items", intInto(p, &l.MaxPendingItems, 1, math.MaxInt32, "")},
+		{"max_pending_bytes", intInto(p, &l.MaxPendingBytes, 1, math.MaxInt64, "")},
 	}
 }
 
