@@ -54,6 +54,9 @@ func (c Config) Validate() error {
 	if err := c.Signature.Validate(); err != nil {
 		return fmt.Errorf("%w: table %q: %w", ErrInvalidConfig, c.Name, err)
 	}
+	if c.MaxStaleness != nil && *c.MaxStaleness < 0 {
+		return fmt.Errorf("%w: table %q: max_staleness must be >= 0 (0 keeps only the current policy version), got %d", ErrInvalidConfig, c.Name, *c.MaxStaleness)
+	}
 	return nil
 }
 

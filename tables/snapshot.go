@@ -19,6 +19,8 @@ type TableSnapshot struct {
 	// Limiter holds the limiter's counters (its config is Config.Limiter).
 	Limiter  limiter.State `json:"limiter"`
 	Counters Counters      `json:"counters"`
+	// PolicyVersion is the table's current policy version.
+	PolicyVersion int64 `json:"policy_version"`
 	// Chunks are the distinct chunks the items reference, by increasing
 	// key. Snapshot fills it so that the caller can save the chunks however
 	// the store changes after the snapshot; it is not encoded, and
@@ -34,8 +36,9 @@ type ItemSnapshot struct {
 	InsertedAt   time.Time `json:"inserted_at"`
 	// Seq orders the items' latest inserts and priority updates, which is
 	// how heap selectors break ties between equal priorities.
-	Seq        uint64   `json:"seq"`
-	Trajectory []Column `json:"trajectory"`
+	Seq           uint64   `json:"seq"`
+	Trajectory    []Column `json:"trajectory"`
+	PolicyVersion int64    `json:"policy_version"`
 }
 
 // Snapshot copies the table's state under its lock. Trajectories are
@@ -50,6 +53,8 @@ func (t *Table) Snapshot() TableSnapshot {
 		Limiter:  t.lim.State(),
 		Counters: t.counters,
 		Chunks:   make([]*Chunk, 0, len(t.held)),
+
+		PolicyVersion: t.version,
 	}
 	snap.Config.Signature = cloneSignature(t.cfg.Signature)
 	for e := t.head; e != nil; e = e.next {
@@ -60,6 +65,8 @@ func (t *Table) Snapshot() TableSnapshot {
 			InsertedAt:   time.Unix(0, e.insertedAt).UTC(),
 			Seq:          e.seq,
 			Trajectory:   e.traj,
+
+			PolicyVersion: e.version,
 		})
 	}
 	for _, h := range t.held {
@@ -107,6 +114,8 @@ func NewFromSnapshot(snap TableSnapshot, store *ChunkStore, opts ...Option) (*Ta
 		return nil, fmt.Errorf("table %q: %w", t.name, err)
 	}
 	t.counters = snap.Counters
+	t.version = snap.PolicyVersion
+	t.rebuildVersionsLocked()
 	return t, nil
 }
 
@@ -139,7 +148,7 @@ func (t *Table) restoreItems(items []ItemSnapshot) error {
 		t.holdLocked(chunks)
 		e := t.newEntry()
 		*e = entry{key: it.Key, priority: it.Priority, insertedAt: it.InsertedAt.UnixNano(), seq: it.Seq, timesSampled: it.TimesSampled,
-			traj: it.Trajectory, chunks: chunks, prev: t.tail}
+			version: it.PolicyVersion, traj: it.Trajectory, chunks: chunks, prev: t.tail}
 		if t.tail == nil {
 			t.head = e
 		} else {

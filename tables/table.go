@@ -46,6 +46,10 @@ type Table struct {
 	maxItemBytes int64
 	counters     Counters
 	closed       bool
+	// version is the current policy version (SetPolicyVersion); versions
+	// indexes the items' versions.
+	version  int64
+	versions versionIndex
 }
 
 // entry is one item's bookkeeping.
@@ -55,6 +59,7 @@ type entry struct {
 	insertedAt   int64  // unix nanoseconds
 	seq          uint64 // of its insert or latest priority update
 	timesSampled int32
+	version      int64 // of the policy that produced it
 	// traj and chunks are shared read-only with every Sample and Item handed
 	// out, so they are replaced, never modified.
 	traj       []Column
@@ -89,6 +94,10 @@ type Counters struct {
 	// SampleWaits counts Sample and SampleFlexible calls the rate limiter
 	// held at least once.
 	SampleWaits int64 `json:"sample_waits"`
+	// StaleEvictions counts items removed, or inserts dropped, because
+	// their policy version fell below the table's staleness bound (also
+	// counted in Deletes when the item was in the table).
+	StaleEvictions int64 `json:"stale_evictions"`
 }
 
 // Info describes a table at one moment.
@@ -107,6 +116,10 @@ type Info struct {
 	// LargestItemBytes is the most bytes an item inserted since the last
 	// Reset decodes to (from its chunks' StepBytes).
 	LargestItemBytes int64 `json:"largest_item_bytes"`
+	// PolicyVersion is the table's current policy version, and
+	// ItemVersions the lowest and highest of its items' (nil when empty).
+	PolicyVersion int64     `json:"policy_version"`
+	ItemVersions  *[2]int64 `json:"item_versions,omitempty"`
 }
 
 // Option configures New and NewFromSnapshot.
@@ -160,6 +173,10 @@ func New(cfg Config, store *ChunkStore, opts ...Option) (*Table, error) {
 		return nil, fmt.Errorf("%w: table %q: rate_limiter: %w", ErrInvalidConfig, cfg.Name, err)
 	}
 	cfg.Signature = cloneSignature(cfg.Signature)
+	if cfg.MaxStaleness != nil {
+		k := *cfg.MaxStaleness
+		cfg.MaxStaleness = &k
+	}
 	return &Table{
 		store:   store,
 		now:     o.now,
@@ -174,6 +191,7 @@ func New(cfg Config, store *ChunkStore, opts ...Option) (*Table, error) {
 		held:    make(map[ChunkKey]heldChunk),
 
 		maxItemBytes: o.maxItemBytes,
+		versions:     newVersionIndex(cfg.MaxStaleness != nil),
 	}, nil
 }
 
@@ -263,6 +281,12 @@ func (t *Table) TryInsert(item Item, retry bool) (inserted bool, changed <-chan 
 		t.store.releaseChunks(chunks)
 		return false, nil, fmt.Errorf("%w: table %q", ErrClosed, t.name)
 	}
+	if floor, ok := t.staleBefore(); ok && item.PolicyVersion < floor {
+		// Stale on arrival: dropped as if evicted at once.
+		t.counters.StaleEvictions++
+		t.store.releaseChunks(chunks)
+		return true, nil, nil
+	}
 	if e, ok := t.items[item.Key]; ok {
 		t.updateLocked(e, item.Priority)
 		t.store.releaseChunks(chunks)
@@ -281,7 +305,7 @@ func (t *Table) TryInsert(item Item, retry bool) (inserted bool, changed <-chan 
 		return false, changed, nil
 	}
 	t.largestItem = max(t.largestItem, decoded)
-	t.insertLocked(item.Key, item.Priority, at.UnixNano(), item.Trajectory, chunks)
+	t.insertLocked(item.Key, item.Priority, item.PolicyVersion, at.UnixNano(), item.Trajectory, chunks)
 	return true, nil, nil
 }
 
@@ -302,10 +326,17 @@ func (t *Table) wait(ctx context.Context, changed <-chan struct{}, op string) er
 	}
 }
 
-func (t *Table) insertLocked(key uint64, priority float64, at int64, traj []Column, chunks []*Chunk) {
+func (t *Table) insertLocked(key uint64, priority float64, version, at int64, traj []Column, chunks []*Chunk) {
 	e := t.newEntry()
 	t.seq++
-	*e = entry{key: key, priority: priority, insertedAt: at, seq: t.seq, traj: traj, chunks: chunks, prev: t.tail}
+	*e = entry{key: key, priority: priority, version: version, insertedAt: at, seq: t.seq, traj: traj, chunks: chunks, prev: t.tail}
+	t.versions.add(key, version)
+	if t.versions.keys != nil {
+		t.versions.compact(version, func(k uint64, v int64) bool {
+			e, ok := t.items[k]
+			return ok && e.version == v
+		})
+	}
 	if t.tail == nil {
 		t.head = e
 	} else {
@@ -378,6 +409,7 @@ func (t *Table) removeLocked(e *entry) {
 	}
 	t.lim.Delete(1)
 	t.counters.Deletes++
+	t.versions.remove(e.version)
 	for _, c := range e.chunks {
 		h := t.held[c.Key]
 		if h.items--; h.items == 0 {
@@ -557,6 +589,7 @@ func (t *Table) Reset() {
 	t.remover.Clear()
 	t.lim.Reset()
 	t.largestItem = 0
+	t.versions = newVersionIndex(t.cfg.MaxStaleness != nil)
 }
 
 // Reconfigure replaces the rate limiter's config and max_times_sampled while
@@ -605,7 +638,17 @@ func (t *Table) Info() Info {
 		BytesHeld: t.heldSize,
 
 		LargestItemBytes: t.largestItem,
+		PolicyVersion:    t.version,
+		ItemVersions:     versionSpan(t.versions.span()),
 	}
+}
+
+// versionSpan is the versions of the items, or nil for an empty table.
+func versionSpan(lo, hi int64, ok bool) *[2]int64 {
+	if !ok {
+		return nil
+	}
+	return &[2]int64{lo, hi}
 }
 
 // LargestItemBytes is the most bytes an item inserted since the last Reset
@@ -657,6 +700,8 @@ func (e *entry) item() Item {
 		TimesSampled: e.timesSampled,
 		InsertedAt:   time.Unix(0, e.insertedAt).UTC(),
 		Trajectory:   e.traj,
+
+		PolicyVersion: e.version,
 	}
 }
 

@@ -84,6 +84,10 @@ type Item struct {
 	TimesSampled int32
 	InsertedAt   time.Time
 	Trajectory   []Column
+	// PolicyVersion is the version of the policy that produced the item
+	// (0 when nobody says): a table with MaxStaleness drops items too many
+	// versions behind its current one (Table.SetPolicyVersion).
+	PolicyVersion int64
 }
 
 // ColumnSpec is one column of a table signature. A shape entry of -1 matches
@@ -112,6 +116,13 @@ type Config struct {
 	MaxTimesSampled int32          `json:"max_times_sampled"`
 	Limiter         limiter.Config `json:"rate_limiter"`
 	Signature       Signature      `json:"signature,omitempty"`
+	// MaxStaleness, when set, is how many policy versions an item may lag
+	// the table's current version (SetPolicyVersion): an item whose
+	// PolicyVersion is below current - MaxStaleness is stale. Stale items
+	// are removed (counted in Counters.StaleEvictions, and as deletes by
+	// the rate limiter) and stale inserts dropped. 0 keeps only items of
+	// the current version (on-policy); nil bounds nothing.
+	MaxStaleness *int64 `json:"max_staleness,omitempty"`
 }
 
 // SampleInfo describes one sampled item as it was at the moment of sampling.
