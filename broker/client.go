@@ -325,10 +325,14 @@ func decodeSamples(items []*wire.SampledItem, chunks [][]byte) ([]Sample, error)
 // (a sample or Get after it sees it), or with WithReturnOnStore once
 // JetStream stored it. Keys that are not in the table are skipped.
 func (c *Client) Mutate(ctx context.Context, table string, muts ...tables.Mutation) error {
+	return c.mutate(ctx, table, muts, 0)
+}
+
+func (c *Client) mutate(ctx context.Context, table string, muts []tables.Mutation, version int64) error {
 	if table == "" {
 		return fmt.Errorf("%w: empty table name", ErrInvalidMessage)
 	}
-	m := &wire.Mutation{Table: table, Ops: make([]*wire.MutationOp, len(muts))}
+	m := &wire.Mutation{Table: table, Ops: make([]*wire.MutationOp, len(muts)), PolicyVersion: version}
 	for i, mu := range muts {
 		if !mu.Delete {
 			if err := checkPriority(mu.Priority); err != nil {
@@ -418,6 +422,16 @@ func (w *appliedWatch) waitFor(ctx context.Context, seq uint64) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// SetPolicyVersion raises table's current policy version to version (the
+// highest set wins, whichever learner sets it): with a staleness bound
+// (max_staleness), items that many versions behind are removed and no
+// longer sampled. Like a mutation it goes through the stream, so it is
+// durable and replayed, and it returns once applied (WithReturnOnStore:
+// once stored).
+func (c *Client) SetPolicyVersion(ctx context.Context, table string, version int64) error {
+	return c.mutate(ctx, table, nil, version)
 }
 
 // UpdatePriorities sets the priorities of items in table.
@@ -642,7 +656,7 @@ func (c *Client) items(ctx context.Context, req *wire.ItemsRequest) (*ItemList, 
 	for i, it := range resp.Items {
 		out.Items[i] = ItemInfo{
 			Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
-			InsertedAt: time.Unix(0, it.InsertedAtUnixNano), Trajectory: wire.ToTableColumns(it.Columns),
+			InsertedAt: time.Unix(0, it.InsertedAtUnixNano), Trajectory: wire.ToTableColumns(it.Columns), PolicyVersion: it.PolicyVersion,
 		}
 	}
 	return out, nil

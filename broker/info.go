@@ -40,6 +40,15 @@ type TableInfo struct {
 	// InsertWaits and SampleWaits count the calls the rate limiter held.
 	InsertWaits int64
 	SampleWaits int64
+	// PolicyVersion is the table's current policy version; MaxStaleness its
+	// staleness bound (nil: none); MinItemVersion and MaxItemVersion the
+	// versions of its items (0 when empty); StaleEvictions the items
+	// removed or dropped as stale.
+	PolicyVersion  int64
+	MaxStaleness   *int64
+	MinItemVersion int64
+	MaxItemVersion int64
+	StaleEvictions int64
 }
 
 // LimiterInfo is a table's rate limiter: its configuration and the
@@ -62,6 +71,8 @@ type ItemInfo struct {
 	TimesSampled int32
 	InsertedAt   time.Time
 	Trajectory   []tables.Column
+	// PolicyVersion is the version of the policy that produced the item.
+	PolicyVersion int64
 }
 
 // ItemList is a page of a table's items, or the items asked for by key.
@@ -99,6 +110,9 @@ func infoFromWire(r *wire.InfoResponse) *Info {
 			},
 			Size: t.Size, BytesHeld: t.BytesHeld, Inserts: t.Inserts, Samples: t.Samples, Deletes: t.Deletes,
 			Evictions: t.Evictions, InsertWaits: t.InsertWaits, SampleWaits: t.SampleWaits,
+
+			PolicyVersion: t.PolicyVersion, MaxStaleness: t.MaxStaleness,
+			MinItemVersion: t.MinItemVersion, MaxItemVersion: t.MaxItemVersion, StaleEvictions: t.StaleEvictions,
 		}
 		for _, c := range t.Signature {
 			ti.Signature = append(ti.Signature, tables.ColumnSpec{Name: c.Name, DType: c.Dtype, Shape: c.Shape})

@@ -183,6 +183,7 @@ type Producer struct {
 	closed  bool // Close has sent everything
 	episode uint64
 	step    int64 // steps appended in this episode
+	version int64 // policy version of the items created from now on
 	cols    map[string]*column
 	pending []*pendingItem // created, waiting for their chunks, in creation order
 	batch   batch
@@ -225,6 +226,7 @@ type pendingItem struct {
 	adding   bool
 	table    string
 	priority float64
+	version  int64
 	key      uint64
 	refs     []resolvedRef
 }
@@ -473,7 +475,7 @@ func (p *Producer) CreateItem(ctx context.Context, table string, priority float6
 	if p.closing {
 		return ErrClosed
 	}
-	it := &pendingItem{table: table, priority: priority, key: rand.Uint64(), refs: make([]resolvedRef, len(traj))}
+	it := &pendingItem{table: table, priority: priority, version: p.version, key: rand.Uint64(), refs: make([]resolvedRef, len(traj))}
 	for i, r := range traj {
 		if err := r.validate(); err != nil {
 			return err
@@ -628,7 +630,7 @@ func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error 
 // build makes the wire item, and lists the chunks it needs that were not
 // sent yet.
 func (it *pendingItem) build() (*wire.Item, []*sealedChunk) {
-	item := &wire.Item{Key: it.key, Table: it.table, Priority: it.priority, Columns: make([]*wire.TrajectoryColumn, len(it.refs))}
+	item := &wire.Item{Key: it.key, Table: it.table, Priority: it.priority, PolicyVersion: it.version, Columns: make([]*wire.TrajectoryColumn, len(it.refs))}
 	var fresh []*sealedChunk
 	for i, r := range it.refs {
 		tc := &wire.TrajectoryColumn{Name: r.name, Squeeze: r.squeeze}
@@ -850,6 +852,16 @@ func (p *Producer) WaitApplied(ctx context.Context) error {
 		return err
 	}
 	return p.flow.takeErrors()
+}
+
+// SetPolicyVersion sets the version of the policy that produces the steps
+// from now on: items created after it carry it, and a table with a
+// staleness bound drops them once they are too many versions behind the
+// table's current one (Client.SetPolicyVersion).
+func (p *Producer) SetPolicyVersion(version int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.version = version
 }
 
 // EndEpisode publishes the episode's remaining items, waits for them as

@@ -145,3 +145,11 @@ func (t *Table) evictStaleLocked() {
 		v.order = v.order[1:]
 	}
 }
+
+// CountStaleEviction counts an item that went stale before it was in the
+// table (while a caller held it back), as the table counts its own.
+func (t *Table) CountStaleEviction() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.counters.StaleEvictions++
+}

@@ -307,6 +307,13 @@ func tableInfo(in tables.Info) *wire.TableInfo {
 		Evictions:   in.Counters.Evictions,
 		InsertWaits: in.Counters.InsertWaits,
 		SampleWaits: in.Counters.SampleWaits,
+
+		PolicyVersion:  in.PolicyVersion,
+		MaxStaleness:   c.MaxStaleness,
+		StaleEvictions: in.Counters.StaleEvictions,
+	}
+	if v := in.ItemVersions; v != nil {
+		ti.MinItemVersion, ti.MaxItemVersion = v[0], v[1]
 	}
 	for _, cs := range c.Signature {
 		ti.Signature = append(ti.Signature, &wire.ColumnSpec{Name: cs.Name, Dtype: cs.DType, Shape: cs.Shape})
@@ -390,7 +397,7 @@ func (s *Service) handleItems(r micro.Request) {
 	resp := &wire.ItemsResponse{Status: &wire.Status{}, TableSize: t.Size(), Items: make([]*wire.ItemInfo, len(items))}
 	for i, it := range items {
 		resp.Items[i] = &wire.ItemInfo{Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
-			InsertedAtUnixNano: it.InsertedAt.UnixNano(), Columns: wire.FromTableColumns(it.Trajectory)}
+			InsertedAtUnixNano: it.InsertedAt.UnixNano(), Columns: wire.FromTableColumns(it.Trajectory), PolicyVersion: it.PolicyVersion}
 	}
 	data, _ := proto.Marshal(resp)
 	s.respondParts(r, data)

@@ -562,6 +562,9 @@ func (s *Service) applyMutation(data []byte, seq uint64) {
 			s.stats.missing.Add(1)
 		}
 	}
+	if m.PolicyVersion != 0 && t.SetPolicyVersion(m.PolicyVersion) {
+		s.dropStalePending(m.Table, t)
+	}
 }
 
 func (s *Service) applyReset(data []byte, seq uint64) {

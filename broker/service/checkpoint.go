@@ -187,7 +187,7 @@ func (s *Service) capture() *captured {
 				continue
 			}
 			c.pending = append(c.pending, &wire.PendingItem{
-				Item:           &wire.Item{Key: p.item.Key, Table: name, Priority: p.item.Priority, Columns: wire.FromTableColumns(p.item.Trajectory)},
+				Item:           &wire.Item{Key: p.item.Key, Table: name, Priority: p.item.Priority, Columns: wire.FromTableColumns(p.item.Trajectory), PolicyVersion: p.item.PolicyVersion},
 				StreamSequence: p.streamSeq, StoredAtUnixNano: p.storedAt.UnixNano(),
 				ProducerId: p.to.producer, Sequence: p.sequence, NoticeSubject: p.to.subject,
 			})
@@ -230,7 +230,7 @@ func (c *captured) encode() ([]byte, error) {
 		msg.Chunks[i] = ch.Data
 	}
 	for _, t := range c.tables {
-		tc := &wire.TableCheckpoint{Items: make([]*wire.ItemCheckpoint, len(t.Items))}
+		tc := &wire.TableCheckpoint{Items: make([]*wire.ItemCheckpoint, len(t.Items)), PolicyVersion: t.PolicyVersion}
 		var err error
 		if tc.ConfigJson, err = json.Marshal(t.Config); err != nil {
 			return nil, fmt.Errorf("broker: encoding table %q config: %w", t.Config.Name, err)
@@ -245,6 +245,7 @@ func (c *captured) encode() ([]byte, error) {
 			tc.Items[i] = &wire.ItemCheckpoint{
 				Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
 				InsertedAtUnixNano: it.InsertedAt.UnixNano(), Seq: it.Seq, Columns: wire.FromTableColumns(it.Trajectory),
+				PolicyVersion: it.PolicyVersion,
 			}
 		}
 		msg.Tables = append(msg.Tables, tc)
@@ -457,8 +458,10 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 			snap.Items[i] = tables.ItemSnapshot{
 				Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
 				InsertedAt: time.Unix(0, it.InsertedAtUnixNano), Seq: it.Seq, Trajectory: wire.ToTableColumns(it.Columns),
+				PolicyVersion: it.PolicyVersion,
 			}
 		}
+		snap.PolicyVersion = tc.PolicyVersion
 		t, err := tables.NewFromSnapshot(snap, store, s.o.tableOptions...)
 		if err != nil {
 			return fail(fmt.Errorf("table %q: %w", name, err))
@@ -533,7 +536,7 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 			continue
 		}
 		p := &pendingItem{
-			item: tables.Item{Key: pi.Item.Key, Priority: pi.Item.Priority, Trajectory: wire.ToTableColumns(pi.Item.Columns)},
+			item: tables.Item{Key: pi.Item.Key, Priority: pi.Item.Priority, Trajectory: wire.ToTableColumns(pi.Item.Columns), PolicyVersion: pi.Item.PolicyVersion},
 			arrival: arrival{
 				streamSeq: pi.StreamSequence, storedAt: time.Unix(0, pi.StoredAtUnixNano),
 				to: noticeTo{producer: pi.ProducerId, subject: pi.NoticeSubject}, sequence: pi.Sequence,
@@ -581,10 +584,21 @@ func (s *Service) reconcile(t *tables.Table, got, want tables.Config) {
 				"max_times_sampled", want.MaxTimesSampled, "was_max_times_sampled", got.MaxTimesSampled)
 		}
 	}
+	if !equalStaleness(got.MaxStaleness, want.MaxStaleness) {
+		if err := t.ReconfigureStaleness(want.MaxStaleness); err != nil {
+			s.log.Error("reprise service: keeping the checkpoint's max_staleness", "table", got.Name, "error", err)
+		} else {
+			s.log.Info("reprise service: config file overrides the checkpoint's max_staleness", "table", got.Name)
+		}
+	}
 	if got.Sampler != want.Sampler || got.Remover != want.Remover || got.MaxSize != want.MaxSize || !slices.EqualFunc(got.Signature, want.Signature, columnSpecEqual) {
 		s.log.Warn("reprise service: the config changes a restored table's sampler, remover, max size or signature; the checkpoint's are kept (reset the table to apply the config's)",
 			"table", got.Name, "sampler", got.Sampler.String(), "remover", got.Remover.String(), "max_size", got.MaxSize)
 	}
+}
+
+func equalStaleness(a, b *int64) bool {
+	return a == nil && b == nil || a != nil && b != nil && *a == *b
 }
 
 func columnSpecEqual(a, b tables.ColumnSpec) bool {

@@ -879,3 +879,80 @@ func TestReadYourWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestStalenessEndToEnd: items carry their producer's policy version; a
+// learner raises the table's version through the stream; with
+// max_staleness 1 the items two versions behind are removed, stale
+// inserts dropped, info says so, and the version survives a restart.
+func TestStalenessEndToEnd(t *testing.T) {
+	cs, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := int64(1)
+	cfg := testutil.UniformTable("t", 100)
+	cfg.MaxStaleness = &one
+	cfgs := []tables.Config{cfg}
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithCheckpoints(cs)}})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithLinger(0))
+	c := d.client()
+	write := func(version int64, ids ...int64) {
+		t.Helper()
+		p.SetPolicyVersion(version)
+		for _, i := range ids {
+			if err := p.Append(ctx, step(i, 2)); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, 0, 1)
+	write(1, 10, 11)
+	write(2, 20)
+	if err := c.SetPolicyVersion(ctx, "t", 2); err != nil {
+		t.Fatal(err)
+	}
+	write(0, 2) // stale on arrival
+	info, err := c.Info(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ti := info.Tables[0]
+	if ti.Size != 3 || ti.PolicyVersion != 2 || ti.StaleEvictions != 3 || ti.MinItemVersion != 1 || ti.MaxItemVersion != 2 ||
+		ti.MaxStaleness == nil || *ti.MaxStaleness != 1 {
+		t.Fatalf("info %+v: want 3 items of versions 1..2 at version 2, 3 stale evictions, max_staleness 1", ti)
+	}
+	for range 20 {
+		s, err := c.Sample(ctx, "t", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id := ids(t, s[0])[0]; id < 10 {
+			t.Fatalf("sampled item %d of version 0 at version 2 with max_staleness 1", id)
+		}
+	}
+	list, err := c.Items(ctx, "t", 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range list.Items {
+		if it.PolicyVersion < 1 {
+			t.Fatalf("listed item %d of version %d", it.Key, it.PolicyVersion)
+		}
+	}
+	d.stop()
+	d.startService(cfgs, WithCheckpoints(cs))
+	if err := c.SetPolicyVersion(ctx, "t", 1); err != nil { // lower: no change
+		t.Fatal(err)
+	}
+	info, err = d.client().Info(ctx, "t")
+	if err != nil || info.Tables[0].PolicyVersion != 2 || info.Tables[0].Size != 3 {
+		t.Fatalf("after a restart: %+v, %v; want version 2 and 3 items", info, err)
+	}
+}

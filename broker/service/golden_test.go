@@ -285,10 +285,11 @@ type goldenInsert struct {
 }
 
 type goldenItem struct {
-	Key      uint64         `json:"key"`
-	Table    string         `json:"table"`
-	Priority float64        `json:"priority"`
-	Columns  []goldenColumn `json:"columns"`
+	Key           uint64         `json:"key"`
+	Table         string         `json:"table"`
+	Priority      float64        `json:"priority"`
+	PolicyVersion int64          `json:"policy_version,omitempty"`
+	Columns       []goldenColumn `json:"columns"`
 }
 
 func goldenGoInsert(t *testing.T) goldenInsert {
@@ -462,9 +463,9 @@ func TestGoldenPythonVectors(t *testing.T) {
 			}
 			for i, it := range b.Items {
 				w := m.Items[i]
-				if it.Key != w.Key || it.Table != w.Table || it.Priority != w.Priority || len(it.Columns) != len(w.Columns) {
-					t.Fatalf("item %d: got key %d table %q priority %v with %d columns, want %d %q %v with %d",
-						i, it.Key, it.Table, it.Priority, len(it.Columns), w.Key, w.Table, w.Priority, len(w.Columns))
+				if it.Key != w.Key || it.Table != w.Table || it.Priority != w.Priority || it.PolicyVersion != w.PolicyVersion || len(it.Columns) != len(w.Columns) {
+					t.Fatalf("item %d: got key %d table %q priority %v version %d with %d columns, want %d %q %v %d with %d",
+						i, it.Key, it.Table, it.Priority, it.PolicyVersion, len(it.Columns), w.Key, w.Table, w.Priority, w.PolicyVersion, len(w.Columns))
 				}
 				for j, c := range it.Columns {
 					wc := w.Columns[j]

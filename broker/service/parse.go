@@ -242,7 +242,7 @@ func prepareItem(w *wire.Item, l *Limits) preparedItem {
 	// One backing array for every column's slices: two allocations per
 	// item whatever its shape.
 	all := make([]tables.Slice, 0, slices)
-	p.item = tables.Item{Key: w.Key, Priority: w.Priority, Trajectory: make([]tables.Column, len(w.Columns))}
+	p.item = tables.Item{Key: w.Key, Priority: w.Priority, PolicyVersion: w.PolicyVersion, Trajectory: make([]tables.Column, len(w.Columns))}
 	for i, c := range w.Columns {
 		start := len(all)
 		for _, sl := range c.Slices {

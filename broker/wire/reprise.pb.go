@@ -459,11 +459,14 @@ func (x *TrajectoryColumn) GetSqueeze() bool {
 
 // Item is one replay entry for one table.
 type Item struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           uint64                 `protobuf:"varint,1,opt,name=key,proto3" json:"key,omitempty"`
-	Table         string                 `protobuf:"bytes,2,opt,name=table,proto3" json:"table,omitempty"`
-	Priority      float64                `protobuf:"fixed64,3,opt,name=priority,proto3" json:"priority,omitempty"`
-	Columns       []*TrajectoryColumn    `protobuf:"bytes,4,rep,name=columns,proto3" json:"columns,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Key      uint64                 `protobuf:"varint,1,opt,name=key,proto3" json:"key,omitempty"`
+	Table    string                 `protobuf:"bytes,2,opt,name=table,proto3" json:"table,omitempty"`
+	Priority float64                `protobuf:"fixed64,3,opt,name=priority,proto3" json:"priority,omitempty"`
+	Columns  []*TrajectoryColumn    `protobuf:"bytes,4,rep,name=columns,proto3" json:"columns,omitempty"`
+	// The version of the policy that produced the item (a table's
+	// max_staleness drops items too many versions behind).
+	PolicyVersion int64 `protobuf:"varint,5,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -524,6 +527,13 @@ func (x *Item) GetColumns() []*TrajectoryColumn {
 		return x.Columns
 	}
 	return nil
+}
+
+func (x *Item) GetPolicyVersion() int64 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
 }
 
 // InsertBatch is what a producer publishes on <prefix>.data.insert: the chunks
@@ -722,9 +732,12 @@ func (x *MutationOp) GetDelete() bool {
 // Mutation is published on <prefix>.data.mutate. Ops apply in order; missing
 // keys are skipped and counted.
 type Mutation struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
-	Ops           []*MutationOp          `protobuf:"bytes,2,rep,name=ops,proto3" json:"ops,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Table string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Ops   []*MutationOp          `protobuf:"bytes,2,rep,name=ops,proto3" json:"ops,omitempty"`
+	// Raises the table's current policy version to this, after the ops (a
+	// lower one changes nothing: the highest set wins).
+	PolicyVersion int64 `protobuf:"varint,3,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -771,6 +784,13 @@ func (x *Mutation) GetOps() []*MutationOp {
 		return x.Ops
 	}
 	return nil
+}
+
+func (x *Mutation) GetPolicyVersion() int64 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
 }
 
 type Status struct {
@@ -1320,8 +1340,16 @@ type TableInfo struct {
 	Evictions       int64                  `protobuf:"varint,13,opt,name=evictions,proto3" json:"evictions,omitempty"`
 	InsertWaits     int64                  `protobuf:"varint,14,opt,name=insert_waits,json=insertWaits,proto3" json:"insert_waits,omitempty"`
 	SampleWaits     int64                  `protobuf:"varint,15,opt,name=sample_waits,json=sampleWaits,proto3" json:"sample_waits,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The table's current policy version, its staleness bound (absent: none),
+	// the lowest and highest version of its items (0 when empty), and the
+	// items removed or dropped as stale.
+	PolicyVersion  int64  `protobuf:"varint,16,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
+	MaxStaleness   *int64 `protobuf:"varint,17,opt,name=max_staleness,json=maxStaleness,proto3,oneof" json:"max_staleness,omitempty"`
+	MinItemVersion int64  `protobuf:"varint,18,opt,name=min_item_version,json=minItemVersion,proto3" json:"min_item_version,omitempty"`
+	MaxItemVersion int64  `protobuf:"varint,19,opt,name=max_item_version,json=maxItemVersion,proto3" json:"max_item_version,omitempty"`
+	StaleEvictions int64  `protobuf:"varint,20,opt,name=stale_evictions,json=staleEvictions,proto3" json:"stale_evictions,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TableInfo) Reset() {
@@ -1455,6 +1483,41 @@ func (x *TableInfo) GetInsertWaits() int64 {
 func (x *TableInfo) GetSampleWaits() int64 {
 	if x != nil {
 		return x.SampleWaits
+	}
+	return 0
+}
+
+func (x *TableInfo) GetPolicyVersion() int64 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
+}
+
+func (x *TableInfo) GetMaxStaleness() int64 {
+	if x != nil && x.MaxStaleness != nil {
+		return *x.MaxStaleness
+	}
+	return 0
+}
+
+func (x *TableInfo) GetMinItemVersion() int64 {
+	if x != nil {
+		return x.MinItemVersion
+	}
+	return 0
+}
+
+func (x *TableInfo) GetMaxItemVersion() int64 {
+	if x != nil {
+		return x.MaxItemVersion
+	}
+	return 0
+}
+
+func (x *TableInfo) GetStaleEvictions() int64 {
+	if x != nil {
+		return x.StaleEvictions
 	}
 	return 0
 }
@@ -2172,6 +2235,7 @@ type TableCheckpoint struct {
 	CountersJson []byte `protobuf:"bytes,3,opt,name=counters_json,json=countersJson,proto3" json:"counters_json,omitempty"`
 	// In insertion order.
 	Items         []*ItemCheckpoint `protobuf:"bytes,4,rep,name=items,proto3" json:"items,omitempty"`
+	PolicyVersion int64             `protobuf:"varint,5,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2234,6 +2298,13 @@ func (x *TableCheckpoint) GetItems() []*ItemCheckpoint {
 	return nil
 }
 
+func (x *TableCheckpoint) GetPolicyVersion() int64 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
+}
+
 type ItemCheckpoint struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
 	Key                uint64                 `protobuf:"varint,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -2242,6 +2313,7 @@ type ItemCheckpoint struct {
 	InsertedAtUnixNano int64                  `protobuf:"varint,4,opt,name=inserted_at_unix_nano,json=insertedAtUnixNano,proto3" json:"inserted_at_unix_nano,omitempty"`
 	Seq                uint64                 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
 	Columns            []*TrajectoryColumn    `protobuf:"bytes,6,rep,name=columns,proto3" json:"columns,omitempty"`
+	PolicyVersion      int64                  `protobuf:"varint,7,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
 }
@@ -2316,6 +2388,13 @@ func (x *ItemCheckpoint) GetColumns() []*TrajectoryColumn {
 		return x.Columns
 	}
 	return nil
+}
+
+func (x *ItemCheckpoint) GetPolicyVersion() int64 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
 }
 
 type ProducerCheckpoint struct {
@@ -2614,6 +2693,7 @@ type ItemInfo struct {
 	TimesSampled       int32                  `protobuf:"varint,3,opt,name=times_sampled,json=timesSampled,proto3" json:"times_sampled,omitempty"`
 	InsertedAtUnixNano int64                  `protobuf:"varint,4,opt,name=inserted_at_unix_nano,json=insertedAtUnixNano,proto3" json:"inserted_at_unix_nano,omitempty"`
 	Columns            []*TrajectoryColumn    `protobuf:"bytes,5,rep,name=columns,proto3" json:"columns,omitempty"`
+	PolicyVersion      int64                  `protobuf:"varint,6,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
 }
@@ -2681,6 +2761,13 @@ func (x *ItemInfo) GetColumns() []*TrajectoryColumn {
 		return x.Columns
 	}
 	return nil
+}
+
+func (x *ItemInfo) GetPolicyVersion() int64 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
 }
 
 type ItemsResponse struct {
@@ -2775,12 +2862,13 @@ const file_reprise_proto_rawDesc = "" +
 	"\x10TrajectoryColumn\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12/\n" +
 	"\x06slices\x18\x02 \x03(\v2\x17.reprise.v1.ColumnSliceR\x06slices\x12\x18\n" +
-	"\asqueeze\x18\x03 \x01(\bR\asqueeze\"\x82\x01\n" +
+	"\asqueeze\x18\x03 \x01(\bR\asqueeze\"\xa9\x01\n" +
 	"\x04Item\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x1a\n" +
 	"\bpriority\x18\x03 \x01(\x01R\bpriority\x126\n" +
-	"\acolumns\x18\x04 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xd1\x02\n" +
+	"\acolumns\x18\x04 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\x12%\n" +
+	"\x0epolicy_version\x18\x05 \x01(\x03R\rpolicyVersion\"\xd1\x02\n" +
 	"\vInsertBatch\x12\x1f\n" +
 	"\vproducer_id\x18\x01 \x01(\tR\n" +
 	"producerId\x12\x1a\n" +
@@ -2796,10 +2884,11 @@ const file_reprise_proto_rawDesc = "" +
 	"MutationOp\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x01R\bpriority\x12\x16\n" +
-	"\x06delete\x18\x03 \x01(\bR\x06delete\"J\n" +
+	"\x06delete\x18\x03 \x01(\bR\x06delete\"q\n" +
 	"\bMutation\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12(\n" +
-	"\x03ops\x18\x02 \x03(\v2\x16.reprise.v1.MutationOpR\x03ops\"H\n" +
+	"\x03ops\x18\x02 \x03(\v2\x16.reprise.v1.MutationOpR\x03ops\x12%\n" +
+	"\x0epolicy_version\x18\x03 \x01(\x03R\rpolicyVersion\"H\n" +
 	"\x06Status\x12$\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x10.reprise.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\x81\x01\n" +
@@ -2841,7 +2930,7 @@ const file_reprise_proto_rawDesc = "" +
 	"ColumnSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x14\n" +
-	"\x05shape\x18\x03 \x03(\x03R\x05shape\"\xe8\x03\n" +
+	"\x05shape\x18\x03 \x03(\x03R\x05shape\"\xc8\x05\n" +
 	"\tTableInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\asampler\x18\x02 \x01(\tR\asampler\x12\x18\n" +
@@ -2859,7 +2948,13 @@ const file_reprise_proto_rawDesc = "" +
 	"\adeletes\x18\f \x01(\x03R\adeletes\x12\x1c\n" +
 	"\tevictions\x18\r \x01(\x03R\tevictions\x12!\n" +
 	"\finsert_waits\x18\x0e \x01(\x03R\vinsertWaits\x12!\n" +
-	"\fsample_waits\x18\x0f \x01(\x03R\vsampleWaits\"\xfa\x01\n" +
+	"\fsample_waits\x18\x0f \x01(\x03R\vsampleWaits\x12%\n" +
+	"\x0epolicy_version\x18\x10 \x01(\x03R\rpolicyVersion\x12(\n" +
+	"\rmax_staleness\x18\x11 \x01(\x03H\x00R\fmaxStaleness\x88\x01\x01\x12(\n" +
+	"\x10min_item_version\x18\x12 \x01(\x03R\x0eminItemVersion\x12(\n" +
+	"\x10max_item_version\x18\x13 \x01(\x03R\x0emaxItemVersion\x12'\n" +
+	"\x0fstale_evictions\x18\x14 \x01(\x03R\x0estaleEvictionsB\x10\n" +
+	"\x0e_max_staleness\"\xfa\x01\n" +
 	"\fInfoResponse\x12*\n" +
 	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\x12-\n" +
 	"\x06tables\x18\x02 \x03(\v2\x15.reprise.v1.TableInfoR\x06tables\x12)\n" +
@@ -2911,20 +3006,22 @@ const file_reprise_proto_rawDesc = "" +
 	"\x04held\x18\x02 \x03(\v2\x19.reprise.v1.TableProgressR\x04held\"P\n" +
 	"\rTableProgress\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12)\n" +
-	"\x10applied_sequence\x18\x02 \x01(\x04R\x0fappliedSequence\"\xac\x01\n" +
+	"\x10applied_sequence\x18\x02 \x01(\x04R\x0fappliedSequence\"\xd3\x01\n" +
 	"\x0fTableCheckpoint\x12\x1f\n" +
 	"\vconfig_json\x18\x01 \x01(\fR\n" +
 	"configJson\x12!\n" +
 	"\flimiter_json\x18\x02 \x01(\fR\vlimiterJson\x12#\n" +
 	"\rcounters_json\x18\x03 \x01(\fR\fcountersJson\x120\n" +
-	"\x05items\x18\x04 \x03(\v2\x1a.reprise.v1.ItemCheckpointR\x05items\"\xe0\x01\n" +
+	"\x05items\x18\x04 \x03(\v2\x1a.reprise.v1.ItemCheckpointR\x05items\x12%\n" +
+	"\x0epolicy_version\x18\x05 \x01(\x03R\rpolicyVersion\"\x87\x02\n" +
 	"\x0eItemCheckpoint\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x01R\bpriority\x12#\n" +
 	"\rtimes_sampled\x18\x03 \x01(\x05R\ftimesSampled\x121\n" +
 	"\x15inserted_at_unix_nano\x18\x04 \x01(\x03R\x12insertedAtUnixNano\x12\x10\n" +
 	"\x03seq\x18\x05 \x01(\x04R\x03seq\x126\n" +
-	"\acolumns\x18\x06 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xa0\x02\n" +
+	"\acolumns\x18\x06 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\x12%\n" +
+	"\x0epolicy_version\x18\a \x01(\x03R\rpolicyVersion\"\xa0\x02\n" +
 	"\x12ProducerCheckpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
 	"\rlast_sequence\x18\x02 \x01(\x04R\flastSequence\x12-\n" +
@@ -2948,13 +3045,14 @@ const file_reprise_proto_rawDesc = "" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\x04R\x04keys\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x14\n" +
-	"\x05limit\x18\x04 \x01(\x05R\x05limit\"\xc8\x01\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\"\xef\x01\n" +
 	"\bItemInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x01R\bpriority\x12#\n" +
 	"\rtimes_sampled\x18\x03 \x01(\x05R\ftimesSampled\x121\n" +
 	"\x15inserted_at_unix_nano\x18\x04 \x01(\x03R\x12insertedAtUnixNano\x126\n" +
-	"\acolumns\x18\x05 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\x86\x01\n" +
+	"\acolumns\x18\x05 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\x12%\n" +
+	"\x0epolicy_version\x18\x06 \x01(\x03R\rpolicyVersion\"\x86\x01\n" +
 	"\rItemsResponse\x12*\n" +
 	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\x12*\n" +
 	"\x05items\x18\x02 \x03(\v2\x14.reprise.v1.ItemInfoR\x05items\x12\x1d\n" +
@@ -3070,6 +3168,7 @@ func file_reprise_proto_init() {
 	if File_reprise_proto != nil {
 		return
 	}
+	file_reprise_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -57,6 +57,14 @@ class TableInfo:
     num_evictions: int
     insert_waits: int
     sample_waits: int
+    #: The table's current policy version, its staleness bound (None: none),
+    #: its items' lowest and highest versions (0 when empty), and the items
+    #: removed or dropped as stale.
+    policy_version: int = 0
+    max_staleness: int | None = None
+    min_item_version: int = 0
+    max_item_version: int = 0
+    num_stale_evictions: int = 0
 
     @property
     def size(self) -> int:
@@ -102,6 +110,11 @@ def table_info(t: Any) -> TableInfo:
         num_evictions=t.evictions,
         insert_waits=t.insert_waits,
         sample_waits=t.sample_waits,
+        policy_version=t.policy_version,
+        max_staleness=t.max_staleness if t.HasField("max_staleness") else None,
+        min_item_version=t.min_item_version,
+        max_item_version=t.max_item_version,
+        num_stale_evictions=t.stale_evictions,
     )
 
 

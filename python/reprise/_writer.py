@@ -186,7 +186,7 @@ def chunk_header(dtype: str, step_shape: tuple[int, ...]) -> bytes:
     return out
 
 
-def encode_item(key: int, table: bytes, priority: float, columns: list[bytes]) -> bytes:
+def encode_item(key: int, table: bytes, priority: float, columns: list[bytes], policy_version: int = 0) -> bytes:
     """An encoded Item; ``table`` is the field already encoded, ``columns``
     the encoded TrajectoryColumn fields."""
     parts = [b"\x08", _varint(key), table]
@@ -194,6 +194,9 @@ def encode_item(key: int, table: bytes, priority: float, columns: list[bytes]) -
     if priority != 0.0 or str(priority)[0] == "-":
         parts += [b"\x19", _DOUBLE.pack(priority)]
     parts += columns
+    if policy_version:
+        # int64 on the wire: a negative value is its two's complement.
+        parts += [b"\x28", _varint(policy_version & 0xFFFFFFFFFFFFFFFF)]
     return b"".join(parts)
 
 
@@ -411,6 +414,7 @@ class _Pending:
     priority: float
     key: int
     refs: list[_Ref]
+    policy_version: int = 0
     table_field: bytes = b""
 
     def __post_init__(self) -> None:
@@ -488,6 +492,9 @@ class _Producer:
         # The inbox subject the service sends rejections to; set by the
         # transport before the first message.
         self.notice = ""
+        # The version of the policy producing the steps: items created from
+        # now on carry it.
+        self.policy_version = 0
         self.max_payload = max_payload
         self._submit = submit
         self.mu = threading.Lock()
@@ -669,7 +676,7 @@ class _Producer:
     def create_item_locked(self, table: str, priority: float, refs: list[_Ref]) -> None:
         if self.closing:
             raise errors.ClosedError("writer closed")
-        self.pending.append(_Pending(table, priority, self._rng.getrandbits(64) or 1, refs))
+        self.pending.append(_Pending(table, priority, self._rng.getrandbits(64) or 1, refs, self.policy_version))
 
     def _build_item(self, it: _Pending) -> tuple[bytes, list[_Sealed]]:
         cols = []
@@ -688,7 +695,7 @@ class _Producer:
                 if not ch.sent and ch not in fresh:
                     fresh.append(ch)
             cols.append(encode_column(r.name_field, slices, r.squeeze))
-        item = encode_item(it.key, it.table_field, it.priority, cols)
+        item = encode_item(it.key, it.table_field, it.priority, cols, it.policy_version)
         return b"\x22" + _uvarint(len(item)) + item, fresh
 
     def advance_locked(self, force: bool) -> None:

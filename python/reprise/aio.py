@@ -337,6 +337,17 @@ class Client:
         if msgs and not self._return_on_store:
             await self._applied.wait_for(seq, _left(deadline))
 
+    async def set_policy_version(self, table: str, version: int, *, timeout: float | None = 10.0) -> None:
+        """Raises ``table``'s policy version (see
+        :meth:`reprise.Client.set_policy_version`)."""
+        if not table:
+            raise errors.InvalidArgumentError("set_policy_version needs a table name")
+        data = pb.Mutation(table=table, policy_version=int(version)).SerializeToString()
+        deadline = _deadline(timeout, None)
+        seq = await self._publish_js(self.subjects.mutate, data, _left(deadline))
+        if not self._return_on_store:
+            await self._applied.wait_for(seq, _left(deadline))
+
     async def update_priorities(self, table: str, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
         """mutate_priorities with arrays: ``keys`` (uint64) and
         ``priorities`` of the same length, such as ``batch.info.key`` and
@@ -696,6 +707,12 @@ class AsyncTrajectoryWriter:
                 await asyncio.wait_for(fut, wait)
             except asyncio.TimeoutError:
                 pass
+
+    def set_policy_version(self, version: int) -> None:
+        """See :meth:`reprise.TrajectoryWriter.set_policy_version`."""
+        assert self._p is not None
+        with self._p.mu:
+            self._p.policy_version = int(version)
 
     async def end_episode(
         self, clear_buffers: bool = True, timeout_ms: int | None = None, *, timeout: float | None = None

@@ -217,6 +217,15 @@ class Client:
         returns once the change is stored (durable), a round trip sooner."""
         self._call(self._aclient.mutate_priorities(table, updates, deletes, timeout=timeout))
 
+    def set_policy_version(self, table: str, version: int, *, timeout: float | None = 10.0) -> None:
+        """Raises ``table``'s current policy version to ``version`` (the
+        highest set wins, whichever learner sets it). With the table's
+        ``max_staleness: K``, items more than K versions behind are removed
+        and never sampled again. Like a mutation it goes through the stream
+        (durable, replayed after a crash) and returns once applied. Writers
+        tag their items with :meth:`TrajectoryWriter.set_policy_version`."""
+        self._call(self._aclient.set_policy_version(table, version, timeout=timeout))
+
     def update_priorities(self, table: str, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
         """``mutate_priorities`` from two arrays, e.g. ``batch.info.key`` and
         new priorities from TD errors."""
@@ -539,6 +548,14 @@ class TrajectoryWriter:
             err = p.take_errors_locked()
         if err is not None:
             raise err
+
+    def set_policy_version(self, version: int) -> None:
+        """Sets the version of the policy producing the steps: items created
+        from now on carry it, and a table with ``max_staleness`` drops them
+        once they are too many versions behind its current one
+        (:meth:`Client.set_policy_version`)."""
+        with self._p.mu:
+            self._p.policy_version = int(version)
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None, *, timeout: float | None = None) -> None:
         """Publishes the episode's items, waits as :meth:`flush` does, and

@@ -206,3 +206,12 @@ def test_writer_options_are_checked() -> None:
         WriterOptions(chunk_length=0)
     with pytest.raises(reprise.InvalidArgumentError):
         WriterOptions(compression="s2")
+
+
+def test_item_encoding_with_policy_version_matches_protobuf() -> None:
+    from reprise._writer import encode_item
+
+    for version in (0, 1, 300, -1, -(2**63), 2**63 - 1):
+        mine = encode_item(7, b"\x12\x01t", 0.5, [], version)
+        ref = pb.Item(key=7, table="t", priority=0.5, policy_version=version).SerializeToString()
+        assert mine == ref, version

@@ -188,7 +188,7 @@ def python_vectors() -> list[dict[str, Any]]:
         for name, r in traj.items():
             a = np.stack([steps[i][r.column] for i in range(r.start, r.stop)])
             cols.append({"name": name, "squeeze": r.squeeze, "want": tensor_json(a[0] if r.squeeze else a)})
-        expect.append({"table": table, "priority": prio, "columns": cols})
+        expect.append({"table": table, "priority": prio, "policy_version": p.policy_version, "columns": cols})
 
     def drain(p: _Producer, name: str, force: bool = False) -> None:
         with p.mu:
@@ -215,6 +215,7 @@ def python_vectors() -> list[dict[str, Any]]:
         with p.mu:
             p.append_locked(s)
         if t >= 2:
+            p.policy_version = t - 3  # -1, 0 and 1: a negative int64 on the wire too
             item(p, "replay", float(t), {"obs": H(p, "obs")[-3:], "action": H(p, "action")[-3:], "reward": H(p, "reward")[-1]}, steps)
         drain(p, "trajectories")
     drain(p, "trajectories flush", force=True)
@@ -269,7 +270,11 @@ def python_vectors() -> list[dict[str, Any]]:
                 "release": list(b.release_chunk_keys) or None,
                 "end": b.end_of_stream,
                 "chunks": [c.key for c in b.chunks] or None,
-                "items": [{"key": e["key"], "table": e["table"], "priority": e["priority"], "columns": e["columns"]} for e in exp]
+                "items": [
+                    {"key": e["key"], "table": e["table"], "priority": e["priority"],
+                     "policy_version": e["policy_version"], "columns": e["columns"]}
+                    for e in exp
+                ]
                 or None,
             }
         )

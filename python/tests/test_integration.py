@@ -539,3 +539,27 @@ def test_read_your_writes(reprised_factory: Any) -> None:
             c.mutate_priorities("heap", {item.info.key: float(1000 + i)}, timeout=30)
             top = next(c.sample("heap", 1, timeout=5))
             assert (top.info.key, top.info.priority) == (item.info.key, float(1000 + i)), f"round {i}: update not visible"
+
+
+def test_staleness_bound(reprised_factory: Any) -> None:
+    """Items carry their writer's policy version; a learner raises the
+    table's version; with max_staleness 1 the items two versions behind are
+    removed and stale inserts dropped, and server_info says so."""
+    r = reprised_factory("tables:\n  - {name: t, max_size: 100, max_staleness: 1}\n")
+    with reprise.Client(r.url) as c, c.trajectory_writer(1, linger=0.0) as w:
+        for version, xs in ((0, (0, 1)), (1, (10, 11)), (2, (20,))):
+            w.set_policy_version(version)
+            for x in xs:
+                w.append({"x": np.int64(x)})
+                w.create_item("t", 1.0, {"x": w.history["x"][-1:]})
+            w.flush(timeout=30)
+        c.set_policy_version("t", 2, timeout=30)
+        w.set_policy_version(0)
+        w.append({"x": np.int64(2)})
+        w.create_item("t", 1.0, {"x": w.history["x"][-1:]})
+        w.flush(timeout=30)  # stale on arrival: dropped
+        info = c.server_info(timeout=5)["t"]
+        assert (info.current_size, info.policy_version, info.max_staleness) == (3, 2, 1)
+        assert (info.min_item_version, info.max_item_version, info.num_stale_evictions) == (1, 2, 3)
+        got = {int(s.data["x"][0]) for _ in range(20) for s in c.sample("t", 1, timeout=5)}
+        assert got <= {10, 11, 20}, got

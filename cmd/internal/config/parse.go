@@ -488,6 +488,11 @@ func tableFields(p *parser, t *tableSpec) []field {
 		{"max_times_sampled", intInto(p, &t.cfg.MaxTimesSampled, math.MinInt32, math.MaxInt32, " (below 1 for unlimited, as in Reverb)")},
 		{"rate_limiter", p.node(&t.rateLimiter)},
 		{"signature", p.node(&t.signature)},
+		{"max_staleness", func(n *yaml.Node, key string) {
+			if v, ok := p.integer(n, key, 0, math.MaxInt64, " (policy versions an item may lag the table's current one; 0 keeps only the current)"); ok {
+				t.cfg.MaxStaleness = &v
+			}
+		}},
 	}
 }
 

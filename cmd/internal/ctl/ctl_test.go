@@ -559,3 +559,23 @@ func TestRoles(t *testing.T) {
 		t.Errorf("no credentials: %v", err)
 	}
 }
+
+// TestInfoShowsPolicyVersions: a table with a staleness bound gets a line
+// with its current version, its items' versions and the stale drops.
+func TestInfoShowsPolicyVersions(t *testing.T) {
+	k := int64(2)
+	rep := infoReport{Tables: []tableReport{
+		{Name: "onpolicy", PolicyVersion: 7, MaxStaleness: &k, MinItemVersion: 5, MaxItemVersion: 7, StaleEvictions: 40},
+		{Name: "plain"},
+	}}
+	var out strings.Builder
+	if err := rep.write(&out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "onpolicy: current 7, items of versions 5..7, max_staleness 2, 40 items dropped as stale"; !strings.Contains(out.String(), want) {
+		t.Errorf("info output lacks %q:\n%s", want, out.String())
+	}
+	if strings.Contains(out.String(), "plain: current") {
+		t.Errorf("a table without versions got a versions line:\n%s", out.String())
+	}
+}

@@ -43,6 +43,13 @@ type tableReport struct {
 	Evictions       int64            `json:"evictions"`
 	InsertWaits     int64            `json:"insert_waits"`
 	SampleWaits     int64            `json:"sample_waits"`
+	// The policy versions: the table's current one, its staleness bound,
+	// the span its items cover and the items dropped as stale.
+	PolicyVersion  int64  `json:"policy_version"`
+	MaxStaleness   *int64 `json:"max_staleness,omitempty"`
+	MinItemVersion int64  `json:"min_item_version"`
+	MaxItemVersion int64  `json:"max_item_version"`
+	StaleEvictions int64  `json:"stale_evictions"`
 }
 
 // limiterReport is a table's rate limiter: its parameters, the preset they
@@ -110,6 +117,9 @@ func newInfoReport(url, prefix string, resp *broker.Info) infoReport {
 			RateLimiter: limiterReport{Preset: describeLimiter(cfg, ti.Sampler), Config: cfg, Inserts: l.Inserts, Samples: l.Samples, Deletes: l.Deletes},
 			Size:        ti.Size, BytesHeld: ti.BytesHeld, Inserts: ti.Inserts, Samples: ti.Samples, Deletes: ti.Deletes,
 			Evictions: ti.Evictions, InsertWaits: ti.InsertWaits, SampleWaits: ti.SampleWaits,
+
+			PolicyVersion: ti.PolicyVersion, MaxStaleness: ti.MaxStaleness,
+			MinItemVersion: ti.MinItemVersion, MaxItemVersion: ti.MaxItemVersion, StaleEvictions: ti.StaleEvictions,
 		}
 		tr.Signature = ti.Signature
 		rep.Tables = append(rep.Tables, tr)
@@ -182,6 +192,20 @@ func (r infoReport) write(w io.Writer) error {
 	}
 	if len(sigs) > 0 {
 		fmt.Fprintf(w, "\nSignatures:\n%s\n", strings.Join(sigs, "\n"))
+	}
+	var versions []string
+	for _, t := range r.Tables {
+		if t.MaxStaleness == nil && t.PolicyVersion == 0 && t.MaxItemVersion == 0 {
+			continue
+		}
+		bound := "no staleness bound"
+		if t.MaxStaleness != nil {
+			bound = fmt.Sprintf("max_staleness %d, %d items dropped as stale", *t.MaxStaleness, t.StaleEvictions)
+		}
+		versions = append(versions, fmt.Sprintf("  %s: current %d, items of versions %d..%d, %s", t.Name, t.PolicyVersion, t.MinItemVersion, t.MaxItemVersion, bound))
+	}
+	if len(versions) > 0 {
+		fmt.Fprintf(w, "\nPolicy versions:\n%s\n", strings.Join(versions, "\n"))
 	}
 	return nil
 }

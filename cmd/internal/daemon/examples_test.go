@@ -39,6 +39,7 @@ func TestExamplesAgainstReprised(t *testing.T) {
 		{"actorlearner", []string{"--items", "400"}, []string{"achieved samples per insert: 2.000 (target 2)"}},
 		{"multitable", nil, []string{"the chunk store gained 60 chunks", "observation [3 3]"}},
 		{"prioritized", []string{"--samples", "500"}, []string{"before the updates", "after the updates"}},
+		{"staleness", []string{"--updates", "8"}, []string{"every sampled item was at most 2 versions behind"}},
 	}
 	for _, tt := range tests {
 		// Twice: an example resets its tables, so a rerun behaves alike.

@@ -161,46 +161,52 @@ class InsertBatch(_message.Message):
     def __init__(self, producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., items: _Optional[_Iterable[_Union[Item, _Mapping]]] = ..., release_chunk_keys: _Optional[_Iterable[int]] = ..., end_of_stream: bool = ..., window_start: _Optional[int] = ..., window: _Optional[int] = ..., notice_subject: _Optional[str] = ...) -> None: ...
 
 class Item(_message.Message):
-    __slots__ = ["columns", "key", "priority", "table"]
+    __slots__ = ["columns", "key", "policy_version", "priority", "table"]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     columns: _containers.RepeatedCompositeFieldContainer[TrajectoryColumn]
     key: int
+    policy_version: int
     priority: float
     table: str
-    def __init__(self, key: _Optional[int] = ..., table: _Optional[str] = ..., priority: _Optional[float] = ..., columns: _Optional[_Iterable[_Union[TrajectoryColumn, _Mapping]]] = ...) -> None: ...
+    def __init__(self, key: _Optional[int] = ..., table: _Optional[str] = ..., priority: _Optional[float] = ..., columns: _Optional[_Iterable[_Union[TrajectoryColumn, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class ItemCheckpoint(_message.Message):
-    __slots__ = ["columns", "inserted_at_unix_nano", "key", "priority", "seq", "times_sampled"]
+    __slots__ = ["columns", "inserted_at_unix_nano", "key", "policy_version", "priority", "seq", "times_sampled"]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     INSERTED_AT_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     columns: _containers.RepeatedCompositeFieldContainer[TrajectoryColumn]
     inserted_at_unix_nano: int
     key: int
+    policy_version: int
     priority: float
     seq: int
     times_sampled: int
-    def __init__(self, key: _Optional[int] = ..., priority: _Optional[float] = ..., times_sampled: _Optional[int] = ..., inserted_at_unix_nano: _Optional[int] = ..., seq: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[TrajectoryColumn, _Mapping]]] = ...) -> None: ...
+    def __init__(self, key: _Optional[int] = ..., priority: _Optional[float] = ..., times_sampled: _Optional[int] = ..., inserted_at_unix_nano: _Optional[int] = ..., seq: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[TrajectoryColumn, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class ItemInfo(_message.Message):
-    __slots__ = ["columns", "inserted_at_unix_nano", "key", "priority", "times_sampled"]
+    __slots__ = ["columns", "inserted_at_unix_nano", "key", "policy_version", "priority", "times_sampled"]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     INSERTED_AT_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TIMES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     columns: _containers.RepeatedCompositeFieldContainer[TrajectoryColumn]
     inserted_at_unix_nano: int
     key: int
+    policy_version: int
     priority: float
     times_sampled: int
-    def __init__(self, key: _Optional[int] = ..., priority: _Optional[float] = ..., times_sampled: _Optional[int] = ..., inserted_at_unix_nano: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[TrajectoryColumn, _Mapping]]] = ...) -> None: ...
+    def __init__(self, key: _Optional[int] = ..., priority: _Optional[float] = ..., times_sampled: _Optional[int] = ..., inserted_at_unix_nano: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[TrajectoryColumn, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class ItemsRequest(_message.Message):
     __slots__ = ["keys", "limit", "offset", "table"]
@@ -243,12 +249,14 @@ class LimiterInfo(_message.Message):
     def __init__(self, samples_per_insert: _Optional[float] = ..., min_size: _Optional[int] = ..., min_diff: _Optional[float] = ..., max_diff: _Optional[float] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ...) -> None: ...
 
 class Mutation(_message.Message):
-    __slots__ = ["ops", "table"]
+    __slots__ = ["ops", "policy_version", "table"]
     OPS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedCompositeFieldContainer[MutationOp]
+    policy_version: int
     table: str
-    def __init__(self, table: _Optional[str] = ..., ops: _Optional[_Iterable[_Union[MutationOp, _Mapping]]] = ...) -> None: ...
+    def __init__(self, table: _Optional[str] = ..., ops: _Optional[_Iterable[_Union[MutationOp, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class MutationOp(_message.Message):
     __slots__ = ["delete", "key", "priority"]
@@ -389,50 +397,62 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[_Union[Code, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class TableCheckpoint(_message.Message):
-    __slots__ = ["config_json", "counters_json", "items", "limiter_json"]
+    __slots__ = ["config_json", "counters_json", "items", "limiter_json", "policy_version"]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_JSON_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     LIMITER_JSON_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     config_json: bytes
     counters_json: bytes
     items: _containers.RepeatedCompositeFieldContainer[ItemCheckpoint]
     limiter_json: bytes
-    def __init__(self, config_json: _Optional[bytes] = ..., limiter_json: _Optional[bytes] = ..., counters_json: _Optional[bytes] = ..., items: _Optional[_Iterable[_Union[ItemCheckpoint, _Mapping]]] = ...) -> None: ...
+    policy_version: int
+    def __init__(self, config_json: _Optional[bytes] = ..., limiter_json: _Optional[bytes] = ..., counters_json: _Optional[bytes] = ..., items: _Optional[_Iterable[_Union[ItemCheckpoint, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ["bytes_held", "deletes", "evictions", "insert_waits", "inserts", "limiter", "max_size", "max_times_sampled", "name", "remover", "sample_waits", "sampler", "samples", "signature", "size"]
+    __slots__ = ["bytes_held", "deletes", "evictions", "insert_waits", "inserts", "limiter", "max_item_version", "max_size", "max_staleness", "max_times_sampled", "min_item_version", "name", "policy_version", "remover", "sample_waits", "sampler", "samples", "signature", "size", "stale_evictions"]
     BYTES_HELD_FIELD_NUMBER: _ClassVar[int]
     DELETES_FIELD_NUMBER: _ClassVar[int]
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     INSERTS_FIELD_NUMBER: _ClassVar[int]
     INSERT_WAITS_FIELD_NUMBER: _ClassVar[int]
     LIMITER_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITEM_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     MAX_TIMES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    MIN_ITEM_VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     REMOVER_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_WAITS_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    STALE_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     bytes_held: int
     deletes: int
     evictions: int
     insert_waits: int
     inserts: int
     limiter: LimiterInfo
+    max_item_version: int
     max_size: int
+    max_staleness: int
     max_times_sampled: int
+    min_item_version: int
     name: str
+    policy_version: int
     remover: str
     sample_waits: int
     sampler: str
     samples: int
     signature: _containers.RepeatedCompositeFieldContainer[ColumnSpec]
     size: int
-    def __init__(self, name: _Optional[str] = ..., sampler: _Optional[str] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., limiter: _Optional[_Union[LimiterInfo, _Mapping]] = ..., signature: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., size: _Optional[int] = ..., bytes_held: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ..., evictions: _Optional[int] = ..., insert_waits: _Optional[int] = ..., sample_waits: _Optional[int] = ...) -> None: ...
+    stale_evictions: int
+    def __init__(self, name: _Optional[str] = ..., sampler: _Optional[str] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., limiter: _Optional[_Union[LimiterInfo, _Mapping]] = ..., signature: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., size: _Optional[int] = ..., bytes_held: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ..., evictions: _Optional[int] = ..., insert_waits: _Optional[int] = ..., sample_waits: _Optional[int] = ..., policy_version: _Optional[int] = ..., max_staleness: _Optional[int] = ..., min_item_version: _Optional[int] = ..., max_item_version: _Optional[int] = ..., stale_evictions: _Optional[int] = ...) -> None: ...
 
 class TableProgress(_message.Message):
     __slots__ = ["applied_sequence", "table"]
