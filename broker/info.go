@@ -49,6 +49,13 @@ type TableInfo struct {
 	MinItemVersion int64
 	MaxItemVersion int64
 	StaleEvictions int64
+	// Episodes is the number of episodes the items hold steps of;
+	// DeletedEpisodes counts the episodes whose last item left, and
+	// UniqueSamples the items sampled at least once (Reverb's num_episodes,
+	// num_deleted_episodes and num_unique_samples).
+	Episodes        int64
+	DeletedEpisodes int64
+	UniqueSamples   int64
 }
 
 // LimiterInfo is a table's rate limiter: its configuration and the
@@ -113,6 +120,7 @@ func infoFromWire(r *wire.InfoResponse) *Info {
 
 			PolicyVersion: t.PolicyVersion, MaxStaleness: t.MaxStaleness,
 			MinItemVersion: t.MinItemVersion, MaxItemVersion: t.MaxItemVersion, StaleEvictions: t.StaleEvictions,
+			Episodes: t.NumEpisodes, DeletedEpisodes: t.NumDeletedEpisodes, UniqueSamples: t.NumUniqueSamples,
 		}
 		for _, c := range t.Signature {
 			ti.Signature = append(ti.Signature, tables.ColumnSpec{Name: c.Name, DType: c.Dtype, Shape: c.Shape})

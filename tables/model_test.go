@@ -50,6 +50,11 @@ func (m *model) remove(i int) {
 	m.items = slices.Delete(m.items, i, i+1)
 	m.deletes++
 	m.counters.Deletes++
+	if len(m.items) == 0 {
+		// The model's chunks carry no episode (0): its one episode is gone
+		// when its last item is.
+		m.counters.DeletedEpisodes++
+	}
 }
 
 func (m *model) keys() []uint64 {
@@ -126,6 +131,9 @@ func runModel(t *testing.T, sampler selectors.Kind, seed uint64, ops int) {
 					}
 				}
 				it := &m.items[j]
+				if it.times == 0 {
+					m.counters.UniqueSamples++
+				}
 				it.times++
 				want := SampleInfo{Key: it.key, Priority: it.priority, TimesSampled: it.times, TableSize: int64(len(m.items))}
 				got := ss[i].Info

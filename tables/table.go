@@ -50,6 +50,9 @@ type Table struct {
 	// indexes the items' versions.
 	version  int64
 	versions versionIndex
+	// episodes counts, per episode, the chunks of the table's items that
+	// hold its steps (a chunk once per item referencing it).
+	episodes map[uint64]int64
 }
 
 // entry is one item's bookkeeping.
@@ -98,6 +101,11 @@ type Counters struct {
 	// their policy version fell below the table's staleness bound (also
 	// counted in Deletes when the item was in the table).
 	StaleEvictions int64 `json:"stale_evictions"`
+	// UniqueSamples counts items sampled for the first time, and
+	// DeletedEpisodes the episodes whose last item left the table (Reverb's
+	// num_unique_samples and num_deleted_episodes).
+	UniqueSamples   int64 `json:"unique_samples"`
+	DeletedEpisodes int64 `json:"deleted_episodes"`
 }
 
 // Info describes a table at one moment.
@@ -120,6 +128,8 @@ type Info struct {
 	// ItemVersions the lowest and highest of its items' (nil when empty).
 	PolicyVersion int64     `json:"policy_version"`
 	ItemVersions  *[2]int64 `json:"item_versions,omitempty"`
+	// Episodes is the number of episodes the items hold steps of.
+	Episodes int64 `json:"episodes"`
 }
 
 // Option configures New and NewFromSnapshot.
@@ -192,6 +202,7 @@ func New(cfg Config, store *ChunkStore, opts ...Option) (*Table, error) {
 
 		maxItemBytes: o.maxItemBytes,
 		versions:     newVersionIndex(cfg.MaxStaleness != nil),
+		episodes:     make(map[uint64]int64),
 	}, nil
 }
 
@@ -358,6 +369,7 @@ func (t *Table) insertLocked(key uint64, priority float64, version, at int64, tr
 
 func (t *Table) holdLocked(chunks []*Chunk) {
 	for _, c := range chunks {
+		t.episodes[c.Episode]++
 		h := t.held[c.Key]
 		if h.items == 0 {
 			h.chunk = c
@@ -411,6 +423,10 @@ func (t *Table) removeLocked(e *entry) {
 	t.counters.Deletes++
 	t.versions.remove(e.version)
 	for _, c := range e.chunks {
+		if t.episodes[c.Episode]--; t.episodes[c.Episode] <= 0 {
+			delete(t.episodes, c.Episode)
+			t.counters.DeletedEpisodes++
+		}
 		h := t.held[c.Key]
 		if h.items--; h.items == 0 {
 			delete(t.held, c.Key)
@@ -508,6 +524,9 @@ func (t *Table) sampleLocked(waited bool) Sample {
 	key, prob, err := t.sampler.Sample()
 	must(err)
 	e := t.items[key]
+	if e.timesSampled == 0 {
+		t.counters.UniqueSamples++
+	}
 	e.timesSampled++
 	t.counters.Samples++
 	s := Sample{
@@ -590,6 +609,7 @@ func (t *Table) Reset() {
 	t.lim.Reset()
 	t.largestItem = 0
 	t.versions = newVersionIndex(t.cfg.MaxStaleness != nil)
+	clear(t.episodes)
 }
 
 // Reconfigure replaces the rate limiter's config and max_times_sampled while
@@ -640,6 +660,7 @@ func (t *Table) Info() Info {
 		LargestItemBytes: t.largestItem,
 		PolicyVersion:    t.version,
 		ItemVersions:     versionSpan(t.versions.span()),
+		Episodes:         int64(len(t.episodes)),
 	}
 }
 

@@ -49,6 +49,8 @@ type Chunk struct {
 	StepBytes int64
 	// Data is the encoded chunk as it travels on the wire.
 	Data []byte
+	// Episode is the id of the episode whose steps it holds (0: unknown).
+	Episode uint64
 }
 
 // Slice selects Length consecutive steps of a chunk, starting at Offset.

@@ -176,3 +176,49 @@ func TestStalenessIndexBounded(t *testing.T) {
 		t.Fatalf("size %d, stale evictions %d after version 10: want 0 and 10", tb.Size(), tb.Info().Counters.StaleEvictions)
 	}
 }
+
+// TestEpisodeAndUniqueSampleCounts: Reverb's num_episodes counts the
+// episodes the items hold steps of, num_deleted_episodes those whose last
+// item left, and num_unique_samples the items sampled at least once.
+func TestEpisodeAndUniqueSampleCounts(t *testing.T) {
+	s := NewChunkStore()
+	for key, episode := range map[ChunkKey]uint64{1: 100, 2: 100, 3: 200} {
+		s.Put(&Chunk{Key: key, DType: "float32", Shape: []int64{2}, Length: 1, Data: make([]byte, 8), Episode: episode})
+	}
+	tb := mustNew(t, config("t", selectors.KindUniform, selectors.KindFifo, 10, limiter.MinSize(1)), s)
+	mustInsert(t, tb, newItem(1, 1, 1, 2)) // episode 100, two chunks
+	mustInsert(t, tb, newItem(2, 1, 2))    // episode 100
+	mustInsert(t, tb, newItem(3, 1, 3))    // episode 200
+	if n := tb.Info().Episodes; n != 2 {
+		t.Fatalf("%d episodes, want 2", n)
+	}
+	seen := map[uint64]bool{}
+	for range 4 {
+		ss, err := tb.Sample(expired(), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range ss {
+			seen[s.Info.Key] = true
+		}
+	}
+	if c := tb.Info().Counters; c.UniqueSamples != int64(len(seen)) || c.Samples != 8 {
+		t.Fatalf("counters %+v: want %d unique samples of 8", c, len(seen))
+	}
+	tb.Delete(3)
+	info := tb.Info()
+	if info.Episodes != 1 || info.Counters.DeletedEpisodes != 1 {
+		t.Fatalf("after deleting episode 200's only item: %d episodes, %d deleted; want 1 and 1", info.Episodes, info.Counters.DeletedEpisodes)
+	}
+	tb.Delete(1)
+	if info := tb.Info(); info.Episodes != 1 || info.Counters.DeletedEpisodes != 1 {
+		t.Fatalf("episode 100 still has item 2: %d episodes, %d deleted", info.Episodes, info.Counters.DeletedEpisodes)
+	}
+	restored, err := NewFromSnapshot(tb.Snapshot(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := restored.Info(); info.Episodes != 1 || info.Counters.DeletedEpisodes != 1 {
+		t.Fatalf("restored: %d episodes, %d deleted; want 1 and 1", info.Episodes, info.Counters.DeletedEpisodes)
+	}
+}

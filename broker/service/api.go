@@ -311,6 +311,10 @@ func tableInfo(in tables.Info) *wire.TableInfo {
 		PolicyVersion:  in.PolicyVersion,
 		MaxStaleness:   c.MaxStaleness,
 		StaleEvictions: in.Counters.StaleEvictions,
+
+		NumEpisodes:        in.Episodes,
+		NumDeletedEpisodes: in.Counters.DeletedEpisodes,
+		NumUniqueSamples:   in.Counters.UniqueSamples,
 	}
 	if v := in.ItemVersions; v != nil {
 		ti.MinItemVersion, ti.MaxItemVersion = v[0], v[1]

@@ -287,7 +287,7 @@ func parseChunk(b []byte) (*tables.Chunk, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", protocol.ErrInvalidMessage, err)
 	}
-	c := &tables.Chunk{Key: wc.Key, DType: wc.Dtype, Shape: wc.StepShape, Length: wc.Length, Data: b}
+	c := &tables.Chunk{Key: wc.Key, DType: wc.Dtype, Shape: wc.StepShape, Length: wc.Length, Data: b, Episode: wc.EpisodeId}
 	compression, rawSize, dataLen := wc.Compression, wc.RawSize, len(wc.Data)
 	if _, ok := wire.Compression_name[int32(compression)]; !ok {
 		return nil, fmt.Errorf("%w: chunk %d: unknown compression %d", protocol.ErrInvalidMessage, c.Key, compression)

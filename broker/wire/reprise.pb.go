@@ -1348,8 +1348,14 @@ type TableInfo struct {
 	MinItemVersion int64  `protobuf:"varint,18,opt,name=min_item_version,json=minItemVersion,proto3" json:"min_item_version,omitempty"`
 	MaxItemVersion int64  `protobuf:"varint,19,opt,name=max_item_version,json=maxItemVersion,proto3" json:"max_item_version,omitempty"`
 	StaleEvictions int64  `protobuf:"varint,20,opt,name=stale_evictions,json=staleEvictions,proto3" json:"stale_evictions,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// As Reverb's TableInfo: the episodes the items hold steps of, the
+	// episodes whose last item left, and the items sampled at least once
+	// (the last two over the table's life).
+	NumEpisodes        int64 `protobuf:"varint,21,opt,name=num_episodes,json=numEpisodes,proto3" json:"num_episodes,omitempty"`
+	NumDeletedEpisodes int64 `protobuf:"varint,22,opt,name=num_deleted_episodes,json=numDeletedEpisodes,proto3" json:"num_deleted_episodes,omitempty"`
+	NumUniqueSamples   int64 `protobuf:"varint,23,opt,name=num_unique_samples,json=numUniqueSamples,proto3" json:"num_unique_samples,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *TableInfo) Reset() {
@@ -1518,6 +1524,27 @@ func (x *TableInfo) GetMaxItemVersion() int64 {
 func (x *TableInfo) GetStaleEvictions() int64 {
 	if x != nil {
 		return x.StaleEvictions
+	}
+	return 0
+}
+
+func (x *TableInfo) GetNumEpisodes() int64 {
+	if x != nil {
+		return x.NumEpisodes
+	}
+	return 0
+}
+
+func (x *TableInfo) GetNumDeletedEpisodes() int64 {
+	if x != nil {
+		return x.NumDeletedEpisodes
+	}
+	return 0
+}
+
+func (x *TableInfo) GetNumUniqueSamples() int64 {
+	if x != nil {
+		return x.NumUniqueSamples
 	}
 	return 0
 }
@@ -2930,7 +2957,7 @@ const file_reprise_proto_rawDesc = "" +
 	"ColumnSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x14\n" +
-	"\x05shape\x18\x03 \x03(\x03R\x05shape\"\xc8\x05\n" +
+	"\x05shape\x18\x03 \x03(\x03R\x05shape\"\xcb\x06\n" +
 	"\tTableInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\asampler\x18\x02 \x01(\tR\asampler\x12\x18\n" +
@@ -2953,7 +2980,10 @@ const file_reprise_proto_rawDesc = "" +
 	"\rmax_staleness\x18\x11 \x01(\x03H\x00R\fmaxStaleness\x88\x01\x01\x12(\n" +
 	"\x10min_item_version\x18\x12 \x01(\x03R\x0eminItemVersion\x12(\n" +
 	"\x10max_item_version\x18\x13 \x01(\x03R\x0emaxItemVersion\x12'\n" +
-	"\x0fstale_evictions\x18\x14 \x01(\x03R\x0estaleEvictionsB\x10\n" +
+	"\x0fstale_evictions\x18\x14 \x01(\x03R\x0estaleEvictions\x12!\n" +
+	"\fnum_episodes\x18\x15 \x01(\x03R\vnumEpisodes\x120\n" +
+	"\x14num_deleted_episodes\x18\x16 \x01(\x03R\x12numDeletedEpisodes\x12,\n" +
+	"\x12num_unique_samples\x18\x17 \x01(\x03R\x10numUniqueSamplesB\x10\n" +
 	"\x0e_max_staleness\"\xfa\x01\n" +
 	"\fInfoResponse\x12*\n" +
 	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\x12-\n" +

@@ -65,6 +65,11 @@ class TableInfo:
     min_item_version: int = 0
     max_item_version: int = 0
     num_stale_evictions: int = 0
+    #: As Reverb's: the episodes the items hold steps of, the episodes whose
+    #: last item left, and the items sampled at least once.
+    num_episodes: int = 0
+    num_deleted_episodes: int = 0
+    num_unique_samples: int = 0
 
     @property
     def size(self) -> int:
@@ -115,6 +120,9 @@ def table_info(t: Any) -> TableInfo:
         min_item_version=t.min_item_version,
         max_item_version=t.max_item_version,
         num_stale_evictions=t.stale_evictions,
+        num_episodes=t.num_episodes,
+        num_deleted_episodes=t.num_deleted_episodes,
+        num_unique_samples=t.num_unique_samples,
     )
 
 

@@ -563,3 +563,6 @@ def test_staleness_bound(reprised_factory: Any) -> None:
         assert (info.min_item_version, info.max_item_version, info.num_stale_evictions) == (1, 2, 3)
         got = {int(s.data["x"][0]) for _ in range(20) for s in c.sample("t", 1, timeout=5)}
         assert got <= {10, 11, 20}, got
+        # Reverb's counts: one writer episode, the items sampled at least once.
+        info = c.server_info(timeout=5)["t"]
+        assert info.num_episodes == 1 and info.num_unique_samples == len(got), info

@@ -50,6 +50,10 @@ type tableReport struct {
 	MinItemVersion int64  `json:"min_item_version"`
 	MaxItemVersion int64  `json:"max_item_version"`
 	StaleEvictions int64  `json:"stale_evictions"`
+	// Reverb's episode and unique sample counts.
+	Episodes        int64 `json:"num_episodes"`
+	DeletedEpisodes int64 `json:"num_deleted_episodes"`
+	UniqueSamples   int64 `json:"num_unique_samples"`
 }
 
 // limiterReport is a table's rate limiter: its parameters, the preset they
@@ -120,6 +124,7 @@ func newInfoReport(url, prefix string, resp *broker.Info) infoReport {
 
 			PolicyVersion: ti.PolicyVersion, MaxStaleness: ti.MaxStaleness,
 			MinItemVersion: ti.MinItemVersion, MaxItemVersion: ti.MaxItemVersion, StaleEvictions: ti.StaleEvictions,
+			Episodes: ti.Episodes, DeletedEpisodes: ti.DeletedEpisodes, UniqueSamples: ti.UniqueSamples,
 		}
 		tr.Signature = ti.Signature
 		rep.Tables = append(rep.Tables, tr)

@@ -411,7 +411,7 @@ class TableCheckpoint(_message.Message):
     def __init__(self, config_json: _Optional[bytes] = ..., limiter_json: _Optional[bytes] = ..., counters_json: _Optional[bytes] = ..., items: _Optional[_Iterable[_Union[ItemCheckpoint, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ["bytes_held", "deletes", "evictions", "insert_waits", "inserts", "limiter", "max_item_version", "max_size", "max_staleness", "max_times_sampled", "min_item_version", "name", "policy_version", "remover", "sample_waits", "sampler", "samples", "signature", "size", "stale_evictions"]
+    __slots__ = ["bytes_held", "deletes", "evictions", "insert_waits", "inserts", "limiter", "max_item_version", "max_size", "max_staleness", "max_times_sampled", "min_item_version", "name", "num_deleted_episodes", "num_episodes", "num_unique_samples", "policy_version", "remover", "sample_waits", "sampler", "samples", "signature", "size", "stale_evictions"]
     BYTES_HELD_FIELD_NUMBER: _ClassVar[int]
     DELETES_FIELD_NUMBER: _ClassVar[int]
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -424,6 +424,9 @@ class TableInfo(_message.Message):
     MAX_TIMES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     MIN_ITEM_VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_DELETED_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    NUM_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    NUM_UNIQUE_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     REMOVER_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_FIELD_NUMBER: _ClassVar[int]
@@ -444,6 +447,9 @@ class TableInfo(_message.Message):
     max_times_sampled: int
     min_item_version: int
     name: str
+    num_deleted_episodes: int
+    num_episodes: int
+    num_unique_samples: int
     policy_version: int
     remover: str
     sample_waits: int
@@ -452,7 +458,7 @@ class TableInfo(_message.Message):
     signature: _containers.RepeatedCompositeFieldContainer[ColumnSpec]
     size: int
     stale_evictions: int
-    def __init__(self, name: _Optional[str] = ..., sampler: _Optional[str] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., limiter: _Optional[_Union[LimiterInfo, _Mapping]] = ..., signature: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., size: _Optional[int] = ..., bytes_held: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ..., evictions: _Optional[int] = ..., insert_waits: _Optional[int] = ..., sample_waits: _Optional[int] = ..., policy_version: _Optional[int] = ..., max_staleness: _Optional[int] = ..., min_item_version: _Optional[int] = ..., max_item_version: _Optional[int] = ..., stale_evictions: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., sampler: _Optional[str] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., limiter: _Optional[_Union[LimiterInfo, _Mapping]] = ..., signature: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., size: _Optional[int] = ..., bytes_held: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ..., evictions: _Optional[int] = ..., insert_waits: _Optional[int] = ..., sample_waits: _Optional[int] = ..., policy_version: _Optional[int] = ..., max_staleness: _Optional[int] = ..., min_item_version: _Optional[int] = ..., max_item_version: _Optional[int] = ..., stale_evictions: _Optional[int] = ..., num_episodes: _Optional[int] = ..., num_deleted_episodes: _Optional[int] = ..., num_unique_samples: _Optional[int] = ...) -> None: ...
 
 class TableProgress(_message.Message):
     __slots__ = ["applied_sequence", "table"]
