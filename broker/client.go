@@ -325,14 +325,7 @@ func decodeSamples(items []*wire.SampledItem, chunks [][]byte) ([]Sample, error)
 // (a sample or Get after it sees it), or with WithReturnOnStore once
 // JetStream stored it. Keys that are not in the table are skipped.
 func (c *Client) Mutate(ctx context.Context, table string, muts ...tables.Mutation) error {
-	return c.mutate(ctx, table, muts, 0)
-}
-
-func (c *Client) mutate(ctx context.Context, table string, muts []tables.Mutation, version int64) error {
-	if table == "" {
-		return fmt.Errorf("%w: empty table name", ErrInvalidMessage)
-	}
-	m := &wire.Mutation{Table: table, Ops: make([]*wire.MutationOp, len(muts)), PolicyVersion: version}
+	m := &wire.Mutation{Ops: make([]*wire.MutationOp, len(muts))}
 	for i, mu := range muts {
 		if !mu.Delete {
 			if err := checkPriority(mu.Priority); err != nil {
@@ -341,6 +334,16 @@ func (c *Client) mutate(ctx context.Context, table string, muts []tables.Mutatio
 		}
 		m.Ops[i] = &wire.MutationOp{Key: mu.Key, Priority: mu.Priority, Delete: mu.Delete}
 	}
+	return c.mutate(ctx, table, m)
+}
+
+// mutate sends m, a Mutation of table, through the stream and waits until
+// the service applied it (or JetStream stored it, with WithReturnOnStore).
+func (c *Client) mutate(ctx context.Context, table string, m *wire.Mutation) error {
+	if table == "" {
+		return fmt.Errorf("%w: empty table name", ErrInvalidMessage)
+	}
+	m.Table = table
 	if _, ok := c.known.Load(table); !ok {
 		if _, err := c.Info(ctx, table); err != nil {
 			return fmt.Errorf("broker: mutation for table %q: %w", table, err)
@@ -431,7 +434,15 @@ func (w *appliedWatch) waitFor(ctx context.Context, seq uint64) error {
 // durable and replayed, and it returns once applied (WithReturnOnStore:
 // once stored).
 func (c *Client) SetPolicyVersion(ctx context.Context, table string, version int64) error {
-	return c.mutate(ctx, table, nil, version)
+	return c.mutate(ctx, table, &wire.Mutation{PolicyVersion: version})
+}
+
+// SetMaxStaleness changes table's staleness bound while it runs: items
+// more than maxStaleness policy versions behind are removed at once and
+// from then on; a negative value removes the bound. It goes through the
+// stream like a mutation; a restart applies the config file's bound again.
+func (c *Client) SetMaxStaleness(ctx context.Context, table string, maxStaleness int64) error {
+	return c.mutate(ctx, table, &wire.Mutation{MaxStaleness: &maxStaleness})
 }
 
 // UpdatePriorities sets the priorities of items in table.

@@ -565,6 +565,17 @@ func (s *Service) applyMutation(data []byte, seq uint64) {
 	if m.PolicyVersion != 0 && t.SetPolicyVersion(m.PolicyVersion) {
 		s.dropStalePending(m.Table, t)
 	}
+	if m.MaxStaleness != nil {
+		var bound *int64
+		if k := m.GetMaxStaleness(); k >= 0 {
+			bound = &k
+		}
+		if err := t.ReconfigureStaleness(bound); err != nil {
+			s.reject(noticeTo{}, seq, 0, m.Table, protocol.CodeInvalidArgument, err.Error())
+			return
+		}
+		s.dropStalePending(m.Table, t)
+	}
 }
 
 func (s *Service) applyReset(data []byte, seq uint64) {

@@ -955,4 +955,20 @@ func TestStalenessEndToEnd(t *testing.T) {
 	if err != nil || info.Tables[0].PolicyVersion != 2 || info.Tables[0].Size != 3 {
 		t.Fatalf("after a restart: %+v, %v; want version 2 and 3 items", info, err)
 	}
+	// The bound changes at runtime: 0 keeps only version 2; then none.
+	if err := c.SetMaxStaleness(ctx, "t", 0); err != nil {
+		t.Fatal(err)
+	}
+	info, err = c.Info(ctx, "t")
+	if ti := info.Tables[0]; err != nil || ti.Size != 1 || ti.MaxStaleness == nil || *ti.MaxStaleness != 0 {
+		t.Fatalf("after max_staleness 0: %+v, %v; want the one item of version 2", ti, err)
+	}
+	if err := c.SetMaxStaleness(ctx, "t", -1); err != nil {
+		t.Fatal(err)
+	}
+	write(0, 3)
+	info, err = c.Info(ctx, "t")
+	if ti := info.Tables[0]; err != nil || ti.Size != 2 || ti.MaxStaleness != nil {
+		t.Fatalf("without a bound: %+v, %v; want the old version's item kept", ti, err)
+	}
 }

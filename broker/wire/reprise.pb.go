@@ -738,6 +738,9 @@ type Mutation struct {
 	// Raises the table's current policy version to this, after the ops (a
 	// lower one changes nothing: the highest set wins).
 	PolicyVersion int64 `protobuf:"varint,3,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
+	// Sets the table's staleness bound (a negative value removes it), after
+	// the version; the config file's wins again at a restart.
+	MaxStaleness  *int64 `protobuf:"varint,4,opt,name=max_staleness,json=maxStaleness,proto3,oneof" json:"max_staleness,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -789,6 +792,13 @@ func (x *Mutation) GetOps() []*MutationOp {
 func (x *Mutation) GetPolicyVersion() int64 {
 	if x != nil {
 		return x.PolicyVersion
+	}
+	return 0
+}
+
+func (x *Mutation) GetMaxStaleness() int64 {
+	if x != nil && x.MaxStaleness != nil {
+		return *x.MaxStaleness
 	}
 	return 0
 }
@@ -2911,11 +2921,13 @@ const file_reprise_proto_rawDesc = "" +
 	"MutationOp\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x01R\bpriority\x12\x16\n" +
-	"\x06delete\x18\x03 \x01(\bR\x06delete\"q\n" +
+	"\x06delete\x18\x03 \x01(\bR\x06delete\"\xad\x01\n" +
 	"\bMutation\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12(\n" +
 	"\x03ops\x18\x02 \x03(\v2\x16.reprise.v1.MutationOpR\x03ops\x12%\n" +
-	"\x0epolicy_version\x18\x03 \x01(\x03R\rpolicyVersion\"H\n" +
+	"\x0epolicy_version\x18\x03 \x01(\x03R\rpolicyVersion\x12(\n" +
+	"\rmax_staleness\x18\x04 \x01(\x03H\x00R\fmaxStaleness\x88\x01\x01B\x10\n" +
+	"\x0e_max_staleness\"H\n" +
 	"\x06Status\x12$\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x10.reprise.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\x81\x01\n" +
@@ -3198,6 +3210,7 @@ func file_reprise_proto_init() {
 	if File_reprise_proto != nil {
 		return
 	}
+	file_reprise_proto_msgTypes[7].OneofWrappers = []any{}
 	file_reprise_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -348,6 +348,20 @@ class Client:
         if not self._return_on_store:
             await self._applied.wait_for(seq, _left(deadline))
 
+    async def set_max_staleness(self, table: str, max_staleness: int | None, *, timeout: float | None = 10.0) -> None:
+        """Changes ``table``'s staleness bound (see
+        :meth:`reprise.Client.set_max_staleness`)."""
+        if not table:
+            raise errors.InvalidArgumentError("set_max_staleness needs a table name")
+        k = -1 if max_staleness is None else int(max_staleness)
+        if max_staleness is not None and k < 0:
+            raise errors.InvalidArgumentError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        data = pb.Mutation(table=table, max_staleness=k).SerializeToString()
+        deadline = _deadline(timeout, None)
+        seq = await self._publish_js(self.subjects.mutate, data, _left(deadline))
+        if not self._return_on_store:
+            await self._applied.wait_for(seq, _left(deadline))
+
     async def update_priorities(self, table: str, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
         """mutate_priorities with arrays: ``keys`` (uint64) and
         ``priorities`` of the same length, such as ``batch.info.key`` and

@@ -226,6 +226,13 @@ class Client:
         tag their items with :meth:`TrajectoryWriter.set_policy_version`."""
         self._call(self._aclient.set_policy_version(table, version, timeout=timeout))
 
+    def set_max_staleness(self, table: str, max_staleness: int | None, *, timeout: float | None = 10.0) -> None:
+        """Changes ``table``'s staleness bound while it runs: items more than
+        ``max_staleness`` policy versions behind are removed at once and from
+        then on; None removes the bound. Through the stream, like a
+        mutation; a restart applies the config file's bound again."""
+        self._call(self._aclient.set_max_staleness(table, max_staleness, timeout=timeout))
+
     def update_priorities(self, table: str, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
         """``mutate_priorities`` from two arrays, e.g. ``batch.info.key`` and
         new priorities from TD errors."""

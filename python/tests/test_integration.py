@@ -566,3 +566,9 @@ def test_staleness_bound(reprised_factory: Any) -> None:
         # Reverb's counts: one writer episode, the items sampled at least once.
         info = c.server_info(timeout=5)["t"]
         assert info.num_episodes == 1 and info.num_unique_samples == len(got), info
+        # At runtime: 0 keeps only version 2's item; None lifts the bound.
+        c.set_max_staleness("t", 0, timeout=30)
+        info = c.server_info(timeout=5)["t"]
+        assert (info.current_size, info.max_staleness) == (1, 0)
+        c.set_max_staleness("t", None, timeout=30)
+        assert c.server_info(timeout=5)["t"].max_staleness is None

@@ -249,14 +249,16 @@ class LimiterInfo(_message.Message):
     def __init__(self, samples_per_insert: _Optional[float] = ..., min_size: _Optional[int] = ..., min_diff: _Optional[float] = ..., max_diff: _Optional[float] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ...) -> None: ...
 
 class Mutation(_message.Message):
-    __slots__ = ["ops", "policy_version", "table"]
+    __slots__ = ["max_staleness", "ops", "policy_version", "table"]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
+    max_staleness: int
     ops: _containers.RepeatedCompositeFieldContainer[MutationOp]
     policy_version: int
     table: str
-    def __init__(self, table: _Optional[str] = ..., ops: _Optional[_Iterable[_Union[MutationOp, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    def __init__(self, table: _Optional[str] = ..., ops: _Optional[_Iterable[_Union[MutationOp, _Mapping]]] = ..., policy_version: _Optional[int] = ..., max_staleness: _Optional[int] = ...) -> None: ...
 
 class MutationOp(_message.Message):
     __slots__ = ["delete", "key", "priority"]
