@@ -144,17 +144,23 @@ type ledger struct {
 	acked   map[int64]bool   // item ids whose insert was acknowledged
 	updated map[uint64]int64 // keys whose priority update (to id+0.5) was acknowledged
 	deleted map[uint64]int64 // keys whose delete was acknowledged
-	touched map[uint64]bool  // keys a mutation was sent for, acknowledged or not
-	keyID   map[uint64]int64 // keys seen in samples
+	// keys a delete was sent for: one whose acknowledgment timed out may
+	// still have been applied, and then its item is legitimately gone
+	deleteSent map[uint64]int64
+	touched    map[uint64]bool  // keys a mutation was sent for, acknowledged or not
+	keyID      map[uint64]int64 // keys seen in samples
+	ackedAt    []time.Time      // when each acknowledgment of inserts returned, in order
 }
 
 func newLedger() *ledger {
-	return &ledger{acked: map[int64]bool{}, updated: map[uint64]int64{}, deleted: map[uint64]int64{}, touched: map[uint64]bool{}, keyID: map[uint64]int64{}}
+	return &ledger{acked: map[int64]bool{}, updated: map[uint64]int64{}, deleted: map[uint64]int64{}, deleteSent: map[uint64]int64{}, touched: map[uint64]bool{}, keyID: map[uint64]int64{}}
 }
 
 // actor inserts items with priority = id (ids from first on) until stop, flushing every 25
 // items: a Flush that returns nil acknowledges everything created before it.
-func actor(ctx context.Context, t *testing.T, nc *nats.Conn, l *ledger, stop <-chan struct{}, first int64) {
+// Each call gets callTimeout; what a call that timed out held is not
+// counted as acknowledged.
+func actor(ctx context.Context, t *testing.T, nc *nats.Conn, l *ledger, stop <-chan struct{}, first int64, callTimeout time.Duration) {
 	p, err := broker.NewProducer(ctx, nc, broker.WithRetryFor(2*time.Minute))
 	if err != nil {
 		t.Error(err)
@@ -178,7 +184,7 @@ func actor(ctx context.Context, t *testing.T, nc *nats.Conn, l *ledger, stop <-c
 			return
 		default:
 		}
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		actx, cancel := context.WithTimeout(ctx, callTimeout)
 		err := p.Append(actx, broker.Step{"id": broker.Int64s(nil, []int64{id})})
 		if err == nil {
 			err = p.CreateItem(actx, table, float64(id), broker.LastStep("id"))
@@ -206,6 +212,14 @@ func (l *ledger) ack(ids []int64) {
 	for _, id := range ids {
 		l.acked[id] = true
 	}
+	l.ackedAt = append(l.ackedAt, time.Now())
+}
+
+// ackedCount is the number of acknowledged inserts.
+func (l *ledger) ackedCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acked)
 }
 
 // learner samples, and for some sampled items updates the priority to
@@ -250,6 +264,9 @@ func learner(ctx context.Context, c *broker.Client, l *ledger, stop <-chan struc
 					l.mu.Unlock()
 				}
 			case r < 0.45:
+				l.mu.Lock()
+				l.deleteSent[key] = id
+				l.mu.Unlock()
 				if c.Delete(mctx, table, key) == nil {
 					l.mu.Lock()
 					l.deleted[key] = id
@@ -289,7 +306,13 @@ func verify(t *testing.T, c *broker.Client, l *ledger) {
 	for key, id := range l.deleted {
 		deletedIDs[id] = key
 	}
-	missing, dups := 0, 0
+	maybeDeleted := map[int64]bool{}
+	for key, id := range l.deleteSent {
+		if _, acked := l.deleted[key]; !acked {
+			maybeDeleted[id] = true
+		}
+	}
+	missing, dups, unackedDeletes := 0, 0, 0
 	for id, items := range byID {
 		if len(items) > 1 {
 			dups++
@@ -302,6 +325,10 @@ func verify(t *testing.T, c *broker.Client, l *ledger) {
 			if len(items) != 0 {
 				t.Errorf("item id %d was deleted (acknowledged) but is back", id)
 			}
+			continue
+		}
+		if len(items) == 0 && maybeDeleted[id] {
+			unackedDeletes++ // its delete timed out but was applied
 			continue
 		}
 		if len(items) == 0 {
@@ -327,8 +354,8 @@ func verify(t *testing.T, c *broker.Client, l *ledger) {
 	if lim.Inserts-lim.Deletes != info.Tables[0].Size || info.Tables[0].Size != total {
 		t.Errorf("limiter inserts %d - deletes %d != size %d (listed %d)", lim.Inserts, lim.Deletes, info.Tables[0].Size, total)
 	}
-	t.Logf("verified: %d items stored, %d acknowledged inserts, %d acknowledged updates, %d acknowledged deletes; %d missing, %d duplicated",
-		total, len(l.acked), len(l.updated), len(l.deleted), missing, dups)
+	t.Logf("verified: %d items stored, %d acknowledged inserts, %d acknowledged updates, %d acknowledged deletes (and %d applied whose acknowledgment timed out); %d missing, %d duplicated",
+		total, len(l.acked), len(l.updated), len(l.deleted), unackedDeletes, missing, dups)
 	if missing > 0 {
 		t.Fatalf("%d acknowledged items missing", missing)
 	}
@@ -353,7 +380,7 @@ func run(t *testing.T, url string, crash func()) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			actor(ctx, t, nc, l, stop, a*1_000_000_000)
+			actor(ctx, t, nc, l, stop, a*1_000_000_000, 5*time.Second)
 		}()
 	}
 	wg.Add(1)

@@ -117,6 +117,10 @@ type config struct {
 	port       int
 	extra      string
 	probe      []nats.Option
+	// name and cluster are set by StartCluster: the server name and the
+	// cluster block of the configuration file.
+	name    string
+	cluster string
 }
 
 // WithPort listens on port instead of a free one: for a client started
@@ -238,11 +242,25 @@ func (p *Process) signalAndWait(sig syscall.Signal) {
 // serves JetStream.
 func (p *Process) launch(t testing.TB, port int) {
 	t.Helper()
+	deadline := time.Now().Add(readyTimeout)
+	p.spawn(t, port, deadline)
+	p.awaitJetStream(t, deadline)
+}
+
+// spawn starts the process on port (-1 for any) and returns once it
+// listens for clients. A cluster node cannot serve JetStream alone, so
+// StartCluster spawns every node before it waits for JetStream on any.
+func (p *Process) spawn(t testing.TB, port int, deadline time.Time) {
+	t.Helper()
 	dir := t.TempDir()
 	conf := fmt.Sprintf("host: \"127.0.0.1\"\nport: %d\nports_file_dir: %q\njetstream {\n  store_dir: %q\n}\n", port, dir, p.cfg.storeDir)
 	if p.cfg.maxPayload > 0 {
 		conf += fmt.Sprintf("max_payload: %d\n", p.cfg.maxPayload)
 	}
+	if p.cfg.name != "" {
+		conf += fmt.Sprintf("server_name: %q\n", p.cfg.name)
+	}
+	conf += p.cfg.cluster
 	conf += p.cfg.extra
 	confPath := filepath.Join(dir, "nats-server.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
@@ -265,25 +283,11 @@ func (p *Process) launch(t testing.TB, port int) {
 	p.cmd, p.exited = cmd, exited
 	p.mu.Unlock()
 
-	deadline := time.Now().Add(readyTimeout)
-	ticker := time.NewTicker(20 * time.Millisecond)
-	defer ticker.Stop()
-	await := func(what string) {
-		select {
-		case <-exited:
-			t.Fatalf("natstest: nats-server exited while waiting for %s:\n%s", what, p.output.String())
-		case <-ticker.C:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("natstest: no %s after %v:\n%s", what, readyTimeout, p.output.String())
-		}
-	}
-
 	var clientURL string
 	for clientURL == "" {
 		clientURL = readPortsFile(dir)
 		if clientURL == "" {
-			await("ports file")
+			p.await(t, "ports file", deadline)
 		}
 	}
 	u, err := url.Parse(clientURL)
@@ -297,9 +301,34 @@ func (p *Process) launch(t testing.TB, port int) {
 	p.mu.Lock()
 	p.url, p.port = clientURL, bound
 	p.mu.Unlock()
+}
 
-	for err := jetStreamAnswers(clientURL, p.cfg.probe); err != nil; err = jetStreamAnswers(clientURL, p.cfg.probe) {
-		await(fmt.Sprintf("JetStream (last error: %v)", err))
+// awaitJetStream returns once the server answers a JetStream request; in a
+// cluster that needs a meta leader.
+func (p *Process) awaitJetStream(t testing.TB, deadline time.Time) {
+	t.Helper()
+	url := p.URL()
+	for err := jetStreamAnswers(url, p.cfg.probe); err != nil; err = jetStreamAnswers(url, p.cfg.probe) {
+		p.await(t, fmt.Sprintf("JetStream (last error: %v)", err), deadline)
+	}
+}
+
+// await pauses before the next readiness check, failing the test if the
+// process exited or the deadline passed.
+func (p *Process) await(t testing.TB, what string, deadline time.Time) {
+	t.Helper()
+	p.mu.Lock()
+	exited := p.exited
+	p.mu.Unlock()
+	timer := time.NewTimer(20 * time.Millisecond)
+	defer timer.Stop()
+	select {
+	case <-exited:
+		t.Fatalf("natstest: nats-server %s exited while waiting for %s:\n%s", p.cfg.name, what, p.output.String())
+	case <-timer.C:
+	}
+	if time.Now().After(deadline) {
+		t.Fatalf("natstest: nats-server %s: no %s after %v:\n%s", p.cfg.name, what, readyTimeout, p.output.String())
 	}
 }
 

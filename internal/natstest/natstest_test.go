@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -99,5 +100,80 @@ func TestBinaryIsBuiltOnce(t *testing.T) {
 	}
 	if again != path || !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime()) {
 		t.Fatalf("second build gave %s (%v), first %s (%v): want the cached file", again, after.ModTime(), path, before.ModTime())
+	}
+}
+
+// TestClusterSurvivesLeaderKill: an R3 stream on a three-node cluster keeps
+// every acknowledged message when its leader is killed with SIGKILL,
+// accepts new ones from the two nodes left, and the restarted node catches
+// up.
+func TestClusterSurvivesLeaderKill(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := StartCluster(t, 3)
+	if len(c.URLs()) != 3 {
+		t.Fatalf("URLs() = %v", c.URLs())
+	}
+	nc, err := nats.Connect(c.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOG", Subjects: []string{"log"}, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// publish retries until the cluster acknowledges: while a leader is
+	// elected publishes time out or find no responders.
+	publish := func(i int) {
+		t.Helper()
+		for {
+			pctx, pcancel := context.WithTimeout(ctx, time.Second)
+			_, err := js.Publish(pctx, "log", []byte{byte(i)}, jetstream.WithMsgID(strconv.Itoa(i)))
+			pcancel()
+			if err == nil {
+				return
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("publishing %d: %v", i, err)
+			}
+		}
+	}
+	for i := range 10 {
+		publish(i)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := c.Node(info.Cluster.Leader)
+	if leader == nil {
+		t.Fatalf("stream leader %q is none of the nodes", info.Cluster.Leader)
+	}
+	leader.Kill()
+	for i := 10; i < 20; i++ {
+		publish(i)
+	}
+	leader.Restart(t)
+
+	deadline := time.Now().Add(time.Minute)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		info, err = stream.Info(ctx)
+		if err == nil && info.State.Msgs == 20 && len(info.Cluster.Replicas) == 2 && info.Cluster.Replicas[0].Current && info.Cluster.Replicas[1].Current {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stream after restart: info %+v, err %v; want 20 messages and two current replicas", info, err)
+		}
+		<-tick.C
+	}
+	if info.Cluster.Leader == "" {
+		t.Fatal("no stream leader after restart")
 	}
 }
