@@ -329,7 +329,11 @@ class Client:
     ) -> None:
         """Updates priorities and deletes items (see
         :meth:`reprise.Client.mutate_priorities`)."""
-        msgs = mutation_messages(table, updates, deletes, self.max_payload)
+        await self._mutate(mutation_messages(table, updates, deletes, self.max_payload), timeout)
+
+    async def _mutate(self, msgs: Sequence[bytes], timeout: float | None) -> None:
+        """Publishes Mutation messages through the stream and, unless the
+        client returns on store, waits until the service applied them."""
         deadline = _deadline(timeout, None)
         seq = 0
         for m in msgs:
@@ -342,11 +346,7 @@ class Client:
         :meth:`reprise.Client.set_policy_version`)."""
         if not table:
             raise errors.InvalidArgumentError("set_policy_version needs a table name")
-        data = pb.Mutation(table=table, policy_version=int(version)).SerializeToString()
-        deadline = _deadline(timeout, None)
-        seq = await self._publish_js(self.subjects.mutate, data, _left(deadline))
-        if not self._return_on_store:
-            await self._applied.wait_for(seq, _left(deadline))
+        await self._mutate([pb.Mutation(table=table, policy_version=int(version)).SerializeToString()], timeout)
 
     async def set_max_staleness(self, table: str, max_staleness: int | None, *, timeout: float | None = 10.0) -> None:
         """Changes ``table``'s staleness bound (see
@@ -356,11 +356,7 @@ class Client:
         k = -1 if max_staleness is None else int(max_staleness)
         if max_staleness is not None and k < 0:
             raise errors.InvalidArgumentError(f"max_staleness must be >= 0 or None, got {max_staleness}")
-        data = pb.Mutation(table=table, max_staleness=k).SerializeToString()
-        deadline = _deadline(timeout, None)
-        seq = await self._publish_js(self.subjects.mutate, data, _left(deadline))
-        if not self._return_on_store:
-            await self._applied.wait_for(seq, _left(deadline))
+        await self._mutate([pb.Mutation(table=table, max_staleness=k).SerializeToString()], timeout)
 
     async def update_priorities(self, table: str, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
         """mutate_priorities with arrays: ``keys`` (uint64) and
