@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,7 +48,7 @@ func TestClusterNodeKill(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("stream:\n  replicas: 3\ntables:\n  - name: %s\n    max_size: 10000000\n", table)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	startReprised(t, "--config", cfg, "--nats", url, "--checkpoint-every", "500ms")
+	r := startReprised(t, "--config", cfg, "--nats", url, "--checkpoint-every", "500ms")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -134,7 +135,7 @@ func TestClusterNodeKill(t *testing.T) {
 		killed = name
 		killedAt := time.Now()
 		node.Kill()
-		waitAcked(ctx, t, l, c, js, "inserts acknowledged with "+name+" down", before+300)
+		waitAcked(ctx, t, r, l, c, js, "inserts acknowledged with "+name+" down", before+300)
 		gap, resumed := l.stall(killedAt)
 		t.Logf("killed %s (%s): longest pause between acknowledged inserts %v, inserts flowing again %v after the kill",
 			victim.what, name, gap.Round(time.Millisecond), resumed.Round(time.Millisecond))
@@ -144,7 +145,7 @@ func TestClusterNodeKill(t *testing.T) {
 			return err == nil && allCurrent(info.Cluster)
 		})
 		before = l.ackedCount()
-		waitAcked(ctx, t, l, c, js, "inserts acknowledged after "+name+" is back", before+100)
+		waitAcked(ctx, t, r, l, c, js, "inserts acknowledged after "+name+" is back", before+100)
 	}
 	stopped = true
 	close(stop)
@@ -214,7 +215,7 @@ func (l *ledger) stall(killed time.Time) (gap, resumed time.Duration) {
 // waitAcked waits until n inserts are acknowledged; if they are not in
 // time it says where they stopped: in the stream, or before the service
 // applied them.
-func waitAcked(ctx context.Context, t *testing.T, l *ledger, c *broker.Client, js jetstream.JetStream, what string, n int) {
+func waitAcked(ctx context.Context, t *testing.T, r *reprised, l *ledger, c *broker.Client, js jetstream.JetStream, what string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -239,6 +240,10 @@ func waitAcked(ctx context.Context, t *testing.T, l *ledger, c *broker.Client, j
 			} else {
 				t.Logf("service info: %v", err)
 			}
+			// Where reprised waits: SIGQUIT makes the Go runtime write every
+			// goroutine's stack into its output, which the test logs.
+			r.cmd.Process.Signal(syscall.SIGQUIT)
+			r.cmd.Wait()
 			t.Fatalf("timed out waiting for %s: %d of %d", what, l.ackedCount(), n)
 		}
 		<-tick.C
