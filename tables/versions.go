@@ -75,7 +75,15 @@ func (v *versionIndex) span() (lo, hi int64, ok bool) {
 	return lo, hi, ok
 }
 
-// staleBefore is the lowest version a bounded table keeps.
+// StaleBefore is the lowest policy version the table keeps now, and false
+// when it bounds no staleness.
+func (t *Table) StaleBefore() (int64, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.staleBefore()
+}
+
+// staleBefore is StaleBefore with the table's lock held.
 func (t *Table) staleBefore() (int64, bool) {
 	if t.cfg.MaxStaleness == nil {
 		return 0, false

@@ -354,11 +354,10 @@ func (s *Service) mutatePending(table string, muts []tables.Mutation) map[uint64
 // dropStalePending drops the waiting items the table's new policy version
 // makes stale, as the table removed its own.
 func (s *Service) dropStalePending(table string, t *tables.Table) {
-	info := t.Info()
-	if info.Config.MaxStaleness == nil {
+	floor, ok := t.StaleBefore()
+	if !ok {
 		return
 	}
-	floor := info.PolicyVersion - *info.Config.MaxStaleness
 	q := s.pending[table]
 	for _, p := range q.items[q.head:] {
 		if !p.dropped && p.item.PolicyVersion < floor {

@@ -153,6 +153,17 @@ func TestClusterNodeKill(t *testing.T) {
 
 	// Everything acknowledged is in the stream; wait until the service has
 	// applied all of it.
+	waitStreamApplied(ctx, t, js, c)
+	verify(t, c, l)
+	if _, err := c.Sample(ctx, table, 4); err != nil {
+		t.Fatalf("sampling after the kills: %v", err)
+	}
+}
+
+// waitStreamApplied waits until the service has applied everything the
+// stream holds.
+func waitStreamApplied(ctx context.Context, t *testing.T, js jetstream.JetStream, c *broker.Client) {
+	t.Helper()
 	waitFor(t, "the service applied the stream", func() bool {
 		si, err := streamInfo(ctx, js, streamName)
 		if err != nil {
@@ -161,10 +172,6 @@ func TestClusterNodeKill(t *testing.T) {
 		info, err := c.Info(ctx, table)
 		return err == nil && info.AppliedSequence >= si.State.LastSeq
 	})
-	verify(t, c, l)
-	if _, err := c.Sample(ctx, table, 4); err != nil {
-		t.Fatalf("sampling after the kills: %v", err)
-	}
 }
 
 func streamInfo(ctx context.Context, js jetstream.JetStream, name string) (*jetstream.StreamInfo, error) {

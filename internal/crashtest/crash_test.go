@@ -401,18 +401,7 @@ func run(t *testing.T, url string, crash func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the service applied the stream", func() bool {
-		st, err := js.Stream(ctx, "REPRISE_REPRISE")
-		if err != nil {
-			return false
-		}
-		si, err := st.Info(ctx)
-		if err != nil {
-			return false
-		}
-		info, err := c.Info(ctx, table)
-		return err == nil && info.AppliedSequence >= si.State.LastSeq
-	})
+	waitStreamApplied(ctx, t, js, c)
 	verify(t, c, l)
 	// Sampling resumes.
 	if _, err := c.Sample(ctx, table, 4); err != nil {
