@@ -279,44 +279,38 @@ func (c *Client) sample(ctx context.Context, table string, n int, o sampleOption
 	if err != nil {
 		return nil, err
 	}
-	status, items, chunks, err := wire.ReadSampleResponse(data)
+	code, msg, decoded, err := wire.DecodeSampleResponse(data)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrServer, err)
 	}
-	if err := statusError(status); err != nil {
+	if err := protocol.Status(protocol.Code(code), msg); err != nil {
 		return nil, err
 	}
-	out, err := decodeSamples(items, chunks)
-	if err != nil {
-		return nil, err
-	}
-	if status.GetCode() == wire.Code_CODE_PARTIAL {
-		return out, &StatusError{Code: CodeRateLimited, Message: status.Message}
+	out := toSamples(decoded)
+	if code == wire.Code_CODE_PARTIAL {
+		return out, &StatusError{Code: CodeRateLimited, Message: msg}
 	}
 	return out, nil
 }
 
-func decodeSamples(items []*wire.SampledItem, chunks [][]byte) ([]Sample, error) {
-	columns, err := wire.DecodeSampled(items, chunks)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrServer, err)
+// toSamples gives decoded items the public types, sharing their memory.
+func toSamples(decoded []wire.DecodedSample) []Sample {
+	total := 0
+	for i := range decoded {
+		total += len(decoded[i].Columns)
 	}
-	out := make([]Sample, len(items))
-	for i, it := range items {
-		in := it.GetInfo()
-		s := Sample{
-			Info: tables.SampleInfo{
-				Key: in.GetKey(), Probability: in.GetProbability(), TableSize: in.GetTableSize(), Priority: in.GetPriority(),
-				TimesSampled: in.GetTimesSampled(), InsertedAt: time.Unix(0, in.GetInsertedAtUnixNano()), RateLimited: in.GetRateLimited(),
-			},
-			Columns: make([]NamedTensor, len(it.Columns)),
+	out := make([]Sample, len(decoded))
+	cols := make([]NamedTensor, total)
+	for i := range decoded {
+		d := &decoded[i]
+		c := cols[:len(d.Columns):len(d.Columns)]
+		cols = cols[len(d.Columns):]
+		for j, col := range d.Columns {
+			c[j] = NamedTensor{Name: col.Name, Tensor: Tensor{DType: col.Dtype, Shape: col.Shape, Data: col.Data}}
 		}
-		for j, col := range it.Columns {
-			s.Columns[j] = NamedTensor{Name: col.Name, Tensor: fromWire(columns[i][j])}
-		}
-		out[i] = s
+		out[i] = Sample{Info: d.Info, Columns: c}
 	}
-	return out, nil
+	return out
 }
 
 // Mutate updates priorities and deletes items of table, in the order given.

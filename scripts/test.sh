@@ -79,7 +79,7 @@ go test -race ./...
 # run above replays); FUZZTIME=10m searches longer.
 fuzztime=${FUZZTIME:-10s}
 for target in ./broker/service:FuzzApply ./broker/service:FuzzParseInsertBatch ./broker/wire:FuzzDecodeChunk ./broker/wire:FuzzRoundTrip \
-  ./tables:FuzzTable ./limiter:FuzzLimiter ./selectors:FuzzSelectors; do
+  ./broker/wire:FuzzDecodeSampleResponse ./tables:FuzzTable ./limiter:FuzzLimiter ./selectors:FuzzSelectors; do
   echo "== fuzz ${target#*:} for $fuzztime"
   go test -run - -fuzz "^${target#*:}\$" -fuzztime "$fuzztime" "${target%%:*}"
 done

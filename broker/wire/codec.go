@@ -54,8 +54,25 @@ const zstdLevel = zstd.SpeedDefault
 const zstdMaxBlockSize = 128 << 10
 
 type dtypeInfo struct {
+	name    string
 	size    int
 	integer bool
+}
+
+func init() {
+	for name, info := range dtypes {
+		info.name = name
+		dtypes[name] = info
+	}
+}
+
+// dtypeName is the dtype named by b, as a string shared by every reader of
+// it: chunk headers repeat a handful of names, which need no copy each.
+func dtypeName(b []byte) string {
+	if info, ok := dtypes[string(b)]; ok {
+		return info.name
+	}
+	return string(b)
 }
 
 // dtypes lists the supported element types by their numpy names.

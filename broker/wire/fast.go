@@ -35,13 +35,19 @@ const (
 // ConsumeUint64s appends the values of one repeated uint64 field, packed
 // or not, to dst and returns the rest of b.
 func ConsumeUint64s(b []byte, typ protowire.Type, dst []uint64) ([]uint64, []byte, error) {
+	return consumeVarints(b, typ, dst)
+}
+
+// consumeVarints appends the values of one repeated varint field of a
+// 64-bit type, packed or not, to dst and returns the rest of b.
+func consumeVarints[T ~int64 | ~uint64](b []byte, typ protowire.Type, dst []T) ([]T, []byte, error) {
 	switch typ {
 	case protowire.VarintType:
 		v, n := protowire.ConsumeVarint(b)
 		if n < 0 {
 			return nil, nil, protowire.ParseError(n)
 		}
-		return append(dst, v), b[n:], nil
+		return append(dst, T(v)), b[n:], nil
 	case protowire.BytesType:
 		packed, n := protowire.ConsumeBytes(b)
 		if n < 0 {
@@ -52,35 +58,46 @@ func ConsumeUint64s(b []byte, typ protowire.Type, dst []uint64) ([]uint64, []byt
 			if m < 0 {
 				return nil, nil, protowire.ParseError(m)
 			}
-			dst, packed = append(dst, v), packed[m:]
+			dst, packed = append(dst, T(v)), packed[m:]
 		}
 		return dst, b[n:], nil
 	}
-	return nil, nil, fmt.Errorf("wire type %d for a repeated uint64", typ)
+	return nil, nil, fmt.Errorf("wire type %d for a repeated 64-bit integer", typ)
 }
 
 // ReadChunk decodes an encoded Chunk without copying its data: the
 // returned chunk's Data is a sub-slice of b.
 func ReadChunk(b []byte) (*Chunk, error) {
 	c := &Chunk{}
+	shape, err := readChunkInto(c, b, nil)
+	if err != nil {
+		return nil, err
+	}
+	if len(shape) > 0 {
+		c.StepShape = shape
+	}
+	return c, nil
+}
+
+// readChunkInto decodes an encoded Chunk into c, whose fields it sets all
+// of but StepShape: it appends the step shape to dims instead, so that a
+// reader of many chunks keeps their shapes in one array. Data is a
+// sub-slice of b.
+func readChunkInto(c *Chunk, b []byte, dims []int64) ([]int64, error) {
+	c.Key, c.Dtype, c.StepShape, c.Length, c.Compression = 0, "", nil, 0, 0
+	c.DeltaEncoded, c.RawSize, c.Data, c.EpisodeId, c.EpisodeStep = false, 0, nil, 0, 0
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return nil, fmt.Errorf("%w: chunk: %v", ErrInvalidChunk, protowire.ParseError(n))
 		}
 		b = b[n:]
-		var (
-			v   uint64
-			err error
-		)
+		var v uint64
 		switch {
 		case num == FieldChunkStepShape:
-			var dims []uint64
-			if dims, b, err = ConsumeUint64s(b, typ, nil); err != nil {
+			var err error
+			if dims, b, err = consumeVarints(b, typ, dims); err != nil {
 				return nil, fmt.Errorf("%w: chunk %d step shape: %v", ErrInvalidChunk, c.Key, err)
-			}
-			for _, d := range dims {
-				c.StepShape = append(c.StepShape, int64(d))
 			}
 			continue
 		case typ == protowire.VarintType:
@@ -88,7 +105,7 @@ func ReadChunk(b []byte) (*Chunk, error) {
 		case num == FieldChunkDtype && typ == protowire.BytesType:
 			var s []byte
 			s, n = protowire.ConsumeBytes(b)
-			c.Dtype = string(s)
+			c.Dtype = dtypeName(s)
 		case num == FieldChunkData && typ == protowire.BytesType:
 			c.Data, n = protowire.ConsumeBytes(b)
 		default:
@@ -124,5 +141,5 @@ func ReadChunk(b []byte) (*Chunk, error) {
 			c.EpisodeStep = int64(v)
 		}
 	}
-	return c, nil
+	return dims, nil
 }

@@ -67,6 +67,34 @@ func FuzzDecodeChunk(f *testing.F) {
 	})
 }
 
+// FuzzDecodeSampleResponse: whatever a server sends, the learner's decoder
+// returns an error or tensors that hold exactly their shapes, and agrees
+// with the long way (generated code, DecodeChunk, GatherColumn) wherever
+// that accepts the response too.
+func FuzzDecodeSampleResponse(f *testing.F) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for range 8 {
+		f.Add(AppendSampleResponse(nil, Code_CODE_OK, "", sampledFixture(f, rng)))
+	}
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _, got, err := DecodeSampleResponse(slices.Clone(b))
+		if err != nil {
+			return
+		}
+		for _, s := range got {
+			for _, c := range s.Columns {
+				if err := ValidateTensor(&Tensor{Dtype: c.Dtype, Shape: c.Shape, Data: c.Data}); err != nil {
+					t.Fatalf("column %q: %v", c.Name, err)
+				}
+			}
+		}
+		if want, err := referenceDecode(b); err == nil && !equalSamples(got, want) {
+			t.Fatalf("decoded\n%v\nthe long way\n%v", got, want)
+		}
+	})
+}
+
 // FuzzRoundTrip encodes arbitrary bytes as steps of each dtype and codec
 // and checks that decoding gives them back exactly.
 func FuzzRoundTrip(f *testing.F) {

@@ -1,11 +1,9 @@
 package wire
 
 import (
-	"fmt"
 	"math"
 
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -170,46 +168,6 @@ func appendColumn(b []byte, c *tables.Column) []byte {
 	return b
 }
 
-// ReadSampleResponse splits a SampleResponse into its status, its items
-// and its chunks, which stay sub-slices of b: a chunk's bytes are read in
-// place, not copied first.
-func ReadSampleResponse(b []byte) (status *Status, items []*SampledItem, chunks [][]byte, err error) {
-	status = &Status{}
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, nil, nil, fmt.Errorf("%w: sample response: %v", ErrMalformed, protowire.ParseError(n))
-		}
-		b = b[n:]
-		if typ != protowire.BytesType || num < 1 || num > 3 {
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return nil, nil, nil, fmt.Errorf("%w: sample response: %v", ErrMalformed, protowire.ParseError(n))
-			}
-			b = b[n:]
-			continue
-		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return nil, nil, nil, fmt.Errorf("%w: sample response: %v", ErrMalformed, protowire.ParseError(n))
-		}
-		b = b[n:]
-		switch num {
-		case 1:
-			err = proto.Unmarshal(v, status)
-		case 2:
-			it := &SampledItem{}
-			err = proto.Unmarshal(v, it)
-			items = append(items, it)
-		case 3:
-			chunks = append(chunks, v)
-		}
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("%w: sample response: %v", ErrMalformed, err)
-		}
-	}
-	return status, items, chunks, nil
-}
-
 // FromTableColumns is an item's trajectory as the wire carries it.
 func FromTableColumns(cols []tables.Column) []*TrajectoryColumn {
 	out := make([]*TrajectoryColumn, len(cols))
@@ -234,41 +192,4 @@ func ToTableColumns(cols []*TrajectoryColumn) []tables.Column {
 		out[i] = col
 	}
 	return out
-}
-
-// DecodeSampled decodes a sample response's chunks, once each, and gathers
-// every item's columns from them: columns[i][j] is column j of items[i].
-func DecodeSampled(items []*SampledItem, chunks [][]byte) (columns [][]*Tensor, err error) {
-	decoded := make(map[uint64]*Tensor, len(chunks))
-	for i, raw := range chunks {
-		ch, err := ReadChunk(raw)
-		if err != nil {
-			return nil, fmt.Errorf("chunk %d of the response: %w", i, err)
-		}
-		t, err := DecodeChunk(ch)
-		if err != nil {
-			return nil, fmt.Errorf("chunk %d: %w", ch.Key, err)
-		}
-		decoded[ch.Key] = t
-	}
-	lookup := func(key uint64) (*Tensor, bool) {
-		t, ok := decoded[key]
-		return t, ok
-	}
-	columns = make([][]*Tensor, len(items))
-	total := 0
-	for _, it := range items {
-		total += len(it.Columns)
-	}
-	// One backing array for every item's columns: one allocation a reply.
-	flat := make([]*Tensor, total)
-	for i, it := range items {
-		columns[i], flat = flat[:len(it.Columns):len(it.Columns)], flat[len(it.Columns):]
-		for j, col := range it.Columns {
-			if columns[i][j], err = GatherColumn(col, lookup); err != nil {
-				return nil, fmt.Errorf("item %d: %w", it.GetInfo().GetKey(), err)
-			}
-		}
-	}
-	return columns, nil
 }

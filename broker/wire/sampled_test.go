@@ -1,0 +1,289 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// sampledFixture is a batch of samples over real encoded chunks (every
+// codec, delta-encoded integers, several step shapes), with items that
+// share chunks, repeat, select parts of chunks and squeeze.
+func sampledFixture(t testing.TB, rng *rand.Rand) []tables.Sample {
+	t.Helper()
+	type kind struct {
+		dtype string
+		shape []int64
+	}
+	kinds := []kind{{"float32", []int64{3}}, {"uint8", []int64{2, 2}}, {"int64", nil}}
+	byKind := map[int][]*tables.Chunk{}
+	for i := range 9 {
+		k := i % len(kinds)
+		steps := make([]*Tensor, 1+rng.IntN(4))
+		for s := range steps {
+			steps[s] = randomTensor(rng, kinds[k].dtype, kinds[k].shape)
+		}
+		c, err := EncodeChunk(uint64(100+i), steps, ChunkOptions{Codec: allCodecs[i%len(allCodecs)], Delta: kinds[k].dtype != "float32" && i%2 == 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := proto.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := &tables.Chunk{Key: c.Key, Length: c.Length, Data: data}
+		byKind[k] = append(byKind[k], ch)
+	}
+	var samples []tables.Sample
+	for i := range 1 + rng.IntN(12) {
+		if i > 0 && rng.IntN(4) == 0 {
+			samples = append(samples, samples[rng.IntN(len(samples))]) // sampled twice
+			continue
+		}
+		smp := tables.Sample{Info: tables.SampleInfo{Key: rng.Uint64(), Probability: rng.Float64(), TableSize: int64(rng.IntN(100)),
+			Priority: rng.Float64(), TimesSampled: int32(rng.IntN(5)), InsertedAt: time.Unix(0, rng.Int64()), RateLimited: rng.IntN(2) == 0}}
+		for k := range kinds {
+			col := tables.Column{Name: []string{"obs", "frame", "step"}[k]}
+			for range 1 + rng.IntN(3) {
+				ch := byKind[k][rng.IntN(len(byKind[k]))]
+				off := rng.Int32N(ch.Length)
+				col.Slices = append(col.Slices, tables.Slice{Chunk: ch.Key, Offset: off, Length: 1 + rng.Int32N(ch.Length-off)})
+				if !slices.Contains(smp.Chunks, ch) {
+					smp.Chunks = append(smp.Chunks, ch)
+				}
+			}
+			if len(col.Slices) == 1 && col.Slices[0].Length == 1 && rng.IntN(2) == 0 {
+				col.Squeeze = true
+			}
+			smp.Trajectory = append(smp.Trajectory, col)
+		}
+		samples = append(samples, smp)
+	}
+	return samples
+}
+
+// referenceDecode decodes a response the long way: the generated code,
+// DecodeChunk and GatherColumn.
+func referenceDecode(b []byte) ([]DecodedSample, error) {
+	var resp SampleResponse
+	if err := proto.Unmarshal(b, &resp); err != nil {
+		return nil, err
+	}
+	decoded := map[uint64]*Tensor{}
+	for _, raw := range resp.Chunks {
+		var c Chunk
+		if err := proto.Unmarshal(raw, &c); err != nil {
+			return nil, err
+		}
+		d, err := DecodeChunk(&c)
+		if err != nil {
+			return nil, err
+		}
+		decoded[c.Key] = d
+	}
+	var out []DecodedSample
+	for _, it := range resp.Items {
+		in := it.GetInfo()
+		s := DecodedSample{Info: tables.SampleInfo{Key: in.GetKey(), Probability: in.GetProbability(), TableSize: in.GetTableSize(), Priority: in.GetPriority(),
+			TimesSampled: in.GetTimesSampled(), InsertedAt: time.Unix(0, in.GetInsertedAtUnixNano()), RateLimited: in.GetRateLimited()}}
+		for _, col := range it.Columns {
+			g, err := GatherColumn(col, func(k uint64) (*Tensor, bool) { d, ok := decoded[k]; return d, ok })
+			if err != nil {
+				return nil, err
+			}
+			s.Columns = append(s.Columns, SampledColumn{Name: col.Name, Dtype: g.Dtype, Shape: g.Shape, Data: g.Data})
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+func mustReferenceDecode(t testing.TB, b []byte) []DecodedSample {
+	t.Helper()
+	out, err := referenceDecode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func equalSamples(a, b []DecodedSample) bool {
+	return slices.EqualFunc(a, b, func(x, y DecodedSample) bool {
+		return x.Info.Key == y.Info.Key && x.Info.Probability == y.Info.Probability && x.Info.TableSize == y.Info.TableSize &&
+			x.Info.Priority == y.Info.Priority && x.Info.TimesSampled == y.Info.TimesSampled && x.Info.InsertedAt.Equal(y.Info.InsertedAt) &&
+			x.Info.RateLimited == y.Info.RateLimited &&
+			slices.EqualFunc(x.Columns, y.Columns, func(p, q SampledColumn) bool {
+				return p.Name == q.Name && p.Dtype == q.Dtype && slices.Equal(p.Shape, q.Shape) && bytes.Equal(p.Data, q.Data)
+			})
+	})
+}
+
+// TestDecodeSampleResponse: the one-pass decoder and the long way agree on
+// random responses over every codec.
+func TestDecodeSampleResponse(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for trial := range 300 {
+		samples := sampledFixture(t, rng)
+		code, msg := []Code{Code_CODE_OK, Code_CODE_PARTIAL}[trial%2], []string{"", "partial"}[trial%2]
+		b := AppendSampleResponse(nil, code, msg, samples)
+		want := mustReferenceDecode(t, b)
+		gotCode, gotMsg, got, err := DecodeSampleResponse(slices.Clone(b))
+		if err != nil {
+			t.Fatalf("trial %d: %v", trial, err)
+		}
+		if gotCode != code || gotMsg != msg {
+			t.Fatalf("trial %d: status %v %q, want %v %q", trial, gotCode, gotMsg, code, msg)
+		}
+		if !equalSamples(got, want) {
+			t.Fatalf("trial %d: decoded\n%v\nwant\n%v", trial, got, want)
+		}
+	}
+}
+
+// TestDecodeSampleResponseSharesNoMemory: no two columns of a response
+// share a byte, even an item sampled twice or two items of one chunk, so
+// writing into one sampled tensor changes no other; and the response's
+// bytes back only what was moved out of them.
+func TestDecodeSampleResponseSharesNoMemory(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	for trial := range 200 {
+		samples := sampledFixture(t, rng)
+		b := AppendSampleResponse(nil, Code_CODE_OK, "", samples)
+		_, _, got, err := DecodeSampleResponse(slices.Clone(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var all [][]byte
+		for _, s := range got {
+			for _, c := range s.Columns {
+				all = append(all, c.Data)
+			}
+		}
+		for i, x := range all {
+			for _, y := range all[i+1:] {
+				if overlap(x, y) {
+					t.Fatalf("trial %d: two columns share memory", trial)
+				}
+			}
+		}
+		for _, x := range all {
+			for i := range x {
+				x[i] ^= 0xff
+			}
+		}
+		want := mustReferenceDecode(t, b)
+		for i, s := range got {
+			for j, c := range s.Columns {
+				for k := range c.Data {
+					if c.Data[k] != want[i].Columns[j].Data[k]^0xff {
+						t.Fatalf("trial %d: item %d column %d changed by a write to another column", trial, i, j)
+					}
+				}
+			}
+		}
+	}
+}
+
+func overlap(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	a0, b0 := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
+}
+
+// TestDecodeSampleResponseErrors: what a reader cannot trust is refused
+// with the error that names it.
+func TestDecodeSampleResponseErrors(t *testing.T) {
+	steps := []*Tensor{Float32s([]int64{2}, []float32{1, 2}), Float32s([]int64{2}, []float32{3, 4})}
+	chunk := func(key uint64, steps []*Tensor) []byte {
+		c, err := EncodeChunk(key, steps, ChunkOptions{Codec: Uncompressed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := proto.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	floats := chunk(1, steps)
+	ints := chunk(2, []*Tensor{Int32s([]int64{2}, []int32{1, 2})})
+	item := func(cols ...*TrajectoryColumn) *SampledItem {
+		return &SampledItem{Info: &SampleInfo{Key: 7}, Columns: cols}
+	}
+	col := func(squeeze bool, slices ...*ColumnSlice) *TrajectoryColumn {
+		return &TrajectoryColumn{Name: "obs", Squeeze: squeeze, Slices: slices}
+	}
+	encode := func(r *SampleResponse) []byte {
+		b, err := proto.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, tt := range []struct {
+		name string
+		b    []byte
+		want error
+		text string
+	}{
+		{"truncated", encode(&SampleResponse{Items: []*SampledItem{item(col(false, &ColumnSlice{ChunkKey: 1, Length: 1}))}, Chunks: [][]byte{floats}})[:9], ErrMalformed, "sample response"},
+		{"missing chunk", encode(&SampleResponse{Items: []*SampledItem{item(col(false, &ColumnSlice{ChunkKey: 9, Length: 1}))}, Chunks: [][]byte{floats}}), ErrMissingChunk, "chunk 9"},
+		{"chunk twice", encode(&SampleResponse{Chunks: [][]byte{floats, floats}}), ErrMalformed, "chunk 1 twice"},
+		{"bad chunk", encode(&SampleResponse{Chunks: [][]byte{floats[:len(floats)-1]}}), ErrInvalidChunk, "chunk"},
+		{"past the chunk", encode(&SampleResponse{Items: []*SampledItem{item(col(false, &ColumnSlice{ChunkKey: 1, Offset: 1, Length: 2}))}, Chunks: [][]byte{floats}}), ErrInvalidColumn, "which has 2"},
+		{"no slices", encode(&SampleResponse{Items: []*SampledItem{item(col(false))}}), ErrInvalidColumn, "no slices"},
+		{"squeezed two steps", encode(&SampleResponse{Items: []*SampledItem{item(col(true, &ColumnSlice{ChunkKey: 1, Length: 2}))}, Chunks: [][]byte{floats}}), ErrInvalidColumn, "squeezed"},
+		{"mixed dtypes", encode(&SampleResponse{Items: []*SampledItem{item(col(false, &ColumnSlice{ChunkKey: 1, Length: 1}, &ColumnSlice{ChunkKey: 2, Length: 1}))}, Chunks: [][]byte{floats, ints}}), ErrMismatch, "int32"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, got, err := DecodeSampleResponse(tt.b)
+			if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.text) {
+				t.Fatalf("DecodeSampleResponse = %v, %v; want %v containing %q", got, err, tt.want, tt.text)
+			}
+		})
+	}
+}
+
+// TestDecodeSampleResponseAllocations: a batch costs a fixed number of
+// allocations, whatever its size, for uncompressed chunks.
+func TestDecodeSampleResponseAllocations(t *testing.T) {
+	response := func(n int) []byte {
+		var samples []tables.Sample
+		for i := range n {
+			c, err := EncodeChunk(uint64(i), []*Tensor{Float32s([]int64{100}, make([]float32, 100))}, ChunkOptions{Codec: Uncompressed})
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := proto.Marshal(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch := &tables.Chunk{Key: c.Key, Length: 1, Data: data}
+			samples = append(samples, tables.Sample{Info: tables.SampleInfo{Key: uint64(i)}, Chunks: []*tables.Chunk{ch},
+				Trajectory: []tables.Column{{Name: "x", Squeeze: true, Slices: []tables.Slice{{Chunk: ch.Key, Length: 1}}}}})
+		}
+		return AppendSampleResponse(nil, Code_CODE_OK, "", samples)
+	}
+	allocs := func(b []byte) float64 {
+		return testing.AllocsPerRun(20, func() {
+			if _, _, _, err := DecodeSampleResponse(b); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	small, large := allocs(response(8)), allocs(response(256))
+	if large > small {
+		t.Fatalf("%v allocations for 256 items, %v for 8: the decoder allocates per item", large, small)
+	}
+}
