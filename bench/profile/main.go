@@ -2,8 +2,9 @@
 // the table service and the clients in one process, and writes a CPU
 // profile of all of them: the view pprof needs to find where a workload's
 // time goes. The server and service are set up as reprised sets them up
-// (embedded server with file storage, one table service); the clients
-// connect over loopback TCP as reprisectl's do.
+// (embedded server with file storage, one table service, requests on a
+// connection apart from the stream's); the clients connect over loopback
+// TCP as reprisectl's do.
 //
 //	go run ./bench/profile --mode sample --payload 400 --batch 256 --clients 4 --cpu /tmp/sample.pprof
 //	go tool pprof -top /tmp/sample.pprof
@@ -112,8 +113,14 @@ func run(ctx context.Context, w workload, warmup, duration time.Duration, prof p
 		cfg.MaxSize = 200000
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// Requests on a connection of their own, as reprised serves them.
+	rc, err := srv.Connect(nats.Name("reprise service requests"))
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
 	svc, err := service.New(nc, []tables.Config{cfg}, service.WithLogger(log),
-		service.WithStream(service.StreamOptions{MaxBytes: 2 << 30}))
+		service.WithStream(service.StreamOptions{MaxBytes: 2 << 30}), service.WithRequestConn(rc))
 	if err != nil {
 		return err
 	}
