@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"time"
 
@@ -160,17 +161,22 @@ func run(ctx context.Context, w workload, warmup, duration time.Duration, prof p
 	if prof.mutex != "" {
 		runtime.SetMutexProfileFraction(10)
 	}
-	// The profile covers the measured window only.
+	// The profiles and the scheduler's figures cover the measured window
+	// only.
 	profiling := make(chan error, 1)
+	schedAtStart := make(chan []metrics.Sample, 1)
 	go func() {
 		select {
 		case <-time.After(warmup):
+			schedAtStart <- readSched()
 			profiling <- pprof.StartCPUProfile(f)
 		case <-ctx.Done():
+			schedAtStart <- nil
 			profiling <- ctx.Err()
 		}
 	}()
 	res, err := load.Bench(ctx, bc)
+	sched := schedStats{before: <-schedAtStart, after: readSched()}
 	perr := <-profiling
 	if perr == nil {
 		pprof.StopCPUProfile()
@@ -189,6 +195,7 @@ func run(ctx context.Context, w workload, warmup, duration time.Duration, prof p
 		report("sample", res.Sample, bc.Samplers, cmp.Or(bc.SampleBatch, bc.Batch))
 	}
 	printServerStats(srv, nc)
+	sched.print()
 	fmt.Printf("CPU profile: %s (go tool pprof -top %s)\n", prof.cpu, prof.cpu)
 	for _, p := range []struct{ name, path string }{{"block", prof.block}, {"mutex", prof.mutex}} {
 		if p.path != "" {
@@ -214,6 +221,46 @@ func writeProfile(name, path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// schedStats reads the runtime's scheduling latencies (how long goroutines
+// wait runnable before they run) and the time they spend blocked on
+// mutexes, over the measured window: what a request waits for besides the
+// work it asks for.
+type schedStats struct {
+	before, after []metrics.Sample
+}
+
+var schedMetrics = []string{"/sched/latencies:seconds", "/sync/mutex/wait/total:seconds", "/sched/goroutines:goroutines"}
+
+func readSched() []metrics.Sample {
+	s := make([]metrics.Sample, len(schedMetrics))
+	for i, name := range schedMetrics {
+		s[i].Name = name
+	}
+	metrics.Read(s)
+	return s
+}
+
+func (s schedStats) print() {
+	h0, h1 := s.before[0].Value.Float64Histogram(), s.after[0].Value.Float64Histogram()
+	counts := make([]uint64, len(h1.Counts))
+	var n uint64
+	for i := range counts {
+		counts[i] = h1.Counts[i] - h0.Counts[i]
+		n += counts[i]
+	}
+	q := func(f float64) time.Duration {
+		var seen uint64
+		for i, c := range counts {
+			if seen += c; float64(seen) >= f*float64(n) {
+				return time.Duration(h1.Buckets[i+1] * 1e9)
+			}
+		}
+		return 0
+	}
+	fmt.Printf("scheduler: %d goroutines at the end; %d waits to run, p50 %v, p90 %v, p99 %v (bucket upper bounds); goroutines blocked on mutexes %.2fs in all\n",
+		s.after[2].Value.Uint64(), n, q(0.5), q(0.9), q(0.99), s.after[1].Value.Float64()-s.before[1].Value.Float64())
 }
 
 // printServerStats prints what the NATS server saw: slow consumers cut
