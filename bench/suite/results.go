@@ -39,6 +39,9 @@ type Results struct {
 	// Actors is the actor-load run: learners beside few, then many
 	// producers.
 	Actors []ActorLoad `json:"actors"`
+	// ActorsLearnerRatio is the learners' items/s beside the most
+	// producers over theirs beside the fewest.
+	ActorsLearnerRatio float64 `json:"actors_learner_ratio,omitempty"`
 	// Atari is Reprise's Atari-like run.
 	Atari   *load.AtariResult `json:"atari,omitempty"`
 	Latency []Latency         `json:"latency"`
@@ -214,6 +217,7 @@ func (r *Results) summarize() {
 			}
 		}
 	}
+	r.ActorsLearnerRatio, _, _ = r.actorLoadRatio()
 	r.Targets = r.targets()
 }
 

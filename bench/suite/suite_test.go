@@ -201,6 +201,9 @@ func TestTargetsAndRatios(t *testing.T) {
 	if len(want) > 0 {
 		t.Errorf("targets missing: %v", want)
 	}
+	if math.Abs(r.ActorsLearnerRatio-1.5/26) > 1e-9 {
+		t.Errorf("actors learner ratio %v, want 1.5k ÷ 26k", r.ActorsLearnerRatio)
+	}
 	m := memoryFigures(r.Memory, sysReprise)
 	if math.Abs(m.perByte-1.1) > 1e-9 || math.Abs(m.perItem-201) > 1e-9 {
 		t.Errorf("memory figures %+v, want 1.1 per byte and 201 B per item", m)
