@@ -11,8 +11,9 @@
 //
 // --mode mixed runs the suite's actor-load run: --clients producers and
 // --learners learners (batch --sample-batch) at once. --block and --mutex
-// add those profiles; the server's slow-consumer count and the service's
-// connection stats are printed at the end.
+// add those profiles; the server's slow-consumer count, the service's
+// connection stats and the runtime's scheduling latencies are printed at
+// the end.
 package main
 
 import (
