@@ -2,14 +2,22 @@
 // the table service and the clients in one process, and writes a CPU
 // profile of all of them: the view pprof needs to find where a workload's
 // time goes. The server and service are set up as reprised sets them up
-// (embedded server with file storage, one table service); the clients
-// connect over loopback TCP as reprisectl's do.
+// (embedded server with file storage, one table service, requests on a
+// connection apart from the stream's); the clients connect over loopback
+// TCP as reprisectl's do.
 //
 //	go run ./bench/profile --mode sample --payload 400 --batch 256 --clients 4 --cpu /tmp/sample.pprof
 //	go tool pprof -top /tmp/sample.pprof
+//
+// --mode mixed runs the suite's actor-load run: --clients producers and
+// --learners learners (batch --sample-batch) at once. --block and --mutex
+// add those profiles; the server's slow-consumer count, the service's
+// connection stats and the runtime's scheduling latencies are printed at
+// the end.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -18,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"time"
 
@@ -35,10 +44,14 @@ import (
 
 func main() {
 	var (
-		mode     = flag.String("mode", "insert", "workload: insert or sample")
+		mode     = flag.String("mode", "insert", "workload: insert, sample or mixed")
 		payload  = flag.Int("payload", 400, "`bytes` of random float32s per item")
 		batch    = flag.Int("batch", 64, "items per insert flush or per sample request")
-		clients  = flag.Int("clients", 4, "concurrent clients, each with its own connection")
+		clients  = flag.Int("clients", 4, "concurrent clients (producers in mixed mode), each with its own connection")
+		learners = flag.Int("learners", 16, "learners beside the producers (mixed mode)")
+		sbatch   = flag.Int("sample-batch", 32, "items per learner's sample request (mixed mode)")
+		block    = flag.String("block", "", "`file` for a blocking profile (optional)")
+		mutex    = flag.String("mutex", "", "`file` for a mutex profile (optional)")
 		warmup   = flag.Duration("warmup", time.Second, "time before measuring and profiling")
 		duration = flag.Duration("duration", 5*time.Second, "time measured and profiled")
 		fill     = flag.Int("fill", 10000, "items inserted before a sample run")
@@ -48,15 +61,29 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *mode, *payload, *batch, *clients, *fill, *warmup, *duration, *cpu, *heap); err != nil {
+	w := workload{mode: *mode, payload: *payload, batch: *batch, clients: *clients, learners: *learners, sampleBatch: *sbatch, fill: *fill}
+	prof := profiles{cpu: *cpu, heap: *heap, block: *block, mutex: *mutex}
+	if err := run(ctx, w, *warmup, *duration, prof); err != nil {
 		fmt.Fprintln(os.Stderr, "profile:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, mode string, payload, batch, clients, fill int, warmup, duration time.Duration, cpuPath, heapPath string) error {
-	if mode != "insert" && mode != "sample" {
-		return fmt.Errorf("--mode %q: want insert or sample", mode)
+// workload is what one profile run loads the service with.
+type workload struct {
+	mode                          string
+	payload, batch, clients, fill int
+	learners, sampleBatch         int
+}
+
+// profiles are the files to write; empty ones are skipped, but for cpu.
+type profiles struct {
+	cpu, heap, block, mutex string
+}
+
+func run(ctx context.Context, w workload, warmup, duration time.Duration, prof profiles) error {
+	if w.mode != "insert" && w.mode != "sample" && w.mode != "mixed" {
+		return fmt.Errorf("--mode %q: want insert, sample or mixed", w.mode)
 	}
 	dir, err := os.MkdirTemp("", "reprise-profile-")
 	if err != nil {
@@ -72,7 +99,7 @@ func run(ctx context.Context, mode string, payload, batch, clients, fill int, wa
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	nc, err := srv.Connect()
+	nc, err := srv.Connect(nats.Name("reprise service"))
 	if err != nil {
 		return err
 	}
@@ -81,12 +108,21 @@ func run(ctx context.Context, mode string, payload, batch, clients, fill int, wa
 		Name:    "bench",
 		Sampler: selectors.Options{Kind: selectors.KindUniform},
 		Remover: selectors.Options{Kind: selectors.KindFifo},
-		MaxSize: int64(min(100000, max(100, (200<<20)/payload))),
+		MaxSize: int64(min(100000, max(100, (200<<20)/w.payload))),
 		Limiter: limiter.MinSize(1),
 	}
+	if w.mode == "mixed" {
+		cfg.MaxSize = 200000
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// Requests on a connection of their own, as reprised serves them.
+	rc, err := srv.Connect(nats.Name("reprise service requests"))
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
 	svc, err := service.New(nc, []tables.Config{cfg}, service.WithLogger(log),
-		service.WithStream(service.StreamOptions{MaxBytes: 2 << 30}))
+		service.WithStream(service.StreamOptions{MaxBytes: 2 << 30}), service.WithRequestConn(rc))
 	if err != nil {
 		return err
 	}
@@ -102,34 +138,46 @@ func run(ctx context.Context, mode string, payload, batch, clients, fill int, wa
 		return err
 	}
 	url := srv.ClientURL()
-	bc := load.BenchConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Payload: payload, Batch: batch,
+	bc := load.BenchConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Payload: w.payload, Batch: w.batch,
 		Compression: wire.Uncompressed, Warmup: warmup, Duration: duration}
-	if mode == "insert" {
-		bc.Inserters = clients
-	} else {
-		bc.Samplers = clients
-	}
-	if mode == "sample" {
-		if err := load.Fill(ctx, load.FillConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Items: fill, Payload: payload, Clients: 2}); err != nil {
+	switch w.mode {
+	case "insert":
+		bc.Inserters = w.clients
+	case "sample":
+		bc.Samplers = w.clients
+		if err := load.Fill(ctx, load.FillConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Items: w.fill, Payload: w.payload, Clients: 2}); err != nil {
 			return err
 		}
+	case "mixed":
+		bc.Inserters, bc.Samplers, bc.SampleBatch = w.clients, w.learners, w.sampleBatch
 	}
-	f, err := os.Create(cpuPath)
+	f, err := os.Create(prof.cpu)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	// The profile covers the measured window only.
+	if prof.block != "" {
+		runtime.SetBlockProfileRate(int(10 * time.Microsecond))
+	}
+	if prof.mutex != "" {
+		runtime.SetMutexProfileFraction(10)
+	}
+	// The profiles and the scheduler's figures cover the measured window
+	// only.
 	profiling := make(chan error, 1)
+	schedAtStart := make(chan []metrics.Sample, 1)
 	go func() {
 		select {
 		case <-time.After(warmup):
+			schedAtStart <- readSched()
 			profiling <- pprof.StartCPUProfile(f)
 		case <-ctx.Done():
+			schedAtStart <- nil
 			profiling <- ctx.Err()
 		}
 	}()
 	res, err := load.Bench(ctx, bc)
+	sched := schedStats{before: <-schedAtStart, after: readSched()}
 	perr := <-profiling
 	if perr == nil {
 		pprof.StopCPUProfile()
@@ -137,20 +185,97 @@ func run(ctx context.Context, mode string, payload, batch, clients, fill int, wa
 	if err := errors.Join(err, perr); err != nil {
 		return err
 	}
-	t := res.Total
-	fmt.Printf("%s: %d clients, %d-byte items, batch %d: %.0f items/s, %.1f MB/s, p50 %.3f ms, p99 %.3f ms\n",
-		mode, clients, payload, batch, t.ItemsPerSec, t.BytesPerSec/1e6, t.Latency.P50Ms, t.Latency.P99Ms)
-	fmt.Printf("CPU profile: %s (go tool pprof -top %s)\n", cpuPath, cpuPath)
-	if heapPath != "" {
-		runtime.GC()
-		h, err := os.Create(heapPath)
-		if err != nil {
-			return err
+	report := func(kind string, t *load.Throughput, clients, batch int) {
+		fmt.Printf("%s: %d clients, %d-byte items, batch %d: %.0f items/s, %.1f MB/s, p50 %.3f ms, p99 %.3f ms\n",
+			kind, clients, w.payload, batch, t.ItemsPerSec, t.BytesPerSec/1e6, t.Latency.P50Ms, t.Latency.P99Ms)
+	}
+	if res.Insert != nil {
+		report("insert", res.Insert, bc.Inserters, bc.Batch)
+	}
+	if res.Sample != nil {
+		report("sample", res.Sample, bc.Samplers, cmp.Or(bc.SampleBatch, bc.Batch))
+	}
+	printServerStats(srv, nc)
+	sched.print()
+	fmt.Printf("CPU profile: %s (go tool pprof -top %s)\n", prof.cpu, prof.cpu)
+	for _, p := range []struct{ name, path string }{{"block", prof.block}, {"mutex", prof.mutex}} {
+		if p.path != "" {
+			if err := writeProfile(p.name, p.path); err != nil {
+				return err
+			}
 		}
-		defer h.Close()
-		return pprof.WriteHeapProfile(h)
+	}
+	if prof.heap != "" {
+		runtime.GC()
+		return writeProfile("heap", prof.heap)
 	}
 	return nil
+}
+
+func writeProfile(name, path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// schedStats reads the runtime's scheduling latencies (how long goroutines
+// wait runnable before they run) and the time they spend blocked on
+// mutexes, over the measured window: what a request waits for besides the
+// work it asks for.
+type schedStats struct {
+	before, after []metrics.Sample
+}
+
+var schedMetrics = []string{"/sched/latencies:seconds", "/sync/mutex/wait/total:seconds", "/sched/goroutines:goroutines"}
+
+func readSched() []metrics.Sample {
+	s := make([]metrics.Sample, len(schedMetrics))
+	for i, name := range schedMetrics {
+		s[i].Name = name
+	}
+	metrics.Read(s)
+	return s
+}
+
+func (s schedStats) print() {
+	h0, h1 := s.before[0].Value.Float64Histogram(), s.after[0].Value.Float64Histogram()
+	counts := make([]uint64, len(h1.Counts))
+	var n uint64
+	for i := range counts {
+		counts[i] = h1.Counts[i] - h0.Counts[i]
+		n += counts[i]
+	}
+	q := func(f float64) time.Duration {
+		var seen uint64
+		for i, c := range counts {
+			if seen += c; float64(seen) >= f*float64(n) {
+				return time.Duration(h1.Buckets[i+1] * 1e9)
+			}
+		}
+		return 0
+	}
+	fmt.Printf("scheduler: %d goroutines at the end; %d waits to run, p50 %v, p90 %v, p99 %v (bucket upper bounds); goroutines blocked on mutexes %.2fs in all\n",
+		s.after[2].Value.Uint64(), n, q(0.5), q(0.9), q(0.99), s.after[1].Value.Float64()-s.before[1].Value.Float64())
+}
+
+// printServerStats prints what the NATS server saw: slow consumers cut
+// off, and the service connection's traffic and pending bytes.
+func printServerStats(srv *embeddednats.Server, nc *nats.Conn) {
+	ns := srv.NATSServer()
+	v, err := ns.Varz(nil)
+	if err != nil {
+		fmt.Println("varz:", err)
+		return
+	}
+	fmt.Printf("server: %d slow consumers, %d msgs in, %d msgs out, %d connections\n", v.SlowConsumers, v.InMsgs, v.OutMsgs, v.Connections)
+	st := nc.Stats()
+	fmt.Printf("service connection: %d msgs in (%d MB), %d msgs out (%d MB)\n", st.InMsgs, st.InBytes>>20, st.OutMsgs, st.OutBytes>>20)
 }
 
 // waitReady waits until the service answers an info request, or fails

@@ -39,11 +39,12 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/load"
 )
 
 // The suite's sections, in the order they run; --only picks some.
-var sections = []string{"throughput", "mixed", "atari", "latency", "memory", "reverb"}
+var sections = []string{"throughput", "mixed", "actors", "atari", "latency", "memory", "reverb"}
 
 type options struct {
 	out    string
@@ -149,7 +150,7 @@ func run(ctx context.Context, opts options, log *slog.Logger) (*Results, error) 
 		return nil, err
 	}
 
-	if s.wants("throughput", "mixed", "atari", "latency") {
+	if s.wants("throughput", "mixed", "actors", "atari", "latency") {
 		if err := s.withDaemon(ctx, "reprised", false, s.mainSections); err != nil {
 			return nil, err
 		}
@@ -228,7 +229,7 @@ func (s *suite) mainSections(ctx context.Context, d *daemon) error {
 	for _, sec := range []struct {
 		name string
 		f    func(context.Context, *daemon) error
-	}{{"throughput", s.throughput}, {"mixed", s.mixed}, {"atari", s.atari}, {"latency", s.latency}} {
+	}{{"throughput", s.throughput}, {"mixed", s.mixed}, {"actors", s.actors}, {"atari", s.atari}, {"latency", s.latency}} {
 		if !s.wants(sec.name) {
 			continue
 		}
@@ -391,6 +392,35 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// actors runs learners beside few and then many unthrottled producers on
+// a table that lets every sample through: whether learners keep their
+// pace when actors crowd the service.
+func (s *suite) actors(ctx context.Context, d *daemon) error {
+	p := s.plan
+	for _, producers := range p.actorProducers {
+		if err := resetTable(ctx, d.url, actorsTable); err != nil {
+			return err
+		}
+		load1 := loadAvg()[0]
+		r, err := load.Bench(ctx, load.BenchConfig{URL: d.url, Prefix: broker.DefaultPrefix, Table: actorsTable,
+			Inserters: producers, Samplers: p.actorLearners, Payload: actorPayload, Batch: actorInsertBatch, SampleBatch: actorSampleBatch,
+			Compression: wire.Uncompressed, Warmup: p.actorWarmup, Duration: p.duration, Log: s.log})
+		if err != nil {
+			return fmt.Errorf("%d producers beside %d learners: %w", producers, p.actorLearners, err)
+		}
+		if err := d.alive(); err != nil {
+			return err
+		}
+		a := ActorLoad{Producers: producers, Learners: p.actorLearners, Payload: actorPayload, InsertBatch: actorInsertBatch, SampleBatch: actorSampleBatch,
+			LearnerItemsPerSec: r.Sample.ItemsPerSec, LearnerP50Ms: r.Sample.Latency.P50Ms, LearnerP99Ms: r.Sample.Latency.P99Ms,
+			ProducerItemsPerSec: r.Insert.ItemsPerSec, Load1: load1}
+		s.res.Actors = append(s.res.Actors, a)
+		s.log.Info("actors", "producers", producers, "learners", p.actorLearners, "learner items/s", si(a.LearnerItemsPerSec),
+			"batch p50 ms", fmt.Sprintf("%.1f", a.LearnerP50Ms), "p99 ms", fmt.Sprintf("%.1f", a.LearnerP99Ms), "producer items/s", si(a.ProducerItemsPerSec))
+	}
+	return nil
 }
 
 func (s *suite) atari(ctx context.Context, d *daemon) error {

@@ -19,6 +19,13 @@ type plan struct {
 	mixedPayload int
 	mixedClients []int
 
+	// actorProducers are the producer counts of the actor-load run, few
+	// then many, beside actorLearners learners; its warmup leaves time
+	// for many producers to connect.
+	actorProducers []int
+	actorLearners  int
+	actorWarmup    time.Duration
+
 	atariActors, atariLearners int
 	// atariBatch is the learners' batch: small in the quick plan, whose
 	// learners decode under the race detector on a loaded CI machine.
@@ -54,6 +61,9 @@ func fullPlan() plan {
 		mixedBatch:     64,
 		mixedPayload:   4000,
 		mixedClients:   []int{1, 4, 16},
+		actorProducers: []int{16, 200},
+		actorLearners:  16,
+		actorWarmup:    time.Second,
 		atariActors:    4,
 		atariLearners:  4,
 		atariBatch:     32,
@@ -78,6 +88,9 @@ func quickPlan() plan {
 		mixedBatch:     64,
 		mixedPayload:   400,
 		mixedClients:   []int{2},
+		actorProducers: []int{2, 8},
+		actorLearners:  2,
+		actorWarmup:    250 * time.Millisecond,
 		atariActors:    2,
 		atariLearners:  2,
 		atariBatch:     4,
@@ -128,10 +141,18 @@ const (
 	mixedMinSize          = 1000
 	mixedErrorBuffer      = 4096
 	mixedMaxSize          = 100000
-	atariTable            = "atari"
-	atariMaxSize          = 100000
-	latencyTable          = "latency"
-	memoryTable           = "mem"
+	// The actor-load run: small items, each producer flushing 64 at a
+	// time, learners asking for 32; the table holds about a second of
+	// inserts, and lets every sample through once it holds one item.
+	actorsTable      = "actors"
+	actorPayload     = 100
+	actorInsertBatch = 64
+	actorSampleBatch = 32
+	actorsMaxSize    = 200000
+	atariTable       = "atari"
+	atariMaxSize     = 100000
+	latencyTable     = "latency"
+	memoryTable      = "mem"
 	// streamBytes caps the stream so that a full suite does not fill the
 	// disk: the oldest messages go first, as in a deployment sized for
 	// its checkpoint interval.
@@ -152,6 +173,7 @@ func writeConfig(path string, memory bool) error {
 	fmt.Fprintf(&b, "  - name: %s\n    sampler: uniform\n    remover: fifo\n    max_size: %d\n", mixedTable, mixedMaxSize)
 	fmt.Fprintf(&b, "    rate_limiter: {preset: sample_to_insert_ratio, samples_per_insert: %d, min_size: %d, error_buffer: %d}\n",
 		mixedSamplesPerInsert, mixedMinSize, mixedErrorBuffer)
+	fmt.Fprintf(&b, "  - {name: %s, sampler: uniform, remover: fifo, max_size: %d, rate_limiter: {preset: min_size, min_size: 1}}\n", actorsTable, actorsMaxSize)
 	fmt.Fprintf(&b, "  - {name: %s, sampler: uniform, remover: fifo, max_size: %d}\n", atariTable, atariMaxSize)
 	fmt.Fprintf(&b, "  - {name: %s, max_size: 1000, rate_limiter: {preset: queue}}\n", latencyTable)
 	return os.WriteFile(path, []byte(b.String()), 0o644)

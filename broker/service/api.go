@@ -24,7 +24,7 @@ import (
 const payloadHeadroom = 1024 // room left in every message for headers and protocol overhead
 
 func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
-	svc, err := micro.AddService(s.nc, micro.Config{
+	svc, err := micro.AddService(s.rc, micro.Config{
 		Name:        "reprise",
 		Version:     Version,
 		Description: "Reprise experience replay table service",
@@ -172,7 +172,7 @@ func (s *Service) reply(r micro.Request, data []byte, h nats.Header) {
 	if r.Reply() == "" {
 		return
 	}
-	if err := s.nc.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: data, Header: h}); err != nil {
+	if err := s.rc.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: data, Header: h}); err != nil {
 		s.log.Debug("reprise service: replying", "error", err)
 	}
 }
@@ -241,7 +241,7 @@ var responseBuffers = sync.Pool{New: func() any { return new([]byte) }}
 // respondParts sends data in one message, or in parts when it exceeds the
 // connection's max payload.
 func (s *Service) respondParts(r micro.Request, data []byte) {
-	limit := int(s.nc.MaxPayload()) - payloadHeadroom
+	limit := int(s.rc.MaxPayload()) - payloadHeadroom
 	if len(data) <= limit {
 		s.reply(r, data, nil)
 		return

@@ -11,6 +11,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -74,6 +75,7 @@ type serviceOptions struct {
 	progressPeriod time.Duration
 	observer       Observer
 	limits         Limits
+	requestConn    *nats.Conn
 
 	checkpoints     CheckpointStore
 	objectStore     bool
@@ -140,6 +142,24 @@ func WithMaxSampleWait(d time.Duration) Option {
 // (default 1024); requests beyond it are answered "unavailable" at once.
 func WithMaxConcurrentSamples(n int) Option {
 	return serviceOption(func(o *serviceOptions) error { o.maxConcurrent = n; return positive("max concurrent samples", n) })
+}
+
+// WithRequestConn serves sample, info, items, reset and checkpoint
+// requests, and sends their replies, on nc instead of the connection given
+// to New, which then carries only the stream's deliveries and the
+// service's own publications. On one shared connection a request waits
+// behind every stream message the server has already written to it (up to
+// the pull window, 16 MiB by default), and its reply behind the consumer's
+// traffic in the same write buffer: under many producers, learners wait
+// tens of milliseconds more per request.
+func WithRequestConn(nc *nats.Conn) Option {
+	return serviceOption(func(o *serviceOptions) error {
+		if nc == nil {
+			return fmt.Errorf("%w: request connection is nil", protocol.ErrInvalidOption)
+		}
+		o.requestConn = nc
+		return nil
+	})
 }
 
 // WithPullBytes bounds the bytes of stream messages buffered ahead of the
@@ -238,7 +258,9 @@ func WithTableOptions(opts ...tables.Option) Option {
 // the stream in order to its tables and answers learners' requests. One
 // service serves one prefix.
 type Service struct {
-	nc    *nats.Conn
+	nc *nats.Conn
+	// rc serves the requests (api.go): nc unless WithRequestConn.
+	rc    *nats.Conn
 	js    jetstream.JetStream
 	subj  protocol.Subjects
 	o     serviceOptions
@@ -306,6 +328,7 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 	}
 	s := &Service{
 		nc:        nc,
+		rc:        cmp.Or(o.requestConn, nc),
 		js:        js,
 		subj:      subj,
 		o:         o,

@@ -20,10 +20,6 @@ const (
 	// rawStreamBytes caps the raw stream like the suite caps Reprise's, so
 	// both pay for discarding old messages once full.
 	rawStreamBytes = 1 << 30
-	// rawWindowBytes bounds what all publishers together have in flight:
-	// JetStream refuses messages ("429 too many requests") once a stream's
-	// ingest queue holds 128 MiB or 100000 messages.
-	rawWindowBytes = 64 << 20
 )
 
 // RawConfig describes one raw JetStream baseline run.
@@ -32,7 +28,8 @@ type RawConfig struct {
 	Clients int
 	// Payload is the size of one item in bytes.
 	Payload int
-	// Batch is the number of items in one reply (request-reply only).
+	// Batch is the number of items in one message: one published batch,
+	// or one reply of a request.
 	Batch            int
 	Warmup, Duration time.Duration
 }
@@ -49,67 +46,48 @@ func (c RawConfig) validate(withBatch bool) error {
 }
 
 // RawPublish measures what Reprise's inserts are bounded by: every client,
-// on its own connection, publishes items of cfg.Payload random bytes, one
-// item per message, asynchronously to a plain file-backed stream, each
-// with a window of up to 1024 messages awaiting acks (fewer for large
-// items and many clients: 64 MiB in all). An item counts once JetStream
-// acknowledged it.
+// on its own connection, publishes the bytes a producer sends for a batch,
+// cfg.Batch items of cfg.Payload random bytes in one message, async to a
+// plain file-backed stream, and waits for its ack before the next, as a
+// producer's Flush waits for JetStream to store its batch. The batch's
+// items count once JetStream acknowledged it.
 func RawPublish(ctx context.Context, cfg RawConfig) (Throughput, error) {
-	if err := cfg.validate(false); err != nil {
+	if err := cfg.validate(true); err != nil {
 		return Throughput{}, err
 	}
 	if err := ensureRawStream(ctx, cfg.URL); err != nil {
 		return Throughput{}, err
 	}
-	window := min(1024, max(1, rawWindowBytes/cfg.Clients/cfg.Payload))
-	data := randomBytes(cfg.Payload, 1)
+	data := randomBytes(cfg.Batch*cfg.Payload, 1)
 	return runClients(ctx, cfg.Clients, cfg.Warmup, cfg.Duration, func(ctx context.Context, i int, c *counter) error {
 		nc, err := connect(cfg.URL, fmt.Sprintf("raw publisher %d", i))
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
-		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(2*window), jetstream.WithPublishAsyncTimeout(10*time.Second))
+		if len(data) > int(nc.MaxPayload()) {
+			return fmt.Errorf("%w: a batch of %d items of %d bytes exceeds the server's max payload (%d bytes)", ErrConfig, cfg.Batch, cfg.Payload, nc.MaxPayload())
+		}
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
 		if err != nil {
 			return err
 		}
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		type pending struct {
-			ack jetstream.PubAckFuture
-			t0  time.Time
-		}
-		// Acks come back in order: one goroutine takes them as they come
-		// while the channel's capacity bounds the window.
-		inflight := make(chan pending, window)
-		ackErr := make(chan error, 1)
-		go func() {
-			defer close(ackErr)
-			for p := range inflight {
-				select {
-				case <-p.ack.Ok():
-					c.record(p.t0, time.Now(), 1, int64(cfg.Payload))
-				case err := <-p.ack.Err():
-					ackErr <- fmt.Errorf("load: raw publish: %w", err)
-					cancel()
-					for range inflight {
-					}
-					return
-				}
-			}
-		}()
-		var pubErr error
-		for ctx.Err() == nil && time.Now().Before(c.w.End) {
+		for time.Now().Before(c.w.End) {
 			t0 := time.Now()
 			f, err := js.PublishAsync(rawInsertSubject, data)
 			if err != nil {
-				pubErr = fmt.Errorf("load: raw publish: %w", err)
-				break
+				return fmt.Errorf("load: raw publish: %w", err)
 			}
-			inflight <- pending{f, t0}
+			select {
+			case <-f.Ok():
+				c.record(t0, time.Now(), int64(cfg.Batch), int64(len(data)))
+			case err := <-f.Err():
+				return fmt.Errorf("load: raw publish: %w", err)
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
-		close(inflight)
-		return errors.Join(pubErr, <-ackErr)
+		return nil
 	})
 }
 

@@ -28,9 +28,11 @@ type BenchConfig struct {
 	Connect func(name string) (*nats.Conn, error)
 	// Inserters append steps of one column "payload" (Payload bytes of
 	// random float32s, chunk length 1) and create one item per step,
-	// Batch items per Flush. Samplers ask for Batch items per request.
+	// Batch items per Flush. Samplers ask for SampleBatch items per
+	// request, Batch if it is 0: actors and learners rarely batch alike.
 	Inserters, Samplers int
 	Payload, Batch      int
+	SampleBatch         int
 	// Compression of the inserted chunks; as in package broker, the zero
 	// value is zstd.
 	Compression      wire.Codec
@@ -44,7 +46,7 @@ type BenchConfig struct {
 
 func (c BenchConfig) validate() error {
 	err := errors.Join(check("Inserters", c.Inserters, 0), check("Samplers", c.Samplers, 0),
-		check("Payload", c.Payload, 4), check("Batch", c.Batch, 1))
+		check("Payload", c.Payload, 4), check("Batch", c.Batch, 1), check("SampleBatch", c.SampleBatch, 0))
 	if c.Inserters+c.Samplers == 0 {
 		err = errors.Join(err, fmt.Errorf("%w: no Inserters and no Samplers", ErrConfig))
 	}
@@ -55,6 +57,13 @@ func (c BenchConfig) validate() error {
 		err = errors.Join(err, fmt.Errorf("%w: want Duration > 0 and Warmup >= 0, got %v and %v", ErrConfig, c.Duration, c.Warmup))
 	}
 	return err
+}
+
+func (c BenchConfig) sampleBatch() int {
+	if c.SampleBatch > 0 {
+		return c.SampleBatch
+	}
+	return c.Batch
 }
 
 func (c BenchConfig) dialer() dialer {
@@ -226,7 +235,7 @@ func (cfg BenchConfig) sampler(ctx context.Context, client int, c *counter) erro
 	defer hangUp()
 	for ctx.Err() == nil {
 		t0 := time.Now()
-		samples, err := cl.Sample(ctx, cfg.Table, cfg.Batch)
+		samples, err := cl.Sample(ctx, cfg.Table, cfg.sampleBatch())
 		t1 := time.Now()
 		if len(samples) > 0 {
 			c.record(t0, t1, int64(len(samples)), sampledBytes(samples))

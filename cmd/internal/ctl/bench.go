@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -29,7 +30,8 @@ Modes:
   sample  --clients learners, each on its own connection, sample --batch
           items per request. Latency is per request: from sending it until
           its items are decoded, including any wait for the rate limiter.
-  mixed   --clients inserters and --clients samplers at once; the totals
+  mixed   --clients inserters and --clients samplers at once (--learners
+          samplers, asking for --sample-batch items, if given); the totals
           add both, and their latency percentiles are over both kinds of
           operation.
 
@@ -42,8 +44,10 @@ type benchOptions struct {
 	mode        string
 	table       string
 	clients     int
+	learners    int
 	payload     int
 	batch       int
+	sampleBatch int
 	duration    time.Duration
 	warmup      time.Duration
 	compression string
@@ -61,6 +65,8 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 	fs.IntVar(&o.clients, "clients", 4, "`N` concurrent clients, each with its own NATS connection (in mixed mode, this many of each kind)")
 	fs.IntVar(&o.payload, "payload", 400, "`bytes` of random float32 data per inserted item (a multiple of 4)")
 	fs.IntVar(&o.batch, "batch", 64, "`N` items per insert batch (and per producer message) and per sample request")
+	fs.IntVar(&o.learners, "learners", 0, "in mixed mode, `N` samplers beside the --clients inserters (default: --clients)")
+	fs.IntVar(&o.sampleBatch, "sample-batch", 0, "in mixed mode, `N` items per sample request (default: --batch)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure, after the warmup")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "how long to run before measuring")
 	fs.StringVar(&o.compression, "compression", "none", "chunk compression (`codec`) of inserted items: none, zstd or s2 (random floats do not compress)")
@@ -80,6 +86,10 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 		return o, cli.Usagef("--payload must be a positive multiple of 4 (bytes of float32s), got %d", o.payload)
 	case o.batch < 1:
 		return o, cli.Usagef("--batch must be >= 1, got %d", o.batch)
+	case o.learners < 0 || o.sampleBatch < 0:
+		return o, cli.Usagef("--learners and --sample-batch must be >= 1 when given, got %d and %d", o.learners, o.sampleBatch)
+	case (o.learners > 0 || o.sampleBatch > 0) && o.mode != "mixed":
+		return o, cli.Usagef("--learners and --sample-batch are for --mode mixed (in sample mode, use --clients and --batch)")
 	case o.duration <= 0:
 		return o, cli.Usagef("--duration must be > 0, got %v", o.duration)
 	case o.warmup < 0:
@@ -114,7 +124,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		cfg.Inserters = o.clients
 	}
 	if o.mode != "insert" {
-		cfg.Samplers = o.clients
+		cfg.Samplers = cmp.Or(o.learners, o.clients)
+		cfg.SampleBatch = o.sampleBatch
 	}
 	res, err := load.Bench(ctx, cfg)
 	if err != nil {
@@ -183,16 +194,20 @@ func writeProgress(w io.Writer, p load.Progress) {
 
 // benchReport is what bench prints; its JSON form is --json's output.
 type benchReport struct {
-	Mode         string  `json:"mode"`
-	URL          string  `json:"url"`
-	Prefix       string  `json:"prefix"`
-	Table        string  `json:"table"`
-	Clients      int     `json:"clients"`
-	PayloadBytes int     `json:"payload_bytes,omitempty"` // of inserted items
-	Batch        int     `json:"batch"`
-	Compression  string  `json:"compression"`
-	WarmupSec    float64 `json:"warmup_sec"`
-	DurationSec  float64 `json:"duration_sec"`
+	Mode         string `json:"mode"`
+	URL          string `json:"url"`
+	Prefix       string `json:"prefix"`
+	Table        string `json:"table"`
+	Clients      int    `json:"clients"`
+	PayloadBytes int    `json:"payload_bytes,omitempty"` // of inserted items
+	Batch        int    `json:"batch"`
+	// Learners and SampleBatch are the samplers of a mixed run, where
+	// they differ from Clients and Batch.
+	Learners    int     `json:"learners,omitempty"`
+	SampleBatch int     `json:"sample_batch,omitempty"`
+	Compression string  `json:"compression"`
+	WarmupSec   float64 `json:"warmup_sec"`
+	DurationSec float64 `json:"duration_sec"`
 	// The totals over every kind of operation.
 	Items       int64              `json:"items"`
 	ItemsPerSec float64            `json:"items_per_sec"`
@@ -215,7 +230,7 @@ type opReport struct {
 func (o benchOptions) report(r load.BenchResult) benchReport {
 	rep := benchReport{
 		Mode: o.mode, URL: o.conn.URL, Prefix: o.prefix, Table: o.table, Clients: o.clients,
-		Batch: o.batch, Compression: o.compression,
+		Batch: o.batch, Learners: o.learners, SampleBatch: o.sampleBatch, Compression: o.compression,
 		WarmupSec: o.warmup.Seconds(), DurationSec: r.Total.Seconds,
 		Items: r.Total.Items, ItemsPerSec: r.Total.ItemsPerSec, BytesPerSec: r.Total.BytesPerSec, Latency: r.Total.Latency,
 	}
@@ -229,7 +244,7 @@ func (o benchOptions) report(r load.BenchResult) benchReport {
 		}
 	}
 	rep.Insert = op(r.Insert, fmt.Sprintf("per batch of %d items, from its first Append until Flush returned (stored in JetStream)", o.batch))
-	rep.Sample = op(r.Sample, fmt.Sprintf("per Sample request of %d items, from sending it until its items were decoded", o.batch))
+	rep.Sample = op(r.Sample, fmt.Sprintf("per Sample request of %d items, from sending it until its items were decoded", cmp.Or(o.sampleBatch, o.batch)))
 	if rep.Insert != nil {
 		rep.PayloadBytes = o.payload
 	}
@@ -244,6 +259,9 @@ func (r benchReport) write(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  %d clients, %sbatches of %d, %.1fs measured after %.1fs warmup\n",
 		r.Clients, payload, r.Batch, r.DurationSec, r.WarmupSec)
+	if r.Learners > 0 || r.SampleBatch > 0 {
+		fmt.Fprintf(w, "  samplers: %d, %d items per request\n", cmp.Or(r.Learners, r.Clients), cmp.Or(r.SampleBatch, r.Batch))
+	}
 	for _, op := range []struct {
 		name string
 		r    *opReport

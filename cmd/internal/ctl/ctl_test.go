@@ -243,8 +243,13 @@ type benchJSON struct {
 		ItemsPerSec float64 `json:"items_per_sec"`
 	} `json:"insert"`
 	Sample *struct {
-		Items int64 `json:"items"`
+		Items   int64 `json:"items"`
+		Latency struct {
+			Count int64 `json:"count"`
+		} `json:"latency"`
 	} `json:"sample"`
+	Learners    int `json:"learners"`
+	SampleBatch int `json:"sample_batch"`
 }
 
 func runBenchJSON(t *testing.T, url, prefix string, args ...string) benchJSON {
@@ -296,6 +301,15 @@ func TestBench(t *testing.T) {
 	mix := runBenchJSON(t, url, "ctl.bench", "--mode", "mixed")
 	if mix.Insert == nil || mix.Sample == nil || mix.Insert.Items <= 0 || mix.Sample.Items <= 0 || mix.Items != mix.Insert.Items+mix.Sample.Items {
 		t.Errorf("mixed mode: %+v", mix)
+	}
+	// Learners ask for their own batch: every request of 3 items, where
+	// the inserters flush 8.
+	mix = runBenchJSON(t, url, "ctl.bench", "--mode", "mixed", "--learners", "3", "--sample-batch", "3")
+	if mix.Sample == nil || mix.Learners != 3 || mix.SampleBatch != 3 || mix.Sample.Latency.Count <= 0 || mix.Sample.Items != 3*mix.Sample.Latency.Count {
+		t.Errorf("mixed mode with --learners 3 --sample-batch 3: %+v", mix)
+	}
+	if _, _, err := ctl(t, "bench", "--nats", url, "--prefix", "ctl.bench", "--learners", "2"); err == nil {
+		t.Error("--learners in insert mode: no error")
 	}
 
 	out, _, err := ctl(t, "bench", "--nats", url, "--prefix", "ctl.bench", "--clients", "1", "--payload", "16", "--batch", "4", "--duration", "300ms", "--warmup", "0s")

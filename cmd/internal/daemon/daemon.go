@@ -312,8 +312,11 @@ type daemon struct {
 	log    *slog.Logger
 	stdout io.Writer
 
-	srv         *embeddednats.Server
-	nc          *nats.Conn
+	srv *embeddednats.Server
+	nc  *nats.Conn
+	// rc carries the service's requests and replies, apart from the
+	// stream's deliveries on nc (see service.WithRequestConn).
+	rc          *nats.Conn
 	metrics     *http.Server
 	metricsDone chan struct{}
 	url         string
@@ -334,6 +337,7 @@ func (d *daemon) run(ctx context.Context) error {
 		service.WithPrefix(d.cfg.Server.Prefix),
 		service.WithLogger(d.log),
 		service.WithStream(d.cfg.Stream),
+		service.WithRequestConn(d.rc),
 	}, append(append(d.cfg.Service.Options(), service.WithLimits(d.cfg.Limits)), cpOpts...)...)
 	var m *metrics.Metrics
 	if d.cfg.Server.Metrics != "" {
@@ -423,6 +427,10 @@ func (d *daemon) connect(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("connecting to the embedded NATS server: %w", err)
 		}
+		d.rc, err = srv.Connect(append(connOpts, nats.Name("reprised requests"))...)
+		if err != nil {
+			return fmt.Errorf("connecting to the embedded NATS server: %w", err)
+		}
 		return nil
 	}
 	// A server or cluster started together with reprised (compose,
@@ -435,16 +443,19 @@ func (d *daemon) connect(ctx context.Context) error {
 		defer cancel()
 	}
 	conn := serverConn(s)
-	err := d.waitFor(ctx, "the NATS server at "+s.NATS, func() (bool, error) {
-		nc, err := conn.Connect("reprised",
+	dial := func(name string) (*nats.Conn, error) {
+		return conn.Connect(name,
 			nats.MaxReconnects(-1),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				d.log.Warn("disconnected from NATS", "error", err)
+				d.log.Warn("disconnected from NATS", "connection", name, "error", err)
 			}),
 			nats.ReconnectHandler(func(nc *nats.Conn) {
-				d.log.Info("reconnected to NATS", "url", nc.ConnectedUrl())
+				d.log.Info("reconnected to NATS", "connection", name, "url", nc.ConnectedUrl())
 			}),
 		)
+	}
+	err := d.waitFor(ctx, "the NATS server at "+s.NATS, func() (bool, error) {
+		nc, err := dial("reprised")
 		d.nc = nc
 		// Refused credentials will not change by waiting.
 		return errors.Is(err, nats.ErrAuthorization), err
@@ -453,6 +464,9 @@ func (d *daemon) connect(ctx context.Context) error {
 		return err
 	}
 	d.url = s.NATS
+	if d.rc, err = dial("reprised requests"); err != nil {
+		return fmt.Errorf("connecting to the NATS server at %s: %w", s.NATS, err)
+	}
 	return d.waitFor(ctx, "JetStream at "+s.NATS, func() (bool, error) { return checkJetStream(ctx, d.nc, s.NATS) })
 }
 
@@ -664,12 +678,14 @@ func (d *daemon) shutdown() {
 		}
 		<-d.metricsDone
 	}
-	if d.nc != nil {
-		// Closing is no disconnection to report, and the report would
-		// come after Run returned.
-		d.nc.SetDisconnectErrHandler(nil)
-		d.nc.SetReconnectHandler(nil)
-		d.nc.Close()
+	for _, nc := range []*nats.Conn{d.rc, d.nc} {
+		if nc != nil {
+			// Closing is no disconnection to report, and the report would
+			// come after Run returned.
+			nc.SetDisconnectErrHandler(nil)
+			nc.SetReconnectHandler(nil)
+			nc.Close()
+		}
 	}
 	if d.srv != nil {
 		if err := d.srv.Shutdown(ctx); err != nil {
