@@ -52,7 +52,7 @@ func (t *Table) Snapshot() TableSnapshot {
 		Items:    make([]ItemSnapshot, 0, len(t.items)),
 		Limiter:  t.lim.State(),
 		Counters: t.counters,
-		Chunks:   make([]*Chunk, 0, len(t.held)),
+		Chunks:   t.store.heldChunks(t.held, make([]*Chunk, 0, t.heldChunks)),
 
 		PolicyVersion: t.version,
 	}
@@ -68,9 +68,6 @@ func (t *Table) Snapshot() TableSnapshot {
 
 			PolicyVersion: e.version,
 		})
-	}
-	for _, h := range t.held {
-		snap.Chunks = append(snap.Chunks, h.chunk)
 	}
 	slices.SortFunc(snap.Chunks, func(a, b *Chunk) int { return cmp.Compare(a.Key, b.Key) })
 	return snap
@@ -110,7 +107,7 @@ func NewFromSnapshot(snap TableSnapshot, store *ChunkStore, opts ...Option) (*Ta
 		return nil, fmt.Errorf("%w: table %q: limiter: %w", ErrInvalidSnapshot, t.name, err)
 	}
 	if err := t.restoreItems(snap.Items); err != nil {
-		t.store.releaseN(t.held)
+		t.store.releaseHeld(t.held)
 		return nil, fmt.Errorf("table %q: %w", t.name, err)
 	}
 	t.counters = snap.Counters

@@ -20,10 +20,15 @@ type ChunkStore struct {
 	// without allocating a set per item.
 	epoch   uint64
 	scratch []*storedChunk
+	// slots numbers the stored chunks densely (Chunk.slot), so that a table
+	// counts its references to each in a slice rather than a map; free
+	// lists the numbers of dropped chunks, for reuse.
+	slots []*storedChunk
+	free  []int32
 }
 
 type storedChunk struct {
-	chunk *Chunk
+	chunk Chunk // the store's copy: its slot is this store's
 	refs  int64
 	mark  uint64
 }
@@ -36,8 +41,9 @@ func NewChunkStore() *ChunkStore {
 // Put adds c and takes one reference to it for the caller. When a chunk with
 // c's key is already present, Put takes a reference to that one and returns
 // it instead: keys are unique per deployment, so the two are the same chunk
-// (a producer may send it again after a reconnect). The store keeps c as
-// given; nobody may modify a chunk once it is Put. Put(nil) does nothing and
+// (a producer may send it again after a reconnect). The store keeps a
+// shallow copy of c, the chunk Put returns, sharing c's Shape and Data;
+// nobody may modify a chunk once it is Put. Put(nil) does nothing and
 // returns nil.
 func (s *ChunkStore) Put(c *Chunk) *Chunk {
 	if c == nil {
@@ -47,11 +53,19 @@ func (s *ChunkStore) Put(c *Chunk) *Chunk {
 	defer s.mu.Unlock()
 	if sc, ok := s.chunks[c.Key]; ok {
 		sc.refs++
-		return sc.chunk
+		return &sc.chunk
 	}
-	s.chunks[c.Key] = &storedChunk{chunk: c, refs: 1}
+	sc := &storedChunk{chunk: *c, refs: 1}
+	if n := len(s.free); n > 0 {
+		sc.chunk.slot, s.free = s.free[n-1], s.free[:n-1]
+		s.slots[sc.chunk.slot] = sc
+	} else {
+		sc.chunk.slot = int32(len(s.slots))
+		s.slots = append(s.slots, sc)
+	}
+	s.chunks[c.Key] = sc
 	s.bytes += int64(len(c.Data))
-	return c
+	return &sc.chunk
 }
 
 // Retain takes one more reference to each key (a key listed twice is
@@ -100,7 +114,7 @@ func (s *ChunkStore) Get(key ChunkKey) (*Chunk, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if sc, ok := s.chunks[key]; ok {
-		return sc.chunk, true
+		return &sc.chunk, true
 	}
 	return nil, false
 }
@@ -124,6 +138,8 @@ func (s *ChunkStore) releaseLocked(sc *storedChunk, n int64) {
 	if sc.refs <= 0 {
 		delete(s.chunks, sc.chunk.Key)
 		s.bytes -= int64(len(sc.chunk.Data))
+		s.slots[sc.chunk.slot] = nil
+		s.free = append(s.free, sc.chunk.slot)
 	}
 }
 
@@ -141,7 +157,7 @@ func (s *ChunkStore) acquire(traj []Column, sig Signature) ([]*Chunk, int64, err
 		out = make([]*Chunk, len(distinct))
 		for i, sc := range distinct {
 			sc.refs++
-			out[i] = sc.chunk
+			out[i] = &sc.chunk
 		}
 	}
 	clear(distinct)
@@ -163,7 +179,7 @@ func (s *ChunkStore) collectLocked(traj []Column, sig Signature) (distinct []*st
 			if !ok {
 				return distinct, 0, fmt.Errorf("%w: chunk %d (column %q, slice %d)", ErrChunkMissing, sl.Chunk, col.Name, si)
 			}
-			c := sc.chunk
+			c := &sc.chunk
 			if sl.Offset < 0 || sl.Length < 1 || int64(sl.Offset)+int64(sl.Length) > int64(c.Length) {
 				return distinct, 0, fmt.Errorf("%w: column %q slice %d: steps [%d, %d) are outside chunk %d of %d steps",
 					ErrInvalidItem, col.Name, si, sl.Offset, int64(sl.Offset)+int64(sl.Length), c.Key, c.Length)
@@ -198,24 +214,37 @@ func (s *ChunkStore) collectLocked(traj []Column, sig Signature) (distinct []*st
 
 // releaseChunks gives back one reference to each chunk; the chunks are
 // distinct and were acquired together.
+// Each is in the store, since the caller holds a reference: its slot finds
+// it without a lookup.
 func (s *ChunkStore) releaseChunks(cs []*Chunk) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, c := range cs {
-		if sc, ok := s.chunks[c.Key]; ok {
-			s.releaseLocked(sc, 1)
+		s.releaseLocked(s.slots[c.slot], 1)
+	}
+}
+
+// releaseHeld gives back a table's references to every chunk at once (a
+// table that drops all its items): held[slot] references to the chunk in
+// that slot.
+func (s *ChunkStore) releaseHeld(held []int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for slot, n := range held {
+		if n > 0 {
+			s.releaseLocked(s.slots[slot], int64(n))
 		}
 	}
 }
 
-// releaseN gives back n references to each chunk of refs at once (a table
-// that drops all its items).
-func (s *ChunkStore) releaseN(refs map[ChunkKey]heldChunk) {
+// heldChunks lists the chunks a table references, by held as above.
+func (s *ChunkStore) heldChunks(held []int32, out []*Chunk) []*Chunk {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k, h := range refs {
-		if sc, ok := s.chunks[k]; ok {
-			s.releaseLocked(sc, int64(h.items))
+	for slot, n := range held {
+		if n > 0 {
+			out = append(out, &s.slots[slot].chunk)
 		}
 	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -27,19 +28,23 @@ type Table struct {
 	sig   Signature
 	done  chan struct{} // closed by Close
 
-	mu       sync.Mutex
-	cfg      Config
-	lim      *limiter.Limiter
-	sampler  selectors.Selector
-	remover  selectors.Selector
-	items    map[uint64]*entry
-	head     *entry // oldest item; items are linked in insertion order
-	tail     *entry
-	spare    *entry  // removed entries for reuse, chained through next
-	slab     []entry // fresh entries, handed out one at a time
-	seq      uint64  // stamps inserts and priority updates (heap tie order)
-	held     map[ChunkKey]heldChunk
-	heldSize int64
+	mu      sync.Mutex
+	cfg     Config
+	lim     *limiter.Limiter
+	sampler selectors.Selector
+	remover selectors.Selector
+	items   map[uint64]*entry
+	head    *entry // oldest item; items are linked in insertion order
+	tail    *entry
+	spare   *entry  // removed entries for reuse, chained through next
+	slab    []entry // fresh entries, handed out one at a time
+	seq     uint64  // stamps inserts and priority updates (heap tie order)
+	// held counts, by the store's chunk slot, the table's items that
+	// reference each chunk; heldChunks and heldSize are the chunks with a
+	// count and their bytes.
+	held       []int32
+	heldChunks int
+	heldSize   int64
 	// largestItem is the most bytes an item inserted since the last Reset
 	// decodes to: a bound on what a sample of n items expands to.
 	largestItem  int64
@@ -68,12 +73,6 @@ type entry struct {
 	traj       []Column
 	chunks     []*Chunk // distinct, in order of first use
 	prev, next *entry
-}
-
-// heldChunk counts the items of one table that reference a chunk.
-type heldChunk struct {
-	chunk *Chunk
-	items int32
 }
 
 // Counters are a table's lifetime event counts. Reset does not clear them:
@@ -170,14 +169,6 @@ func New(cfg Config, store *ChunkStore, opts ...Option) (*Table, error) {
 	if o.now == nil {
 		o.now = time.Now
 	}
-	sampler, err := selectors.New(cfg.Sampler, o.rng)
-	if err != nil {
-		return nil, fmt.Errorf("%w: table %q: sampler: %w", ErrInvalidConfig, cfg.Name, err)
-	}
-	remover, err := selectors.New(cfg.Remover, o.rng)
-	if err != nil {
-		return nil, fmt.Errorf("%w: table %q: remover: %w", ErrInvalidConfig, cfg.Name, err)
-	}
 	lim, err := limiter.New(cfg.Limiter)
 	if err != nil {
 		return nil, fmt.Errorf("%w: table %q: rate_limiter: %w", ErrInvalidConfig, cfg.Name, err)
@@ -187,23 +178,27 @@ func New(cfg Config, store *ChunkStore, opts ...Option) (*Table, error) {
 		k := *cfg.MaxStaleness
 		cfg.MaxStaleness = &k
 	}
-	return &Table{
-		store:   store,
-		now:     o.now,
-		name:    cfg.Name,
-		sig:     cfg.Signature,
-		done:    make(chan struct{}),
-		cfg:     cfg,
-		lim:     lim,
-		sampler: sampler,
-		remover: remover,
-		items:   make(map[uint64]*entry),
-		held:    make(map[ChunkKey]heldChunk),
+	t := &Table{
+		store: store,
+		now:   o.now,
+		name:  cfg.Name,
+		sig:   cfg.Signature,
+		done:  make(chan struct{}),
+		cfg:   cfg,
+		lim:   lim,
+		items: make(map[uint64]*entry),
 
 		maxItemBytes: o.maxItemBytes,
 		versions:     newVersionIndex(cfg.MaxStaleness != nil),
 		episodes:     make(map[uint64]int64),
-	}, nil
+	}
+	if t.sampler, err = t.orderSelector(cfg.Sampler, o.rng); err != nil {
+		return nil, fmt.Errorf("%w: table %q: sampler: %w", ErrInvalidConfig, cfg.Name, err)
+	}
+	if t.remover, err = t.orderSelector(cfg.Remover, o.rng); err != nil {
+		return nil, fmt.Errorf("%w: table %q: remover: %w", ErrInvalidConfig, cfg.Name, err)
+	}
+	return t, nil
 }
 
 // Name is the table's name.
@@ -370,13 +365,13 @@ func (t *Table) insertLocked(key uint64, priority float64, version, at int64, tr
 func (t *Table) holdLocked(chunks []*Chunk) {
 	for _, c := range chunks {
 		t.episodes[c.Episode]++
-		h := t.held[c.Key]
-		if h.items == 0 {
-			h.chunk = c
+		if n := int(c.slot) + 1; n > len(t.held) {
+			t.held = slices.Grow(t.held, n-len(t.held))[:n]
+		}
+		if t.held[c.slot]++; t.held[c.slot] == 1 {
+			t.heldChunks++
 			t.heldSize += int64(len(c.Data))
 		}
-		h.items++
-		t.held[c.Key] = h
 	}
 }
 
@@ -427,12 +422,9 @@ func (t *Table) removeLocked(e *entry) {
 			delete(t.episodes, c.Episode)
 			t.counters.DeletedEpisodes++
 		}
-		h := t.held[c.Key]
-		if h.items--; h.items == 0 {
-			delete(t.held, c.Key)
+		if t.held[c.slot]--; t.held[c.slot] == 0 {
+			t.heldChunks--
 			t.heldSize -= int64(len(c.Data))
-		} else {
-			t.held[c.Key] = h
 		}
 	}
 	t.store.releaseChunks(e.chunks)
@@ -599,9 +591,9 @@ func (t *Table) Delete(keys ...uint64) (missing []uint64) {
 func (t *Table) Reset() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.store.releaseN(t.held)
+	t.store.releaseHeld(t.held)
 	clear(t.held)
-	t.heldSize = 0
+	t.heldChunks, t.heldSize = 0, 0
 	clear(t.items)
 	t.head, t.tail, t.spare, t.slab = nil, nil, nil, nil
 	t.sampler.Clear()
@@ -654,7 +646,7 @@ func (t *Table) Info() Info {
 		Size:      int64(len(t.items)),
 		Limiter:   t.lim.State(),
 		Counters:  t.counters,
-		Chunks:    len(t.held),
+		Chunks:    t.heldChunks,
 		BytesHeld: t.heldSize,
 
 		LargestItemBytes: t.largestItem,

@@ -51,6 +51,10 @@ type Chunk struct {
 	Data []byte
 	// Episode is the id of the episode whose steps it holds (0: unknown).
 	Episode uint64
+
+	// slot is the store's number for the chunk while it holds it, set by
+	// Put under the store's lock before any table can see the chunk.
+	slot int32
 }
 
 // Slice selects Length consecutive steps of a chunk, starting at Offset.

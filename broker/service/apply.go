@@ -402,7 +402,7 @@ func (s *Service) applyBatch(ctx context.Context, id string, ps *producerState, 
 				continue
 			}
 			// The reference Put takes is the producer's hold.
-			s.store.Put(rc.chunk)
+			s.store.Put(&rc.chunk)
 			s.hold(id, ps, rc.key, chunkHold{order: b.streamSeq<<16 | uint64(i), bytes: int64(len(rc.chunk.Data))})
 		}
 		s.shedHeldChunks()

@@ -420,7 +420,7 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 		if err != nil {
 			return fmt.Errorf("chunk %d: %w", i, err)
 		}
-		store.Put(c)
+		store.Put(&c)
 		keys = append(keys, c.Key)
 	}
 	// The references Put took are only needed while the tables and

@@ -45,8 +45,10 @@ func (b *insertBatch) toTombstone() {
 	})
 }
 
+// rawChunk is a chunk of an insert message; it holds the chunk by value,
+// which the store copies, so that a message's chunks cost one allocation.
 type rawChunk struct {
-	chunk *tables.Chunk // nil when the chunk is invalid
+	chunk tables.Chunk // valid when err is nil
 	key   uint64
 	err   error
 }
@@ -74,10 +76,10 @@ func parseInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 	for i := range out.chunks {
 		rc := &out.chunks[i]
 		if rc.err == nil {
-			rc.err = checkChunkDecodes(rc.chunk, l.MaxChunkBytes)
+			rc.err = checkChunkDecodes(&rc.chunk, l.MaxChunkBytes)
 		}
 		if rc.err != nil {
-			rc.chunk = nil
+			rc.chunk = tables.Chunk{}
 		}
 	}
 	return out, nil
@@ -113,7 +115,7 @@ func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 				return nil, fmt.Errorf("%w: insert batch has more than %d chunks (limits.max_chunks_per_message)", protocol.ErrResourceExhausted, l.MaxChunksPerMessage)
 			}
 			c, err := parseChunk(v)
-			out.chunks, b = append(out.chunks, rawChunk{chunk: c, key: chunkKeyOf(c), err: err}), b[n:]
+			out.chunks, b = append(out.chunks, rawChunk{chunk: c, key: c.Key, err: err}), b[n:]
 		case num == wire.FieldBatchItems && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
@@ -269,46 +271,37 @@ func checkChunkDecodes(c *tables.Chunk, maxBytes int64) error {
 	return nil
 }
 
-func chunkKeyOf(c *tables.Chunk) uint64 {
-	if c == nil {
-		return 0
-	}
-	return c.Key
-}
-
-// consumeUint64s reads a repeated uint64 field, packed or not.
-
 // parseChunk reads a chunk's header and checks that it describes a
 // well-formed tensor: known dtype, non-negative shape, a raw size that
 // matches and fits MaxChunkRawSize. The returned chunk's Data is b, the
 // whole encoded chunk, which is what the store keeps and sends on.
-func parseChunk(b []byte) (*tables.Chunk, error) {
+func parseChunk(b []byte) (tables.Chunk, error) {
 	wc, err := wire.ReadChunk(b)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", protocol.ErrInvalidMessage, err)
+		return tables.Chunk{}, fmt.Errorf("%w: %w", protocol.ErrInvalidMessage, err)
 	}
-	c := &tables.Chunk{Key: wc.Key, DType: wc.Dtype, Shape: wc.StepShape, Length: wc.Length, Data: b, Episode: wc.EpisodeId}
+	c := tables.Chunk{Key: wc.Key, DType: wc.Dtype, Shape: wc.StepShape, Length: wc.Length, Data: b, Episode: wc.EpisodeId}
 	compression, rawSize, dataLen := wc.Compression, wc.RawSize, len(wc.Data)
 	if _, ok := wire.Compression_name[int32(compression)]; !ok {
-		return nil, fmt.Errorf("%w: chunk %d: unknown compression %d", protocol.ErrInvalidMessage, c.Key, compression)
+		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: unknown compression %d", protocol.ErrInvalidMessage, c.Key, compression)
 	}
 	if dataLen == 0 && rawSize > 0 {
-		return nil, fmt.Errorf("%w: chunk %d has no data", protocol.ErrInvalidMessage, c.Key)
+		return tables.Chunk{}, fmt.Errorf("%w: chunk %d has no data", protocol.ErrInvalidMessage, c.Key)
 	}
 	if c.Key == 0 {
-		return nil, fmt.Errorf("%w: chunk without a key", protocol.ErrInvalidMessage)
+		return tables.Chunk{}, fmt.Errorf("%w: chunk without a key", protocol.ErrInvalidMessage)
 	}
 	if c.Length < 1 {
-		return nil, fmt.Errorf("%w: chunk %d: length %d (must be >= 1)", protocol.ErrInvalidMessage, c.Key, c.Length)
+		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: length %d (must be >= 1)", protocol.ErrInvalidMessage, c.Key, c.Length)
 	}
 	// The header must describe exactly raw_size bytes of a known dtype; the
 	// codec checks the same again when a learner decodes.
 	want, err := tensorBytes(c.DType, int64(c.Length), c.Shape)
 	if err != nil {
-		return nil, fmt.Errorf("%w: chunk %d: %v", protocol.ErrInvalidMessage, c.Key, err)
+		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: %v", protocol.ErrInvalidMessage, c.Key, err)
 	}
 	if want != rawSize {
-		return nil, fmt.Errorf("%w: chunk %d: raw size %d, but %d steps of %s%v take %d bytes", protocol.ErrInvalidMessage, c.Key, rawSize, c.Length, c.DType, c.Shape, want)
+		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: raw size %d, but %d steps of %s%v take %d bytes", protocol.ErrInvalidMessage, c.Key, rawSize, c.Length, c.DType, c.Shape, want)
 	}
 	c.StepBytes = int64(want) / int64(c.Length)
 	return c, nil

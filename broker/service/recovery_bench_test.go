@@ -45,7 +45,7 @@ func BenchmarkRecovery(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				svc.store.Put(c)
+				svc.store.Put(&c)
 				if err := t.Insert(ctx, tables.Item{Key: uint64(i + 1), Priority: 1, Trajectory: []tables.Column{{Name: "id", Squeeze: true, Slices: []tables.Slice{{Chunk: c.Key, Length: 1}}}}}); err != nil {
 					b.Fatal(err)
 				}
