@@ -60,7 +60,7 @@ type sampleDecoder struct {
 	rawChunks [][]byte
 	chunks    []sampledChunk // in the response's order
 	index     chunkIndex
-	dims      []int64        // the chunks' step shapes
+	dims      []int64 // the chunks' step shapes
 	items     []sampledItem
 	columns   []sampledColumn
 	slices    []sampledSlice
