@@ -158,6 +158,7 @@ func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext)
 			return err // only ctx ends an apply early
 		}
 		s.progress.set(m.seq)
+		s.stats.producers.Store(int64(len(s.producers)))
 	}
 }
 
