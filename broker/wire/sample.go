@@ -2,6 +2,7 @@ package wire
 
 import (
 	"math"
+	"slices"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -9,41 +10,107 @@ import (
 )
 
 // AppendSampleResponse appends the encoding of a SampleResponse straight from the table's
-// samples: no intermediate messages per item, sizes computed exactly, and
-// each chunk appended once, as stored. It encodes what the generated code
-// would for the same message (TestAppendSampleResponse checks).
+// samples: no intermediate messages per item, every size computed once, the
+// buffer grown once, and each chunk appended once, as stored. It encodes
+// what the generated code would for the same message
+// (TestAppendSampleResponse checks).
 func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Sample) []byte {
+	// A message's length prefix needs its size, which needs its parts': the
+	// sizes are taken first, in the order they are written.
+	columns := 0
+	for i := range samples {
+		columns += len(samples[i].Trajectory)
+	}
+	sizes := make([]int, 0, 2*len(samples)+columns) // per item: its size, its info's, then its columns'
+	st := sizeStatus(code, msg)
+	total := 1 + protowire.SizeBytes(st)
+	chunks := newKeySet(len(samples))
+	var distinct [][]byte
+	for i := range samples {
+		smp := &samples[i]
+		info := sizeSampleInfo(&smp.Info)
+		at := len(sizes)
+		sizes = append(sizes, 0, info)
+		n := 1 + protowire.SizeBytes(info)
+		for j := range smp.Trajectory {
+			c := sizeColumn(&smp.Trajectory[j])
+			sizes = append(sizes, c)
+			n += 1 + protowire.SizeBytes(c)
+		}
+		sizes[at] = n
+		total += 1 + protowire.SizeBytes(n)
+		for _, ch := range smp.Chunks {
+			if chunks.add(ch.Key) {
+				distinct = append(distinct, ch.Data)
+				total += 1 + protowire.SizeBytes(len(ch.Data))
+			}
+		}
+	}
+	b = slices.Grow(b, total)
 	// The status is always set, even when empty (OK).
 	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(sizeStatus(code, msg)))
+	b = protowire.AppendVarint(b, uint64(st))
 	b = appendStatus(b, code, msg)
 	for i := range samples {
 		smp := &samples[i]
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizeSampledItem(smp)))
-		info := sizeSampleInfo(&smp.Info)
+		b = protowire.AppendVarint(b, uint64(sizes[0]))
 		b = protowire.AppendTag(b, 1, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(info))
+		b = protowire.AppendVarint(b, uint64(sizes[1]))
 		b = appendSampleInfo(b, &smp.Info)
+		sizes = sizes[2:]
 		for j := range smp.Trajectory {
-			c := &smp.Trajectory[j]
 			b = protowire.AppendTag(b, 2, protowire.BytesType)
-			b = protowire.AppendVarint(b, uint64(sizeColumn(c)))
-			b = appendColumn(b, c)
+			b = protowire.AppendVarint(b, uint64(sizes[j]))
+			b = appendColumn(b, &smp.Trajectory[j])
 		}
+		sizes = sizes[len(smp.Trajectory):]
 	}
-	seen := make(map[uint64]struct{}, len(samples))
-	for i := range samples {
-		for _, ch := range samples[i].Chunks {
-			if _, dup := seen[ch.Key]; dup {
-				continue
-			}
-			seen[ch.Key] = struct{}{}
-			b = protowire.AppendTag(b, 3, protowire.BytesType)
-			b = protowire.AppendBytes(b, ch.Data)
-		}
+	for _, data := range distinct {
+		b = protowire.AppendTag(b, 3, protowire.BytesType)
+		b = protowire.AppendBytes(b, data)
 	}
 	return b
+}
+
+// keySet is a set of chunk keys for one response: open addressing, grown
+// at half full, no allocation per key.
+type keySet struct {
+	slots []uint64
+	used  []bool // any key may be 0, so emptiness is kept apart
+	n     int
+}
+
+func newKeySet(hint int) keySet {
+	size := 8
+	for size < 2*hint {
+		size *= 2
+	}
+	return keySet{slots: make([]uint64, size), used: make([]bool, size)}
+}
+
+// add inserts key and reports whether it was absent.
+func (s *keySet) add(key uint64) bool {
+	if 2*(s.n+1) > len(s.slots) {
+		old, oldUsed := s.slots, s.used
+		*s = keySet{slots: make([]uint64, 2*len(old)), used: make([]bool, 2*len(old))}
+		for i, k := range old {
+			if oldUsed[i] {
+				s.add(k)
+			}
+		}
+	}
+	mask := len(s.slots) - 1
+	for i := int((key*0x9E3779B97F4A7C15)>>32) & mask; ; i = (i + 1) & mask {
+		if !s.used[i] {
+			s.slots[i], s.used[i] = key, true
+			s.n++
+			return true
+		}
+		if s.slots[i] == key {
+			return false
+		}
+	}
 }
 
 func sizeStatus(code Code, msg string) int {
