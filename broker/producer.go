@@ -407,7 +407,14 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 		if len(c.open) == 0 {
 			c.openStart = p.step
 		}
-		c.open = append(c.open, &wire.Tensor{Dtype: t.DType, Shape: c.shape, Data: slices.Clone(t.Data)})
+		data := t.Data
+		if len(c.open)+1 < p.o.chunkLength {
+			// Kept past this call: the caller may reuse its buffer. A step
+			// that completes its chunk is encoded (copied or compressed)
+			// below, before Append returns.
+			data = slices.Clone(data)
+		}
+		c.open = append(c.open, &wire.Tensor{Dtype: t.DType, Shape: c.shape, Data: data})
 	}
 	var errs []error
 	for name, c := range p.cols {

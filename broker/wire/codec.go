@@ -377,6 +377,10 @@ func CheckChunk(c *Chunk) error {
 	if err != nil {
 		return err
 	}
+	if c.Compression == Compression_COMPRESSION_NONE {
+		// Nothing to decompress: the size is the whole proof.
+		return checkUncompressed(c, rawSize)
+	}
 	buf := getScratch(0)
 	out, err := decompress(c, rawSize, (*buf)[:0])
 	if cap(out) > cap(*buf) {
@@ -473,11 +477,18 @@ func decompress(c *Chunk, rawSize int, dst []byte) ([]byte, error) {
 		}
 		return raw, nil
 	default:
-		if len(c.Data) != rawSize {
-			return nil, fmt.Errorf("%w: chunk %d: uncompressed data has %d bytes, raw_size is %d", ErrInvalidChunk, c.Key, len(c.Data), rawSize)
+		if err := checkUncompressed(c, rawSize); err != nil {
+			return nil, err
 		}
 		return append(dst[:0], c.Data...), nil
 	}
+}
+
+func checkUncompressed(c *Chunk, rawSize int) error {
+	if len(c.Data) != rawSize {
+		return fmt.Errorf("%w: chunk %d: uncompressed data has %d bytes, raw_size is %d", ErrInvalidChunk, c.Key, len(c.Data), rawSize)
+	}
+	return nil
 }
 
 // GatherColumn assembles one column of an item from decoded chunks: the
