@@ -74,6 +74,11 @@ func notices(t *testing.T, d *deployment) (string, <-chan *wire.Rejection) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The server must have the subscription before the service answers:
+	// a notice published earlier reaches no one.
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { sub.Unsubscribe() })
 	return inbox, out
 }
