@@ -239,9 +239,22 @@ type resolvedRef struct {
 }
 
 type batch struct {
-	chunks []*wire.Chunk
-	items  []*wire.Item
-	bytes  int
+	msg    *wire.BatchBuilder // nil until an item is added
+	tables []string           // of its items
+}
+
+func (b *batch) items() int {
+	if b.msg == nil {
+		return 0
+	}
+	return b.msg.Items()
+}
+
+func (b *batch) bytes() int {
+	if b.msg == nil {
+		return 0
+	}
+	return b.msg.Size()
 }
 
 type inFlight struct {
@@ -553,13 +566,13 @@ func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
 			errs = append(errs, err)
 		}
 	}
-	full := len(p.batch.items) >= p.o.batchItems || p.batch.bytes >= p.o.batchBytes
+	full := p.batch.items() >= p.o.batchItems || p.batch.bytes() >= p.o.batchBytes
 	switch {
 	case force || full || p.o.linger == 0:
-		if len(p.batch.items) > 0 || (force && len(p.release) > 0) {
+		if p.batch.items() > 0 || (force && len(p.release) > 0) {
 			errs = append(errs, p.publishLocked(ctx, false))
 		}
-	case len(p.batch.items) > 0 && p.linger == nil:
+	case p.batch.items() > 0 && p.linger == nil:
 		p.linger = time.AfterFunc(p.o.linger, p.onLinger)
 	}
 	return errors.Join(errs...)
@@ -582,11 +595,11 @@ func (p *Producer) onLinger() {
 	for {
 		p.mu.Lock()
 		p.linger = nil
-		if p.closing || len(p.batch.items) == 0 {
+		if p.closing || p.batch.items() == 0 {
 			p.mu.Unlock()
 			return
 		}
-		ok, changed := p.flow.tryAcquire(len(p.batch.items))
+		ok, changed := p.flow.tryAcquire(p.batch.items())
 		if ok {
 			p.sendBatchLocked(false)
 			p.mu.Unlock()
@@ -607,17 +620,24 @@ func (p *Producer) onLinger() {
 func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error {
 	for {
 		item, fresh := it.build()
-		size := proto.Size(item) + 16
-		for _, ch := range fresh {
-			size += proto.Size(ch.chunk) + 8
+		if p.batch.msg == nil {
+			p.batch.msg = wire.NewBatchBuilder(p.id)
 		}
+		before := p.batch.msg.Mark()
+		size := p.batch.msg.Size()
+		for _, ch := range fresh {
+			p.batch.msg.AddChunk(ch.chunk)
+		}
+		p.batch.msg.AddItem(item)
+		size = p.batch.msg.Size() - size
 		// Leave room for the message's own fields and its release list.
 		limit := p.maxPayload - 1024 - 10*len(p.release)
-		if size > limit {
-			return fmt.Errorf("%w: item for table %q needs %d bytes, over the server's max payload of %d: use shorter chunks or raise max_payload",
-				ErrInvalidMessage, it.table, size, p.maxPayload)
-		}
-		if len(p.batch.items) > 0 && p.batch.bytes+size > limit {
+		if size > limit || p.batch.msg.Size() > limit {
+			p.batch.msg.Undo(before)
+			if size > limit {
+				return fmt.Errorf("%w: item for table %q needs %d bytes, over the server's max payload of %d: use shorter chunks or raise max_payload",
+					ErrInvalidMessage, it.table, size, p.maxPayload)
+			}
 			// Publishing may release the lock; build the item again after.
 			if err := p.publishLocked(ctx, false); err != nil {
 				return err
@@ -625,11 +645,11 @@ func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error 
 			continue
 		}
 		for _, ch := range fresh {
-			p.batch.chunks = append(p.batch.chunks, ch.chunk)
 			ch.sent, ch.chunk = true, nil
 		}
-		p.batch.items = append(p.batch.items, item)
-		p.batch.bytes += size
+		if !slices.Contains(p.batch.tables, it.table) {
+			p.batch.tables = append(p.batch.tables, it.table)
+		}
 		return nil
 	}
 }
@@ -666,10 +686,10 @@ func (p *Producer) publishLocked(ctx context.Context, end bool) error {
 		if p.closed {
 			return ErrClosed
 		}
-		if !end && len(p.batch.items) == 0 && len(p.release) == 0 {
+		if !end && p.batch.items() == 0 && len(p.release) == 0 {
 			return nil
 		}
-		ok, changed := p.flow.tryAcquire(len(p.batch.items))
+		ok, changed := p.flow.tryAcquire(p.batch.items())
 		if ok {
 			p.sendBatchLocked(end)
 			return nil
@@ -692,32 +712,18 @@ func (p *Producer) sendBatchLocked(end bool) {
 		p.linger = nil
 	}
 	p.seq++
-	msg := &wire.InsertBatch{
-		ProducerId:       p.id,
-		Sequence:         p.seq,
-		WindowStart:      p.settled.Load() + 1,
-		Window:           uint32(p.o.maxInFlight),
-		Chunks:           p.batch.chunks,
-		Items:            p.batch.items,
-		ReleaseChunkKeys: p.release,
-		EndOfStream:      end,
-		NoticeSubject:    p.notice,
+	b := p.batch
+	if b.msg == nil {
+		b.msg = wire.NewBatchBuilder(p.id)
 	}
-	n := len(p.batch.items)
-	var tables []string
-	for _, it := range p.batch.items {
-		if !slices.Contains(tables, it.Table) {
-			tables = append(tables, it.Table)
-		}
-	}
+	n := b.msg.Items()
+	data := b.msg.Finish(p.seq, p.release, end, p.settled.Load()+1, uint32(p.o.maxInFlight), p.notice)
 	p.batch = batch{}
 	p.release = nil
-	// Marshal cannot fail on a message built from valid Go values.
-	data, _ := proto.Marshal(msg)
 	m := nats.NewMsg(p.subj.Insert())
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, p.id+"-"+strconv.FormatUint(p.seq, 10))
-	rec := &inFlight{msg: m, items: n, tables: tables, seq: p.seq, published: time.Now()}
+	rec := &inFlight{msg: m, items: n, tables: b.tables, seq: p.seq, published: time.Now()}
 	// A failed first attempt is left to the ack loop, which retries in
 	// publish order.
 	rec.fut, _ = p.js.PublishMsgAsync(m)
@@ -916,7 +922,7 @@ func (p *Producer) Close(ctx context.Context) error {
 	p.closing = true
 	var errs []error
 	errs = append(errs, p.flushLocked(ctx))
-	if len(p.pending) == 0 && len(p.batch.items) == 0 {
+	if len(p.pending) == 0 && p.batch.items() == 0 {
 		p.endEpisodeLocked()
 		errs = append(errs, p.publishLocked(ctx, true))
 	}
