@@ -1,9 +1,12 @@
 package service
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -87,6 +90,7 @@ func parseInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 
 func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 	out := &insertBatch{}
+	var names nameCache
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -124,11 +128,11 @@ func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 			if len(out.items) == l.MaxItemsPerMessage {
 				return nil, fmt.Errorf("%w: insert batch has more than %d items (limits.max_items_per_message)", protocol.ErrResourceExhausted, l.MaxItemsPerMessage)
 			}
-			item := &wire.Item{}
-			if err := proto.Unmarshal(v, item); err != nil {
+			item, err := readItem(v, &names, l)
+			if err != nil {
 				return nil, fmt.Errorf("%w: insert batch item %d: %v", protocol.ErrInvalidMessage, len(out.items), err)
 			}
-			out.items, b = append(out.items, prepareItem(item, l)), b[n:]
+			out.items, b = append(out.items, item), b[n:]
 		case num == wire.FieldBatchNotice && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
@@ -224,35 +228,121 @@ func checkNoticeSubject(s string) error {
 	return nil
 }
 
-// prepareItem turns a wire item into the table's form, or marks it for
-// rejection when it is over a limit. Item-level checks that need the chunks
-// (they may have come in earlier messages) happen at apply.
-func prepareItem(w *wire.Item, l *Limits) preparedItem {
-	p := preparedItem{table: w.Table}
-	if len(w.Columns) > l.MaxColumnsPerItem {
-		p.err = fmt.Errorf("%w: item %d has %d columns, over the limit of %d (limits.max_columns_per_item)", protocol.ErrResourceExhausted, w.Key, len(w.Columns), l.MaxColumnsPerItem)
-		return p
-	}
-	slices := 0
-	for _, c := range w.Columns {
-		slices += len(c.Slices)
-	}
-	if slices > l.MaxSlicesPerItem {
-		p.err = fmt.Errorf("%w: item %d has %d slices, over the limit of %d (limits.max_slices_per_item)", protocol.ErrResourceExhausted, w.Key, slices, l.MaxSlicesPerItem)
-		return p
-	}
-	// One backing array for every column's slices: two allocations per
-	// item whatever its shape.
-	all := make([]tables.Slice, 0, slices)
-	p.item = tables.Item{Key: w.Key, Priority: w.Priority, PolicyVersion: w.PolicyVersion, Trajectory: make([]tables.Column, len(w.Columns))}
-	for i, c := range w.Columns {
-		start := len(all)
-		for _, sl := range c.Slices {
-			all = append(all, tables.Slice{Chunk: sl.ChunkKey, Offset: sl.Offset, Length: sl.Length})
+// readItem reads an encoded Item into the table's form, or marks it for
+// rejection when it is over a limit; an item that is not a valid Item is an
+// error. It reads what proto.Unmarshal would (a field of an unexpected wire
+// type is skipped as unknown; strings must be UTF-8), without the generated
+// structs: two allocations per item, and names shared through names.
+// Item-level checks that need the chunks (they may have come in earlier
+// messages) happen at apply.
+func readItem(b []byte, names *nameCache, l *Limits) (preparedItem, error) {
+	var (
+		p               preparedItem
+		columns, slices int
+	)
+	// First pass: the scalars, and how many columns and slices to make.
+	err := wire.EachField(b, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			p.item.Key = v
+		case num == 2 && typ == protowire.BytesType:
+			name, err := names.get(bytes)
+			p.table = name
+			return err
+		case num == 3 && typ == protowire.Fixed64Type:
+			p.item.Priority = math.Float64frombits(v)
+		case num == 5 && typ == protowire.VarintType:
+			p.item.PolicyVersion = int64(v)
+		case num == 4 && typ == protowire.BytesType:
+			columns++
+			return wire.EachField(bytes, func(num protowire.Number, typ protowire.Type, _ uint64, slice []byte) error {
+				switch {
+				case num == 1 && typ == protowire.BytesType && !utf8.Valid(slice):
+					return errors.New("column name is not UTF-8")
+				case num == 2 && typ == protowire.BytesType:
+					slices++
+					return wire.EachField(slice, func(protowire.Number, protowire.Type, uint64, []byte) error { return nil })
+				}
+				return nil
+			})
 		}
-		p.item.Trajectory[i] = tables.Column{Name: c.Name, Squeeze: c.Squeeze, Slices: all[start:len(all):len(all)]}
+		return nil
+	})
+	if err != nil {
+		return p, err
 	}
-	return p
+	switch {
+	case columns > l.MaxColumnsPerItem:
+		p.err = fmt.Errorf("%w: item %d has %d columns, over the limit of %d (limits.max_columns_per_item)", protocol.ErrResourceExhausted, p.item.Key, columns, l.MaxColumnsPerItem)
+		return p, nil
+	case slices > l.MaxSlicesPerItem:
+		p.err = fmt.Errorf("%w: item %d has %d slices, over the limit of %d (limits.max_slices_per_item)", protocol.ErrResourceExhausted, p.item.Key, slices, l.MaxSlicesPerItem)
+		return p, nil
+	}
+	// Second pass: the columns, their slices in one backing array.
+	all := make([]tables.Slice, 0, slices)
+	p.item.Trajectory = make([]tables.Column, 0, columns)
+	_ = wire.EachField(b, func(num protowire.Number, typ protowire.Type, _ uint64, bytes []byte) error {
+		if num != 4 || typ != protowire.BytesType {
+			return nil
+		}
+		col := tables.Column{}
+		start := len(all)
+		_ = wire.EachField(bytes, func(num protowire.Number, typ protowire.Type, v uint64, field []byte) error {
+			switch {
+			case num == 1 && typ == protowire.BytesType:
+				col.Name, _ = names.get(field)
+			case num == 2 && typ == protowire.BytesType:
+				var sl tables.Slice
+				_ = wire.EachField(field, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) error {
+					if typ != protowire.VarintType {
+						return nil
+					}
+					switch num {
+					case 1:
+						sl.Chunk = v
+					case 2:
+						sl.Offset = int32(v)
+					case 3:
+						sl.Length = int32(v)
+					}
+					return nil
+				})
+				all = append(all, sl)
+			case num == 3 && typ == protowire.VarintType:
+				col.Squeeze = v != 0
+			}
+			return nil
+		})
+		col.Slices = all[start:len(all):len(all)]
+		p.item.Trajectory = append(p.item.Trajectory, col)
+		return nil
+	})
+	return p, nil
+}
+
+// nameCache shares the strings of the table and column names a message
+// repeats for every item: one copy a message, not one an item.
+type nameCache []string
+
+// maxCachedNames bounds a message's name cache: a message with more
+// distinct names gets a copy of each further one.
+const maxCachedNames = 32
+
+func (c *nameCache) get(b []byte) (string, error) {
+	for _, s := range *c {
+		if s == string(b) {
+			return s, nil
+		}
+	}
+	if !utf8.Valid(b) {
+		return "", errors.New("name is not UTF-8")
+	}
+	s := string(b)
+	if len(*c) < maxCachedNames {
+		*c = append(*c, s)
+	}
+	return s, nil
 }
 
 // checkChunkDecodes decompresses c to prove it holds what its header says;

@@ -124,6 +124,13 @@ func FuzzParseInsertBatch(f *testing.F) {
 	for _, m := range []*wire.InsertBatch{
 		{ProducerId: "p", Sequence: 1, WindowStart: 1, Window: 4, Chunks: []*wire.Chunk{c}, Items: []*wire.Item{{Key: 1, Table: "t"}}},
 		{ProducerId: "p", Sequence: 3, WindowStart: 2, Window: 2, ReleaseChunkKeys: []uint64{1, 2}, EndOfStream: true},
+		{ProducerId: "p", Sequence: 2, WindowStart: 1, Window: 4, Items: []*wire.Item{
+			{Key: 7, Table: "t", Priority: 0.5, PolicyVersion: -3, Columns: []*wire.TrajectoryColumn{
+				{Name: "obs", Slices: []*wire.ColumnSlice{{ChunkKey: 9, Offset: 1, Length: 2}, {ChunkKey: 10, Length: 1}}},
+				{Name: "a", Squeeze: true, Slices: []*wire.ColumnSlice{{ChunkKey: 9, Length: 1}}},
+			}},
+			{Key: 8, Table: "u", Columns: []*wire.TrajectoryColumn{{Name: "obs"}}},
+		}},
 	} {
 		data, _ := proto.Marshal(m)
 		f.Add(data)
@@ -142,6 +149,17 @@ func FuzzParseInsertBatch(f *testing.F) {
 		if b.producerID == "" || b.sequence < b.windowStart || b.sequence-b.windowStart >= b.window {
 			t.Fatalf("accepted a batch without a producer id or outside its window: %+v", b)
 		}
+		var ref wire.InsertBatch
+		if proto.Unmarshal(data, &ref) == nil {
+			if len(ref.Items) != len(b.items) {
+				t.Fatalf("read %d items, proto.Unmarshal %d", len(b.items), len(ref.Items))
+			}
+			for i, w := range ref.Items {
+				if got, want := b.items[i], referenceItem(w, &limits); !reflect.DeepEqual(got.item, want.item) || got.table != want.table || (got.err == nil) != (want.err == nil) {
+					t.Fatalf("item %d read as %+v, proto.Unmarshal gives %+v", i, got, want)
+				}
+			}
+		}
 		for _, rc := range b.chunks {
 			if rc.err == nil && (rc.chunk.Key == 0 || rc.chunk.Length < 1) {
 				t.Fatalf("accepted chunk header %+v", rc.chunk)
@@ -159,4 +177,20 @@ func FuzzParseInsertBatch(f *testing.F) {
 			}
 		}
 	})
+}
+
+// referenceItem is an item as the generated code reads it, in the table's
+// form, with the limits applied.
+func referenceItem(w *wire.Item, l *Limits) preparedItem {
+	p := preparedItem{table: w.Table}
+	n := 0
+	for _, c := range w.Columns {
+		n += len(c.Slices)
+	}
+	if len(w.Columns) > l.MaxColumnsPerItem || n > l.MaxSlicesPerItem {
+		p.err = protocol.ErrResourceExhausted
+		return p
+	}
+	p.item = tables.Item{Key: w.Key, Priority: w.Priority, PolicyVersion: w.PolicyVersion, Trajectory: wire.ToTableColumns(w.Columns)}
+	return p
 }

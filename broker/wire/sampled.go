@@ -156,7 +156,7 @@ func countParts(b []byte) (items, chunks int) {
 }
 
 func readStatus(b []byte, code *Code, msg *string) error {
-	err := eachField(b, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
+	err := EachField(b, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
 		switch {
 		case num == 1 && typ == protowire.VarintType:
 			*code = Code(int32(v))
@@ -171,9 +171,12 @@ func readStatus(b []byte, code *Code, msg *string) error {
 	return nil
 }
 
-// eachField calls f with every field of the message b: the value of a
-// varint or fixed field in v, the bytes of a length-delimited one in bytes.
-func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error) error {
+// EachField calls f with every field of the message b, in order: the value
+// of a varint or fixed field in v, the bytes of a length-delimited one in
+// bytes (a sub-slice of b). It stops at the first error, its own (b is not
+// a valid message) or f's. A hand-written reader built on it reads what
+// the generated code would, without its allocations.
+func EachField(b []byte, f func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -310,7 +313,7 @@ func (d *sampleDecoder) readItems() error {
 		it := &d.items[i]
 		it.first = len(d.columns)
 		it.info.InsertedAt = time.Unix(0, 0) // what a zero field means
-		err := eachField(raw, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
+		err := EachField(raw, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
 			switch {
 			case num == 1 && typ == protowire.BytesType:
 				return readSampleInfo(&it.info, bytes)
@@ -348,7 +351,7 @@ func (d *sampleDecoder) readItems() error {
 }
 
 func readSampleInfo(in *tables.SampleInfo, b []byte) error {
-	return eachField(b, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) error {
+	return EachField(b, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) error {
 		// A field of another wire type than its declared one is an unknown
 		// field to protobuf, and skipped.
 		switch {
@@ -376,7 +379,7 @@ func readSampleInfo(in *tables.SampleInfo, b []byte) error {
 func (d *sampleDecoder) readColumn(b []byte, prev string) error {
 	col := sampledColumn{first: len(d.slices)}
 	var missing error
-	err := eachField(b, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
+	err := EachField(b, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			if string(bytes) == prev {
@@ -387,7 +390,7 @@ func (d *sampleDecoder) readColumn(b []byte, prev string) error {
 		case num == 2 && typ == protowire.BytesType:
 			var key uint64
 			var sl sampledSlice
-			err := eachField(bytes, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) error {
+			err := EachField(bytes, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) error {
 				if typ != protowire.VarintType {
 					return nil
 				}
