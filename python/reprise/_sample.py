@@ -223,52 +223,57 @@ def decode_batch(resp: _Response) -> SampleBatch:
 
 def _gather_single_slices(name: str, squeeze: bool, cols: Sequence[Any], chunks: _Chunks) -> np.ndarray | None:
     """The fast path of _gather_batch_column: every item's column is one
-    slice, and no chunk needs delta decoding across steps. The chunks'
-    bytes are joined into one buffer (decompressed where needed) that numpy
-    reads once; None when the path does not apply."""
-    sls = [c.slices for c in cols]
-    if any(len(s) != 1 for s in sls) or any(c.squeeze != squeeze for c in cols):
-        return None
-    first = [s[0] for s in sls]
-    keys = [s.chunk_key for s in first]
-    offs = np.fromiter((s.offset for s in first), dtype=np.int64, count=len(first))
-    lens = np.fromiter((s.length for s in first), dtype=np.int64, count=len(first))
+    slice, and no chunk needs delta decoding across steps. The chunks' bytes
+    (decompressed where needed) are stacked into one array once (_stack),
+    which is the batch itself when item i is chunk i; None when the path
+    does not apply."""
+    keys: list[int] = []
+    offsets: list[int] = []
+    lengths: list[int] = []
+    for c in cols:
+        sl = c.slices
+        if len(sl) != 1 or c.squeeze != squeeze:
+            return None
+        s = sl[0]
+        keys.append(s.chunk_key)
+        offsets.append(s.offset)
+        lengths.append(s.length)
+    offs = np.array(offsets, dtype=np.int64)
+    lens = np.array(lengths, dtype=np.int64)
     steps = int(lens[0])
     if steps < 1 or not (lens == steps).all():
         return None
     order = list(dict.fromkeys(keys))
-    raws = []
-    for k in order:
-        c = chunks.raw(k)
-        if c.delta_encoded and c.length > 1:
-            return None
-        raws.append(c)
+    raws = [chunks.raw(k) for k in order]
     c0 = raws[0]
-    dtype, step_shape = c0.dtype, list(c0.step_shape)
+    dtype, step_shape = c0.dtype, tuple(c0.step_shape)
     dt = _codec.DTYPES.get(dtype)
     if dt is None or c0.compression not in (pb.COMPRESSION_NONE, pb.COMPRESSION_ZSTD):
         return None  # the slow path raises the right error
-    parts = []
-    rows = []
-    for c in raws:
-        if c.dtype != dtype or list(c.step_shape) != step_shape:
-            raise errors.InvalidArgumentError(
-                f"column {name!r}: items hold steps of different dtypes or shapes; use sample()"
-            )
-        if c.compression == pb.COMPRESSION_NONE and len(c.data) == c.raw_size and c.length >= 1:
-            parts.append(c.data)
-        else:
-            parts.append(chunks.get(c.key).tobytes())  # checked decoding
-        rows.append(c.length)
     try:
         step_elems = _codec._num_elements(step_shape, _codec.MAX_CHUNK_RAW_SIZE)
     except ValueError as e:
-        raise errors.ProtocolError(f"chunk {c0.key}: step_shape {step_shape}: {e}") from None
+        raise errors.ProtocolError(f"chunk {c0.key}: step_shape {list(step_shape)}: {e}") from None
+    step_bytes = step_elems * dt.itemsize
+    rows = [c.length for c in raws]
     total = int(sum(rows))
-    buf = b"".join(parts)
-    if len(buf) != total * step_elems * dt.itemsize:
-        return None  # a size mismatch: the slow path names the chunk
-    whole = np.frombuffer(buf, dtype=dt).reshape((total, *step_shape))
+    parts: list[Any] = []
+    for c in raws:
+        if c.delta_encoded and c.length > 1:
+            return None
+        if c.dtype != dtype or tuple(c.step_shape) != step_shape:
+            raise errors.InvalidArgumentError(
+                f"column {name!r}: items hold steps of different dtypes or shapes; use sample()"
+            )
+        data = c.data
+        if c.compression == pb.COMPRESSION_NONE and len(data) == c.raw_size == c.length * step_bytes and c.length >= 1:
+            parts.append(data)
+        else:
+            a = chunks.get(c.key)  # checked decoding
+            if a.nbytes != c.length * step_bytes:
+                return None  # a size mismatch: the slow path names the chunk
+            parts.append(a)
+    whole, fresh = _stack(parts, total, step_shape, dt)
     ends = np.cumsum(np.asarray(rows, dtype=np.int64))
     base = dict(zip(order, (ends - rows).tolist()))
     sizes = dict(zip(order, rows))
@@ -279,12 +284,38 @@ def _gather_single_slices(name: str, squeeze: bool, cols: Sequence[Any], chunks:
         raise errors.ProtocolError(
             f"column {name!r}: slice wants steps [{offs[bad]}, {offs[bad]}+{steps}) of chunk {keys[bad]}, which has {size[bad]}"
         )
+    if squeeze and steps != 1:
+        raise errors.ProtocolError(f"column {name!r} is squeezed but selects {steps} steps")
+    if fresh and len(order) == len(keys) and (offs == 0).all() and (size == steps).all():
+        # Item i is chunk i, whole: the array is the batch.
+        return whole if squeeze else whole.reshape((len(keys), steps, *step_shape))
     starts += offs
     if squeeze:
-        if steps != 1:
-            raise errors.ProtocolError(f"column {name!r} is squeezed but selects {steps} steps")
         return whole[starts]
     return whole[starts[:, None] + np.arange(steps, dtype=np.int64)[None, :]]
+
+
+# Chunks at least this large are copied one by one into the batch's array;
+# smaller ones are joined first, which costs less per chunk.
+_PLACE_BYTES = 16 << 10
+
+
+def _stack(parts: Sequence[Any], rows: int, step_shape: tuple[int, ...], dt: np.dtype) -> tuple[np.ndarray, bool]:
+    """The chunks' steps, in order, as one array of shape [rows,
+    *step_shape]: fresh and writable (True), or a read-only view of joined
+    bytes (False) that the caller must index into a copy."""
+    total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+    if parts and total >= _PLACE_BYTES * len(parts):
+        whole = np.empty((rows, *step_shape), dtype=dt)
+        flat = whole.reshape(-1).view(np.uint8)
+        at = 0
+        for p in parts:
+            src = np.frombuffer(p, dtype=np.uint8) if isinstance(p, bytes) else p.reshape(-1).view(np.uint8)
+            flat[at : at + src.size] = src
+            at += src.size
+        return whole, True
+    buf = b"".join(p if isinstance(p, bytes) else p.tobytes() for p in parts)
+    return np.frombuffer(buf, dtype=dt).reshape((rows, *step_shape)), False
 
 
 def _gather_batch_column(name: str, squeeze: bool, cols: Sequence[Any], chunks: _Chunks) -> np.ndarray:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import reprise
-from reprise import _codec
+from reprise import _codec, _sample
 from reprise._proto import reprise_pb2 as pb
 from reprise._writer import ColumnHistory, WriterOptions, _Blocked, _Producer, encode_insert_batch
 
@@ -215,3 +215,46 @@ def test_item_encoding_with_policy_version_matches_protobuf() -> None:
         mine = encode_item(7, b"\x12\x01t", 0.5, [], version)
         ref = pb.Item(key=7, table="t", priority=0.5, policy_version=version).SerializeToString()
         assert mine == ref, version
+
+
+def _response(items: list[tuple[int, int, int]], chunk_steps: int, step: int) -> bytes:
+    """A SampleResponse of float32 chunks of chunk_steps steps of step
+    values; items are (chunk key, offset, length), one column each."""
+    resp = pb.SampleResponse(status=pb.Status(code=pb.CODE_OK))
+    for key in sorted({k for k, _, _ in items}):
+        data = (np.arange(chunk_steps * step, dtype=np.float32) + 1000 * key).tobytes()
+        c = pb.Chunk(key=key, dtype="float32", step_shape=[step], length=chunk_steps, raw_size=len(data), data=data)
+        resp.chunks.append(c.SerializeToString())
+    for k, off, ln in items:
+        it = resp.items.add()
+        it.info.key = k
+        col = it.columns.add()
+        col.name = "x"
+        col.squeeze = ln == 1 and chunk_steps == 1
+        col.slices.add(chunk_key=k, offset=off, length=ln)
+    return resp.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "items,chunk_steps,step",
+    [
+        ([(1, 0, 1), (2, 0, 1), (3, 0, 1)], 1, 4),  # item i is chunk i: the batch is the stacked array
+        ([(1, 0, 1), (2, 0, 1), (1, 0, 1)], 1, 4),  # an item sampled twice
+        ([(1, 0, 2), (2, 0, 2)], 2, 8192),  # large chunks, copied one by one
+        ([(1, 0, 2), (1, 1, 2), (2, 1, 2)], 3, 8192),  # overlapping items of large chunks
+    ],
+)
+def test_sampled_batches_are_the_learners(items: list[tuple[int, int, int]], chunk_steps: int, step: int) -> None:
+    """A learner may write into a sampled batch: its array is writable, owns
+    its memory, and writing into it changes no later decode of the same
+    reply; rows of an item sampled twice are separate."""
+    raw = _response(items, chunk_steps, step)
+    batch = _sample.decode_batch(_sample.parse_response(raw))
+    x = batch.data["x"]
+    assert x.flags.writeable
+    want = _sample.decode_batch(_sample.parse_response(raw)).data["x"].copy()
+    x += 1
+    again = _sample.decode_batch(_sample.parse_response(raw)).data["x"]
+    assert not np.shares_memory(x, again)
+    np.testing.assert_array_equal(again, want)
+    np.testing.assert_array_equal(x, want + 1)
