@@ -116,11 +116,12 @@ class _Chunks:
             self._raw[c.key] = c
         self._decoded: dict[int, np.ndarray] = {}
 
-    def raw(self, key: int) -> Any:
-        c = self._raw.get(key)
-        if c is None:
-            raise errors.ProtocolError(f"the response references chunk {key}, which it does not carry")
-        return c
+    def raws(self, keys: Sequence[int]) -> list[Any]:
+        """The undecoded chunks of keys."""
+        try:
+            return [self._raw[k] for k in keys]
+        except KeyError as e:
+            raise errors.ProtocolError(f"the response references chunk {e.args[0]}, which it does not carry") from None
 
     def get(self, key: int) -> np.ndarray:
         a = self._decoded.get(key)
@@ -244,7 +245,7 @@ def _gather_single_slices(name: str, squeeze: bool, cols: Sequence[Any], chunks:
     if steps < 1 or not (lens == steps).all():
         return None
     order = list(dict.fromkeys(keys))
-    raws = [chunks.raw(k) for k in order]
+    raws = chunks.raws(order)
     c0 = raws[0]
     dtype, step_shape = c0.dtype, tuple(c0.step_shape)
     dt = _codec.DTYPES.get(dtype)
@@ -256,21 +257,24 @@ def _gather_single_slices(name: str, squeeze: bool, cols: Sequence[Any], chunks:
         raise errors.ProtocolError(f"chunk {c0.key}: step_shape {list(step_shape)}: {e}") from None
     step_bytes = step_elems * dt.itemsize
     rows = [c.length for c in raws]
-    total = int(sum(rows))
+    total = sum(rows)
     parts: list[Any] = []
-    for c in raws:
-        if c.delta_encoded and c.length > 1:
+    shape0 = c0.step_shape
+    none = pb.COMPRESSION_NONE
+    for c, length in zip(raws, rows):
+        if c.delta_encoded and length > 1:
             return None
-        if c.dtype != dtype or tuple(c.step_shape) != step_shape:
+        if c.dtype != dtype or c.step_shape != shape0:
             raise errors.InvalidArgumentError(
                 f"column {name!r}: items hold steps of different dtypes or shapes; use sample()"
             )
         data = c.data
-        if c.compression == pb.COMPRESSION_NONE and len(data) == c.raw_size == c.length * step_bytes and c.length >= 1:
+        n = length * step_bytes
+        if c.compression == none and length >= 1 and len(data) == n == c.raw_size:
             parts.append(data)
         else:
             a = chunks.get(c.key)  # checked decoding
-            if a.nbytes != c.length * step_bytes:
+            if a.nbytes != n:
                 return None  # a size mismatch: the slow path names the chunk
             parts.append(a)
     whole, fresh = _stack(parts, total, step_shape, dt)
