@@ -380,16 +380,11 @@ func (s *Service) Run(parent context.Context) error {
 	if err := s.checkStreamCovers(ctx, start); err != nil {
 		return err
 	}
-	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.subj.Data()}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start}
-	cons, err := stream.OrderedConsumer(ctx, cc)
-	if err != nil {
+	reader := newStreamReader(stream, s.subj.Data(), start, s.o.pullBytes, s.log)
+	defer reader.close()
+	if err := reader.open(ctx); err != nil {
 		return fmt.Errorf("broker: consumer on %s: %w", s.subj.Stream(), err)
 	}
-	msgs, err := cons.Messages(jetstream.PullMaxBytes(s.o.pullBytes))
-	if err != nil {
-		return fmt.Errorf("broker: consuming %s: %w", s.subj.Stream(), err)
-	}
-	defer msgs.Stop()
 
 	svc, err := s.startMicro(ctx)
 	if err != nil {
@@ -416,7 +411,7 @@ func (s *Service) Run(parent context.Context) error {
 	}
 	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.Stream(), "start_sequence", start)
 
-	err = s.applyLoop(ctx, msgs)
+	err = s.applyLoop(ctx, reader)
 	s.stopApply()
 
 	// Stop taking requests, then wait for the ones being served: their
