@@ -601,7 +601,8 @@ func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code pr
 	}
 	// A notice subject under the prefix would put the notice on the
 	// service's own subjects: only a hostile producer names one.
-	if to.subject == "" || s.subj.Owns(to.subject) {
+	// A standby tells no one: the active service sends the same notice.
+	if to.subject == "" || s.subj.Owns(to.subject) || !s.mayAct() {
 		return
 	}
 	data, _ := proto.Marshal(&wire.Rejection{Producer: token, Sequence: seq, ItemKey: itemKey, Table: table, Code: wire.Code(code), Message: msg})
