@@ -47,7 +47,12 @@ type streamReader struct {
 	pullBytes int
 	log       *slog.Logger
 
-	next      uint64 // stream sequence of the next message to hand out
+	next   uint64 // stream sequence of the next message to hand out
+	handed bool   // a message was handed out
+	// gap is told of messages the stream no longer held when they were to
+	// be read (purged, or dropped by its limits); an error from it ends
+	// the reading.
+	gap       func(from, to uint64) error
 	cons      jetstream.Consumer
 	msgs      jetstream.MessagesContext
 	delivered uint64 // consumer sequence of the last message read from cons
@@ -57,8 +62,8 @@ type streamReader struct {
 	deletes sync.WaitGroup
 }
 
-func newStreamReader(stream jetstream.Stream, filter string, from uint64, pullBytes int, log *slog.Logger) *streamReader {
-	return &streamReader{stream: stream, filter: filter, next: max(from, 1), pullBytes: pullBytes, log: log}
+func newStreamReader(stream jetstream.Stream, filter string, from uint64, pullBytes int, log *slog.Logger, gap func(from, to uint64) error) *streamReader {
+	return &streamReader{stream: stream, filter: filter, next: max(from, 1), pullBytes: pullBytes, log: log, gap: gap}
 }
 
 // open creates a consumer from r.next, trying until one is created or ctx
@@ -182,7 +187,14 @@ func (r *streamReader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgM
 		if meta.Sequence.Stream < r.next {
 			continue // handed out already
 		}
-		r.next = meta.Sequence.Stream + 1
+		// Before the first message, a gap is what recovery already
+		// reported (checkStreamCovers).
+		if meta.Sequence.Stream > r.next && r.handed && r.gap != nil {
+			if err := r.gap(r.next, meta.Sequence.Stream-1); err != nil {
+				return nil, nil, err
+			}
+		}
+		r.next, r.handed = meta.Sequence.Stream+1, true
 		return m, meta, nil
 	}
 }

@@ -410,7 +410,7 @@ func (s *Service) Run(parent context.Context) error {
 	if err := s.checkStreamCovers(ctx, start); err != nil {
 		return err
 	}
-	reader := newStreamReader(stream, s.subj.Data(), start, s.o.pullBytes, s.log)
+	reader := newStreamReader(stream, s.subj.Data(), start, s.o.pullBytes, s.log, s.streamGap)
 	defer reader.close()
 	if err := reader.open(ctx); err != nil {
 		return fmt.Errorf("broker: consumer on %s: %w", s.subj.Stream(), err)
@@ -518,6 +518,19 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64) error {
 	case st.Msgs > 0 && st.FirstSeq > start:
 		s.log.Error("reprise service: the stream no longer holds messages recovery needs (stream limits, or a purge); they are lost",
 			"missing_from", start, "missing_to", st.FirstSeq-1)
+	}
+	return nil
+}
+
+// streamGap is told of stream messages gone before the service read them.
+// The active service goes on (they are lost to it, as to recovery). A
+// standby that fell behind the active one's trim stops, with an error, so
+// that its supervisor restarts it: recovery from the newest checkpoint
+// covers what it missed.
+func (s *Service) streamGap(from, to uint64) error {
+	s.log.Error("reprise service: stream messages were gone before this service read them (purged, or dropped by the stream's limits)", "from", from, "to", to)
+	if s.lease != nil && !s.mayAct() {
+		return fmt.Errorf("%w: this standby fell behind the stream's trim (messages %d to %d are gone); restart it to recover from the newest checkpoint", protocol.ErrStreamLost, from, to)
 	}
 	return nil
 }

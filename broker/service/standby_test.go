@@ -53,12 +53,14 @@ func TestStandbyTakesOver(t *testing.T) {
 	if err := p.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The checkpoint trims the stream: a standby behind it would stop
+	// (streamGap).
+	testutil.WaitUntil(t, "the standby applied the stream", func() bool { return b.Applied() >= a.Applied() })
 	c := d.client()
 	cpA, err := c.Checkpoint(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitUntil(t, "the standby applied the stream", func() bool { return b.Applied() >= a.Applied() })
 	for range 5 {
 		if got := answerer(t, nc, d); got != a.id {
 			t.Fatalf("answered by %q while the first service is active", got)
