@@ -384,7 +384,7 @@ func (s *Service) trim(ctx context.Context) error {
 func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 	start := time.Now()
 	var res RecoveryResult
-	names, err := s.o.checkpoints.List(ctx)
+	names, err := s.listForRecovery(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -429,6 +429,26 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 	}
 	res.Duration = time.Since(start)
 	return res, nil
+}
+
+// listForRecovery lists the checkpoints, trying again while the store
+// cannot answer in time (a cluster electing the bucket's leader), saying
+// so.
+func (s *Service) listForRecovery(ctx context.Context) ([]string, error) {
+	for attempt := 1; ; attempt++ {
+		names, err := s.o.checkpoints.List(ctx)
+		if err == nil || ctx.Err() != nil || !(errors.Is(err, context.DeadlineExceeded) || protocol.RetryableJSError(err)) {
+			return names, err
+		}
+		s.log.Warn("reprise service: waiting for the checkpoint store to list its checkpoints", "attempt", attempt, "error", err)
+		t := time.NewTimer(time.Second)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // restore replaces the service's state with a checkpoint's. On error the

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
@@ -142,8 +143,16 @@ func (s *ObjectStoreCheckpoints) Load(ctx context.Context, name string) ([]byte,
 	return data, nil
 }
 
+// objectListTimeout bounds one listing of the bucket. nats.go's listing
+// waits for the end of the bucket's contents, and when its first look at an
+// empty bucket fails (a bucket just created on a cluster, whose stream has
+// no leader yet) that end never comes.
+const objectListTimeout = 10 * time.Second
+
 // List names the stored checkpoints, oldest first.
 func (s *ObjectStoreCheckpoints) List(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, objectListTimeout)
+	defer cancel()
 	infos, err := s.store().List(ctx)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, nil

@@ -92,6 +92,10 @@ func (s *Service) lead(ctx context.Context) {
 // holdLease acts while the lease is held: it renews the lease, and stops
 // the active role's work as soon as the lease is lost.
 func (s *Service) holdLease(ctx context.Context) {
+	// The first renewal is due a period after the lease was taken, whatever
+	// taking the active role costs.
+	renew := time.NewTicker(s.lease.renewEvery())
+	defer renew.Stop()
 	epoch, err := s.takeEpoch(ctx)
 	if err != nil {
 		s.log.Error("reprise service: listing checkpoints before taking the active role; giving the lease up", "error", err)
@@ -108,8 +112,6 @@ func (s *Service) holdLease(ctx context.Context) {
 		return
 	}
 	s.log.Info("reprise service: active", "id", s.lease.id, "epoch", epoch, "applied", s.progress.get(), "catch_up", time.Since(took).Round(time.Millisecond))
-	renew := time.NewTicker(s.lease.renewEvery())
-	defer renew.Stop()
 	for {
 		select {
 		case <-renew.C:
@@ -150,13 +152,13 @@ func (s *Service) releaseLease(ctx context.Context) {
 	}
 }
 
-// catchUp waits, for at most a TTL, until the tables hold what the stream
-// held when the lease was taken: what the previous active service
-// acknowledged is then sampleable before the first request is answered.
-// A table whose rate limiter holds inserts in a full queue may keep it
-// from catching up; it serves anyway after the wait.
+// catchUp waits, for at most a renewal period, until the tables hold what
+// the stream held when the lease was taken: what the previous active
+// service acknowledged is then sampleable before the first request is
+// answered. A table whose rate limiter holds inserts in a full queue may
+// keep it from catching up; it serves anyway after the wait.
 func (s *Service) catchUp(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, s.lease.ttl)
+	ctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery())
 	defer cancel()
 	info, err := s.stream.Info(ctx)
 	if err != nil {
@@ -174,6 +176,9 @@ func (s *Service) catchUp(ctx context.Context) {
 func (s *Service) takeEpoch(ctx context.Context) (uint64, error) {
 	epoch := s.lease.epoch.Load()
 	if s.o.checkpoints != nil {
+		// Before the first renewal is due.
+		ctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery()/2)
+		defer cancel()
 		names, err := s.o.checkpoints.List(ctx)
 		if err != nil {
 			return 0, err
