@@ -432,23 +432,15 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 }
 
 // listForRecovery lists the checkpoints, trying again while the store
-// cannot answer in time (a cluster electing the bucket's leader), saying
-// so.
+// cannot answer in time (a cluster electing the bucket's leader).
 func (s *Service) listForRecovery(ctx context.Context) ([]string, error) {
-	for attempt := 1; ; attempt++ {
-		names, err := s.o.checkpoints.List(ctx)
-		if err == nil || ctx.Err() != nil || !(errors.Is(err, context.DeadlineExceeded) || protocol.RetryableJSError(err)) {
-			return names, err
-		}
-		s.log.Warn("reprise service: waiting for the checkpoint store to list its checkpoints", "attempt", attempt, "error", err)
-		t := time.NewTimer(time.Second)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		}
-	}
+	var names []string
+	err := retryJS(ctx, s.log, "the checkpoint store's list", func(ctx context.Context) error {
+		var err error
+		names, err = s.o.checkpoints.List(ctx)
+		return err
+	})
+	return names, err
 }
 
 // restore replaces the service's state with a checkpoint's. On error the

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync/atomic"
 	"time"
@@ -64,7 +65,7 @@ func serviceID() string {
 // openLease opens the lease bucket, creating it with ttl if it does not
 // exist. An existing bucket's TTL wins over ttl, since every service of the
 // prefix must count with the TTL the server applies.
-func openLease(ctx context.Context, js jetstream.JetStream, bucket string, replicas int, ttl time.Duration, id string, log func(msg string, args ...any)) (*lease, error) {
+func openLease(ctx context.Context, js jetstream.JetStream, bucket string, replicas int, ttl time.Duration, id string, log *slog.Logger) (*lease, error) {
 	cfg := jetstream.KeyValueConfig{
 		Bucket:      bucket,
 		Description: "Reprise: which table service is active",
@@ -73,34 +74,34 @@ func openLease(ctx context.Context, js jetstream.JetStream, bucket string, repli
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
 	}
-	for {
-		kv, err := js.KeyValue(ctx, bucket)
+	var (
+		kv     jetstream.KeyValue
+		status jetstream.KeyValueStatus
+	)
+	err := retryJS(ctx, log, "the lease bucket "+bucket, func(ctx context.Context) error {
+		var err error
+		kv, err = js.KeyValue(ctx, bucket)
 		if errors.Is(err, jetstream.ErrBucketNotFound) {
 			kv, err = js.CreateKeyValue(ctx, cfg)
 		}
-		var status jetstream.KeyValueStatus
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, bucket) // another service created it meanwhile
+		}
 		if err == nil {
 			status, err = kv.Status(ctx)
 		}
-		if err == nil {
-			if status.TTL() <= 0 {
-				return nil, fmt.Errorf("%w: the lease bucket %s has no TTL: delete it, and reprised recreates it", protocol.ErrInvalidOption, bucket)
-			}
-			if status.TTL() != ttl {
-				log("reprise service: the lease bucket's TTL differs from the configured one; using the bucket's", "bucket", bucket, "bucket_ttl", status.TTL(), "configured", ttl)
-			}
-			l := &lease{kv: kv, id: id, ttl: status.TTL(), margin: status.TTL() / 6, base: time.Now()}
-			return l, nil
-		}
-		if !protocol.RetryableJSError(err) && !errors.Is(err, jetstream.ErrBucketExists) {
-			return nil, fmt.Errorf("broker: lease bucket %s: %w", bucket, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("broker: lease bucket %s: %w (last error: %v)", bucket, ctx.Err(), err)
-		case <-time.After(100 * time.Millisecond):
-		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("broker: lease bucket %s: %w", bucket, err)
 	}
+	if status.TTL() <= 0 {
+		return nil, fmt.Errorf("%w: the lease bucket %s has no TTL: delete it, and reprised recreates it", protocol.ErrInvalidOption, bucket)
+	}
+	if status.TTL() != ttl {
+		log.Warn("reprise service: the lease bucket's TTL differs from the configured one; using the bucket's", "bucket", bucket, "bucket_ttl", status.TTL(), "configured", ttl)
+	}
+	return &lease{kv: kv, id: id, ttl: status.TTL(), margin: status.TTL() / 6, base: time.Now()}, nil
 }
 
 // renewEvery is how often the holder renews: three chances per TTL.

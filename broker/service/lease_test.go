@@ -27,7 +27,7 @@ func leases(t *testing.T, n int, ttl time.Duration) []*lease {
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := openLease(testutil.Context(t), js, "TEST_LEASE", 1, ttl, string(rune('a'+i)), t.Logf)
+		l, err := openLease(testutil.Context(t), js, "TEST_LEASE", 1, ttl, string(rune('a'+i)), testutil.QuietLogger())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,10 +131,10 @@ func TestLeaseBucketTTLWins(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	if _, err := openLease(testutil.Context(t), js, "TEST_LEASE", 1, 2*time.Second, "a", t.Logf); err != nil {
+	if _, err := openLease(testutil.Context(t), js, "TEST_LEASE", 1, 2*time.Second, "a", testutil.QuietLogger()); err != nil {
 		t.Fatal(err)
 	}
-	l, err := openLease(testutil.Context(t), js, "TEST_LEASE", 1, 10*time.Second, "b", t.Logf)
+	l, err := openLease(testutil.Context(t), js, "TEST_LEASE", 1, 10*time.Second, "b", testutil.QuietLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

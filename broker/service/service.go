@@ -397,7 +397,7 @@ func (s *Service) Run(parent context.Context) error {
 	// with protocol.ErrStreamLost as the cause.
 	ctx, lose := context.WithCancelCause(parent)
 	defer lose(nil)
-	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream)
+	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream, s.log)
 	if err != nil {
 		return err
 	}
@@ -416,7 +416,7 @@ func (s *Service) Run(parent context.Context) error {
 		return fmt.Errorf("broker: consumer on %s: %w", s.subj.Stream(), err)
 	}
 	if s.o.standby {
-		s.lease, err = openLease(ctx, s.js, s.subj.LeaseBucket(), s.o.stream.Replicas, s.o.leaseTTL, s.id, s.log.Warn)
+		s.lease, err = openLease(ctx, s.js, s.subj.LeaseBucket(), s.o.stream.Replicas, s.o.leaseTTL, s.id, s.log)
 		if err != nil {
 			return err
 		}
@@ -474,7 +474,12 @@ func (s *Service) Run(parent context.Context) error {
 // messages it had held back, then reports what it did.
 func (s *Service) recoverAtStart(ctx context.Context) error {
 	if s.o.objectStore && s.o.checkpoints == nil {
-		cs, err := NewObjectStoreCheckpoints(ctx, s.js, checkpointBucket(s.subj), s.o.stream.Replicas)
+		var cs *ObjectStoreCheckpoints
+		err := retryJS(ctx, s.log, "the checkpoint bucket", func(ctx context.Context) error {
+			var err error
+			cs, err = NewObjectStoreCheckpoints(ctx, s.js, checkpointBucket(s.subj), s.o.stream.Replicas)
+			return err
+		})
 		if err != nil {
 			return err
 		}

@@ -34,11 +34,11 @@ const (
 // logged: a measurement (README.md, "Running at scale"), not an assertion,
 // since CI machines differ.
 //
-// It takes 30 to 60 s of three nats-server processes and reprised, so
+// It takes 15 to 30 s of three nats-server processes and reprised, so
 // -short skips it.
 func TestClusterNodeKill(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: three nats-server processes killed and restarted, 30 to 60 s")
+		t.Skip("-short: three nats-server processes killed and restarted, 15 to 30 s")
 	}
 	cluster := natstest.StartCluster(t, 3)
 	url := cluster.URL()
