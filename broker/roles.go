@@ -31,8 +31,9 @@ const (
 	// the stream and the checkpoint bucket.
 	RoleAdmin Role = "admin"
 	// RoleService is the table service (reprised) itself: it owns the
-	// stream and the checkpoint bucket, serves the request protocol.Subjects and
-	// publishes progress, rejections and resets.
+	// stream, the checkpoint bucket and the lease bucket (standby
+	// services), serves the request protocol.Subjects and publishes
+	// progress, rejections and resets.
 	RoleService Role = "service"
 )
 
@@ -122,6 +123,7 @@ func RolePermissions(role Role, prefix, user string) (Permissions, error) {
 		stream = subj.Stream()
 	)
 	objects := objectStoreStream(subj.CheckpointBucket())
+	lease := kvStream(subj.LeaseBucket())
 	var p Permissions
 	switch role {
 	case RoleActor:
@@ -137,17 +139,17 @@ func RolePermissions(role Role, prefix, user string) (Permissions, error) {
 	case RoleAdmin:
 		p.Publish.Allow = slices.Concat(
 			[]string{all, accountInfoAPI, microDiscovery},
-			streamAPI(stream), streamAPI(objects),
+			streamAPI(stream), streamAPI(objects), streamAPI(lease),
 			consumerReplies(stream), consumerReplies(objects),
-			[]string{objectStoreSubjects(subj.CheckpointBucket())})
+			[]string{objectStoreSubjects(subj.CheckpointBucket()), kvSubjects(subj.LeaseBucket())})
 		p.Subscribe.Allow = []string{all, inbox}
 		p.Subscribe.Deny = []string{api}
 	case RoleService:
 		p.Publish.Allow = slices.Concat(
 			[]string{subj.Reset(), subj.Applied(), subj.Info(), accountInfoAPI},
-			streamAPI(stream), streamAPI(objects),
+			streamAPI(stream), streamAPI(objects), streamAPI(lease),
 			consumerReplies(stream), consumerReplies(objects),
-			[]string{objectStoreSubjects(subj.CheckpointBucket()), anyInbox})
+			[]string{objectStoreSubjects(subj.CheckpointBucket()), kvSubjects(subj.LeaseBucket()), anyInbox})
 		p.Subscribe.Allow = []string{api, microDiscovery, inbox}
 	}
 	return p, nil
@@ -205,3 +207,8 @@ func consumerReplies(stream string) []string {
 // on.
 func objectStoreStream(bucket string) string   { return "OBJ_" + bucket }
 func objectStoreSubjects(bucket string) string { return "$O." + bucket + ".>" }
+
+// kvStream is the stream behind a KV bucket (the lease's), and kvSubjects
+// the subjects its keys are written on.
+func kvStream(bucket string) string   { return "KV_" + bucket }
+func kvSubjects(bucket string) string { return "$KV." + bucket + ".>" }

@@ -78,6 +78,7 @@ func TestRolePermissions(t *testing.T) {
 		stream  = "REPRISE_RL_X"
 		objects = "OBJ_REPRISE_RL_X_CHECKPOINTS"
 		bucket  = "REPRISE_RL_X_CHECKPOINTS"
+		lease   = "REPRISE_RL_X_LEASE" // KV bucket, stream KV_<bucket>
 	)
 	// What no role but the one named may do.
 	common := func(role Role) []check {
@@ -103,6 +104,13 @@ func TestRolePermissions(t *testing.T) {
 			{sub, "$SRV.PING", role == RoleService},
 			// Its own inbox.
 			{sub, "_INBOX.u.abc.*", true},
+			// The lease: the service's and admins' only, and no other bucket.
+			{pub, "$KV." + lease + ".active", role == RoleService || role == RoleAdmin},
+			{pub, "$JS.API.STREAM.INFO.KV_" + lease, role == RoleService || role == RoleAdmin},
+			{pub, "$JS.API.STREAM.CREATE.KV_" + lease, role == RoleService || role == RoleAdmin},
+			{pub, "$JS.API.DIRECT.GET.KV_" + lease + ".$KV." + lease + ".active", role == RoleService || role == RoleAdmin},
+			{pub, "$KV.OTHER.active", false},
+			{pub, "$JS.API.STREAM.INFO.KV_OTHER", false},
 		}
 	}
 	tests := map[Role][]check{

@@ -48,7 +48,14 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 		{"checkpoint", func(r micro.Request) { s.spawn(ctx, r, s.handleCheckpoint) }},
 	}
 	for _, e := range endpoints {
-		if err := g.AddEndpoint(e.name, e.handler); err != nil {
+		// A request that reaches a service whose lease lapsed (it was
+		// paused, say) goes unanswered: the active one answers the retry.
+		h := func(r micro.Request) {
+			if s.mayAct() {
+				e.handler(r)
+			}
+		}
+		if err := g.AddEndpoint(e.name, micro.HandlerFunc(h)); err != nil {
 			return nil, errors.Join(fmt.Errorf("broker: adding endpoint %s: %w", e.name, err), svc.Stop())
 		}
 	}
@@ -80,7 +87,7 @@ func (s *Service) spawn(ctx context.Context, r micro.Request, h func(context.Con
 func (s *Service) spawnIn(ctx context.Context, r micro.Request, table string, h func(context.Context, micro.Request)) {
 	s.closingMu.Lock()
 	defer s.closingMu.Unlock()
-	if s.closing {
+	if s.closing || ctx.Err() != nil {
 		s.respondStatus(r, protocol.CodeUnavailable, "service shutting down")
 		return
 	}
@@ -169,8 +176,14 @@ func (s *Service) respondStatus(r micro.Request, code protocol.Code, msg string)
 // data race. So every answer goes out here instead (micro's stats still
 // count requests and processing time, not errors).
 func (s *Service) reply(r micro.Request, data []byte, h nats.Header) {
-	if r.Reply() == "" {
+	if r.Reply() == "" || !s.mayAct() {
 		return
+	}
+	if s.lease != nil {
+		if h == nil {
+			h = nats.Header{}
+		}
+		h.Set(HeaderService, s.id)
 	}
 	if err := s.rc.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: data, Header: h}); err != nil {
 		s.log.Debug("reprise service: replying", "error", err)

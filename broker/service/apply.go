@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
@@ -86,7 +85,7 @@ type holdEntry struct {
 // applyLoop applies the stream until ctx ends or the stream can no longer
 // be read. It owns the reader and the prepare workers, and stops them
 // before it returns.
-func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext) error {
+func (s *Service) applyLoop(ctx context.Context, reader *streamReader) error {
 	rctx, stop := context.WithCancel(ctx)
 	s.watcher = &watcher{ctx: rctx, wake: make(chan string, len(s.names))}
 	defer func() {
@@ -110,16 +109,13 @@ func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stop()
-	// Next does not always return on its context's end (while the ordered
-	// consumer is being recreated); Stop always ends it.
-	defer msgs.Stop()
 	var readErr error
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		defer close(ordered)
 		defer close(jobs)
-		readErr = s.readStream(rctx, msgs, ordered, jobs)
+		readErr = s.readStream(rctx, reader, ordered, jobs)
 	}()
 	for range max(1, runtime.GOMAXPROCS(0)) {
 		wg.Add(1)
@@ -164,26 +160,15 @@ func (s *Service) applyLoop(ctx context.Context, msgs jetstream.MessagesContext)
 
 // readStream hands the stream's messages, in order, to the apply loop and
 // the inserts among them to the prepare workers. It returns nil when ctx
-// ends, or the error that stopped the iterator.
-func (s *Service) readStream(ctx context.Context, msgs jetstream.MessagesContext, ordered, jobs chan<- *streamMsg) error {
+// ends, or the error that stopped the reader (the connection's close).
+func (s *Service) readStream(ctx context.Context, reader *streamReader, ordered, jobs chan<- *streamMsg) error {
 	for {
-		m, err := msgs.Next(jetstream.NextContext(ctx))
+		m, meta, err := reader.Next(ctx)
 		if err != nil {
-			switch {
-			case ctx.Err() != nil:
+			if ctx.Err() != nil {
 				return nil
-			case errors.Is(err, jetstream.ErrMsgIteratorClosed):
-				return err
 			}
-			// Heartbeat and reconnect hiccups: the ordered consumer
-			// recreates itself and resumes after the last sequence seen.
-			s.log.Warn("reprise service: reading the stream", "error", err)
-			continue
-		}
-		meta, err := m.Metadata()
-		if err != nil {
-			s.log.Error("reprise service: message without metadata", "subject", m.Subject(), "error", err)
-			continue
+			return err
 		}
 		sm := &streamMsg{subject: m.Subject(), data: m.Data(), seq: meta.Sequence.Stream, at: meta.Timestamp, ready: make(chan struct{})}
 		if sm.subject == s.subj.Insert() {
@@ -617,7 +602,8 @@ func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code pr
 	}
 	// A notice subject under the prefix would put the notice on the
 	// service's own subjects: only a hostile producer names one.
-	if to.subject == "" || s.subj.Owns(to.subject) {
+	// A standby tells no one: the active service sends the same notice.
+	if to.subject == "" || s.subj.Owns(to.subject) || !s.mayAct() {
 		return
 	}
 	data, _ := proto.Marshal(&wire.Rejection{Producer: token, Sequence: seq, ItemKey: itemKey, Table: table, Code: wire.Code(code), Message: msg})

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -20,6 +21,9 @@ import (
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/tables"
 )
+
+// errNotActive: the service does not hold the lease (WithStandby).
+var errNotActive = fmt.Errorf("%w: not the active service of the prefix (standby)", protocol.ErrServer)
 
 // ErrCorruptCheckpoint is returned for a checkpoint that does not decode or
 // whose checksum does not match.
@@ -301,19 +305,24 @@ func (s *Service) write(ctx context.Context, c *captured) (CheckpointResult, err
 	s.cpMu.Lock()
 	defer s.cpMu.Unlock()
 	start := time.Now()
-	res := CheckpointResult{Name: checkpointName(c.applied), Applied: c.applied, Items: c.items(), Pause: c.pause}
-	if c.applied < s.lastCheckpoint {
-		return res, fmt.Errorf("%w: a newer checkpoint (sequence %d) is already written", protocol.ErrServer, s.lastCheckpoint)
+	res := CheckpointResult{Name: checkpointName(s.epoch.Load(), c.applied), Applied: c.applied, Items: c.items(), Pause: c.pause}
+	if res.Name < s.lastName {
+		return res, fmt.Errorf("%w: a newer checkpoint (%s) is already written", protocol.ErrServer, s.lastName)
 	}
 	data, err := c.encode()
 	if err != nil {
 		return res, err
 	}
 	res.Bytes = int64(len(data))
+	// Checked as late as possible; a write that a pause delays past the
+	// lease's end carries the former epoch, which recovery ranks lower.
+	if !s.mayAct() {
+		return res, errNotActive
+	}
 	if err := s.o.checkpoints.Save(ctx, res.Name, data); err != nil {
 		return res, err
 	}
-	s.lastCheckpoint = c.applied
+	s.lastCheckpoint, s.lastName = c.applied, res.Name
 	res.Write = time.Since(start)
 	s.log.Info("reprise service: checkpoint written", "name", res.Name, "applied", res.Applied, "items", res.Items,
 		"bytes", res.Bytes, "pause", res.Pause, "write", res.Write)
@@ -333,14 +342,13 @@ func (s *Service) trim(ctx context.Context) error {
 	}
 	// Only checkpoints this service wrote or could load count: anything
 	// newer was skipped as unusable.
-	newest := checkpointName(s.lastCheckpoint)
 	var names []string
 	for _, name := range all {
-		if name <= newest {
+		if name <= s.lastName {
 			names = append(names, name)
 		}
 	}
-	if len(names) == 0 {
+	if len(names) == 0 || !s.mayAct() {
 		return nil
 	}
 	if len(names) > s.o.checkpointKeep {
@@ -351,11 +359,17 @@ func (s *Service) trim(ctx context.Context) error {
 		}
 		names = names[len(names)-s.o.checkpointKeep:]
 	}
-	var oldest uint64
-	if _, err := fmt.Sscanf(names[0], checkpointPrefix+"%d", &oldest); err != nil {
-		return fmt.Errorf("checkpoint name %q: %w", names[0], err)
+	// A newer epoch's checkpoint may cover less of the stream than an
+	// older one's: what every kept one needs stays.
+	oldest := uint64(math.MaxUint64)
+	for _, name := range names {
+		_, applied, ok := parseCheckpointName(name)
+		if !ok {
+			return fmt.Errorf("checkpoint name %q: not one reprise writes", name)
+		}
+		oldest = min(oldest, applied)
 	}
-	if s.stream == nil || oldest == 0 {
+	if s.stream == nil || oldest == 0 || !s.mayAct() {
 		return nil
 	}
 	if err := s.stream.Purge(ctx, jetstream.WithPurgeSequence(oldest+1)); err != nil {
@@ -370,7 +384,7 @@ func (s *Service) trim(ctx context.Context) error {
 func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 	start := time.Now()
 	var res RecoveryResult
-	names, err := s.o.checkpoints.List(ctx)
+	names, err := s.listForRecovery(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -403,11 +417,30 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 		for _, t := range cp.Tables {
 			res.Items += int64(len(t.Items))
 		}
-		s.lastCheckpoint = cp.AppliedSequence
+		s.lastCheckpoint, s.lastName = cp.AppliedSequence, name
 		break
+	}
+	// Without standby, checkpoints go on in the newest epoch, so that they
+	// sort after those of a former standby deployment.
+	for _, name := range names {
+		if e, _, ok := parseCheckpointName(name); ok && e > s.epoch.Load() {
+			s.epoch.Store(e)
+		}
 	}
 	res.Duration = time.Since(start)
 	return res, nil
+}
+
+// listForRecovery lists the checkpoints, trying again while the store
+// cannot answer in time (a cluster electing the bucket's leader).
+func (s *Service) listForRecovery(ctx context.Context) ([]string, error) {
+	var names []string
+	err := retryJS(ctx, s.log, "the checkpoint store's list", func(ctx context.Context) error {
+		var err error
+		names, err = s.o.checkpoints.List(ctx)
+		return err
+	})
+	return names, err
 }
 
 // restore replaces the service's state with a checkpoint's. On error the

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
@@ -27,9 +28,28 @@ type CheckpointStore interface {
 // ErrNoCheckpoint is returned by Load for a name the store does not hold.
 var ErrNoCheckpoint = errors.New("broker: no such checkpoint")
 
-// checkpointName sorts by the sequence the checkpoint resumes after.
-func checkpointName(applied uint64) string {
-	return fmt.Sprintf("checkpoint-%020d", applied)
+// checkpointName sorts by epoch, then by the sequence the checkpoint
+// resumes after. The epoch orders the checkpoints of successive active
+// services (WithStandby): recovery takes the newest epoch's newest, so a
+// checkpoint a former active service writes after it lost the lease never
+// wins over the current one's. Epoch 0 keeps the names of checkpoints
+// written before epochs existed, which sort below every other ("0" < "e").
+func checkpointName(epoch, applied uint64) string {
+	if epoch == 0 {
+		return fmt.Sprintf("checkpoint-%020d", applied)
+	}
+	return fmt.Sprintf("checkpoint-e%020d-%020d", epoch, applied)
+}
+
+// parseCheckpointName reads what checkpointName wrote.
+func parseCheckpointName(name string) (epoch, applied uint64, ok bool) {
+	if _, err := fmt.Sscanf(name, checkpointPrefix+"e%020d-%020d", &epoch, &applied); err == nil {
+		return epoch, applied, true
+	}
+	if _, err := fmt.Sscanf(name, checkpointPrefix+"%020d", &applied); err == nil {
+		return 0, applied, true
+	}
+	return 0, 0, false
 }
 
 const checkpointPrefix = "checkpoint-"
@@ -123,8 +143,16 @@ func (s *ObjectStoreCheckpoints) Load(ctx context.Context, name string) ([]byte,
 	return data, nil
 }
 
+// objectListTimeout bounds one listing of the bucket. nats.go's listing
+// waits for the end of the bucket's contents, and when its first look at an
+// empty bucket fails (a bucket just created on a cluster, whose stream has
+// no leader yet) that end never comes.
+const objectListTimeout = 10 * time.Second
+
 // List names the stored checkpoints, oldest first.
 func (s *ObjectStoreCheckpoints) List(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, objectListTimeout)
+	defer cancel()
 	infos, err := s.store().List(ctx)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, nil

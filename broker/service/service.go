@@ -83,6 +83,9 @@ type serviceOptions struct {
 	checkpointKeep  int
 	finalCheckpoint bool
 	recovered       func(RecoveryResult)
+
+	standby  bool
+	leaseTTL time.Duration
 }
 
 // Observer receives the service's measurements as they happen, e.g. to
@@ -249,6 +252,27 @@ func WithRecoveryReport(f func(RecoveryResult)) Option {
 	return serviceOption(func(o *serviceOptions) error { o.recovered = f; return nil })
 }
 
+// WithStandby lets several services serve one prefix, one at a time: each
+// applies the stream to its own tables, and only the one holding the
+// prefix's lease (a key in the JetStream KV bucket REPRISE_<PREFIX>_LEASE,
+// replicated like the stream, whose entries expire after ttl) answers
+// requests, publishes progress, writes checkpoints and trims the stream.
+// When it stops renewing the lease (killed, paused, cut off), another takes
+// over within about ttl plus ttl/6. A ttl of 0 means DefaultLeaseTTL; an
+// existing bucket's TTL wins. Every service of the prefix must use it.
+func WithStandby(ttl time.Duration) Option {
+	return serviceOption(func(o *serviceOptions) error {
+		if ttl < 0 {
+			return fmt.Errorf("%w: lease TTL must be >= 0 (0: the default %v), got %v", protocol.ErrInvalidOption, DefaultLeaseTTL, ttl)
+		}
+		if ttl == 0 {
+			ttl = DefaultLeaseTTL
+		}
+		o.standby, o.leaseTTL = true, ttl
+		return nil
+	})
+}
+
 // WithTableOptions passes options to every table the service creates.
 func WithTableOptions(opts ...tables.Option) Option {
 	return serviceOption(func(o *serviceOptions) error { o.tableOptions = opts; return nil })
@@ -297,6 +321,11 @@ type Service struct {
 	closing        bool
 	cpMu           sync.Mutex // one checkpoint write at a time
 	lastCheckpoint uint64
+	lastName       string // of the newest checkpoint written or recovered
+
+	lease *lease        // with WithStandby, once Run has opened it
+	id    string        // names this service in the lease and its replies
+	epoch atomic.Uint64 // of the checkpoints it writes
 }
 
 type serviceStats struct {
@@ -342,6 +371,7 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 		slots:     newRequestSlots(o.maxConcurrent, len(configs)),
 		configs:   make(map[string]tables.Config, len(configs)),
 		applyDone: make(chan struct{}),
+		id:        serviceID(),
 	}
 	s.stopApply = sync.OnceFunc(func() { close(s.applyDone) })
 	s.progress.seq = o.startSequence - min(o.startSequence, 1)
@@ -391,7 +421,7 @@ func (s *Service) Run(parent context.Context) error {
 	// with protocol.ErrStreamLost as the cause.
 	ctx, lose := context.WithCancelCause(parent)
 	defer lose(nil)
-	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream)
+	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream, s.log)
 	if err != nil {
 		return err
 	}
@@ -404,62 +434,54 @@ func (s *Service) Run(parent context.Context) error {
 	if err := s.checkStreamCovers(ctx, start); err != nil {
 		return err
 	}
-	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.subj.Data()}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start}
-	cons, err := stream.OrderedConsumer(ctx, cc)
-	if err != nil {
+	reader := newStreamReader(stream, s.subj.Data(), start, s.o.pullBytes, s.log, s.streamGap)
+	defer reader.close()
+	if err := reader.open(ctx); err != nil {
 		return fmt.Errorf("broker: consumer on %s: %w", s.subj.Stream(), err)
 	}
-	msgs, err := cons.Messages(jetstream.PullMaxBytes(s.o.pullBytes))
-	if err != nil {
-		return fmt.Errorf("broker: consuming %s: %w", s.subj.Stream(), err)
-	}
-	defer msgs.Stop()
-
-	svc, err := s.startMicro(ctx)
-	if err != nil {
-		return err
+	if s.o.standby {
+		s.lease, err = openLease(ctx, s.js, s.subj.LeaseBucket(), s.o.stream.Replicas, s.o.leaseTTL, s.id, s.log)
+		if err != nil {
+			return err
+		}
 	}
 
+	// The active role: for the whole run without standby, while the lease
+	// is held with it.
+	actx, stopActing := context.WithCancel(ctx)
+	defer stopActing()
 	var bg sync.WaitGroup
-	bg.Add(1)
-	go func() {
-		defer bg.Done()
-		s.publishProgress(ctx)
-	}()
-	bg.Add(1)
-	go func() {
-		defer bg.Done()
-		s.watchStream(ctx, lose)
-	}()
-	if s.o.checkpoints != nil && s.o.checkpointEvery > 0 {
-		bg.Add(1)
-		go func() {
-			defer bg.Done()
-			s.checkpointPeriodically(ctx)
-		}()
+	var stopErr error
+	if s.lease == nil {
+		stop, err := s.activate(actx)
+		if err != nil {
+			return err
+		}
+		bg.Go(func() {
+			<-actx.Done()
+			stopErr = stop()
+		})
+	} else {
+		bg.Go(func() { s.lead(actx) })
 	}
-	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.Stream(), "start_sequence", start)
+	bg.Go(func() { s.watchStream(ctx, lose) })
+	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.Stream(), "start_sequence", start, "standby", s.lease != nil)
 
-	err = s.applyLoop(ctx, msgs)
+	err = s.applyLoop(ctx, reader)
 	s.stopApply()
-
-	// Stop taking requests, then wait for the ones being served: their
-	// limiter waits end with ctx.
-	stopErr := svc.Stop()
-	// The endpoints drain asynchronously: a request may still reach spawn.
-	s.closingMu.Lock()
-	s.closing = true
-	s.closingMu.Unlock()
-	s.handlers.Wait()
+	stopActing()
 	bg.Wait()
 	var cpErr error
-	if s.o.checkpoints != nil && s.o.finalCheckpoint {
+	if s.o.checkpoints != nil && s.o.finalCheckpoint && s.mayAct() {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		_, cpErr = s.write(wctx, s.capture())
 		cancel()
 		if cpErr != nil {
 			cpErr = fmt.Errorf("broker: final checkpoint: %w", cpErr)
 		}
+	}
+	if s.lease != nil {
+		s.releaseLease(ctx)
 	}
 	for _, t := range s.tables {
 		t.Close()
@@ -476,7 +498,12 @@ func (s *Service) Run(parent context.Context) error {
 // messages it had held back, then reports what it did.
 func (s *Service) recoverAtStart(ctx context.Context) error {
 	if s.o.objectStore && s.o.checkpoints == nil {
-		cs, err := NewObjectStoreCheckpoints(ctx, s.js, checkpointBucket(s.subj), s.o.stream.Replicas)
+		var cs *ObjectStoreCheckpoints
+		err := retryJS(ctx, s.log, "the checkpoint bucket", func(ctx context.Context) error {
+			var err error
+			cs, err = NewObjectStoreCheckpoints(ctx, s.js, checkpointBucket(s.subj), s.o.stream.Replicas)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -524,12 +551,25 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64) error {
 	return nil
 }
 
+// streamGap is told of stream messages gone before the service read them.
+// The active service goes on (they are lost to it, as to recovery). A
+// standby that fell behind the active one's trim stops, with an error, so
+// that its supervisor restarts it: recovery from the newest checkpoint
+// covers what it missed.
+func (s *Service) streamGap(from, to uint64) error {
+	s.log.Error("reprise service: stream messages were gone before this service read them (purged, or dropped by the stream's limits)", "from", from, "to", to)
+	if s.lease != nil && !s.mayAct() {
+		return fmt.Errorf("%w: this standby fell behind the stream's trim (messages %d to %d are gone); restart it to recover from the newest checkpoint", protocol.ErrStreamLost, from, to)
+	}
+	return nil
+}
+
 // checkCheckpointStore recreates a deleted checkpoint bucket or directory,
 // loudly, and writes a checkpoint at once: the stream may be trimmed below
 // what the lost checkpoints covered, so until then a crash would lose data.
 func (s *Service) checkCheckpointStore(ctx context.Context) {
 	rc, ok := s.o.checkpoints.(recreatable)
-	if !ok {
+	if !ok || !s.mayAct() {
 		return
 	}
 	recreated, err := rc.ensure(ctx)
@@ -734,9 +774,12 @@ func (s *Service) publishProgress(ctx context.Context) {
 	for {
 		_, version, changed := s.progress.next()
 		if version != sent {
-			data, _ := proto.Marshal(s.progress.message())
-			if err := s.nc.Publish(s.subj.Applied(), data); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-				s.log.Warn("reprise service: publishing progress", "error", err)
+			// Not once the lease lapsed (the lease loop stops this soon).
+			if s.mayAct() {
+				data, _ := proto.Marshal(s.progress.message())
+				if err := s.nc.Publish(s.subj.Applied(), data); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+					s.log.Warn("reprise service: publishing progress", "error", err)
+				}
 			}
 			sent = version
 			// Batch bursts of applied messages into one update.

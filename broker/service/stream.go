@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -57,22 +58,16 @@ func (o StreamOptions) config(subj protocol.Subjects) jetstream.StreamConfig {
 // ensureStream creates the stream, or gives an existing one the limits o
 // sets. Only the table service (and admins) may: a producer waits for the
 // stream with waitStream.
-func ensureStream(ctx context.Context, js jetstream.JetStream, subj protocol.Subjects, o StreamOptions) (jetstream.Stream, error) {
+func ensureStream(ctx context.Context, js jetstream.JetStream, subj protocol.Subjects, o StreamOptions, log *slog.Logger) (jetstream.Stream, error) {
 	cfg := o.config(subj)
-	for {
-		s, err := js.CreateOrUpdateStream(ctx, cfg)
-		if err == nil {
-			return s, nil
-		}
-		// A cluster answers JetStream API calls only once it has a meta
-		// leader; until then calls fail and are worth retrying.
-		if !protocol.RetryableJSError(err) {
-			return nil, fmt.Errorf("broker: stream %s: %w", cfg.Name, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("broker: stream %s: %w (last error: %v)", cfg.Name, ctx.Err(), err)
-		case <-time.After(100 * time.Millisecond):
-		}
+	var s jetstream.Stream
+	err := retryJS(ctx, log, "the stream "+cfg.Name, func(ctx context.Context) error {
+		var err error
+		s, err = js.CreateOrUpdateStream(ctx, cfg)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("broker: stream %s: %w", cfg.Name, err)
 	}
+	return s, nil
 }

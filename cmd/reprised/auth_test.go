@@ -462,7 +462,9 @@ func TestPermissionsOnAnExternalServer(t *testing.T) {
 	}
 	srv := natstest.Start(t, natstest.WithConfig(block, nats.UserInfo("admin", "admin-pw"), nats.CustomInboxPrefix(broker.InboxPrefix("admin"))))
 	url := srv.URL()
-	startReprised(t, "--nats", url, "--user", "service", "--password", "service-pw", "--prefix", prefix, "--checkpoint-every", "0")
+	// With --standby, the service role's permissions must cover the lease
+	// bucket too (a denied request would leave reprised waiting for it).
+	startReprised(t, "--nats", url, "--user", "service", "--password", "service-pw", "--prefix", prefix, "--checkpoint-every", "0", "--standby")
 
 	if _, err := nats.Connect(url); !errors.Is(err, nats.ErrAuthorization) {
 		t.Errorf("connecting without credentials: %v, want an authorization error", err)

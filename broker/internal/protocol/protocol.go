@@ -88,6 +88,10 @@ func (s Subjects) Stream() string {
 // CheckpointBucket is the object store bucket of the prefix's checkpoints.
 func (s Subjects) CheckpointBucket() string { return s.Stream() + "_CHECKPOINTS" }
 
+// LeaseBucket is the KV bucket of the prefix's lease: which of its table
+// services is active.
+func (s Subjects) LeaseBucket() string { return s.Stream() + "_LEASE" }
+
 // NoticeToken names a producer in public (in logs and rejections) without
 // giving away its secret id, which forms its messages' dedupe ids.
 func NoticeToken(producerID string) string {

@@ -180,16 +180,24 @@ type Service struct {
 	// ProducerIdle is how long a silent producer's chunks are held; 0
 	// holds them until the producer closes.
 	ProducerIdle time.Duration
+	// Standby lets several reprised serve the prefix, one active at a
+	// time, chosen by a lease with LeaseTTL (0: the default).
+	Standby  bool
+	LeaseTTL time.Duration
 }
 
 // Options turns the settings into the table service's options.
 func (s Service) Options() []service.Option {
-	return []service.Option{
+	opts := []service.Option{
 		service.WithMaxSampleWait(s.MaxSampleWait),
 		service.WithMaxConcurrentSamples(s.MaxConcurrentSamples),
 		service.WithPullBytes(s.PullBytes),
 		service.WithProducerIdle(s.ProducerIdle),
 	}
+	if s.Standby {
+		opts = append(opts, service.WithStandby(s.LeaseTTL))
+	}
+	return opts
 }
 
 // Defaults. The service's repeat the broker's own, so that the example
@@ -236,6 +244,7 @@ func Default() Config {
 			MaxConcurrentSamples: 1024,
 			PullBytes:            16 << 20,
 			ProducerIdle:         30 * time.Minute,
+			LeaseTTL:             service.DefaultLeaseTTL,
 		},
 		Checkpoint: Checkpoint{Every: DefaultCheckpointEvery, Keep: 2},
 		Limits:     service.DefaultLimits(),

@@ -134,7 +134,7 @@ server:
   metrics: 0.0.0.0:9090
 log: {format: json, level: debug}
 stream: {replicas: 3, max_bytes: 1e9, max_age: 24h, duplicates: 5m, memory: true}
-service: {max_sample_wait: 10s, max_concurrent_samples: 64, pull_bytes: 8_388_608, producer_idle: 0s}
+service: {max_sample_wait: 10s, max_concurrent_samples: 64, pull_bytes: 8_388_608, producer_idle: 0s, standby: true, lease_ttl: 2s}
 limits: {max_columns_per_item: 4096, max_reply_bytes: 8e9, max_producer_window: 4096}
 `))
 	if err != nil {
@@ -152,7 +152,7 @@ limits: {max_columns_per_item: 4096, max_reply_bytes: 8e9, max_producer_window: 
 	if s := cfg.Stream; s.Replicas != 3 || s.MaxBytes != 1e9 || s.MaxAge != 24*time.Hour || s.Duplicates != 5*time.Minute || !s.Memory {
 		t.Errorf("stream = %+v", s)
 	}
-	if s := cfg.Service; s.MaxSampleWait != 10*time.Second || s.MaxConcurrentSamples != 64 || s.PullBytes != 8<<20 || s.ProducerIdle != 0 {
+	if s := cfg.Service; s.MaxSampleWait != 10*time.Second || s.MaxConcurrentSamples != 64 || s.PullBytes != 8<<20 || s.ProducerIdle != 0 || !s.Standby || s.LeaseTTL != 2*time.Second {
 		t.Errorf("service = %+v", s)
 	}
 	want := service.DefaultLimits()

@@ -113,6 +113,8 @@ func serviceFields(p *parser, s *Service) []field {
 		{"max_concurrent_samples", intInto(p, &s.MaxConcurrentSamples, 1, math.MaxInt32, "")},
 		{"pull_bytes", intInto(p, &s.PullBytes, 1, math.MaxInt32, "")},
 		{"producer_idle", p.duration(&s.ProducerIdle, false)},
+		{"standby", p.boolean(&s.Standby)},
+		{"lease_ttl", p.duration(&s.LeaseTTL, false)},
 	}
 }
 

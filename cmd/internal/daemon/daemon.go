@@ -129,6 +129,7 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	fs.Func("prefix", "subject `prefix` of the deployment; clients must use the same (default "+broker.DefaultPrefix+")", checked(&s.Prefix, config.CheckPrefix))
 	fs.Func("metrics", "`HOST:PORT` to serve Prometheus metrics on, at /metrics (default: no metrics)", checked(&s.Metrics, config.CheckMetrics))
 	fs.BoolVar(&s.SyncAlways, "sync-always", false, "make the embedded server fsync every write before acknowledging it (survives power loss; slower)")
+	standby := fs.Bool("standby", false, "run as one of several reprised for the prefix: the one holding the lease (KV bucket REPRISE_<PREFIX>_LEASE) serves, the others follow the stream and take over when it stops (service.standby)")
 	var cp config.Checkpoint
 	fs.DurationVar(&cp.Every, "checkpoint-every", def.Checkpoint.Every, "`interval` between checkpoints of the tables; 0 writes them only on request and at shutdown")
 	fs.StringVar(&cp.Dir, "checkpoint-dir", "", "`directory` for checkpoint files (default: the JetStream object store bucket REPRISE_<PREFIX>_CHECKPOINTS)")
@@ -193,6 +194,9 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	}
 	if set["sync-always"] {
 		cfg.Server.SyncAlways = s.SyncAlways
+	}
+	if set["standby"] {
+		cfg.Service.Standby = *standby
 	}
 	override("checkpoint-dir", &cfg.Checkpoint.Dir, cp.Dir)
 	if set["checkpoint-every"] {

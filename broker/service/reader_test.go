@@ -1,0 +1,105 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/reprise-rl/reprise/internal/testutil"
+)
+
+// readerStream is a stream of n messages on a real embedded server.
+func readerStream(t *testing.T, n int) (jetstream.Stream, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(testutil.StartEmbedded(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx := testutil.Context(t)
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if _, err := js.Publish(ctx, "r.x", fmt.Appendf(nil, "%d", i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st, js
+}
+
+func readSeqs(t *testing.T, r *streamReader, n int) []uint64 {
+	t.Helper()
+	var seqs []uint64
+	for range n {
+		ctx, cancel := context.WithTimeout(testutil.Context(t), 30*time.Second)
+		_, meta, err := r.Next(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("after %v: %v", seqs, err)
+		}
+		seqs = append(seqs, meta.Sequence.Stream)
+	}
+	return seqs
+}
+
+// A consumer deleted under the reader is replaced, and reading goes on
+// from the next message, none skipped or repeated.
+func TestReaderReplacesALostConsumer(t *testing.T) {
+	st, js := readerStream(t, 10)
+	r := newStreamReader(st, "r.>", 1, 1<<20, testutil.QuietLogger(), nil)
+	defer r.close()
+	got := readSeqs(t, r, 3)
+	// Drop what the pull already buffered, so that the next messages must
+	// come from a new consumer.
+	name := r.cons.CachedInfo().Name
+	r.drop()
+	if err := st.DeleteConsumer(testutil.Context(t), name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatal(err)
+	}
+	got = append(got, readSeqs(t, r, 7)...)
+	for i, seq := range got {
+		if seq != uint64(i+1) {
+			t.Fatalf("read %v, want 1 to 10 in order", got)
+		}
+	}
+	// And one deleted while the reader waits on it.
+	if err := st.DeleteConsumer(testutil.Context(t), r.cons.CachedInfo().Name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(testutil.Context(t), "r.x", []byte("11")); err != nil {
+		t.Fatal(err)
+	}
+	if got := readSeqs(t, r, 1); got[0] != 11 {
+		t.Fatalf("read %v after the consumer's deletion, want 11", got)
+	}
+}
+
+// Messages purged before the reader got to them are reported as a gap.
+func TestReaderReportsPurgedMessages(t *testing.T) {
+	st, _ := readerStream(t, 10)
+	var gaps [][2]uint64
+	r := newStreamReader(st, "r.>", 1, 1<<20, testutil.QuietLogger(), func(from, to uint64) error {
+		gaps = append(gaps, [2]uint64{from, to})
+		return nil
+	})
+	defer r.close()
+	readSeqs(t, r, 3)
+	r.drop()
+	if err := st.Purge(testutil.Context(t), jetstream.WithPurgeSequence(8)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readSeqs(t, r, 3); got[0] != 8 || got[2] != 10 {
+		t.Fatalf("read %v after the purge, want 8 to 10", got)
+	}
+	if len(gaps) != 1 || gaps[0] != [2]uint64{4, 7} {
+		t.Fatalf("gaps %v, want [4 7]", gaps)
+	}
+}

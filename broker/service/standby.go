@@ -1,0 +1,194 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Standby services. With WithStandby, every service of a prefix applies the
+// stream to its own tables, and the one holding the lease (lease.go) is
+// active: it alone answers requests, publishes progress and rejections,
+// writes checkpoints and trims the stream. Each of those checks the lease
+// just before it acts (mayAct), so a service that lost the lease while
+// paused does none of them when it resumes. A service that loses the lease
+// stops its endpoints and goes back to following the stream, and takes the
+// lease again when it is free.
+
+// HeaderService names, in every reply of a service run with WithStandby,
+// the service that answered (its lease value).
+const HeaderService = "Reprise-Service"
+
+// mayAct says whether the service may act for the prefix now: always
+// without standby, while it holds the lease with it.
+func (s *Service) mayAct() bool { return s.lease == nil || s.lease.held() }
+
+// activate starts the active role's work: the request endpoints, progress
+// and periodic checkpoints. stop ends it and waits for the requests in
+// progress (their waits end with it).
+func (s *Service) activate(parent context.Context) (stop func() error, err error) {
+	ctx, cancel := context.WithCancel(parent)
+	svc, err := s.startMicro(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	var bg sync.WaitGroup
+	bg.Go(func() { s.publishProgress(ctx) })
+	if s.o.checkpoints != nil && s.o.checkpointEvery > 0 {
+		bg.Go(func() { s.checkpointPeriodically(ctx) })
+	}
+	return func() error {
+		cancel()
+		stopErr := svc.Stop()
+		// The endpoints drain asynchronously: a request may still reach
+		// spawn, which refuses it once closing is set.
+		s.closingMu.Lock()
+		s.closing = true
+		s.closingMu.Unlock()
+		s.handlers.Wait()
+		s.closingMu.Lock()
+		s.closing = false
+		s.closingMu.Unlock()
+		bg.Wait()
+		return stopErr
+	}, nil
+}
+
+// lead takes the lease whenever it is free and acts while it holds it,
+// until ctx ends. It leaves the lease held at the end, so that the final
+// checkpoint can be written under it; Run releases it.
+func (s *Service) lead(ctx context.Context) {
+	poll := time.NewTicker(s.lease.pollEvery())
+	defer poll.Stop()
+	var lastErr string
+	for {
+		ok, err := s.lease.acquire(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			// Logged once per kind of error: a standby asks twice a TTL.
+			if err.Error() != lastErr {
+				s.log.Warn("reprise service: asking for the lease", "error", err)
+				lastErr = err.Error()
+			}
+		case ok:
+			lastErr = ""
+			s.holdLease(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+		}
+		select {
+		case <-poll.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// holdLease acts while the lease is held: it renews the lease, and stops
+// the active role's work as soon as the lease is lost.
+func (s *Service) holdLease(ctx context.Context) {
+	// The first renewal is due a period after the lease was taken, whatever
+	// taking the active role costs.
+	renew := time.NewTicker(s.lease.renewEvery())
+	defer renew.Stop()
+	epoch, err := s.takeEpoch(ctx)
+	if err != nil {
+		s.log.Error("reprise service: listing checkpoints before taking the active role; giving the lease up", "error", err)
+		s.releaseLease(ctx)
+		return
+	}
+	s.log.Info("reprise service: holding the lease; catching up with the stream", "id", s.lease.id, "epoch", epoch, "applied", s.progress.get())
+	took := time.Now()
+	s.catchUp(ctx)
+	stop, err := s.activate(ctx)
+	if err != nil {
+		s.log.Error("reprise service: starting the active role; giving the lease up", "error", err)
+		s.releaseLease(ctx)
+		return
+	}
+	s.log.Info("reprise service: active", "id", s.lease.id, "epoch", epoch, "applied", s.progress.get(), "catch_up", time.Since(took).Round(time.Millisecond))
+	for {
+		select {
+		case <-renew.C:
+		case <-ctx.Done():
+			if err := stop(); err != nil {
+				s.log.Warn("reprise service: stopping the endpoints", "error", err)
+			}
+			return
+		}
+		// After a pause (SIGSTOP, a long GC, a frozen VM) the lease may
+		// have lapsed before it could be renewed: anything else the active
+		// role does checks the same, first.
+		err := errLeaseLost
+		if s.lease.held() {
+			err = s.lease.renew(ctx)
+		}
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, errLeaseLost) && s.lease.held() {
+			s.log.Warn("reprise service: renewing the lease", "error", err)
+			continue
+		}
+		s.lease.drop()
+		s.log.Warn("reprise service: lost the lease; standing by", "id", s.lease.id, "epoch", epoch, "error", err)
+		if err := stop(); err != nil {
+			s.log.Warn("reprise service: stopping the endpoints", "error", err)
+		}
+		return
+	}
+}
+
+func (s *Service) releaseLease(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.lease.renewEvery())
+	defer cancel()
+	if err := s.lease.release(ctx); err != nil {
+		s.log.Warn("reprise service: releasing the lease", "error", err)
+	}
+}
+
+// catchUp waits, for at most a renewal period, until the tables hold what
+// the stream held when the lease was taken: what the previous active
+// service acknowledged is then sampleable before the first request is
+// answered. A table whose rate limiter holds inserts in a full queue may
+// keep it from catching up; it serves anyway after the wait.
+func (s *Service) catchUp(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery())
+	defer cancel()
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		s.log.Warn("reprise service: reading the stream's last sequence before serving", "error", err)
+		return
+	}
+	if err := s.progress.waitFor(ctx, info.State.LastSeq); err != nil {
+		s.log.Warn("reprise service: serving before the tables caught up with the stream", "applied", s.progress.get(), "stream_last", info.State.LastSeq)
+	}
+}
+
+// takeEpoch sets the epoch of the checkpoints this service writes while it
+// holds the lease: above every epoch already in the checkpoint store, so
+// that recovery prefers them over any a former active service writes late.
+func (s *Service) takeEpoch(ctx context.Context) (uint64, error) {
+	epoch := s.lease.epoch.Load()
+	if s.o.checkpoints != nil {
+		// Before the first renewal is due.
+		ctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery()/2)
+		defer cancel()
+		names, err := s.o.checkpoints.List(ctx)
+		if err != nil {
+			return 0, err
+		}
+		for _, name := range names {
+			if e, _, ok := parseCheckpointName(name); ok && e >= epoch {
+				epoch = e + 1
+			}
+		}
+	}
+	s.epoch.Store(epoch)
+	return epoch, nil
+}

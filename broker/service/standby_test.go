@@ -1,0 +1,156 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/internal/testutil"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// answerer is the service that answers an info request now ("" if none).
+func answerer(t *testing.T, nc *nats.Conn, d *deployment) string {
+	t.Helper()
+	msg, err := nc.Request(d.svc.subj.Info(), mustMarshal(t, &wire.TableRequest{}), time.Second)
+	if err != nil {
+		return ""
+	}
+	return msg.Header.Get(HeaderService)
+}
+
+// Two services on one prefix: one answers, the other follows the stream
+// and answers once the first stops, with every item and checkpoints of a
+// newer epoch.
+func TestStandbyTakesOver(t *testing.T) {
+	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
+	opts := []Option{WithStandby(time.Second), WithObjectStoreCheckpoints()}
+	d := deploy(t, cfgs, deployOptions{service: opts})
+	a := d.svc
+	b, _ := d.startService(cfgs, opts...)
+	nc := d.connect()
+	if got := answerer(t, nc, d); got != a.id {
+		t.Fatalf("answered by %q, want the first service %q", got, a.id)
+	}
+	ctx := testutil.Context(t)
+	p := d.producer()
+	for i := range int64(20) {
+		if err := p.Append(ctx, step(i, 1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The checkpoint trims the stream: a standby behind it would stop
+	// (streamGap).
+	testutil.WaitUntil(t, "the standby applied the stream", func() bool { return b.Applied() >= a.Applied() })
+	c := d.client()
+	cpA, err := c.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if got := answerer(t, nc, d); got != a.id {
+			t.Fatalf("answered by %q while the first service is active", got)
+		}
+	}
+
+	start := time.Now()
+	d.stop() // releases the lease
+	testutil.WaitUntil(t, "the standby answers", func() bool { return answerer(t, nc, d) == b.id })
+	t.Logf("standby answered %v after the active service's graceful stop", time.Since(start).Round(time.Millisecond))
+	info, err := c.Info(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size := info.Tables[0].Size; size != 20 {
+		t.Fatalf("standby holds %d items, want 20", size)
+	}
+	cpB, err := c.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cpB.Name <= cpA.Name || !strings.HasPrefix(cpB.Name, checkpointPrefix+"e") {
+		t.Fatalf("checkpoint %q after the take-over does not sort after %q", cpB.Name, cpA.Name)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.Sample(sctx, "t", 4); err != nil {
+		t.Fatalf("sampling from the standby: %v", err)
+	}
+}
+
+// A service whose lease lapsed without its lease loop noticing yet (a
+// pause) answers no request, publishes no progress and writes no
+// checkpoint; once the lease counts as held again it does all three.
+func TestStandbyFencesLapsedLease(t *testing.T) {
+	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
+	// A long TTL keeps the lease loop from renewing during the test.
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(time.Minute), WithObjectStoreCheckpoints()}})
+	a := d.svc
+	nc := d.connect()
+	progress := make(chan uint64, 1024)
+	sub, err := nc.Subscribe(a.subj.Applied(), func(m *nats.Msg) {
+		var p wire.Progress
+		if proto.Unmarshal(m.Data, &p) == nil {
+			progress <- p.AppliedSequence
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	a.lease.until.Store(1) // lapsed, by its own clock
+	ctx := testutil.Context(t)
+	seq := publishRaw(t, d, "p", 1, rawItem{id: 1, table: "t"})
+	testutil.WaitUntil(t, "the insert is applied", func() bool { return a.Applied() >= seq })
+	if _, err := nc.Request(a.subj.Info(), mustMarshal(t, &wire.TableRequest{}), 300*time.Millisecond); err == nil {
+		t.Fatal("a service whose lease lapsed answered info")
+	}
+	if _, err := a.Checkpoint(ctx); !errors.Is(err, errNotActive) {
+		t.Fatalf("checkpoint with a lapsed lease: %v, want errNotActive", err)
+	}
+
+	// A marker from the service's own connection: whatever it published
+	// while the lease was lapsed arrives before it.
+	const marker = math.MaxUint64
+	if err := a.nc.Publish(a.subj.Applied(), mustMarshal(t, &wire.Progress{AppliedSequence: marker})); err != nil {
+		t.Fatal(err)
+	}
+	for got := range progress {
+		if got == marker {
+			break
+		}
+		if got >= seq {
+			t.Fatalf("progress %d published while the lease was lapsed", got)
+		}
+	}
+	a.lease.until.Store(int64(time.Since(a.lease.base) + time.Hour))
+	for got := range progress {
+		if got >= seq {
+			break
+		}
+	}
+	if answerer(t, nc, d) != a.id {
+		t.Fatal("no answer once the lease is held again")
+	}
+	if _, err := a.Checkpoint(ctx); err != nil {
+		t.Fatalf("checkpoint once the lease is held again: %v", err)
+	}
+}
