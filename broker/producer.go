@@ -187,8 +187,11 @@ type Producer struct {
 	cols    map[string]*column
 	pending []*pendingItem // created, waiting for their chunks, in creation order
 	batch   batch
-	release []uint64 // sent chunks that no item will reference again
-	seq     uint64
+	// lastMessage is the size of the last message sent: the next one's
+	// buffer starts that large.
+	lastMessage int
+	release     []uint64 // sent chunks that no item will reference again
+	seq         uint64
 	// settled is the last sequence whose message, and every one before it,
 	// JetStream acknowledged or the producer gave up on. The ack loop
 	// settles messages in order.
@@ -621,7 +624,7 @@ func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error 
 	for {
 		item, fresh := it.build()
 		if p.batch.msg == nil {
-			p.batch.msg = wire.NewBatchBuilder(p.id)
+			p.batch.msg = wire.NewBatchBuilder(p.id, p.lastMessage+p.lastMessage/8)
 		}
 		before := p.batch.msg.Mark()
 		size := p.batch.msg.Size()
@@ -714,10 +717,11 @@ func (p *Producer) sendBatchLocked(end bool) {
 	p.seq++
 	b := p.batch
 	if b.msg == nil {
-		b.msg = wire.NewBatchBuilder(p.id)
+		b.msg = wire.NewBatchBuilder(p.id, 0)
 	}
 	n := b.msg.Items()
 	data := b.msg.Finish(p.seq, p.release, end, p.settled.Load()+1, uint32(p.o.maxInFlight), p.notice)
+	p.lastMessage = len(data)
 	p.batch = batch{}
 	p.release = nil
 	m := nats.NewMsg(p.subj.Insert())

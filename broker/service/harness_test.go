@@ -127,6 +127,24 @@ func step(i int64, obsLen int) broker.Step {
 	return broker.Step{"obs": broker.Float32s([]int64{int64(obsLen)}, testutil.Obs(i, obsLen)), "id": broker.Int64s(nil, []int64{i})}
 }
 
+// insertSteps appends steps from to to-1 (see step) with a one-step item
+// of each in table t, and waits until the service applied them.
+func insertSteps(t testing.TB, p *broker.Producer, from, to int64, obsLen int) {
+	t.Helper()
+	ctx := testutil.Context(t)
+	for i := from; i < to; i++ {
+		if err := p.Append(ctx, step(i, obsLen)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // ids are the step ids of a sampled item.
 func ids(t testing.TB, s broker.Sample) []int64 {
 	t.Helper()

@@ -138,22 +138,8 @@ func TestForgedDedupeIDsFailFlush(t *testing.T) {
 // it, and the producer's later messages all apply.
 func TestSequenceOutsideWindowRejected(t *testing.T) {
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 1000)}, deployOptions{})
-	ctx := testutil.Context(t)
 	p := d.producer(broker.WithLinger(0), broker.WithBatch(1, 1<<20))
-	write := func(from, to int64) {
-		for i := from; i < to; i++ {
-			if err := p.Append(ctx, step(i, 2)); err != nil {
-				t.Fatal(err)
-			}
-			if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := p.WaitApplied(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(0, 5)
+	insertSteps(t, p, 0, 5, 2)
 	rejected := d.svc.Rejected()
 	for _, m := range []*wire.InsertBatch{
 		{ProducerId: p.ID(), Sequence: 1<<64 - 2, WindowStart: 1<<64 - 2, Window: 1 << 20, Items: []*wire.Item{oneStepItem(999, "t", 1)}},
@@ -163,7 +149,7 @@ func TestSequenceOutsideWindowRejected(t *testing.T) {
 	} {
 		publishBatch(t, d, m, "")
 	}
-	write(5, 20)
+	insertSteps(t, p, 5, 20, 2)
 	if got := tableSize(t, d.client(), "t"); got != 20 {
 		t.Fatalf("table holds %d items, want all 20 of the live producer", got)
 	}
@@ -357,17 +343,7 @@ func TestReplyBytesBounded(t *testing.T) {
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithLimits(limits)}})
 	ctx := testutil.Context(t)
 	p := d.producer()
-	for i := range int64(10) {
-		if err := p.Append(ctx, step(i, 23)); err != nil { // 100 bytes a step
-			t.Fatal(err)
-		}
-		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := p.WaitApplied(ctx); err != nil {
-		t.Fatal(err)
-	}
+	insertSteps(t, p, 0, 10, 23) // 100 bytes a step
 	c := d.client()
 	if _, err := c.Sample(ctx, "t", 11); !errors.Is(err, protocol.ErrResourceExhausted) || !strings.Contains(err.Error(), "ask for at most 10") {
 		t.Fatalf("sample of 11 = %v, want protocol.ErrResourceExhausted saying at most 10", err)
@@ -454,17 +430,7 @@ func TestCheckpointBucketDeletedIsRecreated(t *testing.T) {
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithObjectStoreCheckpoints()}})
 	ctx := testutil.Context(t)
 	p := d.producer()
-	for i := range int64(10) {
-		if err := p.Append(ctx, step(i, 2)); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := p.WaitApplied(ctx); err != nil {
-		t.Fatal(err)
-	}
+	insertSteps(t, p, 0, 10, 2)
 	if _, err := d.client().Checkpoint(ctx); err != nil {
 		t.Fatal(err)
 	}

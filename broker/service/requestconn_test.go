@@ -5,7 +5,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -22,17 +21,7 @@ func TestRequestConnServesRequests(t *testing.T) {
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{url: url, service: []Option{WithRequestConn(rc)}})
 	ctx := testutil.Context(t)
 	p := d.producer()
-	for i := range int64(3) {
-		if err := p.Append(ctx, step(i, 2)); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := p.WaitApplied(ctx); err != nil {
-		t.Fatal(err)
-	}
+	insertSteps(t, p, 0, 3, 2)
 	before := rc.Stats()
 	samples, err := d.client().Sample(ctx, "t", 2)
 	if err != nil || len(samples) != 2 {

@@ -25,10 +25,12 @@ type BatchBuilder struct {
 // BatchMark is where a BatchBuilder stood, for Undo.
 type BatchMark struct{ chunks, items, n int }
 
-// NewBatchBuilder starts an empty message of producerID.
-func NewBatchBuilder(producerID string) *BatchBuilder {
+// NewBatchBuilder starts an empty message of producerID, in a buffer of
+// sizeHint bytes: a producer's messages are alike, so the size of its last
+// one saves growing (and copying) the buffer as the chunks come.
+func NewBatchBuilder(producerID string, sizeHint int) *BatchBuilder {
 	room := 1 + protowire.SizeBytes(len(producerID)) + 1 + protowire.SizeVarint(^uint64(0))
-	return &BatchBuilder{producerID: producerID, room: room, chunks: make([]byte, room, room+4096)}
+	return &BatchBuilder{producerID: producerID, room: room, chunks: make([]byte, room, room+max(sizeHint, 4096))}
 }
 
 // Mark is the builder's state now.

@@ -17,7 +17,7 @@ func TestBatchBuilder(t *testing.T) {
 	for trial := range 300 {
 		id := []string{"", "0123456789abcdef0123456789abcdef"}[min(trial%4, 1)]
 		want := &InsertBatch{ProducerId: id, Sequence: []uint64{0, 1, 300, math.MaxUint64}[rng.IntN(4)]}
-		b := NewBatchBuilder(id)
+		b := NewBatchBuilder(id, rng.IntN(2)*1<<16)
 		for range rng.IntN(5) {
 			c, err := EncodeChunk(rng.Uint64(), []*Tensor{randomTensor(rng, "int16", []int64{int64(rng.IntN(40))})}, ChunkOptions{Codec: allCodecs[rng.IntN(len(allCodecs))]})
 			if err != nil {

@@ -12,7 +12,7 @@
 //
 // Unless GOGC is set, reprised paces its garbage collector with package
 // gcpace: a heap of tables keeps about 256 MiB of garbage over its live
-// data, and at most 20% more once larger, instead of Go's default 100%.
+// data, and at most 50% more once larger, instead of Go's default 100%.
 package main
 
 import (

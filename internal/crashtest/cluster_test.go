@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -74,32 +73,9 @@ func TestClusterNodeKill(t *testing.T) {
 		}
 	}
 
-	l := newLedger()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for a := range int64(2) {
-		nc := connect(t, url)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// Calls wait as long as a user's would, so that the pauses
-			// measured are the cluster's and the client's, not the test's.
-			actor(ctx, t, nc, l, stop, a*1_000_000_000, time.Minute)
-		}()
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		learner(ctx, c, l, stop, 11)
-	}()
-	// Stops the load if the test fails before it does.
-	stopped := false
-	defer func() {
-		if !stopped {
-			close(stop)
-			wg.Wait()
-		}
-	}()
+	// Calls wait as long as a user's would, so that the pauses measured
+	// are the cluster's and the client's, not the test's.
+	l, stop := startLoad(ctx, t, url, c, 11, time.Minute)
 	waitFor(t, "inserts acknowledged before the first kill", func() bool { return l.ackedCount() >= 300 })
 
 	var killed string // the node the last round killed
@@ -145,9 +121,7 @@ func TestClusterNodeKill(t *testing.T) {
 		before = l.ackedCount()
 		waitAcked(ctx, t, r, l, c, js, "inserts acknowledged after "+name+" is back", before+100)
 	}
-	stopped = true
-	close(stop)
-	wg.Wait()
+	stop()
 
 	// Everything acknowledged is in the stream; wait until the service has
 	// applied all of it.

@@ -372,29 +372,13 @@ func run(t *testing.T, url string, crash func()) {
 	}
 	defer c.Close()
 	waitReady(t, c)
-	l := newLedger()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for a := range int64(2) {
-		nc := connect(t, url)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			actor(ctx, t, nc, l, stop, a*1_000_000_000, 5*time.Second)
-		}()
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		learner(ctx, c, l, stop, 7)
-	}()
+	l, stop := startLoad(ctx, t, url, c, 7, 5*time.Second)
 	waitFor(t, "inserts acknowledged before the crash", func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) >= 500 })
 	crash()
 	waitReady(t, c)
 	before := func() int { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) }()
 	waitFor(t, "inserts acknowledged after the crash", func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) >= before+300 })
-	close(stop)
-	wg.Wait()
+	stop()
 	// Everything the actors flushed is in the stream; wait until the
 	// service has applied all of it.
 	js, err := jetstream.New(connect(t, url))
@@ -407,6 +391,27 @@ func run(t *testing.T, url string, crash func()) {
 	if _, err := c.Sample(ctx, table, 4); err != nil {
 		t.Fatalf("sampling after recovery: %v", err)
 	}
+}
+
+// startLoad runs two actors (on connections of their own to url) and a
+// learner (on c) until the returned stop is called, which waits for them
+// and may be called again; the test calls it at its end in any case.
+// callTimeout bounds each of the actors' calls.
+func startLoad(ctx context.Context, t *testing.T, url string, c *broker.Client, seed uint64, callTimeout time.Duration) (*ledger, func()) {
+	l := newLedger()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for a := range int64(2) {
+		nc := connect(t, url)
+		wg.Go(func() { actor(ctx, t, nc, l, done, a*1_000_000_000, callTimeout) })
+	}
+	wg.Go(func() { learner(ctx, c, l, done, seed) })
+	stop := sync.OnceFunc(func() {
+		close(done)
+		wg.Wait()
+	})
+	t.Cleanup(stop)
+	return l, stop
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

@@ -125,21 +125,7 @@ func TestStandbyPausedActiveStaysFenced(t *testing.T) {
 	}
 	defer c.Close()
 	waitReady(t, c)
-	l := newLedger()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for a := range int64(2) {
-		anc := connect(t, url)
-		wg.Go(func() { actor(ctx, t, anc, l, stop, a*1_000_000_000, 5*time.Second) })
-	}
-	wg.Go(func() { learner(ctx, c, l, stop, 5) })
-	stopped := false
-	defer func() {
-		if !stopped {
-			close(stop)
-			wg.Wait()
-		}
-	}()
+	l, stop := startLoad(ctx, t, url, c, 5, 5*time.Second)
 	waitFor(t, "inserts acknowledged before the pause", func() bool { return l.ackedCount() >= 300 })
 
 	paused, standby := activeAndStandby(t, nc, rs)
@@ -268,9 +254,7 @@ func TestStandbyPausedActiveStaysFenced(t *testing.T) {
 		}
 	}
 
-	stopped = true
-	close(stop)
-	wg.Wait()
+	stop()
 	waitStreamApplied(ctx, t, js, c)
 	verify(t, c, l)
 }

@@ -18,8 +18,9 @@ func TestPercent(t *testing.T) {
 	}{
 		{0, 100},
 		{Headroom, 100},
+		{3 * Headroom / 2, 66},
 		{2 * Headroom, 50},
-		{4 * Headroom, 25},
+		{4 * Headroom, MinPercent},
 		{100 * Headroom, MinPercent},
 	} {
 		if got := Percent(tt.live); got != tt.want {
