@@ -49,12 +49,7 @@ func TestClusterNodeKill(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	c, err := broker.NewClient(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	waitReady(t, c)
+	c := readyClient(t, url)
 	js, err := jetstream.New(connect(t, url))
 	if err != nil {
 		t.Fatal(err)

@@ -366,12 +366,7 @@ func verify(t *testing.T, c *broker.Client, l *ledger) {
 func run(t *testing.T, url string, crash func()) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	c, err := broker.NewClient(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	waitReady(t, c)
+	c := readyClient(t, url)
 	l, stop := startLoad(ctx, t, url, c, 7, 5*time.Second)
 	waitFor(t, "inserts acknowledged before the crash", func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) >= 500 })
 	crash()
@@ -391,6 +386,19 @@ func run(t *testing.T, url string, crash func()) {
 	if _, err := c.Sample(ctx, table, 4); err != nil {
 		t.Fatalf("sampling after recovery: %v", err)
 	}
+}
+
+// readyClient is a client of the service at url, once the service answers;
+// the test closes it at its end.
+func readyClient(t *testing.T, url string) *broker.Client {
+	t.Helper()
+	c, err := broker.NewClient(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	waitReady(t, c)
+	return c
 }
 
 // startLoad runs two actors (on connections of their own to url) and a
@@ -473,12 +481,7 @@ func TestActorAndLearnerProcesses(t *testing.T) {
 	addr := freePort(t)
 	startReprised(t, "--store", t.TempDir(), "--listen", addr)
 	url := "nats://" + addr
-	c, err := broker.NewClient(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	waitReady(t, c)
+	readyClient(t, url)
 
 	start := func(name string, args ...string) (*exec.Cmd, *syncbuf.Buffer) {
 		out := &syncbuf.Buffer{}

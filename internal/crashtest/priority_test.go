@@ -32,11 +32,7 @@ func TestExtremePrioritiesNoCrashLoop(t *testing.T) {
 	addr := freePort(t)
 	r := startReprised(t, "--config", cfg, "--store", t.TempDir(), "--listen", addr)
 	url := "nats://" + addr
-	c, err := broker.NewClient(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitReady(t, c)
+	c := readyClient(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	p, err := broker.NewProducer(ctx, connect(t, url))

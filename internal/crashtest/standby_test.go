@@ -119,12 +119,7 @@ func TestStandbyPausedActiveStaysFenced(t *testing.T) {
 	nc := connect(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	c, err := broker.NewClient(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	waitReady(t, c)
+	c := readyClient(t, url)
 	l, stop := startLoad(ctx, t, url, c, 5, 5*time.Second)
 	waitFor(t, "inserts acknowledged before the pause", func() bool { return l.ackedCount() >= 300 })
 
