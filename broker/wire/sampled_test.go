@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -118,8 +119,10 @@ func mustReferenceDecode(t testing.TB, b []byte) []DecodedSample {
 
 func equalSamples(a, b []DecodedSample) bool {
 	return slices.EqualFunc(a, b, func(x, y DecodedSample) bool {
-		return x.Info.Key == y.Info.Key && x.Info.Probability == y.Info.Probability && x.Info.TableSize == y.Info.TableSize &&
-			x.Info.Priority == y.Info.Priority && x.Info.TimesSampled == y.Info.TimesSampled && x.Info.InsertedAt.Equal(y.Info.InsertedAt) &&
+		// Bit for bit: a hostile reply may carry NaNs.
+		same := func(a, b float64) bool { return math.Float64bits(a) == math.Float64bits(b) }
+		return x.Info.Key == y.Info.Key && same(x.Info.Probability, y.Info.Probability) && x.Info.TableSize == y.Info.TableSize &&
+			same(x.Info.Priority, y.Info.Priority) && x.Info.TimesSampled == y.Info.TimesSampled && x.Info.InsertedAt.Equal(y.Info.InsertedAt) &&
 			x.Info.RateLimited == y.Info.RateLimited &&
 			slices.EqualFunc(x.Columns, y.Columns, func(p, q SampledColumn) bool {
 				return p.Name == q.Name && p.Dtype == q.Dtype && slices.Equal(p.Shape, q.Shape) && bytes.Equal(p.Data, q.Data)
