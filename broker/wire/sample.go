@@ -17,14 +17,17 @@ import (
 func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Sample) []byte {
 	// A message's length prefix needs its size, which needs its parts': the
 	// sizes are taken first, in the order they are written.
-	columns := 0
+	columns, refs := 0, 0
 	for i := range samples {
 		columns += len(samples[i].Trajectory)
+		refs += len(samples[i].Chunks)
 	}
 	sizes := make([]int, 0, 2*len(samples)+columns) // per item: its size, its info's, then its columns'
 	st := sizeStatus(code, msg)
 	total := 1 + protowire.SizeBytes(st)
-	chunks := newKeySet(len(samples))
+	// The chunks go once each, in order of first use.
+	keys := make([]uint64, 0, refs)
+	seen := newKeyIndex(refs)
 	var distinct [][]byte
 	for i := range samples {
 		smp := &samples[i]
@@ -40,10 +43,13 @@ func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Samp
 		sizes[at] = n
 		total += 1 + protowire.SizeBytes(n)
 		for _, ch := range smp.Chunks {
-			if chunks.add(ch.Key) {
-				distinct = append(distinct, ch.Data)
-				total += 1 + protowire.SizeBytes(len(ch.Data))
+			keys = append(keys, ch.Key)
+			if !seen.add(keys, len(keys)-1) {
+				keys = keys[:len(keys)-1]
+				continue
 			}
+			distinct = append(distinct, ch.Data)
+			total += 1 + protowire.SizeBytes(len(ch.Data))
 		}
 	}
 	b = slices.Grow(b, total)
@@ -71,46 +77,6 @@ func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Samp
 		b = protowire.AppendBytes(b, data)
 	}
 	return b
-}
-
-// keySet is a set of chunk keys for one response: open addressing, grown
-// at half full, no allocation per key.
-type keySet struct {
-	slots []uint64
-	used  []bool // any key may be 0, so emptiness is kept apart
-	n     int
-}
-
-func newKeySet(hint int) keySet {
-	size := 8
-	for size < 2*hint {
-		size *= 2
-	}
-	return keySet{slots: make([]uint64, size), used: make([]bool, size)}
-}
-
-// add inserts key and reports whether it was absent.
-func (s *keySet) add(key uint64) bool {
-	if 2*(s.n+1) > len(s.slots) {
-		old, oldUsed := s.slots, s.used
-		*s = keySet{slots: make([]uint64, 2*len(old)), used: make([]bool, 2*len(old))}
-		for i, k := range old {
-			if oldUsed[i] {
-				s.add(k)
-			}
-		}
-	}
-	mask := len(s.slots) - 1
-	for i := int((key*0x9E3779B97F4A7C15)>>32) & mask; ; i = (i + 1) & mask {
-		if !s.used[i] {
-			s.slots[i], s.used[i] = key, true
-			s.n++
-			return true
-		}
-		if s.slots[i] == key {
-			return false
-		}
-	}
 }
 
 func sizeStatus(code Code, msg string) int {

@@ -59,8 +59,9 @@ type sampleDecoder struct {
 	rawItems  [][]byte
 	rawChunks [][]byte
 	chunks    []sampledChunk // in the response's order
-	index     chunkIndex
-	dims      []int64 // the chunks' step shapes
+	keys      []uint64       // the chunks' keys, in the same order
+	index     keyIndex       // of keys
+	dims      []int64        // the chunks' step shapes
 	items     []sampledItem
 	columns   []sampledColumn
 	slices    []sampledSlice
@@ -240,64 +241,20 @@ func (d *sampleDecoder) readChunks() error {
 		d.chunks = append(d.chunks, sampledChunk{key: c.Key, dtype: c.Dtype, dims: start, ndims: len(d.dims) - start,
 			steps: int64(c.Length), stepBytes: stepBytes, data: data})
 	}
-	d.index = newChunkIndex(len(d.chunks))
+	d.keys = make([]uint64, len(d.chunks))
 	for i := range d.chunks {
-		if !d.index.add(d.chunks, i) {
+		d.keys[i] = d.chunks[i].key
+	}
+	d.index = newKeyIndex(len(d.keys))
+	for i := range d.keys {
+		if !d.index.add(d.keys, i) {
 			return fmt.Errorf("%w: sample response carries chunk %d twice", ErrMalformed, d.chunks[i].key)
 		}
 	}
 	return nil
 }
 
-func (d *sampleDecoder) chunk(key uint64) (int, bool) { return d.index.find(d.chunks, key) }
-
-// chunkIndex finds a response's chunks by key: an open-addressing table of
-// positions in the chunk list, at most half full. A response's chunks are
-// few and looked up once per slice; a map would cost allocations per
-// bucket group, sorting them cost more than all lookups together.
-type chunkIndex struct {
-	slots []int32 // position + 1; 0 is empty
-	shift uint
-}
-
-func newChunkIndex(n int) chunkIndex {
-	bits := uint(1)
-	for 1<<bits < 2*n {
-		bits++
-	}
-	return chunkIndex{slots: make([]int32, 1<<bits), shift: 64 - bits}
-}
-
-// slot is where the search for key starts: Fibonacci hashing spreads keys
-// that differ only in their low or high bits.
-func (x *chunkIndex) slot(key uint64) int { return int((key * 0x9E3779B97F4A7C15) >> x.shift) }
-
-// add records chunks[i], and reports false when its key is there already.
-func (x *chunkIndex) add(chunks []sampledChunk, i int) bool {
-	mask := len(x.slots) - 1
-	for s := x.slot(chunks[i].key); ; s = (s + 1) & mask {
-		switch p := x.slots[s]; {
-		case p == 0:
-			x.slots[s] = int32(i + 1)
-			return true
-		case chunks[p-1].key == chunks[i].key:
-			return false
-		}
-	}
-}
-
-func (x *chunkIndex) find(chunks []sampledChunk, key uint64) (int, bool) {
-	mask := len(x.slots) - 1
-	for s := x.slot(key); ; s = (s + 1) & mask {
-		p := x.slots[s]
-		if p == 0 {
-			return 0, false
-		}
-		if chunks[p-1].key == key {
-			return int(p - 1), true
-		}
-	}
-}
+func (d *sampleDecoder) chunk(key uint64) (int, bool) { return d.index.find(d.keys, key) }
 
 func (d *sampleDecoder) stepShape(c *sampledChunk) []int64 { return d.dims[c.dims : c.dims+c.ndims] }
 
