@@ -255,13 +255,15 @@ func readItem(b []byte, names *nameCache, l *Limits) (preparedItem, error) {
 			p.item.PolicyVersion = int64(v)
 		case num == 4 && typ == protowire.BytesType:
 			columns++
-			return wire.EachField(bytes, func(num protowire.Number, typ protowire.Type, _ uint64, slice []byte) error {
+			return wire.EachField(bytes, func(num protowire.Number, typ protowire.Type, _ uint64, field []byte) error {
 				switch {
-				case num == 1 && typ == protowire.BytesType && !utf8.Valid(slice):
-					return errors.New("column name is not UTF-8")
+				case num == 1 && typ == protowire.BytesType:
+					// Checked and cached now; the second pass takes it from the cache.
+					_, err := names.get(field)
+					return err
 				case num == 2 && typ == protowire.BytesType:
 					slices++
-					return wire.EachField(slice, func(protowire.Number, protowire.Type, uint64, []byte) error { return nil })
+					return wire.EachField(field, func(protowire.Number, protowire.Type, uint64, []byte) error { return nil })
 				}
 				return nil
 			})
