@@ -279,16 +279,16 @@ func (c *Client) sample(ctx context.Context, table string, n int, o sampleOption
 	if err != nil {
 		return nil, err
 	}
-	code, msg, decoded, err := wire.DecodeSampleResponse(data)
+	reply, err := wire.DecodeSampleResponse(data)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrServer, err)
 	}
-	if err := protocol.Status(protocol.Code(code), msg); err != nil {
+	if err := protocol.Status(protocol.Code(reply.Code), reply.Message); err != nil {
 		return nil, err
 	}
-	out := toSamples(decoded)
-	if code == wire.Code_CODE_PARTIAL {
-		return out, &StatusError{Code: CodeRateLimited, Message: msg}
+	out := toSamples(reply.Samples)
+	if reply.Code == wire.Code_CODE_PARTIAL {
+		return out, &StatusError{Code: CodeRateLimited, Message: reply.Message}
 	}
 	return out, nil
 }

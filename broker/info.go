@@ -18,6 +18,9 @@ type Info struct {
 	ChunkBytes int64
 	// RejectedMessages counts the messages and items the service refused.
 	RejectedMessages int64
+	// ShardIndex and ShardCount place the service in a sharded table
+	// (reprised --shard); ShardCount is 0 when it is not sharded.
+	ShardIndex, ShardCount int
 }
 
 // TableInfo describes one table: its configuration and its counters since
@@ -56,6 +59,10 @@ type TableInfo struct {
 	Episodes        int64
 	DeletedEpisodes int64
 	UniqueSamples   int64
+	// Weight is the total weight the sampler draws by: the sum of
+	// priority^exponent for a prioritized sampler, the item count for every
+	// other (Weight.Float64 gives it as a number where it fits).
+	Weight tables.Weight
 }
 
 // LimiterInfo is a table's rate limiter: its configuration and the
@@ -106,6 +113,7 @@ func infoFromWire(r *wire.InfoResponse) *Info {
 	out := &Info{
 		Tables:          make([]TableInfo, len(r.Tables)),
 		AppliedSequence: r.AppliedSequence, Chunks: r.Chunks, ChunkBytes: r.ChunkBytes, RejectedMessages: r.RejectedMessages,
+		ShardIndex: int(r.ShardIndex), ShardCount: int(r.ShardCount),
 	}
 	for i, t := range r.Tables {
 		l := t.GetLimiter()
@@ -121,6 +129,7 @@ func infoFromWire(r *wire.InfoResponse) *Info {
 			PolicyVersion: t.PolicyVersion, MaxStaleness: t.MaxStaleness,
 			MinItemVersion: t.MinItemVersion, MaxItemVersion: t.MaxItemVersion, StaleEvictions: t.StaleEvictions,
 			Episodes: t.NumEpisodes, DeletedEpisodes: t.NumDeletedEpisodes, UniqueSamples: t.NumUniqueSamples,
+			Weight: tables.Weight{Fraction: t.WeightFraction, Exponent: t.WeightExponent},
 		}
 		for _, c := range t.Signature {
 			ti.Signature = append(ti.Signature, tables.ColumnSpec{Name: c.Name, DType: c.Dtype, Shape: c.Shape})

@@ -163,3 +163,5 @@ func (h *priorityHeap) Options() Options {
 	}
 	return Options{Kind: KindMinHeap}
 }
+
+func (h *priorityHeap) Weight() (float64, int64) { return countWeight(len(h.heap)) }

@@ -149,6 +149,39 @@ func (r *reference) checkSample(key Key, prob float64, err error) error {
 	return nil
 }
 
+// checkWeight compares sel's total weight with the model's, computed
+// exactly for Prioritized. The sum trees add rounded leaves, so the total
+// may differ from the exact one in its last bits, far less than 1e-12 of it
+// for the sizes tested.
+func (r *reference) checkWeight(sel Selector) error {
+	frac, exp := sel.Weight()
+	if r.opts.Kind != KindPrioritized {
+		if wantFrac, wantExp := countWeight(len(r.items)); frac != wantFrac || exp != wantExp {
+			return fmt.Errorf("Weight = %v×2^%d, want %v×2^%d", frac, exp, wantFrac, wantExp)
+		}
+		return nil
+	}
+	total := newExact()
+	for _, it := range r.items {
+		total.Add(total, cachedWeight(it.priority, r.opts.Exponent))
+	}
+	if total.Sign() == 0 {
+		if frac != 0 || exp != 0 {
+			return fmt.Errorf("Weight = %v×2^%d, want 0", frac, exp)
+		}
+		return nil
+	}
+	if frac < 0.5 || frac >= 1 {
+		return fmt.Errorf("Weight fraction %v, want it in [0.5, 1)", frac)
+	}
+	got := newExact().SetMantExp(newExact().SetFloat64(frac), int(exp))
+	diff := newExact().Sub(got, total)
+	if rel, _ := diff.Quo(diff.Abs(diff), total).Float64(); rel > 1e-12 {
+		return fmt.Errorf("Weight = %v×2^%d, %g of the exact total away", frac, exp, rel)
+	}
+	return nil
+}
+
 type opKind uint8
 
 const (
@@ -211,6 +244,9 @@ func runModel(sel Selector, ops []op) error {
 		}
 		if err == nil {
 			err = checkInvariants(sel)
+		}
+		if err == nil && (len(ref.items) <= 16 || i%64 == 0) {
+			err = ref.checkWeight(sel)
 		}
 		// The whole distribution, exactly, as often as is cheap enough.
 		if p, ok := sel.(*prioritized); ok && err == nil && (len(ref.items) <= 16 || i%64 == 0) {

@@ -556,3 +556,19 @@ func (s *prioritized) Len() int { return len(s.index) + len(s.far) }
 func (s *prioritized) Options() Options {
 	return Options{Kind: KindPrioritized, Exponent: s.exponent}
 }
+
+// Weight leaves out the bands below the two it draws from, as Sample does:
+// their share of the total is below 2^-1536.
+func (s *prioritized) Weight() (float64, int64) {
+	v := s.view()
+	if v.top == nil {
+		return 0, 0
+	}
+	scale := bandWidth * v.top.id
+	if v.next == nil {
+		frac, exp := math.Frexp(v.top.total)
+		return frac, int64(exp) + scale
+	}
+	frac, exp := math.Frexp(v.total)
+	return frac, int64(exp-v.shift) + scale
+}

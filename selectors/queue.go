@@ -119,3 +119,5 @@ func (q *queue) Options() Options {
 	}
 	return Options{Kind: KindFifo}
 }
+
+func (q *queue) Weight() (float64, int64) { return countWeight(len(q.index)) }

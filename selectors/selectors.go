@@ -44,6 +44,12 @@ type Selector interface {
 	Sample() (key Key, probability float64, err error)
 	Clear()
 	Len() int
+	// Weight is the total weight Sample draws by, as a fraction in [0.5, 1)
+	// times 2^exp (0 and 0 when nothing has weight): the sum of priority^α
+	// for Prioritized, the number of keys for every other strategy. A table
+	// spread over shards picks a shard in proportion to it; as a pair it
+	// holds totals beyond float64's range, which Prioritized can reach.
+	Weight() (frac float64, exp int64)
 	// Options describes the selector so that an identical empty one can be
 	// built again with New (for snapshots, info and config).
 	Options() Options
@@ -133,6 +139,12 @@ func orRandom(rng *rand.Rand) *rand.Rand {
 		return rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
 	return rng
+}
+
+// countWeight is Weight for the strategies that weigh every key 1.
+func countWeight(n int) (float64, int64) {
+	frac, exp := math.Frexp(float64(n))
+	return frac, int64(exp)
 }
 
 func errKeyExists(key Key) error { return fmt.Errorf("%w: %d", ErrKeyExists, key) }

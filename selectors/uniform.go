@@ -73,3 +73,5 @@ func (u *uniform) Clear() {
 func (u *uniform) Len() int { return len(u.keys) }
 
 func (u *uniform) Options() Options { return Options{Kind: KindUniform} }
+
+func (u *uniform) Weight() (float64, int64) { return countWeight(len(u.keys)) }

@@ -1,6 +1,7 @@
 package tables
 
 import (
+	"math"
 	"math/rand/v2"
 
 	"github.com/reprise-rl/reprise/selectors"
@@ -55,6 +56,11 @@ func (l listOrder) Sample() (selectors.Key, float64, error) {
 func (l listOrder) Clear() {}
 
 func (l listOrder) Len() int { return len(l.t.items) }
+
+func (l listOrder) Weight() (float64, int64) {
+	frac, exp := math.Frexp(float64(len(l.t.items)))
+	return frac, int64(exp)
+}
 
 func (l listOrder) Options() selectors.Options {
 	if l.lifo {

@@ -3,6 +3,7 @@ package tables
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -129,6 +130,27 @@ type Info struct {
 	ItemVersions  *[2]int64 `json:"item_versions,omitempty"`
 	// Episodes is the number of episodes the items hold steps of.
 	Episodes int64 `json:"episodes"`
+	// Weight is the total weight the sampler draws by (see Table.Weight).
+	Weight Weight `json:"weight"`
+}
+
+// Weight is a sampler's total weight, Fraction × 2^Exponent with Fraction in
+// [0.5, 1), or zero: a prioritized sampler's total can lie beyond float64's
+// range (see selectors.Selector.Weight).
+type Weight struct {
+	Fraction float64 `json:"fraction"`
+	Exponent int64   `json:"exponent"`
+}
+
+// Float64 is the weight as a float64: +Inf beyond its range, 0 below it.
+func (w Weight) Float64() float64 {
+	if w.Exponent > math.MaxInt32 {
+		return math.Inf(1)
+	}
+	if w.Exponent < math.MinInt32 {
+		return 0
+	}
+	return math.Ldexp(w.Fraction, int(w.Exponent))
 }
 
 // Option configures New and NewFromSnapshot.
@@ -203,6 +225,21 @@ func New(cfg Config, store *ChunkStore, opts ...Option) (*Table, error) {
 
 // Name is the table's name.
 func (t *Table) Name() string { return t.name }
+
+// Weight is what the sampler draws by: the total weight of the items (the
+// sum of priority^α for a prioritized sampler, the item count for every
+// other) and their number. A client of a table spread over shards picks a
+// shard in proportion to it.
+func (t *Table) Weight() (Weight, int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.weightLocked(), int64(len(t.items))
+}
+
+func (t *Table) weightLocked() Weight {
+	frac, exp := t.sampler.Weight()
+	return Weight{Fraction: frac, Exponent: exp}
+}
 
 // Size is the number of items.
 func (t *Table) Size() int64 {
@@ -653,6 +690,7 @@ func (t *Table) Info() Info {
 		PolicyVersion:    t.version,
 		ItemVersions:     versionSpan(t.versions.span()),
 		Episodes:         int64(len(t.episodes)),
+		Weight:           t.weightLocked(),
 	}
 }
 

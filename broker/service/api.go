@@ -240,8 +240,9 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		return
 	}
 	code, items = status, len(samples)
+	weight, size := t.Weight()
 	buf := responseBuffers.Get().(*[]byte)
-	*buf = wire.AppendSampleResponse((*buf)[:0], wire.Code(status), msg, samples)
+	*buf = wire.AppendSampleResponse((*buf)[:0], wire.Code(status), msg, samples, wire.TableState{Size: size, Weight: weight})
 	s.respondParts(r, *buf)
 	// Respond copied the bytes into the connection's buffer.
 	responseBuffers.Put(buf)
@@ -279,6 +280,8 @@ func (s *Service) handleInfo(r micro.Request) {
 		Chunks:           int64(s.store.Len()),
 		ChunkBytes:       s.store.Bytes(),
 		RejectedMessages: s.stats.rejected.Load(),
+		ShardIndex:       uint32(s.o.shard.Index),
+		ShardCount:       uint32(s.o.shard.Count),
 	}
 	names := s.names
 	if req.Table != "" {
@@ -328,6 +331,9 @@ func tableInfo(in tables.Info) *wire.TableInfo {
 		NumEpisodes:        in.Episodes,
 		NumDeletedEpisodes: in.Counters.DeletedEpisodes,
 		NumUniqueSamples:   in.Counters.UniqueSamples,
+
+		WeightFraction: in.Weight.Fraction,
+		WeightExponent: in.Weight.Exponent,
 	}
 	if v := in.ItemVersions; v != nil {
 		ti.MinItemVersion, ti.MaxItemVersion = v[0], v[1]

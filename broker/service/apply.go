@@ -418,6 +418,11 @@ func (s *Service) insertItem(ctx context.Context, producer string, b *insertBatc
 		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", it.table, strings.Join(s.names, ", ")))
 		return nil
 	}
+	if sh := s.o.shard; sh.Count > 0 && it.item.Key%uint64(sh.Count) != uint64(sh.Index) {
+		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, protocol.CodeInvalidArgument,
+			fmt.Sprintf("item key %d belongs to shard %d of %d, and this service is shard %s: write to a sharded table through a sharded producer", it.item.Key, it.item.Key%uint64(sh.Count), sh.Count, sh))
+		return nil
+	}
 	return s.insertNow(ctx, t, it.item, arrival{streamSeq: b.streamSeq, storedAt: b.storedAt, to: noticeTo{producer, b.notice}, sequence: b.sequence})
 }
 

@@ -98,9 +98,10 @@ func FuzzApply(f *testing.F) {
 			if err != nil {
 				t.Fatalf("sampling %s: %v", name, err)
 			}
-			code, _, _, err := wire.DecodeSampleResponse(wire.AppendSampleResponse(nil, wire.Code_CODE_OK, "", samples))
-			if err != nil || code != wire.Code_CODE_OK {
-				t.Fatalf("a learner cannot decode a sample of %s: %v %v", name, code, err)
+			weight, size := tb.Weight()
+			reply, err := wire.DecodeSampleResponse(wire.AppendSampleResponse(nil, wire.Code_CODE_OK, "", samples, wire.TableState{Size: size, Weight: weight}))
+			if err != nil || reply.Code != wire.Code_CODE_OK {
+				t.Fatalf("a learner cannot decode a sample of %s: %v %v", name, reply.Code, err)
 			}
 		}
 	})

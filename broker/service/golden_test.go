@@ -182,7 +182,16 @@ type goldenResponse struct {
 	Message  string             `json:"message"`
 	Items    []goldenSampleItem `json:"items"`
 	// Batchable: the items share their layout, so they stack.
-	Batchable bool `json:"batchable"`
+	Batchable bool             `json:"batchable"`
+	Table     goldenTableState `json:"table"`
+}
+
+// goldenTableState is a response's table_size, weight_fraction and
+// weight_exponent.
+type goldenTableState struct {
+	Size           int64   `json:"size"`
+	WeightFraction float64 `json:"weight_fraction"`
+	WeightExponent int64   `json:"weight_exponent"`
 }
 
 // goldenResponses encodes sample responses as the service does
@@ -253,7 +262,14 @@ func goldenResponses(t *testing.T) []goldenResponse {
 			samples = append(samples, smp)
 			want = append(want, gi)
 		}
-		return goldenResponse{Name: name, Response: wire.AppendSampleResponse(nil, code, msg, samples), Code: int32(code), Message: msg, Items: want, Batchable: batchable}
+		// The table's state after the sample: none with a refusal, and
+		// weights above and below a double's range otherwise.
+		var after wire.TableState
+		if items > 0 {
+			after = wire.TableState{Size: int64(1000 + items), Weight: tables.Weight{Fraction: 0.5 + 1/float64(items+4), Exponent: int64(items)*700 - 1500}}
+		}
+		return goldenResponse{Name: name, Response: wire.AppendSampleResponse(nil, code, msg, samples, after), Code: int32(code), Message: msg, Items: want, Batchable: batchable,
+			Table: goldenTableState{Size: after.Size, WeightFraction: after.Weight.Fraction, WeightExponent: after.Weight.Exponent}}
 	}
 	return []goldenResponse{
 		build("trajectories: 3-step columns, a squeezed column, shared chunks", wire.Code_CODE_OK, "", true, []col{

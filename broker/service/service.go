@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,6 +87,9 @@ type serviceOptions struct {
 
 	standby  bool
 	leaseTTL time.Duration
+	// shard is this service's place in a sharded table; count 0 when the
+	// tables are not sharded.
+	shard Shard
 }
 
 // Observer receives the service's measurements as they happen, e.g. to
@@ -269,6 +273,54 @@ func WithStandby(ttl time.Duration) Option {
 			ttl = DefaultLeaseTTL
 		}
 		o.standby, o.leaseTTL = true, ttl
+		return nil
+	})
+}
+
+// Shard places a service in a table spread over Count services, each with
+// its own prefix and stream: this one is number Index, from 0.
+type Shard struct {
+	Index, Count int
+}
+
+// MaxShards bounds a shard count: far beyond what one deployment runs,
+// and small enough that a key's residue fits the wire's uint32.
+const MaxShards = 1 << 16
+
+// ParseShard reads a shard as "INDEX/COUNT", such as "0/4".
+func ParseShard(s string) (Shard, error) {
+	i, n, ok := strings.Cut(s, "/")
+	index, err1 := strconv.Atoi(i)
+	count, err2 := strconv.Atoi(n)
+	if !ok || err1 != nil || err2 != nil {
+		return Shard{}, fmt.Errorf("%w: shard %q: want INDEX/COUNT, such as 0/4", protocol.ErrInvalidOption, s)
+	}
+	sh := Shard{Index: index, Count: count}
+	return sh, sh.check()
+}
+
+func (sh Shard) check() error {
+	if sh.Count < 1 || sh.Count > MaxShards || sh.Index < 0 || sh.Index >= sh.Count {
+		return fmt.Errorf("%w: shard %d/%d: want a count from 1 to %d and an index from 0 to count-1", protocol.ErrInvalidOption, sh.Index, sh.Count, MaxShards)
+	}
+	return nil
+}
+
+// String gives the form ParseShard reads.
+func (sh Shard) String() string { return fmt.Sprintf("%d/%d", sh.Index, sh.Count) }
+
+// WithShard makes the service shard sh of a sharded table. A key names its
+// shard: the service refuses items whose key modulo sh.Count is not
+// sh.Index (a sharded producer makes its keys so), which lets a sharded
+// client send a key's priority update or delete to the one shard that
+// holds it. Info reports the shard, so a client given the shards' prefixes
+// in the wrong order finds out.
+func WithShard(sh Shard) Option {
+	return serviceOption(func(o *serviceOptions) error {
+		if err := sh.check(); err != nil {
+			return err
+		}
+		o.shard = sh
 		return nil
 	})
 }

@@ -74,23 +74,23 @@ func FuzzDecodeChunk(f *testing.F) {
 func FuzzDecodeSampleResponse(f *testing.F) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	for range 8 {
-		f.Add(AppendSampleResponse(nil, Code_CODE_OK, "", sampledFixture(f, rng)))
+		f.Add(AppendSampleResponse(nil, Code_CODE_OK, "", sampledFixture(f, rng), randomTableState(rng)))
 	}
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _, got, err := DecodeSampleResponse(slices.Clone(b))
+		got, err := DecodeSampleResponse(slices.Clone(b))
 		if err != nil {
 			return
 		}
-		for _, s := range got {
+		for _, s := range got.Samples {
 			for _, c := range s.Columns {
 				if err := ValidateTensor(&Tensor{Dtype: c.Dtype, Shape: c.Shape, Data: c.Data}); err != nil {
 					t.Fatalf("column %q: %v", c.Name, err)
 				}
 			}
 		}
-		if want, err := referenceDecode(b); err == nil && !equalSamples(got, want) {
-			t.Fatalf("decoded\n%v\nthe long way\n%v", got, want)
+		if want, err := referenceDecode(b); err == nil && (!equalSamples(got.Samples, want.Samples) || !sameTableState(got.After, want.After)) {
+			t.Fatalf("decoded\n%+v\nthe long way\n%+v", got, want)
 		}
 	})
 }

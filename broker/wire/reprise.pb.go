@@ -1077,12 +1077,18 @@ func (x *SampledItem) GetColumns() []*TrajectoryColumn {
 // Chunk message (stored bytes are sent as they are). A response larger than
 // the connection's max payload travels in parts (see broker docs).
 type SampleResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Status        *Status                `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
-	Items         []*SampledItem         `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
-	Chunks        [][]byte               `protobuf:"bytes,3,rep,name=chunks,proto3" json:"chunks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Status *Status                `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	Items  []*SampledItem         `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	Chunks [][]byte               `protobuf:"bytes,3,rep,name=chunks,proto3" json:"chunks,omitempty"`
+	// The table after this sample: its size and the total weight its sampler
+	// draws by (see TableInfo), which a client of a sharded table picks the
+	// next shard by.
+	TableSize      int64   `protobuf:"varint,4,opt,name=table_size,json=tableSize,proto3" json:"table_size,omitempty"`
+	WeightFraction float64 `protobuf:"fixed64,5,opt,name=weight_fraction,json=weightFraction,proto3" json:"weight_fraction,omitempty"`
+	WeightExponent int64   `protobuf:"zigzag64,6,opt,name=weight_exponent,json=weightExponent,proto3" json:"weight_exponent,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SampleResponse) Reset() {
@@ -1134,6 +1140,27 @@ func (x *SampleResponse) GetChunks() [][]byte {
 		return x.Chunks
 	}
 	return nil
+}
+
+func (x *SampleResponse) GetTableSize() int64 {
+	if x != nil {
+		return x.TableSize
+	}
+	return 0
+}
+
+func (x *SampleResponse) GetWeightFraction() float64 {
+	if x != nil {
+		return x.WeightFraction
+	}
+	return 0
+}
+
+func (x *SampleResponse) GetWeightExponent() int64 {
+	if x != nil {
+		return x.WeightExponent
+	}
+	return 0
 }
 
 type TableRequest struct {
@@ -1364,8 +1391,14 @@ type TableInfo struct {
 	NumEpisodes        int64 `protobuf:"varint,21,opt,name=num_episodes,json=numEpisodes,proto3" json:"num_episodes,omitempty"`
 	NumDeletedEpisodes int64 `protobuf:"varint,22,opt,name=num_deleted_episodes,json=numDeletedEpisodes,proto3" json:"num_deleted_episodes,omitempty"`
 	NumUniqueSamples   int64 `protobuf:"varint,23,opt,name=num_unique_samples,json=numUniqueSamples,proto3" json:"num_unique_samples,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The total weight the sampler draws by, weight_fraction ×
+	// 2^weight_exponent with the fraction in [0.5, 1), or 0: the sum of
+	// priority^exponent for a prioritized sampler, the item count for every
+	// other. As a pair it holds totals beyond a double's range.
+	WeightFraction float64 `protobuf:"fixed64,24,opt,name=weight_fraction,json=weightFraction,proto3" json:"weight_fraction,omitempty"`
+	WeightExponent int64   `protobuf:"zigzag64,25,opt,name=weight_exponent,json=weightExponent,proto3" json:"weight_exponent,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TableInfo) Reset() {
@@ -1559,6 +1592,20 @@ func (x *TableInfo) GetNumUniqueSamples() int64 {
 	return 0
 }
 
+func (x *TableInfo) GetWeightFraction() float64 {
+	if x != nil {
+		return x.WeightFraction
+	}
+	return 0
+}
+
+func (x *TableInfo) GetWeightExponent() int64 {
+	if x != nil {
+		return x.WeightExponent
+	}
+	return 0
+}
+
 type InfoResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Status *Status                `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -1568,8 +1615,13 @@ type InfoResponse struct {
 	Chunks           int64  `protobuf:"varint,4,opt,name=chunks,proto3" json:"chunks,omitempty"`
 	ChunkBytes       int64  `protobuf:"varint,5,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
 	RejectedMessages int64  `protobuf:"varint,6,opt,name=rejected_messages,json=rejectedMessages,proto3" json:"rejected_messages,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The shard this service is, of shard_count (0: the table is not
+	// sharded). A sharded service refuses items whose key modulo shard_count
+	// is not shard_index, so a key names the shard that holds it.
+	ShardIndex    uint32 `protobuf:"varint,7,opt,name=shard_index,json=shardIndex,proto3" json:"shard_index,omitempty"`
+	ShardCount    uint32 `protobuf:"varint,8,opt,name=shard_count,json=shardCount,proto3" json:"shard_count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -1640,6 +1692,20 @@ func (x *InfoResponse) GetChunkBytes() int64 {
 func (x *InfoResponse) GetRejectedMessages() int64 {
 	if x != nil {
 		return x.RejectedMessages
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetShardIndex() uint32 {
+	if x != nil {
+		return x.ShardIndex
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetShardCount() uint32 {
+	if x != nil {
+		return x.ShardCount
 	}
 	return 0
 }
@@ -2950,11 +3016,15 @@ const file_reprise_proto_rawDesc = "" +
 	"\frate_limited\x18\a \x01(\bR\vrateLimited\"q\n" +
 	"\vSampledItem\x12*\n" +
 	"\x04info\x18\x01 \x01(\v2\x16.reprise.v1.SampleInfoR\x04info\x126\n" +
-	"\acolumns\x18\x02 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\x83\x01\n" +
+	"\acolumns\x18\x02 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xf4\x01\n" +
 	"\x0eSampleResponse\x12*\n" +
 	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\x12-\n" +
 	"\x05items\x18\x02 \x03(\v2\x17.reprise.v1.SampledItemR\x05items\x12\x16\n" +
-	"\x06chunks\x18\x03 \x03(\fR\x06chunks\"$\n" +
+	"\x06chunks\x18\x03 \x03(\fR\x06chunks\x12\x1d\n" +
+	"\n" +
+	"table_size\x18\x04 \x01(\x03R\ttableSize\x12'\n" +
+	"\x0fweight_fraction\x18\x05 \x01(\x01R\x0eweightFraction\x12'\n" +
+	"\x0fweight_exponent\x18\x06 \x01(\x12R\x0eweightExponent\"$\n" +
 	"\fTableRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\"\xda\x01\n" +
 	"\vLimiterInfo\x12,\n" +
@@ -2969,7 +3039,7 @@ const file_reprise_proto_rawDesc = "" +
 	"ColumnSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x14\n" +
-	"\x05shape\x18\x03 \x03(\x03R\x05shape\"\xcb\x06\n" +
+	"\x05shape\x18\x03 \x03(\x03R\x05shape\"\x9d\a\n" +
 	"\tTableInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\asampler\x18\x02 \x01(\tR\asampler\x12\x18\n" +
@@ -2995,8 +3065,10 @@ const file_reprise_proto_rawDesc = "" +
 	"\x0fstale_evictions\x18\x14 \x01(\x03R\x0estaleEvictions\x12!\n" +
 	"\fnum_episodes\x18\x15 \x01(\x03R\vnumEpisodes\x120\n" +
 	"\x14num_deleted_episodes\x18\x16 \x01(\x03R\x12numDeletedEpisodes\x12,\n" +
-	"\x12num_unique_samples\x18\x17 \x01(\x03R\x10numUniqueSamplesB\x10\n" +
-	"\x0e_max_staleness\"\xfa\x01\n" +
+	"\x12num_unique_samples\x18\x17 \x01(\x03R\x10numUniqueSamples\x12'\n" +
+	"\x0fweight_fraction\x18\x18 \x01(\x01R\x0eweightFraction\x12'\n" +
+	"\x0fweight_exponent\x18\x19 \x01(\x12R\x0eweightExponentB\x10\n" +
+	"\x0e_max_staleness\"\xbc\x02\n" +
 	"\fInfoResponse\x12*\n" +
 	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\x12-\n" +
 	"\x06tables\x18\x02 \x03(\v2\x15.reprise.v1.TableInfoR\x06tables\x12)\n" +
@@ -3004,7 +3076,11 @@ const file_reprise_proto_rawDesc = "" +
 	"\x06chunks\x18\x04 \x01(\x03R\x06chunks\x12\x1f\n" +
 	"\vchunk_bytes\x18\x05 \x01(\x03R\n" +
 	"chunkBytes\x12+\n" +
-	"\x11rejected_messages\x18\x06 \x01(\x03R\x10rejectedMessages\";\n" +
+	"\x11rejected_messages\x18\x06 \x01(\x03R\x10rejectedMessages\x12\x1f\n" +
+	"\vshard_index\x18\a \x01(\rR\n" +
+	"shardIndex\x12\x1f\n" +
+	"\vshard_count\x18\b \x01(\rR\n" +
+	"shardCount\";\n" +
 	"\rResetResponse\x12*\n" +
 	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\"\xb4\x01\n" +
 	"\tRejection\x12\x1a\n" +

@@ -14,7 +14,10 @@ import (
 // buffer grown once, and each chunk appended once, as stored. It encodes
 // what the generated code would for the same message
 // (TestAppendSampleResponse checks).
-func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Sample) []byte {
+//
+// after is the table once the sample was taken: its size and sampling
+// weight, which a client of a sharded table picks shards by.
+func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Sample, after TableState) []byte {
 	// A message's length prefix needs its size, which needs its parts': the
 	// sizes are taken first, in the order they are written.
 	columns, refs := 0, 0
@@ -52,6 +55,7 @@ func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Samp
 			total += 1 + protowire.SizeBytes(len(ch.Data))
 		}
 	}
+	total += sizeTableState(after)
 	b = slices.Grow(b, total)
 	// The status is always set, even when empty (OK).
 	b = protowire.AppendTag(b, 1, protowire.BytesType)
@@ -76,7 +80,26 @@ func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Samp
 		b = protowire.AppendTag(b, 3, protowire.BytesType)
 		b = protowire.AppendBytes(b, data)
 	}
-	return b
+	return appendTableState(b, after)
+}
+
+// TableState is a table's size and sampling weight (see TableInfo's
+// weight_fraction), as a sample response reports them.
+type TableState struct {
+	Size   int64
+	Weight tables.Weight
+}
+
+// sizeTableState and appendTableState write SampleResponse's fields 4 to 6,
+// each left out when zero, as proto3 does.
+func sizeTableState(s TableState) int {
+	return varintField(uint64(s.Size)) + doubleField(s.Weight.Fraction) + varintField(protowire.EncodeZigZag(s.Weight.Exponent))
+}
+
+func appendTableState(b []byte, s TableState) []byte {
+	b = appendVarintField(b, 4, uint64(s.Size))
+	b = appendDoubleField(b, 5, s.Weight.Fraction)
+	return appendVarintField(b, 6, protowire.EncodeZigZag(s.Weight.Exponent))
 }
 
 func sizeStatus(code Code, msg string) int {

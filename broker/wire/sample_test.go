@@ -12,8 +12,9 @@ import (
 )
 
 // referenceSampleResponse builds the response with the generated code.
-func referenceSampleResponse(code Code, msg string, samples []tables.Sample) *SampleResponse {
-	resp := &SampleResponse{Status: &Status{Code: code, Message: msg}}
+func referenceSampleResponse(code Code, msg string, samples []tables.Sample, after TableState) *SampleResponse {
+	resp := &SampleResponse{Status: &Status{Code: code, Message: msg},
+		TableSize: after.Size, WeightFraction: after.Weight.Fraction, WeightExponent: after.Weight.Exponent}
 	seen := map[uint64]bool{}
 	for _, smp := range samples {
 		in := smp.Info
@@ -66,16 +67,29 @@ func TestAppendSampleResponse(t *testing.T) {
 			})
 		}
 		code, msg := []Code{0, Code_CODE_PARTIAL}[trial%2], []string{"", "partial"}[trial%2]
+		after := randomTableState(rng)
 		var got SampleResponse
-		if err := proto.Unmarshal(AppendSampleResponse(nil, code, msg, samples), &got); err != nil {
+		if err := proto.Unmarshal(AppendSampleResponse(nil, code, msg, samples, after), &got); err != nil {
 			t.Fatalf("trial %d: %v", trial, err)
 		}
-		want := referenceSampleResponse(code, msg, samples)
+		want := referenceSampleResponse(code, msg, samples, after)
 		if !proto.Equal(&got, want) {
 			t.Fatalf("trial %d: decoded %v, want %v", trial, &got, want)
 		}
-		if n := len(AppendSampleResponse(nil, code, msg, samples)); n != proto.Size(want) {
+		if n := len(AppendSampleResponse(nil, code, msg, samples, after)); n != proto.Size(want) {
 			t.Fatalf("trial %d: %d bytes, the generated code makes %d", trial, n, proto.Size(want))
 		}
+	}
+}
+
+// randomTableState draws a table's state with edge values: zeros, the
+// largest size, and weights far beyond a double's range either way.
+func randomTableState(rng *rand.Rand) TableState {
+	return TableState{
+		Size: []int64{0, 1, 1 << 40, math.MaxInt64}[rng.IntN(4)],
+		Weight: tables.Weight{
+			Fraction: []float64{0, 0.5, 0.75, math.Nextafter(1, 0)}[rng.IntN(4)],
+			Exponent: []int64{0, 1, -1, 1 << 60, -(1 << 60)}[rng.IntN(5)],
+		},
 	}
 }

@@ -28,28 +28,40 @@ type DecodedSample struct {
 	Columns []SampledColumn
 }
 
-// DecodeSampleResponse decodes a SampleResponse: its status, and its items
-// with every column gathered from the response's chunks, each chunk
-// decompressed once. The work is per response, not per item: the items'
-// columns, their shapes and their data each live in one array, so a batch
-// of small items costs a handful of allocations.
+// SampleReply is a decoded SampleResponse.
+type SampleReply struct {
+	Code    Code
+	Message string
+	Samples []DecodedSample
+	// After is the table once the sample was taken.
+	After TableState
+}
+
+// DecodeSampleResponse decodes a SampleResponse: its status, the table's
+// state after the sample, and its items with every column gathered from the
+// response's chunks, each chunk decompressed once. The work is per
+// response, not per item: the items' columns, their shapes and their data
+// each live in one array, so a batch of small items costs a handful of
+// allocations.
 //
 // No two columns share memory. A column that is exactly one chunk, which
 // no other column of the response uses, is that chunk's bytes without a
 // copy; for an uncompressed chunk those are b's, so b belongs to the result
 // and the caller must not reuse it.
-func DecodeSampleResponse(b []byte) (code Code, msg string, samples []DecodedSample, err error) {
+func DecodeSampleResponse(b []byte) (SampleReply, error) {
 	var d sampleDecoder
-	if code, msg, err = d.split(b); err != nil {
-		return 0, "", nil, err
+	reply, err := d.split(b)
+	if err != nil {
+		return SampleReply{}, err
 	}
 	if err := d.readChunks(); err != nil {
-		return 0, "", nil, err
+		return SampleReply{}, err
 	}
 	if err := d.readItems(); err != nil {
-		return 0, "", nil, err
+		return SampleReply{}, err
 	}
-	return code, msg, d.assemble(), nil
+	reply.Samples = d.assemble()
+	return reply, nil
 }
 
 // sampleDecoder holds a response's parts while DecodeSampleResponse reads
@@ -95,42 +107,35 @@ type sampledSlice struct {
 	offset, length int32
 }
 
-// split reads the top level: the status, and where each item and chunk is.
-func (d *sampleDecoder) split(b []byte) (code Code, msg string, err error) {
+// split reads the top level: the status, the table's state, and where
+// each item and chunk is. A field of an unexpected wire type is skipped, as
+// the generated code keeps it as unknown.
+func (d *sampleDecoder) split(b []byte) (reply SampleReply, err error) {
 	items, chunks := countParts(b)
 	d.rawItems, d.rawChunks = make([][]byte, 0, items), make([][]byte, 0, chunks)
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return 0, "", fmt.Errorf("%w: sample response: %v", ErrMalformed, protowire.ParseError(n))
-		}
-		b = b[n:]
-		if typ != protowire.BytesType || num < 1 || num > 3 {
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return 0, "", fmt.Errorf("%w: sample response: %v", ErrMalformed, protowire.ParseError(n))
-			}
-			b = b[n:]
-			continue
-		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return 0, "", fmt.Errorf("%w: sample response: %v", ErrMalformed, protowire.ParseError(n))
-		}
-		b = b[n:]
-		switch num {
-		case 1:
+	err = EachField(b, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
+		switch {
+		case num == 1 && typ == protowire.BytesType:
 			// A message field that repeats merges into the first, as in
 			// protobuf.
-			if err = readStatus(v, &code, &msg); err != nil {
-				return 0, "", err
-			}
-		case 2:
-			d.rawItems = append(d.rawItems, v)
-		case 3:
-			d.rawChunks = append(d.rawChunks, v)
+			return readStatus(bytes, &reply.Code, &reply.Message)
+		case num == 2 && typ == protowire.BytesType:
+			d.rawItems = append(d.rawItems, bytes)
+		case num == 3 && typ == protowire.BytesType:
+			d.rawChunks = append(d.rawChunks, bytes)
+		case num == 4 && typ == protowire.VarintType:
+			reply.After.Size = int64(v)
+		case num == 5 && typ == protowire.Fixed64Type:
+			reply.After.Weight.Fraction = math.Float64frombits(v)
+		case num == 6 && typ == protowire.VarintType:
+			reply.After.Weight.Exponent = protowire.DecodeZigZag(v)
 		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrMalformed) {
+		err = fmt.Errorf("%w: sample response: %v", ErrMalformed, err)
 	}
-	return code, msg, nil
+	return reply, err
 }
 
 // countParts counts a response's items and chunks, for split to size its

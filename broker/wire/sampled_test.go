@@ -74,20 +74,22 @@ func sampledFixture(t testing.TB, rng *rand.Rand) []tables.Sample {
 
 // referenceDecode decodes a response the long way: the generated code,
 // DecodeChunk and GatherColumn.
-func referenceDecode(b []byte) ([]DecodedSample, error) {
+func referenceDecode(b []byte) (SampleReply, error) {
 	var resp SampleResponse
 	if err := proto.Unmarshal(b, &resp); err != nil {
-		return nil, err
+		return SampleReply{}, err
 	}
+	reply := SampleReply{Code: resp.GetStatus().GetCode(), Message: resp.GetStatus().GetMessage(),
+		After: TableState{Size: resp.TableSize, Weight: tables.Weight{Fraction: resp.WeightFraction, Exponent: resp.WeightExponent}}}
 	decoded := map[uint64]*Tensor{}
 	for _, raw := range resp.Chunks {
 		var c Chunk
 		if err := proto.Unmarshal(raw, &c); err != nil {
-			return nil, err
+			return SampleReply{}, err
 		}
 		d, err := DecodeChunk(&c)
 		if err != nil {
-			return nil, err
+			return SampleReply{}, err
 		}
 		decoded[c.Key] = d
 	}
@@ -99,16 +101,17 @@ func referenceDecode(b []byte) ([]DecodedSample, error) {
 		for _, col := range it.Columns {
 			g, err := GatherColumn(col, func(k uint64) (*Tensor, bool) { d, ok := decoded[k]; return d, ok })
 			if err != nil {
-				return nil, err
+				return SampleReply{}, err
 			}
 			s.Columns = append(s.Columns, SampledColumn{Name: col.Name, Dtype: g.Dtype, Shape: g.Shape, Data: g.Data})
 		}
 		out = append(out, s)
 	}
-	return out, nil
+	reply.Samples = out
+	return reply, nil
 }
 
-func mustReferenceDecode(t testing.TB, b []byte) []DecodedSample {
+func mustReferenceDecode(t testing.TB, b []byte) SampleReply {
 	t.Helper()
 	out, err := referenceDecode(b)
 	if err != nil {
@@ -117,10 +120,16 @@ func mustReferenceDecode(t testing.TB, b []byte) []DecodedSample {
 	return out
 }
 
+// sameFloat compares bit for bit: a hostile reply may carry NaNs.
+func sameFloat(a, b float64) bool { return math.Float64bits(a) == math.Float64bits(b) }
+
+func sameTableState(a, b TableState) bool {
+	return a.Size == b.Size && sameFloat(a.Weight.Fraction, b.Weight.Fraction) && a.Weight.Exponent == b.Weight.Exponent
+}
+
 func equalSamples(a, b []DecodedSample) bool {
 	return slices.EqualFunc(a, b, func(x, y DecodedSample) bool {
-		// Bit for bit: a hostile reply may carry NaNs.
-		same := func(a, b float64) bool { return math.Float64bits(a) == math.Float64bits(b) }
+		same := sameFloat
 		return x.Info.Key == y.Info.Key && same(x.Info.Probability, y.Info.Probability) && x.Info.TableSize == y.Info.TableSize &&
 			same(x.Info.Priority, y.Info.Priority) && x.Info.TimesSampled == y.Info.TimesSampled && x.Info.InsertedAt.Equal(y.Info.InsertedAt) &&
 			x.Info.RateLimited == y.Info.RateLimited &&
@@ -137,17 +146,18 @@ func TestDecodeSampleResponse(t *testing.T) {
 	for trial := range 300 {
 		samples := sampledFixture(t, rng)
 		code, msg := []Code{Code_CODE_OK, Code_CODE_PARTIAL}[trial%2], []string{"", "partial"}[trial%2]
-		b := AppendSampleResponse(nil, code, msg, samples)
+		after := randomTableState(rng)
+		b := AppendSampleResponse(nil, code, msg, samples, after)
 		want := mustReferenceDecode(t, b)
-		gotCode, gotMsg, got, err := DecodeSampleResponse(slices.Clone(b))
+		got, err := DecodeSampleResponse(slices.Clone(b))
 		if err != nil {
 			t.Fatalf("trial %d: %v", trial, err)
 		}
-		if gotCode != code || gotMsg != msg {
-			t.Fatalf("trial %d: status %v %q, want %v %q", trial, gotCode, gotMsg, code, msg)
+		if got.Code != code || got.Message != msg || got.After != after || want.After != after {
+			t.Fatalf("trial %d: status %v %q, table %+v; want %v %q, %+v", trial, got.Code, got.Message, got.After, code, msg, after)
 		}
-		if !equalSamples(got, want) {
-			t.Fatalf("trial %d: decoded\n%v\nwant\n%v", trial, got, want)
+		if !equalSamples(got.Samples, want.Samples) {
+			t.Fatalf("trial %d: decoded\n%v\nwant\n%v", trial, got.Samples, want.Samples)
 		}
 	}
 }
@@ -160,11 +170,12 @@ func TestDecodeSampleResponseSharesNoMemory(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	for trial := range 200 {
 		samples := sampledFixture(t, rng)
-		b := AppendSampleResponse(nil, Code_CODE_OK, "", samples)
-		_, _, got, err := DecodeSampleResponse(slices.Clone(b))
+		b := AppendSampleResponse(nil, Code_CODE_OK, "", samples, TableState{})
+		reply, err := DecodeSampleResponse(slices.Clone(b))
 		if err != nil {
 			t.Fatal(err)
 		}
+		got := reply.Samples
 		var all [][]byte
 		for _, s := range got {
 			for _, c := range s.Columns {
@@ -187,7 +198,7 @@ func TestDecodeSampleResponseSharesNoMemory(t *testing.T) {
 		for i, s := range got {
 			for j, c := range s.Columns {
 				for k := range c.Data {
-					if c.Data[k] != want[i].Columns[j].Data[k]^0xff {
+					if c.Data[k] != want.Samples[i].Columns[j].Data[k]^0xff {
 						t.Fatalf("trial %d: item %d column %d changed by a write to another column", trial, i, j)
 					}
 				}
@@ -250,7 +261,7 @@ func TestDecodeSampleResponseErrors(t *testing.T) {
 		{"mixed dtypes", encode(&SampleResponse{Items: []*SampledItem{item(col(false, &ColumnSlice{ChunkKey: 1, Length: 1}, &ColumnSlice{ChunkKey: 2, Length: 1}))}, Chunks: [][]byte{floats, ints}}), ErrMismatch, "int32"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, got, err := DecodeSampleResponse(tt.b)
+			got, err := DecodeSampleResponse(tt.b)
 			if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.text) {
 				t.Fatalf("DecodeSampleResponse = %v, %v; want %v containing %q", got, err, tt.want, tt.text)
 			}
@@ -276,11 +287,11 @@ func TestDecodeSampleResponseAllocations(t *testing.T) {
 			samples = append(samples, tables.Sample{Info: tables.SampleInfo{Key: uint64(i)}, Chunks: []*tables.Chunk{ch},
 				Trajectory: []tables.Column{{Name: "x", Squeeze: true, Slices: []tables.Slice{{Chunk: ch.Key, Length: 1}}}}})
 		}
-		return AppendSampleResponse(nil, Code_CODE_OK, "", samples)
+		return AppendSampleResponse(nil, Code_CODE_OK, "", samples, TableState{})
 	}
 	allocs := func(b []byte) float64 {
 		return testing.AllocsPerRun(20, func() {
-			if _, _, _, err := DecodeSampleResponse(b); err != nil {
+			if _, err := DecodeSampleResponse(b); err != nil {
 				t.Fatal(err)
 			}
 		})

@@ -81,6 +81,11 @@ class _Response:
     message: str
     items: Sequence[Any]  # pb.SampledItem
     chunks: Sequence[bytes]
+    # The table after the sample: its size and the total weight its sampler
+    # draws by, weight_fraction * 2**weight_exponent (see TableInfo).
+    table_size: int = 0
+    weight_fraction: float = 0.0
+    weight_exponent: int = 0
 
 
 def parse_response(data: bytes) -> _Response:
@@ -89,7 +94,15 @@ def parse_response(data: bytes) -> _Response:
         resp = pb.SampleResponse.FromString(data)
     except Exception as e:  # the protobuf runtime's DecodeError
         raise errors.ProtocolError(f"malformed sample response: {e}") from None
-    return _Response(resp.status.code, resp.status.message, resp.items, resp.chunks)
+    return _Response(
+        resp.status.code,
+        resp.status.message,
+        resp.items,
+        resp.chunks,
+        resp.table_size,
+        resp.weight_fraction,
+        resp.weight_exponent,
+    )
 
 
 def raise_for_status(code: int, message: str, partial: Any = None) -> None:

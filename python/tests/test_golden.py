@@ -94,6 +94,13 @@ RESPONSES = load("go_sample_responses.json")
 def test_go_sample_responses_decode(case: dict[str, Any]) -> None:
     data = b64(case["response"])
     code = case["code"]
+    resp = _sample.parse_response(data)
+    table = case["table"]
+    assert (resp.table_size, resp.weight_fraction, resp.weight_exponent) == (
+        table["size"],
+        table["weight_fraction"],
+        table["weight_exponent"],
+    )
     if code not in (pb.CODE_OK, pb.CODE_PARTIAL):
         cls = type(reprise.errors.error_for_code(code, ""))
         with pytest.raises(cls) as e:

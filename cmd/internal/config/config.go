@@ -184,6 +184,17 @@ type Service struct {
 	// time, chosen by a lease with LeaseTTL (0: the default).
 	Standby  bool
 	LeaseTTL time.Duration
+	// Shard is "INDEX/COUNT" for one shard of a sharded table, or empty.
+	Shard string
+}
+
+// CheckShard accepts "INDEX/COUNT", such as "0/4", or nothing.
+func CheckShard(s string) error {
+	if s == "" {
+		return nil
+	}
+	_, err := service.ParseShard(s)
+	return err
 }
 
 // Options turns the settings into the table service's options.
@@ -196,6 +207,11 @@ func (s Service) Options() []service.Option {
 	}
 	if s.Standby {
 		opts = append(opts, service.WithStandby(s.LeaseTTL))
+	}
+	if s.Shard != "" {
+		// Load and the flags checked it.
+		sh, _ := service.ParseShard(s.Shard)
+		opts = append(opts, service.WithShard(sh))
 	}
 	return opts
 }

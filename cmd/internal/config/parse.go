@@ -115,6 +115,7 @@ func serviceFields(p *parser, s *Service) []field {
 		{"producer_idle", p.duration(&s.ProducerIdle, false)},
 		{"standby", p.boolean(&s.Standby)},
 		{"lease_ttl", p.duration(&s.LeaseTTL, false)},
+		{"shard", p.str(&s.Shard, CheckShard)},
 	}
 }
 

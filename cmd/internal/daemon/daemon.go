@@ -130,6 +130,8 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	fs.Func("metrics", "`HOST:PORT` to serve Prometheus metrics on, at /metrics (default: no metrics)", checked(&s.Metrics, config.CheckMetrics))
 	fs.BoolVar(&s.SyncAlways, "sync-always", false, "make the embedded server fsync every write before acknowledging it (survives power loss; slower)")
 	standby := fs.Bool("standby", false, "run as one of several reprised for the prefix: the one holding the lease (KV bucket REPRISE_<PREFIX>_LEASE) serves, the others follow the stream and take over when it stops (service.standby)")
+	var shard string
+	fs.Func("shard", "`INDEX/COUNT`: serve shard INDEX (from 0) of tables spread over COUNT reprised, each with its own --prefix; items whose key is not this shard's are refused (service.shard)", checked(&shard, config.CheckShard))
 	var cp config.Checkpoint
 	fs.DurationVar(&cp.Every, "checkpoint-every", def.Checkpoint.Every, "`interval` between checkpoints of the tables; 0 writes them only on request and at shutdown")
 	fs.StringVar(&cp.Dir, "checkpoint-dir", "", "`directory` for checkpoint files (default: the JetStream object store bucket REPRISE_<PREFIX>_CHECKPOINTS)")
@@ -198,6 +200,7 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	if set["standby"] {
 		cfg.Service.Standby = *standby
 	}
+	override("shard", &cfg.Service.Shard, shard)
 	override("checkpoint-dir", &cfg.Checkpoint.Dir, cp.Dir)
 	if set["checkpoint-every"] {
 		if cp.Every < 0 {

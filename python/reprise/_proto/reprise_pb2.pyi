@@ -123,20 +123,24 @@ class HeldMessage(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., stored_at_unix_nano: _Optional[int] = ..., items_applied: _Optional[int] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ["applied_sequence", "chunk_bytes", "chunks", "rejected_messages", "status", "tables"]
+    __slots__ = ["applied_sequence", "chunk_bytes", "chunks", "rejected_messages", "shard_count", "shard_index", "status", "tables"]
     APPLIED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     REJECTED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     applied_sequence: int
     chunk_bytes: int
     chunks: int
     rejected_messages: int
+    shard_count: int
+    shard_index: int
     status: Status
     tables: _containers.RepeatedCompositeFieldContainer[TableInfo]
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ..., applied_sequence: _Optional[int] = ..., chunks: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., rejected_messages: _Optional[int] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ..., applied_sequence: _Optional[int] = ..., chunks: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., rejected_messages: _Optional[int] = ..., shard_index: _Optional[int] = ..., shard_count: _Optional[int] = ...) -> None: ...
 
 class InsertBatch(_message.Message):
     __slots__ = ["chunks", "end_of_stream", "items", "notice_subject", "producer_id", "release_chunk_keys", "sequence", "window", "window_start"]
@@ -373,14 +377,20 @@ class SampleRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., flexible: bool = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ["chunks", "items", "status"]
+    __slots__ = ["chunks", "items", "status", "table_size", "weight_exponent", "weight_fraction"]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    TABLE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_EXPONENT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FRACTION_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedScalarFieldContainer[bytes]
     items: _containers.RepeatedCompositeFieldContainer[SampledItem]
     status: Status
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., items: _Optional[_Iterable[_Union[SampledItem, _Mapping]]] = ..., chunks: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    table_size: int
+    weight_exponent: int
+    weight_fraction: float
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., items: _Optional[_Iterable[_Union[SampledItem, _Mapping]]] = ..., chunks: _Optional[_Iterable[bytes]] = ..., table_size: _Optional[int] = ..., weight_fraction: _Optional[float] = ..., weight_exponent: _Optional[int] = ...) -> None: ...
 
 class SampledItem(_message.Message):
     __slots__ = ["columns", "info"]
@@ -413,7 +423,7 @@ class TableCheckpoint(_message.Message):
     def __init__(self, config_json: _Optional[bytes] = ..., limiter_json: _Optional[bytes] = ..., counters_json: _Optional[bytes] = ..., items: _Optional[_Iterable[_Union[ItemCheckpoint, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ["bytes_held", "deletes", "evictions", "insert_waits", "inserts", "limiter", "max_item_version", "max_size", "max_staleness", "max_times_sampled", "min_item_version", "name", "num_deleted_episodes", "num_episodes", "num_unique_samples", "policy_version", "remover", "sample_waits", "sampler", "samples", "signature", "size", "stale_evictions"]
+    __slots__ = ["bytes_held", "deletes", "evictions", "insert_waits", "inserts", "limiter", "max_item_version", "max_size", "max_staleness", "max_times_sampled", "min_item_version", "name", "num_deleted_episodes", "num_episodes", "num_unique_samples", "policy_version", "remover", "sample_waits", "sampler", "samples", "signature", "size", "stale_evictions", "weight_exponent", "weight_fraction"]
     BYTES_HELD_FIELD_NUMBER: _ClassVar[int]
     DELETES_FIELD_NUMBER: _ClassVar[int]
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -437,6 +447,8 @@ class TableInfo(_message.Message):
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     STALE_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_EXPONENT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FRACTION_FIELD_NUMBER: _ClassVar[int]
     bytes_held: int
     deletes: int
     evictions: int
@@ -460,7 +472,9 @@ class TableInfo(_message.Message):
     signature: _containers.RepeatedCompositeFieldContainer[ColumnSpec]
     size: int
     stale_evictions: int
-    def __init__(self, name: _Optional[str] = ..., sampler: _Optional[str] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., limiter: _Optional[_Union[LimiterInfo, _Mapping]] = ..., signature: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., size: _Optional[int] = ..., bytes_held: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ..., evictions: _Optional[int] = ..., insert_waits: _Optional[int] = ..., sample_waits: _Optional[int] = ..., policy_version: _Optional[int] = ..., max_staleness: _Optional[int] = ..., min_item_version: _Optional[int] = ..., max_item_version: _Optional[int] = ..., stale_evictions: _Optional[int] = ..., num_episodes: _Optional[int] = ..., num_deleted_episodes: _Optional[int] = ..., num_unique_samples: _Optional[int] = ...) -> None: ...
+    weight_exponent: int
+    weight_fraction: float
+    def __init__(self, name: _Optional[str] = ..., sampler: _Optional[str] = ..., remover: _Optional[str] = ..., max_size: _Optional[int] = ..., max_times_sampled: _Optional[int] = ..., limiter: _Optional[_Union[LimiterInfo, _Mapping]] = ..., signature: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., size: _Optional[int] = ..., bytes_held: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ..., evictions: _Optional[int] = ..., insert_waits: _Optional[int] = ..., sample_waits: _Optional[int] = ..., policy_version: _Optional[int] = ..., max_staleness: _Optional[int] = ..., min_item_version: _Optional[int] = ..., max_item_version: _Optional[int] = ..., stale_evictions: _Optional[int] = ..., num_episodes: _Optional[int] = ..., num_deleted_episodes: _Optional[int] = ..., num_unique_samples: _Optional[int] = ..., weight_fraction: _Optional[float] = ..., weight_exponent: _Optional[int] = ...) -> None: ...
 
 class TableProgress(_message.Message):
     __slots__ = ["applied_sequence", "table"]
