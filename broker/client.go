@@ -266,6 +266,13 @@ func (c *Client) Sample(ctx context.Context, table string, n int, opts ...Sample
 }
 
 func (c *Client) sample(ctx context.Context, table string, n int, o sampleOptions) ([]Sample, error) {
+	out, _, err := c.sampleReply(ctx, table, n, o)
+	return out, err
+}
+
+// sampleReply is sample that also returns the table's state after it, when
+// the service sent samples.
+func (c *Client) sampleReply(ctx context.Context, table string, n int, o sampleOptions) ([]Sample, wire.TableState, error) {
 	req := &wire.SampleRequest{Table: table, NumSamples: int32(n), TimeoutMs: -1, Flexible: o.flexible}
 	if dl, ok := ctx.Deadline(); ok {
 		// Leave the reply time to travel, even on a loaded machine: a
@@ -277,20 +284,20 @@ func (c *Client) sample(ctx context.Context, table string, n int, o sampleOption
 	}
 	data, err := c.request(ctx, c.subj.Sample(), req)
 	if err != nil {
-		return nil, err
+		return nil, wire.TableState{}, err
 	}
 	reply, err := wire.DecodeSampleResponse(data)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrServer, err)
+		return nil, wire.TableState{}, fmt.Errorf("%w: %w", ErrServer, err)
 	}
 	if err := protocol.Status(protocol.Code(reply.Code), reply.Message); err != nil {
-		return nil, err
+		return nil, wire.TableState{}, err
 	}
 	out := toSamples(reply.Samples)
 	if reply.Code == wire.Code_CODE_PARTIAL {
-		return out, &StatusError{Code: CodeRateLimited, Message: reply.Message}
+		return out, reply.After, &StatusError{Code: CodeRateLimited, Message: reply.Message}
 	}
-	return out, nil
+	return out, reply.After, nil
 }
 
 // toSamples gives decoded items the public types, sharing their memory.
@@ -545,15 +552,28 @@ func WithRateLimitTimeout(d time.Duration) SamplerOption {
 // NewSampler starts prefetching batches of size items from table, until
 // Close.
 func (c *Client) NewSampler(table string, size int, opts ...SamplerOption) (*Sampler, error) {
+	o, err := samplerConfig(size, opts)
+	if err != nil {
+		return nil, err
+	}
+	return startSampler(o, func(ctx context.Context) ([]Sample, error) { return c.sample(ctx, table, size, o.sample) }), nil
+}
+
+func samplerConfig(size int, opts []SamplerOption) (samplerOptions, error) {
 	if size < 1 || size > 1<<30 {
-		return nil, fmt.Errorf("%w: sample size %d", ErrInvalidOption, size)
+		return samplerOptions{}, fmt.Errorf("%w: sample size %d", ErrInvalidOption, size)
 	}
 	o := samplerOptions{inFlight: 2}
 	for _, opt := range opts {
 		if err := opt.configureSampler(&o); err != nil {
-			return nil, err
+			return samplerOptions{}, err
 		}
 	}
+	return o, nil
+}
+
+// startSampler keeps o.inFlight calls of fetch going until Close.
+func startSampler(o samplerOptions, fetch func(context.Context) ([]Sample, error)) *Sampler {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sampler{results: make(chan samplerResult, o.inFlight), cancel: cancel}
 	for range o.inFlight {
@@ -566,7 +586,7 @@ func (c *Client) NewSampler(table string, size int, opts ...SamplerOption) (*Sam
 				if o.timeout > 0 {
 					rctx, rcancel = context.WithTimeout(ctx, o.timeout)
 				}
-				samples, err := c.sample(rctx, table, size, o.sample)
+				samples, err := fetch(rctx)
 				rcancel()
 				if ctx.Err() != nil {
 					return
@@ -591,7 +611,7 @@ func (c *Client) NewSampler(table string, size int, opts ...SamplerOption) (*Sam
 			}
 		}()
 	}
-	return s, nil
+	return s
 }
 
 // Next returns the next batch. A batch cut short by the rate limiter comes

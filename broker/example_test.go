@@ -21,6 +21,12 @@ import (
 // "replay", sampled from its first item. It returns a connection to the
 // server and a function that stops both.
 func startReprise() (*nats.Conn, func()) {
+	return startServices(nil)
+}
+
+// startServices runs an embedded NATS server and a table service as
+// startReprise does for each of the option lists given.
+func startServices(services ...[]service.Option) (*nats.Conn, func()) {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "reprise-example")
 	if err != nil {
@@ -41,20 +47,25 @@ func startReprise() (*nats.Conn, func()) {
 		Name: "replay", MaxSize: 1000, Limiter: limiter.MinSize(1),
 		Sampler: selectors.Options{Kind: selectors.KindUniform}, Remover: selectors.Options{Kind: selectors.KindFifo},
 	}
-	svcConn := connect()
-	svc, err := service.New(svcConn, []tables.Config{replay}, service.WithoutFinalCheckpoint())
-	if err != nil {
-		log.Fatal(err)
-	}
 	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(runCtx) }()
+	var stops []func()
+	for _, opts := range services {
+		svcConn := connect()
+		svc, err := service.New(svcConn, []tables.Config{replay}, append(opts, service.WithoutFinalCheckpoint())...)
+		if err != nil {
+			log.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- svc.Run(runCtx) }()
+		stops = append(stops, func() { <-done; svcConn.Close() })
+	}
 	nc := connect()
 	return nc, func() {
 		nc.Close()
 		stop()
-		<-done
-		svcConn.Close()
+		for _, f := range stops {
+			f()
+		}
 		srv.Shutdown(ctx)
 		os.RemoveAll(dir)
 	}
@@ -197,4 +208,56 @@ func insertSteps(ctx context.Context, nc *nats.Conn, n int64) {
 	if err := p.Close(ctx); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// A table spread over two shards: two table services with their own
+// prefixes (reprised --prefix shard0 --shard 0/2, and shard1 1/2). The
+// actor's episodes go to the shards in turn; the learner samples the whole
+// table, each item with its probability in the whole table.
+func ExampleShardedClient() {
+	prefixes := []string{"shard0", "shard1"}
+	nc, stop := startServices(
+		[]service.Option{service.WithPrefix(prefixes[0]), service.WithShard(service.Shard{Index: 0, Count: 2})},
+		[]service.Option{service.WithPrefix(prefixes[1]), service.WithShard(service.Shard{Index: 1, Count: 2})},
+	)
+	defer stop()
+	ctx := context.Background()
+
+	p, err := broker.NewShardedProducer(ctx, nc, prefixes)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close(ctx)
+	for episode := range int64(4) {
+		for t := range int64(5) {
+			if err := p.Append(ctx, broker.Step{"t": broker.Int64s(nil, []int64{episode*10 + t})}); err != nil {
+				log.Fatal(err)
+			}
+			if err := p.CreateItem(ctx, "replay", 1.0, broker.LastStep("t")); err != nil {
+				log.Fatal(err)
+			}
+		}
+		if err := p.EndEpisode(ctx); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	c, err := broker.NewShardedClient(nc, prefixes)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	info, err := c.Info(ctx, "replay")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%d items: %d on shard 0, %d on shard 1\n", info.Tables[0].Size, info.Shards[0].Tables[0].Size, info.Shards[1].Tables[0].Size)
+	samples, err := c.Sample(ctx, "replay", 8)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("each sampled with probability 1/%.0f in a table of %d\n", 1/samples[0].Info.Probability, samples[0].Info.TableSize)
+	// Output:
+	// 20 items: 10 on shard 0, 10 on shard 1
+	// each sampled with probability 1/20 in a table of 20
 }

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -31,8 +32,26 @@ func deploy(t testing.TB, cfgs []tables.Config, url string) *deployment {
 	if url == "" {
 		url = testutil.StartEmbedded(t, 0)
 	}
-	d := &deployment{t: t, url: url, prefix: "test"}
-	svc, err := service.New(d.connect(), cfgs, service.WithPrefix(d.prefix), service.WithLogger(testutil.QuietLogger()))
+	return deployPrefix(t, cfgs, url, "test")
+}
+
+// deployShards runs n table services on one embedded server, shard i with
+// prefix "shard<i>", each with cfgs.
+func deployShards(t testing.TB, cfgs []tables.Config, n int) []*deployment {
+	t.Helper()
+	url := testutil.StartEmbedded(t, 0)
+	out := make([]*deployment, n)
+	for i := range out {
+		out[i] = deployPrefix(t, cfgs, url, fmt.Sprintf("shard%d", i), service.WithShard(service.Shard{Index: i, Count: n}))
+	}
+	return out
+}
+
+func deployPrefix(t testing.TB, cfgs []tables.Config, url, prefix string, opts ...service.Option) *deployment {
+	t.Helper()
+	d := &deployment{t: t, url: url, prefix: prefix}
+	opts = append([]service.Option{service.WithPrefix(d.prefix), service.WithLogger(testutil.QuietLogger())}, opts...)
+	svc, err := service.New(d.connect(), cfgs, opts...)
 	if err != nil {
 		t.Fatalf("service.New: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -44,7 +45,13 @@ type producerOptions struct {
 	ackTimeout    time.Duration
 	logger        *slog.Logger
 	returnOnStore bool // Flush returns once stored, not once applied
+	// shard, when shard.count > 0, makes every item key name the shard the
+	// producer writes to (see newKey).
+	shard keyShard
 }
+
+// keyShard is a shard's place among count: its keys are index modulo count.
+type keyShard struct{ index, count uint64 }
 
 func defaultProducerOptions() producerOptions {
 	return producerOptions{
@@ -498,7 +505,7 @@ func (p *Producer) CreateItem(ctx context.Context, table string, priority float6
 	if p.closing {
 		return ErrClosed
 	}
-	it := &pendingItem{table: table, priority: priority, version: p.version, key: rand.Uint64(), refs: make([]resolvedRef, len(traj))}
+	it := &pendingItem{table: table, priority: priority, version: p.version, key: p.o.shard.newKey(), refs: make([]resolvedRef, len(traj))}
 	for i, r := range traj {
 		if err := r.validate(); err != nil {
 			return err
@@ -522,6 +529,24 @@ func (p *Producer) CreateItem(ctx context.Context, table string, priority float6
 	}
 	p.pending = append(p.pending, it)
 	return errors.Join(p.advanceLocked(ctx, false), p.flow.takeErrors())
+}
+
+// newKey draws an item key: any 64 bits, or for a shard's producer, any
+// whose residue modulo the shard count is the shard's index, uniformly
+// among them (a sharded service refuses the others).
+func (s keyShard) newKey() uint64 {
+	if s.count < 2 {
+		return rand.Uint64()
+	}
+	for {
+		k := rand.Uint64()
+		// A draw in the top run of fewer than count values is drawn again:
+		// every key of the class then has exactly count draws that give it,
+		// and none overflows.
+		if base := k - k%s.count; base <= math.MaxUint64-(s.count-1) {
+			return base + s.index
+		}
+	}
 }
 
 // covers checks that every step in [from, to) has a cell in this column.
@@ -885,20 +910,28 @@ func (p *Producer) SetPolicyVersion(version int64) {
 // Flush does, and starts a new episode: later items can no longer
 // reference its steps, and the service drops its hold on its chunks.
 func (p *Producer) EndEpisode(ctx context.Context) error {
+	_, err := p.endEpisode(ctx)
+	return err
+}
+
+// endEpisode is EndEpisode, which also says whether the episode ended: it
+// does unless publishing its items failed, even when waiting for them
+// fails.
+func (p *Producer) endEpisode(ctx context.Context) (ended bool, err error) {
 	p.mu.Lock()
 	if p.closing {
 		p.mu.Unlock()
-		return ErrClosed
+		return false, ErrClosed
 	}
-	err := p.flushLocked(ctx)
+	err = p.flushLocked(ctx)
 	if err == nil {
 		p.endEpisodeLocked()
 	}
 	p.mu.Unlock()
 	if err != nil {
-		return err
+		return false, err
 	}
-	return p.Flush(ctx)
+	return true, p.Flush(ctx)
 }
 
 func (p *Producer) endEpisodeLocked() {

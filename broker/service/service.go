@@ -283,9 +283,8 @@ type Shard struct {
 	Index, Count int
 }
 
-// MaxShards bounds a shard count: far beyond what one deployment runs,
-// and small enough that a key's residue fits the wire's uint32.
-const MaxShards = 1 << 16
+// MaxShards bounds a shard count.
+const MaxShards = protocol.MaxShards
 
 // ParseShard reads a shard as "INDEX/COUNT", such as "0/4".
 func ParseShard(s string) (Shard, error) {

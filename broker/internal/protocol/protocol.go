@@ -34,6 +34,10 @@ import (
 // DefaultPrefix is the subject prefix used when none is configured.
 const DefaultPrefix = "reprise"
 
+// MaxShards bounds the shards of a sharded table: far beyond what one
+// deployment runs, and small enough for the wire's uint32.
+const MaxShards = 1 << 16
+
 // MaxProducerWindow bounds the messages a producer may have unsettled (its
 // WithMaxInFlight) and so the window a message may state.
 const MaxProducerWindow = 1 << 16

@@ -1,0 +1,751 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// A sharded table is one table spread over several table services, its
+// shards: shard i of n is a reprised with its own prefix and stream, started
+// with --shard i/n. A ShardedProducer writes each episode to one shard, so an
+// item lives with the chunks it references, and makes every item key name
+// its shard (key modulo n), which the shard checks. A ShardedClient samples
+// across the shards in proportion to the weight each one's sampler draws by
+// (its item count, or its total priority^exponent), so a sample's reported
+// probability is its probability in the whole table, and sends a key's
+// priority update or delete to the shard that holds it.
+//
+// Each shard keeps its own max_size, max_times_sampled and rate limiter, and
+// an ordered selector (Fifo, Lifo, heaps) orders the items of its shard. The
+// shard count is fixed for a table's life: the keys encode it.
+
+// checkShardPrefixes checks the prefixes of a sharded table, and that opts
+// do not name a prefix of their own.
+func checkShardPrefixes[O any](prefixes []string, opts []O) error {
+	if len(prefixes) < 1 || len(prefixes) > protocol.MaxShards {
+		return fmt.Errorf("%w: %d shard prefixes: want 1 to %d", ErrInvalidOption, len(prefixes), protocol.MaxShards)
+	}
+	for i, p := range prefixes {
+		if _, err := protocol.NewSubjects(p); err != nil {
+			return fmt.Errorf("shard %d: %w", i, err)
+		}
+		if slices.Index(prefixes, p) != i {
+			return fmt.Errorf("%w: prefix %q is given for shards %d and %d: each shard has its own", ErrInvalidOption, p, slices.Index(prefixes, p), i)
+		}
+	}
+	for _, o := range opts {
+		if _, ok := any(o).(prefixOption); ok {
+			return fmt.Errorf("%w: WithPrefix does not apply to a sharded table: the prefixes argument names each shard's", ErrInvalidOption)
+		}
+	}
+	return nil
+}
+
+// eachShard calls f for each of the shards concurrently and joins their
+// errors, each naming its shard.
+func eachShard(shards []int, prefixes []string, f func(i int) error) error {
+	errs := make([]error, len(shards))
+	var wg sync.WaitGroup
+	for j, i := range shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(i); err != nil {
+				errs[j] = fmt.Errorf("shard %d (prefix %q): %w", i, prefixes[i], err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// allShards is the indices 0 to n-1.
+func allShards(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// ShardedProducer is an actor's producer for a sharded table. It has the
+// Producer's calls; an episode's steps and items go to one shard, and the
+// next episode to the next shard, starting from a random one, which spreads
+// many actors' episodes evenly. Safe for concurrent use, though an
+// episode's calls belong in one goroutine, as with Producer.
+type ShardedProducer struct {
+	prefixes []string
+	shards   []*Producer
+
+	mu      sync.Mutex // held by an episode's calls, so an end waits for them
+	current int
+}
+
+// NewShardedProducer connects a producer to each shard through nc; prefixes
+// names the shards' prefixes in shard order. opts apply to every shard's
+// producer (WithPrefix does not apply).
+func NewShardedProducer(ctx context.Context, nc *nats.Conn, prefixes []string, opts ...ProducerOption) (*ShardedProducer, error) {
+	if err := checkShardPrefixes(prefixes, opts); err != nil {
+		return nil, err
+	}
+	sp := &ShardedProducer{prefixes: slices.Clone(prefixes), current: rand.IntN(len(prefixes))}
+	for i, prefix := range prefixes {
+		shard := keyShard{index: uint64(i), count: uint64(len(prefixes))}
+		p, err := NewProducer(ctx, nc, append(slices.Clip(opts), WithPrefix(prefix),
+			producerOption(func(o *producerOptions) error { o.shard = shard; return nil }))...)
+		if err != nil {
+			sp.closeShards(ctx)
+			return nil, fmt.Errorf("shard %d (prefix %q): %w", i, prefix, err)
+		}
+		sp.shards = append(sp.shards, p)
+	}
+	return sp, nil
+}
+
+// Append adds a step to the episode, on its shard (see Producer.Append).
+func (sp *ShardedProducer) Append(ctx context.Context, step Step) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return sp.shards[sp.current].Append(ctx, step)
+}
+
+// CreateItem creates an item of the episode's steps, on its shard (see
+// Producer.CreateItem).
+func (sp *ShardedProducer) CreateItem(ctx context.Context, table string, priority float64, traj Trajectory) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return sp.shards[sp.current].CreateItem(ctx, table, priority, traj)
+}
+
+// EndEpisode ends the episode as Producer.EndEpisode does; the next one goes
+// to the next shard.
+func (sp *ShardedProducer) EndEpisode(ctx context.Context) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	ended, err := sp.shards[sp.current].endEpisode(ctx)
+	if ended {
+		sp.current = (sp.current + 1) % len(sp.shards)
+	}
+	return err
+}
+
+// Flush flushes every shard's producer (see Producer.Flush).
+func (sp *ShardedProducer) Flush(ctx context.Context) error {
+	return eachShard(allShards(len(sp.shards)), sp.prefixes, func(i int) error { return sp.shards[i].Flush(ctx) })
+}
+
+// WaitApplied waits for every shard as Producer.WaitApplied does.
+func (sp *ShardedProducer) WaitApplied(ctx context.Context) error {
+	return eachShard(allShards(len(sp.shards)), sp.prefixes, func(i int) error { return sp.shards[i].WaitApplied(ctx) })
+}
+
+// SetPolicyVersion sets the policy version of the items created from now
+// on (see Producer.SetPolicyVersion).
+func (sp *ShardedProducer) SetPolicyVersion(version int64) {
+	for _, p := range sp.shards {
+		p.SetPolicyVersion(version)
+	}
+}
+
+// Close closes every shard's producer (see Producer.Close).
+func (sp *ShardedProducer) Close(ctx context.Context) error {
+	return sp.closeShards(ctx)
+}
+
+func (sp *ShardedProducer) closeShards(ctx context.Context) error {
+	return eachShard(allShards(len(sp.shards)), sp.prefixes, func(i int) error { return sp.shards[i].Close(ctx) })
+}
+
+// shardStateMaxAge is how old a shard's size and weight may be when a
+// sample is drawn by them; older ones are asked for first. A shard's sample
+// reply renews its own, so only the shards a client has not drawn from
+// lately cost a request.
+const shardStateMaxAge = 100 * time.Millisecond
+
+// ShardedClient is a learner's client of a sharded table: it has the
+// Client's calls, over every shard. Safe for concurrent use.
+type ShardedClient struct {
+	prefixes []string
+	shards   []*Client
+
+	mu     sync.Mutex
+	tables map[string][]shardState // per table, per shard; made once the shards agree
+}
+
+// shardState is what a client knows of a table on one shard.
+type shardState struct {
+	size   int64
+	weight tables.Weight
+	at     time.Time // when it was learned; zero once a mutation changed it
+}
+
+// NewShardedClient connects a client to each shard through nc; prefixes
+// names the shards' prefixes in shard order. opts apply to every shard's
+// client (WithPrefix does not apply). Before it first uses a table it checks
+// that each shard is the one its place says (reprised --shard) and that they
+// all configure the table alike.
+func NewShardedClient(nc *nats.Conn, prefixes []string, opts ...ClientOption) (*ShardedClient, error) {
+	if err := checkShardPrefixes(prefixes, opts); err != nil {
+		return nil, err
+	}
+	c := &ShardedClient{prefixes: slices.Clone(prefixes), tables: make(map[string][]shardState)}
+	for i, prefix := range prefixes {
+		cl, err := NewClient(nc, append(slices.Clip(opts), WithPrefix(prefix))...)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("shard %d (prefix %q): %w", i, prefix, err)
+		}
+		c.shards = append(c.shards, cl)
+	}
+	return c, nil
+}
+
+// Shard is the client of shard i alone, for the calls a sharded table has
+// no whole-table form of, such as Items.
+func (c *ShardedClient) Shard(i int) *Client { return c.shards[i] }
+
+// NumShards is the number of shards.
+func (c *ShardedClient) NumShards() int { return len(c.shards) }
+
+// Close closes every shard's client.
+func (c *ShardedClient) Close() error {
+	var errs []error
+	for _, cl := range c.shards {
+		errs = append(errs, cl.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (c *ShardedClient) all() []int { return allShards(len(c.shards)) }
+
+// Sample takes n items from table across its shards (see Client.Sample).
+// Each item's shard is drawn in proportion to the shards' weights, then each
+// shard is asked for its items at once. The probability reported is the
+// item's in the whole table: the shard's share of the weight times the
+// item's probability within its shard. TableSize is the whole table's.
+//
+// A call waits for every shard it draws from, each under its own rate
+// limiter. Items a shard could not give (its limiter, an error) leave their
+// places empty: the call returns the others, in order, with the error.
+func (c *ShardedClient) Sample(ctx context.Context, table string, n int, opts ...SampleOption) ([]Sample, error) {
+	if n < 1 || n > 1<<30 {
+		return nil, fmt.Errorf("%w: sample size %d", ErrInvalidMessage, n)
+	}
+	var o sampleOptions
+	for _, opt := range opts {
+		if err := opt.configureSample(&o); err != nil {
+			return nil, err
+		}
+	}
+	return c.sample(ctx, table, n, o)
+}
+
+// NewSampler starts prefetching batches of size items from table, as
+// Client.NewSampler does.
+func (c *ShardedClient) NewSampler(table string, size int, opts ...SamplerOption) (*Sampler, error) {
+	o, err := samplerConfig(size, opts)
+	if err != nil {
+		return nil, err
+	}
+	return startSampler(o, func(ctx context.Context) ([]Sample, error) { return c.sample(ctx, table, size, o.sample) }), nil
+}
+
+// shardReply is one shard's part of a sample.
+type shardReply struct {
+	samples []Sample
+	after   wire.TableState
+	err     error
+}
+
+func (c *ShardedClient) sample(ctx context.Context, table string, n int, o sampleOptions) ([]Sample, error) {
+	states, err := c.freshStates(ctx, table)
+	if err != nil {
+		return nil, err
+	}
+	share, ok := shardShares(states)
+	for !ok {
+		if states, err = c.awaitItems(ctx, table); err != nil {
+			return nil, err
+		}
+		share, ok = shardShares(states)
+	}
+	// The shard of each place, drawn by cumulative share.
+	cum := make([]float64, len(share))
+	total := 0.0
+	for i, s := range share {
+		total += s
+		cum[i] = total
+	}
+	picks := make([]int32, n)
+	counts := make([]int, len(c.shards))
+	for j := range picks {
+		u := rand.Float64() * total
+		i := min(sort.Search(len(cum), func(i int) bool { return cum[i] > u }), len(cum)-1)
+		picks[j] = int32(i)
+		counts[i]++
+	}
+	var drawn []int
+	for i, k := range counts {
+		if k > 0 {
+			drawn = append(drawn, i)
+		}
+	}
+	replies := make([]shardReply, len(c.shards))
+	// Errors are kept per shard, not joined here: a rate-limited shard
+	// still gave what it had.
+	eachShard(drawn, c.prefixes, func(i int) error {
+		r := &replies[i]
+		r.samples, r.after, r.err = c.shards[i].sampleReply(ctx, table, counts[i], o)
+		return nil
+	})
+	now := time.Now()
+	c.mu.Lock()
+	known := c.tables[table]
+	for _, i := range drawn {
+		// A reply carries the table's state only with samples.
+		if len(replies[i].samples) > 0 {
+			known[i] = shardState{size: replies[i].after.Size, weight: replies[i].after.Weight, at: now}
+		}
+	}
+	c.mu.Unlock()
+
+	var sizeAll int64
+	for _, s := range states {
+		sizeAll += s.size
+	}
+	out := make([]Sample, 0, n)
+	next := make([]int, len(c.shards))
+	for _, i := range picks {
+		r := &replies[i]
+		if next[i] == len(r.samples) {
+			continue
+		}
+		s := r.samples[next[i]]
+		next[i]++
+		s.Info.Probability *= share[i] / total
+		s.Info.TableSize += sizeAll - states[i].size
+		out = append(out, s)
+	}
+	var errs []error
+	var limited *StatusError
+	for _, i := range drawn {
+		switch err := replies[i].err; {
+		case err == nil:
+		case errors.Is(err, ErrRateLimited) && limited == nil:
+			limited = &StatusError{Code: CodeRateLimited, Message: fmt.Sprintf("shard %d (prefix %q): %v", i, c.prefixes[i], err)}
+		case !errors.Is(err, ErrRateLimited):
+			errs = append(errs, fmt.Errorf("shard %d (prefix %q): %w", i, c.prefixes[i], err))
+		}
+	}
+	if len(errs) > 0 {
+		return out, errors.Join(errs...)
+	}
+	if limited != nil {
+		if len(out) > 0 {
+			limited.Message = fmt.Sprintf("%d of %d samples; %s", len(out), n, limited.Message)
+		}
+		return out, limited
+	}
+	return out, nil
+}
+
+// shardShares is each shard's share of a draw, unnormalised: its weight,
+// or, when no shard has weight (a prioritized table whose priorities are
+// all 0 samples uniformly), its size. ok is false when no shard holds an
+// item.
+func shardShares(states []shardState) (share []float64, ok bool) {
+	top := int64(math.MinInt64)
+	for _, s := range states {
+		if s.weight.Fraction > 0 {
+			top = max(top, s.weight.Exponent)
+		}
+	}
+	share = make([]float64, len(states))
+	total := 0.0
+	for i, s := range states {
+		// In the frame of the largest weight; a weight 2^-1100 times
+		// smaller is 0 beside it, as the shard's own sampler would make it.
+		if d := s.weight.Exponent - top; s.weight.Fraction > 0 && d > -1100 {
+			share[i] = math.Ldexp(s.weight.Fraction, int(d))
+			total += share[i]
+		}
+	}
+	if total > 0 {
+		return share, true
+	}
+	for i, s := range states {
+		share[i] = float64(s.size)
+		total += share[i]
+	}
+	return share, total > 0
+}
+
+// freshStates returns what the client knows of table on each shard, having
+// checked the shards on first use and asked again those whose state is
+// old.
+func (c *ShardedClient) freshStates(ctx context.Context, table string) ([]shardState, error) {
+	c.mu.Lock()
+	known, ok := c.tables[table]
+	var stale []int
+	for i, s := range known {
+		if time.Since(s.at) > shardStateMaxAge {
+			stale = append(stale, i)
+		}
+	}
+	c.mu.Unlock()
+	if !ok {
+		return c.checkShards(ctx, table)
+	}
+	if len(stale) > 0 {
+		return c.refresh(ctx, table, stale)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.tables[table]), nil
+}
+
+// checkShards asks every shard for table and checks that each is the shard
+// its place says and configures the table as shard 0 does.
+func (c *ShardedClient) checkShards(ctx context.Context, table string) ([]shardState, error) {
+	if table == "" {
+		return nil, fmt.Errorf("%w: empty table name", ErrInvalidMessage)
+	}
+	infos := make([]*TableInfo, len(c.shards))
+	states := make([]shardState, len(c.shards))
+	err := eachShard(c.all(), c.prefixes, func(i int) error {
+		info, err := c.shards[i].Info(ctx, table)
+		if err != nil {
+			return err
+		}
+		if info.ShardCount != len(c.shards) || info.ShardIndex != i {
+			if info.ShardCount == 0 {
+				return fmt.Errorf("%w: its service is not a shard: start it with --shard %d/%d", ErrInvalidOption, i, len(c.shards))
+			}
+			return fmt.Errorf("%w: its service is shard %d/%d (reprised --shard), and this place is %d/%d: give the prefixes in shard order",
+				ErrInvalidOption, info.ShardIndex, info.ShardCount, i, len(c.shards))
+		}
+		ti := &info.Tables[0]
+		infos[i] = ti
+		states[i] = shardState{size: ti.Size, weight: ti.Weight, at: time.Now()}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, ti := range infos[1:] {
+		want := infos[0]
+		if ti.Sampler != want.Sampler || ti.Remover != want.Remover || !slices.EqualFunc(ti.Signature, want.Signature, sameColumnSpec) {
+			return nil, fmt.Errorf("%w: table %q differs between shards: sampler %s, remover %s, signature %v on shard 0 (prefix %q); %s, %s, %v on shard %d (prefix %q)",
+				ErrInvalidOption, table, want.Sampler, want.Remover, want.Signature, c.prefixes[0], ti.Sampler, ti.Remover, ti.Signature, i+1, c.prefixes[i+1])
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.tables[table] = states
+	return slices.Clone(states), nil
+}
+
+func sameColumnSpec(a, b tables.ColumnSpec) bool {
+	return a.Name == b.Name && a.DType == b.DType && slices.Equal(a.Shape, b.Shape)
+}
+
+// refresh asks the given shards for table's size and weight.
+func (c *ShardedClient) refresh(ctx context.Context, table string, shards []int) ([]shardState, error) {
+	fresh := make([]shardState, len(c.shards))
+	err := eachShard(shards, c.prefixes, func(i int) error {
+		info, err := c.shards[i].Info(ctx, table)
+		if err != nil {
+			return err
+		}
+		fresh[i] = shardState{size: info.Tables[0].Size, weight: info.Tables[0].Weight, at: time.Now()}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	known := c.tables[table]
+	for _, i := range shards {
+		known[i] = fresh[i]
+	}
+	return slices.Clone(known), nil
+}
+
+// maxEmptyWait bounds how long a sample waits for a sharded table to hold
+// an item when ctx does not, as the service bounds a request's wait by
+// default.
+const maxEmptyWait = time.Minute
+
+// awaitItems waits until a shard of table holds an item, asking every shard
+// with a growing pause, and returns the states then.
+func (c *ShardedClient) awaitItems(ctx context.Context, table string) ([]shardState, error) {
+	ctx, cancel := context.WithTimeout(ctx, maxEmptyWait)
+	defer cancel()
+	pause := 5 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, &StatusError{Code: CodeRateLimited, Message: fmt.Sprintf("no shard of table %q held an item: %v", table, ctx.Err())}
+		case <-time.After(pause):
+		}
+		states, err := c.refresh(ctx, table, c.all())
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := shardShares(states); ok {
+			return states, nil
+		}
+		pause = min(2*pause, 100*time.Millisecond)
+	}
+}
+
+// markStale makes the next sample ask the shards for table's state again.
+func (c *ShardedClient) markStale(table string, shards []int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if known, ok := c.tables[table]; ok {
+		for _, i := range shards {
+			known[i].at = time.Time{}
+		}
+	}
+}
+
+// byShard splits keys by the shard their residue names, keeping their order.
+func (c *ShardedClient) byShard(n int, key func(j int) uint64) (groups [][]int, shards []int) {
+	groups = make([][]int, len(c.shards))
+	for j := range n {
+		i := key(j) % uint64(len(c.shards))
+		groups[i] = append(groups[i], j)
+	}
+	for i, g := range groups {
+		if len(g) > 0 {
+			shards = append(shards, i)
+		}
+	}
+	return groups, shards
+}
+
+// Mutate updates priorities and deletes items of table, each on the shard
+// its key names, in the order given within a shard (see Client.Mutate).
+func (c *ShardedClient) Mutate(ctx context.Context, table string, muts ...tables.Mutation) error {
+	groups, shards := c.byShard(len(muts), func(j int) uint64 { return muts[j].Key })
+	defer c.markStale(table, shards)
+	return eachShard(shards, c.prefixes, func(i int) error {
+		mine := make([]tables.Mutation, len(groups[i]))
+		for k, j := range groups[i] {
+			mine[k] = muts[j]
+		}
+		return c.shards[i].Mutate(ctx, table, mine...)
+	})
+}
+
+// UpdatePriorities sets the priorities of items in table.
+func (c *ShardedClient) UpdatePriorities(ctx context.Context, table string, updates ...tables.PriorityUpdate) error {
+	muts := make([]tables.Mutation, len(updates))
+	for i, u := range updates {
+		muts[i] = tables.Mutation{Key: u.Key, Priority: u.Priority}
+	}
+	return c.Mutate(ctx, table, muts...)
+}
+
+// Delete removes items from table.
+func (c *ShardedClient) Delete(ctx context.Context, table string, keys ...uint64) error {
+	muts := make([]tables.Mutation, len(keys))
+	for i, k := range keys {
+		muts[i] = tables.Mutation{Key: k, Delete: true}
+	}
+	return c.Mutate(ctx, table, muts...)
+}
+
+// SetPolicyVersion raises table's policy version on every shard (see
+// Client.SetPolicyVersion).
+func (c *ShardedClient) SetPolicyVersion(ctx context.Context, table string, version int64) error {
+	defer c.markStale(table, c.all())
+	return eachShard(c.all(), c.prefixes, func(i int) error { return c.shards[i].SetPolicyVersion(ctx, table, version) })
+}
+
+// SetMaxStaleness changes table's staleness bound on every shard (see
+// Client.SetMaxStaleness).
+func (c *ShardedClient) SetMaxStaleness(ctx context.Context, table string, maxStaleness int64) error {
+	defer c.markStale(table, c.all())
+	return eachShard(c.all(), c.prefixes, func(i int) error { return c.shards[i].SetMaxStaleness(ctx, table, maxStaleness) })
+}
+
+// Reset empties table (every table when table is empty) on every shard.
+func (c *ShardedClient) Reset(ctx context.Context, table string) error {
+	defer func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for name, known := range c.tables {
+			if table == "" || name == table {
+				for i := range known {
+					known[i].at = time.Time{}
+				}
+			}
+		}
+	}()
+	return eachShard(c.all(), c.prefixes, func(i int) error { return c.shards[i].Reset(ctx, table) })
+}
+
+// Checkpoint asks every shard to write a checkpoint now; the result is in
+// shard order.
+func (c *ShardedClient) Checkpoint(ctx context.Context) ([]*CheckpointInfo, error) {
+	out := make([]*CheckpointInfo, len(c.shards))
+	err := eachShard(c.all(), c.prefixes, func(i int) (err error) {
+		out[i], err = c.shards[i].Checkpoint(ctx)
+		return err
+	})
+	return out, err
+}
+
+// Get returns the metadata of the items of table with the given keys, each
+// from the shard its key names, in the order asked, skipping keys the table
+// does not hold. TableSize is the whole table's.
+func (c *ShardedClient) Get(ctx context.Context, table string, keys ...uint64) (*ItemList, error) {
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("%w: Get needs at least one key", ErrInvalidMessage)
+	}
+	groups, shards := c.byShard(len(keys), func(j int) uint64 { return keys[j] })
+	lists := make([]*ItemList, len(c.shards))
+	err := eachShard(c.all(), c.prefixes, func(i int) (err error) {
+		if len(groups[i]) == 0 {
+			// Asked only for its size.
+			info, err := c.shards[i].Info(ctx, table)
+			if err == nil {
+				lists[i] = &ItemList{TableSize: info.Tables[0].Size}
+			}
+			return err
+		}
+		mine := make([]uint64, len(groups[i]))
+		for k, j := range groups[i] {
+			mine[k] = keys[j]
+		}
+		lists[i], err = c.shards[i].Get(ctx, table, mine...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	found := make(map[uint64]ItemInfo)
+	out := &ItemList{}
+	for _, i := range shards {
+		for _, it := range lists[i].Items {
+			found[it.Key] = it
+		}
+	}
+	for _, l := range lists {
+		out.TableSize += l.TableSize
+	}
+	for _, k := range keys {
+		if it, ok := found[k]; ok {
+			out.Items = append(out.Items, it)
+		}
+	}
+	return out, nil
+}
+
+// ShardedInfo is what the shards of a sharded table report: Info adds them
+// up, and Shards has each one's own.
+//
+// In Info, every count and size is the sum over the shards (MaxSize too:
+// each shard bounds its own), the weight is the sum of the shards', the
+// policy versions are the highest (MinItemVersion the lowest of the shards
+// that hold items), and the configuration is shard 0's. AppliedSequence is
+// 0, as each shard has a stream of its own.
+type ShardedInfo struct {
+	Info
+	Shards []*Info
+}
+
+// Info describes every table, or only the named one, over all shards.
+func (c *ShardedClient) Info(ctx context.Context, table string) (*ShardedInfo, error) {
+	out := &ShardedInfo{Shards: make([]*Info, len(c.shards))}
+	err := eachShard(c.all(), c.prefixes, func(i int) (err error) {
+		out.Shards[i], err = c.shards[i].Info(ctx, table)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out.ShardCount = len(c.shards)
+	byName := make(map[string]int)
+	for _, s := range out.Shards {
+		out.Chunks += s.Chunks
+		out.ChunkBytes += s.ChunkBytes
+		out.RejectedMessages += s.RejectedMessages
+		for _, t := range s.Tables {
+			j, ok := byName[t.Name]
+			if !ok {
+				byName[t.Name] = len(out.Tables)
+				out.Tables = append(out.Tables, t)
+				continue
+			}
+			addTableInfo(&out.Tables[j], &t)
+		}
+	}
+	return out, nil
+}
+
+// addTableInfo adds shard b's view of a table to the sum a.
+func addTableInfo(a, b *TableInfo) {
+	if b.Size > 0 {
+		if a.Size == 0 {
+			a.MinItemVersion = b.MinItemVersion
+		} else {
+			a.MinItemVersion = min(a.MinItemVersion, b.MinItemVersion)
+		}
+		a.MaxItemVersion = max(a.MaxItemVersion, b.MaxItemVersion)
+	}
+	a.MaxSize += b.MaxSize
+	a.Limiter.Inserts += b.Limiter.Inserts
+	a.Limiter.Samples += b.Limiter.Samples
+	a.Limiter.Deletes += b.Limiter.Deletes
+	a.Size += b.Size
+	a.BytesHeld += b.BytesHeld
+	a.Inserts += b.Inserts
+	a.Samples += b.Samples
+	a.Deletes += b.Deletes
+	a.Evictions += b.Evictions
+	a.InsertWaits += b.InsertWaits
+	a.SampleWaits += b.SampleWaits
+	a.PolicyVersion = max(a.PolicyVersion, b.PolicyVersion)
+	a.StaleEvictions += b.StaleEvictions
+	a.Episodes += b.Episodes
+	a.DeletedEpisodes += b.DeletedEpisodes
+	a.UniqueSamples += b.UniqueSamples
+	a.Weight = addWeights(a.Weight, b.Weight)
+}
+
+// addWeights adds two weights in the frame of the larger, where a weight
+// 2^-1100 times smaller is 0.
+func addWeights(a, b tables.Weight) tables.Weight {
+	if b.Fraction == 0 {
+		return a
+	}
+	if a.Fraction == 0 {
+		return b
+	}
+	if a.Exponent < b.Exponent {
+		a, b = b, a
+	}
+	sum := a.Fraction
+	if d := b.Exponent - a.Exponent; d > -1100 {
+		sum += math.Ldexp(b.Fraction, int(d))
+	}
+	frac, exp := math.Frexp(sum)
+	return tables.Weight{Fraction: frac, Exponent: a.Exponent + int64(exp)}
+}

@@ -1,0 +1,410 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/reprise-rl/reprise/internal/testutil"
+	"github.com/reprise-rl/reprise/limiter"
+	"github.com/reprise-rl/reprise/selectors"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+func prefixesOf(ds []*deployment) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.prefix
+	}
+	return out
+}
+
+func shardedClient(t testing.TB, ds []*deployment, prefixes []string) *ShardedClient {
+	t.Helper()
+	c, err := NewShardedClient(ds[0].connect(), prefixes)
+	if err != nil {
+		t.Fatalf("NewShardedClient: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// fillShard inserts one-step items of the given priorities into table t of
+// shard i of len(ds), with keys of that shard, and waits until they are in.
+func fillShard(t testing.TB, ds []*deployment, i int, priorities ...float64) {
+	t.Helper()
+	p := ds[i].producer(producerOption(func(o *producerOptions) error {
+		o.shard = keyShard{index: uint64(i), count: uint64(len(ds))}
+		return nil
+	}))
+	ctx := testutil.Context(t)
+	for j, pr := range priorities {
+		if err := p.Append(ctx, step(int64(j), 2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", pr, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ones(n int) []float64 {
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = 1
+	}
+	return out
+}
+
+func prioritizedTable(name string, exponent float64) tables.Config {
+	return tables.Config{Name: name, Sampler: selectors.Options{Kind: selectors.KindPrioritized, Exponent: exponent},
+		Remover: selectors.Options{Kind: selectors.KindFifo}, MaxSize: 10_000, Limiter: limiter.MinSize(1)}
+}
+
+// sixSigma fails unless got is within 6 standard deviations of a binomial
+// count of n draws of probability p: a false failure below 2e-9.
+func sixSigma(t *testing.T, what string, got, n int, p float64) {
+	t.Helper()
+	mean, sd := float64(n)*p, math.Sqrt(float64(n)*p*(1-p))
+	if math.Abs(float64(got)-mean) > 6*sd {
+		t.Errorf("%s: %d of %d, want %.0f ± %.0f (6 sd)", what, got, n, mean, 6*sd)
+	}
+}
+
+// TestShardedProducerRoutesByEpisode: episodes go to the shards in turn,
+// all of an episode's items to one shard, each key naming its shard.
+func TestShardedProducerRoutesByEpisode(t *testing.T) {
+	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 1000)}, 2)
+	ctx := testutil.Context(t)
+	p, err := NewShardedProducer(ctx, ds[0].connect(), prefixesOf(ds), WithLogger(testutil.QuietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(ctx)
+	const episodes, steps = 6, 5
+	for e := range episodes {
+		for s := range steps {
+			if err := p.Append(ctx, step(int64(e*100+s), 2)); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.CreateItem(ctx, "t", 1, Last(2, "id")); err != nil && s > 0 {
+				t.Fatal(err)
+			}
+		}
+		if err := p.EndEpisode(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, d := range ds {
+		info, err := d.client().Info(ctx, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Steps 1 to 4 of each episode make items (step 0 has no
+		// predecessor); half the episodes are this shard's.
+		if ti := info.Tables[0]; ti.Size != episodes/2*(steps-1) || ti.Episodes != episodes/2 {
+			t.Errorf("shard %d holds %d items of %d episodes, want %d of %d", i, ti.Size, ti.Episodes, episodes/2*(steps-1), episodes/2)
+		}
+		list, err := d.client().Items(ctx, "t", 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range list.Items {
+			if it.Key%2 != uint64(i) {
+				t.Errorf("shard %d holds key %d", i, it.Key)
+			}
+		}
+	}
+	// Every sampled item's two steps are of one episode.
+	c := shardedClient(t, ds, prefixesOf(ds))
+	samples, err := c.Sample(ctx, "t", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range samples {
+		if id := ids(t, s); len(id) != 2 || id[0]/100 != id[1]/100 || id[1] != id[0]+1 {
+			t.Fatalf("item %d holds steps %v", s.Info.Key, id)
+		}
+	}
+}
+
+// TestShardedSampleUniform: a uniform table of 30 + 90 items samples each
+// shard in proportion to its size, and reports each item's probability and
+// size in the whole table.
+func TestShardedSampleUniform(t *testing.T) {
+	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 1000)}, 2)
+	fillShard(t, ds, 0, ones(30)...)
+	fillShard(t, ds, 1, ones(90)...)
+	c := shardedClient(t, ds, prefixesOf(ds))
+	ctx := testutil.Context(t)
+	const batches, batch = 100, 100
+	fromFirst := 0
+	for range batches {
+		samples, err := c.Sample(ctx, "t", batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(samples) != batch {
+			t.Fatalf("%d samples, want %d", len(samples), batch)
+		}
+		for _, s := range samples {
+			if s.Info.Key%2 == 0 {
+				fromFirst++
+			}
+			if math.Abs(s.Info.Probability*120-1) > 1e-12 || s.Info.TableSize != 120 {
+				t.Fatalf("item %d: probability %v, table size %d; want 1/120 and 120", s.Info.Key, s.Info.Probability, s.Info.TableSize)
+			}
+		}
+	}
+	sixSigma(t, "items from shard 0", fromFirst, batches*batch, 0.25)
+}
+
+// TestShardedSamplePrioritized: each item's reported probability is its
+// weight over the whole table's, the shards are drawn by total weight, and
+// a shard whose items all weigh 0 is never drawn while the other has
+// weight.
+func TestShardedSamplePrioritized(t *testing.T) {
+	ds := deployShards(t, []tables.Config{prioritizedTable("t", 0.5)}, 2)
+	var first, second []float64
+	for i := range 20 {
+		first = append(first, float64(i+1))
+		second = append(second, float64(4*(i+1)))
+	}
+	fillShard(t, ds, 0, first...)
+	fillShard(t, ds, 1, second...)
+	c := shardedClient(t, ds, prefixesOf(ds))
+	ctx := testutil.Context(t)
+	weights := map[uint64]float64{}
+	total := 0.0
+	for _, d := range ds {
+		list, err := d.client().Items(ctx, "t", 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range list.Items {
+			weights[it.Key] = math.Sqrt(it.Priority)
+			total += math.Sqrt(it.Priority)
+		}
+	}
+	info, err := c.Info(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := info.Tables[0].Weight.Float64(); math.Abs(w/total-1) > 1e-12 {
+		t.Errorf("info weight %v, want %v", w, total)
+	}
+	// Every priority of shard 1 is 4 times shard 0's: at exponent 0.5 it
+	// weighs twice as much, so it holds 2/3 of the weight.
+	const batches, batch = 60, 100
+	fromFirst := 0
+	for range batches {
+		samples, err := c.Sample(ctx, "t", batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range samples {
+			if s.Info.Key%2 == 0 {
+				fromFirst++
+			}
+			if want := weights[s.Info.Key] / total; math.Abs(s.Info.Probability/want-1) > 1e-12 {
+				t.Fatalf("item %d: probability %v, want %v", s.Info.Key, s.Info.Probability, want)
+			}
+		}
+	}
+	sixSigma(t, "items from shard 0", fromFirst, batches*batch, 1.0/3)
+
+	// Shard 0's items weigh nothing now.
+	zero := make([]tables.PriorityUpdate, 0, 20)
+	for k := range weights {
+		if k%2 == 0 {
+			zero = append(zero, tables.PriorityUpdate{Key: k})
+		}
+	}
+	if err := c.UpdatePriorities(ctx, "t", zero...); err != nil {
+		t.Fatal(err)
+	}
+	samples, err := c.Sample(ctx, "t", 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range samples {
+		if s.Info.Key%2 == 0 {
+			t.Fatalf("sampled item %d of weight 0 while shard 1 has weight", s.Info.Key)
+		}
+	}
+}
+
+// TestShardedMutationsReachTheirShard: priority updates and deletes go to
+// the shard each key names; Get gathers items across shards in the order
+// asked.
+func TestShardedMutationsReachTheirShard(t *testing.T) {
+	ds := deployShards(t, []tables.Config{prioritizedTable("t", 1)}, 3)
+	for i := range ds {
+		fillShard(t, ds, i, ones(4)...)
+	}
+	c := shardedClient(t, ds, prefixesOf(ds))
+	ctx := testutil.Context(t)
+	var keys []uint64
+	for _, d := range ds {
+		list, err := d.client().Items(ctx, "t", 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range list.Items {
+			keys = append(keys, it.Key)
+		}
+	}
+	slices.Reverse(keys)
+	var updates []tables.PriorityUpdate
+	for j, k := range keys {
+		updates = append(updates, tables.PriorityUpdate{Key: k, Priority: float64(j + 10)})
+	}
+	if err := c.UpdatePriorities(ctx, "t", updates...); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Get(ctx, "t", append(keys, 12345)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Items) != len(keys) || got.TableSize != 12 {
+		t.Fatalf("Get: %d items of a table of %d, want %d of 12", len(got.Items), got.TableSize, len(keys))
+	}
+	for j, it := range got.Items {
+		if it.Key != keys[j] || it.Priority != float64(j+10) {
+			t.Errorf("item %d: key %d priority %v, want key %d priority %d", j, it.Key, it.Priority, keys[j], j+10)
+		}
+	}
+	// Delete one key of each shard.
+	var gone []uint64
+	for i := range ds {
+		k := keys[slices.IndexFunc(keys, func(k uint64) bool { return k%3 == uint64(i) })]
+		gone = append(gone, k)
+	}
+	if err := c.Delete(ctx, "t", gone...); err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Tables[0].Size != 9 || info.Tables[0].Deletes != 3 {
+		t.Errorf("after deleting 3: size %d, deletes %d; want 9 and 3", info.Tables[0].Size, info.Tables[0].Deletes)
+	}
+	for i, s := range info.Shards {
+		if s.Tables[0].Size != 3 {
+			t.Errorf("shard %d holds %d items, want 3", i, s.Tables[0].Size)
+		}
+	}
+}
+
+// TestShardedInfoAddsUp: the whole table's info is the sum of its shards'.
+func TestShardedInfoAddsUp(t *testing.T) {
+	ds := deployShards(t, []tables.Config{prioritizedTable("t", 1)}, 2)
+	fillShard(t, ds, 0, 1, 2, 3)
+	fillShard(t, ds, 1, 4, 5)
+	c := shardedClient(t, ds, prefixesOf(ds))
+	ctx := testutil.Context(t)
+	if _, err := c.Sample(ctx, "t", 7); err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ti := info.Tables[0]
+	if ti.Size != 5 || ti.Inserts != 5 || ti.Samples != 7 || ti.MaxSize != 20_000 || ti.Limiter.Inserts != 5 || ti.Limiter.Samples != 7 {
+		t.Errorf("sum: size %d inserts %d samples %d max size %d limiter %+v; want 5, 5, 7, 20000, 5 and 7", ti.Size, ti.Inserts, ti.Samples, ti.MaxSize, ti.Limiter)
+	}
+	if ti.Weight != (tables.Weight{Fraction: 15.0 / 16, Exponent: 4}) {
+		t.Errorf("weight %+v, want 15 = 0.9375 × 2^4", ti.Weight)
+	}
+	if len(info.Shards) != 2 || info.Shards[0].Tables[0].Size != 3 || info.Shards[1].ShardIndex != 1 || info.ShardCount != 2 {
+		t.Errorf("shards: %+v", info.Shards)
+	}
+}
+
+// TestShardedClientChecksShards: prefixes out of shard order, or a service
+// that is not a shard, fail the first call with an error that says so.
+func TestShardedClientChecksShards(t *testing.T) {
+	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 100)}, 2)
+	ctx := testutil.Context(t)
+	reversed := shardedClient(t, ds, []string{ds[1].prefix, ds[0].prefix})
+	if _, err := reversed.Sample(ctx, "t", 1); !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "give the prefixes in shard order") {
+		t.Errorf("sampling with the prefixes reversed: %v", err)
+	}
+	plain := deployPrefix(t, []tables.Config{testutil.UniformTable("t", 100)}, ds[0].url, "plain")
+	mixed := shardedClient(t, ds, []string{ds[0].prefix, plain.prefix})
+	if err := mixed.Delete(ctx, "t", 1); err != nil {
+		t.Fatal(err) // mutations need no check: key 1 is shard 1's, and plain has none
+	}
+	if _, err := mixed.Sample(ctx, "t", 1); !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "not a shard: start it with --shard 1/2") {
+		t.Errorf("sampling with an unsharded service: %v", err)
+	}
+	if _, err := NewShardedClient(ds[0].connect(), []string{"a", "a"}); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("the same prefix twice: %v", err)
+	}
+	if _, err := NewShardedClient(ds[0].connect(), []string{"a", "b"}, WithPrefix("c")); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("WithPrefix: %v", err)
+	}
+}
+
+// TestShardedSampleWaitsForItems: a sample of an empty sharded table waits
+// until a shard holds an item, and fails as rate limited when none comes.
+func TestShardedSampleWaitsForItems(t *testing.T) {
+	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 100)}, 2)
+	c := shardedClient(t, ds, prefixesOf(ds))
+	ctx := testutil.Context(t)
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := c.Sample(short, "t", 1); !errors.Is(err, ErrRateLimited) {
+		t.Fatalf("sampling an empty table: %v, want ErrRateLimited", err)
+	}
+	type result struct {
+		samples []Sample
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := c.Sample(ctx, "t", 3)
+		done <- result{s, err}
+	}()
+	fillShard(t, ds, 1, 1)
+	r := <-done
+	if r.err != nil || len(r.samples) != 3 || r.samples[0].Info.Key%2 != 1 {
+		t.Fatalf("sample once shard 1 holds an item: %v, %v", r.samples, r.err)
+	}
+}
+
+// TestShardedSamplePartial: a shard whose rate limiter holds its items back
+// leaves its places empty; the others' items come back with an error
+// matching ErrRateLimited.
+func TestShardedSamplePartial(t *testing.T) {
+	cfg := testutil.UniformTable("t", 100)
+	cfg.Limiter = limiter.MinSize(5)
+	ds := deployShards(t, []tables.Config{cfg}, 2)
+	fillShard(t, ds, 0, ones(10)...)
+	fillShard(t, ds, 1, ones(2)...) // below its min size
+	c := shardedClient(t, ds, prefixesOf(ds))
+	ctx, cancel := context.WithTimeout(testutil.Context(t), 2*time.Second)
+	defer cancel()
+	// 200 draws miss shard 1 with probability (10/12)^200 < 1e-15.
+	samples, err := c.Sample(ctx, "t", 200)
+	if !errors.Is(err, ErrRateLimited) {
+		t.Fatalf("err = %v, want ErrRateLimited", err)
+	}
+	if len(samples) == 0 || len(samples) == 200 {
+		t.Fatalf("%d samples, want those of shard 0 only", len(samples))
+	}
+	for _, s := range samples {
+		if s.Info.Key%2 != 0 {
+			t.Fatalf("sample of key %d from the held-back shard", s.Info.Key)
+		}
+	}
+}
