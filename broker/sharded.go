@@ -190,7 +190,15 @@ type shardState struct {
 	size   int64
 	weight tables.Weight
 	at     time.Time // when it was learned; zero once a mutation changed it
+	// down is why the shard's service did not answer; it weighs 0 until
+	// it answers again.
+	down error
 }
+
+// shardDown reports whether err says that a shard's service is not there
+// (no responder, shutting down, failing), rather than that the call was
+// wrong.
+func shardDown(err error) bool { return errors.Is(err, ErrServer) }
 
 // NewShardedClient connects a client to each shard through nc; prefixes
 // names the shards' prefixes in shard order. opts apply to every shard's
@@ -240,6 +248,10 @@ func (c *ShardedClient) all() []int { return allShards(len(c.shards)) }
 // A call waits for every shard it draws from, each under its own rate
 // limiter. Items a shard could not give (its limiter, an error) leave their
 // places empty: the call returns the others, in order, with the error.
+//
+// A shard whose service does not answer (killed, restarting) weighs 0 until
+// it answers again, which the client checks every 100 ms: meanwhile samples
+// come from the other shards, with probabilities in the table they hold.
 func (c *ShardedClient) Sample(ctx context.Context, table string, n int, opts ...SampleOption) ([]Sample, error) {
 	if n < 1 || n > 1<<30 {
 		return nil, fmt.Errorf("%w: sample size %d", ErrInvalidMessage, n)
@@ -312,15 +324,15 @@ func (c *ShardedClient) sample(ctx context.Context, table string, n int, o sampl
 		return nil
 	})
 	now := time.Now()
-	c.mu.Lock()
-	known := c.tables[table]
 	for _, i := range drawn {
-		// A reply carries the table's state only with samples.
-		if len(replies[i].samples) > 0 {
-			known[i] = shardState{size: replies[i].after.Size, weight: replies[i].after.Weight, at: now}
+		switch r := &replies[i]; {
+		case len(r.samples) > 0:
+			// A reply carries the table's state only with samples.
+			c.learn(table, i, shardState{size: r.after.Size, weight: r.after.Weight, at: now})
+		case shardDown(r.err):
+			c.learn(table, i, shardState{at: now, down: r.err})
 		}
 	}
-	c.mu.Unlock()
 
 	var sizeAll int64
 	for _, s := range states {
@@ -393,6 +405,21 @@ func shardShares(states []shardState) (share []float64, ok bool) {
 	return share, total > 0
 }
 
+// learn records a shard's state of table, and logs when the shard goes
+// down or comes back.
+func (c *ShardedClient) learn(table string, i int, st shardState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	known := c.tables[table]
+	switch was := known[i].down; {
+	case was == nil && st.down != nil:
+		c.shards[i].o.logger.Warn("reprise: a shard does not answer; sampling the others until it does", "table", table, "shard", i, "prefix", c.prefixes[i], "error", st.down)
+	case was != nil && st.down == nil:
+		c.shards[i].o.logger.Info("reprise: a shard answers again", "table", table, "shard", i, "prefix", c.prefixes[i])
+	}
+	known[i] = st
+}
+
 // freshStates returns what the client knows of table on each shard, having
 // checked the shards on first use and asked again those whose state is
 // old.
@@ -462,27 +489,31 @@ func sameColumnSpec(a, b tables.ColumnSpec) bool {
 	return a.Name == b.Name && a.DType == b.DType && slices.Equal(a.Shape, b.Shape)
 }
 
-// refresh asks the given shards for table's size and weight.
+// refresh asks the given shards for table's size and weight. A shard whose
+// service does not answer is marked down; any other error is returned.
 func (c *ShardedClient) refresh(ctx context.Context, table string, shards []int) ([]shardState, error) {
 	fresh := make([]shardState, len(c.shards))
 	err := eachShard(shards, c.prefixes, func(i int) error {
 		info, err := c.shards[i].Info(ctx, table)
-		if err != nil {
+		switch {
+		case shardDown(err) && ctx.Err() == nil:
+			fresh[i] = shardState{at: time.Now(), down: err}
+		case err != nil:
 			return err
+		default:
+			fresh[i] = shardState{size: info.Tables[0].Size, weight: info.Tables[0].Weight, at: time.Now()}
 		}
-		fresh[i] = shardState{size: info.Tables[0].Size, weight: info.Tables[0].Weight, at: time.Now()}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
+	for _, i := range shards {
+		c.learn(table, i, fresh[i])
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	known := c.tables[table]
-	for _, i := range shards {
-		known[i] = fresh[i]
-	}
-	return slices.Clone(known), nil
+	return slices.Clone(c.tables[table]), nil
 }
 
 // maxEmptyWait bounds how long a sample waits for a sharded table to hold
@@ -496,14 +527,24 @@ func (c *ShardedClient) awaitItems(ctx context.Context, table string) ([]shardSt
 	ctx, cancel := context.WithTimeout(ctx, maxEmptyWait)
 	defer cancel()
 	pause := 5 * time.Millisecond
+	var states []shardState
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, &StatusError{Code: CodeRateLimited, Message: fmt.Sprintf("no shard of table %q held an item: %v", table, ctx.Err())}
+			msg := fmt.Sprintf("no shard of table %q held an item: %v", table, ctx.Err())
+			for i, s := range states {
+				if s.down != nil {
+					msg += fmt.Sprintf("; shard %d (prefix %q) does not answer: %v", i, c.prefixes[i], s.down)
+				}
+			}
+			return nil, &StatusError{Code: CodeRateLimited, Message: msg}
 		case <-time.After(pause):
 		}
-		states, err := c.refresh(ctx, table, c.all())
-		if err != nil {
+		var err error
+		if states, err = c.refresh(ctx, table, c.all()); err != nil {
+			if ctx.Err() != nil {
+				continue // reported above, with the shards' state
+			}
 			return nil, err
 		}
 		if _, ok := shardShares(states); ok {

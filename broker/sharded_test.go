@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -25,7 +26,7 @@ func prefixesOf(ds []*deployment) []string {
 
 func shardedClient(t testing.TB, ds []*deployment, prefixes []string) *ShardedClient {
 	t.Helper()
-	c, err := NewShardedClient(ds[0].connect(), prefixes)
+	c, err := NewShardedClient(ds[0].connect(), prefixes, WithLogger(testutil.QuietLogger()))
 	if err != nil {
 		t.Fatalf("NewShardedClient: %v", err)
 	}
@@ -407,4 +408,44 @@ func TestShardedSamplePartial(t *testing.T) {
 			t.Fatalf("sample of key %d from the held-back shard", s.Info.Key)
 		}
 	}
+}
+
+// TestShardedSampleSkipsADownShard: while a shard's service is stopped,
+// samples come from the others, with probabilities in what they hold; once
+// it is back, from every shard again.
+func TestShardedSampleSkipsADownShard(t *testing.T) {
+	cfgs := []tables.Config{testutil.UniformTable("t", 100)}
+	ds := deployShards(t, cfgs, 2)
+	fillShard(t, ds, 0, ones(10)...)
+	fillShard(t, ds, 1, ones(30)...)
+	c := shardedClient(t, ds, prefixesOf(ds))
+	ctx := testutil.Context(t)
+	if _, err := c.Sample(ctx, "t", 8); err != nil {
+		t.Fatal(err)
+	}
+	ds[1].stopService()
+	// The first call after the stop may still draw from shard 1, and then
+	// reports it; the next ones draw from shard 0 alone.
+	if samples, err := c.Sample(ctx, "t", 100); err != nil && (!errors.Is(err, ErrServer) || !strings.Contains(err.Error(), `shard 1 (prefix "shard1")`)) {
+		t.Fatalf("sampling as shard 1 stops: %d samples, %v", len(samples), err)
+	}
+	for range 5 {
+		samples, err := c.Sample(ctx, "t", 50)
+		if err != nil {
+			t.Fatalf("sampling while shard 1 is down: %v", err)
+		}
+		for _, s := range samples {
+			if s.Info.Key%2 != 0 || math.Abs(s.Info.Probability*10-1) > 1e-12 || s.Info.TableSize != 10 {
+				t.Fatalf("while shard 1 is down: key %d, probability %v, table size %d; want shard 0's, 1/10, 10", s.Info.Key, s.Info.Probability, s.Info.TableSize)
+			}
+		}
+	}
+	deployPrefix(t, cfgs, ds[1].url, ds[1].prefix, service.WithShard(service.Shard{Index: 1, Count: 2}))
+	testutil.WaitUntil(t, "samples from shard 1 again", func() bool {
+		samples, err := c.Sample(ctx, "t", 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(samples, func(s Sample) bool { return s.Info.Key%2 == 1 && math.Abs(s.Info.Probability*40-1) < 1e-12 })
+	})
 }
