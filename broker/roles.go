@@ -155,6 +155,40 @@ func RolePermissions(role Role, prefix, user string) (Permissions, error) {
 	return p, nil
 }
 
+// ShardedRolePermissions returns what user, holding role in a sharded
+// table whose shards have the given prefixes, may publish and subscribe
+// to: what the role may do on every shard. A sharded producer and client
+// reach every shard, so an actor or learner needs all of them; the
+// services of the shards may share one service user, or each have one
+// with RolePermissions for its own prefix.
+func ShardedRolePermissions(role Role, prefixes []string, user string) (Permissions, error) {
+	if len(prefixes) == 0 {
+		return Permissions{}, fmt.Errorf("%w: no prefix given", ErrInvalidPrefix)
+	}
+	var out Permissions
+	for _, prefix := range prefixes {
+		p, err := RolePermissions(role, prefix, user)
+		if err != nil {
+			return Permissions{}, err
+		}
+		out.Publish.Allow = appendNew(out.Publish.Allow, p.Publish.Allow...)
+		out.Publish.Deny = appendNew(out.Publish.Deny, p.Publish.Deny...)
+		out.Subscribe.Allow = appendNew(out.Subscribe.Allow, p.Subscribe.Allow...)
+		out.Subscribe.Deny = appendNew(out.Subscribe.Deny, p.Subscribe.Deny...)
+	}
+	return out, nil
+}
+
+// appendNew appends the subjects list does not hold yet.
+func appendNew(list []string, subjects ...string) []string {
+	for _, s := range subjects {
+		if !slices.Contains(list, s) {
+			list = append(list, s)
+		}
+	}
+	return list
+}
+
 // Subjects outside the prefix that roles use: JetStream's API, NATS micro
 // discovery (nats micro ls), and every inbox, to which only the service
 // publishes (its replies; the server sends JetStream's own without

@@ -294,6 +294,13 @@ type roleServer struct {
 
 func startRoleServer(t *testing.T, prefix string) *roleServer {
 	t.Helper()
+	return startShardedRoleServer(t, prefix)
+}
+
+// startShardedRoleServer gives each role the permissions of every prefix.
+func startShardedRoleServer(t *testing.T, prefixes ...string) *roleServer {
+	t.Helper()
+	prefix := prefixes[0]
 	opts := []embeddednats.Option{
 		embeddednats.WithStoreDir(t.TempDir()), embeddednats.WithListen("127.0.0.1:-1"),
 		embeddednats.WithLogger(testutil.QuietLogger()),
@@ -302,7 +309,7 @@ func startRoleServer(t *testing.T, prefix string) *roleServer {
 		embeddednats.WithMaxPayload(256 << 10),
 	}
 	for _, role := range Roles() {
-		p, err := RolePermissions(role, prefix, string(role))
+		p, err := ShardedRolePermissions(role, prefixes, string(role))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -521,4 +528,76 @@ func TestRolesOnAServer(t *testing.T) {
 	if errs := svcViolations.list(); len(errs) > 0 {
 		t.Errorf("the service met permissions violations doing its job: %v", errs)
 	}
+}
+
+// TestShardedRolesOnAServer: with each role's permissions over both shards'
+// prefixes, two shard services, a sharded producer and a sharded client do
+// their jobs without a permissions violation, and the learner still may not
+// reset.
+func TestShardedRolesOnAServer(t *testing.T) {
+	prefixes := []string{"rs0", "rs1"}
+	s := startShardedRoleServer(t, prefixes...)
+	ctx := testutil.Context(t)
+	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
+	svcConn, svcViolations := s.connect(RoleService)
+	for i, prefix := range prefixes {
+		svc, err := service.New(svcConn, cfgs, service.WithPrefix(prefix), service.WithLogger(testutil.QuietLogger()),
+			service.WithObjectStoreCheckpoints(), service.WithShard(service.Shard{Index: i, Count: len(prefixes)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- svc.Run(sctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("service %s: %v", prefix, err)
+			}
+		})
+	}
+	actorConn, actorViolations := s.connect(RoleActor)
+	p, err := NewShardedProducer(ctx, actorConn, prefixes, WithLogger(testutil.QuietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(ctx)
+	for e := range int64(4) {
+		if err := p.Append(ctx, step(e, 8)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.EndEpisode(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	learnerConn, learnerViolations := s.connect(RoleLearner)
+	learner, err := NewShardedClient(learnerConn, prefixes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer learner.Close()
+	batch, err := learner.Sample(ctx, "t", 16)
+	if err != nil {
+		t.Fatalf("learner sampling: %v", err)
+	}
+	if err := learner.UpdatePriorities(ctx, "t", tables.PriorityUpdate{Key: batch[0].Info.Key, Priority: 3}); err != nil {
+		t.Fatalf("learner updating a priority: %v", err)
+	}
+	if info, err := learner.Info(ctx, "t"); err != nil || info.Tables[0].Size != 4 || info.Shards[0].Tables[0].Size != 2 {
+		t.Fatalf("learner info: %+v, %v; want 4 items, 2 on each shard", info, err)
+	}
+	for role, v := range map[Role]*violations{RoleService: svcViolations, RoleActor: actorViolations, RoleLearner: learnerViolations} {
+		if errs := v.list(); len(errs) > 0 {
+			t.Errorf("%s met permissions violations doing its job: %v", role, errs)
+		}
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := learner.Reset(short, "t"); err == nil {
+		t.Error("the learner reset the table")
+	}
+	learnerViolations.has(t, "rs1.api.reset")
 }

@@ -121,7 +121,7 @@ func TestClusterNodeKill(t *testing.T) {
 	// Everything acknowledged is in the stream; wait until the service has
 	// applied all of it.
 	waitStreamApplied(ctx, t, js, c)
-	verify(t, c, l)
+	verify(t, l, c)
 	if _, err := c.Sample(ctx, table, 4); err != nil {
 		t.Fatalf("sampling after the kills: %v", err)
 	}
@@ -131,8 +131,15 @@ func TestClusterNodeKill(t *testing.T) {
 // stream holds.
 func waitStreamApplied(ctx context.Context, t *testing.T, js jetstream.JetStream, c *broker.Client) {
 	t.Helper()
-	waitFor(t, "the service applied the stream", func() bool {
-		si, err := streamInfo(ctx, js, streamName)
+	waitStreamNameApplied(ctx, t, js, c, streamName)
+}
+
+// waitStreamNameApplied waits until the service has applied everything its
+// stream, the named one, holds.
+func waitStreamNameApplied(ctx context.Context, t *testing.T, js jetstream.JetStream, c *broker.Client, stream string) {
+	t.Helper()
+	waitFor(t, "the service applied stream "+stream, func() bool {
+		si, err := streamInfo(ctx, js, stream)
 		if err != nil {
 			return false
 		}

@@ -156,16 +156,23 @@ func newLedger() *ledger {
 	return &ledger{acked: map[int64]bool{}, updated: map[uint64]int64{}, deleted: map[uint64]int64{}, deleteSent: map[uint64]int64{}, touched: map[uint64]bool{}, keyID: map[uint64]int64{}}
 }
 
+// producer is what an actor writes through: a Producer, or a
+// ShardedProducer.
+type producer interface {
+	Append(ctx context.Context, step broker.Step) error
+	CreateItem(ctx context.Context, table string, priority float64, traj broker.Trajectory) error
+	Flush(ctx context.Context) error
+	EndEpisode(ctx context.Context) error
+	Close(ctx context.Context) error
+}
+
 // actor inserts items with priority = id (ids from first on) until stop, flushing every 25
 // items: a Flush that returns nil acknowledges everything created before it.
+// With episode > 0 it ends an episode every episode items, which
+// acknowledges them too.
 // Each call gets callTimeout; what a call that timed out held is not
 // counted as acknowledged.
-func actor(ctx context.Context, t *testing.T, nc *nats.Conn, l *ledger, stop <-chan struct{}, first int64, callTimeout time.Duration) {
-	p, err := broker.NewProducer(ctx, nc, broker.WithRetryFor(2*time.Minute))
-	if err != nil {
-		t.Error(err)
-		return
-	}
+func actor(ctx context.Context, p producer, l *ledger, stop <-chan struct{}, first int64, callTimeout time.Duration, episode int) {
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -192,7 +199,13 @@ func actor(ctx context.Context, t *testing.T, nc *nats.Conn, l *ledger, stop <-c
 		if err == nil {
 			pending = append(pending, id)
 		}
-		if err == nil && len(pending) >= 25 {
+		switch {
+		case err == nil && episode > 0 && (id-first+1)%int64(episode) == 0:
+			if err = p.EndEpisode(actx); err == nil {
+				l.ack(pending)
+				pending = nil
+			}
+		case err == nil && len(pending) >= 25:
 			if err = p.Flush(actx); err == nil {
 				l.ack(pending)
 				pending = nil
@@ -222,9 +235,17 @@ func (l *ledger) ackedCount() int {
 	return len(l.acked)
 }
 
+// learnerClient is what a learner samples and mutates through: a Client,
+// or a ShardedClient.
+type learnerClient interface {
+	Sample(ctx context.Context, table string, n int, opts ...broker.SampleOption) ([]broker.Sample, error)
+	UpdatePriorities(ctx context.Context, table string, updates ...tables.PriorityUpdate) error
+	Delete(ctx context.Context, table string, keys ...uint64) error
+}
+
 // learner samples, and for some sampled items updates the priority to
 // id+0.5 or deletes them, each key at most once.
-func learner(ctx context.Context, c *broker.Client, l *ledger, stop <-chan struct{}, seed uint64) {
+func learner(ctx context.Context, c learnerClient, l *ledger, stop <-chan struct{}, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	for {
 		select {
@@ -278,27 +299,44 @@ func learner(ctx context.Context, c *broker.Client, l *ledger, stop <-chan struc
 	}
 }
 
-// verify lists the whole table and checks it against the ledger.
-func verify(t *testing.T, c *broker.Client, l *ledger) {
+// verify lists the whole table and checks it against the ledger. With
+// several clients, client i is shard i of a sharded table, and holds only
+// the keys that name it.
+func verify(t *testing.T, l *ledger, clients ...*broker.Client) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	byID := map[int64][]broker.ItemInfo{}
 	var total int64
-	for offset := int64(0); ; {
-		page, err := c.Items(ctx, table, offset, 5000)
+	for shard, c := range clients {
+		var size int64
+		for offset := int64(0); ; {
+			page, err := c.Items(ctx, table, offset, 5000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, it := range page.Items {
+				id := int64(it.Priority) // priority is id or id+0.5
+				byID[id] = append(byID[id], it)
+				if n := uint64(len(clients)); n > 1 && it.Key%n != uint64(shard) {
+					t.Errorf("shard %d holds key %d of shard %d", shard, it.Key, it.Key%n)
+				}
+			}
+			offset += int64(len(page.Items))
+			size = page.TableSize
+			if len(page.Items) == 0 {
+				break
+			}
+		}
+		info, err := c.Info(ctx, table)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, it := range page.Items {
-			id := int64(it.Priority) // priority is id or id+0.5
-			byID[id] = append(byID[id], it)
+		lim := info.Tables[0].Limiter
+		if lim.Inserts-lim.Deletes != info.Tables[0].Size || info.Tables[0].Size != size {
+			t.Errorf("shard %d: limiter inserts %d - deletes %d != size %d (listed %d)", shard, lim.Inserts, lim.Deletes, info.Tables[0].Size, size)
 		}
-		offset += int64(len(page.Items))
-		total = page.TableSize
-		if len(page.Items) == 0 {
-			break
-		}
+		total += size
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -346,14 +384,6 @@ func verify(t *testing.T, c *broker.Client, l *ledger) {
 			}
 		}
 	}
-	info, err := c.Info(ctx, table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := info.Tables[0].Limiter
-	if lim.Inserts-lim.Deletes != info.Tables[0].Size || info.Tables[0].Size != total {
-		t.Errorf("limiter inserts %d - deletes %d != size %d (listed %d)", lim.Inserts, lim.Deletes, info.Tables[0].Size, total)
-	}
 	t.Logf("verified: %d items stored, %d acknowledged inserts, %d acknowledged updates, %d acknowledged deletes (and %d applied whose acknowledgment timed out); %d missing, %d duplicated",
 		total, len(l.acked), len(l.updated), len(l.deleted), unackedDeletes, missing, dups)
 	if missing > 0 {
@@ -381,7 +411,7 @@ func run(t *testing.T, url string, crash func()) {
 		t.Fatal(err)
 	}
 	waitStreamApplied(ctx, t, js, c)
-	verify(t, c, l)
+	verify(t, l, c)
 	// Sampling resumes.
 	if _, err := c.Sample(ctx, table, 4); err != nil {
 		t.Fatalf("sampling after recovery: %v", err)
@@ -410,8 +440,11 @@ func startLoad(ctx context.Context, t *testing.T, url string, c *broker.Client, 
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for a := range int64(2) {
-		nc := connect(t, url)
-		wg.Go(func() { actor(ctx, t, nc, l, done, a*1_000_000_000, callTimeout) })
+		p, err := broker.NewProducer(ctx, connect(t, url), broker.WithRetryFor(2*time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { actor(ctx, p, l, done, a*1_000_000_000, callTimeout, 0) })
 	}
 	wg.Go(func() { learner(ctx, c, l, done, seed) })
 	stop := sync.OnceFunc(func() {

@@ -251,7 +251,7 @@ func TestStandbyPausedActiveStaysFenced(t *testing.T) {
 
 	stop()
 	waitStreamApplied(ctx, t, js, c)
-	verify(t, c, l)
+	verify(t, l, c)
 }
 
 // nameEpoch reads the epoch in a checkpoint's name (0 for none).

@@ -511,6 +511,13 @@ func TestPermissions(t *testing.T) {
 	if !strings.Contains(out, `user: "lea"`) || !strings.Contains(out, `"_INBOX.lea.>"`) || !strings.Contains(out, `"reprise.api.sample"`) || strings.Contains(out, "actor") {
 		t.Errorf("--role learner --user lea:\n%s", out)
 	}
+	out, _, err = ctl(t, "permissions", "--role", "learner", "--prefix", "s0", "--prefix", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `"s0.api.sample"`) || !strings.Contains(out, `"s1.api.sample"`) || strings.Count(out, `"_INBOX.learner.>"`) != 1 || !strings.Contains(out, `prefixes ["s0" "s1"]`) {
+		t.Errorf("--prefix s0 --prefix s1:\n%s", out)
+	}
 	const pub = "UALJQ2NSA54IU2SHMG5QCRW3ZFYFQX5CP5F4GDSUUG5KCTUTB6LE4FUS"
 	out, _, err = ctl(t, "permissions", "--role", "actor", "--nkey", pub)
 	if err != nil {

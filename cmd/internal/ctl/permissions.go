@@ -20,6 +20,9 @@ the deployment with --prefix. Paste it into the configuration of an
 external NATS server, replace the password placeholders, and connect
 reprised as the service user (reprised --nats URL --user service).
 
+For a sharded table give --prefix once per shard: each user then holds its
+role on every shard, as a sharded producer or client needs.
+
 The roles: actor (inserts), learner (samples, priorities, info), admin
 (everything for the prefix except serving requests), service (reprised).
 Each user reads replies only under its own inbox, _INBOX.<user>: the tools
@@ -36,10 +39,17 @@ type authUser struct {
 
 func runPermissions(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
-		prefix, role, user, nkey string
+		role, user, nkey string
+		prefixes         []string
 	)
 	fs := newFlagSet("permissions", "permissions [flags]", permissionsAbout, stderr)
-	fs.StringVar(&prefix, "prefix", broker.DefaultPrefix, "subject `prefix` of the deployment, as given to reprised")
+	fs.Func("prefix", "subject `prefix` of the deployment, as given to reprised; repeat it for each shard of a sharded table (default "+broker.DefaultPrefix+")", func(v string) error {
+		if err := config.CheckPrefix(v); err != nil {
+			return err
+		}
+		prefixes = append(prefixes, v)
+		return nil
+	})
 	fs.StringVar(&role, "role", "", "print only this `role`: actor, learner, admin or service (default: one user of each)")
 	fs.StringVar(&user, "user", "", "user `name` (with --role; default: the role's name)")
 	fs.StringVar(&nkey, "nkey", "", "identify the user by this nkey `public key` (U...) instead of a name and password (with --role)")
@@ -50,8 +60,8 @@ func runPermissions(_ context.Context, args []string, stdout, stderr io.Writer) 
 	if len(pos) > 0 {
 		return cli.Usagef("permissions takes no arguments, got %q", pos)
 	}
-	if err := config.CheckPrefix(prefix); err != nil {
-		return cli.Usagef("--prefix: %v", err)
+	if len(prefixes) == 0 {
+		prefixes = []string{broker.DefaultPrefix}
 	}
 	roles := broker.Roles()
 	if role != "" {
@@ -81,21 +91,25 @@ func runPermissions(_ context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		users = append(users, u)
 	}
-	return writeAuthorization(stdout, prefix, users)
+	return writeAuthorization(stdout, prefixes, users)
 }
 
 // writeAuthorization prints users with their roles' permissions as a
 // nats-server authorization block.
-func writeAuthorization(w io.Writer, prefix string, users []authUser) error {
+func writeAuthorization(w io.Writer, prefixes []string, users []authUser) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Reprise roles for the deployment with prefix %q (reprisectl permissions).\n", prefix)
+	if len(prefixes) == 1 {
+		fmt.Fprintf(&b, "# Reprise roles for the deployment with prefix %q (reprisectl permissions).\n", prefixes[0])
+	} else {
+		fmt.Fprintf(&b, "# Reprise roles for the table sharded over prefixes %q (reprisectl permissions).\n", prefixes)
+	}
 	b.WriteString("# Replace each password placeholder with the user's password, or better its\n")
 	b.WriteString("# bcrypt hash (nats server passwd). A user reads replies only under\n")
 	b.WriteString("# _INBOX.<user>: rename a user in both places, and connect its clients\n")
 	b.WriteString("# with --user (or nats --inbox-prefix _INBOX.<user>).\n")
 	b.WriteString("authorization {\n  users = [\n")
 	for _, u := range users {
-		p, err := broker.RolePermissions(u.role, prefix, u.id)
+		p, err := broker.ShardedRolePermissions(u.role, prefixes, u.id)
 		if err != nil {
 			return cli.Usagef("%v", err)
 		}
