@@ -125,7 +125,7 @@ func (c *Client) onReply(m *nats.Msg) {
 		delete(c.pending, id)
 	}
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
-		finish(fmt.Errorf("%w: no table service is listening on %s (is reprised running with prefix %q?)", ErrServer, cl.subject, c.subj.Prefix))
+		finish(fmt.Errorf("%w: %w on %s (is reprised running with prefix %q?)", ErrServer, errNoService, cl.subject, c.subj.Prefix))
 		return
 	}
 	parts := m.Header.Get(protocol.HeaderParts)
@@ -170,7 +170,7 @@ func (c *Client) request(ctx context.Context, subject string, req proto.Message)
 	case <-cl.done:
 	case <-ctx.Done():
 		c.forget(id)
-		return nil, fmt.Errorf("broker: waiting for %s: %w", subject, ctx.Err())
+		return nil, fmt.Errorf("broker: waiting for %s: %w", subject, context.Cause(ctx))
 	}
 	if cl.err != nil {
 		return nil, cl.err
@@ -248,8 +248,10 @@ func (flexibleOption) configureSample(o *sampleOptions) error   { o.flexible = t
 func (flexibleOption) configureSampler(o *samplerOptions) error { o.sample.flexible = true; return nil }
 
 // Sample takes n items from table. It waits for the table's rate limiter as
-// long as ctx allows (the service caps the wait); when the limiter allows no
-// sample in that time the error matches ErrRateLimited. When it allows only
+// long as ctx allows (the service caps the wait), or DefaultSampleWait
+// without a deadline; when the limiter allows no sample in that time the
+// error matches ErrRateLimited. A service that stops while the call waits
+// fails it with ErrServer within about two seconds. When it allows only
 // some, those are returned with an error matching ErrRateLimited: samples
 // are never dropped.
 func (c *Client) Sample(ctx context.Context, table string, n int, opts ...SampleOption) ([]Sample, error) {
@@ -273,7 +275,7 @@ func (c *Client) sample(ctx context.Context, table string, n int, o sampleOption
 // sampleReply is sample that also returns the table's state after it, when
 // the service sent samples.
 func (c *Client) sampleReply(ctx context.Context, table string, n int, o sampleOptions) ([]Sample, wire.TableState, error) {
-	req := &wire.SampleRequest{Table: table, NumSamples: int32(n), TimeoutMs: -1, Flexible: o.flexible}
+	req := &wire.SampleRequest{Table: table, NumSamples: int32(n), Flexible: o.flexible}
 	if dl, ok := ctx.Deadline(); ok {
 		// Leave the reply time to travel, even on a loaded machine: a
 		// sample the service takes after the client stopped listening is
@@ -281,7 +283,20 @@ func (c *Client) sampleReply(ctx context.Context, table string, n int, o sampleO
 		left := time.Until(dl)
 		margin := min(left/2, max(left/10, 250*time.Millisecond))
 		req.TimeoutMs = max(0, (left - margin).Milliseconds())
+	} else {
+		// The service answers by then, rate limited or not, unless it is
+		// gone.
+		req.TimeoutMs = DefaultSampleWait.Milliseconds()
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultSampleWait+sampleReplyMargin)
+		defer cancel()
 	}
+	// A service that dies with the request never answers, and nothing else
+	// would tell: a request that waits long checks that one still listens.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	probe := time.AfterFunc(serviceProbeEvery, func() { c.probeService(ctx, cancel, table) })
+	defer probe.Stop()
 	data, err := c.request(ctx, c.subj.Sample(), req)
 	if err != nil {
 		return nil, wire.TableState{}, err
@@ -298,6 +313,43 @@ func (c *Client) sampleReply(ctx context.Context, table string, n int, o sampleO
 		return out, reply.After, &StatusError{Code: CodeRateLimited, Message: reply.Message}
 	}
 	return out, reply.After, nil
+}
+
+// DefaultSampleWait is how long a sample waits for the rate limiter when
+// its context has no deadline: the service's own default bound
+// (service.max_sample_wait), after which it answers ErrRateLimited.
+const DefaultSampleWait = time.Minute
+
+// sampleReplyMargin is how long after the wait it asked for a client still
+// waits for the reply, on a loaded machine.
+const sampleReplyMargin = 10 * time.Second
+
+// serviceProbeEvery is how often a sample that waits checks that a table
+// service still listens.
+const serviceProbeEvery = time.Second
+
+// errNoService is NATS's answer to a request nobody listens for.
+var errNoService = errors.New("no table service is listening")
+
+// probeService asks for table's info every serviceProbeEvery until ctx
+// ends, and ends ctx when no service listens any more.
+func (c *Client) probeService(ctx context.Context, cancel context.CancelCauseFunc, table string) {
+	tick := time.NewTicker(serviceProbeEvery)
+	defer tick.Stop()
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, serviceProbeEvery)
+		_, err := c.Info(pctx, table)
+		pcancel()
+		if errors.Is(err, errNoService) {
+			cancel(fmt.Errorf("%w: the table service stopped while the sample waited: %w", ErrServer, err))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // toSamples gives decoded items the public types, sharing their memory.

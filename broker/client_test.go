@@ -1,8 +1,12 @@
 package broker
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
@@ -66,5 +70,34 @@ func TestSampledTensorsAreTheLearners(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSampleFailsWhenTheServiceDies: a sample whose service takes the
+// request and then dies, never answering, fails with ErrServer soon after,
+// instead of waiting without end. A subscriber that swallows sample
+// requests stands in for the dead service (a killed reprised does the same
+// in internal/crashtest): nothing listens for info.
+func TestSampleFailsWhenTheServiceDies(t *testing.T) {
+	url := testutil.StartEmbedded(t, 0)
+	d := &deployment{t: t, url: url, prefix: "gone"}
+	swallowed := make(chan struct{}, 1)
+	if _, err := d.connect().Subscribe("gone.api.sample", func(*nats.Msg) {
+		select {
+		case swallowed <- struct{}{}:
+		default:
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := d.client()
+	_, err := c.Sample(context.Background(), "t", 1) // no deadline
+	if !errors.Is(err, ErrServer) || !strings.Contains(err.Error(), "stopped while the sample waited") {
+		t.Fatalf("sample of a service that never answers: %v, want ErrServer saying it stopped", err)
+	}
+	select {
+	case <-swallowed:
+	default:
+		t.Fatal("the request never reached the stand-in")
 	}
 }
