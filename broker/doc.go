@@ -5,7 +5,8 @@
 // mutations go through a JetStream stream, requests through NATS
 // request-reply. The table service that consumes the stream and answers the
 // requests is package broker/service; the byte layouts both sides use are
-// package broker/wire.
+// package broker/wire. A table spread over several services, its shards,
+// is written through a ShardedProducer and read through a ShardedClient.
 //
 // Errors are matched with errors.Is against the Err values here, which the
 // service returns too. Roles (RolePermissions) say what each kind of NATS

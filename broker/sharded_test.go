@@ -449,3 +449,33 @@ func TestShardedSampleSkipsADownShard(t *testing.T) {
 		return slices.ContainsFunc(samples, func(s Sample) bool { return s.Info.Key%2 == 1 && math.Abs(s.Info.Probability*40-1) < 1e-12 })
 	})
 }
+
+// TestShardedSampler: a sharded client's sampler prefetches batches drawn
+// from every shard.
+func TestShardedSampler(t *testing.T) {
+	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 100)}, 2)
+	fillShard(t, ds, 0, ones(20)...)
+	fillShard(t, ds, 1, ones(20)...)
+	c := shardedClient(t, ds, prefixesOf(ds))
+	s, err := c.NewSampler("t", 32, WithInFlight(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := testutil.Context(t)
+	perShard := [2]int{}
+	for range 10 {
+		batch, err := s.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(batch) != 32 {
+			t.Fatalf("batch of %d, want 32", len(batch))
+		}
+		for _, smp := range batch {
+			perShard[smp.Info.Key%2]++
+		}
+	}
+	// 320 fair draws: each shard gets 160 ± 6 sd (about 54).
+	sixSigma(t, "items from shard 0", perShard[0], 320, 0.5)
+}
