@@ -20,6 +20,7 @@ the Go client::
         obs = batch.data["obs"]          # numpy array [256, 3, *obs_shape]
         client.update_priorities("replay", batch.info.key, new_priorities)
 
+:class:`ShardedClient` serves a table spread over several reprised (shards).
 :mod:`reprise.aio` has the same API as coroutines; :mod:`reprise.torch` a
 PyTorch ``IterableDataset``. Errors derive from :class:`RepriseError`.
 """
@@ -29,7 +30,7 @@ from ._codec import DTYPES
 from ._info import CheckpointInfo, ColumnSpec, RateLimiterInfo, TableInfo
 from ._sample import BatchInfo, ReplaySample, SampleBatch, SampleInfo
 from ._writer import ColumnHistory, History, TrajectoryColumn, WriterOptions
-from .client import Client, Sampler, TrajectoryWriter
+from .client import Client, Sampler, ShardedClient, ShardedSampler, ShardedTrajectoryWriter, TrajectoryWriter
 from .errors import (
     ClosedError,
     Code,
@@ -78,6 +79,9 @@ __all__ = [
     "SampleBatch",
     "SampleInfo",
     "Sampler",
+    "ShardedClient",
+    "ShardedSampler",
+    "ShardedTrajectoryWriter",
     "SignatureMismatchError",
     "TableInfo",
     "TrajectoryColumn",

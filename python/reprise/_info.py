@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._proto import reprise_pb2 as pb
@@ -70,6 +72,18 @@ class TableInfo:
     num_episodes: int = 0
     num_deleted_episodes: int = 0
     num_unique_samples: int = 0
+    #: The total weight the sampler draws by, ``weight_fraction *
+    #: 2**weight_exponent`` (fraction in [0.5, 1), or both 0): the sum of
+    #: priority**exponent for a prioritized sampler, the item count for every
+    #: other. As a pair it holds totals beyond a float's range; see
+    #: :attr:`weight`.
+    weight_fraction: float = 0.0
+    weight_exponent: int = 0
+
+    @property
+    def weight(self) -> float:
+        """The total weight as a float: inf beyond its range, 0 below it."""
+        return weight_float(self.weight_fraction, self.weight_exponent)
 
     @property
     def size(self) -> int:
@@ -123,6 +137,83 @@ def table_info(t: Any) -> TableInfo:
         num_episodes=t.num_episodes,
         num_deleted_episodes=t.num_deleted_episodes,
         num_unique_samples=t.num_unique_samples,
+        weight_fraction=t.weight_fraction,
+        weight_exponent=t.weight_exponent,
+    )
+
+
+def weight_float(fraction: float, exponent: int) -> float:
+    """fraction * 2**exponent as a float: inf beyond its range, 0 below it."""
+    if fraction == 0.0 or exponent < -1100:
+        return 0.0
+    if exponent > 1100:
+        return math.inf
+    try:
+        return math.ldexp(fraction, exponent)
+    except OverflowError:
+        return math.inf
+
+
+#: Weights more than this many binary orders below the largest of a sum are
+#: left out of it: their share is below 2**-4096, far below what the service
+#: itself keeps (it leaves out bands below 2**-1536 of a table's total).
+_SUM_SPAN = 4096
+
+
+def add_weights(weights: Iterable[tuple[float, int]]) -> tuple[float, int]:
+    """The sum of weights given as (fraction, exponent) pairs, as a pair
+    again, correctly rounded: the mantissas are added as integers, so no
+    term is lost to rounding or overflow on the way."""
+    terms = [(f, e) for f, e in weights if f > 0.0]
+    if not terms:
+        return 0.0, 0
+    top = max(e for _, e in terms)
+    low = top - _SUM_SPAN - 53  # the exponent of the integer sum's unit
+    total = 0
+    for f, e in terms:
+        if e - 53 >= low:
+            # f has 53 significant bits: f * 2**53 is an exact integer.
+            total += int(math.ldexp(f, 53)) << (e - 53 - low)
+    # Integer true division rounds correctly; keep the quotient in range.
+    shift = max(0, total.bit_length() - 1000)
+    frac, exp = math.frexp(total / (1 << shift))
+    return frac, exp + shift + low
+
+
+def aggregate_tables(infos: Sequence[TableInfo]) -> TableInfo:
+    """One table spread over shards as one TableInfo: the config of the
+    first shard, sizes, capacities, counters and weights summed, versions
+    spanned (the lowest item version over the shards holding items)."""
+    first = infos[0]
+    held = [t for t in infos if t.current_size > 0]
+    lims = [t.rate_limiter_info for t in infos]
+    frac, exp = add_weights((t.weight_fraction, t.weight_exponent) for t in infos)
+    return dataclasses.replace(
+        first,
+        max_size=sum(t.max_size for t in infos),
+        rate_limiter_info=dataclasses.replace(
+            first.rate_limiter_info,
+            inserts=sum(lim.inserts for lim in lims),
+            samples=sum(lim.samples for lim in lims),
+            deletes=sum(lim.deletes for lim in lims),
+        ),
+        current_size=sum(t.current_size for t in infos),
+        bytes_held=sum(t.bytes_held for t in infos),
+        num_inserts=sum(t.num_inserts for t in infos),
+        num_samples=sum(t.num_samples for t in infos),
+        num_deletes=sum(t.num_deletes for t in infos),
+        num_evictions=sum(t.num_evictions for t in infos),
+        insert_waits=sum(t.insert_waits for t in infos),
+        sample_waits=sum(t.sample_waits for t in infos),
+        policy_version=max(t.policy_version for t in infos),
+        min_item_version=min((t.min_item_version for t in held), default=0),
+        max_item_version=max((t.max_item_version for t in held), default=0),
+        num_stale_evictions=sum(t.num_stale_evictions for t in infos),
+        num_episodes=sum(t.num_episodes for t in infos),
+        num_deleted_episodes=sum(t.num_deleted_episodes for t in infos),
+        num_unique_samples=sum(t.num_unique_samples for t in infos),
+        weight_fraction=frac,
+        weight_exponent=exp,
     )
 
 

@@ -40,6 +40,11 @@ log = logging.getLogger("reprise")
 #: Header JetStream deduplicates on.
 MSG_ID_HEADER = "Nats-Msg-Id"
 
+#: The most shards a table may be spread over (the service's MaxShards).
+MAX_SHARDS = 1 << 16
+
+_KEY_MAX = (1 << 64) - 1
+
 
 def new_producer_id() -> str:
     """128 bits from a CSPRNG as 32 lowercase hex digits: secret, since with
@@ -94,6 +99,11 @@ class WriterOptions:
     #: trip sooner, instead of once the service applied them (visible to a
     #: sample), which is what Reverb's flush does (broker.WithReturnOnStore).
     return_on_store: bool = False
+    #: ``(index, count)``: every item key is ``index`` modulo ``count``, as
+    #: shard ``index`` of a table spread over ``count`` reprised
+    #: (``reprised --shard``) requires; None: any key. The writers of a
+    #: :class:`ShardedClient` and of its ``shard(i)`` clients set it.
+    key_shard: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("chunk_length", "num_keep_alive_refs", "max_in_flight", "max_unapplied", "batch_items", "batch_bytes"):
@@ -106,6 +116,18 @@ class WriterOptions:
             )
         if self.linger < 0 or self.retry_for <= 0 or self.ack_timeout <= 0:
             raise errors.InvalidArgumentError("linger must be >= 0, retry_for and ack_timeout > 0")
+        if self.key_shard is not None:
+            ks = self.key_shard
+            if (
+                not isinstance(ks, tuple)
+                or len(ks) != 2
+                or not all(isinstance(v, int) for v in ks)
+                or not 1 <= ks[1] <= MAX_SHARDS
+                or not 0 <= ks[0] < ks[1]
+            ):
+                raise errors.InvalidArgumentError(
+                    f"key_shard must be (index, count) with 1 <= count <= {MAX_SHARDS} and 0 <= index < count, got {ks!r}"
+                )
 
 
 # ---------------------------------------------------------------- protobuf bits
@@ -676,7 +698,24 @@ class _Producer:
     def create_item_locked(self, table: str, priority: float, refs: list[_Ref]) -> None:
         if self.closing:
             raise errors.ClosedError("writer closed")
-        self.pending.append(_Pending(table, priority, self._rng.getrandbits(64) or 1, refs, self.policy_version))
+        self.pending.append(_Pending(table, priority, self._new_key_locked(), refs, self.policy_version))
+
+    def _new_key_locked(self) -> int:
+        """An item key: any 64 bits but 0, or with key_shard, uniform among
+        those of the shard's residue class (a sharded service refuses the
+        others)."""
+        ks = self.o.key_shard
+        if ks is None:
+            return self._rng.getrandbits(64) or 1
+        index, count = ks
+        while True:
+            k = self._rng.getrandbits(64)
+            # A draw in the top run of fewer than count values is drawn
+            # again: every key of the class then has exactly count draws that
+            # give it, and none overflows (as the Go producer does).
+            base = k - k % count
+            if base <= _KEY_MAX - (count - 1):
+                return base + index
 
     def _build_item(self, it: _Pending) -> tuple[bytes, list[_Sealed]]:
         cols = []

@@ -1,5 +1,5 @@
-"""Reprise for asyncio programs: the same API as :class:`reprise.Client`,
-as coroutines.
+"""Reprise for asyncio programs: the same API as :class:`reprise.Client`
+and :class:`reprise.ShardedClient`, as coroutines.
 
 ::
 
@@ -86,7 +86,9 @@ def mutation_messages(
     ] or []
 
 
-def _priorities_from_arrays(keys: Any, priorities: Any) -> dict[int, float]:
+def priority_arrays(keys: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
+    """keys (uint64) and priorities (float64) as flat arrays, checked: the
+    same length, every priority finite and >= 0."""
     k = np.asarray(keys, dtype=np.uint64).ravel()
     p = np.asarray(priorities, dtype=np.float64).ravel()
     if k.shape != p.shape:
@@ -94,6 +96,11 @@ def _priorities_from_arrays(keys: Any, priorities: Any) -> dict[int, float]:
     if not np.all(np.isfinite(p)) or np.any(p < 0):
         bad = int(np.flatnonzero(~np.isfinite(p) | (p < 0))[0])
         raise errors.InvalidArgumentError(f"key {int(k[bad])}: priority {p[bad]} (must be finite and >= 0)")
+    return k, p
+
+
+def _priorities_from_arrays(keys: Any, priorities: Any) -> dict[int, float]:
+    k, p = priority_arrays(keys, priorities)
     return dict(zip(k.tolist(), p.tolist()))
 
 
@@ -202,6 +209,9 @@ class Client:
         self._denials = _conn.Denials()
         self._return_on_store = return_on_store
         self._applied = _AppliedWatch()
+        # (index, count) when this client serves one shard of a ShardedClient:
+        # its writers then make keys of that shard.
+        self._key_shard: tuple[int, int] | None = None
 
     # -- connection -------------------------------------------------------
 
@@ -396,10 +406,17 @@ class Client:
         resp = await self._info(timeout)
         return {t.name: _info.table_info(t) for t in resp.tables}
 
-    async def _info(self, timeout: float | None) -> Any:
-        data = await self._requester().request(self.subjects.info, pb.TableRequest().SerializeToString(), timeout)
+    async def _info(self, timeout: float | None, table: str = "") -> Any:
+        """The InfoResponse of every table, or of ``table`` alone."""
+        data = await self._requester().request(
+            self.subjects.info, pb.TableRequest(table=table).SerializeToString(), timeout
+        )
         resp = parse_status_reply(pb.InfoResponse, data, "info")
-        self._signatures = {t.name: tuple(t.signature) for t in resp.tables}
+        sigs = {t.name: tuple(t.signature) for t in resp.tables}
+        if table:
+            self._signatures.update(sigs)
+        else:
+            self._signatures = sigs
         return resp
 
     async def checkpoint(self, *, timeout: float | None = 120.0) -> CheckpointInfo:
@@ -431,10 +448,15 @@ class Client:
     async def trajectory_writer(self, num_keep_alive_refs: int = 128, **options: Any) -> AsyncTrajectoryWriter:
         """A writer of trajectories (see
         :meth:`reprise.Client.trajectory_writer`)."""
-        opts = WriterOptions(num_keep_alive_refs=num_keep_alive_refs, **options)
-        w = AsyncTrajectoryWriter(self, opts)
+        w = AsyncTrajectoryWriter(self, self.writer_options(num_keep_alive_refs, options))
         await w._start()
         return w
+
+    def writer_options(self, num_keep_alive_refs: int, options: Mapping[str, Any]) -> WriterOptions:
+        """A writer's WriterOptions; a shard's client adds its key_shard."""
+        if self._key_shard is not None and "key_shard" not in options:
+            options = {**options, "key_shard": self._key_shard}
+        return WriterOptions(num_keep_alive_refs=num_keep_alive_refs, **options)
 
     async def insert(self, data: Mapping[str, Any], priorities: Mapping[str, float], *, timeout: float | None = 60.0) -> None:
         """Inserts one single-step item into each table of ``priorities``,
@@ -803,4 +825,17 @@ async def connect(server_address: str | Sequence[str] = _conn.DEFAULT_URL, **kwa
     return await Client(server_address, **kwargs).connect()
 
 
-__all__ = ["AsyncSampler", "AsyncTrajectoryWriter", "Client", "connect", "decode_batch", "decode_samples"]
+# Last: the sharded client is built of this module's Client and writer.
+from ._sharded import AsyncShardedSampler, AsyncShardedTrajectoryWriter, ShardedClient  # noqa: E402
+
+__all__ = [
+    "AsyncSampler",
+    "AsyncShardedSampler",
+    "AsyncShardedTrajectoryWriter",
+    "AsyncTrajectoryWriter",
+    "Client",
+    "ShardedClient",
+    "connect",
+    "decode_batch",
+    "decode_samples",
+]

@@ -1,5 +1,6 @@
-"""The synchronous client: :class:`Client`, :class:`TrajectoryWriter` and
-:class:`Sampler`.
+"""The synchronous clients: :class:`Client`, :class:`TrajectoryWriter` and
+:class:`Sampler`; :class:`ShardedClient`, :class:`ShardedTrajectoryWriter`
+and :class:`ShardedSampler` for tables spread over several reprised.
 
 The client runs the asyncio client of :mod:`reprise.aio` on one background
 event-loop thread. Calls block the calling thread only; replies are decoded
@@ -14,13 +15,15 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
+import random
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from . import _codec, _conn, errors
 from . import aio as _aio
+from . import _sharded  # after aio, which imports it last
 from ._info import CheckpointInfo, TableInfo
 from ._sample import ReplaySample, SampleBatch
 from ._writer import History, TrajectoryColumn, WriterOptions, _Blocked, _Producer, _Transport, check_signature
@@ -104,11 +107,27 @@ class Client:
         self._writers: set[TrajectoryWriter] = set()
         self._insert_writer: TrajectoryWriter | None = None
         self._insert_lock = threading.Lock()
+        self._owns_loop = True
         try:
             self._lt.call(self._aclient.connect())
         except BaseException:
             self._lt.stop()
             raise
+
+    @classmethod
+    def _on_loop(cls, aclient: _aio.Client, lt: _LoopThread) -> Client:
+        """A Client of an async client already connected on lt, a loop it
+        shares with others (a ShardedClient's shards): closing it leaves the
+        loop running."""
+        c = cls.__new__(cls)
+        c._aclient = aclient
+        c._lt = lt
+        c._closed = False
+        c._writers = set()
+        c._insert_writer = None
+        c._insert_lock = threading.Lock()
+        c._owns_loop = False
+        return c
 
     @property
     def options(self) -> _conn.ConnectOptions:
@@ -138,7 +157,8 @@ class Client:
         try:
             self._lt.call(self._aclient.close(), 30)
         finally:
-            self._lt.stop()
+            if self._owns_loop:
+                self._lt.stop()
 
     def __enter__(self) -> Client:
         return self
@@ -263,8 +283,7 @@ class Client:
         ``max_in_flight``, ``max_unapplied``, ``batch_items``,
         ``batch_bytes``, ``linger``, ``retry_for``, ``ack_timeout``,
         ``validate_signatures``."""
-        opts = WriterOptions(num_keep_alive_refs=num_keep_alive_refs, **options)
-        return TrajectoryWriter(self, opts)
+        return TrajectoryWriter(self, self._aclient.writer_options(num_keep_alive_refs, options))
 
     def insert(self, data: Mapping[str, Any], priorities: Mapping[str, float], *, timeout: float | None = 60.0) -> None:
         """Inserts ``data`` (column name to array or scalar) as one
@@ -614,6 +633,394 @@ class TrajectoryWriter:
             raise err
 
     def __enter__(self) -> TrajectoryWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ShardedClient:
+    """A client of tables spread over several reprised, the shards: each
+    serves its own prefix, all usually on one NATS server or cluster, and
+    refuses items whose key does not name it (``reprised --prefix s1
+    --shard 1/2``)::
+
+        client = reprise.ShardedClient("nats://127.0.0.1:4222", ["s0", "s1"])
+
+    It holds one :class:`Client` per shard, connected on one background
+    event loop (:meth:`shard`), and offers the learner and actor calls of
+    :class:`Client` over the whole table:
+
+    - a sample draws the shard of each position independently, in
+      proportion to the shards' total weights (the sum of
+      priority**exponent for a prioritized table, the item count for any
+      other), sends one request per shard drawn, at once, and returns the
+      items in the drawn order. ``info.probability`` is the probability of
+      this two-stage draw, exactly; ``info.table_size`` the whole table's.
+      The shards' weights come with every sample reply; one learned more
+      than 0.1 s ago, or before a mutation through this client, is asked
+      for again first.
+    - priority updates and deletes go to the shard each key names;
+      ``reset``, ``set_policy_version``, ``set_max_staleness`` and
+      ``checkpoint`` to every shard.
+    - a :meth:`trajectory_writer` writes each episode to one shard, the
+      next episode to the next shard.
+
+    On a table's first use every shard is asked for it: each must report
+    the shard its place in ``prefixes`` says (else InvalidArgumentError:
+    give the prefixes in shard order), and serve the table with the same
+    sampler, remover and signature. Each shard keeps its own size bound,
+    rate limiter and order (fifo, lifo, heaps): they hold per shard.
+
+    Args:
+      server_address: NATS URL, several comma-separated or as a list.
+      prefixes: every shard's prefix, in shard order: ``prefixes[i]`` is
+        the reprised started with ``--shard i/len(prefixes)``.
+      options: the other options of :class:`Client` (all but ``prefix``).
+    """
+
+    def __init__(self, server_address: str | Sequence[str], prefixes: Sequence[str], **options: Any) -> None:
+        self._aclient = _sharded.ShardedClient(server_address, prefixes, **options)
+        self._lt = _LoopThread("reprise-sharded-client")
+        self._closed = False
+        try:
+            self._lt.call(self._aclient.connect())
+        except BaseException:
+            self._lt.stop()
+            raise
+        self._shards = tuple(Client._on_loop(c, self._lt) for c in self._aclient.shards)
+
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        return self._aclient.prefixes
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._shards)
+
+    def shard(self, i: int) -> Client:
+        """The :class:`Client` of shard i (prefix ``prefixes[i]``): its
+        writers make keys of shard i. Closed with this client."""
+        return self._shards[i]
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise errors.ClosedError("client closed")
+        return self._lt.call(coro)
+
+    def close(self) -> None:
+        """Closes every shard's client: its writers (flushing them), then its
+        connection."""
+        if self._closed:
+            return
+        for c in self._shards:
+            try:
+                c.close()
+            except errors.RepriseError as e:
+                log.warning("reprise: closing shard %s: %s", c.prefix, e)
+        self._closed = True
+        try:
+            self._lt.call(self._aclient.close(), 30)
+        finally:
+            self._lt.stop()
+
+    def __enter__(self) -> ShardedClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- learner side -----------------------------------------------------
+
+    def sample(
+        self, table: str, num_samples: int = 1, *, timeout: float | None = None, flexible: bool = False
+    ) -> Iterator[ReplaySample]:
+        """Samples ``num_samples`` items of ``table``, as
+        :meth:`Client.sample`. An empty table is asked again, backing off,
+        until a shard holds items; when ``timeout`` (one minute without
+        one) passes first it raises RateLimitedError. A shard that returns
+        fewer items than drawn for it (its rate limiter, ``flexible``) or
+        fails leaves its positions out: the call raises that shard's error
+        (a failure before a rate limit), whose ``partial`` holds the items
+        the others returned; with ``flexible`` a rate limit is no error
+        once some items came."""
+        return iter(_sharded.merge_samples(self._call(self._aclient._draw(table, num_samples, timeout, flexible))))
+
+    def sample_batch(
+        self, table: str, batch_size: int, *, timeout: float | None = None, flexible: bool = False
+    ) -> SampleBatch:
+        """One stacked batch, as :meth:`Client.sample_batch`, of the items
+        :meth:`sample` would return."""
+        return _sharded.merge_batch(self._call(self._aclient._draw(table, batch_size, timeout, flexible)))
+
+    def sampler(
+        self,
+        table: str,
+        batch_size: int,
+        *,
+        prefetch: int = 2,
+        timeout: float | None = None,
+        flexible: bool = False,
+        retry_unavailable_for: float = 60.0,
+    ) -> ShardedSampler:
+        """An iterator of batches keeping ``prefetch`` calls in flight, as
+        :meth:`Client.sampler`. While a shard fails and the others answer,
+        their items come as short batches, for up to
+        ``retry_unavailable_for`` seconds."""
+        return ShardedSampler(self, table, batch_size, prefetch, timeout, flexible, retry_unavailable_for)
+
+    def mutate_priorities(
+        self,
+        table: str,
+        updates: Mapping[int, float] | None = None,
+        deletes: Iterable[int] | None = None,
+        *,
+        timeout: float | None = 10.0,
+    ) -> None:
+        """As :meth:`Client.mutate_priorities`: each key's update or delete
+        goes to the shard the key names (in the given order), all shards at
+        once."""
+        self._call(self._aclient.mutate_priorities(table, updates, deletes, timeout=timeout))
+
+    def update_priorities(self, table: str, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
+        """``mutate_priorities`` from two arrays, e.g. ``batch.info.key`` and
+        new priorities."""
+        self._call(self._aclient.update_priorities(table, keys, priorities, timeout=timeout))
+
+    def set_policy_version(self, table: str, version: int, *, timeout: float | None = 10.0) -> None:
+        """As :meth:`Client.set_policy_version`, on every shard."""
+        self._call(self._aclient.set_policy_version(table, version, timeout=timeout))
+
+    def set_max_staleness(self, table: str, max_staleness: int | None, *, timeout: float | None = 10.0) -> None:
+        """As :meth:`Client.set_max_staleness`, on every shard."""
+        self._call(self._aclient.set_max_staleness(table, max_staleness, timeout=timeout))
+
+    def reset(self, table: str, *, timeout: float | None = 60.0) -> None:
+        """Empties ``table`` on every shard and zeroes their rate limiters."""
+        self._call(self._aclient.reset(table, timeout=timeout))
+
+    def server_info(self, timeout: float | None = 10.0) -> dict[str, TableInfo]:
+        """Table name to :class:`TableInfo` of the whole table: sizes,
+        capacities (``max_size``), counters and weights summed over the
+        shards, the highest policy version, the item versions' span over
+        the shards holding items, and shard 0's config."""
+        return self._call(self._aclient.server_info(timeout))
+
+    def shard_info(self, timeout: float | None = 10.0) -> list[dict[str, TableInfo]]:
+        """Every shard's :meth:`Client.server_info`, in shard order."""
+        return self._call(self._aclient.shard_info(timeout))
+
+    def checkpoint(self, *, timeout: float | None = 120.0) -> list[CheckpointInfo]:
+        """Has every shard write a checkpoint now; what each wrote, in shard
+        order."""
+        return self._call(self._aclient.checkpoint(timeout=timeout))
+
+    # -- actor side ---------------------------------------------------------
+
+    def trajectory_writer(self, num_keep_alive_refs: int = 128, **options: Any) -> ShardedTrajectoryWriter:
+        """A :class:`ShardedTrajectoryWriter`; the arguments are those of
+        :meth:`Client.trajectory_writer`."""
+        if "key_shard" in options:
+            raise errors.InvalidArgumentError("a ShardedClient's writers make each shard's keys: no key_shard")
+        writers = [c.trajectory_writer(num_keep_alive_refs, **options) for c in self._shards]
+        return ShardedTrajectoryWriter(self, writers, random.randrange(len(writers)))
+
+    def insert(self, data: Mapping[str, Any], priorities: Mapping[str, float], *, timeout: float | None = 60.0) -> None:
+        """As :meth:`Client.insert`, on one shard drawn at random."""
+        self._call(self._aclient.insert(data, priorities, timeout=timeout))
+
+
+class ShardedSampler:
+    """Iterator of :class:`SampleBatch` from a sharded table with calls kept
+    in flight; made by :meth:`ShardedClient.sampler`. Replies are decoded
+    in the iterating thread."""
+
+    def __init__(
+        self,
+        client: ShardedClient,
+        table: str,
+        batch_size: int,
+        prefetch: int,
+        timeout: float | None,
+        flexible: bool,
+        retry_unavailable_for: float,
+    ) -> None:
+        if prefetch < 1:
+            raise errors.InvalidArgumentError(f"prefetch must be >= 1, got {prefetch}")
+        self._c = client
+        self._args = (table, batch_size, timeout, flexible)
+        self._prefetch = prefetch
+        self._retry_for = retry_unavailable_for
+        self._futs: collections.deque[concurrent.futures.Future[_sharded._Draw]] = collections.deque()
+        self._closed = False
+        # Since when batches have come short of a failing shard.
+        self._short_since: float | None = None
+
+    def __iter__(self) -> ShardedSampler:
+        return self
+
+    def __next__(self) -> SampleBatch:
+        since: float | None = None
+        backoff = 0.01
+        timeout = self._args[2]
+        while True:
+            if self._closed or self._c._closed:
+                raise StopIteration
+            while len(self._futs) < self._prefetch:
+                self._futs.append(self._c._lt.submit(self._c._aclient._draw(*self._args)))
+            fut = self._futs.popleft()
+            try:
+                batch = _sharded.merge_batch(fut.result())
+                self._short_since = None
+                return batch
+            except errors.RateLimitedError as e:
+                if e.partial is not None and len(e.partial):
+                    return e.partial  # a short batch: samples are never dropped
+                if timeout is None:
+                    continue  # no timeout: wait on, as Reverb's sampler does
+            except (errors.UnavailableError, errors.DeadlineExceededError) as e:
+                now = time.monotonic()
+                if e.partial is not None and len(e.partial):
+                    self._short_since = self._short_since or now
+                    if now - self._short_since > self._retry_for:
+                        raise
+                    return e.partial
+                if not isinstance(e, errors.DeadlineExceededError) or timeout is None:
+                    since = since or now
+                    if now - since > self._retry_for:
+                        raise
+                    time.sleep(backoff)
+                    backoff = min(2 * backoff, 1.0)
+                    continue
+            self.close()
+            raise StopIteration
+
+    def close(self) -> None:
+        """Cancels the calls in flight."""
+        self._closed = True
+        for f in self._futs:
+            f.cancel()
+        self._futs.clear()
+
+    def __enter__(self) -> ShardedSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ShardedTrajectoryWriter:
+    """Writes trajectories to a sharded table, with the API of
+    :class:`TrajectoryWriter`; made by :meth:`ShardedClient.trajectory_writer`.
+
+    It holds one writer per shard (:attr:`writers`), each making keys of
+    its shard, and writes each episode through one of them: the first
+    episode's shard is drawn at random, and each :meth:`end_episode` moves
+    to the next shard, so an item and the chunks it references live on one
+    shard. ``history``, ``episode_steps``, ``append`` and ``create_item``
+    are the current shard's writer's; ``flush``, ``wait_applied``,
+    ``set_policy_version`` and ``close`` apply to every shard's.
+    """
+
+    def __init__(self, client: ShardedClient, writers: Sequence[TrajectoryWriter], first: int) -> None:
+        self._c = client
+        self._writers = tuple(writers)
+        self._shard = first
+
+    @property
+    def writers(self) -> tuple[TrajectoryWriter, ...]:
+        """The shards' writers, in shard order."""
+        return self._writers
+
+    @property
+    def shard(self) -> int:
+        """The shard the current episode is written to."""
+        return self._shard
+
+    @property
+    def options(self) -> WriterOptions:
+        return self._writers[0].options
+
+    @property
+    def producer_id(self) -> str:
+        """The current shard's writer's secret id: never log it."""
+        return self._writers[self._shard].producer_id
+
+    @property
+    def notice_token(self) -> str:
+        """The current shard's writer's public name."""
+        return self._writers[self._shard].notice_token
+
+    @property
+    def history(self) -> History:
+        """The current episode's columns, to pick items from."""
+        return self._writers[self._shard].history
+
+    @property
+    def episode_steps(self) -> int:
+        """Steps appended in the current episode."""
+        return self._writers[self._shard].episode_steps
+
+    def append(self, step: Mapping[str, Any], partial_step: bool = False) -> None:
+        """Appends a step to the current episode (see
+        :meth:`TrajectoryWriter.append`)."""
+        self._writers[self._shard].append(step, partial_step)
+
+    def create_item(
+        self,
+        table: str,
+        priority: float,
+        trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn],
+    ) -> None:
+        """Creates an item on the current episode's shard (see
+        :meth:`TrajectoryWriter.create_item`). A table's first item checks
+        the shards' places and configs, as a sample does."""
+        if table not in self._c._aclient._states:
+            self._c._call(self._c._aclient._table_soft(table))
+        self._writers[self._shard].create_item(table, priority, trajectory)
+
+    def _each(self, call: Callable[[TrajectoryWriter], None]) -> None:
+        """call on every shard's writer; then raises the first error,
+        naming its shard."""
+        first: errors.RepriseError | None = None
+        for i, w in enumerate(self._writers):
+            try:
+                call(w)
+            except errors.RepriseError as e:
+                first = first or _sharded.on_shard(e, i, self._c.prefixes[i])
+        if first is not None:
+            raise first
+
+    def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None, *, timeout: float | None = None) -> None:
+        """Flushes every shard's writer (see :meth:`TrajectoryWriter.flush`;
+        ``block_until_num_items`` per shard), all within ``timeout``."""
+        deadline = _aio._deadline(timeout, timeout_ms)
+        self._each(lambda w: w.flush(block_until_num_items, timeout=_aio._left(deadline)))
+
+    def wait_applied(self, timeout: float | None = None) -> None:
+        """Waits until every shard applied every item of its writer."""
+        deadline = _aio._deadline(timeout, None)
+        self._each(lambda w: w.wait_applied(_aio._left(deadline)))
+
+    def set_policy_version(self, version: int) -> None:
+        """Sets the policy version of every shard's writer."""
+        for w in self._writers:
+            w.set_policy_version(version)
+
+    def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None, *, timeout: float | None = None) -> None:
+        """Ends the episode on its shard (see
+        :meth:`TrajectoryWriter.end_episode`); the next episode goes to the
+        next shard."""
+        self._writers[self._shard].end_episode(clear_buffers, timeout_ms, timeout=timeout)
+        self._shard = (self._shard + 1) % len(self._writers)
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Closes every shard's writer, all within ``timeout``."""
+        deadline = _aio._deadline(timeout, None)
+        self._each(lambda w: w.close(_aio._left(deadline)))
+
+    def __enter__(self) -> ShardedTrajectoryWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

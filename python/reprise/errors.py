@@ -33,6 +33,11 @@ class RepriseError(Exception):
     code when the service reported the error, else None."""
 
     code: Code | None = None
+    #: For a sample of a sharded table (:class:`reprise.ShardedClient`) that
+    #: failed on some shards: the items the other shards returned (sampled
+    #: items are never dropped); None otherwise. :class:`RateLimitedError`
+    #: sets it for a sample cut short by a rate limiter.
+    partial: Any = None
 
     def __init__(self, message: str, *, code: Code | int | None = None) -> None:
         super().__init__(message)

@@ -94,13 +94,26 @@ def free_port() -> int:
 
 class Reprised:
     """A reprised process on a free port with its own store; start, stop,
-    kill -9 and restart it on the same port and store."""
+    kill -9 and restart it on the same port and store. With ``nats`` it
+    serves on that (external) NATS server instead: another reprised's, as a
+    shard beside it. ``prefix`` is its --prefix."""
 
-    def __init__(self, binary: Path, workdir: Path, tables: str, extra: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        workdir: Path,
+        tables: str,
+        extra: list[str] | None = None,
+        *,
+        prefix: str = "reprise",
+        nats: str | None = None,
+    ) -> None:
         self.binary = binary
         self.workdir = workdir
+        self.prefix = prefix
+        self.nats = nats
         self.port = free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
+        self.url = nats or f"nats://127.0.0.1:{self.port}"
         self.config = workdir / "reprise.yaml"
         self.config.write_text(tables)
         self.store = workdir / "store"
@@ -110,12 +123,13 @@ class Reprised:
 
     def start(self, wait: bool = True) -> None:
         log = open(self.log_path, "ab")
+        server = ["--nats", self.nats] if self.nats else ["--listen", f"127.0.0.1:{self.port}", "--store", str(self.store)]
         self.proc = subprocess.Popen(
             [
                 str(self.binary),
                 "--config", str(self.config),
-                "--listen", f"127.0.0.1:{self.port}",
-                "--store", str(self.store),
+                *server,
+                "--prefix", self.prefix,
                 "--checkpoint-every", "0s",
                 "--log-level", "warn",
                 *self.extra,
@@ -132,7 +146,7 @@ class Reprised:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 pytest.fail(f"reprised exited with {self.proc.returncode}:\n{self.log()}")
-            with reprise.Client(self.url, connect_timeout=1) as c:
+            with reprise.Client(self.url, prefix=self.prefix, connect_timeout=1) as c:
                 c.server_info(timeout=1)
             return True
 
@@ -164,9 +178,9 @@ class Reprised:
 def reprised_factory(binaries: dict[str, Path], tmp_path: Path) -> Iterator[Callable[..., Reprised]]:
     made: list[Reprised] = []
 
-    def make(tables: str = DEFAULT_TABLES, extra: list[str] | None = None) -> Reprised:
+    def make(tables: str = DEFAULT_TABLES, extra: list[str] | None = None, **kwargs: Any) -> Reprised:
         d = Path(tempfile.mkdtemp(prefix="reprised-", dir=tmp_path))
-        r = Reprised(binaries["reprised"], d, tables, extra)
+        r = Reprised(binaries["reprised"], d, tables, extra, **kwargs)
         r.start()
         made.append(r)
         return r

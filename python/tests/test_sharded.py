@@ -1,0 +1,463 @@
+"""Sharded tables: ShardedClient over two reprised on one NATS server (shard
+0 embeds it, shard 1 connects to it), each with its own prefix.
+
+Statistical checks use Hoeffding's bound: n independent draws of a shard
+with probability p give a share within t of p but with probability at most
+2 exp(-2 n t^2); t is computed for a false failure below 1e-6.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import threading
+from collections.abc import Iterator, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import reprise
+import reprise.aio
+from conftest import Reprised, wait_for
+from reprise import _info, _sharded
+from reprise._writer import _Producer
+
+PREFIXES = ["s0", "s1"]
+
+TABLES = """
+tables:
+  - name: replay
+    max_size: 100000
+  - name: uniform
+    max_size: 100000
+    signature:
+      - {name: x, dtype: int64, shape: []}
+  - name: prio
+    max_size: 100000
+    sampler: {kind: prioritized, exponent: 0.7}
+  - name: mut
+    max_size: 100000
+    sampler: {kind: prioritized, exponent: 1.0}
+  - name: limited
+    max_size: 1000
+    rate_limiter: {preset: min_size, min_size: 5}
+"""
+
+#: The false-failure probability each statistical check allows.
+FAIL_P = 1e-6
+
+
+def hoeffding(n: int) -> float:
+    """The deviation t of a share of n draws from its probability that
+    Hoeffding's bound allows with probability FAIL_P."""
+    return math.sqrt(math.log(2 / FAIL_P) / (2 * n))
+
+
+def start_shards(make: Any) -> list[Reprised]:
+    s0 = make(TABLES, ["--shard", "0/2"], prefix="s0")
+    return [s0, make(TABLES, ["--shard", "1/2"], prefix="s1", nats=s0.url)]
+
+
+@pytest.fixture(scope="module")
+def shards(binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Reprised]]:
+    made: list[Reprised] = []
+
+    def make(tables: str, extra: list[str], **kwargs: Any) -> Reprised:
+        r = Reprised(binaries["reprised"], tmp_path_factory.mktemp("shard"), tables, extra, **kwargs)
+        made.append(r)
+        r.start()
+        return r
+
+    try:
+        yield start_shards(make)
+    finally:
+        for r in reversed(made):
+            r.kill9()
+
+
+@pytest.fixture
+def sc(shards: list[Reprised]) -> Iterator[reprise.ShardedClient]:
+    with reprise.ShardedClient(shards[0].url, PREFIXES) as c:
+        yield c
+
+
+def fill(c: reprise.Client, table: str, xs: Sequence[int], priorities: Sequence[float] | None = None,
+         versions: Sequence[int] | None = None) -> None:
+    """One single-step item per x on the shard of c, column x."""
+    with c.trajectory_writer(1) as w:
+        for j, x in enumerate(xs):
+            if versions is not None:
+                w.set_policy_version(versions[j])
+            w.append({"x": np.int64(x)})
+            w.create_item(table, 1.0 if priorities is None else priorities[j], {"x": w.history["x"][-1]})
+        w.flush(timeout=30)
+
+
+def all_keys(c: reprise.Client, table: str, n: int) -> dict[int, int]:
+    """Column x to key of every item of a shard holding n, sampled until
+    each was seen."""
+    seen: dict[int, int] = {}
+
+    def every() -> bool:
+        b = c.sample_batch(table, 64, timeout=5)
+        seen.update(zip(b.data["x"].tolist(), b.info.key.tolist()))
+        return len(seen) == n
+
+    wait_for(f"all {n} items of {table!r} on {c.prefix} sampled", every, timeout=30, interval=0)
+    return seen
+
+
+# -- without a service -------------------------------------------------------
+
+
+def test_weights_add_exactly() -> None:
+    rng = random.Random(5)
+    for _ in range(200):
+        pairs = [(rng.uniform(0.5, 1.0), rng.randint(-1500, 1500)) for _ in range(rng.randint(1, 5))]
+        pairs += [(0.0, 0)]
+        exact = sum(Fraction(f) * Fraction(2) ** e for f, e in pairs)
+        frac, exp = _info.add_weights(pairs)
+        assert 0.5 <= frac < 1
+        # Correctly rounded: the nearest double times 2**exp.
+        want = Fraction(exact) / Fraction(2) ** exp
+        assert frac == float(want)
+    assert _info.add_weights([(0.75, 1 << 40), (0.5, (1 << 40) - 2)]) == (0.875, 1 << 40)
+    assert _info.add_weights([]) == (0.0, 0)
+    assert _info.weight_float(0.75, 1 << 40) == math.inf
+    assert _info.weight_float(0.75, 2) == 3.0
+    assert _info.weight_float(0.75, -(1 << 40)) == 0.0
+
+
+def test_shard_ratios() -> None:
+    f = np.array([0.75, 0.5, 0.0])
+    r = _sharded.shard_ratios(np.array([3, 1, 0]), f, np.array([1 << 40, (1 << 40) - 1, 0]))
+    assert r is not None and r.tolist() == [0.75, 0.25, 0.0]
+    # Priorities all 0: the sizes, as one table samples uniformly then.
+    r = _sharded.shard_ratios(np.array([3, 1, 0]), np.zeros(3), np.zeros(3, np.int64))
+    assert r is not None and r.tolist() == [3.0, 1.0, 0.0]
+    assert _sharded.shard_ratios(np.zeros(3, np.int64), np.zeros(3), np.zeros(3, np.int64)) is None
+
+
+class _Draws(random.Random):
+    """A Random whose getrandbits returns given values."""
+
+    def __init__(self, values: list[int]) -> None:
+        super().__init__()
+        self.values = values
+
+    def getrandbits(self, k: int) -> int:
+        return self.values.pop(0)
+
+
+def test_shard_keys() -> None:
+    p = _Producer(reprise.WriterOptions(key_shard=(1, 3)), 1 << 20, lambda r: None)
+    keys = [p._new_key_locked() for _ in range(2000)]
+    assert all(k % 3 == 1 and 0 <= k < 1 << 64 for k in keys)
+    assert len(set(keys)) == 2000
+    # 2**64 = 1 (mod 3): the top run [2**64-1] is short and drawn again, so
+    # every key of the class has exactly 3 draws that give it.
+    p._rng = _Draws([(1 << 64) - 1, 7])
+    assert p._new_key_locked() == 7
+    p._rng = _Draws([(1 << 64) - 2])
+    assert p._new_key_locked() == (1 << 64) - 3
+    for bad in [(2, 2), (0, 0), (-1, 2), (0, (1 << 16) + 1), (0.0, 2)]:
+        with pytest.raises(reprise.InvalidArgumentError, match="key_shard"):
+            reprise.WriterOptions(key_shard=bad)  # type: ignore[arg-type]
+
+
+def test_prefixes_checked() -> None:
+    with pytest.raises(reprise.InvalidArgumentError, match="prefixes"):
+        reprise.ShardedClient("nats://127.0.0.1:1", PREFIXES, prefix="s0")
+    with pytest.raises(reprise.InvalidArgumentError, match="twice"):
+        reprise.ShardedClient("nats://127.0.0.1:1", ["s0", "s0"])
+    with pytest.raises(reprise.InvalidArgumentError, match="list of prefixes"):
+        reprise.ShardedClient("nats://127.0.0.1:1", "s0")
+
+
+# -- with two shards ------------------------------------------------------------
+
+
+def test_misordered_prefixes(shards: list[Reprised]) -> None:
+    with reprise.ShardedClient(shards[0].url, ["s1", "s0"]) as c:
+        want = (r"prefix 's1' is shard 1/2 \(reprised --shard\), expected shard 0/2: "
+                r"give every shard's prefix, in shard order")
+        with pytest.raises(reprise.InvalidArgumentError, match=want):
+            c.sample_batch("replay", 1, timeout=5)
+        with pytest.raises(reprise.InvalidArgumentError, match=want):
+            c.server_info()
+    with reprise.ShardedClient(shards[0].url, ["s0"]) as c:
+        with pytest.raises(reprise.InvalidArgumentError, match=r"prefix 's0' is shard 0/2 .*expected shard 0/1"):
+            c.update_priorities("replay", [2], [1.0])
+    with reprise.ShardedClient(shards[0].url, ["s0", "reprise"]) as c:
+        with pytest.raises(reprise.UnavailableError, match="shard 1 \\(prefix 'reprise'\\)"):
+            c.reset("replay", timeout=5)
+
+
+def test_shards_with_different_tables(shards: list[Reprised], reprised_factory: Any) -> None:
+    other = TABLES.replace("  - name: replay\n    max_size: 100000\n",
+                           "  - name: replay\n    max_size: 100000\n    sampler: {kind: prioritized, exponent: 1.0}\n")
+    reprised_factory(TABLES, ["--shard", "0/2"], prefix="t0", nats=shards[0].url)
+    reprised_factory(other.replace("  - name: limited\n", "  - name: limited2\n"), ["--shard", "1/2"], prefix="t1",
+                     nats=shards[0].url)
+    with reprise.ShardedClient(shards[0].url, ["t0", "t1"]) as c:
+        with pytest.raises(reprise.InvalidArgumentError,
+                           match=r"table 'replay': shard 0 \(prefix 't0'\) has sampler uniform, shard 1 \(prefix 't1'\) "
+                                 r"has prioritized\(1\): a table's shards need the same sampler"):
+            c.sample_batch("replay", 1, timeout=5)
+        with pytest.raises(reprise.NotFoundError, match=r"shard 1 \(prefix 't1'\): unknown table \"limited\""):
+            c.sample_batch("limited", 1, timeout=5)
+        with pytest.raises(reprise.InvalidArgumentError, match=r"table 'limited' is not served by shard 1 \(prefix 't1'\)"):
+            c.server_info()
+        info = c.shard_info()
+        assert "limited" in info[0] and "limited2" in info[1]
+
+
+def test_writer_writes_each_episode_to_one_shard(sc: reprise.ShardedClient) -> None:
+    sc.reset("replay")
+    with sc.trajectory_writer(3) as w:
+        first = w.shard
+        shard_of_episode = []
+        for ep in range(12):
+            shard_of_episode.append(w.shard)
+            for t in range(5):
+                w.append({"ep": np.int64(ep), "t": np.int64(t)})
+                if w.episode_steps >= 3:
+                    w.create_item("replay", 1.0, {"ep": w.history["ep"][-3:], "t": w.history["t"][-3:]})
+            w.end_episode(timeout=30)
+    # Closed without a rejection: every item was on the shard its key names.
+    assert shard_of_episode == [(first + e) % 2 for e in range(12)]
+    assert [t["replay"].current_size for t in sc.shard_info()] == [18, 18]
+    assert sc.server_info()["replay"].current_size == 36
+    for i in (0, 1):
+        b = sc.shard(i).sample_batch("replay", 200, timeout=5)
+        assert (b.info.key % 2 == i).all()
+        eps, steps = b.data["ep"], b.data["t"]
+        assert ((eps[:, 0] + first) % 2 == i).all()  # the shard's episodes, whole
+        assert (eps == eps[:, :1]).all() and (steps == steps[:, :1] + np.arange(3)).all()
+
+
+def test_insert_goes_to_one_random_shard(sc: reprise.ShardedClient) -> None:
+    sc.reset("replay")
+    for x in range(24):
+        sc.insert({"x": np.int64(x)}, {"replay": 1.0})
+    sizes = [t["replay"].current_size for t in sc.shard_info()]
+    # Both shards get some: all 24 on one has probability 2**-23.
+    assert sum(sizes) == 24 and min(sizes) > 0
+
+
+def test_plain_writer_to_a_shard_gets_foreign_keys_rejected(shards: list[Reprised]) -> None:
+    with reprise.Client(shards[1].url, prefix="s1") as c:
+        w = c.trajectory_writer(1)
+        # 40 random keys are all odd (shard 1's) with probability 2**-40.
+        with pytest.raises(reprise.RejectedError, match="belongs to shard 0 of 2, and this service is shard 1/2") as e:
+            for x in range(40):
+                w.append({"x": np.int64(x)})
+                w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
+            w.flush(timeout=30)
+        assert e.value.rejections and all(r.item_key % 2 == 0 for r in e.value.rejections)
+        assert isinstance(e.value, reprise.InvalidArgumentError)
+        with contextlib.suppress(reprise.RejectedError):
+            w.close()
+
+
+def test_uniform_shares_follow_sizes(sc: reprise.ShardedClient, shards: list[Reprised]) -> None:
+    sc.reset("uniform")
+    fill(sc.shard(0), "uniform", range(30))
+    fill(sc.shard(1), "uniform", range(100, 190))
+    # A new client: its first draw asks both shards.
+    with reprise.ShardedClient(shards[0].url, PREFIXES) as c:
+        n, from0 = 0, 0
+        for _ in range(20):
+            b = c.sample_batch("uniform", 500, timeout=10)
+            assert len(b) == 500
+            on0 = b.info.key % 2 == 0
+            # Items and their data placed together: shard 0 holds x < 100.
+            assert ((b.data["x"] < 100) == on0).all()
+            np.testing.assert_allclose(b.info.probability, 1 / 120, rtol=1e-12)
+            assert (b.info.table_size == 120).all()
+            # Drawn order, not grouped by shard (a random order of ~125 and
+            # ~375 is sorted with probability below 1e-100).
+            assert (np.diff(on0.astype(int)) != 0).sum() > 1
+            from0 += int(on0.sum())
+            n += len(b)
+        assert abs(from0 / n - 0.25) <= hoeffding(n)
+        samples = list(c.sample("uniform", 50, timeout=10))
+        assert len(samples) == 50
+        for s in samples:
+            assert s.info.probability == pytest.approx(1 / 120, rel=1e-12)
+            assert s.info.table_size == 120
+            assert (int(s.data["x"]) < 100) == (s.info.key % 2 == 0)
+        got = 0
+        with c.sampler("uniform", 100, prefetch=3, timeout=10) as it:
+            for b in it:
+                assert len(b) == 100
+                np.testing.assert_allclose(b.info.probability, 1 / 120, rtol=1e-12)
+                got += 1
+                if got == 5:
+                    break
+
+
+def test_prioritized_probabilities(sc: reprise.ShardedClient) -> None:
+    sc.reset("prio")
+    p0 = [0.5, 1.0, 2.0, 3.0, 4.0]
+    p1 = [0.25, 6.0, 7.5, 10.0, 0.0]
+    fill(sc.shard(0), "prio", range(5), p0)
+    fill(sc.shard(1), "prio", range(5, 10), p1)
+    prio = dict(enumerate(p0 + p1))
+    w = {x: p**0.7 for x, p in prio.items()}
+    total = sum(w.values())
+    info = sc.server_info()["prio"]
+    assert info.weight == pytest.approx(total, rel=1e-12)
+    assert info.current_size == 10
+    n, from0 = 0, 0
+    for _ in range(4):
+        b = sc.sample_batch("prio", 500, timeout=10)
+        xs = b.data["x"].tolist()
+        np.testing.assert_allclose(b.info.priority, [prio[x] for x in xs], rtol=0)
+        np.testing.assert_allclose(b.info.probability, [w[x] / total for x in xs], rtol=1e-9)
+        assert 9 not in xs  # priority 0
+        from0 += int((b.info.key % 2 == 0).sum())
+        n += len(b)
+    assert abs(from0 / n - sum(w[x] for x in range(5)) / total) <= hoeffding(n)
+
+
+def test_mutations_reach_the_shard_of_each_key(sc: reprise.ShardedClient) -> None:
+    sc.reset("mut")
+    fill(sc.shard(0), "mut", range(10))
+    fill(sc.shard(1), "mut", range(10, 20))
+    key = {**all_keys(sc.shard(0), "mut", 10), **all_keys(sc.shard(1), "mut", 10)}
+    assert all(key[x] % 2 == (x >= 10) for x in key)
+    xs = list(range(20))
+    random.Random(3).shuffle(xs)  # the shards' keys mixed
+    sc.update_priorities("mut", [key[x] for x in xs], [x + 1.0 for x in xs])
+    per = sc.shard_info()
+    assert per[0]["mut"].weight == sum(range(1, 11))
+    assert per[1]["mut"].weight == sum(range(11, 21))
+    b = sc.sample_batch("mut", 200, timeout=10)
+    np.testing.assert_array_equal(b.info.priority, b.data["x"] + 1.0)
+    np.testing.assert_allclose(b.info.probability, (b.data["x"] + 1.0) / 210, rtol=1e-12)
+
+    gone = [0, 1, 2, 10, 11]
+    sc.mutate_priorities("mut", updates={key[5]: 0.5, key[15]: 2.0}, deletes=[key[x] for x in gone])
+    per = sc.shard_info()
+    assert [t["mut"].current_size for t in per] == [7, 8]
+    assert [t["mut"].num_deletes for t in per] == [3, 2]
+    left = {x: x + 1.0 for x in range(20) if x not in gone} | {5: 0.5, 15: 2.0}
+    total = sum(left.values())
+    # Right after the mutation: the shards' sizes and weights are asked
+    # again, not taken from the last sample.
+    b = sc.sample_batch("mut", 200, timeout=10)
+    assert not set(b.data["x"].tolist()) & set(gone)
+    assert (b.info.table_size == 15).all()
+    np.testing.assert_allclose(b.info.probability, [left[x] / total for x in b.data["x"].tolist()], rtol=1e-12)
+
+
+def test_server_info_sums_the_shards(sc: reprise.ShardedClient) -> None:
+    sc.reset("replay")
+    fill(sc.shard(0), "replay", range(3), versions=[1, 2, 3])
+    fill(sc.shard(1), "replay", range(4), versions=[2, 3, 4, 5])
+    sc.set_policy_version("replay", 4)
+    sc.sample_batch("replay", 50, timeout=10)
+    per = [t["replay"] for t in sc.shard_info()]
+    agg = sc.server_info()["replay"]
+    assert agg.current_size == 7 and agg.max_size == 200000
+    assert agg.policy_version == 4 and [t.policy_version for t in per] == [4, 4]
+    assert (agg.min_item_version, agg.max_item_version) == (1, 5)
+    assert agg.rate_limiter_info.samples == 50  # since the reset
+    for f in ("current_size", "bytes_held", "num_inserts", "num_samples", "num_deletes", "num_evictions",
+              "insert_waits", "sample_waits", "num_stale_evictions", "num_episodes", "num_deleted_episodes",
+              "num_unique_samples"):
+        assert getattr(agg, f) == sum(getattr(t, f) for t in per), f
+    for f in ("inserts", "samples", "deletes"):
+        assert getattr(agg.rate_limiter_info, f) == sum(getattr(t.rate_limiter_info, f) for t in per), f
+    assert agg.weight == 7.0 and [t.weight for t in per] == [3.0, 4.0]
+    assert (agg.sampler, agg.remover, agg.signature) == (per[0].sampler, per[0].remover, per[0].signature)
+    cps = sc.checkpoint()
+    assert len(cps) == 2 and all(cp.name for cp in cps)
+
+
+def test_empty_table_waits_for_items(sc: reprise.ShardedClient) -> None:
+    sc.reset("uniform")
+    with pytest.raises(reprise.RateLimitedError, match="no shard of the table holds items"):
+        sc.sample_batch("uniform", 4, timeout=0.3)
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(sc.sample_batch("uniform", 4, timeout=30)))
+    t.start()
+    fill(sc.shard(1), "uniform", [7])
+    t.join(60)
+    assert len(got) == 1 and got[0].data["x"].tolist() == [7] * 4
+
+
+def test_rate_limited_shard_leaves_its_positions_out(sc: reprise.ShardedClient) -> None:
+    sc.reset("limited")
+    fill(sc.shard(0), "limited", range(10))
+    fill(sc.shard(1), "limited", [10])  # below the shard's min_size of 5
+    # Shard 1 is drawn for some of 200 positions but with probability
+    # (10/11)**200 < 1e-8, shard 0 for none with (1/11)**200.
+    with pytest.raises(reprise.RateLimitedError, match="shard 1 \\(prefix 's1'\\)") as e:
+        sc.sample_batch("limited", 200, timeout=0.5)
+    part = e.value.partial
+    assert 0 < len(part) < 200
+    assert (part.info.key % 2 == 0).all() and (part.data["x"] < 10).all()
+    np.testing.assert_allclose(part.info.probability, 1 / 11, rtol=1e-12)
+    assert (part.info.table_size == 11).all()
+    b = sc.sample_batch("limited", 200, timeout=0.5, flexible=True)
+    assert 0 < len(b) < 200 and (b.info.key % 2 == 0).all()
+
+
+def test_failed_shard_returns_the_others_items(reprised_factory: Any) -> None:
+    s0, s1 = start_shards(reprised_factory)
+    with reprise.ShardedClient(s0.url, PREFIXES) as c:
+        fill(c.shard(0), "replay", range(10))
+        fill(c.shard(1), "replay", range(10, 20))
+        assert len(c.sample_batch("replay", 10, timeout=10)) == 10
+        s1.kill9()
+        # Each shard is drawn for some of 200 positions but with probability 2**-199.
+        with pytest.raises((reprise.UnavailableError, reprise.DeadlineExceededError), match="shard 1") as e:
+            c.sample_batch("replay", 200, timeout=2)
+        part = e.value.partial
+        assert 0 < len(part) < 200 and (part.info.key % 2 == 0).all()
+        with c.sampler("replay", 200, timeout=2, retry_unavailable_for=0) as it:
+            b = next(it)  # short: the live shard's items
+            assert 0 < len(b) < 200 and (b.data["x"] < 10).all()
+            with pytest.raises((reprise.UnavailableError, reprise.DeadlineExceededError)):
+                next(it)
+
+
+def test_async_sharded_client(shards: list[Reprised]) -> None:
+    async def main() -> None:
+        async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
+            await c.reset("mut")
+            async with await c.trajectory_writer(2) as w:
+                first = w.shard
+                for ep in range(4):
+                    for t in range(3):
+                        await w.append({"x": np.int64(10 * ep + t)})
+                        await w.create_item("mut", 1.0, {"x": w.history["x"][-1]})
+                    await w.end_episode(timeout=30)
+                await w.wait_applied(timeout=30)
+            per = await c.shard_info()
+            assert [t["mut"].current_size for t in per] == [6, 6]
+            b = await c.sample_batch("mut", 100, timeout=10)
+            # Episode e went to shard (first + e) % 2.
+            np.testing.assert_array_equal(b.info.key % 2, (b.data["x"] // 10 + first) % 2)
+            np.testing.assert_allclose(b.info.probability, 1 / 12, rtol=1e-12)
+            await c.update_priorities("mut", b.info.key, b.data["x"] + 1.0)
+            samples = await c.sample("mut", 20, timeout=10)
+            assert len(samples) == 20
+            n = 0
+            async with c.sampler("mut", 16, prefetch=2, timeout=10) as it:
+                async for batch in it:
+                    assert len(batch) == 16
+                    n += 1
+                    if n == 3:
+                        break
+            assert (await c.server_info())["mut"].current_size == 12
+            assert len(await c.checkpoint()) == 2
+
+    asyncio.run(main())
