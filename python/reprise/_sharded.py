@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -31,6 +32,8 @@ from ._writer import MAX_SHARDS, History, TrajectoryColumn, WriterOptions
 from .aio import AsyncTrajectoryWriter, Client, _deadline, _left, priority_arrays
 
 T = TypeVar("T")
+
+log = logging.getLogger("reprise")
 
 #: How long a shard's size and weight, as learned from an info or sample
 #: reply, are drawn by before the next draw asks the shard again.
@@ -75,6 +78,12 @@ def on_shard(e: errors.RepriseError, i: int, prefix: str) -> errors.RepriseError
     return out
 
 
+def is_down(e: errors.RepriseError) -> bool:
+    """Whether e says that a shard's service is not there (no responder,
+    shutting down, failing) rather than that the call was wrong."""
+    return isinstance(e, (errors.UnavailableError, errors.InternalError, errors.ProtocolError))
+
+
 def shard_ratios(size: np.ndarray, fraction: np.ndarray, exponent: np.ndarray) -> np.ndarray | None:
     """Each shard's total weight relative to the largest (weights as
     fraction * 2**exponent pairs); the sizes when no shard has weight but
@@ -94,20 +103,42 @@ def shard_ratios(size: np.ndarray, fraction: np.ndarray, exponent: np.ndarray) -
 class _TableState:
     """What the client knows of one table's shards: their sizes and
     weights, when it learned them (monotonic seconds; -inf: unknown or
-    stale), and a generation a mutation raises, so that a reply to a
-    request sent before the mutation was applied cannot pass for fresh."""
+    stale), why a shard's service did not answer (it weighs 0 until it
+    does), and a generation a mutation raises, so that a reply to a request
+    sent before the mutation was applied cannot pass for fresh."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, table: str, prefixes: tuple[str, ...]) -> None:
+        n = len(prefixes)
+        self.table = table
+        self.prefixes = prefixes
         self.size = np.zeros(n, dtype=np.int64)
         self.fraction = np.zeros(n, dtype=np.float64)
         self.exponent = np.zeros(n, dtype=np.int64)
         self.at = np.full(n, -np.inf)
         self.gen = np.zeros(n, dtype=np.int64)
+        self.down: list[errors.RepriseError | None] = [None] * n
 
     def learn(self, i: int, gen: int, size: int, fraction: float, exponent: int) -> None:
         if self.gen[i] != gen:
             return
+        if self.down[i] is not None:
+            log.info("reprise: shard %d (prefix %r) answers again for table %r", i, self.prefixes[i], self.table)
+            self.down[i] = None
         self.size[i], self.fraction[i], self.exponent[i] = size, fraction, exponent
+        self.at[i] = _now()
+
+    def fail(self, i: int, gen: int, err: errors.RepriseError) -> None:
+        """The shard's service did not answer: it weighs 0, and is asked
+        again once FRESH_FOR passed."""
+        if self.gen[i] != gen:
+            return
+        if self.down[i] is None:
+            log.warning(
+                "reprise: shard %d (prefix %r) does not answer for table %r; sampling the others until it does: %s",
+                i, self.prefixes[i], self.table, err.message,
+            )
+        self.down[i] = err
+        self.size[i], self.fraction[i], self.exponent[i] = 0, 0.0, 0
         self.at[i] = _now()
 
     def stale(self) -> list[int]:
@@ -365,7 +396,7 @@ class ShardedClient:
     def _learn_info(self, table: str, infos: Sequence[Any]) -> _TableState:
         st = self._states.get(table)
         if st is None:
-            st = self._states[table] = _TableState(len(self._shards))
+            st = self._states[table] = _TableState(table, self.prefixes)
         for i, t in enumerate(infos):
             st.learn(i, int(st.gen[i]), t.size, t.weight_fraction, t.weight_exponent)
         return st
@@ -395,7 +426,9 @@ class ShardedClient:
             pass
 
     async def _refresh(self, table: str, st: _TableState, shards: Iterable[int], timeout: float | None) -> None:
-        """Asks the shards for the table's size and weight, at once."""
+        """Asks the shards for the table's size and weight, at once. A shard
+        whose service does not answer is marked down; another error is
+        raised."""
         tasks = []
         for i in shards:
             key = (table, i, int(st.gen[i]))
@@ -415,8 +448,11 @@ class ShardedClient:
         table, i, gen = key
         try:
             resp = await self._shards[i]._info(timeout, table)
-        except errors.RepriseError:
-            return  # what was known stays; a sample sent to the shard reports what is wrong
+        except errors.RepriseError as e:
+            if not is_down(e):
+                raise on_shard(e, i, self.prefixes[i]) from None
+            st.fail(i, gen, e)
+            return
         finally:
             del self._refreshing[key]
         self._check_placement(i, resp)
@@ -462,9 +498,16 @@ class ShardedClient:
     async def _sample_shard(
         self, table: str, st: _TableState, i: int, k: int, gen: int, timeout: float | None, flexible: bool
     ) -> _sample._Response:
-        resp = _sample.parse_response(await self._shards[i].sample_raw(table, k, timeout, flexible))
+        try:
+            resp = _sample.parse_response(await self._shards[i].sample_raw(table, k, timeout, flexible))
+        except errors.RepriseError as e:
+            if is_down(e):
+                st.fail(i, gen, e)
+            raise
         if resp.code in (pb.CODE_OK, pb.CODE_PARTIAL):  # only replies with items carry the state
             st.learn(i, gen, resp.table_size, resp.weight_fraction, resp.weight_exponent)
+        elif resp.code in (pb.CODE_UNAVAILABLE, pb.CODE_INTERNAL):  # shutting down, or failing
+            st.fail(i, gen, errors.error_for_code(resp.code, resp.message))
         return resp
 
     async def _wait_for_items(self, table: str, st: _TableState, deadline: float | None) -> np.ndarray:
@@ -477,8 +520,13 @@ class ShardedClient:
         while True:
             left = until - _now()
             if left <= 0:
+                down = "".join(
+                    f"; shard {i} (prefix {self.prefixes[i]!r}) does not answer: {e.message}"
+                    for i, e in enumerate(st.down)
+                    if e is not None
+                )
                 raise errors.RateLimitedError(
-                    f"table {table!r}: no shard of the table holds items (waited {_now() - start:.3g}s)",
+                    f"table {table!r}: no shard of the table holds items (waited {_now() - start:.3g}s){down}",
                     code=errors.Code.RATE_LIMITED,
                 )
             await asyncio.sleep(min(backoff, left))
@@ -637,9 +685,9 @@ class ShardedClient:
 class AsyncShardedSampler:
     """Batches from a sharded table with several calls in flight, as
     :class:`reprise.aio.AsyncSampler`; made by
-    :meth:`ShardedClient.sampler`. When a shard fails while the others
-    answer, their items come as a short batch, for up to
-    ``retry_unavailable_for`` seconds."""
+    :meth:`ShardedClient.sampler`. A call that a shard failed while the
+    others answered gives their items as a short batch; while that goes on,
+    for up to ``retry_unavailable_for`` seconds."""
 
     def __init__(
         self,

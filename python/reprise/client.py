@@ -659,7 +659,10 @@ class ShardedClient:
       this two-stage draw, exactly; ``info.table_size`` the whole table's.
       The shards' weights come with every sample reply; one learned more
       than 0.1 s ago, or before a mutation through this client, is asked
-      for again first.
+      for again first. A shard whose service does not answer weighs 0
+      until it answers again (asked every 0.1 s): samples come from the
+      others meanwhile, with probabilities over the items they hold, and
+      the client logs the change both ways.
     - priority updates and deletes go to the shard each key names;
       ``reset``, ``set_policy_version``, ``set_max_staleness`` and
       ``checkpoint`` to every shard.
@@ -765,8 +768,9 @@ class ShardedClient:
         retry_unavailable_for: float = 60.0,
     ) -> ShardedSampler:
         """An iterator of batches keeping ``prefetch`` calls in flight, as
-        :meth:`Client.sampler`. While a shard fails and the others answer,
-        their items come as short batches, for up to
+        :meth:`Client.sampler`. A call that a shard failed while the others
+        answered gives their items as a short batch; while that goes on
+        (a shard that does not answer in time), for up to
         ``retry_unavailable_for`` seconds."""
         return ShardedSampler(self, table, batch_size, prefetch, timeout, flexible, retry_unavailable_for)
 

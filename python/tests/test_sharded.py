@@ -410,23 +410,49 @@ def test_rate_limited_shard_leaves_its_positions_out(sc: reprise.ShardedClient) 
     assert 0 < len(b) < 200 and (b.info.key % 2 == 0).all()
 
 
-def test_failed_shard_returns_the_others_items(reprised_factory: Any) -> None:
+def test_dead_shard_weighs_nothing_until_it_answers(reprised_factory: Any) -> None:
     s0, s1 = start_shards(reprised_factory)
     with reprise.ShardedClient(s0.url, PREFIXES) as c:
         fill(c.shard(0), "replay", range(10))
         fill(c.shard(1), "replay", range(10, 20))
         assert len(c.sample_batch("replay", 10, timeout=10)) == 10
         s1.kill9()
-        # Each shard is drawn for some of 200 positions but with probability 2**-199.
-        with pytest.raises((reprise.UnavailableError, reprise.DeadlineExceededError), match="shard 1") as e:
-            c.sample_batch("replay", 200, timeout=2)
-        part = e.value.partial
-        assert 0 < len(part) < 200 and (part.info.key % 2 == 0).all()
-        with c.sampler("replay", 200, timeout=2, retry_unavailable_for=0) as it:
-            b = next(it)  # short: the live shard's items
-            assert 0 < len(b) < 200 and (b.data["x"] < 10).all()
-            with pytest.raises((reprise.UnavailableError, reprise.DeadlineExceededError)):
-                next(it)
+        # Drawn for shard 1 (all but with probability 2**-200 when its state
+        # is still the last reply's), the call gets its error and shard 0's
+        # items; or shard 1 is known down already and weighs 0.
+        try:
+            b = c.sample_batch("replay", 200, timeout=5)
+            assert len(b) == 200 and (b.info.key % 2 == 0).all()
+        except (reprise.UnavailableError, reprise.DeadlineExceededError) as e:
+            assert "shard 1 (prefix 's1')" in e.message
+            assert 0 < len(e.partial) < 200 and (e.partial.info.key % 2 == 0).all()
+
+        def from_shard0_alone() -> reprise.SampleBatch:
+            return c.sample_batch("replay", 200, timeout=2)
+
+        b = wait_for("samples from shard 0 alone", from_shard0_alone)
+        assert len(b) == 200 and (b.info.key % 2 == 0).all() and (b.data["x"] < 10).all()
+        np.testing.assert_allclose(b.info.probability, 1 / 10, rtol=1e-12)
+        assert (b.info.table_size == 10).all()
+        with c.sampler("replay", 200, timeout=5) as it:
+            for _ in range(3):
+                b = next(it)
+                assert len(b) == 200 and (b.info.key % 2 == 0).all()
+        with pytest.raises(reprise.UnavailableError, match="shard 1 \\(prefix 's1'\\)"):
+            c.server_info(timeout=5)
+
+        s1.start()  # the same prefix and stream: its items come back
+
+        def both() -> reprise.SampleBatch | None:
+            # Shard 1 answers while it replays its stream: until then it
+            # holds fewer items, and the probabilities say so.
+            b = c.sample_batch("replay", 200, timeout=5)
+            return b if np.allclose(b.info.probability, 1 / 20, rtol=1e-12, atol=0) else None
+
+        b = wait_for("samples from both shards again", both)
+        assert len(b) == 200 and (b.info.table_size == 20).all()
+        # Shard 1 is drawn for none of 200 positions with probability 2**-200.
+        assert (b.info.key % 2 == 1).any() and ((b.data["x"] >= 10) == (b.info.key % 2 == 1)).all()
 
 
 def test_async_sharded_client(shards: list[Reprised]) -> None:
