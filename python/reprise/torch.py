@@ -18,7 +18,7 @@ non_blocking=True)``, so a CUDA copy overlaps the next batch's decoding.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ import torch
 
 from . import _codec
 from ._sample import SampleBatch
-from .client import Client
+from .client import Client, ShardedClient
 
 _BF16 = _codec.DTYPES["bfloat16"]
 
@@ -96,7 +96,9 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
     ``DataLoader(ds, batch_size=None)`` or iterate it directly. ``timeout``
     ends the iteration when the rate limiter allows no batch in time (as
     Reverb's ``rate_limiter_timeout_ms``); ``pin_memory`` is ignored where
-    torch cannot pin (no accelerator)."""
+    torch cannot pin (no accelerator). With ``prefixes``, the table is
+    sharded over the services with those prefixes (in shard order), read
+    through a :class:`reprise.ShardedClient`."""
 
     def __init__(
         self,
@@ -109,6 +111,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         device: torch.device | str | None = None,
         pin_memory: bool = False,
         client_options: Mapping[str, Any] | None = None,
+        prefixes: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         self.server_address = server_address
@@ -119,7 +122,8 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         self.device = torch.device(device) if device is not None else None
         self.pin_memory = pin_memory and _can_pin()
         self.client_options = dict(client_options or {})
-        self._client: Client | None = None
+        self.prefixes = list(prefixes) if prefixes is not None else None
+        self._client: Client | ShardedClient | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get a copy without the connection: each makes
@@ -128,10 +132,13 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         state["_client"] = None
         return state
 
-    def client(self) -> Client:
+    def client(self) -> Client | ShardedClient:
         """This process's client (made on first use)."""
         if self._client is None:
-            self._client = Client(self.server_address, **self.client_options)
+            if self.prefixes is not None:
+                self._client = ShardedClient(self.server_address, self.prefixes, **self.client_options)
+            else:
+                self._client = Client(self.server_address, **self.client_options)
         return self._client
 
     def __iter__(self) -> Iterator[TensorBatch]:

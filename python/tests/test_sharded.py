@@ -487,3 +487,29 @@ def test_async_sharded_client(shards: list[Reprised]) -> None:
             assert len(await c.checkpoint()) == 2
 
     asyncio.run(main())
+
+
+def test_torch_dataset_over_shards(sc: reprise.ShardedClient, shards: list[Reprised]) -> None:
+    """The PyTorch dataset reads a sharded table through prefixes: batches
+    hold both shards' items with the whole table's probabilities."""
+    torch = pytest.importorskip("torch")
+    import reprise.torch as rt
+
+    sc.reset("uniform")
+    fill(sc.shard(0), "uniform", range(10))
+    fill(sc.shard(1), "uniform", range(100, 130))
+    ds = rt.ReplayDataset(shards[0].url, "uniform", batch_size=64, prefixes=PREFIXES)
+    try:
+        seen = set()
+        for i, b in enumerate(ds):
+            assert b.data["x"].shape == (64,) and b.data["x"].dtype == torch.int64
+            torch.testing.assert_close(b.info["probability"], torch.full((64,), 1 / 40, dtype=torch.float64))
+            seen.update((b.info_numpy.key % 2).tolist())
+            ds.update_priorities(b.info["key"], torch.ones(64))
+            if i == 4:
+                break
+        # 320 draws miss a shard holding a quarter of the table with
+        # probability 0.75^320 < 1e-39.
+        assert seen == {0, 1}
+    finally:
+        ds.close()
