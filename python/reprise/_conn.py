@@ -23,6 +23,11 @@ HEADER_PART = "Reprise-Part"
 HEADER_PARTS = "Reprise-Parts"
 
 
+class NoServiceError(errors.UnavailableError):
+    """NATS's answer to a request nobody listens for: no table service runs
+    for the prefix (the public type is UnavailableError)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ConnectOptions:
     """How to reach a deployment: the same settings as the Go side's
@@ -276,7 +281,7 @@ class Requester:
         if hdr is not None and not m.data and hdr.get("Status") == "503":
             del self._pending[token]
             call.future.set_exception(
-                errors.UnavailableError(
+                NoServiceError(
                     f"no table service is listening on {call.subject} (is reprised running with prefix {self._prefix!r}?)"
                 )
             )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -43,6 +44,15 @@ log = logging.getLogger("reprise")
 
 #: How long a blocked writer waits before it logs why.
 _WAIT_WARN_AFTER = 10.0
+#: How long a sample without a timeout waits for the rate limiter: the
+#: service's own default bound (service.max_sample_wait), after which it
+#: answers RateLimitedError.
+DEFAULT_SAMPLE_WAIT = 60.0
+#: How long after the wait it asked for a client still waits for the
+#: reply, on a loaded machine.
+_SAMPLE_REPLY_MARGIN = 10.0
+#: How often a sample that waits checks that a table service still listens.
+_SERVICE_PROBE_EVERY = 1.0
 
 
 def sample_timeouts(timeout: float | None) -> tuple[int, float | None]:
@@ -51,7 +61,9 @@ def sample_timeouts(timeout: float | None) -> tuple[int, float | None]:
     less than the caller, leaving the reply time to travel: a sample taken
     after the client stopped listening would be lost."""
     if timeout is None:
-        return -1, None
+        # The service answers by then, rate limited or not, unless it is
+        # gone.
+        return int(DEFAULT_SAMPLE_WAIT * 1000), DEFAULT_SAMPLE_WAIT + _SAMPLE_REPLY_MARGIN
     margin = min(timeout / 2, max(timeout / 10, 0.25))
     return max(0, int((timeout - margin) * 1000)), timeout
 
@@ -300,7 +312,36 @@ class Client:
             raise errors.InvalidArgumentError(f"sample size {num_samples!r}")
         timeout_ms, wait = sample_timeouts(timeout)
         req = pb.SampleRequest(table=table, num_samples=int(num_samples), timeout_ms=timeout_ms, flexible=flexible)
-        return await self._requester().request(self.subjects.sample, req.SerializeToString(), wait)
+        send = asyncio.ensure_future(self._requester().request(self.subjects.sample, req.SerializeToString(), wait))
+        # A service that dies with the request never answers, and nothing
+        # else would tell: a request that waits long checks that one still
+        # listens.
+        probe = asyncio.ensure_future(self._probe_service(table))
+        try:
+            await asyncio.wait((send, probe), return_when=asyncio.FIRST_COMPLETED)
+            if send.done():
+                return send.result()
+            probe.result()  # raises: no service listens any more
+            raise AssertionError("the probe ended without finding the service gone")
+        finally:
+            for task in (send, probe):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    async def _probe_service(self, table: str) -> None:
+        """Asks for table's info every second, from a second on, and raises
+        UnavailableError once no table service listens."""
+        req = pb.TableRequest(table=table).SerializeToString()
+        while True:
+            await asyncio.sleep(_SERVICE_PROBE_EVERY)
+            try:
+                await self._requester().request(self.subjects.info, req, _SERVICE_PROBE_EVERY)
+            except _conn.NoServiceError as e:
+                raise errors.UnavailableError(f"the table service stopped while the sample waited: {e.message}") from None
+            except errors.RepriseError:
+                continue
 
     async def sample(
         self, table: str, num_samples: int = 1, *, timeout: float | None = None, flexible: bool = False

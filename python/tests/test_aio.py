@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
@@ -63,3 +64,31 @@ def test_wrong_prefix_is_a_clear_error(server: Reprised) -> None:
     with reprise.Client(server.url, prefix="elsewhere") as c:
         with pytest.raises(reprise.UnavailableError, match="no table service.*elsewhere"):
             c.server_info(timeout=5)
+
+
+def test_sample_fails_when_the_service_dies(server: Reprised) -> None:
+    """A sample whose service takes the request and dies, never answering,
+    raises UnavailableError soon after instead of waiting without end. A
+    subscriber that swallows sample requests stands in for the dead
+    service; nothing listens for info."""
+    import nats
+
+    async def main() -> None:
+        nc = await nats.connect(server.url)
+        swallowed: list[bytes] = []
+
+        async def swallow(m: Any) -> None:
+            swallowed.append(m.data)
+
+        await nc.subscribe("gone.api.sample", cb=swallow)
+        await nc.flush()
+        c = await reprise.aio.connect(server.url, prefix="gone")
+        try:
+            with pytest.raises(reprise.UnavailableError, match="stopped while the sample waited"):
+                await c.sample("t", 1)  # no timeout
+        finally:
+            await c.close()
+            await nc.close()
+        assert len(swallowed) == 1
+
+    asyncio.run(main())
