@@ -250,21 +250,29 @@ func (flexibleOption) configureSampler(o *samplerOptions) error { o.sample.flexi
 // Sample takes n items from table. It waits for the table's rate limiter as
 // long as ctx allows (the service caps the wait), or DefaultSampleWait
 // without a deadline; when the limiter allows no sample in that time the
-// error matches ErrRateLimited. A service that stops while the call waits
-// fails it with ErrServer within about two seconds. When it allows only
-// some, those are returned with an error matching ErrRateLimited: samples
-// are never dropped.
+// error matches ErrRateLimited. When it allows only some, those are
+// returned with an error matching ErrRateLimited: samples are never
+// dropped. A service that stops while the call waits fails it with
+// ErrServer within about two seconds.
 func (c *Client) Sample(ctx context.Context, table string, n int, opts ...SampleOption) ([]Sample, error) {
+	o, err := sampleConfig(n, opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.sample(ctx, table, n, o)
+}
+
+func sampleConfig(n int, opts []SampleOption) (sampleOptions, error) {
 	if n < 1 || n > 1<<30 {
-		return nil, fmt.Errorf("%w: sample size %d", ErrInvalidMessage, n)
+		return sampleOptions{}, fmt.Errorf("%w: sample size %d", ErrInvalidMessage, n)
 	}
 	var o sampleOptions
 	for _, opt := range opts {
 		if err := opt.configureSample(&o); err != nil {
-			return nil, err
+			return sampleOptions{}, err
 		}
 	}
-	return c.sample(ctx, table, n, o)
+	return o, nil
 }
 
 func (c *Client) sample(ctx context.Context, table string, n int, o sampleOptions) ([]Sample, error) {
@@ -500,20 +508,28 @@ func (c *Client) SetMaxStaleness(ctx context.Context, table string, maxStaleness
 
 // UpdatePriorities sets the priorities of items in table.
 func (c *Client) UpdatePriorities(ctx context.Context, table string, updates ...tables.PriorityUpdate) error {
-	muts := make([]tables.Mutation, len(updates))
-	for i, u := range updates {
-		muts[i] = tables.Mutation{Key: u.Key, Priority: u.Priority}
-	}
-	return c.Mutate(ctx, table, muts...)
+	return c.Mutate(ctx, table, updateMutations(updates)...)
 }
 
 // Delete removes items from table.
 func (c *Client) Delete(ctx context.Context, table string, keys ...uint64) error {
+	return c.Mutate(ctx, table, deleteMutations(keys)...)
+}
+
+func updateMutations(updates []tables.PriorityUpdate) []tables.Mutation {
+	muts := make([]tables.Mutation, len(updates))
+	for i, u := range updates {
+		muts[i] = tables.Mutation{Key: u.Key, Priority: u.Priority}
+	}
+	return muts
+}
+
+func deleteMutations(keys []uint64) []tables.Mutation {
 	muts := make([]tables.Mutation, len(keys))
 	for i, k := range keys {
 		muts[i] = tables.Mutation{Key: k, Delete: true}
 	}
-	return c.Mutate(ctx, table, muts...)
+	return muts
 }
 
 // Info describes every table, or only the named one.

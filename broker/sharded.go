@@ -253,14 +253,9 @@ func (c *ShardedClient) all() []int { return allShards(len(c.shards)) }
 // it answers again, which the client checks every 100 ms: meanwhile samples
 // come from the other shards, with probabilities in the table they hold.
 func (c *ShardedClient) Sample(ctx context.Context, table string, n int, opts ...SampleOption) ([]Sample, error) {
-	if n < 1 || n > 1<<30 {
-		return nil, fmt.Errorf("%w: sample size %d", ErrInvalidMessage, n)
-	}
-	var o sampleOptions
-	for _, opt := range opts {
-		if err := opt.configureSample(&o); err != nil {
-			return nil, err
-		}
+	o, err := sampleConfig(n, opts)
+	if err != nil {
+		return nil, err
 	}
 	return c.sample(ctx, table, n, o)
 }
@@ -596,20 +591,12 @@ func (c *ShardedClient) Mutate(ctx context.Context, table string, muts ...tables
 
 // UpdatePriorities sets the priorities of items in table.
 func (c *ShardedClient) UpdatePriorities(ctx context.Context, table string, updates ...tables.PriorityUpdate) error {
-	muts := make([]tables.Mutation, len(updates))
-	for i, u := range updates {
-		muts[i] = tables.Mutation{Key: u.Key, Priority: u.Priority}
-	}
-	return c.Mutate(ctx, table, muts...)
+	return c.Mutate(ctx, table, updateMutations(updates)...)
 }
 
 // Delete removes items from table.
 func (c *ShardedClient) Delete(ctx context.Context, table string, keys ...uint64) error {
-	muts := make([]tables.Mutation, len(keys))
-	for i, k := range keys {
-		muts[i] = tables.Mutation{Key: k, Delete: true}
-	}
-	return c.Mutate(ctx, table, muts...)
+	return c.Mutate(ctx, table, deleteMutations(keys)...)
 }
 
 // SetPolicyVersion raises table's policy version on every shard (see
