@@ -94,4 +94,7 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := Bench(ctx, BenchConfig{Inserters: 1, Payload: 400, Batch: 1, Warmup: -time.Second, Duration: time.Second}); !errors.Is(err, ErrConfig) {
 		t.Errorf("negative warmup: %v, want ErrConfig", err)
 	}
+	if _, err := Bench(ctx, BenchConfig{Inserters: 1, Payload: 400, Batch: 8, Episode: 12, Duration: time.Second}); !errors.Is(err, ErrConfig) {
+		t.Errorf("episodes of 12 items in batches of 8: %v, want ErrConfig", err)
+	}
 }

@@ -23,6 +23,12 @@ const closeTimeout = 30 * time.Second
 // both at once on one table, each client on its own connection.
 type BenchConfig struct {
 	URL, Prefix, Table string
+	// Shards, if set, are the prefixes of a sharded table's shards, in
+	// shard order, and Prefix is unused: inserters are ShardedProducers and
+	// samplers ShardedClients. One prefix is a table of one shard (reprised
+	// --shard 0/1): the sharded code path with nothing to spread, which
+	// more shards are compared with.
+	Shards []string
 	// Connect, if set, opens each client's connection instead of a plain
 	// one to URL: reprisectl's, with the user's credentials and TLS.
 	Connect func(name string) (*nats.Conn, error)
@@ -33,6 +39,13 @@ type BenchConfig struct {
 	Inserters, Samplers int
 	Payload, Batch      int
 	SampleBatch         int
+	// Episode is the items of an inserter's episode, a multiple of Batch,
+	// or 0 for one episode for the whole run. An inserter ends its episode
+	// instead of flushing after the episode's last batch: EndEpisode waits
+	// for the items as Flush does, and a sharded producer sends the next
+	// episode to the next shard, so with Shards it spreads the items only
+	// when set.
+	Episode int
 	// Compression of the inserted chunks; as in package broker, the zero
 	// value is zstd.
 	Compression      wire.Codec
@@ -46,7 +59,10 @@ type BenchConfig struct {
 
 func (c BenchConfig) validate() error {
 	err := errors.Join(check("Inserters", c.Inserters, 0), check("Samplers", c.Samplers, 0),
-		check("Payload", c.Payload, 4), check("Batch", c.Batch, 1), check("SampleBatch", c.SampleBatch, 0))
+		check("Payload", c.Payload, 4), check("Batch", c.Batch, 1), check("SampleBatch", c.SampleBatch, 0), check("Episode", c.Episode, 0))
+	if c.Batch > 0 && c.Episode%c.Batch != 0 {
+		err = errors.Join(err, fmt.Errorf("%w: Episode must be a multiple of Batch (%d), got %d", ErrConfig, c.Batch, c.Episode))
+	}
 	if c.Inserters+c.Samplers == 0 {
 		err = errors.Join(err, fmt.Errorf("%w: no Inserters and no Samplers", ErrConfig))
 	}
@@ -178,14 +194,18 @@ func clientErr(ctx context.Context, kind string, client int, err error) error {
 	return fmt.Errorf("%s client %d: %w", kind, client, err)
 }
 
-func (cfg BenchConfig) inserter(ctx context.Context, client int, c *counter) (err error) {
-	nc, err := cfg.dialer()(fmt.Sprintf("inserter %d", client))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	p, err := broker.NewProducer(ctx, nc,
-		broker.WithPrefix(cfg.Prefix),
+// producer is what an inserter writes with: a Producer, or a
+// ShardedProducer over the shards.
+type producer interface {
+	Append(ctx context.Context, step broker.Step) error
+	CreateItem(ctx context.Context, table string, priority float64, traj broker.Trajectory) error
+	Flush(ctx context.Context) error
+	EndEpisode(ctx context.Context) error
+	Close(ctx context.Context) error
+}
+
+func (cfg BenchConfig) newProducer(ctx context.Context, nc *nats.Conn) (producer, error) {
+	opts := []broker.ProducerOption{
 		broker.WithLogger(cfg.Log),
 		broker.WithCompression(cfg.Compression),
 		broker.WithBatch(cfg.Batch, max(256<<10, cfg.Batch*(cfg.Payload+256))),
@@ -193,7 +213,25 @@ func (cfg BenchConfig) inserter(ctx context.Context, client int, c *counter) (er
 		// does; the producer's window still bounds what the service has not
 		// applied.
 		broker.WithReturnOnStore(),
-	)
+	}
+	if cfg.Shards == nil {
+		return broker.NewProducer(ctx, nc, append(opts, broker.WithPrefix(cfg.Prefix))...)
+	}
+	sp, err := broker.NewShardedProducer(ctx, nc, cfg.Shards, opts...)
+	if err != nil {
+		// Not a nil *ShardedProducer in a non-nil interface.
+		return nil, err
+	}
+	return sp, nil
+}
+
+func (cfg BenchConfig) inserter(ctx context.Context, client int, c *counter) (err error) {
+	nc, err := cfg.dialer()(fmt.Sprintf("inserter %d", client))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	p, err := cfg.newProducer(ctx, nc)
 	if err != nil {
 		return clientErr(ctx, "insert", client, err)
 	}
@@ -220,7 +258,11 @@ func (cfg BenchConfig) inserter(ctx context.Context, client int, c *counter) (er
 			}
 			step++
 		}
-		if err := p.Flush(ctx); err != nil {
+		end := p.Flush
+		if cfg.Episode > 0 && step%cfg.Episode == 0 {
+			end = p.EndEpisode
+		}
+		if err := end(ctx); err != nil {
 			return clientErr(ctx, "insert", client, err)
 		}
 		c.record(t0, time.Now(), int64(cfg.Batch), bytes)
@@ -228,7 +270,7 @@ func (cfg BenchConfig) inserter(ctx context.Context, client int, c *counter) (er
 }
 
 func (cfg BenchConfig) sampler(ctx context.Context, client int, c *counter) error {
-	cl, hangUp, err := dialClient(cfg.dialer(), fmt.Sprintf("sampler %d", client), cfg.Prefix, cfg.Log)
+	cl, hangUp, err := cfg.dialSampler(fmt.Sprintf("sampler %d", client))
 	if err != nil {
 		return err
 	}
@@ -306,6 +348,30 @@ func sampledBytes(samples []broker.Sample) int64 {
 		}
 	}
 	return bytes
+}
+
+// sampleSource is what a sampler samples from: a Client, or a
+// ShardedClient over the shards.
+type sampleSource interface {
+	Sample(ctx context.Context, table string, n int, opts ...broker.SampleOption) ([]broker.Sample, error)
+}
+
+// dialSampler connects a sampler's client; hangUp closes it and its
+// connection.
+func (cfg BenchConfig) dialSampler(name string) (cl sampleSource, hangUp func(), err error) {
+	if cfg.Shards == nil {
+		return dialClient(cfg.dialer(), name, cfg.Prefix, cfg.Log)
+	}
+	nc, err := cfg.dialer()(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	sc, err := broker.NewShardedClient(nc, cfg.Shards, broker.WithLogger(cfg.Log))
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return sc, func() { sc.Close(); nc.Close() }, nil
 }
 
 // dialClient connects a learner; hangUp closes the client and connection.

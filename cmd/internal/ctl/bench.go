@@ -8,12 +8,16 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
+	"github.com/reprise-rl/reprise/cmd/internal/config"
 	"github.com/reprise-rl/reprise/internal/load"
 )
 
@@ -24,9 +28,10 @@ Progress goes to stderr once a second; results to stdout.
 Modes:
   insert  --clients producers, each on its own connection, append steps of
           one column "payload" (random float32s, --payload bytes, chunk
-          length 1) and create one item per step. Latency is per batch of
-          --batch items: from the batch's first Append until Flush returns,
-          when JetStream has stored them all.
+          length 1) and create one item per step, ending their episode every
+          --episode items if given. Latency is per batch of --batch items:
+          from the batch's first Append until Flush returns (EndEpisode after
+          an episode's last batch), when JetStream has stored them all.
   sample  --clients learners, each on its own connection, sample --batch
           items per request. Latency is per request: from sending it until
           its items are decoded, including any wait for the rate limiter.
@@ -34,6 +39,15 @@ Modes:
           samplers, asking for --sample-batch items, if given); the totals
           add both, and their latency percentiles are over both kinds of
           operation.
+
+A sharded table: give --prefix once per shard, in shard order (the --shard
+INDEX/COUNT of each reprised). Inserters are then sharded producers, whose
+episodes (one per batch unless --episode says otherwise) go to the shards
+in turn, and samplers sharded clients, which draw each batch across the
+shards by their weights. --sharded takes that path with one --prefix, a
+table of one shard (reprised --shard 0/1), to compare with more shards on
+the same code. Ending an episode costs a JetStream message of its own, so
+compare runs with the same --episode.
 
 Operations that end during --warmup are not counted. Items inserted stay in
 the table; "reprisectl reset TABLE" empties it.
@@ -48,6 +62,10 @@ type benchOptions struct {
 	payload     int
 	batch       int
 	sampleBatch int
+	episode     int
+	// sharded loads through the sharded producer and client, as more than
+	// one --prefix does.
+	sharded     bool
 	duration    time.Duration
 	warmup      time.Duration
 	compression string
@@ -59,7 +77,15 @@ var codecs = map[string]wire.Codec{"none": wire.Uncompressed, "zstd": wire.Zstd,
 func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 	var o benchOptions
 	fs := newFlagSet("bench", "bench [flags]", benchAbout, stderr)
-	o.register(fs)
+	o.registerConn(fs)
+	fs.Func("prefix", "subject `prefix` of the deployment, as given to reprised; for a sharded table, once per shard in shard order (default "+broker.DefaultPrefix+")", func(v string) error {
+		if err := config.CheckPrefix(v); err != nil {
+			return err
+		}
+		o.shards = append(o.shards, v)
+		return nil
+	})
+	fs.BoolVar(&o.sharded, "sharded", false, "load through the sharded producer and client with one --prefix too (a table of one shard: reprised --shard 0/1)")
 	fs.StringVar(&o.mode, "mode", "insert", "what to load (`mode`): insert, sample or mixed")
 	fs.StringVar(&o.table, "table", "replay", "`name` of the table to load; a table without a signature, or whose only column is payload float32[N]")
 	fs.IntVar(&o.clients, "clients", 4, "`N` concurrent clients, each with its own NATS connection (in mixed mode, this many of each kind)")
@@ -67,6 +93,7 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 	fs.IntVar(&o.batch, "batch", 64, "`N` items per insert batch (and per producer message) and per sample request")
 	fs.IntVar(&o.learners, "learners", 0, "in mixed mode, `N` samplers beside the --clients inserters (default: --clients)")
 	fs.IntVar(&o.sampleBatch, "sample-batch", 0, "in mixed mode, `N` items per sample request (default: --batch)")
+	fs.IntVar(&o.episode, "episode", 0, "`N` items per episode, a multiple of --batch: inserters end their episode every N items, and a sharded producer moves to the next shard (default: --batch with sharded clients, else one episode per inserter)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure, after the warmup")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "how long to run before measuring")
 	fs.StringVar(&o.compression, "compression", "none", "chunk compression (`codec`) of inserted items: none, zstd or s2 (random floats do not compress)")
@@ -75,6 +102,11 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 	if err != nil {
 		return o, err
 	}
+	if len(o.shards) == 0 {
+		o.shards = []string{broker.DefaultPrefix}
+	}
+	o.prefix = o.shards[0]
+	o.sharded = o.sharded || len(o.shards) > 1
 	switch {
 	case len(pos) > 0:
 		return o, cli.Usagef("bench takes no arguments, got %q (the table is --table)", pos)
@@ -90,6 +122,10 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 		return o, cli.Usagef("--learners and --sample-batch must be >= 1 when given, got %d and %d", o.learners, o.sampleBatch)
 	case (o.learners > 0 || o.sampleBatch > 0) && o.mode != "mixed":
 		return o, cli.Usagef("--learners and --sample-batch are for --mode mixed (in sample mode, use --clients and --batch)")
+	case o.episode < 0 || o.episode%o.batch != 0:
+		return o, cli.Usagef("--episode must be a multiple of --batch (%d), got %d", o.batch, o.episode)
+	case o.episode > 0 && o.mode == "sample":
+		return o, cli.Usagef("--episode is for inserters: --mode insert or mixed")
 	case o.duration <= 0:
 		return o, cli.Usagef("--duration must be > 0, got %v", o.duration)
 	case o.warmup < 0:
@@ -99,6 +135,15 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 	}
 	if _, ok := codecs[o.compression]; !ok {
 		return o, cli.Usagef("--compression %q: want none, zstd or s2", o.compression)
+	}
+	for i, p := range o.shards {
+		if j := slices.Index(o.shards, p); j != i {
+			return o, cli.Usagef("--prefix %q is given for shards %d and %d: each shard has its own", p, j, i)
+		}
+	}
+	if o.episode == 0 && o.sharded && o.mode != "sample" {
+		// Else each sharded producer would write to one shard only.
+		o.episode = o.batch
 	}
 	return o, o.check()
 }
@@ -115,10 +160,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		URL: o.conn.URL, Prefix: o.prefix, Table: o.table,
 		// Every client connects as reprisectl, with the user's credentials.
 		Connect: func(string) (*nats.Conn, error) { return o.connect() },
-		Payload: o.payload, Batch: o.batch, Compression: codecs[o.compression],
+		Payload: o.payload, Batch: o.batch, Episode: o.episode, Compression: codecs[o.compression],
 		Warmup: o.warmup, Duration: o.duration,
 		Log:      slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Progress: func(p load.Progress) { writeProgress(stderr, p) },
+	}
+	if o.sharded {
+		cfg.Shards = o.shards
 	}
 	if o.mode != "sample" {
 		cfg.Inserters = o.clients
@@ -147,16 +195,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // preflight checks that the table exists and can take the benchmark's
 // items, so that a mistake shows at once rather than after the run.
 func (o benchOptions) preflight(ctx context.Context, stderr io.Writer) error {
-	c, rctx, hangUp, err := o.dial(ctx)
+	nc, rctx, hangUp, err := o.dialConn(ctx)
 	if err != nil {
 		return err
 	}
 	defer hangUp()
-	info, err := c.Info(rctx, o.table)
+	ti, err := o.tableInfo(rctx, nc)
 	if err != nil {
 		return o.explain(rctx, err)
 	}
-	ti := info.Tables[0]
 	if sig := ti.Signature; len(sig) > 0 {
 		n := int64(o.payload / 4)
 		ok := len(sig) == 1 && sig[0].Name == "payload" && sig[0].DType == "float32" && len(sig[0].Shape) == 1 && (sig[0].Shape[0] == n || sig[0].Shape[0] == -1)
@@ -171,6 +218,45 @@ func (o benchOptions) preflight(ctx context.Context, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "note: the rate limiter of table %q holds inserts that outrun samples (%s); without learners, inserts stop once it is full\n", o.table, describeLimiter(limiterConfig(l), ti.Sampler))
 	}
 	return nil
+}
+
+// tableInfo describes the table: the whole table over its shards when
+// sharded, having checked that each --prefix is the shard its place says.
+// The sharded producer does not check that, and a shard refuses every item
+// of a producer given the prefixes out of order, after JetStream stored
+// them, which inserts counted when stored would not show.
+func (o benchOptions) tableInfo(ctx context.Context, nc *nats.Conn) (*broker.TableInfo, error) {
+	if !o.sharded {
+		c, err := o.client(nc)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		info, err := c.Info(ctx, o.table)
+		if err != nil {
+			return nil, err
+		}
+		return &info.Tables[0], nil
+	}
+	sc, err := broker.NewShardedClient(nc, o.shards)
+	if err != nil {
+		return nil, err
+	}
+	defer sc.Close()
+	info, err := sc.Info(ctx, o.table)
+	if err != nil {
+		return nil, err
+	}
+	n := len(o.shards)
+	for i, s := range info.Shards {
+		switch {
+		case s.ShardCount == 0:
+			return nil, fmt.Errorf("--prefix %q is not a shard: start its reprised with --shard %d/%d", o.shards[i], i, n)
+		case s.ShardIndex != i || s.ShardCount != n:
+			return nil, fmt.Errorf("--prefix %q is shard %d/%d (reprised --shard) but comes as shard %d/%d: give --prefix once per shard, in shard order", o.shards[i], s.ShardIndex, s.ShardCount, i, n)
+		}
+	}
+	return &info.Tables[0], nil
 }
 
 // writeProgress writes the line that shows, once a second on stderr, that
@@ -194,13 +280,22 @@ func writeProgress(w io.Writer, p load.Progress) {
 
 // benchReport is what bench prints; its JSON form is --json's output.
 type benchReport struct {
-	Mode         string `json:"mode"`
-	URL          string `json:"url"`
-	Prefix       string `json:"prefix"`
-	Table        string `json:"table"`
-	Clients      int    `json:"clients"`
-	PayloadBytes int    `json:"payload_bytes,omitempty"` // of inserted items
-	Batch        int    `json:"batch"`
+	Mode   string `json:"mode"`
+	URL    string `json:"url"`
+	Prefix string `json:"prefix"`
+	// Shards counts the table's shards; Sharded says whether the clients
+	// were sharded producers and clients (always, for more than one), and
+	// Prefixes names the shards where there are several.
+	Shards       int      `json:"shards"`
+	Sharded      bool     `json:"sharded"`
+	Prefixes     []string `json:"prefixes,omitempty"`
+	Table        string   `json:"table"`
+	Clients      int      `json:"clients"`
+	PayloadBytes int      `json:"payload_bytes,omitempty"` // of inserted items
+	Batch        int      `json:"batch"`
+	// Episode is the items of an inserter's episode; 0, one episode for
+	// the run.
+	Episode int `json:"episode,omitempty"`
 	// Learners and SampleBatch are the samplers of a mixed run, where
 	// they differ from Clients and Batch.
 	Learners    int     `json:"learners,omitempty"`
@@ -229,7 +324,7 @@ type opReport struct {
 
 func (o benchOptions) report(r load.BenchResult) benchReport {
 	rep := benchReport{
-		Mode: o.mode, URL: o.conn.URL, Prefix: o.prefix, Table: o.table, Clients: o.clients,
+		Mode: o.mode, URL: o.conn.URL, Prefix: o.prefix, Shards: len(o.shards), Sharded: o.sharded, Table: o.table, Clients: o.clients,
 		Batch: o.batch, Learners: o.learners, SampleBatch: o.sampleBatch, Compression: o.compression,
 		WarmupSec: o.warmup.Seconds(), DurationSec: r.Total.Seconds,
 		Items: r.Total.Items, ItemsPerSec: r.Total.ItemsPerSec, BytesPerSec: r.Total.BytesPerSec, Latency: r.Total.Latency,
@@ -243,19 +338,34 @@ func (o benchOptions) report(r load.BenchResult) benchReport {
 			RateLimited: t.RateLimited, LatencyMeasures: measures, Latency: t.Latency,
 		}
 	}
-	rep.Insert = op(r.Insert, fmt.Sprintf("per batch of %d items, from its first Append until Flush returned (stored in JetStream)", o.batch))
+	if len(o.shards) > 1 {
+		rep.Prefixes = o.shards
+	}
+	rep.Insert = op(r.Insert, fmt.Sprintf("per batch of %d items, from its first Append until Flush (EndEpisode at an episode's end) returned (stored in JetStream)", o.batch))
 	rep.Sample = op(r.Sample, fmt.Sprintf("per Sample request of %d items, from sending it until its items were decoded", cmp.Or(o.sampleBatch, o.batch)))
 	if rep.Insert != nil {
 		rep.PayloadBytes = o.payload
+		rep.Episode = o.episode
 	}
 	return rep
 }
 
 func (r benchReport) write(w io.Writer) {
-	fmt.Fprintf(w, "bench %s: table %s at %s (prefix %s)\n", r.Mode, r.Table, r.URL, r.Prefix)
+	switch {
+	case r.Shards > 1:
+		fmt.Fprintf(w, "bench %s: table %s at %s, %d shards (prefixes %s), sharded clients\n", r.Mode, r.Table, r.URL, r.Shards, strings.Join(r.Prefixes, ", "))
+	case r.Sharded:
+		fmt.Fprintf(w, "bench %s: table %s at %s (prefix %s), one shard, sharded clients\n", r.Mode, r.Table, r.URL, r.Prefix)
+	default:
+		fmt.Fprintf(w, "bench %s: table %s at %s (prefix %s)\n", r.Mode, r.Table, r.URL, r.Prefix)
+	}
 	payload := ""
 	if r.Insert != nil {
-		payload = fmt.Sprintf("%d-byte float32 payloads, compression %s, ", r.PayloadBytes, r.Compression)
+		episodes := "one episode each, "
+		if r.Episode > 0 {
+			episodes = fmt.Sprintf("episodes of %d, ", r.Episode)
+		}
+		payload = fmt.Sprintf("%d-byte float32 payloads, compression %s, %s", r.PayloadBytes, r.Compression, episodes)
 	}
 	fmt.Fprintf(w, "  %d clients, %sbatches of %d, %.1fs measured after %.1fs warmup\n",
 		r.Clients, payload, r.Batch, r.DurationSec, r.WarmupSec)

@@ -94,13 +94,23 @@ type target struct {
 	conn    natsconn.Config
 	prefix  string
 	timeout time.Duration
+	// shards are the prefixes of a sharded table in shard order, for a
+	// command that takes --prefix once per shard (bench); prefix is the
+	// first.
+	shards []string
 }
 
 func (t *target) register(fs *flag.FlagSet) {
-	t.conn.URL = natsconn.DefaultURL
 	t.prefix = broker.DefaultPrefix
-	fs.StringVar(&t.conn.URL, "nats", t.conn.URL, "`URL` of the NATS server reprised uses (comma-separated for a cluster)")
 	fs.StringVar(&t.prefix, "prefix", t.prefix, "subject `prefix` of the deployment, as given to reprised")
+	t.registerConn(fs)
+}
+
+// registerConn registers the flags of register but --prefix: where to
+// connect, as whom, and how long to wait.
+func (t *target) registerConn(fs *flag.FlagSet) {
+	t.conn.URL = natsconn.DefaultURL
+	fs.StringVar(&t.conn.URL, "nats", t.conn.URL, "`URL` of the NATS server reprised uses (comma-separated for a cluster)")
 	fs.DurationVar(&t.timeout, "timeout", 10*time.Second, "how long to wait for the table service to answer")
 	t.conn.RegisterAuth(fs)
 }
@@ -128,25 +138,33 @@ func (t *target) client(nc *nats.Conn) (*broker.Client, error) {
 // publish or a subscription: a request the user's role does not allow gets
 // no answer, and would wait out the timeout. hangUp closes all three.
 func (t *target) dial(ctx context.Context) (c *broker.Client, rctx context.Context, hangUp func(), err error) {
+	nc, rctx, hangUpConn, err := t.dialConn(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if c, err = t.client(nc); err != nil {
+		hangUpConn()
+		return nil, nil, nil, err
+	}
+	return c, rctx, func() { c.Close(); hangUpConn() }, nil
+}
+
+// dialConn is dial's connection and context, for a command that makes
+// clients of its own on it.
+func (t *target) dialConn(ctx context.Context) (nc *nats.Conn, rctx context.Context, hangUp func(), err error) {
 	rctx, refuse := context.WithCancelCause(ctx)
 	rctx, cancel := context.WithTimeout(rctx, t.timeout)
-	nc, err := t.connect(nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	nc, err = t.connect(nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrPermissionViolation) {
 			refuse(err)
 		}
 	}))
-	if err == nil {
-		c, err = t.client(nc)
-		if err != nil {
-			nc.Close()
-		}
-	}
 	if err != nil {
 		cancel()
 		refuse(nil)
 		return nil, nil, nil, err
 	}
-	return c, rctx, func() { c.Close(); nc.Close(); cancel(); refuse(nil) }, nil
+	return nc, rctx, func() { nc.Close(); cancel(); refuse(nil) }, nil
 }
 
 // explain adds what to do to an error from the table service; ctx is the
@@ -158,6 +176,8 @@ func (t *target) explain(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(err, broker.ErrUnknownTable):
 		return fmt.Errorf("%w (reprisectl info lists the tables)", err)
+	case (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, broker.ErrServer)) && len(t.shards) > 1:
+		return fmt.Errorf("a shard's table service did not answer (prefixes %q at %s): %w\nStart one per shard with: go run ./cmd/reprised --nats URL --prefix PREFIX --shard INDEX/COUNT (or check --nats and --prefix)", t.shards, t.conn.URL, err)
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, broker.ErrServer):
 		return fmt.Errorf("no table service answered on prefix %q at %s: %w\nStart one with: go run ./cmd/reprised (or check --nats and --prefix)", t.prefix, t.conn.URL, err)
 	}

@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
 	"github.com/reprise-rl/reprise/cmd/internal/daemon"
 	"github.com/reprise-rl/reprise/embeddednats"
+	"github.com/reprise-rl/reprise/internal/load"
 	"github.com/reprise-rl/reprise/internal/natstest"
 	"github.com/reprise-rl/reprise/internal/syncbuf"
 	"github.com/reprise-rl/reprise/limiter"
@@ -213,6 +216,10 @@ func TestNoService(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no table service answered") {
 		t.Errorf("bench without a table service: %v", err)
 	}
+	_, _, err = ctl(t, "bench", "--nats", srv.ClientURL(), "--prefix", "nobody0", "--prefix", "nobody1", "--timeout", "2s")
+	if err == nil || !strings.Contains(err.Error(), `a shard's table service did not answer (prefixes ["nobody0" "nobody1"]`) || !strings.Contains(err.Error(), "--shard INDEX/COUNT") {
+		t.Errorf("sharded bench without table services: %v", err)
+	}
 }
 
 func TestNoServer(t *testing.T) {
@@ -248,8 +255,12 @@ type benchJSON struct {
 			Count int64 `json:"count"`
 		} `json:"latency"`
 	} `json:"sample"`
-	Learners    int `json:"learners"`
-	SampleBatch int `json:"sample_batch"`
+	Learners    int      `json:"learners"`
+	SampleBatch int      `json:"sample_batch"`
+	Shards      int      `json:"shards"`
+	Sharded     bool     `json:"sharded"`
+	Prefixes    []string `json:"prefixes"`
+	Episode     int      `json:"episode"`
 }
 
 func runBenchJSON(t *testing.T, url, prefix string, args ...string) benchJSON {
@@ -293,6 +304,9 @@ func TestBench(t *testing.T) {
 	ins := runBenchJSON(t, url, "ctl.bench")
 	if ins.Mode != "insert" || ins.Insert == nil || ins.Sample != nil || ins.Insert.Items != ins.Items || ins.PayloadBytes != 64 {
 		t.Errorf("default mode: %+v, want insert only", ins)
+	}
+	if ins.Shards != 1 || ins.Sharded || ins.Prefixes != nil || ins.Episode != 0 {
+		t.Errorf("one --prefix: %+v, want 1 shard, plain clients, one episode per inserter", ins)
 	}
 	smp := runBenchJSON(t, url, "ctl.bench", "--mode", "sample")
 	if smp.Sample == nil || smp.Insert != nil {
@@ -352,6 +366,89 @@ func TestExternalServer(t *testing.T) {
 	}
 }
 
+// TestBenchSharded: bench over a table of two shards, two reprised on one
+// nats-server. The inserters' episodes go to the shards in turn, samples
+// come from both, and prefixes that do not name the shards in order are
+// refused before the run.
+func TestBenchSharded(t *testing.T) {
+	srv := natstest.Start(t)
+	url := srv.URL()
+	prefixes := []string{"ctl.s0", "ctl.s1"}
+	for i, p := range prefixes {
+		startReprised(t, "--nats", url, "--prefix", p, "--shard", fmt.Sprintf("%d/2", i), "--log-level", "warn")
+	}
+	// runBenchJSON gives the first --prefix, and 2 clients with batches
+	// of 8.
+	const clients, batch = 2, 8
+	ins := runBenchJSON(t, url, prefixes[0], "--prefix", prefixes[1])
+	if ins.Shards != 2 || !ins.Sharded || !slices.Equal(ins.Prefixes, prefixes) || ins.Insert == nil || ins.Episode != batch {
+		t.Errorf("sharded insert: %+v, want 2 shards %q, inserts, episodes of %d", ins, prefixes, batch)
+	}
+	ctx := testCtx(t)
+	for _, p := range prefixes {
+		// Inserts count once stored: wait until each shard applied them.
+		if err := load.CaughtUp(ctx, url, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info := shardedInfo(t, url, prefixes)
+	in0, in1 := info.Shards[0].Tables[0].Inserts, info.Shards[1].Tables[0].Inserts
+	// Each producer's episodes alternate; its last, cut short by the
+	// run's end, goes to either shard.
+	if in0 == 0 || in1 == 0 || in0+in1 < ins.Insert.Items || max(in0-in1, in1-in0) > clients*2*batch {
+		t.Errorf("shards took %d and %d items of %d measured: want both, in turn (at most %d apart)", in0, in1, ins.Insert.Items, clients*2*batch)
+	}
+
+	smp := runBenchJSON(t, url, prefixes[0], "--prefix", prefixes[1], "--mode", "sample")
+	if smp.Shards != 2 || smp.Sample == nil || smp.Sample.Items <= 0 {
+		t.Errorf("sharded sample: %+v", smp)
+	}
+	info = shardedInfo(t, url, prefixes)
+	for i, s := range info.Shards {
+		if s.Tables[0].Samples == 0 {
+			t.Errorf("shard %d was never sampled", i)
+		}
+	}
+
+	startReprised(t, "--nats", url, "--prefix", "ctl.whole", "--log-level", "warn")
+	for _, tt := range []struct {
+		prefixes []string
+		want     string
+	}{
+		{[]string{"ctl.s1", "ctl.s0"}, `--prefix "ctl.s1" is shard 1/2 (reprised --shard) but comes as shard 0/2: give --prefix once per shard, in shard order`},
+		{[]string{"ctl.s0"}, `--prefix "ctl.s0" is shard 0/2 (reprised --shard) but comes as shard 0/1`},
+		{[]string{"ctl.whole"}, `--prefix "ctl.whole" is not a shard: start its reprised with --shard 0/1`},
+	} {
+		args := []string{"bench", "--nats", url, "--sharded", "--duration", "1s"}
+		for _, p := range tt.prefixes {
+			args = append(args, "--prefix", p)
+		}
+		if _, _, err := ctl(t, args...); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: %v, want %q", args, err, tt.want)
+		}
+	}
+}
+
+// shardedInfo asks each shard of a sharded table what it holds.
+func shardedInfo(t *testing.T, url string, prefixes []string) *broker.ShardedInfo {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sc, err := broker.NewShardedClient(nc, prefixes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	info, err := sc.Info(testCtx(t), "replay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
 func TestUsage(t *testing.T) {
 	tests := []struct {
 		args []string
@@ -374,6 +471,10 @@ func TestUsage(t *testing.T) {
 		{[]string{"bench", "--compression", "lz4"}, `--compression "lz4"`},
 		{[]string{"bench", "replay"}, "the table is --table"},
 		{[]string{"bench", "--bogus"}, "flag provided but not defined"},
+		{[]string{"bench", "--prefix", "a", "--prefix", "a..b"}, "not a subject prefix"},
+		{[]string{"bench", "--prefix", "a", "--prefix", "b", "--prefix", "a"}, `--prefix "a" is given for shards 0 and 2`},
+		{[]string{"bench", "--batch", "8", "--episode", "12"}, "--episode must be a multiple of --batch (8), got 12"},
+		{[]string{"bench", "--mode", "sample", "--episode", "128"}, "--episode is for inserters"},
 	}
 	for _, tt := range tests {
 		_, _, err := ctl(t, tt.args...)
@@ -395,7 +496,7 @@ func TestHelp(t *testing.T) {
 	for cmd, flags := range map[string][]string{
 		"info":  append([]string{"json"}, common...),
 		"reset": append([]string{"all"}, common...),
-		"bench": append([]string{"mode", "clients", "payload", "batch", "duration", "warmup", "table", "compression", "json"}, common...),
+		"bench": append([]string{"mode", "clients", "payload", "batch", "episode", "sharded", "duration", "warmup", "table", "compression", "json"}, common...),
 	} {
 		for _, args := range [][]string{{cmd, "--help"}, {"help", cmd}} {
 			_, stderr, err := ctl(t, args...)
@@ -413,7 +514,7 @@ func TestHelp(t *testing.T) {
 		}
 	}
 	_, stderr, _ = ctl(t, "bench", "--help")
-	for _, want := range []string{"from the batch's first Append until Flush returns", "from sending it until", "--warmup"} {
+	for _, want := range []string{"the batch's first Append until Flush returns", "from sending it until", "--warmup", "--prefix once per shard"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("bench --help does not say %q", want)
 		}
