@@ -10,8 +10,11 @@
 // measures raw JetStream (async publish of the same bytes, request-reply
 // of the same reply sizes), then a mixed actor/learner run under
 // SampleToInsertRatio, an Atari-like run, single-item latencies and
-// resident memory. With --reverb it runs the same workloads against
-// DeepMind Reverb through bench/reverb/driver.py.
+// resident memory. Its shards section spreads a table over 1, 2 and 4
+// reprised on one nats-server (built from the module go.mod requires) and
+// loads it through the sharded producer and client. With --reverb it runs
+// the same workloads against DeepMind Reverb through
+// bench/reverb/driver.py.
 //
 // Usage:
 //
@@ -44,7 +47,7 @@ import (
 )
 
 // The suite's sections, in the order they run; --only picks some.
-var sections = []string{"throughput", "mixed", "actors", "atari", "latency", "memory", "reverb"}
+var sections = []string{"throughput", "mixed", "actors", "atari", "latency", "memory", "shards", "reverb"}
 
 type options struct {
 	out    string
@@ -145,8 +148,8 @@ func run(ctx context.Context, opts options, log *slog.Logger) (*Results, error) 
 	} else {
 		defer os.RemoveAll(s.work)
 	}
-	log.Info("building reprised and reprisectl", "repo", s.repo)
-	if s.bins, err = build(ctx, s.repo, s.work); err != nil {
+	log.Info("building reprised and reprisectl (and nats-server, for the shards section)", "repo", s.repo)
+	if s.bins, err = build(ctx, s.repo, s.work, s.wants("shards")); err != nil {
 		return nil, err
 	}
 
@@ -158,6 +161,11 @@ func run(ctx context.Context, opts options, log *slog.Logger) (*Results, error) 
 	if s.wants("memory") {
 		if err := s.memory(ctx); err != nil {
 			return nil, fmt.Errorf("memory: %w", err)
+		}
+	}
+	if s.wants("shards") {
+		if err := s.shards(ctx); err != nil {
+			return nil, fmt.Errorf("shards: %w", err)
 		}
 	}
 	if s.opts.reverb && s.wants("reverb") {
@@ -207,7 +215,7 @@ func (s *suite) withDaemon(ctx context.Context, name string, memory bool, f func
 	if err := writeConfig(config, memory); err != nil {
 		return err
 	}
-	d, err := startDaemon(ctx, s.bins.reprised, config, s.work, name)
+	d, err := startDaemon(ctx, s.bins.reprised, s.work, name, embeddedArgs(config, s.work, name)...)
 	if err != nil {
 		return err
 	}

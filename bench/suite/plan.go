@@ -37,6 +37,13 @@ type plan struct {
 	latencyInserts int
 
 	memory []memorySeries
+
+	// shardCounts are the shard counts of the shards section, each on a
+	// fresh nats-server; shardPayloads and shardClients are its points.
+	shardCounts   []int
+	shardPayloads []int
+	shardClients  []int
+
 	// settle bounds the wait for a process's resident memory to settle.
 	settle time.Duration
 }
@@ -73,7 +80,10 @@ func fullPlan() plan {
 			{Name: "payload", Payload: 4000, Items: []int{25000, 50000, 100000}},
 			{Name: "per-item", Payload: 16, Items: []int{250000, 500000}},
 		},
-		settle: 10 * time.Second,
+		shardCounts:   []int{1, 2, 4},
+		shardPayloads: []int{400, 4000},
+		shardClients:  []int{4, 16, 64},
+		settle:        10 * time.Second,
 	}
 }
 
@@ -100,7 +110,10 @@ func quickPlan() plan {
 			{Name: "payload", Payload: 4000, Items: []int{5000}},
 			{Name: "per-item", Payload: 16, Items: []int{20000}},
 		},
-		settle: 3 * time.Second,
+		shardCounts:   []int{1, 2},
+		shardPayloads: []int{400},
+		shardClients:  []int{4},
+		settle:        3 * time.Second,
 	}
 }
 

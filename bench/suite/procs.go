@@ -15,6 +15,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // modulePath is the module the suite builds reprised and reprisectl from.
@@ -44,21 +47,37 @@ func moduleRoot(ctx context.Context, dir string) (string, error) {
 
 type binaries struct {
 	reprised, reprisectl string
+	// natsServer is empty unless a section runs reprised on a NATS
+	// server of its own.
+	natsServer string
 }
 
-// build compiles reprised and reprisectl into dir: the suite measures the
-// programs users run.
-func build(ctx context.Context, repo, dir string) (binaries, error) {
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/reprised", "./cmd/reprisectl")
+// natsServerModule is the NATS server the shards section runs, at the
+// version go.mod requires, as internal/natstest builds it for tests.
+const natsServerModule = "github.com/nats-io/nats-server/v2"
+
+// build compiles reprised and reprisectl, and nats-server if withNATS, into
+// dir: the suite measures the programs users run.
+func build(ctx context.Context, repo, dir string, withNATS bool) (binaries, error) {
+	pkgs := []string{"./cmd/reprised", "./cmd/reprisectl"}
+	if withNATS {
+		pkgs = append(pkgs, natsServerModule)
+	}
+	cmd := exec.CommandContext(ctx, "go", append([]string{"build", "-o", dir + string(filepath.Separator)}, pkgs...)...)
 	cmd.Dir = repo
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return binaries{}, fmt.Errorf("building reprised and reprisectl (go build ./cmd/reprised ./cmd/reprisectl in %s): %w\n%s", repo, err, out)
+		return binaries{}, fmt.Errorf("building %s (go build in %s): %w\n%s", strings.Join(pkgs, " "), repo, err, out)
 	}
-	return binaries{reprised: filepath.Join(dir, "reprised"), reprisectl: filepath.Join(dir, "reprisectl")}, nil
+	b := binaries{reprised: filepath.Join(dir, "reprised"), reprisectl: filepath.Join(dir, "reprisectl")}
+	if withNATS {
+		b.natsServer = filepath.Join(dir, "nats-server")
+	}
+	return b, nil
 }
 
-// daemon is a reprised process the suite started.
+// daemon is a server process the suite started: reprised or nats-server.
 type daemon struct {
+	name    string // which program, for messages
 	cmd     *exec.Cmd
 	url     string
 	logPath string
@@ -66,15 +85,21 @@ type daemon struct {
 	waitErr error
 }
 
-// startDaemon starts reprised with config on a free loopback port, its
-// JetStream data under dir, and waits until it says it is ready.
-func startDaemon(ctx context.Context, bin, config, dir, name string) (*daemon, error) {
+// embeddedArgs are the arguments of a reprised with its embedded server
+// on a free loopback port and its JetStream data under dir.
+func embeddedArgs(config, dir, name string) []string {
+	return []string{"--config", config, "--listen", "127.0.0.1:-1", "--store", filepath.Join(dir, name+"-store")}
+}
+
+// startDaemon starts reprised with args, its log in dir, and waits until
+// it says it is ready.
+func startDaemon(ctx context.Context, bin, dir, name string, args ...string) (*daemon, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "--config", config, "--listen", "127.0.0.1:-1", "--store", filepath.Join(dir, name+"-store"))
+	cmd := exec.Command(bin, args...)
 	cmd.Stderr = logFile
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -85,7 +110,7 @@ func startDaemon(ctx context.Context, bin, config, dir, name string) (*daemon, e
 		logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
-	d := &daemon{cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	d := &daemon{name: "reprised", cmd: cmd, logPath: logPath, exited: make(chan struct{})}
 	urls := make(chan string, 1)
 	var reading sync.WaitGroup
 	reading.Go(func() {
@@ -127,7 +152,96 @@ func startDaemon(ctx context.Context, bin, config, dir, name string) (*daemon, e
 
 func (d *daemon) pid() int { return d.cmd.Process.Pid }
 
-// stop interrupts reprised, as Ctrl-C would, and waits for it to exit;
+// startNATS starts nats-server with JetStream on a free loopback port,
+// its data and log in dir, and waits until JetStream answers.
+func startNATS(ctx context.Context, bin, dir string) (*daemon, error) {
+	portsDir := filepath.Join(dir, "nats-server-ports")
+	if err := os.MkdirAll(portsDir, 0o755); err != nil {
+		return nil, err
+	}
+	// Port -1 takes a free one, which the server writes into the ports
+	// file once it listens.
+	conf := fmt.Sprintf("host: \"127.0.0.1\"\nport: -1\nports_file_dir: %q\njetstream {\n  store_dir: %q\n}\n", portsDir, filepath.Join(dir, "nats-server-store"))
+	confPath := filepath.Join(dir, "nats-server.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(dir, "nats-server.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "-c", confPath)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting %s: %w", bin, err)
+	}
+	d := &daemon{name: "nats-server", cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	go func() {
+		d.waitErr = cmd.Wait()
+		logFile.Close()
+		close(d.exited)
+	}()
+	deadline := time.Now().Add(time.Minute)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if url := readPortsFile(portsDir); url != "" && jetStreamAnswers(ctx, url) == nil {
+			d.url = url
+			return d, nil
+		}
+		select {
+		case <-d.exited:
+			return nil, fmt.Errorf("nats-server exited before it was ready (%v):\n%s", d.waitErr, tail(logPath))
+		case <-ctx.Done():
+			return nil, errors.Join(ctx.Err(), d.stop())
+		case <-tick.C:
+		}
+		if time.Now().After(deadline) {
+			return nil, errors.Join(fmt.Errorf("nats-server's JetStream did not answer within a minute:\n%s", tail(logPath)), d.stop())
+		}
+	}
+}
+
+// readPortsFile returns the client URL from the ports file nats-server
+// writes into dir once it listens, or "" while there is none.
+func readPortsFile(dir string) string {
+	matches, _ := filepath.Glob(filepath.Join(dir, "*.ports"))
+	for _, m := range matches {
+		data, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		var ports struct {
+			Nats []string `json:"nats"`
+		}
+		// A file still being written does not parse; the caller retries.
+		if json.Unmarshal(data, &ports) == nil && len(ports.Nats) > 0 {
+			return ports.Nats[0]
+		}
+	}
+	return ""
+}
+
+// jetStreamAnswers asks the server at url for its JetStream account.
+func jetStreamAnswers(ctx context.Context, url string) error {
+	nc, err := nats.Connect(url, nats.Timeout(time.Second), nats.NoReconnect())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = js.AccountInfo(ctx)
+	return err
+}
+
+// stop interrupts the process, as Ctrl-C would, and waits for it to exit;
 // after 30 seconds it kills it.
 func (d *daemon) stop() error {
 	_ = d.cmd.Process.Signal(os.Interrupt)
@@ -138,19 +252,19 @@ func (d *daemon) stop() error {
 	case <-timer.C:
 		_ = d.cmd.Process.Kill()
 		<-d.exited
-		return fmt.Errorf("reprised did not stop within 30s of an interrupt: killed it:\n%s", tail(d.logPath))
+		return fmt.Errorf("%s did not stop within 30s of an interrupt: killed it:\n%s", d.name, tail(d.logPath))
 	}
 	if d.waitErr != nil {
-		return fmt.Errorf("reprised: %w:\n%s", d.waitErr, tail(d.logPath))
+		return fmt.Errorf("%s: %w:\n%s", d.name, d.waitErr, tail(d.logPath))
 	}
 	return nil
 }
 
-// alive reports an error if reprised has exited.
+// alive reports an error if the process has exited.
 func (d *daemon) alive() error {
 	select {
 	case <-d.exited:
-		return fmt.Errorf("reprised exited (%v):\n%s", d.waitErr, tail(d.logPath))
+		return fmt.Errorf("%s exited (%v):\n%s", d.name, d.waitErr, tail(d.logPath))
 	default:
 		return nil
 	}
@@ -171,6 +285,13 @@ type ctlArgs struct {
 	mode, table             string
 	clients, payload, batch int
 	warmup, duration        time.Duration
+	// prefixes are the shards' (the default prefix if none); sharded
+	// loads through the sharded producer and client even with one.
+	prefixes []string
+	sharded  bool
+	// episode is the items of an inserter's episode (0: reprisectl's
+	// default).
+	episode int
 }
 
 // ctlReport is the part of reprisectl bench --json the suite reads.
@@ -203,6 +324,15 @@ func ctlBench(ctx context.Context, bin, url string, a ctlArgs) (ctlReport, error
 		"--mode", a.mode, "--table", a.table,
 		"--clients", strconv.Itoa(a.clients), "--payload", strconv.Itoa(a.payload), "--batch", strconv.Itoa(a.batch),
 		"--warmup", a.warmup.String(), "--duration", a.duration.String()}
+	for _, p := range a.prefixes {
+		args = append(args, "--prefix", p)
+	}
+	if a.sharded {
+		args = append(args, "--sharded")
+	}
+	if a.episode > 0 {
+		args = append(args, "--episode", strconv.Itoa(a.episode))
+	}
 	ctx, cancel := context.WithTimeout(ctx, a.warmup+a.duration+time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)

@@ -46,9 +46,13 @@ type Results struct {
 	Atari   *load.AtariResult `json:"atari,omitempty"`
 	Latency []Latency         `json:"latency"`
 	Memory  []MemoryPoint     `json:"memory"`
-	Reverb  ReverbStatus      `json:"reverb"`
-	Summary []SummaryRow      `json:"summary"`
-	Targets []Target          `json:"targets"`
+	// Shards are the points of the shards section, and ShardSummary the
+	// best of each shard count, kind of client, mode and payload.
+	Shards       []ShardPoint `json:"shards"`
+	ShardSummary []ShardPoint `json:"shard_summary"`
+	Reverb       ReverbStatus `json:"reverb"`
+	Summary      []SummaryRow `json:"summary"`
+	Targets      []Target     `json:"targets"`
 }
 
 // Point is one throughput measurement: one system, mode, payload size and
@@ -218,6 +222,7 @@ func (r *Results) summarize() {
 		}
 	}
 	r.ActorsLearnerRatio, _, _ = r.actorLoadRatio()
+	r.summarizeShards()
 	r.Targets = r.targets()
 }
 
@@ -576,6 +581,7 @@ func (r *Results) markdown(w io.Writer) {
 			fmt.Fprintf(w, "| %s | %sB | %.2f (at %sB held) | %.0f B (%d-byte items) |\n", systemNames[sys], si(float64(m.base)), m.perByte, si(float64(m.held)), m.perItem, m.itemPayload)
 		}
 	}
+	r.shardsMarkdown(w)
 	fmt.Fprintln(w, "\n| target | goal | measured | met |")
 	fmt.Fprintln(w, "|---|---|---|---|")
 	for _, t := range r.Targets {

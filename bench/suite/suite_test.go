@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,31 @@ func TestQuickSuite(t *testing.T) {
 			t.Errorf("actors: %+v, want learners and producers at work, percentiles in order", a)
 		}
 	}
+	// Shards: inserts and samples at every shard count, through the
+	// sharded clients, and on one shard through the plain ones too.
+	for _, n := range plan.shardCounts {
+		for _, mode := range []string{"insert", "sample"} {
+			for _, sharded := range []bool{true, false} {
+				if !sharded && n > 1 {
+					continue
+				}
+				i := slices.IndexFunc(res.ShardSummary, func(p ShardPoint) bool {
+					return p.Shards == n && p.Sharded == sharded && p.Mode == mode && p.Payload == plan.shardPayloads[0]
+				})
+				if i < 0 {
+					t.Errorf("shards: no row for %d shards, sharded %v, %s", n, sharded, mode)
+					continue
+				}
+				p := res.ShardSummary[i]
+				if !(p.ItemsPerSec > 0) || !(p.BytesPerSec >= p.ItemsPerSec*float64(p.Payload)*0.99) || !(p.OverOneShard > 0) {
+					t.Errorf("shards: row %+v, want items/s > 0, bytes/s = items/s × payload, a ratio to 1 shard", p)
+				}
+				if n == 1 && sharded && p.OverOneShard != 1 {
+					t.Errorf("shards: the 1-shard row %+v is %v × itself", p, p.OverOneShard)
+				}
+			}
+		}
+	}
 	if len(res.Targets) != len(rawTargets)+6 {
 		t.Errorf("%d targets, want the issue's %d", len(res.Targets), len(rawTargets)+6)
 	}
@@ -90,6 +116,9 @@ func TestQuickSuite(t *testing.T) {
 	}
 	if len(back.Throughput) != len(res.Throughput) || len(back.Summary) != 2 {
 		t.Errorf("results.json: %d points and %d summary rows, want %d and 2", len(back.Throughput), len(back.Summary), len(res.Throughput))
+	}
+	if len(back.Shards) != len(res.Shards) || len(back.ShardSummary) != len(res.ShardSummary) {
+		t.Errorf("results.json: %d shard points and %d shard rows, want %d and %d", len(back.Shards), len(back.ShardSummary), len(res.Shards), len(res.ShardSummary))
 	}
 	f, err := os.Open(filepath.Join(out, "throughput.csv"))
 	if err != nil {
@@ -113,8 +142,59 @@ func TestQuickSuite(t *testing.T) {
 		}
 	}
 	summary, err := os.ReadFile(filepath.Join(out, "summary.md"))
-	if err != nil || !strings.Contains(string(summary), "| insert | 400 B |") {
-		t.Errorf("summary.md lacks the insert row: %v\n%s", err, summary)
+	if err != nil || !strings.Contains(string(summary), "| insert | 400 B |") || !strings.Contains(string(summary), "| sample | 400 B | 256 | 2 |") {
+		t.Errorf("summary.md lacks the insert row or the 2-shard sample row: %v\n%s", err, summary)
+	}
+}
+
+func TestShardSummary(t *testing.T) {
+	insert := func(n int, sharded bool, clients int, items float64) ShardPoint {
+		return ShardPoint{Shards: n, Sharded: sharded, Mode: "insert", Payload: 400, Clients: clients, ItemsPerSec: items}
+	}
+	sample := func(n int, items float64) ShardPoint {
+		return ShardPoint{Shards: n, Sharded: true, Mode: "sample", Payload: 400, Clients: 4, ItemsPerSec: items}
+	}
+	// In the order the section runs: samples after inserts, plain beside
+	// sharded on 1 shard, then 2 shards.
+	r := &Results{Shards: []ShardPoint{
+		insert(1, true, 4, 100e3), insert(1, false, 4, 110e3), insert(1, true, 16, 120e3), insert(1, false, 16, 90e3),
+		sample(1, 200e3),
+		insert(2, true, 4, 150e3), insert(2, true, 16, 130e3),
+		sample(2, 100e3),
+	}}
+	r.summarize()
+	for i, want := range []float64{1, 1.1, 1, 0.75, 1, 1.5, 130.0 / 120, 0.5} {
+		if got := r.Shards[i].OverOneShard; math.Abs(got-want) > 1e-9 {
+			t.Errorf("point %+v: %v × the sharded 1-shard point with as many clients, want %v", r.Shards[i], got, want)
+		}
+	}
+	want := []struct {
+		shards, clients int
+		sharded         bool
+		mode            string
+		over            float64
+	}{
+		{1, 4, false, "insert", 110.0 / 120}, // the plain clients' best beside the sharded best on 1 shard
+		{1, 16, true, "insert", 1},
+		{2, 4, true, "insert", 1.25},
+		{1, 4, true, "sample", 1},
+		{2, 4, true, "sample", 0.5},
+	}
+	if len(r.ShardSummary) != len(want) {
+		t.Fatalf("%d summary rows, want %d: %+v", len(r.ShardSummary), len(want), r.ShardSummary)
+	}
+	for i, w := range want {
+		got := r.ShardSummary[i]
+		if got.Shards != w.shards || got.Clients != w.clients || got.Sharded != w.sharded || got.Mode != w.mode || math.Abs(got.OverOneShard-w.over) > 1e-9 {
+			t.Errorf("row %d: %+v, want %d shards, best at %d clients, sharded %v, %s, %.3f × 1 shard", i, got, w.shards, w.clients, w.sharded, w.mode, w.over)
+		}
+	}
+	var md strings.Builder
+	r.markdown(&md)
+	for _, row := range []string{"| insert | 400 B | 0 | 1 (plain Producer/Client) | 4 | 110.0k |", "| insert | 400 B | 0 | 2 | 4 | 150.0k | 0B/s | 1.25 |"} {
+		if !strings.Contains(md.String(), row) {
+			t.Errorf("markdown lacks %q:\n%s", row, md.String())
+		}
 	}
 }
 
