@@ -82,12 +82,17 @@ func TestSampleFailsWhenTheServiceDies(t *testing.T) {
 	url := testutil.StartEmbedded(t, 0)
 	d := &deployment{t: t, url: url, prefix: "gone"}
 	swallowed := make(chan struct{}, 1)
-	if _, err := d.connect().Subscribe("gone.api.sample", func(*nats.Msg) {
+	stand := d.connect()
+	if _, err := stand.Subscribe("gone.api.sample", func(*nats.Msg) {
 		select {
 		case swallowed <- struct{}{}:
 		default:
 		}
 	}); err != nil {
+		t.Fatal(err)
+	}
+	// The server knows the subscription before the request comes.
+	if err := stand.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	c := d.client()

@@ -869,13 +869,17 @@ func (p *Producer) flushStored(ctx context.Context) error {
 }
 
 func (p *Producer) flushLocked(ctx context.Context) error {
+	return errors.Join(p.sealOpenLocked(), p.advanceLocked(ctx, true))
+}
+
+// sealOpenLocked completes every open chunk.
+func (p *Producer) sealOpenLocked() error {
 	var errs []error
 	for _, c := range p.cols {
 		if len(c.open) > 0 {
 			errs = append(errs, p.sealLocked(c))
 		}
 	}
-	errs = append(errs, p.advanceLocked(ctx, true))
 	return errors.Join(errs...)
 }
 
@@ -923,15 +927,43 @@ func (p *Producer) endEpisode(ctx context.Context) (ended bool, err error) {
 		p.mu.Unlock()
 		return false, ErrClosed
 	}
-	err = p.flushLocked(ctx)
+	err = p.sealOpenLocked()
 	if err == nil {
-		p.endEpisodeLocked()
+		err = p.advanceLocked(ctx, false)
+	}
+	if err == nil {
+		ended, err = p.publishEndLocked(ctx)
 	}
 	p.mu.Unlock()
 	if err != nil {
-		return false, err
+		return ended, err
 	}
+	// Everything is published: this only waits.
 	return true, p.Flush(ctx)
+}
+
+// publishEndLocked ends the episode and publishes its last items with the
+// release of its chunks, in one message where they fit: the service
+// applies a message's items before its releases, and a message of its own
+// for the releases would cost a stream write per episode.
+func (p *Producer) publishEndLocked(ctx context.Context) (ended bool, err error) {
+	if len(p.pending) > 0 {
+		// Items another call is still adding: publish them first.
+		if err := p.advanceLocked(ctx, true); err != nil {
+			return false, err
+		}
+	}
+	p.endEpisodeLocked()
+	if p.batch.msg != nil && p.batch.msg.Size()+10*len(p.release)+1024 > p.maxPayload {
+		release := p.release
+		p.release = nil
+		err := p.publishLocked(ctx, false)
+		p.release = append(release, p.release...)
+		if err != nil {
+			return true, err
+		}
+	}
+	return true, p.publishLocked(ctx, false)
 }
 
 func (p *Producer) endEpisodeLocked() {

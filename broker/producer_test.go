@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -127,5 +128,58 @@ func TestCloseEndsMutationWaits(t *testing.T) {
 	c.Close()
 	if err := <-done; !errors.Is(err, ErrClosed) {
 		t.Fatalf("Delete after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestEndEpisodeIsOneMessage: ending an episode publishes the items still
+// in its batch and the release of its chunks in one message, not two; and
+// the release reaches the service, which then drops the chunks of items it
+// evicted.
+func TestEndEpisodeIsOneMessage(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	ctx := testutil.Context(t)
+	// Batches of up to 64 items that wait for their episode's end.
+	p := d.producer(WithBatch(64, 1<<20), WithLinger(time.Hour))
+	js, err := jetstream.New(d.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastSeq := func() uint64 {
+		s, err := js.Stream(ctx, "REPRISE_TEST")
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.LastSeq
+	}
+	before := lastSeq()
+	const episodes = 10
+	for e := range int64(episodes) {
+		for i := range int64(50) {
+			if err := p.Append(ctx, step(e*100+i, 4)); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.EndEpisode(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := lastSeq() - before; got != episodes {
+		t.Errorf("%d episodes of 50 items took %d messages, want %d", episodes, got, episodes)
+	}
+	info, err := d.client().Info(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The 10 items left hold a chunk of each column; every other chunk was
+	// released by its episode's end and dropped with its evicted item.
+	if info.Chunks != 2*10 {
+		t.Errorf("the service holds %d chunks, want 20", info.Chunks)
 	}
 }
