@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
@@ -50,6 +51,19 @@ func checkShardPrefixes[O any](prefixes []string, opts []O) error {
 		if _, ok := any(o).(prefixOption); ok {
 			return fmt.Errorf("%w: WithPrefix does not apply to a sharded table: the prefixes argument names each shard's", ErrInvalidOption)
 		}
+	}
+	return nil
+}
+
+// checkShardPlace checks that the service at place i of n prefixes is
+// shard i of n, as its info says.
+func checkShardPlace(index, count, i, n int) error {
+	switch {
+	case count == 0:
+		return fmt.Errorf("%w: its service is not a shard: start it with --shard %d/%d", ErrInvalidOption, i, n)
+	case count != n || index != i:
+		return fmt.Errorf("%w: its service is shard %d/%d (reprised --shard), and this place is %d/%d: give the prefixes in shard order",
+			ErrInvalidOption, index, count, i, n)
 	}
 	return nil
 }
@@ -95,10 +109,16 @@ type ShardedProducer struct {
 }
 
 // NewShardedProducer connects a producer to each shard through nc; prefixes
-// names the shards' prefixes in shard order. opts apply to every shard's
-// producer (WithPrefix does not apply).
+// names the shards' prefixes in shard order, which it checks with each
+// shard's service (waiting for those not up yet, as long as ctx allows).
+// opts apply to every shard's producer (WithPrefix does not apply).
 func NewShardedProducer(ctx context.Context, nc *nats.Conn, prefixes []string, opts ...ProducerOption) (*ShardedProducer, error) {
 	if err := checkShardPrefixes(prefixes, opts); err != nil {
+		return nil, err
+	}
+	// Out of order, every item would be refused by its shard, which a
+	// producer that returns once items are stored would not see.
+	if err := eachShard(allShards(len(prefixes)), prefixes, func(i int) error { return askShardPlace(ctx, nc, prefixes, i) }); err != nil {
 		return nil, err
 	}
 	sp := &ShardedProducer{prefixes: slices.Clone(prefixes), current: rand.IntN(len(prefixes))}
@@ -113,6 +133,42 @@ func NewShardedProducer(ctx context.Context, nc *nats.Conn, prefixes []string, o
 		sp.shards = append(sp.shards, p)
 	}
 	return sp, nil
+}
+
+// askShardPlace asks the service of prefixes[i] which shard it is, waiting
+// while none answers yet (a producer may start before its services), and
+// checks it is shard i.
+func askShardPlace(ctx context.Context, nc *nats.Conn, prefixes []string, i int) error {
+	subj, err := protocol.NewSubjects(prefixes[i])
+	if err != nil {
+		return err
+	}
+	req, err := proto.Marshal(&wire.TableRequest{})
+	if err != nil {
+		return err
+	}
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		m, err := nc.RequestWithContext(ctx, subj.Info(), req)
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("broker: waiting for the table service on %s: %w", subj.Info(), ctx.Err())
+			case <-time.After(pause):
+			}
+			continue
+		case err != nil:
+			return fmt.Errorf("broker: asking %s: %w", subj.Info(), err)
+		}
+		var info wire.InfoResponse
+		if err := proto.Unmarshal(m.Data, &info); err != nil {
+			return fmt.Errorf("%w: malformed info response: %v", ErrServer, err)
+		}
+		if err := statusError(info.Status); err != nil {
+			return err
+		}
+		return checkShardPlace(int(info.ShardIndex), int(info.ShardCount), i, len(prefixes))
+	}
 }
 
 // Append adds a step to the episode, on its shard (see Producer.Append).
@@ -452,12 +508,8 @@ func (c *ShardedClient) checkShards(ctx context.Context, table string) ([]shardS
 		if err != nil {
 			return err
 		}
-		if info.ShardCount != len(c.shards) || info.ShardIndex != i {
-			if info.ShardCount == 0 {
-				return fmt.Errorf("%w: its service is not a shard: start it with --shard %d/%d", ErrInvalidOption, i, len(c.shards))
-			}
-			return fmt.Errorf("%w: its service is shard %d/%d (reprised --shard), and this place is %d/%d: give the prefixes in shard order",
-				ErrInvalidOption, info.ShardIndex, info.ShardCount, i, len(c.shards))
+		if err := checkShardPlace(info.ShardIndex, info.ShardCount, i, len(c.shards)); err != nil {
+			return err
 		}
 		ti := &info.Tables[0]
 		infos[i] = ti

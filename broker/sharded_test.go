@@ -332,7 +332,8 @@ func TestShardedInfoAddsUp(t *testing.T) {
 }
 
 // TestShardedClientChecksShards: prefixes out of shard order, or a service
-// that is not a shard, fail the first call with an error that says so.
+// that is not a shard, fail a client's first call, and a producer's
+// construction, with an error that says so.
 func TestShardedClientChecksShards(t *testing.T) {
 	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 100)}, 2)
 	ctx := testutil.Context(t)
@@ -347,6 +348,9 @@ func TestShardedClientChecksShards(t *testing.T) {
 	}
 	if _, err := mixed.Sample(ctx, "t", 1); !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "not a shard: start it with --shard 1/2") {
 		t.Errorf("sampling with an unsharded service: %v", err)
+	}
+	if _, err := NewShardedProducer(ctx, ds[0].connect(), []string{ds[1].prefix, ds[0].prefix}); !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "give the prefixes in shard order") {
+		t.Errorf("a producer with the prefixes reversed: %v", err)
 	}
 	if _, err := NewShardedClient(ds[0].connect(), []string{"a", "a"}); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("the same prefix twice: %v", err)
