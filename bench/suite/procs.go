@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/reprise-rl/reprise/internal/natstest"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -187,7 +189,7 @@ func startNATS(ctx context.Context, bin, dir string) (*daemon, error) {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if url := readPortsFile(portsDir); url != "" && jetStreamAnswers(ctx, url) == nil {
+		if url := natstest.ReadPortsFile(portsDir); url != "" && jetStreamAnswers(ctx, url) == nil {
 			d.url = url
 			return d, nil
 		}
@@ -202,26 +204,6 @@ func startNATS(ctx context.Context, bin, dir string) (*daemon, error) {
 			return nil, errors.Join(fmt.Errorf("nats-server's JetStream did not answer within a minute:\n%s", tail(logPath)), d.stop())
 		}
 	}
-}
-
-// readPortsFile returns the client URL from the ports file nats-server
-// writes into dir once it listens, or "" while there is none.
-func readPortsFile(dir string) string {
-	matches, _ := filepath.Glob(filepath.Join(dir, "*.ports"))
-	for _, m := range matches {
-		data, err := os.ReadFile(m)
-		if err != nil {
-			continue
-		}
-		var ports struct {
-			Nats []string `json:"nats"`
-		}
-		// A file still being written does not parse; the caller retries.
-		if json.Unmarshal(data, &ports) == nil && len(ports.Nats) > 0 {
-			return ports.Nats[0]
-		}
-	}
-	return ""
 }
 
 // jetStreamAnswers asks the server at url for its JetStream account.

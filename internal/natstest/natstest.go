@@ -285,7 +285,7 @@ func (p *Process) spawn(t testing.TB, port int, deadline time.Time) {
 
 	var clientURL string
 	for clientURL == "" {
-		clientURL = readPortsFile(dir)
+		clientURL = ReadPortsFile(dir)
 		if clientURL == "" {
 			p.await(t, "ports file", deadline)
 		}
@@ -332,9 +332,11 @@ func (p *Process) await(t testing.TB, what string, deadline time.Time) {
 	}
 }
 
-// readPortsFile returns the client URL from the ports file the server
-// writes into dir once it listens, or "" while there is none.
-func readPortsFile(dir string) string {
+// ReadPortsFile returns the client URL from the ports file a nats-server
+// configured with ports_file_dir: dir writes once it listens, or "" while
+// there is none. The benchmark suite, which starts servers outside tests,
+// uses it too.
+func ReadPortsFile(dir string) string {
 	matches, _ := filepath.Glob(filepath.Join(dir, "*.ports"))
 	for _, m := range matches {
 		data, err := os.ReadFile(m)
