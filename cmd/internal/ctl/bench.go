@@ -17,7 +17,6 @@ import (
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
-	"github.com/reprise-rl/reprise/cmd/internal/config"
 	"github.com/reprise-rl/reprise/internal/load"
 )
 
@@ -77,14 +76,7 @@ var codecs = map[string]wire.Codec{"none": wire.Uncompressed, "zstd": wire.Zstd,
 func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 	var o benchOptions
 	fs := newFlagSet("bench", "bench [flags]", benchAbout, stderr)
-	o.registerConn(fs)
-	fs.Func("prefix", "subject `prefix` of the deployment, as given to reprised; for a sharded table, once per shard in shard order (default "+broker.DefaultPrefix+")", func(v string) error {
-		if err := config.CheckPrefix(v); err != nil {
-			return err
-		}
-		o.shards = append(o.shards, v)
-		return nil
-	})
+	o.registerShards(fs)
 	fs.BoolVar(&o.sharded, "sharded", false, "load through the sharded producer and client with one --prefix too (a table of one shard: reprised --shard 0/1)")
 	fs.StringVar(&o.mode, "mode", "insert", "what to load (`mode`): insert, sample or mixed")
 	fs.StringVar(&o.table, "table", "replay", "`name` of the table to load; a table without a signature, or whose only column is payload float32[N]")
@@ -102,10 +94,7 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 	if err != nil {
 		return o, err
 	}
-	if len(o.shards) == 0 {
-		o.shards = []string{broker.DefaultPrefix}
-	}
-	o.prefix = o.shards[0]
+	o.finishShards()
 	o.sharded = o.sharded || len(o.shards) > 1
 	switch {
 	case len(pos) > 0:

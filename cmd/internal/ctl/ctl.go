@@ -95,7 +95,7 @@ type target struct {
 	prefix  string
 	timeout time.Duration
 	// shards are the prefixes of a sharded table in shard order, for a
-	// command that takes --prefix once per shard (bench); prefix is the
+	// command that takes --prefix once per shard (bench, info); prefix is the
 	// first.
 	shards []string
 }
@@ -104,6 +104,28 @@ func (t *target) register(fs *flag.FlagSet) {
 	t.prefix = broker.DefaultPrefix
 	fs.StringVar(&t.prefix, "prefix", t.prefix, "subject `prefix` of the deployment, as given to reprised")
 	t.registerConn(fs)
+}
+
+// registerShards registers --prefix, once per shard of a sharded
+// deployment (in shard order) or once, into t.shards; finishShards then
+// sets the defaults.
+func (t *target) registerShards(fs *flag.FlagSet) {
+	fs.Func("prefix", "subject `prefix` of the deployment, as given to reprised; for a sharded table, once per shard in shard order (default "+broker.DefaultPrefix+")", func(v string) error {
+		if err := config.CheckPrefix(v); err != nil {
+			return err
+		}
+		t.shards = append(t.shards, v)
+		return nil
+	})
+	t.registerConn(fs)
+}
+
+// finishShards gives t.shards its default and t.prefix the first shard's.
+func (t *target) finishShards() {
+	if len(t.shards) == 0 {
+		t.shards = []string{broker.DefaultPrefix}
+	}
+	t.prefix = t.shards[0]
 }
 
 // registerConn registers the flags of register but --prefix: where to

@@ -410,6 +410,22 @@ func TestBenchSharded(t *testing.T) {
 		}
 	}
 
+	// info sums the shards, and shows each.
+	out, _, err := ctl(t, "info", "--nats", url, "--prefix", prefixes[0], "--prefix", prefixes[1], "--json", "replay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep infoReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("info --json: %v\n%s", err, out)
+	}
+	if len(rep.Shards) != 2 || rep.Tables[0].Size != rep.Shards[0].Tables[0].Size+rep.Shards[1].Tables[0].Size || rep.Tables[0].Size == 0 {
+		t.Errorf("sharded info: %d shards, table size %d; want 2 shards whose sizes add up to it", len(rep.Shards), rep.Tables[0].Size)
+	}
+	if out, _, err = ctl(t, "info", "--nats", url, "--prefix", prefixes[0], "--prefix", prefixes[1]); err != nil || !strings.Contains(out, "2 shards (prefixes ctl.s0,ctl.s1)") || !strings.Contains(out, "shard 1, prefix ctl.s1") {
+		t.Errorf("sharded info: %v\n%s", err, out)
+	}
+
 	startReprised(t, "--nats", url, "--prefix", "ctl.whole", "--log-level", "warn")
 	for _, tt := range []struct {
 		prefixes []string

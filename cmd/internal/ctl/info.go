@@ -25,6 +25,9 @@ type infoReport struct {
 	ChunkBytes      int64         `json:"chunk_bytes"`
 	Rejected        int64         `json:"rejected_messages"`
 	Tables          []tableReport `json:"tables"`
+	// Shards are the shards' own reports when this one sums a sharded
+	// deployment's.
+	Shards []infoReport `json:"shards,omitempty"`
 }
 
 type tableReport struct {
@@ -72,8 +75,8 @@ func runInfo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		asJSON bool
 	)
 	fs := newFlagSet("info", "info [flags] [TABLE]",
-		"Shows every table (or only TABLE) of the deployment: size, selectors, rate\nlimiter and its counts, lifetime counters and bytes held.\n", stderr)
-	t.register(fs)
+		"Shows every table (or only TABLE) of the deployment: size, selectors, rate\nlimiter and its counts, lifetime counters and bytes held. With --prefix once\nper shard, the tables of a sharded deployment: their sums, and each shard.\n", stderr)
+	t.registerShards(fs)
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
@@ -82,12 +85,20 @@ func runInfo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if len(pos) > 1 {
 		return cli.Usagef("info takes at most one table name, got %q", pos)
 	}
+	t.finishShards()
 	if err := t.check(); err != nil {
 		return err
 	}
 	table := ""
 	if len(pos) == 1 {
 		table = pos[0]
+	}
+	if len(t.shards) > 1 {
+		rep, err := shardedInfoReport(ctx, &t, table)
+		if err != nil {
+			return err
+		}
+		return writeInfo(stdout, rep, asJSON)
 	}
 	c, rctx, hangUp, err := t.dial(ctx)
 	if err != nil {
@@ -98,13 +109,40 @@ func runInfo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return t.explain(rctx, err)
 	}
-	rep := newInfoReport(t.conn.URL, t.prefix, resp)
+	return writeInfo(stdout, newInfoReport(t.conn.URL, t.prefix, resp), asJSON)
+}
+
+func writeInfo(w io.Writer, rep infoReport, asJSON bool) error {
 	if asJSON {
-		enc := json.NewEncoder(stdout)
+		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
-	return rep.write(stdout)
+	return rep.write(w)
+}
+
+// shardedInfoReport is the info of a table sharded over t.shards: the sums
+// over the shards, and each shard's own.
+func shardedInfoReport(ctx context.Context, t *target, table string) (infoReport, error) {
+	nc, rctx, hangUp, err := t.dialConn(ctx)
+	if err != nil {
+		return infoReport{}, err
+	}
+	defer hangUp()
+	sc, err := broker.NewShardedClient(nc, t.shards)
+	if err != nil {
+		return infoReport{}, err
+	}
+	defer sc.Close()
+	info, err := sc.Info(rctx, table)
+	if err != nil {
+		return infoReport{}, t.explain(rctx, err)
+	}
+	rep := newInfoReport(t.conn.URL, strings.Join(t.shards, ","), &info.Info)
+	for i, s := range info.Shards {
+		rep.Shards = append(rep.Shards, newInfoReport(t.conn.URL, t.shards[i], s))
+	}
+	return rep, nil
 }
 
 func newInfoReport(url, prefix string, resp *broker.Info) infoReport {
@@ -168,8 +206,22 @@ func formatBound(f float64) string {
 }
 
 func (r infoReport) write(w io.Writer) error {
-	fmt.Fprintf(w, "Reprise at %s, prefix %s: stream applied up to sequence %d, %d chunks held (%s), %d messages rejected\n\n",
-		r.URL, r.Prefix, r.AppliedSequence, r.Chunks, formatBytes(float64(r.ChunkBytes)), r.Rejected)
+	if len(r.Shards) > 0 {
+		fmt.Fprintf(w, "Reprise at %s, %d shards (prefixes %s): %d chunks held (%s), %d messages rejected, over all shards\n",
+			r.URL, len(r.Shards), r.Prefix, r.Chunks, formatBytes(float64(r.ChunkBytes)), r.Rejected)
+		for i, s := range r.Shards {
+			sizes := make([]string, len(s.Tables))
+			for j, t := range s.Tables {
+				sizes[j] = fmt.Sprintf("%s %d", t.Name, t.Size)
+			}
+			fmt.Fprintf(w, "  shard %d, prefix %s: stream applied up to sequence %d, %d chunks held (%s); items: %s\n",
+				i, s.Prefix, s.AppliedSequence, s.Chunks, formatBytes(float64(s.ChunkBytes)), strings.Join(sizes, ", "))
+		}
+		fmt.Fprintln(w)
+	} else {
+		fmt.Fprintf(w, "Reprise at %s, prefix %s: stream applied up to sequence %d, %d chunks held (%s), %d messages rejected\n\n",
+			r.URL, r.Prefix, r.AppliedSequence, r.Chunks, formatBytes(float64(r.ChunkBytes)), r.Rejected)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TABLE\tSIZE\tMAX SIZE\tSAMPLER\tREMOVER\tMAX SAMPLED\tRATE LIMITER\tINSERTS\tSAMPLES\tDELETES\tEVICTIONS\tHELD\tINSERT WAITS\tSAMPLE WAITS")
 	for _, t := range r.Tables {
