@@ -251,6 +251,22 @@ type shardState struct {
 	down error
 }
 
+// maxWeightExponent bounds a weight's exponent as a client takes it: far
+// above any a selector reports (2^60), and far enough from int64's ends
+// that differences of two cannot overflow.
+const maxWeightExponent = 1 << 61
+
+// reported is a shard's state as its service reported it, made safe to
+// draw by: a reply the client cannot trust (a negative size, a fraction
+// outside [0.5, 1), NaN) counts as no weight rather than skewing or
+// breaking the draw.
+func reported(size int64, w tables.Weight, at time.Time) shardState {
+	if w.Fraction < 0.5 || w.Fraction >= 1 || w.Exponent > maxWeightExponent || w.Exponent < -maxWeightExponent {
+		w = tables.Weight{}
+	}
+	return shardState{size: max(size, 0), weight: w, at: at}
+}
+
 // shardDown reports whether err says that a shard's service is not there
 // (no responder, shutting down, failing), rather than that the call was
 // wrong.
@@ -379,7 +395,7 @@ func (c *ShardedClient) sample(ctx context.Context, table string, n int, o sampl
 		switch r := &replies[i]; {
 		case len(r.samples) > 0:
 			// A reply carries the table's state only with samples.
-			c.learn(table, i, shardState{size: r.after.Size, weight: r.after.Weight, at: now})
+			c.learn(table, i, reported(r.after.Size, r.after.Weight, now))
 		case shardDown(r.err):
 			c.learn(table, i, shardState{at: now, down: r.err})
 		}
@@ -513,7 +529,7 @@ func (c *ShardedClient) checkShards(ctx context.Context, table string) ([]shardS
 		}
 		ti := &info.Tables[0]
 		infos[i] = ti
-		states[i] = shardState{size: ti.Size, weight: ti.Weight, at: time.Now()}
+		states[i] = reported(ti.Size, ti.Weight, time.Now())
 		return nil
 	})
 	if err != nil {
@@ -548,7 +564,7 @@ func (c *ShardedClient) refresh(ctx context.Context, table string, shards []int)
 		case err != nil:
 			return err
 		default:
-			fresh[i] = shardState{size: info.Tables[0].Size, weight: info.Tables[0].Weight, at: time.Now()}
+			fresh[i] = reported(info.Tables[0].Size, info.Tables[0].Weight, time.Now())
 		}
 		return nil
 	})
@@ -823,7 +839,9 @@ func addWeights(a, b tables.Weight) tables.Weight {
 		a, b = b, a
 	}
 	sum := a.Fraction
-	if d := b.Exponent - a.Exponent; d > -1100 {
+	// d <= 0 unless the subtraction overflowed, which only a hostile reply
+	// makes: its weight is left out then.
+	if d := b.Exponent - a.Exponent; d > -1100 && d <= 0 {
 		sum += math.Ldexp(b.Fraction, int(d))
 	}
 	frac, exp := math.Frexp(sum)

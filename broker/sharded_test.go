@@ -483,3 +483,29 @@ func TestShardedSampler(t *testing.T) {
 	// 320 fair draws: each shard gets 160 ± 6 sd (about 54).
 	sixSigma(t, "items from shard 0", perShard[0], 320, 0.5)
 }
+
+// TestShardSharesDistrustReplies: weights and sizes a hostile or broken
+// service could report (NaN, infinite or out-of-range fractions, extreme
+// exponents, negative sizes) count as no weight, and never make a share
+// that is NaN, infinite or negative.
+func TestShardSharesDistrustReplies(t *testing.T) {
+	now := time.Now()
+	good := reported(10, tables.Weight{Fraction: 0.5, Exponent: 4}, now)
+	for _, bad := range []shardState{
+		reported(10, tables.Weight{Fraction: math.NaN(), Exponent: 1}, now),
+		reported(10, tables.Weight{Fraction: math.Inf(1), Exponent: 1}, now),
+		reported(10, tables.Weight{Fraction: -0.75, Exponent: 1}, now),
+		reported(10, tables.Weight{Fraction: 2, Exponent: 1}, now),
+		reported(10, tables.Weight{Fraction: 0.5, Exponent: math.MaxInt64}, now),
+		reported(10, tables.Weight{Fraction: 0.5, Exponent: math.MinInt64}, now),
+		reported(-5, tables.Weight{}, now),
+	} {
+		share, ok := shardShares([]shardState{good, bad})
+		if !ok || share[0] <= 0 || share[1] != 0 {
+			t.Errorf("shares of a good shard and %+v: %v, %v; want the good one's alone", bad, share, ok)
+		}
+	}
+	if w := addWeights(tables.Weight{Fraction: 0.5, Exponent: math.MaxInt64}, tables.Weight{Fraction: 0.5, Exponent: math.MinInt64}); w.Fraction != 0.5 {
+		t.Errorf("adding weights at int64's ends: %+v", w)
+	}
+}
