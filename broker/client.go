@@ -302,9 +302,17 @@ func (c *Client) sampleReply(ctx context.Context, table string, n int, o sampleO
 	// A service that dies with the request never answers, and nothing else
 	// would tell: a request that waits long checks that one still listens.
 	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	probe := time.AfterFunc(serviceProbeEvery, func() { c.probeService(ctx, cancel, table) })
-	defer probe.Stop()
+	probed := make(chan struct{})
+	probe := time.AfterFunc(serviceProbeEvery, func() {
+		defer close(probed)
+		c.probeService(ctx, cancel, table)
+	})
+	defer func() {
+		cancel(nil)
+		if !probe.Stop() {
+			<-probed // it started: it ends with ctx
+		}
+	}()
 	data, err := c.request(ctx, c.subj.Sample(), req)
 	if err != nil {
 		return nil, wire.TableState{}, err

@@ -39,12 +39,17 @@ func checkShardPrefixes[O any](prefixes []string, opts []O) error {
 	if len(prefixes) < 1 || len(prefixes) > protocol.MaxShards {
 		return fmt.Errorf("%w: %d shard prefixes: want 1 to %d", ErrInvalidOption, len(prefixes), protocol.MaxShards)
 	}
+	streams := make([]string, len(prefixes))
 	for i, p := range prefixes {
-		if _, err := protocol.NewSubjects(p); err != nil {
+		subj, err := protocol.NewSubjects(p)
+		if err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
-		if slices.Index(prefixes, p) != i {
-			return fmt.Errorf("%w: prefix %q is given for shards %d and %d: each shard has its own", ErrInvalidOption, p, slices.Index(prefixes, p), i)
+		// Prefixes that differ only in case or in '.' against '-' name
+		// one stream.
+		streams[i] = subj.Stream()
+		if j := slices.Index(streams, streams[i]); j != i {
+			return fmt.Errorf("%w: prefixes %q (shard %d) and %q (shard %d) share the stream %s: each shard needs its own", ErrInvalidOption, prefixes[j], j, p, i, streams[i])
 		}
 	}
 	for _, o := range opts {
@@ -432,7 +437,7 @@ func (c *ShardedClient) sample(ctx context.Context, table string, n int, o sampl
 	if len(errs) > 0 {
 		return out, errors.Join(errs...)
 	}
-	if limited != nil {
+	if limited != nil && (len(out) == 0 || !o.flexible) {
 		if len(out) > 0 {
 			limited.Message = fmt.Sprintf("%d of %d samples; %s", len(out), n, limited.Message)
 		}
@@ -511,6 +516,19 @@ func (c *ShardedClient) freshStates(ctx context.Context, table string) ([]shardS
 	return slices.Clone(c.tables[table]), nil
 }
 
+// checked makes sure the shards were checked for table (see checkShards),
+// as a key routed by a wrong order would reach a shard that skips it.
+func (c *ShardedClient) checked(ctx context.Context, table string) error {
+	c.mu.Lock()
+	_, ok := c.tables[table]
+	c.mu.Unlock()
+	if ok {
+		return nil
+	}
+	_, err := c.checkShards(ctx, table)
+	return err
+}
+
 // checkShards asks every shard for table and checks that each is the shard
 // its place says and configures the table as shard 0 does.
 func (c *ShardedClient) checkShards(ctx context.Context, table string) ([]shardState, error) {
@@ -520,14 +538,13 @@ func (c *ShardedClient) checkShards(ctx context.Context, table string) ([]shardS
 	infos := make([]*TableInfo, len(c.shards))
 	states := make([]shardState, len(c.shards))
 	err := eachShard(c.all(), c.prefixes, func(i int) error {
-		info, err := c.shards[i].Info(ctx, table)
+		info, ti, err := c.tableInfo(ctx, i, table)
 		if err != nil {
 			return err
 		}
 		if err := checkShardPlace(info.ShardIndex, info.ShardCount, i, len(c.shards)); err != nil {
 			return err
 		}
-		ti := &info.Tables[0]
 		infos[i] = ti
 		states[i] = reported(ti.Size, ti.Weight, time.Now())
 		return nil
@@ -557,14 +574,17 @@ func sameColumnSpec(a, b tables.ColumnSpec) bool {
 func (c *ShardedClient) refresh(ctx context.Context, table string, shards []int) ([]shardState, error) {
 	fresh := make([]shardState, len(c.shards))
 	err := eachShard(shards, c.prefixes, func(i int) error {
-		info, err := c.shards[i].Info(ctx, table)
+		// A shard that hangs (paused, stuck) is down too, for a while.
+		ictx, cancel := context.WithTimeout(ctx, shardInfoTimeout)
+		defer cancel()
+		_, ti, err := c.tableInfo(ictx, i, table)
 		switch {
-		case shardDown(err) && ctx.Err() == nil:
+		case ctx.Err() == nil && (shardDown(err) || errors.Is(err, context.DeadlineExceeded)):
 			fresh[i] = shardState{at: time.Now(), down: err}
 		case err != nil:
 			return err
 		default:
-			fresh[i] = reported(info.Tables[0].Size, info.Tables[0].Weight, time.Now())
+			fresh[i] = reported(ti.Size, ti.Weight, time.Now())
 		}
 		return nil
 	})
@@ -577,6 +597,25 @@ func (c *ShardedClient) refresh(ctx context.Context, table string, shards []int)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.tables[table]), nil
+}
+
+// shardInfoTimeout bounds a shard's answer to the info a client refreshes
+// its state with; a shard slower than that counts as down until it
+// answers.
+const shardInfoTimeout = 2 * time.Second
+
+// tableInfo asks shard i for table's info, which must describe that table
+// alone: a reply that does not is the service's error, not a reason to
+// fail otherwise.
+func (c *ShardedClient) tableInfo(ctx context.Context, i int, table string) (*Info, *TableInfo, error) {
+	info, err := c.shards[i].Info(ctx, table)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(info.Tables) != 1 || info.Tables[0].Name != table {
+		return nil, nil, fmt.Errorf("%w: malformed info response: %d tables for table %q", ErrServer, len(info.Tables), table)
+	}
+	return info, &info.Tables[0], nil
 }
 
 // maxEmptyWait bounds how long a sample waits for a sharded table to hold
@@ -646,6 +685,9 @@ func (c *ShardedClient) byShard(n int, key func(j int) uint64) (groups [][]int, 
 // Mutate updates priorities and deletes items of table, each on the shard
 // its key names, in the order given within a shard (see Client.Mutate).
 func (c *ShardedClient) Mutate(ctx context.Context, table string, muts ...tables.Mutation) error {
+	if err := c.checked(ctx, table); err != nil {
+		return err
+	}
 	groups, shards := c.byShard(len(muts), func(j int) uint64 { return muts[j].Key })
 	defer c.markStale(table, shards)
 	return eachShard(shards, c.prefixes, func(i int) error {
@@ -715,14 +757,17 @@ func (c *ShardedClient) Get(ctx context.Context, table string, keys ...uint64) (
 	if len(keys) == 0 {
 		return nil, fmt.Errorf("%w: Get needs at least one key", ErrInvalidMessage)
 	}
+	if err := c.checked(ctx, table); err != nil {
+		return nil, err
+	}
 	groups, shards := c.byShard(len(keys), func(j int) uint64 { return keys[j] })
 	lists := make([]*ItemList, len(c.shards))
 	err := eachShard(c.all(), c.prefixes, func(i int) (err error) {
 		if len(groups[i]) == 0 {
 			// Asked only for its size.
-			info, err := c.shards[i].Info(ctx, table)
+			_, ti, err := c.tableInfo(ctx, i, table)
 			if err == nil {
-				lists[i] = &ItemList{TableSize: info.Tables[0].Size}
+				lists[i] = &ItemList{TableSize: ti.Size}
 			}
 			return err
 		}
@@ -787,6 +832,7 @@ func (c *ShardedClient) Info(ctx context.Context, table string) (*ShardedInfo, e
 			j, ok := byName[t.Name]
 			if !ok {
 				byName[t.Name] = len(out.Tables)
+				t.Weight = reported(0, t.Weight, time.Time{}).weight
 				out.Tables = append(out.Tables, t)
 				continue
 			}
@@ -823,7 +869,7 @@ func addTableInfo(a, b *TableInfo) {
 	a.Episodes += b.Episodes
 	a.DeletedEpisodes += b.DeletedEpisodes
 	a.UniqueSamples += b.UniqueSamples
-	a.Weight = addWeights(a.Weight, b.Weight)
+	a.Weight = addWeights(reported(0, a.Weight, time.Time{}).weight, reported(0, b.Weight, time.Time{}).weight)
 }
 
 // addWeights adds two weights in the frame of the larger, where a weight
@@ -845,5 +891,5 @@ func addWeights(a, b tables.Weight) tables.Weight {
 		sum += math.Ldexp(b.Fraction, int(d))
 	}
 	frac, exp := math.Frexp(sum)
-	return tables.Weight{Fraction: frac, Exponent: a.Exponent + int64(exp)}
+	return tables.Weight{Fraction: frac, Exponent: min(a.Exponent+int64(exp), maxWeightExponent)}
 }

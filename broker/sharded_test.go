@@ -9,11 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/reprise-rl/reprise/broker/service"
+	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
 	"github.com/reprise-rl/reprise/tables"
+	"google.golang.org/protobuf/proto"
 )
 
 func prefixesOf(ds []*deployment) []string {
@@ -343,11 +346,18 @@ func TestShardedClientChecksShards(t *testing.T) {
 	}
 	plain := deployPrefix(t, []tables.Config{testutil.UniformTable("t", 100)}, ds[0].url, "plain")
 	mixed := shardedClient(t, ds, []string{ds[0].prefix, plain.prefix})
-	if err := mixed.Delete(ctx, "t", 1); err != nil {
-		t.Fatal(err) // mutations need no check: key 1 is shard 1's, and plain has none
-	}
 	if _, err := mixed.Sample(ctx, "t", 1); !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "not a shard: start it with --shard 1/2") {
 		t.Errorf("sampling with an unsharded service: %v", err)
+	}
+	// Keys routed by a wrong order would reach shards that skip them.
+	if err := reversed.Delete(ctx, "t", 1); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("deleting with the prefixes reversed: %v", err)
+	}
+	if _, err := reversed.Get(ctx, "t", 1); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("Get with the prefixes reversed: %v", err)
+	}
+	if _, err := NewShardedClient(ds[0].connect(), []string{"s.0", "s-0"}); !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "share the stream") {
+		t.Errorf("two prefixes of one stream: %v", err)
 	}
 	if _, err := NewShardedProducer(ctx, ds[0].connect(), []string{ds[1].prefix, ds[0].prefix}); !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "give the prefixes in shard order") {
 		t.Errorf("a producer with the prefixes reversed: %v", err)
@@ -411,6 +421,13 @@ func TestShardedSamplePartial(t *testing.T) {
 		if s.Info.Key%2 != 0 {
 			t.Fatalf("sample of key %d from the held-back shard", s.Info.Key)
 		}
+	}
+	// Flexible: what came is the answer, as from one table.
+	fctx, fcancel := context.WithTimeout(testutil.Context(t), 2*time.Second)
+	defer fcancel()
+	samples, err = c.Sample(fctx, "t", 200, Flexible())
+	if err != nil || len(samples) == 0 {
+		t.Fatalf("flexible sample: %d samples, %v; want shard 0's and no error", len(samples), err)
 	}
 }
 
@@ -507,5 +524,30 @@ func TestShardSharesDistrustReplies(t *testing.T) {
 	}
 	if w := addWeights(tables.Weight{Fraction: 0.5, Exponent: math.MaxInt64}, tables.Weight{Fraction: 0.5, Exponent: math.MinInt64}); w.Fraction != 0.5 {
 		t.Errorf("adding weights at int64's ends: %+v", w)
+	}
+}
+
+// TestShardedClientSurvivesMalformedInfo: a shard whose info reply lists
+// no table fails the call with ErrServer, naming it, instead of crashing
+// the learner.
+func TestShardedClientSurvivesMalformedInfo(t *testing.T) {
+	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 100)}, 1)
+	stand := ds[0].connect()
+	reply, err := proto.Marshal(&wire.InfoResponse{Status: &wire.Status{}, ShardIndex: 1, ShardCount: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stand.Subscribe("evil.api.info", func(m *nats.Msg) { m.Respond(reply) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := stand.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Shard 0 is a real service of a 1-shard table: it fails the order
+	// check or the malformed reply does, never a panic.
+	c := shardedClient(t, ds, []string{ds[0].prefix, "evil"})
+	ctx := testutil.Context(t)
+	if _, err := c.Sample(ctx, "t", 1); err == nil || !strings.Contains(err.Error(), `shard 1 (prefix "evil")`) || !errors.Is(err, ErrServer) {
+		t.Errorf("sampling with a shard whose info lists no table: %v, want ErrServer naming it", err)
 	}
 }

@@ -45,7 +45,8 @@ episodes (one per batch unless --episode says otherwise) go to the shards
 in turn, and samplers sharded clients, which draw each batch across the
 shards by their weights. --sharded takes that path with one --prefix, a
 table of one shard (reprised --shard 0/1), to compare with more shards on
-the same code. Ending an episode costs a JetStream message of its own, so
+the same code. Ending an episode right after a full batch costs a
+JetStream message of its own (the release of the episode's chunks), so
 compare runs with the same --episode.
 
 Operations that end during --warmup are not counted. Items inserted stay in
