@@ -164,7 +164,8 @@ def add_weights(weights: Iterable[tuple[float, int]]) -> tuple[float, int]:
     """The sum of weights given as (fraction, exponent) pairs, as a pair
     again, correctly rounded: the mantissas are added as integers, so no
     term is lost to rounding or overflow on the way."""
-    terms = [(f, e) for f, e in weights if f > 0.0]
+    # A fraction outside [0.5, 1) (NaN, inf, a hostile reply's) is no weight.
+    terms = [(f, e) for f, e in weights if 0.5 <= f < 1.0 and abs(e) <= 1 << 61]
     if not terms:
         return 0.0, 0
     top = max(e for _, e in terms)

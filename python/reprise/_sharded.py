@@ -44,8 +44,13 @@ FRESH_FOR = 0.1
 #: wait the same way).
 EMPTY_WAIT = 60.0
 
-#: The longest an info request made on the way to a sample may take.
-_INFO_TIMEOUT = 10.0
+#: The longest an info request made on the way to a sample may take; a
+#: shard slower than that counts as down until it answers.
+_INFO_TIMEOUT = 2.0
+
+#: A weight exponent a client takes: far above any a service reports
+#: (2**60), so beyond it a reply is not trusted.
+_MAX_WEIGHT_EXPONENT = 1 << 61
 
 
 def _now() -> float:
@@ -66,6 +71,11 @@ def check_prefixes(prefixes: Sequence[str], options: Mapping[str, Any]) -> tuple
         raise errors.InvalidArgumentError(f"prefixes: {len(out)} shards (from 1 to {MAX_SHARDS})")
     if len(set(out)) != len(out):
         raise errors.InvalidArgumentError(f"prefixes {list(out)} name a shard twice")
+    # Prefixes that differ only in case or in '.' against '-' name one
+    # stream, as the service derives it.
+    streams = ["REPRISE_" + p.replace(".", "_").replace("-", "_").upper() for p in out]
+    if len(set(streams)) != len(streams):
+        raise errors.InvalidArgumentError(f"prefixes {list(out)} share a stream ({streams}): each shard needs its own")
     return out
 
 
@@ -81,7 +91,24 @@ def on_shard(e: errors.RepriseError, i: int, prefix: str) -> errors.RepriseError
 def is_down(e: errors.RepriseError) -> bool:
     """Whether e says that a shard's service is not there (no responder,
     shutting down, failing) rather than that the call was wrong."""
-    return isinstance(e, (errors.UnavailableError, errors.InternalError, errors.ProtocolError))
+    return isinstance(e, (errors.UnavailableError, errors.InternalError, errors.ProtocolError, errors.DeadlineExceededError))
+
+
+def trusted_weight(fraction: float, exponent: int) -> tuple[float, int]:
+    """A weight as a shard reported it, or none when the reply cannot be
+    trusted (a fraction outside [0.5, 1) or NaN, an exponent beyond any a
+    service reports), so that no reply makes a share NaN or infinite."""
+    if not 0.5 <= fraction < 1.0 or abs(exponent) > _MAX_WEIGHT_EXPONENT:
+        return 0.0, 0
+    return fraction, exponent
+
+
+def one_table(resp: Any, table: str) -> Any:
+    """The info of table from a shard's InfoResponse, which must describe
+    it alone."""
+    if len(resp.tables) != 1 or resp.tables[0].name != table:
+        raise errors.ProtocolError(f"malformed info response: {len(resp.tables)} tables for table {table!r}")
+    return resp.tables[0]
 
 
 def shard_ratios(size: np.ndarray, fraction: np.ndarray, exponent: np.ndarray) -> np.ndarray | None:
@@ -124,7 +151,8 @@ class _TableState:
         if self.down[i] is not None:
             log.info("reprise: shard %d (prefix %r) answers again for table %r", i, self.prefixes[i], self.table)
             self.down[i] = None
-        self.size[i], self.fraction[i], self.exponent[i] = size, fraction, exponent
+        self.size[i] = max(size, 0)
+        self.fraction[i], self.exponent[i] = trusted_weight(fraction, exponent)
         self.at[i] = _now()
 
     def fail(self, i: int, gen: int, err: errors.RepriseError) -> None:
@@ -413,7 +441,12 @@ class ShardedClient:
         resps = await self._on_shards({i: c._info(timeout, table) for i, c in enumerate(self._shards)})
         for i, r in resps.items():
             self._check_placement(i, r)
-        infos = [resps[i].tables[0] for i in range(len(self._shards))]
+        infos = []
+        for i in range(len(self._shards)):
+            try:
+                infos.append(one_table(resps[i], table))
+            except errors.RepriseError as e:
+                raise on_shard(e, i, self.prefixes[i]) from None
         self._check_same(table, infos)
         return self._learn_info(table, infos)
 
@@ -456,7 +489,11 @@ class ShardedClient:
         finally:
             del self._refreshing[key]
         self._check_placement(i, resp)
-        t = resp.tables[0]
+        try:
+            t = one_table(resp, table)
+        except errors.ProtocolError as e:
+            st.fail(i, gen, e)
+            return
         st.learn(i, gen, t.size, t.weight_fraction, t.weight_exponent)
 
     @staticmethod

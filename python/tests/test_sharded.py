@@ -177,6 +177,24 @@ def test_prefixes_checked() -> None:
         reprise.ShardedClient("nats://127.0.0.1:1", ["s0", "s0"])
     with pytest.raises(reprise.InvalidArgumentError, match="list of prefixes"):
         reprise.ShardedClient("nats://127.0.0.1:1", "s0")
+    with pytest.raises(reprise.InvalidArgumentError, match="share a stream"):
+        reprise.ShardedClient("nats://127.0.0.1:1", ["s.0", "s-0"])
+
+
+def test_hostile_weights_count_as_none() -> None:
+    """What a hostile or broken shard could report (NaN, infinite or
+    out-of-range fractions, extreme exponents, negative sizes) counts as no
+    weight: shares stay finite, and sums ignore it."""
+    for fraction, exponent, size in [
+        (math.nan, 1, 10), (math.inf, 1, 10), (-0.75, 1, 10), (2.0, 1, 10),
+        (0.5, 2**63 - 1, 10), (0.5, -(2**63), 10), (0.0, 0, -5),
+    ]:
+        st = _sharded._TableState("t", ("s0", "s1"))
+        st.learn(0, 0, 10, 0.5, 4)
+        st.learn(1, 0, size, fraction, exponent)
+        ratios = _sharded.shard_ratios(st.size, st.fraction, st.exponent)
+        assert ratios is not None and ratios[0] > 0 and ratios[1] == 0, (fraction, exponent, size)
+    assert _info.add_weights([(0.5, 4), (math.inf, 1), (math.nan, 2), (1e308, 3)]) == (0.5, 4)
 
 
 # -- with two shards ------------------------------------------------------------
