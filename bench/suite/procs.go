@@ -17,9 +17,6 @@ import (
 	"time"
 
 	"github.com/reprise-rl/reprise/internal/natstest"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // modulePath is the module the suite builds reprised and reprisectl from.
@@ -189,7 +186,7 @@ func startNATS(ctx context.Context, bin, dir string) (*daemon, error) {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if url := natstest.ReadPortsFile(portsDir); url != "" && jetStreamAnswers(ctx, url) == nil {
+		if url := natstest.ReadPortsFile(portsDir); url != "" && natstest.JetStreamAnswers(ctx, url) == nil {
 			d.url = url
 			return d, nil
 		}
@@ -204,23 +201,6 @@ func startNATS(ctx context.Context, bin, dir string) (*daemon, error) {
 			return nil, errors.Join(fmt.Errorf("nats-server's JetStream did not answer within a minute:\n%s", tail(logPath)), d.stop())
 		}
 	}
-}
-
-// jetStreamAnswers asks the server at url for its JetStream account.
-func jetStreamAnswers(ctx context.Context, url string) error {
-	nc, err := nats.Connect(url, nats.Timeout(time.Second), nats.NoReconnect())
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	_, err = js.AccountInfo(ctx)
-	return err
 }
 
 // stop interrupts the process, as Ctrl-C would, and waits for it to exit;

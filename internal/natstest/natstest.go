@@ -308,7 +308,7 @@ func (p *Process) spawn(t testing.TB, port int, deadline time.Time) {
 func (p *Process) awaitJetStream(t testing.TB, deadline time.Time) {
 	t.Helper()
 	url := p.URL()
-	for err := jetStreamAnswers(url, p.cfg.probe); err != nil; err = jetStreamAnswers(url, p.cfg.probe) {
+	for err := JetStreamAnswers(context.Background(), url, p.cfg.probe...); err != nil; err = JetStreamAnswers(context.Background(), url, p.cfg.probe...) {
 		p.await(t, fmt.Sprintf("JetStream (last error: %v)", err), deadline)
 	}
 }
@@ -354,7 +354,10 @@ func ReadPortsFile(dir string) string {
 	return ""
 }
 
-func jetStreamAnswers(clientURL string, probe []nats.Option) error {
+// JetStreamAnswers asks the server at clientURL, connecting with probe's
+// options, for its JetStream account, waiting a second at most: nil once
+// JetStream serves. The benchmark suite uses it too.
+func JetStreamAnswers(ctx context.Context, clientURL string, probe ...nats.Option) error {
 	nc, err := nats.Connect(clientURL, append([]nats.Option{nats.Timeout(time.Second), nats.NoReconnect()}, probe...)...)
 	if err != nil {
 		return err
@@ -364,7 +367,7 @@ func jetStreamAnswers(clientURL string, probe []nats.Option) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	_, err = js.AccountInfo(ctx)
 	return err

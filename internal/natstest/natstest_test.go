@@ -41,7 +41,7 @@ func TestAckedMessageSurvivesKill(t *testing.T) {
 	}
 
 	p.Kill()
-	if err := jetStreamAnswers(url, nil); err == nil {
+	if err := JetStreamAnswers(context.Background(), url); err == nil {
 		t.Fatal("server still answers after Kill")
 	}
 	p.Restart(t)
@@ -79,7 +79,7 @@ func TestRestartStopsARunningServer(t *testing.T) {
 		t.Fatalf("publishing over max payload: err = %v, want ErrMaxPayload", err)
 	}
 	p.Stop()
-	if err := jetStreamAnswers(p.URL(), nil); err == nil {
+	if err := JetStreamAnswers(context.Background(), p.URL()); err == nil {
 		t.Fatal("server still answers after Stop")
 	}
 }
