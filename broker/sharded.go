@@ -266,10 +266,15 @@ const maxWeightExponent = 1 << 61
 // outside [0.5, 1), NaN) counts as no weight rather than skewing or
 // breaking the draw.
 func reported(size int64, w tables.Weight, at time.Time) shardState {
+	return shardState{size: max(size, 0), weight: trusted(w), at: at}
+}
+
+// trusted is w, or no weight when a reply could not have made it.
+func trusted(w tables.Weight) tables.Weight {
 	if w.Fraction < 0.5 || w.Fraction >= 1 || w.Exponent > maxWeightExponent || w.Exponent < -maxWeightExponent {
-		w = tables.Weight{}
+		return tables.Weight{}
 	}
-	return shardState{size: max(size, 0), weight: w, at: at}
+	return w
 }
 
 // shardDown reports whether err says that a shard's service is not there
@@ -832,7 +837,7 @@ func (c *ShardedClient) Info(ctx context.Context, table string) (*ShardedInfo, e
 			j, ok := byName[t.Name]
 			if !ok {
 				byName[t.Name] = len(out.Tables)
-				t.Weight = reported(0, t.Weight, time.Time{}).weight
+				t.Weight = trusted(t.Weight)
 				out.Tables = append(out.Tables, t)
 				continue
 			}
@@ -869,7 +874,7 @@ func addTableInfo(a, b *TableInfo) {
 	a.Episodes += b.Episodes
 	a.DeletedEpisodes += b.DeletedEpisodes
 	a.UniqueSamples += b.UniqueSamples
-	a.Weight = addWeights(reported(0, a.Weight, time.Time{}).weight, reported(0, b.Weight, time.Time{}).weight)
+	a.Weight = addWeights(a.Weight, trusted(b.Weight)) // a's was trusted as it was added
 }
 
 // addWeights adds two weights in the frame of the larger, where a weight
