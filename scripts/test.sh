@@ -9,7 +9,8 @@
 # Needs Go, Python 3.10+ and protoc 3.21 (installed with apt-get when missing
 # and running as root). The first run installs python/ with its test extras
 # (pytest, torch, gymnasium) into .venv: about 2 minutes and 5.5 GB, almost
-# all of it torch and its CUDA libraries.
+# all of it torch and its CUDA libraries (pip keeps no cache of the wheels:
+# they would take another 3 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +41,7 @@ echo "== virtualenv .venv with python/[test]"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e "./python[test]"
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir -e "./python[test]"
 
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT

@@ -29,37 +29,25 @@ import (
 	"github.com/reprise-rl/reprise/internal/natstest"
 	"github.com/reprise-rl/reprise/internal/syncbuf"
 	"github.com/reprise-rl/reprise/internal/testcerts"
+	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
 )
 
-// binaries builds the programs the tests run, once per test binary.
-var binaries = sync.OnceValues(func() (map[string]string, error) {
-	dir, err := os.MkdirTemp("", "reprise-authtest-")
-	if err != nil {
-		return nil, err
-	}
-	bins := map[string]string{}
-	for _, pkg := range []string{"cmd/reprised", "cmd/reprisectl", "examples/actor", "examples/learner"} {
-		bin := filepath.Join(dir, filepath.Base(pkg))
-		out, err := exec.Command("go", "build", "-o", bin, "github.com/reprise-rl/reprise/"+pkg).CombinedOutput()
-		if err != nil {
-			return nil, fmt.Errorf("building %s: %v\n%s", pkg, err, out)
-		}
-		bins[filepath.Base(pkg)] = bin
-	}
-	return bins, nil
-})
+// programs are the commands the tests run, built once per test binary.
+var programs = testutil.NewPrograms("reprise-authtest-", "cmd/reprised", "cmd/reprisectl", "examples/actor", "examples/learner")
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	programs.Remove()
+	os.Exit(code)
+}
 
 func binary(t *testing.T, name string) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs reprised, reprisectl and the examples")
 	}
-	bins, err := binaries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bins[name]
+	return programs.Path(t, name)
 }
 
 func testCtx(t *testing.T) context.Context {
