@@ -20,6 +20,7 @@ import csv
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -228,6 +229,8 @@ def learner(args: argparse.Namespace) -> int:
             if p.is_alive():
                 p.terminate()
         client.close()
+        # The actors read the weights from here; they have all stopped.
+        shutil.rmtree(weights.parent, ignore_errors=True)
     write_curve(out, args.seed, curve)
     if args.smoke:
         return 0 if reached else 1
