@@ -7,64 +7,148 @@ import (
 	"github.com/reprise-rl/reprise/selectors"
 )
 
-// listOrder is the Fifo or Lifo selector of a table, read off the list in
-// which the table links its items in insertion order. A selector of its own
-// would keep the same order in a second list and an index by key, which
-// costs two map operations on every insert and eviction: the bulk of a
-// Fifo-evicted table's work per item. Like selectors.NewFifo and NewLifo,
-// it ignores priorities after checking them, and an update does not move
-// an item. It is used under the table's lock, as every selector is.
+// order is a table's sampler or remover, driven by the table's entries
+// under its lock. The table has checked every priority and key before it
+// calls one, so none of them fails.
+//
+// Fifo, Lifo and Uniform are the table's own (listOrder, uniformOrder): a
+// selector of the selectors package keeps its own index by key, which costs
+// map operations on every insert and eviction, and a lookup of the picked
+// key in the table's items after every draw; those were the bulk of a
+// table's work per item. The others wrap the package's selector (keyed).
+// Each draws exactly as its selectors-package namesake does, from the same
+// random source.
+type order interface {
+	insert(e *entry)
+	// update is called before e.priority changes to priority.
+	update(e *entry, priority float64)
+	delete(e *entry)
+	// pick draws an entry and its probability; the table is not empty.
+	pick() (*entry, float64)
+	clear()
+	weight() (fraction float64, exponent int64)
+	kind() selectors.Kind
+}
+
+// orderFor returns the order for o in role (a table's sampler and remover
+// have roles 0 and 1: an entry keeps a uniform position for each).
+func (t *Table) orderFor(o selectors.Options, role int, rng *rand.Rand) (order, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	switch o.Kind {
+	case selectors.KindFifo, selectors.KindLifo:
+		return listOrder{t: t, lifo: o.Kind == selectors.KindLifo}, nil
+	case selectors.KindUniform:
+		if rng == nil {
+			rng = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+		}
+		return &uniformOrder{role: role, rng: rng}, nil
+	}
+	sel, err := selectors.New(o, rng)
+	if err != nil {
+		return nil, err
+	}
+	return keyed{sel: sel, items: t.items}, nil
+}
+
+// listOrder is Fifo or Lifo, read off the list in which the table links its
+// items in insertion order. Like selectors.NewFifo and NewLifo, an update
+// does not move an item.
 type listOrder struct {
 	t    *Table
 	lifo bool
 }
 
-// orderSelector returns the selector for o: Fifo and Lifo come from the
-// table's own list, the others from the selectors package.
-func (t *Table) orderSelector(o selectors.Options, rng *rand.Rand) (selectors.Selector, error) {
-	switch o.Kind {
-	case selectors.KindFifo, selectors.KindLifo:
-		if err := o.Validate(); err != nil {
-			return nil, err
-		}
-		return listOrder{t: t, lifo: o.Kind == selectors.KindLifo}, nil
-	}
-	return selectors.New(o, rng)
-}
+func (listOrder) insert(*entry)          {}
+func (listOrder) update(*entry, float64) {}
+func (listOrder) delete(*entry)          {}
+func (listOrder) clear()                 {}
 
-func (l listOrder) Insert(_ selectors.Key, priority float64) error {
-	return selectors.CheckPriority(priority)
-}
-
-func (l listOrder) Update(_ selectors.Key, priority float64) error {
-	return selectors.CheckPriority(priority)
-}
-
-func (l listOrder) Delete(selectors.Key) error { return nil }
-
-func (l listOrder) Sample() (selectors.Key, float64, error) {
-	e := l.t.head
+func (l listOrder) pick() (*entry, float64) {
 	if l.lifo {
-		e = l.t.tail
+		return l.t.tail, 1
 	}
-	if e == nil {
-		return 0, 0, selectors.ErrEmpty
-	}
-	return e.key, 1, nil
+	return l.t.head, 1
 }
 
-func (l listOrder) Clear() {}
+func (l listOrder) weight() (float64, int64) { return countWeight(len(l.t.items)) }
 
-func (l listOrder) Len() int { return len(l.t.items) }
+func (l listOrder) kind() selectors.Kind {
+	if l.lifo {
+		return selectors.KindLifo
+	}
+	return selectors.KindFifo
+}
 
-func (l listOrder) Weight() (float64, int64) {
-	frac, exp := math.Frexp(float64(len(l.t.items)))
+// uniformOrder is Uniform: the entries in an array, each knowing its place,
+// so that a delete moves the last entry into the hole.
+type uniformOrder struct {
+	role    int
+	rng     *rand.Rand
+	entries []*entry
+}
+
+func (u *uniformOrder) insert(e *entry) {
+	e.pos[u.role] = int32(len(u.entries))
+	u.entries = append(u.entries, e)
+}
+
+func (u *uniformOrder) update(*entry, float64) {}
+
+func (u *uniformOrder) delete(e *entry) {
+	i, last := e.pos[u.role], len(u.entries)-1
+	if int(i) != last {
+		moved := u.entries[last]
+		u.entries[i] = moved
+		moved.pos[u.role] = i
+	}
+	u.entries[last] = nil
+	u.entries = u.entries[:last]
+}
+
+func (u *uniformOrder) pick() (*entry, float64) {
+	n := len(u.entries)
+	return u.entries[u.rng.IntN(n)], 1 / float64(n)
+}
+
+// clear keeps the array: a cleared table usually refills to the same size.
+func (u *uniformOrder) clear() {
+	clear(u.entries)
+	u.entries = u.entries[:0]
+}
+
+func (u *uniformOrder) weight() (float64, int64) { return countWeight(len(u.entries)) }
+
+func (u *uniformOrder) kind() selectors.Kind { return selectors.KindUniform }
+
+// keyed is a selector of the selectors package (Prioritized and the heaps).
+type keyed struct {
+	sel   selectors.Selector
+	items map[uint64]*entry
+}
+
+func (k keyed) insert(e *entry) { must(k.sel.Insert(e.key, e.priority)) }
+
+func (k keyed) update(e *entry, priority float64) { must(k.sel.Update(e.key, priority)) }
+
+func (k keyed) delete(e *entry) { must(k.sel.Delete(e.key)) }
+
+func (k keyed) pick() (*entry, float64) {
+	key, prob, err := k.sel.Sample()
+	must(err)
+	return k.items[key], prob
+}
+
+func (k keyed) clear() { k.sel.Clear() }
+
+func (k keyed) weight() (float64, int64) { return k.sel.Weight() }
+
+func (k keyed) kind() selectors.Kind { return k.sel.Options().Kind }
+
+// countWeight is the weight of n items that weigh 1 each, as the selectors
+// package reports it.
+func countWeight(n int) (float64, int64) {
+	frac, exp := math.Frexp(float64(n))
 	return frac, int64(exp)
-}
-
-func (l listOrder) Options() selectors.Options {
-	if l.lifo {
-		return selectors.Options{Kind: selectors.KindLifo}
-	}
-	return selectors.Options{Kind: selectors.KindFifo}
 }

@@ -156,8 +156,8 @@ func (t *Table) restoreItems(items []ItemSnapshot) error {
 		t.seq = max(t.seq, it.Seq)
 	}
 	var bySeq []*entry
-	for _, sel := range []selectors.Selector{t.sampler, t.remover} {
-		switch sel.Options().Kind {
+	for _, sel := range []order{t.sampler, t.remover} {
+		switch sel.kind() {
 		case selectors.KindMaxHeap, selectors.KindMinHeap:
 			if bySeq == nil {
 				bySeq = make([]*entry, 0, len(t.items))
@@ -167,11 +167,11 @@ func (t *Table) restoreItems(items []ItemSnapshot) error {
 				slices.SortStableFunc(bySeq, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
 			}
 			for _, e := range bySeq {
-				must(sel.Insert(e.key, e.priority))
+				sel.insert(e)
 			}
 		default:
 			for e := t.head; e != nil; e = e.next {
-				must(sel.Insert(e.key, e.priority))
+				sel.insert(e)
 			}
 		}
 	}

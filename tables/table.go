@@ -18,10 +18,11 @@ import (
 // rate limiter. It is safe for concurrent use. Calls that wait for the
 // limiter (Insert, Sample, SampleFlexible) hold no lock while they wait.
 //
-// An item costs the table 104 bytes of bookkeeping, a map slot, a slice of
-// its distinct chunk pointers and its place in the two selectors: about 230
-// bytes in all for a two-chunk item with Uniform and Fifo selectors. Its
-// trajectory is the caller's slice, kept as given.
+// An item costs the table 120 bytes of bookkeeping, a map slot, a slice of
+// its distinct chunk pointers and its place in the two selectors: about 170
+// bytes in all for a two-chunk item with Uniform and Fifo selectors (a
+// Prioritized or heap selector keeps an index of its own). Its trajectory is
+// the caller's slice, kept as given.
 type Table struct {
 	store *ChunkStore
 	now   func() time.Time
@@ -32,8 +33,8 @@ type Table struct {
 	mu      sync.Mutex
 	cfg     Config
 	lim     *limiter.Limiter
-	sampler selectors.Selector
-	remover selectors.Selector
+	sampler order
+	remover order
 	items   map[uint64]*entry
 	head    *entry // oldest item; items are linked in insertion order
 	tail    *entry
@@ -74,6 +75,9 @@ type entry struct {
 	traj       []Column
 	chunks     []*Chunk // distinct, in order of first use
 	prev, next *entry
+	// pos is the entry's place in a uniform sampler's (0) and remover's (1)
+	// array.
+	pos [2]int32
 }
 
 // Counters are a table's lifetime event counts. Reset does not clear them:
@@ -214,10 +218,10 @@ func New(cfg Config, store *ChunkStore, opts ...Option) (*Table, error) {
 		versions:     newVersionIndex(cfg.MaxStaleness != nil),
 		episodes:     make(map[uint64]int64),
 	}
-	if t.sampler, err = t.orderSelector(cfg.Sampler, o.rng); err != nil {
+	if t.sampler, err = t.orderFor(cfg.Sampler, 0, o.rng); err != nil {
 		return nil, fmt.Errorf("%w: table %q: sampler: %w", ErrInvalidConfig, cfg.Name, err)
 	}
-	if t.remover, err = t.orderSelector(cfg.Remover, o.rng); err != nil {
+	if t.remover, err = t.orderFor(cfg.Remover, 1, o.rng); err != nil {
 		return nil, fmt.Errorf("%w: table %q: remover: %w", ErrInvalidConfig, cfg.Name, err)
 	}
 	return t, nil
@@ -237,7 +241,7 @@ func (t *Table) Weight() (Weight, int64) {
 }
 
 func (t *Table) weightLocked() Weight {
-	frac, exp := t.sampler.Weight()
+	frac, exp := t.sampler.weight()
 	return Weight{Fraction: frac, Exponent: exp}
 }
 
@@ -387,14 +391,13 @@ func (t *Table) insertLocked(key uint64, priority float64, version, at int64, tr
 	}
 	t.tail = e
 	t.items[key] = e
-	must(t.sampler.Insert(key, priority))
-	must(t.remover.Insert(key, priority))
+	t.sampler.insert(e)
+	t.remover.insert(e)
 	t.holdLocked(chunks)
 	t.counters.Inserts++
 	for int64(len(t.items)) > t.cfg.MaxSize {
-		victim, _, err := t.remover.Sample()
-		must(err)
-		t.removeLocked(t.items[victim])
+		victim, _ := t.remover.pick()
+		t.removeLocked(victim)
 		t.counters.Evictions++
 	}
 }
@@ -428,8 +431,8 @@ func (t *Table) newEntry() *entry {
 }
 
 func (t *Table) updateLocked(e *entry, priority float64) {
-	must(t.sampler.Update(e.key, priority))
-	must(t.remover.Update(e.key, priority))
+	t.sampler.update(e, priority)
+	t.remover.update(e, priority)
 	e.priority = priority
 	t.seq++
 	e.seq = t.seq
@@ -438,8 +441,8 @@ func (t *Table) updateLocked(e *entry, priority float64) {
 // removeLocked drops e from the table, counts the removal in the limiter
 // (which may let inserts through) and gives back its chunk references.
 func (t *Table) removeLocked(e *entry) {
-	must(t.sampler.Delete(e.key))
-	must(t.remover.Delete(e.key))
+	t.sampler.delete(e)
+	t.remover.delete(e)
 	delete(t.items, e.key)
 	if e.prev == nil {
 		t.head = e.next
@@ -550,9 +553,7 @@ func (t *Table) sample(ctx context.Context, least, most int) ([]Sample, error) {
 // sampleLocked takes one sample the limiter has allowed (and counted). The
 // limiter's size bound keeps the table non-empty whenever it allows one.
 func (t *Table) sampleLocked(waited bool) Sample {
-	key, prob, err := t.sampler.Sample()
-	must(err)
-	e := t.items[key]
+	e, prob := t.sampler.pick()
 	if e.timesSampled == 0 {
 		t.counters.UniqueSamples++
 	}
@@ -560,7 +561,7 @@ func (t *Table) sampleLocked(waited bool) Sample {
 	t.counters.Samples++
 	s := Sample{
 		Info: SampleInfo{
-			Key:          key,
+			Key:          e.key,
 			Probability:  prob,
 			TableSize:    int64(len(t.items)),
 			Priority:     e.priority,
@@ -633,8 +634,8 @@ func (t *Table) Reset() {
 	t.heldChunks, t.heldSize = 0, 0
 	clear(t.items)
 	t.head, t.tail, t.spare, t.slab = nil, nil, nil, nil
-	t.sampler.Clear()
-	t.remover.Clear()
+	t.sampler.clear()
+	t.remover.clear()
 	t.lim.Reset()
 	t.largestItem = 0
 	t.versions = newVersionIndex(t.cfg.MaxStaleness != nil)

@@ -1,0 +1,98 @@
+package tables
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/reprise-rl/reprise/limiter"
+	"github.com/reprise-rl/reprise/selectors"
+)
+
+// TestUniformDrawsAsSelectorsUniform checks that a table's own Uniform
+// sampler and remover draw, key for key, what selectors.NewUniform draws
+// from the same random source, through inserts, evictions, samples that
+// reach max_times_sampled, deletes and a reset.
+func TestUniformDrawsAsSelectorsUniform(t *testing.T) {
+	const maxSize, maxTimes = 20, 3
+	store := NewChunkStore()
+	putChunk(store, 1, 1, 8)
+	cfg := config("u", selectors.KindUniform, selectors.KindUniform, maxSize, limiter.MinSize(1))
+	cfg.MaxTimesSampled = maxTimes
+	tb := mustNew(t, cfg, store, WithRand(rand.New(rand.NewPCG(3, 4))))
+
+	shared := rand.New(rand.NewPCG(3, 4))
+	sampler, remover := selectors.NewUniform(shared), selectors.NewUniform(shared)
+	times := map[uint64]int32{}
+	remove := func(key uint64) {
+		if err := sampler.Delete(key); err != nil {
+			t.Fatal(err)
+		}
+		if err := remover.Delete(key); err != nil {
+			t.Fatal(err)
+		}
+		delete(times, key)
+	}
+	present := func(key uint64) bool { _, ok := times[key]; return ok }
+	ops := rand.New(rand.NewPCG(5, 6))
+	next := uint64(0)
+	for step := range 5000 {
+		switch r := ops.IntN(100); {
+		case r < 55:
+			next++
+			mustInsert(t, tb, newItem(next, 1, 1))
+			if err := sampler.Insert(next, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := remover.Insert(next, 1); err != nil {
+				t.Fatal(err)
+			}
+			times[next] = 0
+			if len(times) > maxSize {
+				victim, _, err := remover.Sample()
+				if err != nil {
+					t.Fatal(err)
+				}
+				remove(victim)
+			}
+		case r < 90:
+			if len(times) == 0 {
+				continue
+			}
+			got, err := tb.Sample(expired(), 1)
+			if err != nil {
+				t.Fatalf("step %d: sample: %v", step, err)
+			}
+			key, prob, err := sampler.Sample()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got[0].Info.Key != key || got[0].Info.Probability != prob {
+				t.Fatalf("step %d: sampled key %d with probability %v, selectors.NewUniform draws %d with %v",
+					step, got[0].Info.Key, got[0].Info.Probability, key, prob)
+			}
+			if times[key]++; times[key] >= maxTimes {
+				remove(key)
+			}
+		case r < 99:
+			if len(times) == 0 {
+				continue
+			}
+			key := next
+			for !present(key) {
+				key = 1 + ops.Uint64N(next)
+			}
+			if missing := tb.Delete(key); len(missing) > 0 {
+				t.Fatalf("step %d: delete %d: missing", step, key)
+			}
+			remove(key)
+		default:
+			tb.Reset()
+			for key := range times {
+				remove(key)
+			}
+		}
+		if got := tb.Size(); got != int64(len(times)) {
+			t.Fatalf("step %d: table holds %d items, the model %d", step, got, len(times))
+		}
+	}
+}
