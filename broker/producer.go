@@ -399,7 +399,8 @@ func (p *Producer) onRejected(m *nats.Msg) {
 
 // Append adds one step to the current episode. Every column keeps the dtype
 // and shape it first had; a mismatch is an error naming the column, and then
-// nothing of the step is kept. Append copies the tensors' data.
+// nothing of the step is kept. Append copies the tensors' data and keeps
+// neither them nor step: a caller may reuse both for its next step.
 func (p *Producer) Append(ctx context.Context, step Step) error {
 	if len(step) == 0 {
 		return fmt.Errorf("%w: empty step", ErrInvalidMessage)

@@ -23,8 +23,10 @@ func TestBatchBuilder(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			it := &Item{Key: rng.Uint64(), Table: "t", Priority: rng.Float64(), PolicyVersion: rng.Int64N(3) - 1,
-				Columns: []*TrajectoryColumn{{Name: "x", Squeeze: rng.IntN(2) == 0, Slices: []*ColumnSlice{{ChunkKey: c.Key, Length: 1}}}}}
+			if rng.IntN(4) == 0 {
+				c = randomChunk(rng)
+			}
+			it := randomItem(rng, c.Key)
 			if rng.IntN(3) == 0 {
 				// Added, then dropped: as when an item does not fit.
 				m := b.Mark()
@@ -70,4 +72,49 @@ func mustMarshal(t *testing.T, m proto.Message) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// randomChunk is a chunk with every field zero, set or at its extremes,
+// as a hand-made chunk (not EncodeChunk's) could have them.
+func randomChunk(rng *rand.Rand) *Chunk {
+	pick := func(vs ...uint64) uint64 { return vs[rng.IntN(len(vs))] }
+	c := &Chunk{
+		Key:          pick(0, 1, rng.Uint64()),
+		Dtype:        []string{"", "float32", "uint8"}[rng.IntN(3)],
+		Length:       int32(pick(0, 1, 1<<31-1, 1<<31)), // 1<<31 wraps to MinInt32
+		Compression:  Compression(pick(0, 1, 2, 1<<31)),
+		DeltaEncoded: rng.IntN(2) == 0,
+		RawSize:      pick(0, 300, ^uint64(0)),
+		EpisodeId:    pick(0, rng.Uint64()),
+		EpisodeStep:  int64(pick(0, 5, 1<<63)),
+	}
+	for range rng.IntN(4) {
+		c.StepShape = append(c.StepShape, int64(pick(0, 3, 1<<40, ^uint64(0))))
+	}
+	if rng.IntN(3) > 0 {
+		c.Data = make([]byte, rng.IntN(300))
+	}
+	return c
+}
+
+// randomItem is an item naming chunk key, with every field zero, set or at
+// its extremes: priorities of 0, -0 and NaN, no columns or several, empty
+// names, negative offsets.
+func randomItem(rng *rand.Rand, key uint64) *Item {
+	priorities := []float64{0, math.Copysign(0, -1), math.NaN(), math.Inf(1), -2.5, rng.Float64()}
+	it := &Item{
+		Key:           []uint64{0, key, rng.Uint64()}[rng.IntN(3)],
+		Table:         []string{"", "t", "a table"}[rng.IntN(3)],
+		Priority:      priorities[rng.IntN(len(priorities))],
+		PolicyVersion: []int64{0, -1, 1, math.MinInt64, math.MaxInt64}[rng.IntN(5)],
+	}
+	for range rng.IntN(4) {
+		col := &TrajectoryColumn{Name: []string{"", "x", "obs/pixels"}[rng.IntN(3)], Squeeze: rng.IntN(2) == 0}
+		for range rng.IntN(4) {
+			col.Slices = append(col.Slices, &ColumnSlice{ChunkKey: []uint64{0, key}[rng.IntN(2)],
+				Offset: []int32{0, 3, -1, math.MinInt32}[rng.IntN(4)], Length: []int32{0, 1, math.MaxInt32}[rng.IntN(3)]})
+		}
+		it.Columns = append(it.Columns, col)
+	}
+	return it
 }

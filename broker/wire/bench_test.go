@@ -140,3 +140,32 @@ func BenchmarkDecodeChunk(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkBatchBuilder encodes a producer's message of 64 one-step items
+// of 400 bytes, each with its own uncompressed chunk: the encoder's cost
+// per item.
+func BenchmarkBatchBuilder(b *testing.B) {
+	const items = 64
+	rng := rand.New(rand.NewPCG(1, 2))
+	chunks := make([]*Chunk, items)
+	its := make([]*Item, items)
+	for i := range items {
+		c, err := EncodeChunk(rng.Uint64(), []*Tensor{randomTensor(rng, "float32", []int64{100})}, ChunkOptions{Codec: Uncompressed, EpisodeID: 7, EpisodeStep: int64(i)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		chunks[i] = c
+		its[i] = &Item{Key: rng.Uint64(), Table: "replay", Priority: 1,
+			Columns: []*TrajectoryColumn{{Name: "payload", Squeeze: true, Slices: []*ColumnSlice{{ChunkKey: c.Key, Length: 1}}}}}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		bb := NewBatchBuilder("0123456789abcdef0123456789abcdef", 30_000)
+		for i := range items {
+			bb.AddChunk(chunks[i])
+			bb.AddItem(its[i])
+		}
+		bb.Finish(1, nil, false, 1, 256, "")
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*items), "ns/item")
+}

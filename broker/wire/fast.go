@@ -7,8 +7,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// Field numbers of InsertBatch and Chunk in reprise.proto, for the
-// hand-written parsers that read them without copying.
+// Field numbers of InsertBatch, Chunk and Item in reprise.proto, for the
+// hand-written encoder and parsers.
 const (
 	FieldBatchProducer = 1
 	FieldBatchSequence = 2
@@ -30,6 +30,20 @@ const (
 	FieldChunkData        = 8
 	FieldChunkEpisode     = 9
 	FieldChunkEpisodeStep = 10
+
+	FieldItemKey           = 1
+	FieldItemTable         = 2
+	FieldItemPriority      = 3
+	FieldItemColumns       = 4
+	FieldItemPolicyVersion = 5
+
+	FieldColumnName    = 1
+	FieldColumnSlices  = 2
+	FieldColumnSqueeze = 3
+
+	FieldSliceChunk  = 1
+	FieldSliceOffset = 2
+	FieldSliceLength = 3
 )
 
 // ConsumeUint64s appends the values of one repeated uint64 field, packed
