@@ -96,3 +96,36 @@ func TestUniformDrawsAsSelectorsUniform(t *testing.T) {
 		}
 	}
 }
+
+// TestSampleBetweenReportsStateAfter: the state SampleBetween returns is
+// the table's right after its samples, items that reached
+// max_times_sampled gone, as a later Weight reads it.
+func TestSampleBetweenReportsStateAfter(t *testing.T) {
+	store := NewChunkStore()
+	putChunk(store, 1, 1, 8)
+	cfg := config("s", selectors.KindPrioritized, selectors.KindFifo, 100, limiter.MinSize(1))
+	cfg.MaxTimesSampled = 1
+	tb := mustNew(t, cfg, store)
+	for k := range uint64(10) {
+		mustInsert(t, tb, newItem(k+1, float64(k+1), 1))
+	}
+	got, state, err := tb.SampleBetween(testCtx(t), 3, 3)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("SampleBetween(3, 3): %d samples, %v", len(got), err)
+	}
+	weight, size := tb.Weight()
+	if state.Size != 7 || size != 7 || state.Weight != weight {
+		t.Errorf("state %+v, table size %d and weight %+v after: want 7 items and the same weight", state, size, weight)
+	}
+	var left float64
+	for _, it := range tb.List(0, 100) {
+		left += it.Priority
+	}
+	if w := state.Weight.Float64(); w != left {
+		t.Errorf("state weight %v, want the sum of the priorities left, %v", w, left)
+	}
+	for _, c := range [][2]int{{0, 1}, {2, 1}} {
+		_, _, err := tb.SampleBetween(testCtx(t), c[0], c[1])
+		wantErr(t, err, []error{ErrInvalidArgument}, "least", "most")
+	}
+}

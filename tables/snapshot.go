@@ -141,7 +141,7 @@ func (t *Table) restoreItems(items []ItemSnapshot) error {
 		if err != nil {
 			return fmt.Errorf("item %d: %w", it.Key, err)
 		}
-		t.largestItem = max(t.largestItem, decoded)
+		t.raiseLargest(decoded)
 		t.holdLocked(chunks)
 		e := t.newEntry()
 		*e = entry{key: it.Key, priority: it.Priority, insertedAt: it.InsertedAt.UnixNano(), seq: it.Seq, timesSampled: it.TimesSampled,

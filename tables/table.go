@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/reprise-rl/reprise/limiter"
@@ -49,7 +50,10 @@ type Table struct {
 	heldSize   int64
 	// largestItem is the most bytes an item inserted since the last Reset
 	// decodes to: a bound on what a sample of n items expands to.
-	largestItem  int64
+	// It is written under mu and read without it: a service checks it before
+	// every sample request, and taking the lock for it cost learners a wait
+	// behind every insert in the lock's queue.
+	largestItem  atomic.Int64
 	maxItemBytes int64
 	counters     Counters
 	closed       bool
@@ -351,7 +355,7 @@ func (t *Table) TryInsert(item Item, retry bool) (inserted bool, changed <-chan 
 		}
 		return false, changed, nil
 	}
-	t.largestItem = max(t.largestItem, decoded)
+	t.raiseLargest(decoded)
 	t.insertLocked(item.Key, item.Priority, item.PolicyVersion, at.UnixNano(), item.Trajectory, chunks)
 	return true, nil, nil
 }
@@ -500,27 +504,44 @@ func must(err error) {
 // The returned trajectories and chunk slices are shared with the table and
 // other samples: read them, never modify them.
 func (t *Table) Sample(ctx context.Context, n int) ([]Sample, error) {
-	return t.sample(ctx, n, n)
+	out, _, err := t.SampleBetween(ctx, n, n)
+	return out, err
 }
 
 // SampleFlexible waits until at least one sample is allowed, then returns as
 // many as the rate limiter allows at that moment, up to n. It fails as
 // Sample does, with no samples.
 func (t *Table) SampleFlexible(ctx context.Context, n int) ([]Sample, error) {
-	return t.sample(ctx, 1, n)
+	out, _, err := t.SampleBetween(ctx, 1, n)
+	return out, err
 }
 
-func (t *Table) sample(ctx context.Context, least, most int) ([]Sample, error) {
-	if most < 1 {
-		return nil, fmt.Errorf("%w: table %q: sample count must be >= 1, got %d", ErrInvalidArgument, t.name, most)
+// State is a table's size and sampling weight at one moment.
+type State struct {
+	Size   int64
+	Weight Weight
+}
+
+// SampleBetween waits until at least least samples are allowed, then takes
+// as many as the rate limiter allows, up to most: Sample is (n, n) and
+// SampleFlexible (1, n). It also returns the table's state once the last
+// samples were taken, read under the same lock, so that a caller replying
+// with both takes the table's lock once: under load every acquisition may
+// wait behind the queue of inserts. It fails as Sample does.
+func (t *Table) SampleBetween(ctx context.Context, least, most int) ([]Sample, State, error) {
+	if least < 1 || most < least {
+		return nil, State{}, fmt.Errorf("%w: table %q: sample counts must be 1 <= least <= most, got %d and %d", ErrInvalidArgument, t.name, least, most)
 	}
-	var out []Sample
+	var (
+		out   []Sample
+		state State
+	)
 	waited := false
 	for {
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
-			return out, fmt.Errorf("%w: table %q", ErrClosed, t.name)
+			return out, state, fmt.Errorf("%w: table %q", ErrClosed, t.name)
 		}
 		if out == nil {
 			// Sized for the usual case (no more than the table holds) and
@@ -535,9 +556,10 @@ func (t *Table) sample(ctx context.Context, least, most int) ([]Sample, error) {
 			}
 			out = append(out, t.sampleLocked(waited))
 		}
+		state = State{Size: int64(len(t.items)), Weight: t.weightLocked()}
 		if len(out) >= least {
 			t.mu.Unlock()
-			return out, nil
+			return out, state, nil
 		}
 		if !waited {
 			waited = true
@@ -545,7 +567,7 @@ func (t *Table) sample(ctx context.Context, least, most int) ([]Sample, error) {
 		}
 		t.mu.Unlock()
 		if err := t.wait(ctx, changed, "sample"); err != nil {
-			return out, err
+			return out, state, err
 		}
 	}
 }
@@ -637,7 +659,7 @@ func (t *Table) Reset() {
 	t.sampler.clear()
 	t.remover.clear()
 	t.lim.Reset()
-	t.largestItem = 0
+	t.largestItem.Store(0)
 	t.versions = newVersionIndex(t.cfg.MaxStaleness != nil)
 	clear(t.episodes)
 }
@@ -687,7 +709,7 @@ func (t *Table) Info() Info {
 		Chunks:    t.heldChunks,
 		BytesHeld: t.heldSize,
 
-		LargestItemBytes: t.largestItem,
+		LargestItemBytes: t.largestItem.Load(),
 		PolicyVersion:    t.version,
 		ItemVersions:     versionSpan(t.versions.span()),
 		Episodes:         int64(len(t.episodes)),
@@ -706,9 +728,14 @@ func versionSpan(lo, hi int64, ok bool) *[2]int64 {
 // LargestItemBytes is the most bytes an item inserted since the last Reset
 // decodes to: n samples decode to at most n times as much.
 func (t *Table) LargestItemBytes() int64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.largestItem
+	return t.largestItem.Load()
+}
+
+// raiseLargest records an item of n bytes; called under mu, the only writer.
+func (t *Table) raiseLargest(n int64) {
+	if n > t.largestItem.Load() {
+		t.largestItem.Store(n)
+	}
 }
 
 // Get returns the items with the given keys, in the order asked, skipping

@@ -50,6 +50,7 @@ func main() {
 		clients  = flag.Int("clients", 4, "concurrent clients (producers in mixed mode), each with its own connection")
 		learners = flag.Int("learners", 16, "learners beside the producers (mixed mode)")
 		sbatch   = flag.Int("sample-batch", 32, "items per learner's sample request (mixed mode)")
+		inFlight = flag.Int("in-flight", 0, "requests each sampler or learner keeps open through a broker.Sampler (0: one Sample call at a time)")
 		block    = flag.String("block", "", "`file` for a blocking profile (optional)")
 		mutex    = flag.String("mutex", "", "`file` for a mutex profile (optional)")
 		warmup   = flag.Duration("warmup", time.Second, "time before measuring and profiling")
@@ -61,7 +62,7 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	w := workload{mode: *mode, payload: *payload, batch: *batch, clients: *clients, learners: *learners, sampleBatch: *sbatch, fill: *fill}
+	w := workload{mode: *mode, payload: *payload, batch: *batch, clients: *clients, learners: *learners, sampleBatch: *sbatch, inFlight: *inFlight, fill: *fill}
 	prof := profiles{cpu: *cpu, heap: *heap, block: *block, mutex: *mutex}
 	if err := run(ctx, w, *warmup, *duration, prof); err != nil {
 		fmt.Fprintln(os.Stderr, "profile:", err)
@@ -74,6 +75,7 @@ type workload struct {
 	mode                          string
 	payload, batch, clients, fill int
 	learners, sampleBatch         int
+	inFlight                      int
 }
 
 // profiles are the files to write; empty ones are skipped, but for cpu.
@@ -138,7 +140,7 @@ func run(ctx context.Context, w workload, warmup, duration time.Duration, prof p
 		return err
 	}
 	url := srv.ClientURL()
-	bc := load.BenchConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Payload: w.payload, Batch: w.batch,
+	bc := load.BenchConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Payload: w.payload, Batch: w.batch, InFlight: w.inFlight,
 		Compression: wire.Uncompressed, Warmup: warmup, Duration: duration}
 	switch w.mode {
 	case "insert":

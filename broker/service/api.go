@@ -214,15 +214,11 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	if s.o.observer != nil {
 		defer func() { s.o.observer.SampleServed(req.Table, items, time.Since(start), code) }()
 	}
-	var (
-		samples []tables.Sample
-		err     error
-	)
+	least := int(req.NumSamples)
 	if req.Flexible {
-		samples, err = t.SampleFlexible(wctx, int(req.NumSamples))
-	} else {
-		samples, err = t.Sample(wctx, int(req.NumSamples))
+		least = 1
 	}
+	samples, after, err := t.SampleBetween(wctx, least, int(req.NumSamples))
 	status, msg := protocol.CodeOK, ""
 	switch {
 	case err == nil:
@@ -240,9 +236,8 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		return
 	}
 	code, items = status, len(samples)
-	weight, size := t.Weight()
 	buf := responseBuffers.Get().(*[]byte)
-	*buf = wire.AppendSampleResponse((*buf)[:0], wire.Code(status), msg, samples, wire.TableState{Size: size, Weight: weight})
+	*buf = wire.AppendSampleResponse((*buf)[:0], wire.Code(status), msg, samples, after)
 	s.respondParts(r, *buf)
 	// Respond copied the bytes into the connection's buffer.
 	responseBuffers.Put(buf)

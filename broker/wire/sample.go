@@ -85,10 +85,7 @@ func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Samp
 
 // TableState is a table's size and sampling weight (see TableInfo's
 // weight_fraction), as a sample response reports them.
-type TableState struct {
-	Size   int64
-	Weight tables.Weight
-}
+type TableState = tables.State
 
 // sizeTableState and appendTableState write SampleResponse's fields 4 to 6,
 // each left out when zero, as proto3 does.

@@ -39,6 +39,11 @@ type BenchConfig struct {
 	Inserters, Samplers int
 	Payload, Batch      int
 	SampleBatch         int
+	// InFlight, if above 0, makes each sampler a broker.Sampler keeping
+	// that many requests open, as a training loop's learner would; 0 asks
+	// with one Sample call at a time, which measures a request's round
+	// trip.
+	InFlight int
 	// Episode is the items of an inserter's episode, a multiple of Batch,
 	// or 0 for one episode for the whole run. An inserter ends its episode
 	// instead of flushing after the episode's last batch: EndEpisode waits
@@ -59,7 +64,7 @@ type BenchConfig struct {
 
 func (c BenchConfig) validate() error {
 	err := errors.Join(check("Inserters", c.Inserters, 0), check("Samplers", c.Samplers, 0),
-		check("Payload", c.Payload, 4), check("Batch", c.Batch, 1), check("SampleBatch", c.SampleBatch, 0), check("Episode", c.Episode, 0))
+		check("Payload", c.Payload, 4), check("Batch", c.Batch, 1), check("SampleBatch", c.SampleBatch, 0), check("Episode", c.Episode, 0), check("InFlight", c.InFlight, 0))
 	if c.Batch > 0 && c.Episode%c.Batch != 0 {
 		err = errors.Join(err, fmt.Errorf("%w: Episode must be a multiple of Batch (%d), got %d", ErrConfig, c.Batch, c.Episode))
 	}
@@ -279,9 +284,18 @@ func (cfg BenchConfig) sampler(ctx context.Context, client int, c *counter) erro
 		return err
 	}
 	defer hangUp()
+	next := func(ctx context.Context) ([]broker.Sample, error) { return cl.Sample(ctx, cfg.Table, cfg.sampleBatch()) }
+	if cfg.InFlight > 0 {
+		smp, err := cl.NewSampler(cfg.Table, cfg.sampleBatch(), broker.WithInFlight(cfg.InFlight))
+		if err != nil {
+			return clientErr(ctx, "sample", client, err)
+		}
+		defer smp.Close()
+		next = smp.Next
+	}
 	for ctx.Err() == nil {
 		t0 := time.Now()
-		samples, err := cl.Sample(ctx, cfg.Table, cfg.sampleBatch())
+		samples, err := next(ctx)
 		t1 := time.Now()
 		if len(samples) > 0 {
 			c.record(t0, t1, int64(len(samples)), sampledBytes(samples))
@@ -358,6 +372,7 @@ func sampledBytes(samples []broker.Sample) int64 {
 // ShardedClient over the shards.
 type sampleSource interface {
 	Sample(ctx context.Context, table string, n int, opts ...broker.SampleOption) ([]broker.Sample, error)
+	NewSampler(table string, size int, opts ...broker.SamplerOption) (*broker.Sampler, error)
 }
 
 // dialSampler connects a sampler's client; hangUp closes it and its

@@ -34,6 +34,8 @@ Modes:
   sample  --clients learners, each on its own connection, sample --batch
           items per request. Latency is per request: from sending it until
           its items are decoded, including any wait for the rate limiter.
+          With --in-flight N, each learner is a Sampler keeping N requests
+          open, and latency is the wait for each next batch.
   mixed   --clients inserters and --clients samplers at once (--learners
           samplers, asking for --sample-batch items, if given); the totals
           add both, and their latency percentiles are over both kinds of
@@ -62,6 +64,7 @@ type benchOptions struct {
 	payload     int
 	batch       int
 	sampleBatch int
+	inFlight    int
 	episode     int
 	// sharded loads through the sharded producer and client, as more than
 	// one --prefix does.
@@ -86,6 +89,7 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 	fs.IntVar(&o.batch, "batch", 64, "`N` items per insert batch (and per producer message) and per sample request")
 	fs.IntVar(&o.learners, "learners", 0, "in mixed mode, `N` samplers beside the --clients inserters (default: --clients)")
 	fs.IntVar(&o.sampleBatch, "sample-batch", 0, "in mixed mode, `N` items per sample request (default: --batch)")
+	fs.IntVar(&o.inFlight, "in-flight", 0, "`N` sample requests each sampler keeps open, through a prefetching Sampler as a training loop would use (default: one Sample call at a time)")
 	fs.IntVar(&o.episode, "episode", 0, "`N` items per episode, a multiple of --batch: inserters end their episode every N items, and a sharded producer moves to the next shard (default: --batch with sharded clients, else one episode per inserter)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure, after the warmup")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "how long to run before measuring")
@@ -108,6 +112,10 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 		return o, cli.Usagef("--payload must be a positive multiple of 4 (bytes of float32s), got %d", o.payload)
 	case o.batch < 1:
 		return o, cli.Usagef("--batch must be >= 1, got %d", o.batch)
+	case o.inFlight < 0:
+		return o, cli.Usagef("--in-flight must be >= 1 when given, got %d", o.inFlight)
+	case o.inFlight > 0 && o.mode == "insert":
+		return o, cli.Usagef("--in-flight is for samplers: --mode sample or mixed")
 	case o.learners < 0 || o.sampleBatch < 0:
 		return o, cli.Usagef("--learners and --sample-batch must be >= 1 when given, got %d and %d", o.learners, o.sampleBatch)
 	case (o.learners > 0 || o.sampleBatch > 0) && o.mode != "mixed":
@@ -164,6 +172,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if o.mode != "insert" {
 		cfg.Samplers = cmp.Or(o.learners, o.clients)
 		cfg.SampleBatch = o.sampleBatch
+		cfg.InFlight = o.inFlight
 	}
 	res, err := load.Bench(ctx, cfg)
 	if err != nil {
@@ -288,8 +297,10 @@ type benchReport struct {
 	Episode int `json:"episode,omitempty"`
 	// Learners and SampleBatch are the samplers of a mixed run, where
 	// they differ from Clients and Batch.
-	Learners    int     `json:"learners,omitempty"`
-	SampleBatch int     `json:"sample_batch,omitempty"`
+	Learners    int `json:"learners,omitempty"`
+	SampleBatch int `json:"sample_batch,omitempty"`
+	// InFlight is the requests each sampler kept open (0: one at a time).
+	InFlight    int     `json:"in_flight,omitempty"`
 	Compression string  `json:"compression"`
 	WarmupSec   float64 `json:"warmup_sec"`
 	DurationSec float64 `json:"duration_sec"`
@@ -315,7 +326,7 @@ type opReport struct {
 func (o benchOptions) report(r load.BenchResult) benchReport {
 	rep := benchReport{
 		Mode: o.mode, URL: o.conn.URL, Prefix: o.prefix, Shards: len(o.shards), Sharded: o.sharded, Table: o.table, Clients: o.clients,
-		Batch: o.batch, Learners: o.learners, SampleBatch: o.sampleBatch, Compression: o.compression,
+		Batch: o.batch, Learners: o.learners, SampleBatch: o.sampleBatch, InFlight: o.inFlight, Compression: o.compression,
 		WarmupSec: o.warmup.Seconds(), DurationSec: r.Total.Seconds,
 		Items: r.Total.Items, ItemsPerSec: r.Total.ItemsPerSec, BytesPerSec: r.Total.BytesPerSec, Latency: r.Total.Latency,
 	}
@@ -332,7 +343,11 @@ func (o benchOptions) report(r load.BenchResult) benchReport {
 		rep.Prefixes = o.shards
 	}
 	rep.Insert = op(r.Insert, fmt.Sprintf("per batch of %d items, from its first Append until Flush (EndEpisode at an episode's end) returned (stored in JetStream)", o.batch))
-	rep.Sample = op(r.Sample, fmt.Sprintf("per Sample request of %d items, from sending it until its items were decoded", cmp.Or(o.sampleBatch, o.batch)))
+	measures := fmt.Sprintf("per Sample request of %d items, from sending it until its items were decoded", cmp.Or(o.sampleBatch, o.batch))
+	if o.inFlight > 0 {
+		measures = fmt.Sprintf("per batch of %d items, from asking the Sampler (%d requests open) for it until it was there", cmp.Or(o.sampleBatch, o.batch), o.inFlight)
+	}
+	rep.Sample = op(r.Sample, measures)
 	if rep.Insert != nil {
 		rep.PayloadBytes = o.payload
 		rep.Episode = o.episode

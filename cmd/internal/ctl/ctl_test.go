@@ -250,13 +250,15 @@ type benchJSON struct {
 		ItemsPerSec float64 `json:"items_per_sec"`
 	} `json:"insert"`
 	Sample *struct {
-		Items   int64 `json:"items"`
-		Latency struct {
+		Items           int64  `json:"items"`
+		LatencyMeasures string `json:"latency_measures"`
+		Latency         struct {
 			Count int64 `json:"count"`
 		} `json:"latency"`
 	} `json:"sample"`
 	Learners    int      `json:"learners"`
 	SampleBatch int      `json:"sample_batch"`
+	InFlight    int      `json:"in_flight"`
 	Shards      int      `json:"shards"`
 	Sharded     bool     `json:"sharded"`
 	Prefixes    []string `json:"prefixes"`
@@ -324,6 +326,15 @@ func TestBench(t *testing.T) {
 	}
 	if _, _, err := ctl(t, "bench", "--nats", url, "--prefix", "ctl.bench", "--learners", "2"); err == nil {
 		t.Error("--learners in insert mode: no error")
+	}
+	// Prefetching learners: each batch of 5 comes whole, from a Sampler.
+	pre := runBenchJSON(t, url, "ctl.bench", "--mode", "sample", "--in-flight", "3", "--batch", "5")
+	if pre.Sample == nil || pre.InFlight != 3 || pre.Sample.Latency.Count <= 0 || pre.Sample.Items != 5*pre.Sample.Latency.Count ||
+		!strings.Contains(pre.Sample.LatencyMeasures, "3 requests open") {
+		t.Errorf("sample mode with --in-flight 3: %+v", pre)
+	}
+	if _, _, err := ctl(t, "bench", "--nats", url, "--prefix", "ctl.bench", "--in-flight", "2"); err == nil {
+		t.Error("--in-flight in insert mode: no error")
 	}
 
 	out, _, err := ctl(t, "bench", "--nats", url, "--prefix", "ctl.bench", "--clients", "1", "--payload", "16", "--batch", "4", "--duration", "300ms", "--warmup", "0s")
