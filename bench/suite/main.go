@@ -516,11 +516,22 @@ func (s *suite) memory(ctx context.Context) error {
 				if err != nil {
 					return err
 				}
+				// At rest is what it is defined as: this long after the
+				// last insert, so the wait is a fixed one.
+				select {
+				case <-time.After(s.plan.rest):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				rest, err := settledRSS(ctx, d.pid(), s.plan.settle)
+				if err != nil {
+					return err
+				}
 				m := MemoryPoint{System: sysReprise, Series: series.Name, Payload: series.Payload, Items: size,
-					PayloadBytes: size * int64(series.Payload), StoredBytes: stored, RSSBytes: r, BaseRSSBytes: base}
+					PayloadBytes: size * int64(series.Payload), StoredBytes: stored, RSSBytes: r, BaseRSSBytes: base, RestRSSBytes: rest}
 				s.res.Memory = append(s.res.Memory, m)
 				s.log.Info("memory", "series", series.Name, "items", size, "payload held", si(float64(m.PayloadBytes))+"B",
-					"rss", si(float64(r))+"B", "base", si(float64(base))+"B")
+					"rss", si(float64(r))+"B", "at rest", si(float64(rest))+"B", "base", si(float64(base))+"B")
 			}
 			return nil
 		})

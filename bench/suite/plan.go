@@ -5,6 +5,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/reprise-rl/reprise/internal/gcpace"
 )
 
 // plan is what one run of the suite measures, and for how long.
@@ -46,6 +48,10 @@ type plan struct {
 
 	// settle bounds the wait for a process's resident memory to settle.
 	settle time.Duration
+	// rest is how long the memory section lets reprised rest after each
+	// fill before it reads its resident memory at rest: past the NATS
+	// server's 10-second block cache and gcpace.RestAfter.
+	rest time.Duration
 }
 
 // memorySeries fills one fresh reprised with items of one size and
@@ -84,6 +90,7 @@ func fullPlan() plan {
 		shardPayloads: []int{400, 4000},
 		shardClients:  []int{4, 16, 64},
 		settle:        10 * time.Second,
+		rest:          gcpace.RestAfter + 3*time.Second,
 	}
 }
 
@@ -114,6 +121,7 @@ func quickPlan() plan {
 		shardPayloads: []int{400},
 		shardClients:  []int{4},
 		settle:        3 * time.Second,
+		rest:          gcpace.RestAfter + 3*time.Second,
 	}
 }
 

@@ -87,8 +87,23 @@ func plotThroughput(path, mode string, points []Point) error {
 	return savePNG(path, 1250, 480, []*plot.Plot{items, bytes}, &legend)
 }
 
-// plotMemory draws resident memory against payload bytes held, with the
-// issue's bound (1.2 × payload over the base).
+// restLine is the payload series of sys at rest, from its base; nil where
+// not measured.
+func restLine(points []MemoryPoint, sys string, base int64) plotter.XYs {
+	xys := plotter.XYs{{X: 0, Y: float64(base) / 1e6}}
+	for _, p := range points {
+		if p.System == sys && p.Series == "payload" && p.RestRSSBytes > 0 {
+			xys = append(xys, plotter.XY{X: float64(p.PayloadBytes) / 1e6, Y: float64(p.RestRSSBytes) / 1e6})
+		}
+	}
+	if len(xys) < 2 {
+		return nil
+	}
+	return xys
+}
+
+// plotMemory draws resident memory against payload bytes held, right after
+// each fill and at rest where measured, with the bound.
 func plotMemory(path string, points []MemoryPoint) error {
 	pl := plot.New()
 	pl.Title.Text = "Resident memory against payload held"
@@ -120,10 +135,20 @@ func plotMemory(path string, points []MemoryPoint) error {
 		pts.Color, pts.Shape = c, systemShapes[sys]
 		pl.Add(line, pts)
 		pl.Legend.Add(fmt.Sprintf("%s (%s items)", systemNames[sys], sizeName(pointsPayload(points, sys))), line, pts)
-		bound := plotter.NewFunction(func(x float64) float64 { return float64(base)/1e6 + 1.2*x })
+		if rest := restLine(points, sys, base); rest != nil {
+			line, pts, err := plotter.NewLinePoints(rest)
+			if err != nil {
+				return err
+			}
+			line.Color, line.Width, line.Dashes = c, vg.Points(1.5), []vg.Length{vg.Points(1), vg.Points(2)}
+			pts.Color, pts.Shape = c, systemShapes[sys]
+			pl.Add(line, pts)
+			pl.Legend.Add(fmt.Sprintf("%s at rest", systemNames[sys]), line, pts)
+		}
+		bound := plotter.NewFunction(func(x float64) float64 { return float64(base)/1e6 + memoryPerByteGoal*x })
 		bound.Color, bound.Dashes = c, []vg.Length{vg.Points(4), vg.Points(3)}
 		pl.Add(bound)
-		pl.Legend.Add(fmt.Sprintf("%s base + 1.2 × payload (target)", systemNames[sys]), bound)
+		pl.Legend.Add(fmt.Sprintf("%s base + %.1f × payload (target)", systemNames[sys], memoryPerByteGoal), bound)
 		drawn++
 	}
 	if drawn == 0 {

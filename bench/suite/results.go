@@ -143,6 +143,11 @@ type MemoryPoint struct {
 	RSSBytes    int64 `json:"rss_bytes"`
 	// BaseRSSBytes is the same process's resident memory before the fill.
 	BaseRSSBytes int64 `json:"base_rss_bytes"`
+	// RestRSSBytes is its resident memory at rest: after the plan's rest
+	// with nothing inserted or sampled, once the NATS server dropped its
+	// cache of the blocks the fill wrote and reprised gave back its free
+	// memory (gcpace). Zero where not measured.
+	RestRSSBytes int64 `json:"rest_rss_bytes,omitempty"`
 }
 
 // ReverbStatus says whether Reverb ran and, if not, why.
@@ -288,17 +293,28 @@ func (r *Results) targets() []Target {
 	add("against Reverb", fmt.Sprintf("ahead where raw JetStream is ahead of Reverb, else ≥ %.1f × raw (inserts and samples per payload)", reverbWithinRawGoal),
 		r.reverbTarget)
 	m := memoryFigures(r.Memory, sysReprise)
-	add("memory per payload byte held", fmt.Sprintf("≤ %.1f × payload over the base (resident, 4 kB items)", memoryPerByteGoal), func() (string, *bool) {
+	// Judged at rest where measured: right after a fill the NATS server
+	// still caches the blocks written in the last 10 s, memory that comes
+	// with the rate of inserts, not with what the table holds.
+	add("memory per payload byte held", fmt.Sprintf("≤ %.1f × payload over the base (resident, 4 kB items; at rest where measured)", memoryPerByteGoal), func() (string, *bool) {
 		if m.perByte == 0 {
 			return "", nil
 		}
-		return fmt.Sprintf("%.2f × over a %sB base (%sB held)", m.perByte, si(float64(m.base)), si(float64(m.held))), met(m.perByte <= memoryPerByteGoal)
+		s := fmt.Sprintf("%.2f × over a %sB base (%sB held)", m.perByte, si(float64(m.base)), si(float64(m.held)))
+		if m.restPerByte == 0 {
+			return s, met(m.perByte <= memoryPerByteGoal)
+		}
+		return fmt.Sprintf("%.2f × at rest; %s right after the fill", m.restPerByte, s), met(m.restPerByte <= memoryPerByteGoal)
 	})
-	add("memory per item beyond its payload", fmt.Sprintf("≤ %d B (resident, 16 B items)", memoryPerItemGoal), func() (string, *bool) {
+	add("memory per item beyond its payload", fmt.Sprintf("≤ %d B (resident, 16 B items; at rest where measured)", memoryPerItemGoal), func() (string, *bool) {
 		if m.perItem == 0 {
 			return "", nil
 		}
-		return fmt.Sprintf("%.0f B (%d-byte items)", m.perItem, m.itemPayload), met(m.perItem <= memoryPerItemGoal)
+		s := fmt.Sprintf("%.0f B (%d-byte items)", m.perItem, m.itemPayload)
+		if m.restPerItem == 0 {
+			return s, met(m.perItem <= memoryPerItemGoal)
+		}
+		return fmt.Sprintf("%.0f B at rest; %s right after the fill", m.restPerItem, s), met(m.restPerItem <= memoryPerItemGoal)
 	})
 	add("single-item sample p50, loopback TCP", fmt.Sprintf("≤ %.1f × raw request-reply p50", sampleLatencyGoal), func() (string, *bool) {
 		l, raw := r.latencyOf(sysReprise), r.latencyOf(sysJetStream)
@@ -387,6 +403,9 @@ type memFigures struct {
 	base, held  int64
 	perItem     float64
 	itemPayload int
+	// restPerByte and restPerItem are the same at rest; 0 where not
+	// measured.
+	restPerByte, restPerItem float64
 }
 
 func memoryFigures(points []MemoryPoint, system string) memFigures {
@@ -400,11 +419,19 @@ func memoryFigures(points []MemoryPoint, system string) memFigures {
 			if p.PayloadBytes >= f.held {
 				f.held, f.base = p.PayloadBytes, p.BaseRSSBytes
 				f.perByte = float64(p.RSSBytes-p.BaseRSSBytes) / float64(p.PayloadBytes)
+				f.restPerByte = 0
+				if p.RestRSSBytes > 0 {
+					f.restPerByte = float64(p.RestRSSBytes-p.BaseRSSBytes) / float64(p.PayloadBytes)
+				}
 			}
 		case "per-item":
 			if p.Items > 0 {
 				f.perItem = float64(p.RSSBytes-p.BaseRSSBytes-p.PayloadBytes) / float64(p.Items)
 				f.itemPayload = p.Payload
+				f.restPerItem = 0
+				if p.RestRSSBytes > 0 {
+					f.restPerItem = float64(p.RestRSSBytes-p.BaseRSSBytes-p.PayloadBytes) / float64(p.Items)
+				}
 			}
 		}
 	}
@@ -482,10 +509,11 @@ func (r *Results) throughputRows() [][]string {
 }
 
 func (r *Results) memoryRows() [][]string {
-	rows := [][]string{{"system", "series", "payload_bytes", "items", "payload_bytes_held", "stored_bytes", "rss_bytes", "base_rss_bytes"}}
+	rows := [][]string{{"system", "series", "payload_bytes", "items", "payload_bytes_held", "stored_bytes", "rss_bytes", "base_rss_bytes", "rest_rss_bytes"}}
 	for _, m := range r.Memory {
 		rows = append(rows, []string{m.System, m.Series, strconv.Itoa(m.Payload), strconv.FormatInt(m.Items, 10),
-			strconv.FormatInt(m.PayloadBytes, 10), strconv.FormatInt(m.StoredBytes, 10), strconv.FormatInt(m.RSSBytes, 10), strconv.FormatInt(m.BaseRSSBytes, 10)})
+			strconv.FormatInt(m.PayloadBytes, 10), strconv.FormatInt(m.StoredBytes, 10), strconv.FormatInt(m.RSSBytes, 10), strconv.FormatInt(m.BaseRSSBytes, 10),
+			strconv.FormatInt(m.RestRSSBytes, 10)})
 	}
 	return rows
 }
@@ -571,14 +599,21 @@ func (r *Results) markdown(w io.Writer) {
 		}
 	}
 	if len(r.Memory) > 0 {
-		fmt.Fprintln(w, "\n| memory | base RSS | RSS over base per payload byte | bytes per item beyond payload |")
-		fmt.Fprintln(w, "|---|---|---|---|")
+		fmt.Fprintln(w, "\n| memory | base RSS | RSS over base per payload byte | at rest | bytes per item beyond payload | at rest |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|")
+		rest := func(v float64, format string) string {
+			if v == 0 {
+				return "–"
+			}
+			return fmt.Sprintf(format, v)
+		}
 		for _, sys := range []string{sysReprise, sysReverb} {
 			m := memoryFigures(r.Memory, sys)
 			if m.perByte == 0 && m.perItem == 0 {
 				continue
 			}
-			fmt.Fprintf(w, "| %s | %sB | %.2f (at %sB held) | %.0f B (%d-byte items) |\n", systemNames[sys], si(float64(m.base)), m.perByte, si(float64(m.held)), m.perItem, m.itemPayload)
+			fmt.Fprintf(w, "| %s | %sB | %.2f (at %sB held) | %s | %.0f B (%d-byte items) | %s |\n", systemNames[sys], si(float64(m.base)), m.perByte, si(float64(m.held)),
+				rest(m.restPerByte, "%.2f"), m.perItem, m.itemPayload, rest(m.restPerItem, "%.0f B"))
 		}
 	}
 	r.shardsMarkdown(w)

@@ -13,6 +13,8 @@
 // Unless GOGC is set, reprised paces its garbage collector with package
 // gcpace: a heap of tables keeps about 256 MiB of garbage over its live
 // data, and at most 50% more once larger, instead of Go's default 100%.
+// Once it has rested for gcpace.RestAfter (no inserts, no samples) it
+// returns its free memory to the system.
 package main
 
 import (
@@ -33,7 +35,7 @@ func main() {
 	paced := make(chan struct{})
 	go func() {
 		defer close(paced)
-		gcpace.Run(ctx, time.Second)
+		gcpace.Run(ctx, time.Second, gcpace.RestAfter)
 	}()
 	code := daemon.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

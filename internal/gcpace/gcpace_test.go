@@ -44,7 +44,7 @@ func TestRunLowersGOGC(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		Run(ctx, 10*time.Millisecond)
+		Run(ctx, 10*time.Millisecond, time.Hour)
 	}()
 	testutil.WaitUntil(t, "GOGC below 100", func() bool {
 		g := gogc()
@@ -62,4 +62,66 @@ func gogc() int {
 	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
 	metrics.Read(s)
 	return int(s[0].Value.Uint64())
+}
+
+// TestRestClock: memory goes back once per rest, only after restAfter of
+// allocating below the resting rate, and a busy tick starts the rest over.
+func TestRestClock(t *testing.T) {
+	var r restClock
+	t0 := time.Unix(1000, 0)
+	const sec = time.Second
+	steps := []struct {
+		at        time.Duration // since t0, a tick of one second each
+		allocated uint64
+		want      bool
+	}{
+		{1 * sec, 0, false},
+		{5 * sec, restingRate / 2, false},
+		{11 * sec, 0, false},
+		{12 * sec, 0, true}, // 12 s since the rest began at t0
+		{13 * sec, 0, false},
+		{20 * sec, 0, false},               // once per rest
+		{21 * sec, 2 * restingRate, false}, // busy: a new rest starts after it
+		{22 * sec, 0, false},
+		{32 * sec, 0, false},
+		{33 * sec, 0, true},
+	}
+	for _, s := range steps {
+		if got := r.tick(t0.Add(s.at), s.allocated, sec, 12*sec); got != s.want {
+			t.Errorf("tick at %v with %d bytes: %v, want %v", s.at, s.allocated, got, s.want)
+		}
+	}
+}
+
+// TestRunReturnsMemoryAtRest: garbage a burst left, which no collection
+// has freed, goes back to the system once the process rests.
+func TestRunReturnsMemoryAtRest(t *testing.T) {
+	runtime.GC()
+	before := released()
+	burst := make([][]byte, 64)
+	for i := range burst {
+		burst[i] = make([]byte, 1<<20)
+		for j := 0; j < len(burst[i]); j += 4096 {
+			burst[i][j] = 1
+		}
+	}
+	runtime.KeepAlive(burst)
+	burst = nil
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Run(ctx, 10*time.Millisecond, 50*time.Millisecond)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	testutil.WaitUntil(t, "the burst's 64 MiB released", func() bool { return released() >= before+48<<20 })
+}
+
+func released() uint64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/released:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
