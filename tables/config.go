@@ -2,6 +2,7 @@ package tables
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -33,6 +34,11 @@ func StackConfig(name string, size int64) Config {
 	}
 }
 
+// MaxTableSize is the most items a table may hold: 2^31 - 1, which a
+// table's Uniform selectors index with 32 bits to keep entries small (at
+// about 600 bytes of bookkeeping an item, it is over a terabyte).
+const MaxTableSize = math.MaxInt32
+
 // Validate reports whether New would accept c, with an error wrapping
 // ErrInvalidConfig that names the offending field.
 func (c Config) Validate() error {
@@ -45,8 +51,8 @@ func (c Config) Validate() error {
 	if err := c.Remover.Validate(); err != nil {
 		return fmt.Errorf("%w: table %q: remover: %w", ErrInvalidConfig, c.Name, err)
 	}
-	if c.MaxSize < 1 {
-		return fmt.Errorf("%w: table %q: max_size must be >= 1, got %d", ErrInvalidConfig, c.Name, c.MaxSize)
+	if c.MaxSize < 1 || c.MaxSize > MaxTableSize {
+		return fmt.Errorf("%w: table %q: max_size must be between 1 and %d, got %d", ErrInvalidConfig, c.Name, MaxTableSize, c.MaxSize)
 	}
 	if err := checkLimiter(c.Limiter, c.MaxSize); err != nil {
 		return fmt.Errorf("%w: table %q: %w", ErrInvalidConfig, c.Name, err)

@@ -19,6 +19,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"bad sampler", func(c *Config) { c.Sampler.Kind = "random" }, []string{"sampler", "random"}},
 		{"bad remover", func(c *Config) { c.Remover = selectors.Options{Kind: selectors.KindPrioritized, Exponent: math.NaN()} }, []string{"remover"}},
 		{"max size", func(c *Config) { c.MaxSize = 0 }, []string{"max_size"}},
+		{"max size over the bound", func(c *Config) { c.MaxSize = MaxTableSize + 1 }, []string{"max_size", "2147483647"}},
 		{"limiter", func(c *Config) { c.Limiter.MinSize = 0 }, []string{"rate_limiter", "min_size"}},
 		{"limiter above max size", func(c *Config) { c.Limiter = limiter.MinSize(11) }, []string{"rate_limiter", "min_size (11) > max_size (10)"}},
 		{"signature name", func(c *Config) { c.Signature = Signature{{Name: "", DType: "int8"}} }, []string{"signature[0].name"}},

@@ -476,17 +476,18 @@ func (t *Table) removeLocked(e *entry) {
 	t.spare = e
 }
 
-// must stops on a selector refusing what the table's own bookkeeping makes
-// valid, which no caller's input can cause. Every selector call passes a key
-// that t.items says the selectors hold (Update, Delete) or do not (Insert),
-// and a priority that selectors.CheckPriority accepted before anything
-// changed: that check is the selectors' whole rule, so every selector
-// accepts it, at any magnitude. Sample is called only on a non-empty
-// selector: eviction runs while the table holds more than max_size >= 1
-// items, and the limiter allows a sample only while inserts - deletes, which
-// is the table's size, is at least min_size >= 1. An error here means the
-// selectors and the table are out of step, and carrying on would corrupt the
-// table.
+// must stops on a selector of the selectors package (an order's keyed)
+// refusing what the table's own bookkeeping makes valid, which no caller's
+// input can cause. Every call passes a key that t.items says the selectors
+// hold (Update, Delete) or do not (Insert), and a priority that
+// selectors.CheckPriority accepted before anything changed: that check is
+// the selectors' whole rule, so every selector accepts it, at any
+// magnitude. An order picks only when it is not empty (every order, the
+// table's own too): eviction runs while the table holds more than max_size
+// >= 1 items, and the limiter allows a sample only while inserts - deletes,
+// which is the table's size, is at least min_size >= 1. An error here means
+// the selectors and the table are out of step, and carrying on would
+// corrupt the table.
 func must(err error) {
 	if err != nil {
 		panic(fmt.Sprintf("tables: selector out of step with its table: %v", err))

@@ -95,7 +95,8 @@ func fullPlan() plan {
 }
 
 // quickPlan is the smoke version CI runs: every section, one payload, two
-// client counts, under a second per point.
+// client counts, under a second per point (the memory section rests 15 s
+// before each reading at rest: each series' base and each point).
 func quickPlan() plan {
 	return plan{
 		payloads:       []int{400},

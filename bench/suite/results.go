@@ -301,7 +301,7 @@ func (r *Results) targets() []Target {
 			return "", nil
 		}
 		s := fmt.Sprintf("%.2f × over a %sB base (%sB held)", m.perByte, si(float64(m.base)), si(float64(m.held)))
-		if m.restPerByte == 0 {
+		if !m.restByte {
 			return s, met(m.perByte <= memoryPerByteGoal)
 		}
 		return fmt.Sprintf("%.2f × at rest; %s right after the fill", m.restPerByte, s), met(m.restPerByte <= memoryPerByteGoal)
@@ -311,7 +311,7 @@ func (r *Results) targets() []Target {
 			return "", nil
 		}
 		s := fmt.Sprintf("%.0f B (%d-byte items)", m.perItem, m.itemPayload)
-		if m.restPerItem == 0 {
+		if !m.restItem {
 			return s, met(m.perItem <= memoryPerItemGoal)
 		}
 		return fmt.Sprintf("%.0f B at rest; %s right after the fill", m.restPerItem, s), met(m.restPerItem <= memoryPerItemGoal)
@@ -403,9 +403,10 @@ type memFigures struct {
 	base, held  int64
 	perItem     float64
 	itemPayload int
-	// restPerByte and restPerItem are the same at rest; 0 where not
-	// measured.
+	// restPerByte and restPerItem are the same at rest, where restByte
+	// and restItem say they were measured.
 	restPerByte, restPerItem float64
+	restByte, restItem       bool
 }
 
 func memoryFigures(points []MemoryPoint, system string) memFigures {
@@ -419,19 +420,15 @@ func memoryFigures(points []MemoryPoint, system string) memFigures {
 			if p.PayloadBytes >= f.held {
 				f.held, f.base = p.PayloadBytes, p.BaseRSSBytes
 				f.perByte = float64(p.RSSBytes-p.BaseRSSBytes) / float64(p.PayloadBytes)
-				f.restPerByte = 0
-				if p.RestRSSBytes > 0 {
-					f.restPerByte = float64(p.RestRSSBytes-p.BaseRSSBytes) / float64(p.PayloadBytes)
-				}
+				f.restByte = p.RestRSSBytes > 0
+				f.restPerByte = float64(p.RestRSSBytes-p.BaseRSSBytes) / float64(p.PayloadBytes)
 			}
 		case "per-item":
 			if p.Items > 0 {
 				f.perItem = float64(p.RSSBytes-p.BaseRSSBytes-p.PayloadBytes) / float64(p.Items)
 				f.itemPayload = p.Payload
-				f.restPerItem = 0
-				if p.RestRSSBytes > 0 {
-					f.restPerItem = float64(p.RestRSSBytes-p.BaseRSSBytes-p.PayloadBytes) / float64(p.Items)
-				}
+				f.restItem = p.RestRSSBytes > 0
+				f.restPerItem = float64(p.RestRSSBytes-p.BaseRSSBytes-p.PayloadBytes) / float64(p.Items)
 			}
 		}
 	}
@@ -601,8 +598,8 @@ func (r *Results) markdown(w io.Writer) {
 	if len(r.Memory) > 0 {
 		fmt.Fprintln(w, "\n| memory | base RSS | RSS over base per payload byte | at rest | bytes per item beyond payload | at rest |")
 		fmt.Fprintln(w, "|---|---|---|---|---|---|")
-		rest := func(v float64, format string) string {
-			if v == 0 {
+		rest := func(measured bool, v float64, format string) string {
+			if !measured {
 				return "–"
 			}
 			return fmt.Sprintf(format, v)
@@ -613,7 +610,7 @@ func (r *Results) markdown(w io.Writer) {
 				continue
 			}
 			fmt.Fprintf(w, "| %s | %sB | %.2f (at %sB held) | %s | %.0f B (%d-byte items) | %s |\n", systemNames[sys], si(float64(m.base)), m.perByte, si(float64(m.held)),
-				rest(m.restPerByte, "%.2f"), m.perItem, m.itemPayload, rest(m.restPerItem, "%.0f B"))
+				rest(m.restByte, m.restPerByte, "%.2f"), m.perItem, m.itemPayload, rest(m.restItem, m.restPerItem, "%.0f B"))
 		}
 	}
 	r.shardsMarkdown(w)

@@ -21,7 +21,7 @@ import (
 // against them, and the results and plots it writes are well formed.
 func TestQuickSuite(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs the benchmark suite's smoke version (about 30s)")
+		t.Skip("runs the benchmark suite's smoke version (about 1.5 min)")
 	}
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("needs the go command to build reprised and reprisectl")

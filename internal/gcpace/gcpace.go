@@ -18,7 +18,8 @@
 // system slowly, so a service that filled its tables in one go would keep
 // the resident memory of the burst until the next one. Once the process has
 // allocated next to nothing for RestAfter, Run collects and returns the
-// free memory, once per rest.
+// free memory, once per rest, whatever GOGC says (GOGC=off too: two
+// collections at rest cost an idle process nothing it would notice).
 package gcpace
 
 import (

@@ -487,7 +487,7 @@ func tableFields(p *parser, t *tableSpec) []field {
 		{"name", p.str(&t.cfg.Name, nonEmpty("a table name"))},
 		{"sampler", p.node(&t.sampler)},
 		{"remover", p.node(&t.remover)},
-		{"max_size", intInto(p, &t.cfg.MaxSize, 1, math.MaxInt64, " (the most items the table holds)")},
+		{"max_size", intInto(p, &t.cfg.MaxSize, 1, tables.MaxTableSize, " (the most items the table holds)")},
 		{"max_times_sampled", intInto(p, &t.cfg.MaxTimesSampled, math.MinInt32, math.MaxInt32, " (below 1 for unlimited, as in Reverb)")},
 		{"rate_limiter", p.node(&t.rateLimiter)},
 		{"signature", p.node(&t.signature)},
