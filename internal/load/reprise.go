@@ -284,7 +284,9 @@ func (cfg BenchConfig) sampler(ctx context.Context, client int, c *counter) erro
 		return err
 	}
 	defer hangUp()
-	next := func(ctx context.Context) ([]broker.Sample, error) { return cl.Sample(ctx, cfg.Table, cfg.sampleBatch()) }
+	next := func(ctx context.Context) ([]broker.Sample, error) {
+		return cl.Sample(ctx, cfg.Table, cfg.sampleBatch())
+	}
 	if cfg.InFlight > 0 {
 		smp, err := cl.NewSampler(cfg.Table, cfg.sampleBatch(), broker.WithInFlight(cfg.InFlight))
 		if err != nil {
