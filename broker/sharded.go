@@ -100,8 +100,23 @@ func allShards(n int) []int {
 	return out
 }
 
+// Writer is what an actor writes through, sharded table or not: a
+// *Producer or a *ShardedProducer.
+type Writer interface {
+	Append(ctx context.Context, step Step) error
+	CreateItem(ctx context.Context, table string, priority float64, traj Trajectory) error
+	Flush(ctx context.Context) error
+	EndEpisode(ctx context.Context) error
+	Close(ctx context.Context) error
+}
+
+var (
+	_ Writer = (*Producer)(nil)
+	_ Writer = (*ShardedProducer)(nil)
+)
+
 // ShardedProducer is an actor's producer for a sharded table. It has the
-// Producer's calls; an episode's steps and items go to one shard, and the
+// Producer's calls (both are Writers); an episode's steps and items go to one shard, and the
 // next episode to the next shard, starting from a random one, which spreads
 // many actors' episodes evenly. Safe for concurrent use, though an
 // episode's calls belong in one goroutine, as with Producer.

@@ -144,23 +144,13 @@ func newLedger() *ledger {
 	return &ledger{acked: map[int64]bool{}, updated: map[uint64]int64{}, deleted: map[uint64]int64{}, deleteSent: map[uint64]int64{}, touched: map[uint64]bool{}, keyID: map[uint64]int64{}}
 }
 
-// producer is what an actor writes through: a Producer, or a
-// ShardedProducer.
-type producer interface {
-	Append(ctx context.Context, step broker.Step) error
-	CreateItem(ctx context.Context, table string, priority float64, traj broker.Trajectory) error
-	Flush(ctx context.Context) error
-	EndEpisode(ctx context.Context) error
-	Close(ctx context.Context) error
-}
-
 // actor inserts items with priority = id (ids from first on) until stop, flushing every 25
 // items: a Flush that returns nil acknowledges everything created before it.
 // With episode > 0 it ends an episode every episode items, which
 // acknowledges them too.
 // Each call gets callTimeout; what a call that timed out held is not
 // counted as acknowledged.
-func actor(ctx context.Context, p producer, l *ledger, stop <-chan struct{}, first int64, callTimeout time.Duration, episode int) {
+func actor(ctx context.Context, p broker.Writer, l *ledger, stop <-chan struct{}, first int64, callTimeout time.Duration, episode int) {
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

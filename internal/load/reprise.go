@@ -199,17 +199,7 @@ func clientErr(ctx context.Context, kind string, client int, err error) error {
 	return fmt.Errorf("%s client %d: %w", kind, client, err)
 }
 
-// producer is what an inserter writes with: a Producer, or a
-// ShardedProducer over the shards.
-type producer interface {
-	Append(ctx context.Context, step broker.Step) error
-	CreateItem(ctx context.Context, table string, priority float64, traj broker.Trajectory) error
-	Flush(ctx context.Context) error
-	EndEpisode(ctx context.Context) error
-	Close(ctx context.Context) error
-}
-
-func (cfg BenchConfig) newProducer(ctx context.Context, nc *nats.Conn) (producer, error) {
+func (cfg BenchConfig) newProducer(ctx context.Context, nc *nats.Conn) (broker.Writer, error) {
 	opts := []broker.ProducerOption{
 		broker.WithLogger(cfg.Log),
 		broker.WithCompression(cfg.Compression),
