@@ -26,6 +26,7 @@ type flow struct {
 	ackedItems   int
 	applied      uint64            // the service's last applied stream sequence
 	held         map[string]uint64 // tables applied only up to an earlier one
+	paced        int               // the service's bound on unapplied items while it paces inserts; 0: none
 	errs         []error
 }
 
@@ -82,8 +83,11 @@ func (f *flow) notApplied(cause error) error {
 func (f *flow) tryAcquire(n int) (bool, <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	u := f.unappliedLocked()
-	if f.inFlight < f.maxInFlight && (u+n <= f.maxUnapplied || u == 0) {
+	u, limit := f.unappliedLocked(), f.maxUnapplied
+	if f.paced > 0 {
+		limit = min(limit, f.paced)
+	}
+	if f.inFlight < f.maxInFlight && (u+n <= limit || u == 0) {
 		f.inFlight++
 		f.unackedItems += n
 		return true, nil
@@ -116,14 +120,15 @@ func (f *flow) fail(n int, err error) {
 }
 
 // setApplied records the service's progress: applied, but for the tables
-// held applied only up to their sequence.
-func (f *flow) setApplied(applied uint64, held map[string]uint64) {
+// held applied only up to their sequence, and the bound on unapplied items
+// it sets while it paces inserts (0: none).
+func (f *flow) setApplied(applied uint64, held map[string]uint64, paced int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if applied < f.applied {
 		return // the service published it before what we have
 	}
-	f.applied, f.held = applied, held
+	f.applied, f.held, f.paced = applied, held, paced
 	// Retries can store messages out of order, so filter rather than pop.
 	kept := f.acked[:0]
 	for _, b := range f.acked {

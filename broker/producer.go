@@ -126,7 +126,9 @@ func WithMaxInFlight(messages int) ProducerOption {
 
 // WithMaxUnapplied bounds the items published but not yet applied by the
 // table service (default 4096). When a table's rate limiter holds inserts,
-// the producer blocks here.
+// the producer blocks here. While the service paces inserts so that
+// learners keep their pace (service.WithSamplePriority), it may set a
+// smaller bound.
 func WithMaxUnapplied(items int) ProducerOption {
 	return producerOption(func(o *producerOptions) error { o.maxUnapplied = items; return positive("max unapplied", items) })
 }
@@ -382,7 +384,7 @@ func (p *Producer) onApplied(m *nats.Msg) {
 			held[h.Table] = h.AppliedSequence
 		}
 	}
-	p.flow.setApplied(prog.AppliedSequence, held)
+	p.flow.setApplied(prog.AppliedSequence, held, int(prog.MaxUnapplied))
 }
 
 func (p *Producer) onRejected(m *nats.Msg) {

@@ -58,11 +58,12 @@ func main() {
 		fill     = flag.Int("fill", 10000, "items inserted before a sample run")
 		cpu      = flag.String("cpu", "cpu.pprof", "`file` for the CPU profile")
 		heap     = flag.String("heap", "", "`file` for a heap profile taken at the end (optional)")
+		priority = flag.Duration("sample-priority", service.DefaultSamplePriority, "the service's sample priority (0: inserts never paced)")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	w := workload{mode: *mode, payload: *payload, batch: *batch, clients: *clients, learners: *learners, sampleBatch: *sbatch, inFlight: *inFlight, fill: *fill}
+	w := workload{mode: *mode, payload: *payload, batch: *batch, clients: *clients, learners: *learners, sampleBatch: *sbatch, inFlight: *inFlight, fill: *fill, samplePriority: *priority}
 	prof := profiles{cpu: *cpu, heap: *heap, block: *block, mutex: *mutex}
 	if err := run(ctx, w, *warmup, *duration, prof); err != nil {
 		fmt.Fprintln(os.Stderr, "profile:", err)
@@ -76,6 +77,7 @@ type workload struct {
 	payload, batch, clients, fill int
 	learners, sampleBatch         int
 	inFlight                      int
+	samplePriority                time.Duration
 }
 
 // profiles are the files to write; empty ones are skipped, but for cpu.
@@ -124,7 +126,8 @@ func run(ctx context.Context, w workload, warmup, duration time.Duration, prof p
 	}
 	defer rc.Close()
 	svc, err := service.New(nc, []tables.Config{cfg}, service.WithLogger(log),
-		service.WithStream(service.StreamOptions{MaxBytes: 2 << 30}), service.WithRequestConn(rc))
+		service.WithStream(service.StreamOptions{MaxBytes: 2 << 30}), service.WithRequestConn(rc),
+		service.WithSamplePriority(w.samplePriority))
 	if err != nil {
 		return err
 	}

@@ -75,6 +75,7 @@ func (s *Service) spawnSample(ctx context.Context, r micro.Request) {
 		s.respondStatus(r, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
 		return
 	}
+	s.pace.samples.Add(1)
 	s.spawnIn(ctx, r, req.Table, func(ctx context.Context, r micro.Request) { s.handleSample(ctx, r, &req, t) })
 }
 

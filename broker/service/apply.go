@@ -130,6 +130,24 @@ func (s *Service) applyLoop(ctx context.Context, reader *streamReader) error {
 	for {
 		s.serveCaptures()
 		ictx := s.intr.context(ctx)
+		if d := s.pace.wait(time.Now()); d > 0 {
+			// Paced so that learners keep their pace; captures, the
+			// limiters' wake-ups and the end are still served at once.
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case table := <-s.watcher.wake:
+				t.Stop()
+				s.drainPending(table)
+				continue
+			case <-ictx.Done():
+				t.Stop()
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				continue
+			}
+		}
 		var m *streamMsg
 		select {
 		case m = <-ordered:
@@ -152,6 +170,9 @@ func (s *Service) applyLoop(ctx context.Context, reader *streamReader) error {
 		}
 		if err := s.apply(ctx, m); err != nil {
 			return err // only ctx ends an apply early
+		}
+		if m.insert != nil {
+			s.pace.took(time.Now(), len(m.insert.items))
 		}
 		s.progress.set(m.seq)
 		s.stats.producers.Store(int64(len(s.producers)))

@@ -375,12 +375,46 @@ func checkGolden(t *testing.T, name string, v any) {
 	}
 }
 
+// goldenProgress is a progress message as the service publishes it, with
+// what a producer must read from it.
+type goldenProgress struct {
+	Name         string            `json:"name"`
+	Data         []byte            `json:"data"`
+	Applied      uint64            `json:"applied"`
+	Held         map[string]uint64 `json:"held"`
+	MaxUnapplied uint32            `json:"max_unapplied"`
+}
+
+// goldenProgresses are the service's progress messages: unpaced, paced,
+// and with tables whose rate limiters hold items.
+func goldenProgresses(t *testing.T) []goldenProgress {
+	var out []goldenProgress
+	for _, c := range []struct {
+		name   string
+		held   map[string]uint64
+		window uint32
+	}{
+		{"unpaced", nil, 0},
+		{"paced", nil, 37},
+		{"held and paced", map[string]uint64{"a": 30, "b": 12}, 4096},
+	} {
+		p := &progress{seq: 41}
+		for table, seq := range c.held {
+			p.hold(table, seq)
+		}
+		p.setWindow(c.window)
+		out = append(out, goldenProgress{Name: c.name, Data: goldenMarshal(t, p.message()), Applied: 41, Held: c.held, MaxUnapplied: c.window})
+	}
+	return out
+}
+
 // TestGoldenGoVectors writes (with -update) or checks the vectors pytest
 // decodes.
 func TestGoldenGoVectors(t *testing.T) {
 	checkGolden(t, "go_chunks.json", goldenChunks(t))
 	checkGolden(t, "go_sample_responses.json", goldenResponses(t))
 	checkGolden(t, "go_insert_batch.json", goldenGoInsert(t))
+	checkGolden(t, "go_progress.json", goldenProgresses(t))
 }
 
 // pythonInsert is one message the Python writer published, as pytest wrote

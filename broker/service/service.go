@@ -75,6 +75,8 @@ type serviceOptions struct {
 	tableOptions   []tables.Option
 	progressPeriod time.Duration
 	observer       Observer
+	samplePriority time.Duration
+	schedProbe     func() time.Duration // tests stand in for the runtime's scheduler delay
 	limits         Limits
 	requestConn    *nats.Conn
 
@@ -123,6 +125,7 @@ func defaultServiceOptions() serviceOptions {
 		checkpointKeep:  2,
 		finalCheckpoint: true,
 		progressPeriod:  time.Second,
+		samplePriority:  DefaultSamplePriority,
 		limits:          DefaultLimits(),
 	}
 }
@@ -149,6 +152,30 @@ func WithMaxSampleWait(d time.Duration) Option {
 // (default 1024); requests beyond it are answered "unavailable" at once.
 func WithMaxConcurrentSamples(n int) Option {
 	return serviceOption(func(o *serviceOptions) error { o.maxConcurrent = n; return positive("max concurrent samples", n) })
+}
+
+// DefaultSamplePriority is the service's sample priority unless
+// WithSamplePriority sets another.
+const DefaultSamplePriority = 4 * time.Millisecond
+
+// WithSamplePriority puts learners before actors when they compete for the
+// machine's CPU. While learners sample and the service's goroutines wait
+// longer than d to run (the 90th percentile over 100 ms), the service paces
+// the inserts it applies, down to a tenth of what actors managed unpaced,
+// and tells producers to keep at most 100 ms of that pace unapplied between
+// them; their windows fill and they publish less. The pace rises again as
+// the delay falls, and ends when learners stop or actors no longer reach it.
+// On a machine with cores to spare the delay stays far below d and inserts
+// are never paced. 0 turns pacing off: actors then take what the scheduler
+// gives them, and learners wait behind them.
+func WithSamplePriority(d time.Duration) Option {
+	return serviceOption(func(o *serviceOptions) error {
+		if d < 0 {
+			return fmt.Errorf("%w: sample priority must be >= 0 (0: off), got %v", protocol.ErrInvalidOption, d)
+		}
+		o.samplePriority = d
+		return nil
+	})
 }
 
 // WithRequestConn serves sample, info, items, reset and checkpoint
@@ -349,6 +376,7 @@ type Service struct {
 
 	progress progress
 	stats    serviceStats
+	pace     pacer
 
 	// Owned by the apply loop.
 	producers map[string]*producerState
@@ -515,7 +543,16 @@ func (s *Service) Run(parent context.Context) error {
 	} else {
 		bg.Go(func() { s.lead(actx) })
 	}
-	bg.Go(func() { s.watchStream(ctx, lose) })
+	// On actx, not ctx: the apply loop can end on its own (the connection
+	// closed for good), and Run must then return.
+	bg.Go(func() { s.watchStream(actx, lose) })
+	if s.o.samplePriority > 0 {
+		probe := s.o.schedProbe
+		if probe == nil {
+			probe = newSchedDelay().read
+		}
+		bg.Go(func() { s.paceLoop(actx, probe) })
+	}
 	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.Stream(), "start_sequence", start, "standby", s.lease != nil)
 
 	err = s.applyLoop(ctx, reader)
@@ -716,6 +753,7 @@ type progress struct {
 	mu      sync.Mutex
 	seq     uint64
 	held    map[string]uint64
+	window  uint32 // the producers' paced window; 0: none
 	version uint64
 	changed chan struct{} // closed at the next change; made only when someone waits
 }
@@ -738,6 +776,18 @@ func (p *progress) set(seq uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seq = seq
+	p.changedLocked()
+}
+
+// setWindow sets the window producers are told to keep while inserts are
+// paced.
+func (p *progress) setWindow(items uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.window == items {
+		return
+	}
+	p.window = items
 	p.changedLocked()
 }
 
@@ -781,7 +831,7 @@ func (p *progress) next() (seq, version uint64, changed <-chan struct{}) {
 func (p *progress) message() *wire.Progress {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	m := &wire.Progress{AppliedSequence: p.seq}
+	m := &wire.Progress{AppliedSequence: p.seq, MaxUnapplied: p.window}
 	for table, seq := range p.held {
 		m.Held = append(m.Held, &wire.TableProgress{Table: table, AppliedSequence: seq})
 	}

@@ -2228,8 +2228,13 @@ type Progress struct {
 	// Every message up to here is applied, but for the items in held.
 	AppliedSequence uint64           `protobuf:"varint,1,opt,name=applied_sequence,json=appliedSequence,proto3" json:"applied_sequence,omitempty"`
 	Held            []*TableProgress `protobuf:"bytes,2,rep,name=held,proto3" json:"held,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// While the service paces inserts so that learners keep their pace (see
+	// the service's sample priority), each producer keeps at most this many
+	// items published but not applied, if that is fewer than its own window;
+	// 0: no such bound. A message larger than it still goes out alone.
+	MaxUnapplied  uint32 `protobuf:"varint,3,opt,name=max_unapplied,json=maxUnapplied,proto3" json:"max_unapplied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Progress) Reset() {
@@ -2274,6 +2279,13 @@ func (x *Progress) GetHeld() []*TableProgress {
 		return x.Held
 	}
 	return nil
+}
+
+func (x *Progress) GetMaxUnapplied() uint32 {
+	if x != nil {
+		return x.MaxUnapplied
+	}
+	return 0
 }
 
 type TableProgress struct {
@@ -3118,10 +3130,11 @@ const file_reprise_proto_rawDesc = "" +
 	"\vproducer_id\x18\x04 \x01(\tR\n" +
 	"producerId\x12\x1a\n" +
 	"\bsequence\x18\x05 \x01(\x04R\bsequence\x12%\n" +
-	"\x0enotice_subject\x18\x06 \x01(\tR\rnoticeSubject\"d\n" +
+	"\x0enotice_subject\x18\x06 \x01(\tR\rnoticeSubject\"\x89\x01\n" +
 	"\bProgress\x12)\n" +
 	"\x10applied_sequence\x18\x01 \x01(\x04R\x0fappliedSequence\x12-\n" +
-	"\x04held\x18\x02 \x03(\v2\x19.reprise.v1.TableProgressR\x04held\"P\n" +
+	"\x04held\x18\x02 \x03(\v2\x19.reprise.v1.TableProgressR\x04held\x12#\n" +
+	"\rmax_unapplied\x18\x03 \x01(\rR\fmaxUnapplied\"P\n" +
 	"\rTableProgress\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12)\n" +
 	"\x10applied_sequence\x18\x02 \x01(\x04R\x0fappliedSequence\"\xd3\x01\n" +

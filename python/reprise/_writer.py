@@ -63,6 +63,15 @@ def msg_id(producer_id: str, sequence: int) -> str:
     return f"{producer_id}-{sequence}"
 
 
+def decode_progress(data: bytes) -> tuple[int, dict[str, int], int]:
+    """The service's progress message (``<prefix>.applied``): the stream
+    sequence applied, the tables applied only up to an earlier sequence,
+    and the bound on unapplied items while the service paces inserts (0:
+    none)."""
+    prog = pb.Progress.FromString(data)
+    return prog.applied_sequence, {h.table: h.applied_sequence for h in prog.held}, prog.max_unapplied
+
+
 @dataclasses.dataclass(frozen=True)
 class WriterOptions:
     """A writer's settings; the defaults are the Go producer's."""
@@ -81,7 +90,9 @@ class WriterOptions:
     #: the window every message declares.
     max_in_flight: int = 256
     #: Items published and not yet applied by the service
-    #: (broker.WithMaxUnapplied): the writer blocks beyond it.
+    #: (broker.WithMaxUnapplied): the writer blocks beyond it. While the
+    #: service paces inserts so that learners keep their pace, it may set
+    #: a smaller bound.
     max_unapplied: int = 4096
     #: A message is published once it holds this many items or bytes.
     batch_items: int = 64
@@ -550,6 +561,9 @@ class _Producer:
         self.held: dict[str, int] = {}
         self.acked_items = 0
         self.applied = 0
+        # The service's bound on unapplied items while it paces inserts; 0:
+        # none, only max_unapplied.
+        self.paced = 0
         self.errors: list[errors.RepriseError] = []
         self.linger_armed = False
         self.linger_cb: Callable[[], None] | None = None  # set by the transport
@@ -777,7 +791,10 @@ class _Producer:
         if self.unsettled and nxt >= self.unsettled[0] + self.o.max_in_flight:
             return False
         u = self.unacked_items + self.acked_items
-        return u + items <= self.o.max_unapplied or u == 0
+        limit = self.o.max_unapplied
+        if self.paced:
+            limit = min(limit, self.paced)
+        return u + items <= limit or u == 0
 
     def _publish_locked(self, end: bool) -> None:
         if self.closed:
@@ -853,13 +870,15 @@ class _Producer:
         tables holds items from before it."""
         return seq <= self.applied and all(seq <= self.held.get(t, seq) for t in tables)
 
-    def on_applied(self, applied: int, held: dict[str, int]) -> None:
+    def on_applied(self, applied: int, held: dict[str, int], paced: int = 0) -> None:
         """The service's progress (a Progress message): applied, but for the
-        tables in held, applied only up to their sequence."""
+        tables in held, applied only up to their sequence; and, while the
+        service paces inserts so that learners keep their pace, the most
+        items to keep unapplied (paced; 0: no such bound)."""
         with self.mu:
             if applied < self.applied:
                 return  # published before what we have
-            self.applied, self.held = applied, held
+            self.applied, self.held, self.paced = applied, held, paced
             kept = []
             for s, n, tables in self.acked:
                 if self._applied_locked(s, tables):
@@ -999,11 +1018,11 @@ class _Transport:
 
     async def _on_applied(self, m: Msg) -> None:
         try:
-            prog = pb.Progress.FromString(m.data)
+            progress = decode_progress(m.data)
         except Exception:  # noqa: BLE001 - not ours to judge
             return
         assert self.p is not None
-        self.p.on_applied(prog.applied_sequence, {h.table: h.applied_sequence for h in prog.held})
+        self.p.on_applied(*progress)
 
     async def _on_rejected(self, m: Msg) -> None:
         try:

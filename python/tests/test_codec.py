@@ -157,6 +157,39 @@ def test_unapplied_items_bound_the_writer() -> None:
     assert len(sent) == 3
 
 
+def test_the_services_pace_bounds_the_writer() -> None:
+    """While the service paces inserts, its progress bounds the writer's
+    unapplied items below max_unapplied; a message larger than the bound
+    still goes out alone, and the bound ends with the next progress that
+    carries none."""
+    p, sent = producer(max_unapplied=100)
+
+    def item(i: int) -> None:
+        with p.mu:
+            p.append_locked({"x": np.int64(i)})
+            p.create_item_locked("t", 1.0, p.resolve_locked({"x": ColumnHistory(p, "x")[-1]}))
+            p.advance_locked(False)
+
+    p.on_applied(0, {}, 2)
+    item(0)
+    item(1)
+    with pytest.raises(_Blocked):
+        item(2)
+    for r in sent:
+        p.on_settled(r, r.seq, None)
+    p.on_applied(2, {}, 2)  # both applied: room for two more
+    with p.mu:
+        p.advance_locked(False)
+    item(3)
+    assert len(sent) == 4
+    with pytest.raises(_Blocked):
+        item(4)
+    p.on_applied(2, {}, 0)  # no longer paced: max_unapplied again
+    with p.mu:
+        p.advance_locked(False)
+    assert len(sent) == 5
+
+
 def test_a_held_table_holds_only_its_items() -> None:
     """The service's progress names the tables whose rate limiters hold
     items: the writer counts its items for them as not applied, and its

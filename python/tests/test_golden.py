@@ -24,7 +24,7 @@ from reprise import _codec, _sample
 from reprise import aio as raio
 from reprise._proto import reprise_pb2 as pb
 from reprise._writer import ColumnHistory as H
-from reprise._writer import WriterOptions, _Producer, msg_id, notice_token
+from reprise._writer import WriterOptions, _Producer, decode_progress, msg_id, notice_token
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -154,6 +154,14 @@ def test_go_insert_batch_decodes() -> None:
                 got = got[0]
             assert (c.name, c.squeeze) == (wc["name"], wc["squeeze"])
             assert_same(got, expected(wc["want"]))
+
+
+@pytest.mark.parametrize("case", load("go_progress.json"), ids=lambda c: c["name"])
+def test_go_progress_decodes(case: dict[str, Any]) -> None:
+    """The service's progress, paced or not, reads as the Go producer reads
+    it: applied, the held tables, and the paced bound on unapplied items."""
+    applied, held, paced = decode_progress(b64(case["data"]))
+    assert (applied, held, paced) == (case["applied"], case["held"] or {}, case["max_unapplied"])
 
 
 # --------------------------------------------------------------- Python -> Go

@@ -186,6 +186,9 @@ type Service struct {
 	LeaseTTL time.Duration
 	// Shard is "INDEX/COUNT" for one shard of a sharded table, or empty.
 	Shard string
+	// SamplePriority is the delay to run above which the service paces
+	// inserts while learners sample; 0 never paces them.
+	SamplePriority time.Duration
 }
 
 // CheckShard accepts "INDEX/COUNT", such as "0/4", or nothing.
@@ -204,6 +207,7 @@ func (s Service) Options() []service.Option {
 		service.WithMaxConcurrentSamples(s.MaxConcurrentSamples),
 		service.WithPullBytes(s.PullBytes),
 		service.WithProducerIdle(s.ProducerIdle),
+		service.WithSamplePriority(s.SamplePriority),
 	}
 	if s.Standby {
 		opts = append(opts, service.WithStandby(s.LeaseTTL))
@@ -261,6 +265,7 @@ func Default() Config {
 			PullBytes:            16 << 20,
 			ProducerIdle:         30 * time.Minute,
 			LeaseTTL:             service.DefaultLeaseTTL,
+			SamplePriority:       service.DefaultSamplePriority,
 		},
 		Checkpoint: Checkpoint{Every: DefaultCheckpointEvery, Keep: 2},
 		Limits:     service.DefaultLimits(),

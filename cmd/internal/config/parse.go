@@ -116,6 +116,7 @@ func serviceFields(p *parser, s *Service) []field {
 		{"standby", p.boolean(&s.Standby)},
 		{"lease_ttl", p.duration(&s.LeaseTTL, false)},
 		{"shard", p.str(&s.Shard, CheckShard)},
+		{"sample_priority", p.duration(&s.SamplePriority, false)},
 	}
 }
 

@@ -23,6 +23,7 @@ type Tables interface {
 	TableNames() []string
 	Table(name string) (*tables.Table, bool)
 	Applied() uint64
+	InsertPace() float64
 }
 
 // Metrics is a registry with Reprise's metrics, and the Observer that feeds
@@ -162,16 +163,18 @@ var (
 	descInsertWaits = tableDesc("reprise_table_insert_waits_total", "Inserts the table's rate limiter held at least once.")
 	descSampleWaits = tableDesc("reprise_table_sample_waits_total", "Sample calls the table's rate limiter held at least once.")
 	descApplied     = prometheus.NewDesc("reprise_applied_sequence", "Last stream sequence the table service applied to its tables.", nil, nil)
+	descInsertPace  = prometheus.NewDesc("reprise_insert_pace_items_per_second", "Items a second the service lets in while it paces inserts so that learners keep their pace (service.sample_priority); 0 while it does not.", nil, nil)
 )
 
 func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSize, descMaxSize, descBytesHeld, descChunks, descInserts, descSamples, descDeletes, descEvictions, descInsertWaits, descSampleWaits, descApplied} {
+	for _, d := range []*prometheus.Desc{descSize, descMaxSize, descBytesHeld, descChunks, descInserts, descSamples, descDeletes, descEvictions, descInsertWaits, descSampleWaits, descApplied, descInsertPace} {
 		ch <- d
 	}
 }
 
 func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descApplied, prometheus.GaugeValue, float64(c.src.Applied()))
+	ch <- prometheus.MustNewConstMetric(descInsertPace, prometheus.GaugeValue, c.src.InsertPace())
 	for _, name := range c.src.TableNames() {
 		t, ok := c.src.Table(name)
 		if !ok {

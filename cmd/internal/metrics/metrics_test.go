@@ -18,6 +18,7 @@ import (
 type fakeService struct {
 	tables  map[string]*tables.Table
 	applied uint64
+	pace    float64
 }
 
 func (f *fakeService) TableNames() []string { return []string{"a", "b"} }
@@ -25,12 +26,13 @@ func (f *fakeService) Table(name string) (*tables.Table, bool) {
 	t, ok := f.tables[name]
 	return t, ok
 }
-func (f *fakeService) Applied() uint64 { return f.applied }
+func (f *fakeService) Applied() uint64     { return f.applied }
+func (f *fakeService) InsertPace() float64 { return f.pace }
 
 func newFake(t *testing.T) *fakeService {
 	t.Helper()
 	store := tables.NewChunkStore()
-	f := &fakeService{tables: make(map[string]*tables.Table), applied: 42}
+	f := &fakeService{tables: make(map[string]*tables.Table), applied: 42, pace: 2500}
 	for _, name := range []string{"a", "b"} {
 		tb, err := tables.New(tables.Config{
 			Name:    name,
@@ -92,6 +94,7 @@ func TestMetrics(t *testing.T) {
 	got := scrape(t, m)
 	for _, want := range []string{
 		`reprise_applied_sequence 42`,
+		`reprise_insert_pace_items_per_second 2500`,
 		`reprise_table_size{table="a"} 2`,
 		`reprise_table_size{table="b"} 0`,
 		`reprise_table_max_size{table="a"} 2`,

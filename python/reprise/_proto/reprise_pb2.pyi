@@ -311,12 +311,14 @@ class ProducerCheckpoint(_message.Message):
     def __init__(self, id: _Optional[str] = ..., last_sequence: _Optional[int] = ..., last_seen_unix_nano: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[int]] = ..., held: _Optional[_Iterable[_Union[HeldMessage, _Mapping]]] = ..., end: bool = ..., chunk_orders: _Optional[_Iterable[int]] = ..., notice_subject: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ["applied_sequence", "held"]
+    __slots__ = ["applied_sequence", "held", "max_unapplied"]
     APPLIED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    MAX_UNAPPLIED_FIELD_NUMBER: _ClassVar[int]
     applied_sequence: int
     held: _containers.RepeatedCompositeFieldContainer[TableProgress]
-    def __init__(self, applied_sequence: _Optional[int] = ..., held: _Optional[_Iterable[_Union[TableProgress, _Mapping]]] = ...) -> None: ...
+    max_unapplied: int
+    def __init__(self, applied_sequence: _Optional[int] = ..., held: _Optional[_Iterable[_Union[TableProgress, _Mapping]]] = ..., max_unapplied: _Optional[int] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ["code", "item_key", "message", "producer", "sequence", "table"]
