@@ -696,6 +696,13 @@ func (t *Table) Close() {
 	}
 }
 
+// Counters are the table's lifetime counts now: Info's, without the rest.
+func (t *Table) Counters() Counters {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.counters
+}
+
 // Info describes the table now.
 func (t *Table) Info() Info {
 	t.mu.Lock()

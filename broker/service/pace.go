@@ -43,6 +43,10 @@ const (
 type paceObservation struct {
 	// learners: sample requests arrived in the period.
 	learners bool
+	// limited: some sample waited for its table's rate limiter in the
+	// period. Those learners wait on inserts, not on the CPU, and pacing
+	// inserts would only slow them more.
+	limited bool
 	// delay is the 90th percentile of how long goroutines waited to run;
 	// 0 when too few woke to tell.
 	delay time.Duration
@@ -62,7 +66,7 @@ type paceController struct {
 // step revises the pace after a period and returns it.
 func (c *paceController) step(o paceObservation) float64 {
 	switch {
-	case !o.learners:
+	case !o.learners || o.limited:
 		c.rate = 0
 	case o.delay > c.target:
 		if c.rate == 0 {
@@ -181,7 +185,7 @@ func (s *Service) paceLoop(ctx context.Context, probe func() time.Duration) {
 	t := time.NewTicker(pacePeriod)
 	defer t.Stop()
 	last := time.Now()
-	lastSamples, lastApplied := s.pace.samples.Load(), s.pace.applied.Load()
+	lastSamples, lastApplied, lastWaits := s.pace.samples.Load(), s.pace.applied.Load(), s.sampleWaits()
 	for {
 		select {
 		case <-t.C:
@@ -189,14 +193,15 @@ func (s *Service) paceLoop(ctx context.Context, probe func() time.Duration) {
 			return
 		}
 		now := time.Now()
-		samples, applied := s.pace.samples.Load(), s.pace.applied.Load()
+		samples, applied, waits := s.pace.samples.Load(), s.pace.applied.Load(), s.sampleWaits()
 		was := c.rate
 		rate := c.step(paceObservation{
 			learners: samples > lastSamples,
+			limited:  waits > lastWaits,
 			delay:    probe(),
 			applied:  float64(applied-lastApplied) / now.Sub(last).Seconds(),
 		})
-		last, lastSamples, lastApplied = now, samples, applied
+		last, lastSamples, lastApplied, lastWaits = now, samples, applied, waits
 		switch {
 		case was == 0 && rate > 0:
 			s.log.Info("reprise service: pacing inserts so that learners keep their pace", "items_per_second", int64(rate), "sample_priority", s.o.samplePriority)
@@ -205,6 +210,16 @@ func (s *Service) paceLoop(ctx context.Context, probe func() time.Duration) {
 		}
 		s.setPace(rate)
 	}
+}
+
+// sampleWaits is how many samples have waited for their table's rate
+// limiter, over all tables.
+func (s *Service) sampleWaits() int64 {
+	var n int64
+	for _, t := range s.tables {
+		n += t.Counters().SampleWaits
+	}
+	return n
 }
 
 // setPace sets the apply loop's pace and the window producers are told to
