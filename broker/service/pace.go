@@ -43,9 +43,11 @@ const (
 type paceObservation struct {
 	// learners: sample requests arrived in the period.
 	learners bool
-	// limited: some sample waited for its table's rate limiter in the
-	// period. Those learners wait on inserts, not on the CPU, and pacing
-	// inserts would only slow them more.
+	// limited: some insert or sample waited for its table's rate limiter
+	// in the period. The limiter, not the CPU, then sets the balance of
+	// actors and learners: learners held by it wait on inserts, which
+	// pacing would slow more, and inserts held by it already wait on the
+	// learners.
 	limited bool
 	// delay is the 90th percentile of how long goroutines waited to run;
 	// 0 when too few woke to tell.
@@ -185,7 +187,7 @@ func (s *Service) paceLoop(ctx context.Context, probe func() time.Duration) {
 	t := time.NewTicker(pacePeriod)
 	defer t.Stop()
 	last := time.Now()
-	lastSamples, lastApplied, lastWaits := s.pace.samples.Load(), s.pace.applied.Load(), s.sampleWaits()
+	lastSamples, lastApplied, lastWaits := s.pace.samples.Load(), s.pace.applied.Load(), s.limiterWaits()
 	for {
 		select {
 		case <-t.C:
@@ -193,7 +195,7 @@ func (s *Service) paceLoop(ctx context.Context, probe func() time.Duration) {
 			return
 		}
 		now := time.Now()
-		samples, applied, waits := s.pace.samples.Load(), s.pace.applied.Load(), s.sampleWaits()
+		samples, applied, waits := s.pace.samples.Load(), s.pace.applied.Load(), s.limiterWaits()
 		was := c.rate
 		rate := c.step(paceObservation{
 			learners: samples > lastSamples,
@@ -212,12 +214,13 @@ func (s *Service) paceLoop(ctx context.Context, probe func() time.Duration) {
 	}
 }
 
-// sampleWaits is how many samples have waited for their table's rate
-// limiter, over all tables.
-func (s *Service) sampleWaits() int64 {
+// limiterWaits is how many inserts and samples have waited for their
+// table's rate limiter, over all tables.
+func (s *Service) limiterWaits() int64 {
 	var n int64
 	for _, t := range s.tables {
-		n += t.Counters().SampleWaits
+		c := t.Counters()
+		n += c.InsertWaits + c.SampleWaits
 	}
 	return n
 }

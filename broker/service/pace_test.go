@@ -316,7 +316,7 @@ func TestPacingLeavesLearnersWaitingForInserts(t *testing.T) {
 	if n < 20 {
 		t.Fatalf("only %d pace periods within 30s", n)
 	}
-	if d.svc.sampleWaits() == 0 {
+	if d.svc.limiterWaits() == 0 {
 		t.Fatal("no sample waited for the limiter: the test does not test anything")
 	}
 	if acked.Load() == 0 {
@@ -324,5 +324,45 @@ func TestPacingLeavesLearnersWaitingForInserts(t *testing.T) {
 	}
 	if p := paced.Load(); p > n/2 {
 		t.Fatalf("paced in %d of %d periods while every learner waited for inserts", p, n)
+	}
+}
+
+// TestLimiterWaitsCountInserts: inserts a table's rate limiter holds count
+// as limiter waits too (then the limiter, not pacing, balances actors and
+// learners), as well as samples it holds.
+func TestLimiterWaitsCountInserts(t *testing.T) {
+	cfg := tables.Config{
+		Name:    "t",
+		Sampler: selectors.Options{Kind: selectors.KindUniform},
+		Remover: selectors.Options{Kind: selectors.KindFifo},
+		MaxSize: 1000,
+	}
+	// With no samples, inserts past the first few wait.
+	lim, err := limiter.SampleToInsertRatio(1, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Limiter = lim
+	d := deploy(t, []tables.Config{cfg}, deployOptions{service: []Option{WithSamplePriority(0)}})
+	ctx := testutil.Context(t)
+	// Stored, not applied: the limiter holds most of them.
+	p := d.producer(broker.WithReturnOnStore())
+	if err := p.Append(ctx, step(0, 4)); err != nil {
+		t.Fatal(err)
+	}
+	for range 8 {
+		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for d.svc.limiterWaits() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no limiter wait counted within 20s for inserts the limiter holds")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

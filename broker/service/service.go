@@ -165,8 +165,8 @@ const DefaultSamplePriority = 4 * time.Millisecond
 // and tells producers to keep at most 100 ms of that pace unapplied between
 // them; their windows fill and they publish less. The pace rises again as
 // the delay falls, and ends when learners stop or actors no longer reach it.
-// Learners whose samples wait for a table's rate limiter are waiting on
-// inserts, so no period in which one waited is paced.
+// Where a table's rate limiter holds inserts or samples, it sets the balance
+// of actors and learners: no period in which one waited for it is paced.
 // On a machine with cores to spare the delay stays far below d and inserts
 // are never paced. 0 turns pacing off: actors then take what the scheduler
 // gives them, and learners wait behind them.
