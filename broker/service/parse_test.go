@@ -65,6 +65,51 @@ func TestParseInsertBatch(t *testing.T) {
 	}
 }
 
+// TestSmallChunksLeaveTheirMessage: a small chunk is held as a copy, so
+// that the message it came in can go once parsed; a large one is held as a
+// slice of the message, whose bytes it makes up. Either way the bytes held
+// are the chunk's encoding.
+func TestSmallChunksLeaveTheirMessage(t *testing.T) {
+	small := encodedChunk(t, 11)
+	large, err := wire.EncodeChunk(12, []*wire.Tensor{wire.Float32s([]int64{copiedChunkBytes}, make([]float32, copiedChunkBytes))}, wire.ChunkOptions{Codec: wire.Uncompressed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := proto.Marshal(&wire.InsertBatch{ProducerId: "p", Sequence: 1, WindowStart: 1, Window: 1, Chunks: []*wire.Chunk{small, large}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := DefaultLimits()
+	b, err := parseInsertBatch(data, &limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inMessage := func(d []byte) bool {
+		for i := range data {
+			if &data[i] == &d[0] {
+				return true
+			}
+		}
+		return false
+	}
+	for i, want := range []struct {
+		chunk     *wire.Chunk
+		inMessage bool
+	}{{small, false}, {large, true}} {
+		rc := b.chunks[i]
+		if rc.err != nil {
+			t.Fatal(rc.err)
+		}
+		var got wire.Chunk
+		if err := proto.Unmarshal(rc.chunk.Data, &got); err != nil || !proto.Equal(&got, want.chunk) {
+			t.Fatalf("chunk %d: stored bytes decode to %v (%v)", i, &got, err)
+		}
+		if in := inMessage(rc.chunk.Data); in != want.inMessage {
+			t.Errorf("chunk %d of %d bytes: a slice of its message %v, want %v", i, len(rc.chunk.Data), in, want.inMessage)
+		}
+	}
+}
+
 func TestParseChunkRejects(t *testing.T) {
 	good := encodedChunk(t, 5)
 	cases := map[string]func(c *wire.Chunk){
