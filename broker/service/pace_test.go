@@ -140,13 +140,7 @@ func TestPacingPutsLearnersFirst(t *testing.T) {
 		o.schedProbe = func() time.Duration { return time.Duration(delay.Load()) }
 		return nil
 	})
-	cfg := tables.Config{
-		Name:    "t",
-		Sampler: selectors.Options{Kind: selectors.KindUniform},
-		Remover: selectors.Options{Kind: selectors.KindFifo},
-		MaxSize: 10_000_000,
-		Limiter: limiter.MinSize(1),
-	}
+	cfg := pacedTable(10_000_000, limiter.MinSize(1))
 	d := deploy(t, []tables.Config{cfg}, deployOptions{service: []Option{WithSamplePriority(time.Millisecond), probe}})
 	ctx := testutil.Context(t)
 
@@ -227,6 +221,18 @@ func TestPacingPutsLearnersFirst(t *testing.T) {
 	}
 }
 
+// pacedTable is table "t" of the pacing tests: uniform, fifo, with max
+// size and limiter as given.
+func pacedTable(maxSize int64, lim limiter.Config) tables.Config {
+	return tables.Config{
+		Name:    "t",
+		Sampler: selectors.Options{Kind: selectors.KindUniform},
+		Remover: selectors.Options{Kind: selectors.KindFifo},
+		MaxSize: maxSize,
+		Limiter: lim,
+	}
+}
+
 // runActor inserts one step with 64 items on it into table "t", flushes,
 // and goes on as fast as it can until ctx ends or an insert fails, counting
 // the items acknowledged. The channel gets the error that stopped it.
@@ -274,14 +280,8 @@ func TestPacingLeavesLearnersWaitingForInserts(t *testing.T) {
 		}
 		return nil
 	})
-	cfg := tables.Config{
-		Name:    "t",
-		Sampler: selectors.Options{Kind: selectors.KindUniform},
-		Remover: selectors.Options{Kind: selectors.KindFifo},
-		MaxSize: 10_000_000,
-		// More items than the test inserts: every sample waits for inserts.
-		Limiter: limiter.MinSize(10_000_000),
-	}
+	// More items than the test inserts: every sample waits for inserts.
+	cfg := pacedTable(10_000_000, limiter.MinSize(10_000_000))
 	d := deploy(t, []tables.Config{cfg}, deployOptions{service: []Option{WithSamplePriority(time.Millisecond), probe}})
 	svc.Store(d.svc)
 	ctx := testutil.Context(t)
@@ -331,18 +331,12 @@ func TestPacingLeavesLearnersWaitingForInserts(t *testing.T) {
 // as limiter waits too (then the limiter, not pacing, balances actors and
 // learners), as well as samples it holds.
 func TestLimiterWaitsCountInserts(t *testing.T) {
-	cfg := tables.Config{
-		Name:    "t",
-		Sampler: selectors.Options{Kind: selectors.KindUniform},
-		Remover: selectors.Options{Kind: selectors.KindFifo},
-		MaxSize: 1000,
-	}
 	// With no samples, inserts past the first few wait.
 	lim, err := limiter.SampleToInsertRatio(1, 1, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Limiter = lim
+	cfg := pacedTable(1000, lim)
 	d := deploy(t, []tables.Config{cfg}, deployOptions{service: []Option{WithSamplePriority(0)}})
 	ctx := testutil.Context(t)
 	// Stored, not applied: the limiter holds most of them.

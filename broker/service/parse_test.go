@@ -24,15 +24,10 @@ func encodedChunk(t testing.TB, key uint64) *wire.Chunk {
 	return c
 }
 
-// TestParseInsertBatch: the hand-rolled parser agrees with the generated
-// code, and a stored chunk is exactly the chunk's encoding.
-func TestParseInsertBatch(t *testing.T) {
-	c1, c2 := encodedChunk(t, 11), encodedChunk(t, 12)
-	in := &wire.InsertBatch{
-		ProducerId: "p", Sequence: 42, WindowStart: 40, Window: 8, Chunks: []*wire.Chunk{c1, c2},
-		Items:            []*wire.Item{{Key: 1, Table: "t", Priority: 0.5, Columns: []*wire.TrajectoryColumn{{Name: "x", Slices: []*wire.ColumnSlice{{ChunkKey: 11, Length: 2}}}}}},
-		ReleaseChunkKeys: []uint64{3, 4, 1 << 60}, EndOfStream: true,
-	}
+// parsedBatch encodes in and parses it under the default limits, returning
+// the batch and the message it was parsed from.
+func parsedBatch(t *testing.T, in *wire.InsertBatch) (*insertBatch, []byte) {
+	t.Helper()
 	data, err := proto.Marshal(in)
 	if err != nil {
 		t.Fatal(err)
@@ -42,6 +37,19 @@ func TestParseInsertBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return b, data
+}
+
+// TestParseInsertBatch: the hand-rolled parser agrees with the generated
+// code, and a stored chunk is exactly the chunk's encoding.
+func TestParseInsertBatch(t *testing.T) {
+	c1, c2 := encodedChunk(t, 11), encodedChunk(t, 12)
+	in := &wire.InsertBatch{
+		ProducerId: "p", Sequence: 42, WindowStart: 40, Window: 8, Chunks: []*wire.Chunk{c1, c2},
+		Items:            []*wire.Item{{Key: 1, Table: "t", Priority: 0.5, Columns: []*wire.TrajectoryColumn{{Name: "x", Slices: []*wire.ColumnSlice{{ChunkKey: 11, Length: 2}}}}}},
+		ReleaseChunkKeys: []uint64{3, 4, 1 << 60}, EndOfStream: true,
+	}
+	b, _ := parsedBatch(t, in)
 	if b.producerID != "p" || b.sequence != 42 || b.windowStart != 40 || b.window != 8 || !b.end || !slices.Equal(b.release, in.ReleaseChunkKeys) || len(b.items) != 1 {
 		t.Fatalf("parsed %+v, want %v", b, in)
 	}
@@ -75,15 +83,7 @@ func TestSmallChunksLeaveTheirMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := proto.Marshal(&wire.InsertBatch{ProducerId: "p", Sequence: 1, WindowStart: 1, Window: 1, Chunks: []*wire.Chunk{small, large}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	limits := DefaultLimits()
-	b, err := parseInsertBatch(data, &limits)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, data := parsedBatch(t, &wire.InsertBatch{ProducerId: "p", Sequence: 1, WindowStart: 1, Window: 1, Chunks: []*wire.Chunk{small, large}})
 	inMessage := func(d []byte) bool {
 		for i := range data {
 			if &data[i] == &d[0] {
