@@ -65,7 +65,7 @@ func TestPresets(t *testing.T) {
 func TestSignatureErrorsNameTheColumn(t *testing.T) {
 	s := NewChunkStore()
 	putChunk(s, 1, 4, 8) // float32, step shape [2]
-	s.Put(&Chunk{Key: 2, DType: "uint8", Shape: []int64{84, 84}, Length: 4})
+	s.Put(&Chunk{Key: 2, Format: &Format{DType: "uint8", Shape: []int64{84, 84}}, Length: 4})
 	cfg := config("t", selectors.KindFifo, selectors.KindFifo, 10, limiter.MinSize(1))
 	cfg.Signature = Signature{
 		{Name: "obs", DType: "uint8", Shape: []int64{-1, 84, 84}},

@@ -31,7 +31,7 @@ func testCtx(t testing.TB) context.Context {
 // putChunk puts a float32 chunk of the given steps with step shape [2] and
 // len(data) = size bytes, keeping the caller's reference.
 func putChunk(s *ChunkStore, key ChunkKey, steps int32, size int) *Chunk {
-	return s.Put(&Chunk{Key: key, DType: "float32", Shape: []int64{2}, Length: steps, Data: make([]byte, size)})
+	return s.Put(&Chunk{Key: key, Format: &Format{DType: "float32", Shape: []int64{2}}, Length: steps, Data: make([]byte, size)})
 }
 
 // col is a column named name covering one step of each chunk in keys.
@@ -99,7 +99,7 @@ func refs(s *ChunkStore, key ChunkKey) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if sc, ok := s.chunks[key]; ok {
-		return sc.refs
+		return int64(sc.refs)
 	}
 	return 0
 }

@@ -164,7 +164,7 @@ func checkRefs(t testing.TB, s *ChunkStore, callerRefs int64, tables ...*Table) 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k, sc := range s.chunks {
-		if sc.refs != want[k]+callerRefs {
+		if int64(sc.refs) != want[k]+callerRefs {
 			t.Fatalf("chunk %d has %d references, want %d from items and %d from the caller", k, sc.refs, want[k], callerRefs)
 		}
 	}

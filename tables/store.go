@@ -1,7 +1,9 @@
 package tables
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 )
@@ -9,8 +11,9 @@ import (
 // ChunkStore holds the chunks of one deployment, shared by all its tables.
 // A chunk lives while anything holds a reference to it (the caller that Put
 // it, a producer's keep-alive set, every item whose trajectory names it) and
-// is dropped when the last reference is released. It is safe for concurrent
-// use.
+// is dropped when the last reference is released. Beside its Data, a chunk
+// costs the store 64 bytes and a map slot: the chunks of one dtype and shape
+// share one Format. It is safe for concurrent use.
 type ChunkStore struct {
 	mu     sync.Mutex
 	chunks map[ChunkKey]*storedChunk
@@ -18,33 +21,52 @@ type ChunkStore struct {
 	// epoch and scratch serve acquire, under mu: a chunk is distinct within
 	// one item when its mark is not yet the current epoch, which dedupes
 	// without allocating a set per item.
-	epoch   uint64
+	epoch   uint32
 	scratch []*storedChunk
 	// slots numbers the stored chunks densely (Chunk.slot), so that a table
 	// counts its references to each in a slice rather than a map; free
 	// lists the numbers of dropped chunks, for reuse.
 	slots []*storedChunk
 	free  []int32
+	// formats holds one Format per distinct format of the stored chunks,
+	// by formatKey, with the number of chunks that have it; formatKey is
+	// the scratch buffer its keys are built in.
+	formats   map[string]*storedFormat
+	formatKey []byte
 }
 
+// storedChunk is 64 bytes, the size class it is allocated in: with refs
+// and mark of 64 bits it took 80.
 type storedChunk struct {
-	chunk Chunk // the store's copy: its slot is this store's
-	refs  int64
-	mark  uint64
+	chunk Chunk // the store's copy: its slot and Format are this store's
+	// refs is bounded by maxRefs: each reference is an item, a producer's
+	// hold or a caller's Put or Retain, and the first two are checked.
+	refs int32
+	mark uint32
 }
+
+type storedFormat struct {
+	format Format
+	chunks int64
+}
+
+// maxRefs is the most references a chunk takes: acquire and Retain refuse
+// more, which only an item count no memory holds could reach.
+const maxRefs = math.MaxInt32
 
 // NewChunkStore returns an empty store.
 func NewChunkStore() *ChunkStore {
-	return &ChunkStore{chunks: make(map[ChunkKey]*storedChunk)}
+	return &ChunkStore{chunks: make(map[ChunkKey]*storedChunk), formats: make(map[string]*storedFormat)}
 }
 
 // Put adds c and takes one reference to it for the caller. When a chunk with
 // c's key is already present, Put takes a reference to that one and returns
 // it instead: keys are unique per deployment, so the two are the same chunk
 // (a producer may send it again after a reconnect). The store keeps a
-// shallow copy of c, the chunk Put returns, sharing c's Shape and Data;
-// nobody may modify a chunk once it is Put. Put(nil) does nothing and
-// returns nil.
+// shallow copy of c, the chunk Put returns, sharing c's Data;
+// nobody may modify a chunk once it is Put. The copy's Format is the
+// store's own for c's (equal in every field, shared with the other chunks
+// of that format). Put(nil) does nothing and returns nil.
 func (s *ChunkStore) Put(c *Chunk) *Chunk {
 	if c == nil {
 		return nil
@@ -56,6 +78,7 @@ func (s *ChunkStore) Put(c *Chunk) *Chunk {
 		return &sc.chunk
 	}
 	sc := &storedChunk{chunk: *c, refs: 1}
+	sc.chunk.Format = s.internLocked(c.Format)
 	if n := len(s.free); n > 0 {
 		sc.chunk.slot, s.free = s.free[n-1], s.free[:n-1]
 		s.slots[sc.chunk.slot] = sc
@@ -75,8 +98,13 @@ func (s *ChunkStore) Retain(keys ...ChunkKey) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range keys {
-		if _, ok := s.chunks[k]; !ok {
+		sc, ok := s.chunks[k]
+		if !ok {
 			return fmt.Errorf("%w: chunk %d", ErrChunkMissing, k)
+		}
+		// As if every key were this one: a bound that needs no counting.
+		if int64(sc.refs)+int64(len(keys)) > maxRefs {
+			return fmt.Errorf("%w: chunk %d already has %d references, the most it can take", ErrInvalidArgument, k, sc.refs)
 		}
 	}
 	for _, k := range keys {
@@ -133,14 +161,54 @@ func (s *ChunkStore) Bytes() int64 {
 	return s.bytes
 }
 
-func (s *ChunkStore) releaseLocked(sc *storedChunk, n int64) {
+func (s *ChunkStore) releaseLocked(sc *storedChunk, n int32) {
 	sc.refs -= n
 	if sc.refs <= 0 {
 		delete(s.chunks, sc.chunk.Key)
 		s.bytes -= int64(len(sc.chunk.Data))
 		s.slots[sc.chunk.slot] = nil
 		s.free = append(s.free, sc.chunk.slot)
+		s.dropFormatLocked(sc.chunk.Format)
 	}
+}
+
+// internLocked returns the store's Format equal to f (the zero one for a
+// nil f), making it from a copy of f if the store has none, and counts one
+// more chunk of it.
+func (s *ChunkStore) internLocked(f *Format) *Format {
+	if f == nil {
+		f = &Format{}
+	}
+	s.formatKey = appendFormatKey(s.formatKey[:0], f)
+	if sf, ok := s.formats[string(s.formatKey)]; ok {
+		sf.chunks++
+		return &sf.format
+	}
+	sf := &storedFormat{format: Format{DType: f.DType, Shape: slices.Clone(f.Shape), StepBytes: f.StepBytes}, chunks: 1}
+	s.formats[string(s.formatKey)] = sf
+	return &sf.format
+}
+
+// dropFormatLocked counts one chunk of the store's Format f fewer, and
+// forgets f with its last chunk.
+func (s *ChunkStore) dropFormatLocked(f *Format) {
+	s.formatKey = appendFormatKey(s.formatKey[:0], f)
+	sf := s.formats[string(s.formatKey)]
+	if sf.chunks--; sf.chunks == 0 {
+		delete(s.formats, string(s.formatKey))
+	}
+}
+
+// appendFormatKey appends f's fields in a form that tells every two
+// Formats apart: the dtype's length before it, then fixed-width numbers.
+func appendFormatKey(b []byte, f *Format) []byte {
+	b = binary.AppendUvarint(b, uint64(len(f.DType)))
+	b = append(b, f.DType...)
+	b = binary.LittleEndian.AppendUint64(b, uint64(f.StepBytes))
+	for _, d := range f.Shape {
+		b = binary.LittleEndian.AppendUint64(b, uint64(d))
+	}
+	return b
 }
 
 // acquire checks an item's trajectory against the chunks it names and
@@ -153,6 +221,11 @@ func (s *ChunkStore) acquire(traj []Column, sig Signature) ([]*Chunk, int64, err
 	defer s.mu.Unlock()
 	distinct, decoded, err := s.collectLocked(traj, sig)
 	var out []*Chunk
+	for _, sc := range distinct {
+		if err == nil && sc.refs >= maxRefs {
+			err = fmt.Errorf("%w: chunk %d already has %d references, the most it can take", ErrInvalidItem, sc.chunk.Key, sc.refs)
+		}
+	}
 	if err == nil {
 		out = make([]*Chunk, len(distinct))
 		for i, sc := range distinct {
@@ -168,7 +241,15 @@ func (s *ChunkStore) acquire(traj []Column, sig Signature) ([]*Chunk, int64, err
 // collectLocked does acquire's checks and gathers the distinct chunks and the
 // bytes the item's steps decode to.
 func (s *ChunkStore) collectLocked(traj []Column, sig Signature) (distinct []*storedChunk, decoded int64, err error) {
-	s.epoch++
+	if s.epoch++; s.epoch == 0 {
+		// Marks of the epoch before the wrap would read as current.
+		for _, sc := range s.slots {
+			if sc != nil {
+				sc.mark = 0
+			}
+		}
+		s.epoch = 1
+	}
 	distinct = s.scratch[:0]
 	for ci := range traj {
 		col := &traj[ci]
@@ -186,7 +267,7 @@ func (s *ChunkStore) collectLocked(traj []Column, sig Signature) (distinct []*st
 			}
 			if first == nil {
 				first = c
-			} else if c.DType != first.DType || !slices.Equal(c.Shape, first.Shape) {
+			} else if c.Format != first.Format && (c.DType != first.DType || !slices.Equal(c.Shape, first.Shape)) {
 				return distinct, 0, fmt.Errorf("%w: column %q mixes chunks of %s%v (chunk %d) and %s%v (chunk %d)",
 					ErrInvalidItem, col.Name, first.DType, first.Shape, first.Key, c.DType, c.Shape, c.Key)
 			}
@@ -232,7 +313,7 @@ func (s *ChunkStore) releaseHeld(held []int32) {
 	defer s.mu.Unlock()
 	for slot, n := range held {
 		if n > 0 {
-			s.releaseLocked(s.slots[slot], int64(n))
+			s.releaseLocked(s.slots[slot], n)
 		}
 	}
 }

@@ -1,8 +1,10 @@
 package tables
 
 import (
+	"math"
 	"sync"
 	"testing"
+	"unsafe"
 )
 
 func TestChunkStorePutGetRelease(t *testing.T) {
@@ -75,8 +77,8 @@ func TestChunkStoreAcquireChecks(t *testing.T) {
 	s := NewChunkStore()
 	putChunk(s, 1, 4, 8)
 	putChunk(s, 2, 4, 8)
-	s.Put(&Chunk{Key: 3, DType: "int64", Shape: []int64{2}, Length: 4})
-	s.Put(&Chunk{Key: 4, DType: "float32", Shape: []int64{3}, Length: 4})
+	s.Put(&Chunk{Key: 3, Format: &Format{DType: "int64", Shape: []int64{2}}, Length: 4})
+	s.Put(&Chunk{Key: 4, Format: &Format{DType: "float32", Shape: []int64{3}}, Length: 4})
 	cases := []struct {
 		name   string
 		traj   []Column
@@ -112,6 +114,108 @@ func TestChunkStoreAcquireChecks(t *testing.T) {
 	}
 	if refs(s, 1) != 2 || refs(s, 2) != 2 {
 		t.Fatalf("refs after acquire = %d, %d; want 2, 2", refs(s, 1), refs(s, 2))
+	}
+}
+
+func TestChunkStoreSharesFormats(t *testing.T) {
+	s := NewChunkStore()
+	mine := &Format{DType: "float32", Shape: []int64{2}, StepBytes: 8}
+	a := s.Put(&Chunk{Key: 1, Format: mine, Length: 1})
+	b := s.Put(&Chunk{Key: 2, Format: &Format{DType: "float32", Shape: []int64{2}, StepBytes: 8}, Length: 1})
+	other := s.Put(&Chunk{Key: 3, Format: &Format{DType: "float32", Shape: []int64{3}, StepBytes: 12}, Length: 1})
+	bare := s.Put(&Chunk{Key: 4, Length: 1})
+	if a.Format != b.Format {
+		t.Fatal("two chunks of one format were given different Formats")
+	}
+	if a.Format == mine {
+		t.Fatal("the store kept the caller's Format rather than a copy of its own")
+	}
+	if other.Format == a.Format || other.Shape[0] != 3 || other.StepBytes != 12 {
+		t.Fatalf("a chunk of shape [3] got Format %+v", *other.Format)
+	}
+	if bare.Format == nil || bare.DType != "" || bare.Shape != nil || bare.StepBytes != 0 {
+		t.Fatalf("a chunk without a Format got %+v, want the zero Format", bare.Format)
+	}
+	// The caller's Format is theirs: changing it changes no stored chunk.
+	mine.Shape[0], mine.DType = 9, "int8"
+	if a.Shape[0] != 2 || a.DType != "float32" {
+		t.Fatalf("stored chunk's format followed the caller's: %s%v", a.DType, a.Shape)
+	}
+	// A Format lives while a chunk has it, and a later chunk of a format
+	// whose chunks all went gets a fresh one.
+	if err := s.Release(1); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.formats) != 3 {
+		t.Fatalf("store holds %d formats, want 3 (chunk 2 still has float32[2])", len(s.formats))
+	}
+	if err := s.Release(2, 3, 4); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.formats) != 0 {
+		t.Fatalf("store holds %d formats with no chunks", len(s.formats))
+	}
+	// Formats that differ only in StepBytes (a caller that knows it and one
+	// that does not) are distinct Formats, and a column may mix them.
+	putChunk(s, 5, 1, 8)
+	s.Put(&Chunk{Key: 6, Format: &Format{DType: "float32", Shape: []int64{2}, StepBytes: 8}, Length: 1})
+	if _, _, err := s.acquire([]Column{col("a", 5, 6)}, nil); err != nil {
+		t.Fatalf("column of float32[2] chunks with and without StepBytes: %v", err)
+	}
+}
+
+func TestChunkStoreEpochWraps(t *testing.T) {
+	s := NewChunkStore()
+	putChunk(s, 1, 4, 8)
+	putChunk(s, 2, 4, 8)
+	// Chunk 1 is marked in epoch 1, chunk 2 never: after the wrap neither
+	// mark may read as the current epoch's.
+	if _, _, err := s.acquire([]Column{col("a", 1)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.epoch = math.MaxUint32
+	for range 3 {
+		got, _, err := s.acquire([]Column{col("a", 1, 1), col("b", 2, 1)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 2 || got[0].Key != 1 || got[1].Key != 2 {
+			t.Fatalf("acquire at epoch %d returned %v, want chunks 1, 2", s.epoch, got)
+		}
+	}
+	if s.epoch != 3 || refs(s, 1) != 5 || refs(s, 2) != 4 {
+		t.Fatalf("after three acquires across the wrap: epoch %d, refs %d and %d; want 3, 5 and 4", s.epoch, refs(s, 1), refs(s, 2))
+	}
+}
+
+func TestChunkStoreBoundsReferences(t *testing.T) {
+	s := NewChunkStore()
+	putChunk(s, 1, 1, 8)
+	putChunk(s, 2, 1, 8)
+	s.chunks[1].refs = maxRefs - 1
+	if _, _, err := s.acquire([]Column{col("a", 1)}, nil); err != nil {
+		t.Fatalf("the last reference a chunk can take: %v", err)
+	}
+	_, _, err := s.acquire([]Column{col("a", 2), col("b", 1)}, nil)
+	wantErr(t, err, []error{ErrInvalidItem}, "chunk 1", "references")
+	err = s.Retain(2, 1)
+	wantErr(t, err, []error{ErrInvalidArgument}, "chunk 1", "references")
+	if refs(s, 1) != maxRefs || refs(s, 2) != 1 {
+		t.Fatalf("refused calls took references: %d, %d", refs(s, 1), refs(s, 2))
+	}
+}
+
+// The bookkeeping a chunk and an item cost is what the memory targets are
+// made of: these sizes are size classes of Go's allocator, or fill slabs.
+func TestHeaderSizes(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("sizes are for 64-bit platforms")
+	}
+	if n := unsafe.Sizeof(storedChunk{}); n != 64 {
+		t.Errorf("storedChunk is %d bytes, want 64", n)
+	}
+	if n := unsafe.Sizeof(entry{}); n != 120 {
+		t.Errorf("entry is %d bytes, want 120", n)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -66,14 +67,14 @@ type Table struct {
 	episodes map[uint64]int64
 }
 
-// entry is one item's bookkeeping.
+// entry is one item's bookkeeping: 120 bytes, its fields ordered so that
+// no padding comes between them.
 type entry struct {
-	key          uint64
-	priority     float64
-	insertedAt   int64  // unix nanoseconds
-	seq          uint64 // of its insert or latest priority update
-	timesSampled int32
-	version      int64 // of the policy that produced it
+	key        uint64
+	priority   float64
+	insertedAt int64  // unix nanoseconds
+	seq        uint64 // of its insert or latest priority update
+	version    int64  // of the policy that produced it
 	// traj and chunks are shared read-only with every Sample and Item handed
 	// out, so they are replaced, never modified.
 	traj       []Column
@@ -81,7 +82,8 @@ type entry struct {
 	prev, next *entry
 	// pos is the entry's place in a uniform sampler's (0) and remover's (1)
 	// array.
-	pos [2]int32
+	pos          [2]int32
+	timesSampled int32
 }
 
 // Counters are a table's lifetime event counts. Reset does not clear them:
@@ -419,6 +421,11 @@ func (t *Table) holdLocked(chunks []*Chunk) {
 	}
 }
 
+// slabEntries is how many entries a slab holds: as many as fill 32 KiB, the
+// largest size class, which a slab of more bytes than that would be rounded
+// up from (256 entries of 120 bytes took 128 bytes an entry).
+const slabEntries = 32 << 10 / int64(unsafe.Sizeof(entry{}))
+
 // newEntry hands out entries from a slab, reusing removed ones first, so
 // that inserting does not allocate per item.
 func (t *Table) newEntry() *entry {
@@ -427,7 +434,7 @@ func (t *Table) newEntry() *entry {
 		return e
 	}
 	if len(t.slab) == 0 {
-		t.slab = make([]entry, min(256, t.cfg.MaxSize))
+		t.slab = make([]entry, min(slabEntries, t.cfg.MaxSize))
 	}
 	e := &t.slab[0]
 	t.slab = t.slab[1:]

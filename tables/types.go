@@ -34,27 +34,37 @@ var (
 // ChunkKey identifies a chunk in the ChunkStore.
 type ChunkKey = uint64
 
-// Chunk is K consecutive steps of one column. The engine reads only the
-// metadata; Data is stored and returned untouched.
-type Chunk struct {
-	Key ChunkKey
+// Format is what each step of a chunk holds: its element type and shape,
+// and the bytes it decodes to. The store gives all the chunks of one format
+// the same *Format (Put), so that a chunk's header costs one pointer for it
+// however many chunks there are. Nobody may modify a Format a chunk points
+// to.
+type Format struct {
 	// DType is the numpy name of the element type ("float32", "uint8", ...).
 	DType string
 	// Shape is the shape of one step (without the leading step axis).
 	Shape []int64
-	// Length is the number of steps in the chunk.
-	Length int32
 	// StepBytes is the decoded size of one step: what a learner's copy of
 	// each step an item selects costs. 0 when the caller does not know it.
 	StepBytes int64
+}
+
+// Chunk is K consecutive steps of one column. The engine reads only the
+// metadata; Data is stored and returned untouched.
+type Chunk struct {
+	Key ChunkKey
+	// Format is shared among chunks (see Format); a nil Format is the zero
+	// one.
+	*Format
+	// Length is the number of steps in the chunk.
+	Length int32
+	// slot is the store's number for the chunk while it holds it, set by
+	// Put under the store's lock before any table can see the chunk.
+	slot int32
 	// Data is the encoded chunk as it travels on the wire.
 	Data []byte
 	// Episode is the id of the episode whose steps it holds (0: unknown).
 	Episode uint64
-
-	// slot is the store's number for the chunk while it holds it, set by
-	// Put under the store's lock before any table can see the chunk.
-	slot int32
 }
 
 // Slice selects Length consecutive steps of a chunk, starting at Offset.

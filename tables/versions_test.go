@@ -183,7 +183,7 @@ func TestStalenessIndexBounded(t *testing.T) {
 func TestEpisodeAndUniqueSampleCounts(t *testing.T) {
 	s := NewChunkStore()
 	for key, episode := range map[ChunkKey]uint64{1: 100, 2: 100, 3: 200} {
-		s.Put(&Chunk{Key: key, DType: "float32", Shape: []int64{2}, Length: 1, Data: make([]byte, 8), Episode: episode})
+		s.Put(&Chunk{Key: key, Format: &Format{DType: "float32", Shape: []int64{2}}, Length: 1, Data: make([]byte, 8), Episode: episode})
 	}
 	tb := mustNew(t, config("t", selectors.KindUniform, selectors.KindFifo, 10, limiter.MinSize(1)), s)
 	mustInsert(t, tb, newItem(1, 1, 1, 2)) // episode 100, two chunks

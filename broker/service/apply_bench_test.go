@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"runtime"
 	"testing"
 	"time"
 
@@ -80,4 +81,59 @@ func BenchmarkApplyInsert(b *testing.B) {
 	perItem := b.Elapsed() / time.Duration(b.N*items)
 	b.ReportMetric(float64(perItem.Nanoseconds()), "ns/item")
 	b.ReportMetric(float64(time.Second)/float64(perItem), "items/s")
+}
+
+// BenchmarkHeldBytes measures what a table holds per item beyond its payload:
+// the live heap after parsing and applying insert messages of 64 one-step
+// items of 16 bytes (four float32s), each with its own chunk, as an actor's
+// producer sends them, into a table large enough to keep them all. It is
+// the heap's share of the memory section's figure per 16-byte item, which
+// reads the whole process's resident memory.
+//
+//	go test -run - -bench HeldBytes -benchtime 4000x ./broker/service
+func BenchmarkHeldBytes(b *testing.B) {
+	const items, payloadBytes = 64, 16
+	s, err := New(fuzzConn(b), []tables.Config{testutil.UniformTable("t", 100_000_000)}, WithPrefix("bench"), WithLogger(testutil.QuietLogger()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	payload := make([]float32, payloadBytes/4)
+	producer := "0123456789abcdef0123456789abcdef"
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	b.ResetTimer()
+	for seq := uint64(1); seq <= uint64(b.N); seq++ {
+		m := &wire.InsertBatch{ProducerId: producer, Sequence: seq, WindowStart: seq, Window: 1}
+		for i := range uint64(items) {
+			key := seq<<8 | i + 1
+			ch, err := wire.EncodeChunk(key, []*wire.Tensor{wire.Float32s([]int64{payloadBytes / 4}, payload)}, wire.ChunkOptions{Codec: wire.Uncompressed})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ch.EpisodeId = seq
+			m.Chunks = append(m.Chunks, ch)
+			m.Items = append(m.Items, &wire.Item{Key: key, Table: "t", Priority: 1,
+				Columns: []*wire.TrajectoryColumn{{Name: "payload", Squeeze: true, Slices: []*wire.ColumnSlice{{ChunkKey: key, Length: 1}}}}})
+			m.ReleaseChunkKeys = append(m.ReleaseChunkKeys, key)
+		}
+		data, _ := proto.Marshal(m)
+		batch, err := parseInsertBatch(data, &s.o.limits)
+		if err != nil {
+			b.Fatal(err)
+		}
+		batch.storedAt, batch.raw = time.Unix(1_700_000_000, 0), data
+		if err := s.applyInsert(ctx, batch, seq); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(b.N) * items
+	if size := s.tables["t"].Size(); size != held {
+		b.Fatalf("table holds %d items, want %d", size, held)
+	}
+	b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(held)-payloadBytes, "B/item-beyond-payload")
 }

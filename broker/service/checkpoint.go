@@ -448,8 +448,9 @@ func (s *Service) listForRecovery(ctx context.Context) ([]string, error) {
 func (s *Service) restore(cp *wire.Checkpoint) error {
 	store := tables.NewChunkStore()
 	keys := make([]uint64, 0, len(cp.Chunks))
+	var formats formatCache
 	for i, raw := range cp.Chunks {
-		c, err := parseChunk(raw)
+		c, err := parseChunk(raw, &formats)
 		if err != nil {
 			return fmt.Errorf("chunk %d: %w", i, err)
 		}

@@ -229,7 +229,7 @@ func goldenResponses(t *testing.T) []goldenResponse {
 					t.Fatal(err)
 				}
 				decoded[key] = dec
-				stored[key] = &tables.Chunk{Key: key, DType: c.dtype, Shape: c.shape, Length: ch.Length, Data: goldenMarshal(t, ch)}
+				stored[key] = &tables.Chunk{Key: key, Format: &tables.Format{DType: c.dtype, Shape: c.shape}, Length: ch.Length, Data: goldenMarshal(t, ch)}
 				keys[ci] = append(keys[ci], key)
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -91,7 +92,10 @@ func parseInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 
 func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 	out := &insertBatch{}
-	var names nameCache
+	var (
+		names   nameCache
+		formats formatCache
+	)
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -119,7 +123,7 @@ func readInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 			if len(out.chunks) == l.MaxChunksPerMessage {
 				return nil, fmt.Errorf("%w: insert batch has more than %d chunks (limits.max_chunks_per_message)", protocol.ErrResourceExhausted, l.MaxChunksPerMessage)
 			}
-			c, err := parseChunk(v)
+			c, err := parseChunk(v, &formats)
 			if err == nil && len(v) <= copiedChunkBytes {
 				c.Data = bytes.Clone(v)
 			}
@@ -351,6 +355,28 @@ func (c *nameCache) get(b []byte) (string, error) {
 	return s, nil
 }
 
+// formatCache gives the chunks of a message that share a format one
+// tables.Format, as nameCache does names: a message of one-step chunks of
+// one column makes one Format, not one a chunk.
+type formatCache []*tables.Format
+
+// maxCachedFormats bounds a message's format cache: a message with more
+// distinct formats gets a Format of its own for each further chunk.
+const maxCachedFormats = 16
+
+func (c *formatCache) get(dtype string, shape []int64, stepBytes int64) *tables.Format {
+	for _, f := range *c {
+		if f.DType == dtype && f.StepBytes == stepBytes && slices.Equal(f.Shape, shape) {
+			return f
+		}
+	}
+	f := &tables.Format{DType: dtype, Shape: shape, StepBytes: stepBytes}
+	if len(*c) < maxCachedFormats {
+		*c = append(*c, f)
+	}
+	return f
+}
+
 // checkChunkDecodes decompresses c to prove it holds what its header says;
 // the result is dropped (the store keeps the chunk as it came).
 func checkChunkDecodes(c *tables.Chunk, maxBytes int64) error {
@@ -379,37 +405,38 @@ const copiedChunkBytes = 1024
 // parseChunk reads a chunk's header and checks that it describes a
 // well-formed tensor: known dtype, non-negative shape, a raw size that
 // matches and fits MaxChunkRawSize. The returned chunk's Data is b, the
-// whole encoded chunk, which is what the store keeps and sends on.
-func parseChunk(b []byte) (tables.Chunk, error) {
+// whole encoded chunk, which is what the store keeps and sends on; its
+// Format comes from formats.
+func parseChunk(b []byte, formats *formatCache) (tables.Chunk, error) {
 	wc, err := wire.ReadChunk(b)
 	if err != nil {
 		return tables.Chunk{}, fmt.Errorf("%w: %w", protocol.ErrInvalidMessage, err)
 	}
-	c := tables.Chunk{Key: wc.Key, DType: wc.Dtype, Shape: wc.StepShape, Length: wc.Length, Data: b, Episode: wc.EpisodeId}
+	key, length := wc.Key, wc.Length
 	compression, rawSize, dataLen := wc.Compression, wc.RawSize, len(wc.Data)
 	if _, ok := wire.Compression_name[int32(compression)]; !ok {
-		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: unknown compression %d", protocol.ErrInvalidMessage, c.Key, compression)
+		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: unknown compression %d", protocol.ErrInvalidMessage, key, compression)
 	}
 	if dataLen == 0 && rawSize > 0 {
-		return tables.Chunk{}, fmt.Errorf("%w: chunk %d has no data", protocol.ErrInvalidMessage, c.Key)
+		return tables.Chunk{}, fmt.Errorf("%w: chunk %d has no data", protocol.ErrInvalidMessage, key)
 	}
-	if c.Key == 0 {
+	if key == 0 {
 		return tables.Chunk{}, fmt.Errorf("%w: chunk without a key", protocol.ErrInvalidMessage)
 	}
-	if c.Length < 1 {
-		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: length %d (must be >= 1)", protocol.ErrInvalidMessage, c.Key, c.Length)
+	if length < 1 {
+		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: length %d (must be >= 1)", protocol.ErrInvalidMessage, key, length)
 	}
 	// The header must describe exactly raw_size bytes of a known dtype; the
 	// codec checks the same again when a learner decodes.
-	want, err := tensorBytes(c.DType, int64(c.Length), c.Shape)
+	want, err := tensorBytes(wc.Dtype, int64(length), wc.StepShape)
 	if err != nil {
-		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: %v", protocol.ErrInvalidMessage, c.Key, err)
+		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: %v", protocol.ErrInvalidMessage, key, err)
 	}
 	if want != rawSize {
-		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: raw size %d, but %d steps of %s%v take %d bytes", protocol.ErrInvalidMessage, c.Key, rawSize, c.Length, c.DType, c.Shape, want)
+		return tables.Chunk{}, fmt.Errorf("%w: chunk %d: raw size %d, but %d steps of %s%v take %d bytes", protocol.ErrInvalidMessage, key, rawSize, length, wc.Dtype, wc.StepShape, want)
 	}
-	c.StepBytes = int64(want) / int64(c.Length)
-	return c, nil
+	format := formats.get(wc.Dtype, wc.StepShape, int64(want)/int64(length))
+	return tables.Chunk{Key: key, Format: format, Length: length, Data: b, Episode: wc.EpisodeId}, nil
 }
 
 // tensorBytes is the size of steps cells of dtype and shape, refusing

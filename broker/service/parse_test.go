@@ -110,6 +110,36 @@ func TestSmallChunksLeaveTheirMessage(t *testing.T) {
 	}
 }
 
+func TestChunksOfAMessageShareFormats(t *testing.T) {
+	m := &wire.InsertBatch{ProducerId: "p", Sequence: 1, WindowStart: 1, Window: 1}
+	for i := range uint64(6) {
+		tensor := wire.Float32s([]int64{4}, make([]float32, 4))
+		if i%2 == 1 {
+			tensor = wire.Int64s(nil, []int64{int64(i)})
+		}
+		ch, err := wire.EncodeChunk(i+1, []*wire.Tensor{tensor}, wire.ChunkOptions{Codec: wire.Uncompressed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Chunks = append(m.Chunks, ch)
+	}
+	b, _ := parsedBatch(t, m)
+	for i, rc := range b.chunks {
+		if rc.err != nil {
+			t.Fatal(rc.err)
+		}
+		first := b.chunks[i%2].chunk.Format
+		if rc.chunk.Format != first {
+			t.Errorf("chunk %d (%s%v) has a Format of its own, not chunk %d's", i, rc.chunk.DType, rc.chunk.Shape, i%2)
+		}
+	}
+	obs, id := b.chunks[0].chunk, b.chunks[1].chunk
+	if obs.Format == id.Format || obs.DType != "float32" || !slices.Equal(obs.Shape, []int64{4}) || obs.StepBytes != 16 ||
+		id.DType != "int64" || len(id.Shape) != 0 || id.StepBytes != 8 {
+		t.Fatalf("formats: %+v and %+v", *obs.Format, *id.Format)
+	}
+}
+
 func TestParseChunkRejects(t *testing.T) {
 	good := encodedChunk(t, 5)
 	cases := map[string]func(c *wire.Chunk){
@@ -126,7 +156,7 @@ func TestParseChunkRejects(t *testing.T) {
 			c := proto.Clone(good).(*wire.Chunk)
 			mutate(c)
 			data, _ := proto.Marshal(c)
-			if _, err := parseChunk(data); !errors.Is(err, protocol.ErrInvalidMessage) {
+			if _, err := parseChunk(data, new(formatCache)); !errors.Is(err, protocol.ErrInvalidMessage) {
 				t.Fatalf("parseChunk = %v, want protocol.ErrInvalidMessage", err)
 			}
 		})

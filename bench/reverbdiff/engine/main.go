@@ -200,12 +200,15 @@ func (op Op) waitContext() (context.Context, context.CancelFunc) {
 
 const unboundedWait = 10 * time.Second
 
+// int64Step is the format of the items' chunks: one int64 a step.
+var int64Step = &tables.Format{DType: "int64", StepBytes: 8}
+
 func applyOp(t *tables.Table, store *tables.ChunkStore, op Op) Obs {
 	o := Obs{"op": op.Op, "error": nil}
 	switch op.Op {
 	case "insert":
 		// The item's one chunk holds its id, as the Reverb runner's does.
-		c := store.Put(&tables.Chunk{Key: op.ID, DType: "int64", Length: 1, StepBytes: 8, Data: binaryID(op.ID)})
+		c := store.Put(&tables.Chunk{Key: op.ID, Format: int64Step, Length: 1, Data: binaryID(op.ID)})
 		ctx, cancel := op.waitContext()
 		err := t.Insert(ctx, tables.Item{Key: op.ID, Priority: float64(op.Priority),
 			Trajectory: []tables.Column{{Name: "id", Slices: []tables.Slice{{Chunk: c.Key, Length: 1}}, Squeeze: true}}})

@@ -50,7 +50,7 @@ func newFake(t *testing.T) *fakeService {
 	defer cancel()
 	// Three inserts into a table of two: one eviction.
 	for key := uint64(1); key <= 3; key++ {
-		store.Put(&tables.Chunk{Key: key, DType: "float32", Shape: []int64{2}, Length: 1, Data: make([]byte, 8)})
+		store.Put(&tables.Chunk{Key: key, Format: &tables.Format{DType: "float32", Shape: []int64{2}}, Length: 1, Data: make([]byte, 8)})
 		item := tables.Item{Key: key, Priority: 1, Trajectory: []tables.Column{{Name: "obs", Slices: []tables.Slice{{Chunk: key, Length: 1}}}}}
 		if err := f.tables["a"].Insert(ctx, item); err != nil {
 			t.Fatal(err)
