@@ -448,9 +448,9 @@ func (s *Service) listForRecovery(ctx context.Context) ([]string, error) {
 func (s *Service) restore(cp *wire.Checkpoint) error {
 	store := tables.NewChunkStore()
 	keys := make([]uint64, 0, len(cp.Chunks))
-	var formats formatCache
+	var chunks chunkParser
 	for i, raw := range cp.Chunks {
-		c, err := parseChunk(raw, &formats)
+		c, err := chunks.parse(raw)
 		if err != nil {
 			return fmt.Errorf("chunk %d: %w", i, err)
 		}

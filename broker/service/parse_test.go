@@ -156,8 +156,8 @@ func TestParseChunkRejects(t *testing.T) {
 			c := proto.Clone(good).(*wire.Chunk)
 			mutate(c)
 			data, _ := proto.Marshal(c)
-			if _, err := parseChunk(data, new(formatCache)); !errors.Is(err, protocol.ErrInvalidMessage) {
-				t.Fatalf("parseChunk = %v, want protocol.ErrInvalidMessage", err)
+			if _, err := new(chunkParser).parse(data); !errors.Is(err, protocol.ErrInvalidMessage) {
+				t.Fatalf("parse = %v, want protocol.ErrInvalidMessage", err)
 			}
 		})
 	}

@@ -41,7 +41,7 @@ func BenchmarkRecovery(b *testing.B) {
 					b.Fatal(err)
 				}
 				raw := mustMarshal(b, ch)
-				c, err := parseChunk(raw, new(formatCache))
+				c, err := new(chunkParser).parse(raw)
 				if err != nil {
 					b.Fatal(err)
 				}

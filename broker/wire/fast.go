@@ -93,6 +93,29 @@ func ReadChunk(b []byte) (*Chunk, error) {
 	return c, nil
 }
 
+// A ChunkReader decodes encoded Chunks one after another into one Chunk,
+// reusing its step shape's array, so that reading many allocates nothing
+// (ReadChunk allocates a Chunk each time). The zero ChunkReader is ready to
+// use; it is not safe for concurrent use.
+type ChunkReader struct {
+	c    Chunk
+	dims []int64
+}
+
+// Read decodes b as ReadChunk does. The returned Chunk is the reader's own,
+// valid until the next Read; its Data is a sub-slice of b.
+func (r *ChunkReader) Read(b []byte) (*Chunk, error) {
+	dims, err := readChunkInto(&r.c, b, r.dims[:0])
+	if err != nil {
+		return nil, err
+	}
+	r.dims = dims
+	if len(dims) > 0 {
+		r.c.StepShape = dims
+	}
+	return &r.c, nil
+}
+
 // readChunkInto decodes an encoded Chunk into c, whose fields it sets all
 // of but StepShape: it appends the step shape to dims instead, so that a
 // reader of many chunks keeps their shapes in one array. Data is a
