@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -23,6 +24,12 @@ import (
 
 // DefaultURL is where reprised's embedded server listens by default.
 const DefaultURL = "nats://127.0.0.1:4222"
+
+// handshakeTimeout bounds a connection's set-up: reaching the server and
+// reading its greeting. nats.go's 2 s was too short for a server busy
+// storing 400 kB messages from 32 clients: a benchmark's next reprisectl
+// timed out reading the greeting of a server that was up.
+const handshakeTimeout = 10 * time.Second
 
 // PasswordEnv is the environment variable a password is read from when
 // --user is given without --password, so it stays out of the process list.
@@ -113,7 +120,7 @@ func (c Config) Check() error {
 // Options are the nats.go options for these settings and a client name.
 // Reading the nkey seed file can fail.
 func (c Config) Options(name string) ([]nats.Option, error) {
-	opts := []nats.Option{nats.Name(name)}
+	opts := []nats.Option{nats.Name(name), nats.Timeout(handshakeTimeout)}
 	inbox := c.InboxPrefix
 	switch {
 	case c.User != "":

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
 	"github.com/reprise-rl/reprise/embeddednats"
@@ -142,14 +143,23 @@ func TestConnectDefaultURL(t *testing.T) {
 }
 
 func TestOptions(t *testing.T) {
-	// The name, then one option per setting given.
+	// The name and the handshake timeout, then one option per setting given.
 	opts, err := Config{Creds: "u.creds", TLSCA: "ca.pem", TLSCert: "c.pem", TLSKey: "k.pem"}.Options("x")
-	if err != nil || len(opts) != 4 {
-		t.Errorf("%d options (%v), want 4", len(opts), err)
+	if err != nil || len(opts) != 5 {
+		t.Errorf("%d options (%v), want 5", len(opts), err)
 	}
 	opts, err = Config{User: "u", Password: "p"}.Options("x")
-	if err != nil || len(opts) != 3 {
-		t.Errorf("user: %d options (%v), want name, user and inbox", len(opts), err)
+	if err != nil || len(opts) != 4 {
+		t.Fatalf("user: %d options (%v), want name, timeout, user and inbox", len(opts), err)
+	}
+	o := nats.GetDefaultOptions()
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o.Name != "x" || o.Timeout != handshakeTimeout || o.User != "u" || o.Password != "p" || o.InboxPrefix == "" {
+		t.Errorf("options set name %q, timeout %v, user %q, password %q, inbox prefix %q", o.Name, o.Timeout, o.User, o.Password, o.InboxPrefix)
 	}
 }
 
