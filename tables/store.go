@@ -39,8 +39,10 @@ type ChunkStore struct {
 // and mark of 64 bits it took 80.
 type storedChunk struct {
 	chunk Chunk // the store's copy: its slot and Format are this store's
-	// refs is bounded by maxRefs: each reference is an item, a producer's
-	// hold or a caller's Put or Retain, and the first two are checked.
+	// refs counts the chunk's references. acquire (an item's) and Retain
+	// refuse to take it past maxRefs; Put cannot refuse, but each of its
+	// references is a caller's or a producer's hold, which cost far more
+	// memory apiece than 2^31 of them would leave.
 	refs int32
 	mark uint32
 }
