@@ -26,27 +26,7 @@ func BenchmarkApplyInsert(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	payload := make([]float32, 100)
-	message := func(seq uint64) *insertBatch {
-		m := &wire.InsertBatch{ProducerId: "0123456789abcdef0123456789abcdef", Sequence: seq, WindowStart: seq, Window: 1}
-		for i := range uint64(items) {
-			key := seq<<8 | i + 1
-			ch, err := wire.EncodeChunk(key, []*wire.Tensor{wire.Float32s([]int64{100}, payload)}, wire.ChunkOptions{Codec: wire.Uncompressed})
-			if err != nil {
-				b.Fatal(err)
-			}
-			m.Chunks = append(m.Chunks, ch)
-			m.Items = append(m.Items, oneStepItem(key, "t", key))
-			m.ReleaseChunkKeys = append(m.ReleaseChunkKeys, key)
-		}
-		data, _ := proto.Marshal(m)
-		batch, err := parseInsertBatch(data, &s.o.limits)
-		if err != nil {
-			b.Fatal(err)
-		}
-		batch.storedAt, batch.raw = time.Unix(1_700_000_000, 0), data
-		return batch
-	}
+	message := func(seq uint64) *insertBatch { return preparedMessage(b, s, seq, items, 100) }
 	// Fill the table first, so that the measured inserts evict.
 	seq := uint64(0)
 	for s.tables["t"].Size() < 10_000 {
@@ -98,32 +78,12 @@ func BenchmarkHeldBytes(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	payload := make([]float32, payloadBytes/4)
-	producer := "0123456789abcdef0123456789abcdef"
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	b.ResetTimer()
 	for seq := uint64(1); seq <= uint64(b.N); seq++ {
-		m := &wire.InsertBatch{ProducerId: producer, Sequence: seq, WindowStart: seq, Window: 1}
-		for i := range uint64(items) {
-			key := seq<<8 | i + 1
-			ch, err := wire.EncodeChunk(key, []*wire.Tensor{wire.Float32s([]int64{payloadBytes / 4}, payload)}, wire.ChunkOptions{Codec: wire.Uncompressed})
-			if err != nil {
-				b.Fatal(err)
-			}
-			ch.EpisodeId = seq
-			m.Chunks = append(m.Chunks, ch)
-			m.Items = append(m.Items, &wire.Item{Key: key, Table: "t", Priority: 1,
-				Columns: []*wire.TrajectoryColumn{{Name: "payload", Squeeze: true, Slices: []*wire.ColumnSlice{{ChunkKey: key, Length: 1}}}}})
-			m.ReleaseChunkKeys = append(m.ReleaseChunkKeys, key)
-		}
-		data, _ := proto.Marshal(m)
-		batch, err := parseInsertBatch(data, &s.o.limits)
-		if err != nil {
-			b.Fatal(err)
-		}
-		batch.storedAt, batch.raw = time.Unix(1_700_000_000, 0), data
+		batch := preparedMessage(b, s, seq, items, payloadBytes/4)
 		if err := s.applyInsert(ctx, batch, seq); err != nil {
 			b.Fatal(err)
 		}
@@ -146,18 +106,7 @@ func BenchmarkHeldBytes(b *testing.B) {
 func BenchmarkParseInsert(b *testing.B) {
 	const items = 64
 	limits := DefaultLimits()
-	payload := make([]float32, 100)
-	m := &wire.InsertBatch{ProducerId: "0123456789abcdef0123456789abcdef", Sequence: 1, WindowStart: 1, Window: 1}
-	for i := range uint64(items) {
-		ch, err := wire.EncodeChunk(i+1, []*wire.Tensor{wire.Float32s([]int64{100}, payload)}, wire.ChunkOptions{Codec: wire.Uncompressed})
-		if err != nil {
-			b.Fatal(err)
-		}
-		m.Chunks = append(m.Chunks, ch)
-		m.Items = append(m.Items, oneStepItem(i+1, "t", i+1))
-		m.ReleaseChunkKeys = append(m.ReleaseChunkKeys, i+1)
-	}
-	data, _ := proto.Marshal(m)
+	data := benchMessage(b, 1, items, 100)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := parseInsertBatch(data, &limits); err != nil {
@@ -165,4 +114,40 @@ func BenchmarkParseInsert(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*items), "ns/item")
+}
+
+// benchMessage is an encoded insert message of n one-step items of floats
+// float32s for table "t", each with its own chunk, keyed from seq, as an
+// actor's producer sends them.
+func benchMessage(b *testing.B, seq uint64, n, floats int) []byte {
+	payload := make([]float32, floats)
+	m := &wire.InsertBatch{ProducerId: "0123456789abcdef0123456789abcdef", Sequence: seq, WindowStart: seq, Window: 1}
+	for i := range uint64(n) {
+		key := seq<<8 | i + 1
+		ch, err := wire.EncodeChunk(key, []*wire.Tensor{wire.Float32s([]int64{int64(floats)}, payload)}, wire.ChunkOptions{Codec: wire.Uncompressed})
+		if err != nil {
+			b.Fatal(err)
+		}
+		m.Chunks = append(m.Chunks, ch)
+		m.Items = append(m.Items, &wire.Item{Key: key, Table: "t", Priority: 1,
+			Columns: []*wire.TrajectoryColumn{{Name: "payload", Squeeze: true, Slices: []*wire.ColumnSlice{{ChunkKey: key, Length: 1}}}}})
+		m.ReleaseChunkKeys = append(m.ReleaseChunkKeys, key)
+	}
+	data, err := proto.Marshal(m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return data
+}
+
+// preparedMessage is benchMessage parsed as s's prepare workers parse it,
+// stored at a fixed time.
+func preparedMessage(b *testing.B, s *Service, seq uint64, n, floats int) *insertBatch {
+	data := benchMessage(b, seq, n, floats)
+	batch, err := parseInsertBatch(data, &s.o.limits)
+	if err != nil {
+		b.Fatal(err)
+	}
+	batch.storedAt, batch.raw = time.Unix(1_700_000_000, 0), data
+	return batch
 }

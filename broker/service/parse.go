@@ -92,7 +92,9 @@ func parseInsertBatch(b []byte, l *Limits) (*insertBatch, error) {
 }
 
 func readInsertBatch(b []byte, l *Limits, chunks *chunkParser) (*insertBatch, error) {
-	nchunks, nitems := countBatchParts(b)
+	// Sized once: growing them took a quarter of the time spent reading a
+	// message of 64 items.
+	nchunks, nitems := wire.CountMessages(b, wire.FieldBatchChunks, wire.FieldBatchItems)
 	out := &insertBatch{
 		chunks: make([]rawChunk, 0, min(nchunks, l.MaxChunksPerMessage)),
 		items:  make([]preparedItem, 0, min(nitems, l.MaxItemsPerMessage)),
@@ -355,34 +357,6 @@ func (c *nameCache) get(b []byte) (string, error) {
 		*c = append(*c, s)
 	}
 	return s, nil
-}
-
-// countBatchParts counts the chunks and items of an encoded insert message,
-// so that reading it grows no array: growing them took a quarter of the
-// time spent reading a message of 64 items. It stops at the first
-// malformed field, which reading reports.
-func countBatchParts(b []byte) (chunks, items int) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			break
-		}
-		b = b[n:]
-		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-			break
-		}
-		b = b[n:]
-		if typ != protowire.BytesType {
-			continue
-		}
-		switch num {
-		case wire.FieldBatchChunks:
-			chunks++
-		case wire.FieldBatchItems:
-			items++
-		}
-	}
-	return chunks, items
 }
 
 // formatCache gives the chunks of a message that share a format one

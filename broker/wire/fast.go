@@ -93,6 +93,32 @@ func ReadChunk(b []byte) (*Chunk, error) {
 	return c, nil
 }
 
+// CountMessages counts the length-delimited fields numbered a and b at the
+// top level of an encoded message: how many of each of two repeated
+// message fields it holds, so that a reader can size its lists once. It
+// stops at the first malformed field, which the reader then reports.
+func CountMessages(m []byte, a, b protowire.Number) (na, nb int) {
+	for len(m) > 0 {
+		num, typ, n := protowire.ConsumeTag(m)
+		if n < 0 {
+			break
+		}
+		m = m[n:]
+		if n = protowire.ConsumeFieldValue(num, typ, m); n < 0 {
+			break
+		}
+		m = m[n:]
+		switch {
+		case typ != protowire.BytesType:
+		case num == a:
+			na++
+		case num == b:
+			nb++
+		}
+	}
+	return na, nb
+}
+
 // A ChunkReader decodes encoded Chunks one after another into one Chunk,
 // reusing its step shape's array, so that reading many allocates nothing
 // (ReadChunk allocates a Chunk each time). The zero ChunkReader is ready to

@@ -3,6 +3,7 @@ package wire
 import (
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -50,5 +51,26 @@ func TestChunkReader(t *testing.T) {
 	}
 	if _, err := r.Read([]byte{0xff}); err == nil {
 		t.Fatal("Read of a malformed chunk succeeded")
+	}
+}
+
+func TestCountMessages(t *testing.T) {
+	var m []byte
+	m = protowire.AppendTag(m, 2, protowire.BytesType)
+	m = protowire.AppendBytes(m, []byte("item"))
+	m = protowire.AppendTag(m, 3, protowire.BytesType)
+	m = protowire.AppendBytes(m, nil)
+	m = protowire.AppendTag(m, 2, protowire.VarintType) // a 2 that is no message
+	m = protowire.AppendVarint(m, 7)
+	m = protowire.AppendTag(m, 4, protowire.BytesType)
+	m = protowire.AppendBytes(m, []byte("other"))
+	m = protowire.AppendTag(m, 2, protowire.BytesType)
+	m = protowire.AppendBytes(m, []byte("item"))
+	if a, b := CountMessages(m, 2, 3); a != 2 || b != 1 {
+		t.Fatalf("CountMessages = %d, %d; want 2, 1", a, b)
+	}
+	// A field cut short ends the count at what came before it.
+	if a, b := CountMessages(m[:len(m)-2], 2, 3); a != 1 || b != 1 {
+		t.Fatalf("CountMessages of a truncated message = %d, %d; want 1, 1", a, b)
 	}
 }

@@ -111,7 +111,7 @@ type sampledSlice struct {
 // each item and chunk is. A field of an unexpected wire type is skipped, as
 // the generated code keeps it as unknown.
 func (d *sampleDecoder) split(b []byte) (reply SampleReply, err error) {
-	items, chunks := countParts(b)
+	items, chunks := CountMessages(b, 2, 3)
 	d.rawItems, d.rawChunks = make([][]byte, 0, items), make([][]byte, 0, chunks)
 	err = EachField(b, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
 		switch {
@@ -136,29 +136,6 @@ func (d *sampleDecoder) split(b []byte) (reply SampleReply, err error) {
 		err = fmt.Errorf("%w: sample response: %v", ErrMalformed, err)
 	}
 	return reply, err
-}
-
-// countParts counts a response's items and chunks, for split to size its
-// lists once; it stops at the first malformed field, which split reports.
-func countParts(b []byte) (items, chunks int) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			break
-		}
-		b = b[n:]
-		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-			break
-		}
-		b = b[n:]
-		switch {
-		case num == 2 && typ == protowire.BytesType:
-			items++
-		case num == 3 && typ == protowire.BytesType:
-			chunks++
-		}
-	}
-	return items, chunks
 }
 
 func readStatus(b []byte, code *Code, msg *string) error {
