@@ -214,8 +214,8 @@ func TestHeaderSizes(t *testing.T) {
 	if n := unsafe.Sizeof(storedChunk{}); n != 64 {
 		t.Errorf("storedChunk is %d bytes, want 64", n)
 	}
-	if n := unsafe.Sizeof(entry{}); n != 120 {
-		t.Errorf("entry is %d bytes, want 120", n)
+	if n := unsafe.Sizeof(entry{}); n != 104 {
+		t.Errorf("entry is %d bytes, want 104", n)
 	}
 }
 

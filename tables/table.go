@@ -20,11 +20,11 @@ import (
 // rate limiter. It is safe for concurrent use. Calls that wait for the
 // limiter (Insert, Sample, SampleFlexible) hold no lock while they wait.
 //
-// An item costs the table 120 bytes of bookkeeping, a map slot, a slice of
-// its distinct chunk pointers and its place in the two selectors: about 170
+// An item costs the table 104 bytes of bookkeeping, a map slot, a slice of
+// its distinct chunk pointers and its place in the two selectors: about 150
 // bytes in all for a two-chunk item with Uniform and Fifo selectors (a
-// Prioritized or heap selector keeps an index of its own). Its trajectory is
-// the caller's slice, kept as given.
+// Prioritized or heap selector keeps an index of its own). Its trajectory
+// costs nothing more: the table keeps one Layout per shape of item, shared.
 type Table struct {
 	store *ChunkStore
 	now   func() time.Time
@@ -65,9 +65,10 @@ type Table struct {
 	// episodes counts, per episode, the chunks of the table's items that
 	// hold its steps (a chunk once per item referencing it).
 	episodes map[uint64]int64
+	layouts  layouts
 }
 
-// entry is one item's bookkeeping: 120 bytes, its fields ordered so that
+// entry is one item's bookkeeping: 104 bytes, its fields ordered so that
 // no padding comes between them.
 type entry struct {
 	key        uint64
@@ -75,9 +76,9 @@ type entry struct {
 	insertedAt int64  // unix nanoseconds
 	seq        uint64 // of its insert or latest priority update
 	version    int64  // of the policy that produced it
-	// traj and chunks are shared read-only with every Sample and Item handed
-	// out, so they are replaced, never modified.
-	traj       []Column
+	// layout and chunks are shared read-only with every Sample and Item
+	// handed out, so they are replaced, never modified.
+	layout     *layout
 	chunks     []*Chunk // distinct, in order of first use
 	prev, next *entry
 	// pos is the entry's place in a uniform sampler's (0) and remover's (1)
@@ -223,6 +224,7 @@ func New(cfg Config, store *ChunkStore, opts ...Option) (*Table, error) {
 		maxItemBytes: o.maxItemBytes,
 		versions:     newVersionIndex(cfg.MaxStaleness != nil),
 		episodes:     make(map[uint64]int64),
+		layouts:      newLayouts(),
 	}
 	if t.sampler, err = t.orderFor(cfg.Sampler, 0, o.rng); err != nil {
 		return nil, fmt.Errorf("%w: table %q: sampler: %w", ErrInvalidConfig, cfg.Name, err)
@@ -269,7 +271,8 @@ func (t *Table) Size() int64 {
 // (ErrChunkMissing), and the table's signature (ErrSignature). Insert then
 // takes a reference to each chunk, so a waiting item's chunks stay put,
 // and keeps it for as long as the table holds the item. The table
-// keeps item.Trajectory as given: the caller must not modify it afterwards.
+// keeps none of item.Trajectory, whose layout it shares with its items of
+// the same shape.
 // A zero InsertedAt is set to the table's clock; TimesSampled is ignored.
 //
 // As in Reverb, inserting a key the table already holds only sets that
@@ -358,7 +361,7 @@ func (t *Table) TryInsert(item Item, retry bool) (inserted bool, changed <-chan 
 		return false, changed, nil
 	}
 	t.raiseLargest(decoded)
-	t.insertLocked(item.Key, item.Priority, item.PolicyVersion, at.UnixNano(), item.Trajectory, chunks)
+	t.insertLocked(item.Key, item.Priority, item.PolicyVersion, at.UnixNano(), t.layouts.intern(item.Trajectory, chunks), chunks)
 	return true, nil, nil
 }
 
@@ -379,10 +382,10 @@ func (t *Table) wait(ctx context.Context, changed <-chan struct{}, op string) er
 	}
 }
 
-func (t *Table) insertLocked(key uint64, priority float64, version, at int64, traj []Column, chunks []*Chunk) {
+func (t *Table) insertLocked(key uint64, priority float64, version, at int64, l *layout, chunks []*Chunk) {
 	e := t.newEntry()
 	t.seq++
-	*e = entry{key: key, priority: priority, version: version, insertedAt: at, seq: t.seq, traj: traj, chunks: chunks, prev: t.tail}
+	*e = entry{key: key, priority: priority, version: version, insertedAt: at, seq: t.seq, layout: l, chunks: chunks, prev: t.tail}
 	t.versions.add(key, version)
 	if t.versions.keys != nil {
 		t.versions.compact(version, func(k uint64, v int64) bool {
@@ -479,6 +482,7 @@ func (t *Table) removeLocked(e *entry) {
 		}
 	}
 	t.store.releaseChunks(e.chunks)
+	t.layouts.drop(e.layout)
 	*e = entry{next: t.spare}
 	t.spare = e
 }
@@ -509,7 +513,7 @@ func must(err error) {
 // limiter.ErrRateLimited and ctx.Err(), or ErrClosed): those items have been
 // counted as sampled, and may have been removed, so the caller must use them.
 //
-// The returned trajectories and chunk slices are shared with the table and
+// The returned layouts and chunk slices are shared with the table and
 // other samples: read them, never modify them.
 func (t *Table) Sample(ctx context.Context, n int) ([]Sample, error) {
 	out, _, err := t.SampleBetween(ctx, n, n)
@@ -599,8 +603,8 @@ func (t *Table) sampleLocked(waited bool) Sample {
 			InsertedAt:   time.Unix(0, e.insertedAt).UTC(),
 			RateLimited:  waited,
 		},
-		Trajectory: e.traj,
-		Chunks:     e.chunks,
+		Layout: e.layout.Layout,
+		Chunks: e.chunks,
 	}
 	if m := t.cfg.MaxTimesSampled; m > 0 && e.timesSampled >= m {
 		t.removeLocked(e)
@@ -670,6 +674,7 @@ func (t *Table) Reset() {
 	t.largestItem.Store(0)
 	t.versions = newVersionIndex(t.cfg.MaxStaleness != nil)
 	clear(t.episodes)
+	t.layouts.clear()
 }
 
 // Reconfigure replaces the rate limiter's config and max_times_sampled while
@@ -754,8 +759,7 @@ func (t *Table) raiseLargest(n int64) {
 }
 
 // Get returns the items with the given keys, in the order asked, skipping
-// keys the table does not hold. Their trajectories are shared with the
-// table: read them, never modify them.
+// keys the table does not hold.
 func (t *Table) Get(keys ...uint64) []Item {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -793,7 +797,7 @@ func (e *entry) item() Item {
 		Priority:     e.priority,
 		TimesSampled: e.timesSampled,
 		InsertedAt:   time.Unix(0, e.insertedAt).UTC(),
-		Trajectory:   e.traj,
+		Trajectory:   e.layout.Trajectory(e.chunks),
 
 		PolicyVersion: e.version,
 	}

@@ -3,6 +3,7 @@ package tables
 import (
 	"context"
 	"math"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -36,8 +37,8 @@ func TestInsertSampleInfo(t *testing.T) {
 	if !slices.Equal(ss[0].Chunks, []*Chunk{c1, c2}) {
 		t.Fatalf("chunks %v, want the two distinct chunks in order of use", ss[0].Chunks)
 	}
-	if len(ss[0].Trajectory) != 2 || ss[0].Trajectory[1].Name != "act" {
-		t.Fatalf("trajectory %+v", ss[0].Trajectory)
+	if got := ss[0].Trajectory(); !reflect.DeepEqual(got, it.Trajectory) {
+		t.Fatalf("trajectory %+v, want %+v", got, it.Trajectory)
 	}
 	// The caller's InsertedAt, when set, is kept.
 	at := time.Date(2020, 1, 1, 0, 0, 0, 5, time.UTC)

@@ -154,9 +154,59 @@ type SampleInfo struct {
 
 // Sample is one sampled item with the chunks its trajectory references.
 type Sample struct {
-	Info       SampleInfo
-	Trajectory []Column
-	Chunks     []*Chunk
+	Info SampleInfo
+	// Layout is the item's trajectory with its chunks by their place in
+	// Chunks; Trajectory gives it with their keys.
+	Layout Layout
+	Chunks []*Chunk
+}
+
+// Trajectory is the sampled item's trajectory, with chunk keys. It
+// allocates: encoders read Layout and Chunks instead.
+func (s *Sample) Trajectory() []Column { return s.Layout.Trajectory(s.Chunks) }
+
+// Layout is an item's trajectory with each slice naming its chunk by its
+// place in the item's list of distinct chunks rather than by key. This is
+// how a table holds trajectories: the items of one shape (the same columns,
+// offsets and lengths, whatever their chunks) share one Layout, so an item
+// costs the table a pointer for it. Nobody may modify a Layout a table hands
+// out.
+type Layout []LayoutColumn
+
+// LayoutColumn is one column of a Layout.
+type LayoutColumn struct {
+	Name    string
+	Slices  []LayoutSlice
+	Squeeze bool
+}
+
+// LayoutSlice is a Slice whose chunk is given by index.
+type LayoutSlice struct {
+	// Chunk is the index of the slice's chunk in the item's chunks.
+	Chunk  int32
+	Offset int32
+	Length int32
+}
+
+// Trajectory is l with each slice's chunk given by its key in chunks,
+// which must be the item's chunks l was made for.
+func (l Layout) Trajectory(chunks []*Chunk) []Column {
+	n := 0
+	for i := range l {
+		n += len(l[i].Slices)
+	}
+	out := make([]Column, len(l))
+	all := make([]Slice, n)
+	for i := range l {
+		c := &l[i]
+		sl := all[:len(c.Slices):len(c.Slices)]
+		all = all[len(c.Slices):]
+		for j, s := range c.Slices {
+			sl[j] = Slice{Chunk: chunks[s.Chunk].Key, Offset: s.Offset, Length: s.Length}
+		}
+		out[i] = Column{Name: c.Name, Slices: sl, Squeeze: c.Squeeze}
+	}
+	return out
 }
 
 // PriorityUpdate sets the priority of one item.

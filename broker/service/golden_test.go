@@ -240,6 +240,7 @@ func goldenResponses(t *testing.T) []goldenResponse {
 				Priority: float64(i) * 0.5, TimesSampled: int32(i + 1), InsertedAt: time.Unix(1_700_000_000, int64(i)), RateLimited: i%2 == 1}
 			smp := tables.Sample{Info: info}
 			gi := goldenSampleItem{Info: goldenInfo{info.Key, info.Probability, info.TableSize, info.Priority, info.TimesSampled, info.InsertedAt.UnixNano(), info.RateLimited}}
+			var traj []tables.Column
 			for ci, c := range cols {
 				tc := tables.Column{Name: c.name, Squeeze: c.squeeze}
 				wc := &wire.TrajectoryColumn{Name: c.name, Squeeze: c.squeeze}
@@ -252,12 +253,16 @@ func goldenResponses(t *testing.T) []goldenResponse {
 						smp.Chunks = append(smp.Chunks, stored[key])
 					}
 				}
-				smp.Trajectory = append(smp.Trajectory, tc)
+				traj = append(traj, tc)
 				g, err := wire.GatherColumn(wc, func(k uint64) (*wire.Tensor, bool) { d, ok := decoded[k]; return d, ok })
 				if err != nil {
 					t.Fatal(err)
 				}
 				gi.Columns = append(gi.Columns, goldenColumn{Name: c.name, Squeeze: c.squeeze, Want: goldenTensor{Dtype: g.Dtype, Shape: g.Shape, Raw: g.Data}})
+			}
+			var err error
+			if smp.Layout, err = tables.NewLayout(traj, smp.Chunks); err != nil {
+				t.Fatal(err)
 			}
 			samples = append(samples, smp)
 			want = append(want, gi)

@@ -22,7 +22,7 @@ func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Samp
 	// sizes are taken first, in the order they are written.
 	columns, refs := 0, 0
 	for i := range samples {
-		columns += len(samples[i].Trajectory)
+		columns += len(samples[i].Layout)
 		refs += len(samples[i].Chunks)
 	}
 	sizes := make([]int, 0, 2*len(samples)+columns) // per item: its size, its info's, then its columns'
@@ -38,8 +38,8 @@ func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Samp
 		at := len(sizes)
 		sizes = append(sizes, 0, info)
 		n := 1 + protowire.SizeBytes(info)
-		for j := range smp.Trajectory {
-			c := sizeColumn(&smp.Trajectory[j])
+		for j := range smp.Layout {
+			c := sizeColumn(&smp.Layout[j], smp.Chunks)
 			sizes = append(sizes, c)
 			n += 1 + protowire.SizeBytes(c)
 		}
@@ -69,12 +69,12 @@ func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Samp
 		b = protowire.AppendVarint(b, uint64(sizes[1]))
 		b = appendSampleInfo(b, &smp.Info)
 		sizes = sizes[2:]
-		for j := range smp.Trajectory {
+		for j := range smp.Layout {
 			b = protowire.AppendTag(b, 2, protowire.BytesType)
 			b = protowire.AppendVarint(b, uint64(sizes[j]))
-			b = appendColumn(b, &smp.Trajectory[j])
+			b = appendColumn(b, &smp.Layout[j], smp.Chunks)
 		}
-		sizes = sizes[len(smp.Trajectory):]
+		sizes = sizes[len(smp.Layout):]
 	}
 	for _, data := range distinct {
 		b = protowire.AppendTag(b, 3, protowire.BytesType)
@@ -124,8 +124,8 @@ func appendStatus(b []byte, code Code, msg string) []byte {
 
 func sizeSampledItem(smp *tables.Sample) int {
 	n := 1 + protowire.SizeBytes(sizeSampleInfo(&smp.Info))
-	for j := range smp.Trajectory {
-		n += 1 + protowire.SizeBytes(sizeColumn(&smp.Trajectory[j]))
+	for j := range smp.Layout {
+		n += 1 + protowire.SizeBytes(sizeColumn(&smp.Layout[j], smp.Chunks))
 	}
 	return n
 }
@@ -184,17 +184,19 @@ func appendSampleInfo(b []byte, in *tables.SampleInfo) []byte {
 	return b
 }
 
-func sizeSlice(sl *tables.Slice) int {
-	return varintField(sl.Chunk) + varintField(uint64(int64(sl.Offset))) + varintField(uint64(int64(sl.Length)))
+// sizeSlice, sizeColumn and appendColumn write a column with the keys of
+// its slices' chunks, which the layout gives by their place in chunks.
+func sizeSlice(sl *tables.LayoutSlice, chunks []*tables.Chunk) int {
+	return varintField(chunks[sl.Chunk].Key) + varintField(uint64(int64(sl.Offset))) + varintField(uint64(int64(sl.Length)))
 }
 
-func sizeColumn(c *tables.Column) int {
+func sizeColumn(c *tables.LayoutColumn, chunks []*tables.Chunk) int {
 	n := 0
 	if c.Name != "" {
 		n += 1 + protowire.SizeBytes(len(c.Name))
 	}
 	for k := range c.Slices {
-		n += 1 + protowire.SizeBytes(sizeSlice(&c.Slices[k]))
+		n += 1 + protowire.SizeBytes(sizeSlice(&c.Slices[k], chunks))
 	}
 	if c.Squeeze {
 		n += 2
@@ -202,7 +204,7 @@ func sizeColumn(c *tables.Column) int {
 	return n
 }
 
-func appendColumn(b []byte, c *tables.Column) []byte {
+func appendColumn(b []byte, c *tables.LayoutColumn, chunks []*tables.Chunk) []byte {
 	if c.Name != "" {
 		b = protowire.AppendTag(b, 1, protowire.BytesType)
 		b = protowire.AppendString(b, c.Name)
@@ -210,8 +212,8 @@ func appendColumn(b []byte, c *tables.Column) []byte {
 	for k := range c.Slices {
 		sl := &c.Slices[k]
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizeSlice(sl)))
-		b = appendVarintField(b, 1, sl.Chunk)
+		b = protowire.AppendVarint(b, uint64(sizeSlice(sl, chunks)))
+		b = appendVarintField(b, 1, chunks[sl.Chunk].Key)
 		b = appendVarintField(b, 2, uint64(int64(sl.Offset)))
 		b = appendVarintField(b, 3, uint64(int64(sl.Length)))
 	}

@@ -21,7 +21,7 @@ func referenceSampleResponse(code Code, msg string, samples []tables.Sample, aft
 		resp.Items = append(resp.Items, &SampledItem{
 			Info: &SampleInfo{Key: in.Key, Probability: in.Probability, TableSize: in.TableSize, Priority: in.Priority,
 				TimesSampled: in.TimesSampled, InsertedAtUnixNano: in.InsertedAt.UnixNano(), RateLimited: in.RateLimited},
-			Columns: FromTableColumns(smp.Trajectory),
+			Columns: FromTableColumns(smp.Trajectory()),
 		})
 		for _, ch := range smp.Chunks {
 			if !seen[ch.Key] {
@@ -56,14 +56,18 @@ func TestAppendSampleResponse(t *testing.T) {
 				}
 				traj = append(traj, col)
 			}
+			layout, err := tables.NewLayout(traj, used)
+			if err != nil {
+				t.Fatal(err)
+			}
 			samples = append(samples, tables.Sample{
 				Info: tables.SampleInfo{
 					Key: rng.Uint64() >> rng.UintN(64), Probability: []float64{0, 1, 0.25, math.SmallestNonzeroFloat64}[rng.IntN(4)],
 					TableSize: int64(rng.IntN(3)), Priority: []float64{0, 3.5, 1e300}[rng.IntN(3)], TimesSampled: int32(rng.IntN(3)),
 					InsertedAt: time.Unix(0, []int64{0, -5, 1_700_000_000_000_000_000}[rng.IntN(3)]), RateLimited: rng.IntN(2) == 0,
 				},
-				Trajectory: traj,
-				Chunks:     used,
+				Layout: layout,
+				Chunks: used,
 			})
 		}
 		code, msg := []Code{0, Code_CODE_PARTIAL}[trial%2], []string{"", "partial"}[trial%2]

@@ -52,6 +52,7 @@ func sampledFixture(t testing.TB, rng *rand.Rand) []tables.Sample {
 		}
 		smp := tables.Sample{Info: tables.SampleInfo{Key: rng.Uint64(), Probability: rng.Float64(), TableSize: int64(rng.IntN(100)),
 			Priority: rng.Float64(), TimesSampled: int32(rng.IntN(5)), InsertedAt: time.Unix(0, rng.Int64()), RateLimited: rng.IntN(2) == 0}}
+		var traj []tables.Column
 		for k := range kinds {
 			col := tables.Column{Name: []string{"obs", "frame", "step"}[k]}
 			for range 1 + rng.IntN(3) {
@@ -65,7 +66,11 @@ func sampledFixture(t testing.TB, rng *rand.Rand) []tables.Sample {
 			if len(col.Slices) == 1 && col.Slices[0].Length == 1 && rng.IntN(2) == 0 {
 				col.Squeeze = true
 			}
-			smp.Trajectory = append(smp.Trajectory, col)
+			traj = append(traj, col)
+		}
+		var err error
+		if smp.Layout, err = tables.NewLayout(traj, smp.Chunks); err != nil {
+			panic(err)
 		}
 		samples = append(samples, smp)
 	}
@@ -285,7 +290,7 @@ func TestDecodeSampleResponseAllocations(t *testing.T) {
 			}
 			ch := &tables.Chunk{Key: c.Key, Length: 1, Data: data}
 			samples = append(samples, tables.Sample{Info: tables.SampleInfo{Key: uint64(i)}, Chunks: []*tables.Chunk{ch},
-				Trajectory: []tables.Column{{Name: "x", Squeeze: true, Slices: []tables.Slice{{Chunk: ch.Key, Length: 1}}}}})
+				Layout: tables.Layout{{Name: "x", Squeeze: true, Slices: []tables.LayoutSlice{{Chunk: 0, Length: 1}}}}})
 		}
 		return AppendSampleResponse(nil, Code_CODE_OK, "", samples, TableState{})
 	}
