@@ -98,7 +98,7 @@ func listKeys(tb *Table) []uint64 {
 func refs(s *ChunkStore, key ChunkKey) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if sc, ok := s.chunks[key]; ok {
+	if sc, ok := s.lookupLocked(key); ok {
 		return int64(sc.refs)
 	}
 	return 0

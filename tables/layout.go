@@ -6,11 +6,14 @@ import (
 )
 
 // layouts interns a table's item layouts: one per distinct shape, counted
-// by the items that have it and forgotten with the last of them, so a
-// client sending items of ever new shapes grows the set by no more than the
-// items the table holds. It is used under the table's lock.
+// by the items that have it. A layout whose last item goes stays for the
+// next item of its shape (a queue's items come and go one at a time), until
+// the idle ones outnumber the others by idleLayouts; then they all go. So a
+// client sending items of ever new shapes grows the set by no more than
+// twice the items the table holds. It is used under the table's lock.
 type layouts struct {
 	byKey map[string]*layout
+	idle  int // layouts of no item
 	// key and chunkAt are scratch: the key being looked up, and the chunk
 	// indices by key of an item with too many chunks to search.
 	key     []byte
@@ -27,6 +30,10 @@ type layout struct {
 // to by searching: past it, a map matches them, so that an item of
 // thousands of slices over thousands of chunks costs linear time.
 const searchedChunks = 32
+
+// idleLayouts is how many more idle layouts than layouts in use a table
+// keeps.
+const idleLayouts = 16
 
 func newLayouts() layouts { return layouts{byKey: make(map[string]*layout)} }
 
@@ -45,6 +52,9 @@ func (ls *layouts) intern(traj []Column, chunks []*Chunk) *layout {
 	}
 	ls.key = ls.appendKey(ls.key[:0], traj, chunks)
 	if l, ok := ls.byKey[string(ls.key)]; ok {
+		if l.items == 0 {
+			ls.idle--
+		}
 		l.items++
 		return l
 	}
@@ -53,14 +63,27 @@ func (ls *layouts) intern(traj []Column, chunks []*Chunk) *layout {
 	return l
 }
 
-// drop counts one item of l fewer.
+// drop counts one item of l fewer. Sweeping the idle layouts when they are
+// over half of all costs each drop a constant on average.
 func (ls *layouts) drop(l *layout) {
-	if l.items--; l.items == 0 {
-		delete(ls.byKey, l.key)
+	if l.items--; l.items > 0 {
+		return
 	}
+	if ls.idle++; ls.idle <= len(ls.byKey)-ls.idle+idleLayouts {
+		return
+	}
+	for k, l := range ls.byKey {
+		if l.items == 0 {
+			delete(ls.byKey, k)
+		}
+	}
+	ls.idle = 0
 }
 
-func (ls *layouts) clear() { clear(ls.byKey) }
+func (ls *layouts) clear() {
+	clear(ls.byKey)
+	ls.idle = 0
+}
 
 // chunkIndex is the place of key in chunks; next is the number of chunks
 // the item's slices used so far, so that a chunk used for the first time

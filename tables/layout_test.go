@@ -10,8 +10,9 @@ import (
 	"github.com/reprise-rl/reprise/selectors"
 )
 
-// Items of one shape share one layout whatever their chunks; a layout goes
-// with its last item, and Reset forgets them all.
+// Items of one shape share one layout whatever their chunks; a layout
+// idles after its last item, comes back for the next of its shape, and
+// Reset forgets them all.
 func TestLayoutsShared(t *testing.T) {
 	s := NewChunkStore()
 	for k := range ChunkKey(6) {
@@ -30,9 +31,13 @@ func TestLayoutsShared(t *testing.T) {
 	if n := len(tb.layouts.byKey); n != 5 {
 		t.Fatalf("%d layouts for 7 items of 5 shapes", n)
 	}
-	if tb.items[1].layout != tb.items[2].layout || tb.items[1].layout != tb.items[3].layout {
+	e1, _ := tb.lookup(1)
+	e2, _ := tb.lookup(2)
+	e3, _ := tb.lookup(3)
+	if e1.layout != e2.layout || e1.layout != e3.layout {
 		t.Fatal("items 1 to 3 have one shape but not one layout")
 	}
+	shared := e1.layout
 	if got := tb.Get(2)[0].Trajectory; !reflect.DeepEqual(got, []Column{col("obs", 3, 4)}) {
 		t.Fatalf("item 2's trajectory %+v", got)
 	}
@@ -40,16 +45,39 @@ func TestLayoutsShared(t *testing.T) {
 		t.Fatalf("item 3's trajectory %+v", got)
 	}
 	tb.Delete(1)
-	if n := len(tb.layouts.byKey); n != 5 {
-		t.Fatalf("%d layouts after deleting one of three items of a shape, want 5", n)
+	if n, idle := len(tb.layouts.byKey), tb.layouts.idle; n != 5 || idle != 0 {
+		t.Fatalf("%d layouts, %d idle, after deleting one of three items of a shape; want 5, none idle", n, idle)
 	}
 	tb.Delete(2, 3, 4)
-	if n := len(tb.layouts.byKey); n != 3 {
-		t.Fatalf("%d layouts after deleting the items of two shapes, want 3", n)
+	if n, idle := len(tb.layouts.byKey), tb.layouts.idle; n != 5 || idle != 2 {
+		t.Fatalf("%d layouts, %d idle, after deleting the items of two shapes; want 5, 2 idle", n, idle)
+	}
+	mustInsert(t, tb, Item{Key: 8, Priority: 1, Trajectory: []Column{col("obs", 5, 6)}})
+	e8, _ := tb.lookup(8)
+	if e8.layout != shared || tb.layouts.idle != 1 {
+		t.Fatalf("an item of an idle shape got a new layout, or the layout still counts as idle (%d idle)", tb.layouts.idle)
 	}
 	tb.Reset()
-	if n := len(tb.layouts.byKey); n != 0 {
+	if n := len(tb.layouts.byKey); n != 0 || tb.layouts.idle != 0 {
 		t.Fatalf("%d layouts after Reset", n)
+	}
+}
+
+// Items of ever new shapes leave at most idleLayouts more idle layouts
+// than layouts in use.
+func TestLayoutsBounded(t *testing.T) {
+	s := NewChunkStore()
+	putChunk(s, 1, 1<<20, 8)
+	const held = 10
+	tb := mustNew(t, config("t", selectors.KindFifo, selectors.KindFifo, held, limiter.MinSize(1)), s)
+	for key := range uint64(5000) {
+		// Each its own offset: a shape of its own. The table evicts the
+		// oldest beyond held.
+		mustInsert(t, tb, Item{Key: key, Priority: 1, Trajectory: []Column{{Name: "obs", Slices: []Slice{{Chunk: 1, Offset: int32(key), Length: 1}}}}})
+		inUse := len(tb.layouts.byKey) - tb.layouts.idle
+		if inUse != int(tb.Size()) || tb.layouts.idle > inUse+idleLayouts {
+			t.Fatalf("after %d inserts: %d layouts in use for %d items, %d idle", key+1, inUse, tb.Size(), tb.layouts.idle)
+		}
 	}
 }
 

@@ -43,13 +43,13 @@ func (t *Table) orderFor(o selectors.Options, role int, rng *rand.Rand) (order, 
 		if rng == nil {
 			rng = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 		}
-		return &uniformOrder{role: role, rng: rng}, nil
+		return &uniformOrder{t: t, role: role, rng: rng}, nil
 	}
 	sel, err := selectors.New(o, rng)
 	if err != nil {
 		return nil, err
 	}
-	return keyed{sel: sel, items: t.items}, nil
+	return keyed{sel: sel, t: t}, nil
 }
 
 // listOrder is Fifo or Lifo, read off the list in which the table links its
@@ -72,7 +72,7 @@ func (l listOrder) pick() (*entry, float64) {
 	return l.t.head, 1
 }
 
-func (l listOrder) weight() (float64, int64) { return countWeight(len(l.t.items)) }
+func (l listOrder) weight() (float64, int64) { return countWeight(l.t.items.len()) }
 
 func (l listOrder) kind() selectors.Kind {
 	if l.lifo {
@@ -81,17 +81,19 @@ func (l listOrder) kind() selectors.Kind {
 	return selectors.KindFifo
 }
 
-// uniformOrder is Uniform: the entries in an array, each knowing its place,
-// so that a delete moves the last entry into the hole.
+// uniformOrder is Uniform: the entries in an array (by ref, half the size
+// of pointers), each knowing its place, so that a delete moves the last
+// entry into the hole.
 type uniformOrder struct {
+	t       *Table
 	role    int
 	rng     *rand.Rand
-	entries []*entry
+	entries []uint32
 }
 
 func (u *uniformOrder) insert(e *entry) {
 	e.pos[u.role] = int32(len(u.entries))
-	u.entries = append(u.entries, e)
+	u.entries = append(u.entries, e.ref)
 }
 
 func (u *uniformOrder) update(*entry, float64) {}
@@ -101,22 +103,18 @@ func (u *uniformOrder) delete(e *entry) {
 	if int(i) != last {
 		moved := u.entries[last]
 		u.entries[i] = moved
-		moved.pos[u.role] = i
+		u.t.entryAt(moved).pos[u.role] = i
 	}
-	u.entries[last] = nil
 	u.entries = u.entries[:last]
 }
 
 func (u *uniformOrder) pick() (*entry, float64) {
 	n := len(u.entries)
-	return u.entries[u.rng.IntN(n)], 1 / float64(n)
+	return u.t.entryAt(u.entries[u.rng.IntN(n)]), 1 / float64(n)
 }
 
 // clear keeps the array: a cleared table usually refills to the same size.
-func (u *uniformOrder) clear() {
-	clear(u.entries)
-	u.entries = u.entries[:0]
-}
+func (u *uniformOrder) clear() { u.entries = u.entries[:0] }
 
 func (u *uniformOrder) weight() (float64, int64) { return countWeight(len(u.entries)) }
 
@@ -124,8 +122,8 @@ func (u *uniformOrder) kind() selectors.Kind { return selectors.KindUniform }
 
 // keyed is a selector of the selectors package (Prioritized and the heaps).
 type keyed struct {
-	sel   selectors.Selector
-	items map[uint64]*entry
+	sel selectors.Selector
+	t   *Table
 }
 
 func (k keyed) insert(e *entry) { must(k.sel.Insert(e.key, e.priority)) }
@@ -137,7 +135,8 @@ func (k keyed) delete(e *entry) { must(k.sel.Delete(e.key)) }
 func (k keyed) pick() (*entry, float64) {
 	key, prob, err := k.sel.Sample()
 	must(err)
-	return k.items[key], prob
+	e, _ := k.t.lookup(key)
+	return e, prob
 }
 
 func (k keyed) clear() { k.sel.Clear() }

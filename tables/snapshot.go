@@ -59,10 +59,10 @@ type itemShape struct {
 func (t *Table) snapshotLocked() (TableSnapshot, []itemShape) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	shapes := make([]itemShape, 0, len(t.items))
+	shapes := make([]itemShape, 0, t.items.len())
 	snap := TableSnapshot{
 		Config:   t.cfg,
-		Items:    make([]ItemSnapshot, 0, len(t.items)),
+		Items:    make([]ItemSnapshot, 0, t.items.len()),
 		Limiter:  t.lim.State(),
 		Counters: t.counters,
 		Chunks:   t.store.heldChunks(t.held, make([]*Chunk, 0, t.heldChunks)),
@@ -70,7 +70,7 @@ func (t *Table) snapshotLocked() (TableSnapshot, []itemShape) {
 		PolicyVersion: t.version,
 	}
 	snap.Config.Signature = cloneSignature(t.cfg.Signature)
-	for e := t.head; e != nil; e = e.next {
+	for e := t.head; e != nil; e = t.linked(e.next) {
 		snap.Items = append(snap.Items, ItemSnapshot{
 			Key:          e.key,
 			Priority:     e.priority,
@@ -144,7 +144,7 @@ func (t *Table) restoreItems(items []ItemSnapshot) error {
 		if !inRange(it.InsertedAt) {
 			return fmt.Errorf("%w: item %d: inserted_at %v is outside the years 1678-2262", ErrInvalidSnapshot, it.Key, it.InsertedAt)
 		}
-		if _, dup := t.items[it.Key]; dup {
+		if _, dup := t.lookup(it.Key); dup {
 			return fmt.Errorf("%w: item %d appears twice", ErrInvalidSnapshot, it.Key)
 		}
 		if err := checkTrajectory(it.Trajectory, t.sig); err != nil {
@@ -158,14 +158,14 @@ func (t *Table) restoreItems(items []ItemSnapshot) error {
 		t.holdLocked(chunks)
 		e := t.newEntry()
 		*e = entry{key: it.Key, priority: it.Priority, insertedAt: it.InsertedAt.UnixNano(), seq: it.Seq, timesSampled: it.TimesSampled,
-			version: it.PolicyVersion, layout: t.layouts.intern(it.Trajectory, chunks), chunks: chunks, prev: t.tail}
+			version: it.PolicyVersion, layout: t.layouts.intern(it.Trajectory, chunks), chunks: chunks, prev: link(t.tail), ref: e.ref}
 		if t.tail == nil {
 			t.head = e
 		} else {
-			t.tail.next = e
+			t.tail.next = link(e)
 		}
 		t.tail = e
-		t.items[it.Key] = e
+		t.items.insert(e.ref)
 		t.seq = max(t.seq, it.Seq)
 	}
 	var bySeq []*entry
@@ -173,8 +173,8 @@ func (t *Table) restoreItems(items []ItemSnapshot) error {
 		switch sel.kind() {
 		case selectors.KindMaxHeap, selectors.KindMinHeap:
 			if bySeq == nil {
-				bySeq = make([]*entry, 0, len(t.items))
-				for e := t.head; e != nil; e = e.next {
+				bySeq = make([]*entry, 0, t.items.len())
+				for e := t.head; e != nil; e = t.linked(e.next) {
 					bySeq = append(bySeq, e)
 				}
 				slices.SortStableFunc(bySeq, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
@@ -183,7 +183,7 @@ func (t *Table) restoreItems(items []ItemSnapshot) error {
 				sel.insert(e)
 			}
 		default:
-			for e := t.head; e != nil; e = e.next {
+			for e := t.head; e != nil; e = t.linked(e.next) {
 				sel.insert(e)
 			}
 		}

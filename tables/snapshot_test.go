@@ -163,13 +163,16 @@ func checkRefs(t testing.TB, s *ChunkStore, callerRefs int64, tables ...*Table) 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k, sc := range s.chunks {
-		if int64(sc.refs) != want[k]+callerRefs {
+	for _, sc := range s.slots {
+		if sc == nil {
+			continue
+		}
+		if k := sc.chunk.Key; int64(sc.refs) != want[k]+callerRefs {
 			t.Fatalf("chunk %d has %d references, want %d from items and %d from the caller", k, sc.refs, want[k], callerRefs)
 		}
 	}
 	for k := range want {
-		if s.chunks[k] == nil {
+		if _, ok := s.lookupLocked(k); !ok {
 			t.Fatalf("chunk %d is referenced by items but gone from the store", k)
 		}
 	}

@@ -12,11 +12,12 @@ import (
 // A chunk lives while anything holds a reference to it (the caller that Put
 // it, a producer's keep-alive set, every item whose trajectory names it) and
 // is dropped when the last reference is released. Beside its Data, a chunk
-// costs the store 64 bytes and a map slot: the chunks of one dtype and shape
-// share one Format. It is safe for concurrent use.
+// costs the store 64 bytes, a pointer and 4 to 11 bytes of index: the
+// chunks of one dtype and shape share one Format. It is safe for concurrent
+// use.
 type ChunkStore struct {
 	mu     sync.Mutex
-	chunks map[ChunkKey]*storedChunk
+	chunks keyIndex[slotKeys] // by slot
 	bytes  int64
 	// epoch and scratch serve acquire, under mu: a chunk is distinct within
 	// one item when its mark is not yet the current epoch, which dedupes
@@ -58,7 +59,23 @@ const maxRefs = math.MaxInt32
 
 // NewChunkStore returns an empty store.
 func NewChunkStore() *ChunkStore {
-	return &ChunkStore{chunks: make(map[ChunkKey]*storedChunk), formats: make(map[string]*storedFormat)}
+	s := &ChunkStore{formats: make(map[string]*storedFormat)}
+	s.chunks = newKeyIndex(slotKeys{s})
+	return s
+}
+
+// slotKeys reads the keys of a store's chunks by slot, for its index.
+type slotKeys struct{ s *ChunkStore }
+
+func (k slotKeys) keyOf(slot uint32) uint64 { return k.s.slots[slot].chunk.Key }
+
+// lookupLocked finds the chunk with key.
+func (s *ChunkStore) lookupLocked(key ChunkKey) (*storedChunk, bool) {
+	slot, ok := s.chunks.find(key)
+	if !ok {
+		return nil, false
+	}
+	return s.slots[slot], true
 }
 
 // Put adds c and takes one reference to it for the caller. When a chunk with
@@ -75,7 +92,7 @@ func (s *ChunkStore) Put(c *Chunk) *Chunk {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if sc, ok := s.chunks[c.Key]; ok {
+	if sc, ok := s.lookupLocked(c.Key); ok {
 		sc.refs++
 		return &sc.chunk
 	}
@@ -88,7 +105,7 @@ func (s *ChunkStore) Put(c *Chunk) *Chunk {
 		sc.chunk.slot = int32(len(s.slots))
 		s.slots = append(s.slots, sc)
 	}
-	s.chunks[c.Key] = sc
+	s.chunks.insert(uint32(sc.chunk.slot))
 	s.bytes += int64(len(c.Data))
 	return &sc.chunk
 }
@@ -100,7 +117,7 @@ func (s *ChunkStore) Retain(keys ...ChunkKey) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range keys {
-		sc, ok := s.chunks[k]
+		sc, ok := s.lookupLocked(k)
 		if !ok {
 			return fmt.Errorf("%w: chunk %d", ErrChunkMissing, k)
 		}
@@ -110,7 +127,8 @@ func (s *ChunkStore) Retain(keys ...ChunkKey) error {
 		}
 	}
 	for _, k := range keys {
-		s.chunks[k].refs++
+		sc, _ := s.lookupLocked(k)
+		sc.refs++
 	}
 	return nil
 }
@@ -123,7 +141,7 @@ func (s *ChunkStore) Release(keys ...ChunkKey) error {
 	var missing []ChunkKey
 	s.mu.Lock()
 	for _, k := range keys {
-		sc, ok := s.chunks[k]
+		sc, ok := s.lookupLocked(k)
 		if !ok {
 			missing = append(missing, k)
 			continue
@@ -143,7 +161,7 @@ func (s *ChunkStore) Release(keys ...ChunkKey) error {
 func (s *ChunkStore) Get(key ChunkKey) (*Chunk, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if sc, ok := s.chunks[key]; ok {
+	if sc, ok := s.lookupLocked(key); ok {
 		return &sc.chunk, true
 	}
 	return nil, false
@@ -153,7 +171,7 @@ func (s *ChunkStore) Get(key ChunkKey) (*Chunk, bool) {
 func (s *ChunkStore) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.chunks)
+	return s.chunks.len()
 }
 
 // Bytes is the total size of the chunks held (the sum of len(Data)).
@@ -166,7 +184,7 @@ func (s *ChunkStore) Bytes() int64 {
 func (s *ChunkStore) releaseLocked(sc *storedChunk, n int32) {
 	sc.refs -= n
 	if sc.refs <= 0 {
-		delete(s.chunks, sc.chunk.Key)
+		s.chunks.remove(sc.chunk.Key)
 		s.bytes -= int64(len(sc.chunk.Data))
 		s.slots[sc.chunk.slot] = nil
 		s.free = append(s.free, sc.chunk.slot)
@@ -258,7 +276,7 @@ func (s *ChunkStore) collectLocked(traj []Column, sig Signature) (distinct []*st
 		var first *Chunk
 		var steps int64
 		for si, sl := range col.Slices {
-			sc, ok := s.chunks[sl.Chunk]
+			sc, ok := s.lookupLocked(sl.Chunk)
 			if !ok {
 				return distinct, 0, fmt.Errorf("%w: chunk %d (column %q, slice %d)", ErrChunkMissing, sl.Chunk, col.Name, si)
 			}

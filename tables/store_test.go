@@ -192,7 +192,8 @@ func TestChunkStoreBoundsReferences(t *testing.T) {
 	s := NewChunkStore()
 	putChunk(s, 1, 1, 8)
 	putChunk(s, 2, 1, 8)
-	s.chunks[1].refs = maxRefs - 1
+	sc, _ := s.lookupLocked(1)
+	sc.refs = maxRefs - 1
 	if _, _, err := s.acquire([]Column{col("a", 1)}, nil); err != nil {
 		t.Fatalf("the last reference a chunk can take: %v", err)
 	}
@@ -214,8 +215,8 @@ func TestHeaderSizes(t *testing.T) {
 	if n := unsafe.Sizeof(storedChunk{}); n != 64 {
 		t.Errorf("storedChunk is %d bytes, want 64", n)
 	}
-	if n := unsafe.Sizeof(entry{}); n != 104 {
-		t.Errorf("entry is %d bytes, want 104", n)
+	if n := unsafe.Sizeof(entry{}); n != 96 {
+		t.Errorf("entry is %d bytes, want 96", n)
 	}
 }
 

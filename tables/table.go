@@ -20,11 +20,12 @@ import (
 // rate limiter. It is safe for concurrent use. Calls that wait for the
 // limiter (Insert, Sample, SampleFlexible) hold no lock while they wait.
 //
-// An item costs the table 104 bytes of bookkeeping, a map slot, a slice of
-// its distinct chunk pointers and its place in the two selectors: about 150
-// bytes in all for a two-chunk item with Uniform and Fifo selectors (a
-// Prioritized or heap selector keeps an index of its own). Its trajectory
-// costs nothing more: the table keeps one Layout per shape of item, shared.
+// An item costs the table 96 bytes of bookkeeping, 11 to 22 bytes of index
+// by key, a slice of its distinct chunk pointers and its place in the two
+// selectors: about 135 bytes in all for a two-chunk item with Uniform and
+// Fifo selectors (a Prioritized or heap selector keeps an index of its
+// own). Its trajectory costs nothing more: the table keeps one Layout per
+// shape of item, shared.
 type Table struct {
 	store *ChunkStore
 	now   func() time.Time
@@ -37,12 +38,15 @@ type Table struct {
 	lim     *limiter.Limiter
 	sampler order
 	remover order
-	items   map[uint64]*entry
+	items   keyIndex[entryKeys]
 	head    *entry // oldest item; items are linked in insertion order
 	tail    *entry
-	spare   *entry  // removed entries for reuse, chained through next
-	slab    []entry // fresh entries, handed out one at a time
-	seq     uint64  // stamps inserts and priority updates (heap tie order)
+	spare   *entry // removed entries for reuse, chained through next
+	// slabs hold the entries, slabEntries apart in number (entry.ref);
+	// fresh counts the entries of the last slab handed out.
+	slabs [][]entry
+	fresh int
+	seq   uint64 // stamps inserts and priority updates (heap tie order)
 	// held counts, by the store's chunk slot, the table's items that
 	// reference each chunk; heldChunks and heldSize are the chunks with a
 	// count and their bytes.
@@ -78,13 +82,49 @@ type entry struct {
 	version    int64  // of the policy that produced it
 	// layout and chunks are shared read-only with every Sample and Item
 	// handed out, so they are replaced, never modified.
-	layout     *layout
-	chunks     []*Chunk // distinct, in order of first use
-	prev, next *entry
+	layout *layout
+	chunks []*Chunk // distinct, in order of first use
+	// prev and next link the entries in insertion order, by link.
+	prev, next uint32
 	// pos is the entry's place in a uniform sampler's (0) and remover's (1)
 	// array.
 	pos          [2]int32
 	timesSampled int32
+	ref          uint32 // the entry's number in the table's slabs, for life
+}
+
+// link is how entries refer to e: its ref + 1, and 0 for no entry.
+func link(e *entry) uint32 {
+	if e == nil {
+		return 0
+	}
+	return e.ref + 1
+}
+
+// linked is the entry a link refers to.
+func (t *Table) linked(l uint32) *entry {
+	if l == 0 {
+		return nil
+	}
+	return t.entryAt(l - 1)
+}
+
+// entryKeys reads the keys of a table's entries by number, for its index.
+type entryKeys struct{ t *Table }
+
+func (k entryKeys) keyOf(ref uint32) uint64 { return k.t.entryAt(ref).key }
+
+func (t *Table) entryAt(ref uint32) *entry {
+	return &t.slabs[ref/uint32(slabEntries)][ref%uint32(slabEntries)]
+}
+
+// lookup finds the item with key.
+func (t *Table) lookup(key uint64) (*entry, bool) {
+	ref, ok := t.items.find(key)
+	if !ok {
+		return nil, false
+	}
+	return t.entryAt(ref), true
 }
 
 // Counters are a table's lifetime event counts. Reset does not clear them:
@@ -219,13 +259,13 @@ func New(cfg Config, store *ChunkStore, opts ...Option) (*Table, error) {
 		done:  make(chan struct{}),
 		cfg:   cfg,
 		lim:   lim,
-		items: make(map[uint64]*entry),
 
 		maxItemBytes: o.maxItemBytes,
 		versions:     newVersionIndex(cfg.MaxStaleness != nil),
 		episodes:     make(map[uint64]int64),
 		layouts:      newLayouts(),
 	}
+	t.items = newKeyIndex(entryKeys{t})
 	if t.sampler, err = t.orderFor(cfg.Sampler, 0, o.rng); err != nil {
 		return nil, fmt.Errorf("%w: table %q: sampler: %w", ErrInvalidConfig, cfg.Name, err)
 	}
@@ -245,7 +285,7 @@ func (t *Table) Name() string { return t.name }
 func (t *Table) Weight() (Weight, int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.weightLocked(), int64(len(t.items))
+	return t.weightLocked(), int64(t.items.len())
 }
 
 func (t *Table) weightLocked() Weight {
@@ -257,7 +297,7 @@ func (t *Table) weightLocked() Weight {
 func (t *Table) Size() int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return int64(len(t.items))
+	return int64(t.items.len())
 }
 
 // Insert adds item once the rate limiter allows it, waiting (without holding
@@ -343,7 +383,7 @@ func (t *Table) TryInsert(item Item, retry bool) (inserted bool, changed <-chan 
 		t.store.releaseChunks(chunks)
 		return true, nil, nil
 	}
-	if e, ok := t.items[item.Key]; ok {
+	if e, ok := t.lookup(item.Key); ok {
 		t.updateLocked(e, item.Priority)
 		t.store.releaseChunks(chunks)
 		return true, nil, nil
@@ -385,26 +425,26 @@ func (t *Table) wait(ctx context.Context, changed <-chan struct{}, op string) er
 func (t *Table) insertLocked(key uint64, priority float64, version, at int64, l *layout, chunks []*Chunk) {
 	e := t.newEntry()
 	t.seq++
-	*e = entry{key: key, priority: priority, version: version, insertedAt: at, seq: t.seq, layout: l, chunks: chunks, prev: t.tail}
+	*e = entry{key: key, priority: priority, version: version, insertedAt: at, seq: t.seq, layout: l, chunks: chunks, prev: link(t.tail), ref: e.ref}
 	t.versions.add(key, version)
 	if t.versions.keys != nil {
 		t.versions.compact(version, func(k uint64, v int64) bool {
-			e, ok := t.items[k]
+			e, ok := t.lookup(k)
 			return ok && e.version == v
 		})
 	}
 	if t.tail == nil {
 		t.head = e
 	} else {
-		t.tail.next = e
+		t.tail.next = link(e)
 	}
 	t.tail = e
-	t.items[key] = e
+	t.items.insert(e.ref)
 	t.sampler.insert(e)
 	t.remover.insert(e)
 	t.holdLocked(chunks)
 	t.counters.Inserts++
-	for int64(len(t.items)) > t.cfg.MaxSize {
+	for int64(t.items.len()) > t.cfg.MaxSize {
 		victim, _ := t.remover.pick()
 		t.removeLocked(victim)
 		t.counters.Evictions++
@@ -430,17 +470,22 @@ func (t *Table) holdLocked(chunks []*Chunk) {
 const slabEntries = 32 << 10 / int64(unsafe.Sizeof(entry{}))
 
 // newEntry hands out entries from a slab, reusing removed ones first, so
-// that inserting does not allocate per item.
+// that inserting does not allocate per item. The entry's ref is set; the
+// caller keeps it when filling in the rest.
 func (t *Table) newEntry() *entry {
 	if e := t.spare; e != nil {
-		t.spare = e.next
+		t.spare = t.linked(e.next)
 		return e
 	}
-	if len(t.slab) == 0 {
-		t.slab = make([]entry, min(slabEntries, t.cfg.MaxSize))
+	if len(t.slabs) == 0 || t.fresh == len(t.slabs[len(t.slabs)-1]) {
+		// A small table's slab holds max_size entries: a second, for the
+		// one an insert holds beyond it before evicting, is rarely needed.
+		t.slabs = append(t.slabs, make([]entry, min(slabEntries, t.cfg.MaxSize)))
+		t.fresh = 0
 	}
-	e := &t.slab[0]
-	t.slab = t.slab[1:]
+	e := &t.slabs[len(t.slabs)-1][t.fresh]
+	e.ref = uint32(len(t.slabs)-1)*uint32(slabEntries) + uint32(t.fresh)
+	t.fresh++
 	return e
 }
 
@@ -457,16 +502,16 @@ func (t *Table) updateLocked(e *entry, priority float64) {
 func (t *Table) removeLocked(e *entry) {
 	t.sampler.delete(e)
 	t.remover.delete(e)
-	delete(t.items, e.key)
-	if e.prev == nil {
-		t.head = e.next
+	t.items.remove(e.key)
+	if prev := t.linked(e.prev); prev == nil {
+		t.head = t.linked(e.next)
 	} else {
-		e.prev.next = e.next
+		prev.next = e.next
 	}
-	if e.next == nil {
-		t.tail = e.prev
+	if next := t.linked(e.next); next == nil {
+		t.tail = t.linked(e.prev)
 	} else {
-		e.next.prev = e.prev
+		next.prev = e.prev
 	}
 	t.lim.Delete(1)
 	t.counters.Deletes++
@@ -483,7 +528,7 @@ func (t *Table) removeLocked(e *entry) {
 	}
 	t.store.releaseChunks(e.chunks)
 	t.layouts.drop(e.layout)
-	*e = entry{next: t.spare}
+	*e = entry{next: link(t.spare), ref: e.ref}
 	t.spare = e
 }
 
@@ -558,7 +603,7 @@ func (t *Table) SampleBetween(ctx context.Context, least, most int) ([]Sample, S
 		if out == nil {
 			// Sized for the usual case (no more than the table holds) and
 			// never by the request alone, which may be absurd.
-			out = make([]Sample, 0, min(most, max(1, len(t.items))))
+			out = make([]Sample, 0, min(most, max(1, t.items.len())))
 		}
 		var changed <-chan struct{}
 		for len(out) < most {
@@ -568,7 +613,7 @@ func (t *Table) SampleBetween(ctx context.Context, least, most int) ([]Sample, S
 			}
 			out = append(out, t.sampleLocked(waited))
 		}
-		state = State{Size: int64(len(t.items)), Weight: t.weightLocked()}
+		state = State{Size: int64(t.items.len()), Weight: t.weightLocked()}
 		if len(out) >= least {
 			t.mu.Unlock()
 			return out, state, nil
@@ -597,7 +642,7 @@ func (t *Table) sampleLocked(waited bool) Sample {
 		Info: SampleInfo{
 			Key:          e.key,
 			Probability:  prob,
-			TableSize:    int64(len(t.items)),
+			TableSize:    int64(t.items.len()),
 			Priority:     e.priority,
 			TimesSampled: e.timesSampled,
 			InsertedAt:   time.Unix(0, e.insertedAt).UTC(),
@@ -630,7 +675,7 @@ func (t *Table) Mutate(muts []Mutation) (missing []uint64, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, m := range muts {
-		e, ok := t.items[m.Key]
+		e, ok := t.lookup(m.Key)
 		switch {
 		case !ok:
 			missing = append(missing, m.Key)
@@ -649,7 +694,7 @@ func (t *Table) Delete(keys ...uint64) (missing []uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, k := range keys {
-		if e, ok := t.items[k]; ok {
+		if e, ok := t.lookup(k); ok {
 			t.removeLocked(e)
 		} else {
 			missing = append(missing, k)
@@ -666,8 +711,8 @@ func (t *Table) Reset() {
 	t.store.releaseHeld(t.held)
 	clear(t.held)
 	t.heldChunks, t.heldSize = 0, 0
-	clear(t.items)
-	t.head, t.tail, t.spare, t.slab = nil, nil, nil, nil
+	t.items.clear()
+	t.head, t.tail, t.spare, t.slabs, t.fresh = nil, nil, nil, nil, 0
 	t.sampler.clear()
 	t.remover.clear()
 	t.lim.Reset()
@@ -723,7 +768,7 @@ func (t *Table) Info() Info {
 	cfg.Signature = cloneSignature(cfg.Signature)
 	return Info{
 		Config:    cfg,
-		Size:      int64(len(t.items)),
+		Size:      int64(t.items.len()),
 		Limiter:   t.lim.State(),
 		Counters:  t.counters,
 		Chunks:    t.heldChunks,
@@ -765,7 +810,7 @@ func (t *Table) Get(keys ...uint64) []Item {
 	defer t.mu.Unlock()
 	var out []Item
 	for _, k := range keys {
-		if e, ok := t.items[k]; ok {
+		if e, ok := t.lookup(k); ok {
 			out = append(out, e.item())
 		}
 	}
@@ -782,10 +827,10 @@ func (t *Table) List(offset, limit int) []Item {
 	defer t.mu.Unlock()
 	e := t.head
 	for i := 0; i < offset && e != nil; i++ {
-		e = e.next
+		e = t.linked(e.next)
 	}
 	var out []Item
-	for ; e != nil && len(out) < limit; e = e.next {
+	for ; e != nil && len(out) < limit; e = t.linked(e.next) {
 		out = append(out, e.item())
 	}
 	return out

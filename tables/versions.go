@@ -129,7 +129,7 @@ func (t *Table) ReconfigureStaleness(maxStaleness *int64) error {
 // when the table bounds staleness.
 func (t *Table) rebuildVersionsLocked() {
 	t.versions = newVersionIndex(t.cfg.MaxStaleness != nil)
-	for e := t.head; e != nil; e = e.next {
+	for e := t.head; e != nil; e = t.linked(e.next) {
 		t.versions.add(e.key, e.version)
 	}
 }
@@ -144,7 +144,7 @@ func (t *Table) evictStaleLocked() {
 	for len(v.order) > 0 && v.order[0] < floor {
 		version := v.order[0]
 		for _, key := range v.keys[version] {
-			if e, ok := t.items[key]; ok && e.version == version {
+			if e, ok := t.lookup(key); ok && e.version == version {
 				t.removeLocked(e)
 				t.counters.StaleEvictions++
 			}
