@@ -72,7 +72,7 @@ type Table struct {
 	layouts  layouts
 }
 
-// entry is one item's bookkeeping: 104 bytes, its fields ordered so that
+// entry is one item's bookkeeping: 96 bytes, its fields ordered so that
 // no padding comes between them.
 type entry struct {
 	key        uint64
