@@ -58,7 +58,12 @@ func (ls *layouts) intern(traj []Column, chunks []*Chunk) *layout {
 		l.items++
 		return l
 	}
-	l := &layout{Layout: ls.build(traj, chunks), key: string(ls.key), items: 1}
+	built, err := NewLayout(traj, chunks)
+	if err != nil {
+		// acquire listed every chunk the slices name.
+		panic(err)
+	}
+	l := &layout{Layout: built, key: string(ls.key), items: 1}
 	ls.byKey[l.key] = l
 	return l
 }
@@ -129,31 +134,6 @@ func (ls *layouts) appendKey(b []byte, traj []Column, chunks []*Chunk) []byte {
 		}
 	}
 	return b
-}
-
-// build makes traj's layout, in two allocations whatever its columns.
-func (ls *layouts) build(traj []Column, chunks []*Chunk) Layout {
-	n := 0
-	for i := range traj {
-		n += len(traj[i].Slices)
-	}
-	out := make(Layout, len(traj))
-	all := make([]LayoutSlice, n)
-	next := int32(0)
-	for i := range traj {
-		c := &traj[i]
-		sl := all[:len(c.Slices):len(c.Slices)]
-		all = all[len(c.Slices):]
-		for j, s := range c.Slices {
-			at := ls.chunkIndex(chunks, s.Chunk, next)
-			if at == next {
-				next++
-			}
-			sl[j] = LayoutSlice{Chunk: at, Offset: s.Offset, Length: s.Length}
-		}
-		out[i] = LayoutColumn{Name: c.Name, Slices: sl, Squeeze: c.Squeeze}
-	}
-	return out
 }
 
 // NewLayout is traj's layout for an item whose distinct chunks are chunks,

@@ -12,7 +12,7 @@ import (
 // A chunk lives while anything holds a reference to it (the caller that Put
 // it, a producer's keep-alive set, every item whose trajectory names it) and
 // is dropped when the last reference is released. Beside its Data, a chunk
-// costs the store 64 bytes, a pointer and 4 to 11 bytes of index: the
+// costs the store 64 bytes, a pointer and 11 to 22 bytes of index: the
 // chunks of one dtype and shape share one Format. It is safe for concurrent
 // use.
 type ChunkStore struct {
