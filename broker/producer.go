@@ -199,8 +199,17 @@ type Producer struct {
 	// lastMessage is the size of the last message sent: the next one's
 	// buffer starts that large.
 	lastMessage int
-	release     []uint64 // sent chunks that no item will reference again
-	seq         uint64
+	// builder writes every batch in turn (nil before the first), and the
+	// buffers of acknowledged messages come back through spare for it to
+	// fill again: a producer in steady state allocates no message buffers.
+	builder *wire.BatchBuilder
+	spare   chan []byte
+	scratch itemScratch // the wire item that build fills, reused
+	// chunkData holds the data buffers of chunks copied into a batch, for
+	// the next chunks sealed: at most spareChunks.
+	chunkData [][]byte
+	release   []uint64 // sent chunks that no item will reference again
+	seq       uint64
 	// settled is the last sequence whose message, and every one before it,
 	// JetStream acknowledged or the producer gave up on. The ack loop
 	// settles messages in order.
@@ -241,7 +250,32 @@ type pendingItem struct {
 	version  int64
 	key      uint64
 	refs     []resolvedRef
+	// inline holds the refs of items of few columns, the usual kind,
+	// saving an allocation per item.
+	inline [2]resolvedRef
 }
+
+// itemScratch is the wire item build fills and the batch copies at once,
+// with the columns and slices it points to.
+type itemScratch struct {
+	item    wire.Item
+	columns []*wire.TrajectoryColumn
+	column  []wire.TrajectoryColumn
+	slices  []wire.ColumnSlice
+	fresh   []*sealedChunk
+}
+
+// spareMessages bounds the acknowledged message buffers a producer keeps
+// for its next batches: a few cover the steady state, in which one message
+// is filled while others await their acks. spareChunks bounds the data
+// buffers of sent chunks it keeps for the next chunks sealed: as many as
+// one item of a few columns sends; buffers over maxSpareChunk are left to
+// the garbage collector, so that a few huge chunks do not stay pinned.
+const (
+	spareMessages = 4
+	spareChunks   = 8
+	maxSpareChunk = 4 << 20
+)
 
 type resolvedRef struct {
 	name     string
@@ -313,6 +347,7 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 		episode:    rand.Uint64(),
 		cols:       make(map[string]*column),
 		acks:       make(chan *inFlight, o.maxInFlight+1),
+		spare:      make(chan []byte, spareMessages),
 		abort:      make(chan struct{}),
 		ackDone:    make(chan struct{}),
 	}
@@ -461,12 +496,34 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 func (p *Producer) sealLocked(c *column) error {
 	steps := c.open
 	c.open = nil
-	ch, err := wire.EncodeChunk(rand.Uint64(), steps, wire.ChunkOptions{Codec: p.o.compression, Delta: p.o.delta, EpisodeID: p.episode, EpisodeStep: c.openStart})
+	ch, err := wire.EncodeChunk(rand.Uint64(), steps, wire.ChunkOptions{Codec: p.o.compression, Delta: p.o.delta, EpisodeID: p.episode, EpisodeStep: c.openStart, Buffer: p.takeChunkData(steps)})
 	if err != nil {
 		return fmt.Errorf("broker: column %q: sealing steps %d..%d: %w", c.name, c.openStart, c.openStart+int64(len(steps)), err)
 	}
 	c.chunks = append(c.chunks, &sealedChunk{chunk: ch, key: ch.Key, start: c.openStart, length: int64(len(steps))})
 	return nil
+}
+
+// takeChunkData takes the smallest spare buffer with room for the steps'
+// bytes, if one is kept: columns differ in size (a frame and a reward), and
+// a reward's chunk should not take the frame's buffer.
+func (p *Producer) takeChunkData(steps []*wire.Tensor) []byte {
+	n := 0
+	for _, s := range steps {
+		n += len(s.Data)
+	}
+	best := -1
+	for i, buf := range p.chunkData {
+		if cap(buf) >= n && (best < 0 || cap(buf) < cap(p.chunkData[best])) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	buf := p.chunkData[best]
+	p.chunkData = slices.Delete(p.chunkData, best, best+1)
+	return buf
 }
 
 // trimLocked forgets chunks that fell out of the history window, except
@@ -508,7 +565,12 @@ func (p *Producer) CreateItem(ctx context.Context, table string, priority float6
 	if p.closing {
 		return ErrClosed
 	}
-	it := &pendingItem{table: table, priority: priority, version: p.version, key: p.o.shard.newKey(), refs: make([]resolvedRef, len(traj))}
+	it := &pendingItem{table: table, priority: priority, version: p.version, key: p.o.shard.newKey()}
+	if len(traj) <= len(it.inline) {
+		it.refs = it.inline[:len(traj)]
+	} else {
+		it.refs = make([]resolvedRef, len(traj))
+	}
 	for i, r := range traj {
 		if err := r.validate(); err != nil {
 			return err
@@ -552,10 +614,27 @@ func (s keyShard) newKey() uint64 {
 	}
 }
 
+// overlapping returns the sealed chunks that hold any of steps [from, to).
+// Chunks are disjoint and ascending, so a binary search finds the first: an
+// item reads a few chunks out of a history of hundreds.
+func (c *column) overlapping(from, to int64) []*sealedChunk {
+	lo, _ := slices.BinarySearchFunc(c.chunks, from, func(ch *sealedChunk, step int64) int {
+		if ch.start+ch.length <= step {
+			return -1
+		}
+		return 1
+	})
+	hi := lo
+	for hi < len(c.chunks) && c.chunks[hi].start < to {
+		hi++
+	}
+	return c.chunks[lo:hi]
+}
+
 // covers checks that every step in [from, to) has a cell in this column.
 func (c *column) covers(from, to int64) error {
 	next := from
-	for _, ch := range c.chunks {
+	for _, ch := range c.overlapping(from, to) {
 		if ch.start <= next && next < ch.start+ch.length {
 			next = ch.start + ch.length
 		}
@@ -650,9 +729,9 @@ func (p *Producer) onLinger() {
 // is published first.
 func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error {
 	for {
-		item, fresh := it.build()
+		item, fresh := it.build(&p.scratch)
 		if p.batch.msg == nil {
-			p.batch.msg = wire.NewBatchBuilder(p.id, p.lastMessage+p.lastMessage/8)
+			p.batch.msg = p.nextBuilder()
 		}
 		before := p.batch.msg.Mark()
 		size := p.batch.msg.Size()
@@ -676,6 +755,11 @@ func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error 
 			continue
 		}
 		for _, ch := range fresh {
+			// The batch copied the chunk's bytes, so its buffer can take
+			// the next chunk's.
+			if len(p.chunkData) < spareChunks && 0 < cap(ch.chunk.Data) && cap(ch.chunk.Data) <= maxSpareChunk {
+				p.chunkData = append(p.chunkData, ch.chunk.Data[:0])
+			}
 			ch.sent, ch.chunk = true, nil
 		}
 		if !slices.Contains(p.batch.tables, it.table) {
@@ -685,26 +769,58 @@ func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error 
 	}
 }
 
-// build makes the wire item, and lists the chunks it needs that were not
-// sent yet.
-func (it *pendingItem) build() (*wire.Item, []*sealedChunk) {
-	item := &wire.Item{Key: it.key, Table: it.table, Priority: it.priority, PolicyVersion: it.version, Columns: make([]*wire.TrajectoryColumn, len(it.refs))}
-	var fresh []*sealedChunk
-	for i, r := range it.refs {
-		tc := &wire.TrajectoryColumn{Name: r.name, Squeeze: r.squeeze}
-		for _, ch := range r.col.chunks {
+// nextBuilder is the builder for a new batch, in a spare buffer if an
+// acknowledged message left one.
+func (p *Producer) nextBuilder() *wire.BatchBuilder {
+	hint := p.lastMessage + p.lastMessage/8
+	if p.builder == nil {
+		p.builder = wire.NewBatchBuilder(p.id, hint)
+		return p.builder
+	}
+	var buf []byte
+	select {
+	case buf = <-p.spare:
+	default:
+	}
+	p.builder.Reset(buf, hint)
+	return p.builder
+}
+
+// recycle keeps the buffer of a message that JetStream acknowledged, which
+// neither this producer nor the connection reads again (the connection
+// copied it when published), for a later batch.
+func (p *Producer) recycle(rec *inFlight) {
+	select {
+	case p.spare <- rec.msg.Data[:0]:
+	default:
+	}
+	rec.msg.Data = nil
+}
+
+// build fills s with the wire item, and lists the chunks it needs that were
+// not sent yet. Both are valid until the next build.
+func (it *pendingItem) build(s *itemScratch) (*wire.Item, []*sealedChunk) {
+	s.fresh, s.columns, s.column, s.slices = s.fresh[:0], s.columns[:0], slices.Grow(s.column[:0], len(it.refs)), s.slices[:0]
+	for _, r := range it.refs {
+		s.column = s.column[:len(s.column)+1]
+		tc := &s.column[len(s.column)-1]
+		tc.Name, tc.Squeeze = r.name, r.squeeze
+		first := len(s.slices)
+		for _, ch := range r.col.overlapping(r.from, r.to) {
 			lo, hi := max(ch.start, r.from), min(ch.start+ch.length, r.to)
-			if lo >= hi {
-				continue
-			}
-			tc.Slices = append(tc.Slices, &wire.ColumnSlice{ChunkKey: ch.key, Offset: int32(lo - ch.start), Length: int32(hi - lo)})
-			if !ch.sent && !slices.Contains(fresh, ch) {
-				fresh = append(fresh, ch)
+			s.slices = append(s.slices, wire.ColumnSlice{ChunkKey: ch.key, Offset: int32(lo - ch.start), Length: int32(hi - lo)})
+			if !ch.sent && !slices.Contains(s.fresh, ch) {
+				s.fresh = append(s.fresh, ch)
 			}
 		}
-		item.Columns[i] = tc
+		tc.Slices = tc.Slices[:0]
+		for i := first; i < len(s.slices); i++ {
+			tc.Slices = append(tc.Slices, &s.slices[i])
+		}
+		s.columns = append(s.columns, tc)
 	}
-	return item, fresh
+	s.item.Key, s.item.Table, s.item.Priority, s.item.PolicyVersion, s.item.Columns = it.key, it.table, it.priority, it.version, s.columns
+	return &s.item, s.fresh
 }
 
 // publishLocked waits for room in the window, then sends the batch and the
@@ -745,7 +861,7 @@ func (p *Producer) sendBatchLocked(end bool) {
 	p.seq++
 	b := p.batch
 	if b.msg == nil {
-		b.msg = wire.NewBatchBuilder(p.id, 0)
+		b.msg = p.nextBuilder()
 	}
 	n := b.msg.Items()
 	data := b.msg.Finish(p.seq, p.release, end, p.settled.Load()+1, uint32(p.o.maxInFlight), p.notice)
@@ -775,6 +891,7 @@ func (p *Producer) ackLoop() {
 		if err != nil {
 			p.flow.fail(rec.items, err)
 		} else {
+			p.recycle(rec)
 			p.flow.ack(streamSeq, rec.items, rec.tables)
 		}
 	}

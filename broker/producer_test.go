@@ -3,11 +3,16 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -181,5 +186,90 @@ func TestEndEpisodeIsOneMessage(t *testing.T) {
 	// released by its episode's end and dropped with its evicted item.
 	if info.Chunks != 2*10 {
 		t.Errorf("the service holds %d chunks, want 20", info.Chunks)
+	}
+}
+
+// TestProducerRecyclesBuffersSafely: a producer refills the buffers of
+// chunks it has sent and of messages JetStream acknowledged. Through many
+// small batches in a small window, from an actor that reuses its own step
+// buffer, the table gets every item exactly once with the data of its own
+// steps: no buffer was refilled while a message or chunk still needed it.
+func TestProducerRecyclesBuffersSafely(t *testing.T) {
+	const steps, obsLen = 300, 512
+	for _, codec := range []wire.Codec{wire.Uncompressed, wire.Zstd} {
+		t.Run(codec.String(), func(t *testing.T) {
+			d := deploy(t, []tables.Config{tables.QueueConfig("q", 2*steps)}, "")
+			ctx := testutil.Context(t)
+			p := d.producer(WithCompression(codec), WithChunkLength(2), WithBatch(3, 1<<20), WithMaxInFlight(2), WithLinger(0))
+			obs := make([]float32, obsLen)
+			id := make([]int64, 1)
+			next := Step{}
+			want := map[string]int{}
+			for i := range int64(steps) {
+				copy(obs, testutil.Obs(i, obsLen))
+				id[0] = i
+				next["obs"], next["id"] = Float32s([]int64{obsLen}, obs), Int64s(nil, id)
+				if err := p.Append(ctx, next); err != nil {
+					t.Fatal(err)
+				}
+				if err := p.CreateItem(ctx, "q", 1, LastStep("obs", "id")); err != nil {
+					t.Fatal(err)
+				}
+				want[fmt.Sprint([]int64{i})]++
+				if i > 0 {
+					// Across a chunk boundary on every other step.
+					if err := p.CreateItem(ctx, "q", 1, Last(2, "obs", "id")); err != nil {
+						t.Fatal(err)
+					}
+					want[fmt.Sprint([]int64{i - 1, i})]++
+				}
+			}
+			if err := p.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			c := d.client()
+			got := map[string]int{}
+			for n := 0; n < 2*steps-1; {
+				batch, err := c.Sample(ctx, "q", min(64, 2*steps-1-n))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, s := range batch {
+					checkObs(t, s, obsLen)
+					got[fmt.Sprint(ids(t, s))]++
+				}
+				n += len(batch)
+			}
+			if !maps.Equal(got, want) {
+				t.Fatalf("the table got items of steps %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestColumnOverlapping: the binary search finds exactly the chunks a
+// linear scan finds, over histories with gaps (steps where the column was
+// missing) and ranges before, inside, across and after them.
+func TestColumnOverlapping(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := range 2000 {
+		c := &column{}
+		next := int64(rng.IntN(5))
+		for range rng.IntN(12) {
+			length := int64(1 + rng.IntN(4))
+			c.chunks = append(c.chunks, &sealedChunk{start: next, length: length})
+			next += length + int64(rng.IntN(3)) // a gap, sometimes
+		}
+		from := int64(rng.IntN(int(next) + 3))
+		to := from + int64(rng.IntN(8))
+		var want []*sealedChunk
+		for _, ch := range c.chunks {
+			if ch.start < to && from < ch.start+ch.length {
+				want = append(want, ch)
+			}
+		}
+		if got := c.overlapping(from, to); !slices.Equal(got, want) {
+			t.Fatalf("trial %d: steps %d..%d of chunks %v: got %v, want %v", trial, from, to, c.chunks, got, want)
+		}
 	}
 }

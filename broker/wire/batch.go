@@ -30,6 +30,17 @@ func NewBatchBuilder(producerID string, sizeHint int) *BatchBuilder {
 	return &BatchBuilder{producerID: producerID, room: room, chunks: make([]byte, room, room+max(sizeHint, 4096))}
 }
 
+// Reset starts the next message of the same producer in buf: the buffer of
+// an earlier message that nothing reads any more, or nil for a new buffer
+// of sizeHint bytes. A producer that recycles its messages this way
+// allocates (and the runtime zeroes) no message buffer in steady state.
+func (b *BatchBuilder) Reset(buf []byte, sizeHint int) {
+	if cap(buf) < b.room+sizeHint/2 {
+		buf = make([]byte, 0, b.room+max(sizeHint, 4096))
+	}
+	b.chunks, b.items, b.n = buf[:b.room], b.items[:0], 0
+}
+
 // Mark is the builder's state now.
 func (b *BatchBuilder) Mark() BatchMark {
 	return BatchMark{len(b.chunks), len(b.items), b.n}
@@ -62,9 +73,11 @@ func (b *BatchBuilder) Items() int { return b.n }
 func (b *BatchBuilder) Size() int { return len(b.chunks) - b.room + len(b.items) }
 
 // Finish returns the encoded message with the given remaining fields. The
-// builder must not be used afterwards: the message shares its buffer.
+// message shares the builder's buffer: the builder must not be used again
+// until Reset gives it another.
 func (b *BatchBuilder) Finish(sequence uint64, release []uint64, end bool, windowStart uint64, window uint32, notice string) []byte {
-	head := make([]byte, 0, b.room)
+	var headBuf [64]byte
+	head := headBuf[:0]
 	if b.producerID != "" {
 		head = protowire.AppendTag(head, FieldBatchProducer, protowire.BytesType)
 		head = protowire.AppendString(head, b.producerID)

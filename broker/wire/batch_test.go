@@ -10,14 +10,24 @@ import (
 )
 
 // TestBatchBuilder: the builder writes what proto.Marshal writes for the
-// same message, to the byte, whatever fields are set or empty, and Undo
-// leaves no trace of what it drops.
+// same message, to the byte, whatever fields are set or empty; Undo leaves
+// no trace of what it drops, and a builder Reset into the buffer of its
+// last message none of that message.
 func TestBatchBuilder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(21, 22))
+	var last *BatchBuilder
+	var lastID string
+	var lastMsg []byte
 	for trial := range 300 {
 		id := []string{"", "0123456789abcdef0123456789abcdef"}[min(trial%4, 1)]
 		want := &InsertBatch{ProducerId: id, Sequence: []uint64{0, 1, 300, math.MaxUint64}[rng.IntN(4)]}
-		b := NewBatchBuilder(id, rng.IntN(2)*1<<16)
+		var b *BatchBuilder
+		if last != nil && lastID == id && rng.IntN(2) == 0 {
+			b = last
+			b.Reset(lastMsg, rng.IntN(2)*1<<16)
+		} else {
+			b = NewBatchBuilder(id, rng.IntN(2)*1<<16)
+		}
 		for range rng.IntN(5) {
 			c, err := EncodeChunk(rng.Uint64(), []*Tensor{randomTensor(rng, "int16", []int64{int64(rng.IntN(40))})}, ChunkOptions{Codec: allCodecs[rng.IntN(len(allCodecs))]})
 			if err != nil {
@@ -62,6 +72,7 @@ func TestBatchBuilder(t *testing.T) {
 		if exp := mustMarshal(t, want); !bytes.Equal(got, exp) {
 			t.Fatalf("trial %d: builder wrote\n%x\nproto.Marshal writes\n%x", trial, got, exp)
 		}
+		last, lastID, lastMsg = b, id, got
 	}
 }
 

@@ -201,6 +201,11 @@ type ChunkOptions struct {
 	// care where it came from.
 	EpisodeID   uint64
 	EpisodeStep int64
+	// Buffer, when large enough, holds the chunk's Data instead of a new
+	// allocation: a producer passes the Data of a chunk it sent and will
+	// not read again, and so encodes large steps without allocating (and
+	// zeroing) their bytes once more.
+	Buffer []byte
 }
 
 var (
@@ -252,7 +257,7 @@ func EncodeChunk(key uint64, steps []*Tensor, opts ChunkOptions) (*Chunk, error)
 	rawSize := stepBytes * len(steps)
 	var raw []byte
 	if opts.Codec == Uncompressed {
-		raw = make([]byte, 0, rawSize)
+		raw = opts.data(rawSize)
 	} else {
 		buf := getScratch(rawSize)
 		defer putScratch(buf)
@@ -283,17 +288,28 @@ func EncodeChunk(key uint64, steps []*Tensor, opts ChunkOptions) (*Chunk, error)
 	case rawSize == 0:
 		// Nothing to compress; DecodeChunk expects no bytes.
 	default:
-		data, err := compress(opts.Codec, raw)
+		buf := getScratch(s2.MaxEncodedLen(len(raw)))
+		defer putScratch(buf)
+		data, err := compress(opts.Codec, raw, buf)
 		if err != nil {
 			return nil, err
 		}
 		if len(data) < rawSize {
-			c.Compression, c.Data = opts.Codec.proto(), data
+			c.Compression = opts.Codec.proto()
 		} else {
-			c.Data = slices.Clone(raw)
+			data = raw
 		}
+		c.Data = append(opts.data(len(data)), data...)
 	}
 	return c, nil
+}
+
+// data is an empty slice with room for n bytes: Buffer when it has room.
+func (o ChunkOptions) data(n int) []byte {
+	if cap(o.Buffer) >= n {
+		return o.Buffer[:0]
+	}
+	return make([]byte, 0, n)
 }
 
 func (c Codec) proto() Compression {
@@ -308,9 +324,9 @@ func (c Codec) proto() Compression {
 
 // compress returns raw compressed with codec (Zstd or S2), in a buffer of
 // its own exact size.
-func compress(codec Codec, raw []byte) ([]byte, error) {
-	buf := getScratch(s2.MaxEncodedLen(len(raw)))
-	defer putScratch(buf)
+// compress writes raw compressed into buf's storage, which the result
+// shares, and keeps buf as grown.
+func compress(codec Codec, raw []byte, buf *[]byte) ([]byte, error) {
 	var out []byte
 	if codec == Zstd {
 		enc, err := zstdEncoder()
@@ -322,7 +338,7 @@ func compress(codec Codec, raw []byte) ([]byte, error) {
 		out = s2.Encode((*buf)[:cap(*buf)], raw)
 	}
 	*buf = out[:0]
-	return slices.Clone(out), nil
+	return out, nil
 }
 
 // scratch recycles EncodeChunk's working buffers, which hold a chunk only

@@ -538,6 +538,42 @@ func TestChunksDoNotShareBuffers(t *testing.T) {
 	}
 }
 
+// TestEncodeChunkIntoBuffer: a chunk encoded into a dirty Buffer is the
+// chunk encoded without one, in the Buffer's storage when it has room and
+// in fresh storage when it has not, for every codec and for data that
+// compresses and data that does not.
+func TestEncodeChunkIntoBuffer(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	for _, codec := range allCodecs {
+		for _, steps := range [][]*Tensor{
+			{randomTensor(rng, "float32", []int64{100}), randomTensor(rng, "float32", []int64{100})},
+			{Uint8s([]int64{64}, make([]uint8, 64)), Uint8s([]int64{64}, make([]uint8, 64))},
+		} {
+			want, err := EncodeChunk(7, steps, ChunkOptions{Codec: codec, Delta: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, room := range []int{len(want.Data) - 1, len(want.Data), 4096} {
+				buf := make([]byte, room)
+				for i := range buf {
+					buf[i] = 0xa5
+				}
+				got, err := EncodeChunk(7, steps, ChunkOptions{Codec: codec, Delta: true, Buffer: buf[:rng.IntN(room+1)]})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !proto.Equal(got, want) {
+					t.Fatalf("%v, buffer of %d: encoded %v, want %v", codec, room, got, want)
+				}
+				inBuffer := len(got.Data) > 0 && &got.Data[0] == &buf[0]
+				if inBuffer != (room >= len(want.Data)) {
+					t.Errorf("%v, %d bytes into a buffer of %d: in the buffer %t", codec, len(want.Data), room, inBuffer)
+				}
+			}
+		}
+	}
+}
+
 func TestConcurrentUse(t *testing.T) {
 	frames := atariFrames(rand.New(rand.NewPCG(17, 18)), 8)
 	var wg sync.WaitGroup
