@@ -25,6 +25,10 @@ func TestKeyIndexModel(t *testing.T) {
 		keyspace := uint64(50 + rng.IntN(500))
 		for step := range 20000 {
 			key := rng.Uint64N(keyspace) * 0x100000001 // high and low bits alike
+			if rng.IntN(8) == 0 {
+				// Prefetching, even before the first insert, changes nothing.
+				x.prefetch([]uint64{key, rng.Uint64(), key + 1})
+			}
 			n, ok := x.find(key)
 			wn, wok := want[key]
 			if ok != wok || (ok && n != wn) {

@@ -344,6 +344,16 @@ func (t *Table) CountHeldInsert() {
 	t.counters.InsertWaits++
 }
 
+// Prefetch brings into the CPU's cache what inserting items with these
+// keys reads first, and changes nothing: a caller about to insert a
+// message's items calls it once for all of them, so that their cache
+// misses overlap rather than come one per item.
+func (t *Table) Prefetch(keys []uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.items.prefetch(keys)
+}
+
 // TryInsert is Insert without the wait: when the rate limiter does not
 // allow the insert now, it returns false and a channel closed at the
 // limiter's next change, when trying again may succeed. Checks and

@@ -400,6 +400,7 @@ func (s *Service) sweep(ctx context.Context, now time.Time) error {
 // when ctx ends while a rate limiter holds an item.
 func (s *Service) applyBatch(ctx context.Context, id string, ps *producerState, b *insertBatch) error {
 	if b.done == 0 {
+		s.prefetch(b)
 		for i, rc := range b.chunks {
 			if rc.err != nil {
 				s.reject(noticeTo{id, b.notice}, b.sequence, 0, "", codeOf(rc.err), rc.err.Error())
@@ -424,6 +425,31 @@ func (s *Service) applyBatch(ctx context.Context, id string, ps *producerState, 
 	}
 	ps.end = ps.end || b.end
 	return nil
+}
+
+// prefetch has the store and the tables read the index slots of a
+// message's chunks and items all at once, before applying them one by one:
+// in a table of 100,000 items, misses on those slots, one per chunk and
+// item in turn, were half the apply loop's time.
+func (s *Service) prefetch(b *insertBatch) {
+	s.keys = s.keys[:0]
+	for i := range b.chunks {
+		s.keys = append(s.keys, b.chunks[i].key)
+	}
+	if len(s.keys) > 0 {
+		s.store.Prefetch(s.keys)
+	}
+	// By table, in runs: a producer's message usually serves one.
+	for i := 0; i < len(b.items); {
+		name := b.items[i].table
+		s.keys = s.keys[:0]
+		for ; i < len(b.items) && b.items[i].table == name; i++ {
+			s.keys = append(s.keys, b.items[i].item.Key)
+		}
+		if t, ok := s.tables[name]; ok {
+			t.Prefetch(s.keys)
+		}
+	}
 }
 
 // insertItem inserts an item, or queues it while its table's rate limiter
