@@ -1,10 +1,16 @@
 package wire
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/tables"
 )
 
 const frameSide = 84
@@ -166,6 +172,41 @@ func BenchmarkBatchBuilder(b *testing.B) {
 			bb.AddItem(its[i])
 		}
 		bb.Finish(1, nil, false, 1, 256, "")
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*items), "ns/item")
+}
+
+// BenchmarkDecodeSampleResponse decodes a learner's reply of 256 one-step
+// items of 400 bytes, each with its own uncompressed chunk: the suite's
+// sample workload of small items, whose cost is per item.
+//
+//	go test -run - -bench DecodeSampleResponse -benchmem ./broker/wire
+func BenchmarkDecodeSampleResponse(b *testing.B) {
+	const items = 256
+	var samples []tables.Sample
+	for i := range items {
+		c, err := EncodeChunk(uint64(i)+1, []*Tensor{Float32s([]int64{100}, make([]float32, 100))}, ChunkOptions{Codec: Uncompressed})
+		if err != nil {
+			b.Fatal(err)
+		}
+		data, err := proto.Marshal(c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		samples = append(samples, tables.Sample{
+			Info:   tables.SampleInfo{Key: uint64(i) + 1, Probability: 1e-5, TableSize: 100_000, Priority: 1, TimesSampled: 3, InsertedAt: time.Unix(1, 0)},
+			Chunks: []*tables.Chunk{{Key: c.Key, Length: 1, Data: data}},
+			Layout: tables.Layout{{Name: "payload", Squeeze: true, Slices: []tables.LayoutSlice{{Chunk: 0, Length: 1}}}},
+		})
+	}
+	reply := AppendSampleResponse(nil, Code_CODE_OK, "", samples, TableState{Size: 100_000})
+	b.SetBytes(int64(len(reply)))
+	b.ReportAllocs()
+	for b.Loop() {
+		// The decoded reply owns its bytes: each learner's reply is new.
+		if _, err := DecodeSampleResponse(bytes.Clone(reply)); err != nil {
+			b.Fatal(err)
+		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*items), "ns/item")
 }

@@ -11,11 +11,25 @@ type keyIndex struct {
 }
 
 func newKeyIndex(n int) keyIndex {
+	var x keyIndex
+	x.reset(n)
+	return x
+}
+
+// reset empties the index and sizes it for n keys, in the slots it has
+// when they suffice.
+func (x *keyIndex) reset(n int) {
 	bits := uint(1)
 	for 1<<bits < 2*n {
 		bits++
 	}
-	return keyIndex{slots: make([]int32, 1<<bits), shift: 64 - bits}
+	if cap(x.slots) >= 1<<bits {
+		x.slots = x.slots[:1<<bits]
+		clear(x.slots)
+	} else {
+		x.slots = make([]int32, 1<<bits)
+	}
+	x.shift = 64 - bits
 }
 
 // slot is where the search for key starts: Fibonacci hashing spreads keys

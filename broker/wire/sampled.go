@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -49,7 +50,8 @@ type SampleReply struct {
 // copy; for an uncompressed chunk those are b's, so b belongs to the result
 // and the caller must not reuse it.
 func DecodeSampleResponse(b []byte) (SampleReply, error) {
-	var d sampleDecoder
+	d := decoders.Get().(*sampleDecoder)
+	defer d.release()
 	reply, err := d.split(b)
 	if err != nil {
 		return SampleReply{}, err
@@ -66,10 +68,12 @@ func DecodeSampleResponse(b []byte) (SampleReply, error) {
 
 // sampleDecoder holds a response's parts while DecodeSampleResponse reads
 // them. Slices of the arenas are kept as offsets until the arenas stop
-// growing.
+// growing. Decoders are pooled: their arrays, a few hundred bytes an item,
+// were most of what a reply of small items allocated.
 type sampleDecoder struct {
 	rawItems  [][]byte
 	rawChunks [][]byte
+	reading   Chunk          // the chunk being read
 	chunks    []sampledChunk // in the response's order
 	keys      []uint64       // the chunks' keys, in the same order
 	index     keyIndex       // of keys
@@ -77,6 +81,27 @@ type sampleDecoder struct {
 	items     []sampledItem
 	columns   []sampledColumn
 	slices    []sampledSlice
+	names     []string // the previous item's column names
+}
+
+var decoders = sync.Pool{New: func() any { return new(sampleDecoder) }}
+
+// maxPooledItems bounds the replies whose decoder goes back to the pool, so
+// that one huge reply does not keep its arrays for good.
+const maxPooledItems = 1 << 14
+
+// release returns d to the pool, without the references into the reply it
+// decoded (whose bytes now belong to the caller).
+func (d *sampleDecoder) release() {
+	if cap(d.rawItems) > maxPooledItems || cap(d.rawChunks) > maxPooledItems {
+		return
+	}
+	clear(d.rawItems)
+	clear(d.rawChunks)
+	clear(d.chunks)
+	clear(d.names)
+	d.reading.Data = nil
+	decoders.Put(d)
 }
 
 type sampledChunk struct {
@@ -112,7 +137,7 @@ type sampledSlice struct {
 // the generated code keeps it as unknown.
 func (d *sampleDecoder) split(b []byte) (reply SampleReply, err error) {
 	items, chunks := CountMessages(b, 2, 3)
-	d.rawItems, d.rawChunks = make([][]byte, 0, items), make([][]byte, 0, chunks)
+	d.rawItems, d.rawChunks = slices.Grow(d.rawItems[:0], items), slices.Grow(d.rawChunks[:0], chunks)
 	err = EachField(b, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
@@ -197,9 +222,9 @@ func EachField(b []byte, f func(num protowire.Number, typ protowire.Type, v uint
 
 // readChunks checks and decodes every chunk, once, and sorts them by key.
 func (d *sampleDecoder) readChunks() error {
-	d.chunks = make([]sampledChunk, 0, len(d.rawChunks))
-	d.dims = make([]int64, 0, len(d.rawChunks)) // most steps are vectors
-	c := &Chunk{}
+	d.chunks = slices.Grow(d.chunks[:0], len(d.rawChunks))
+	d.dims = slices.Grow(d.dims[:0], len(d.rawChunks)) // most steps are vectors
+	c := &d.reading
 	for i, raw := range d.rawChunks {
 		start := len(d.dims)
 		var err error
@@ -223,11 +248,11 @@ func (d *sampleDecoder) readChunks() error {
 		d.chunks = append(d.chunks, sampledChunk{key: c.Key, dtype: c.Dtype, dims: start, ndims: len(d.dims) - start,
 			steps: int64(c.Length), stepBytes: stepBytes, data: data})
 	}
-	d.keys = make([]uint64, len(d.chunks))
+	d.keys = d.keys[:0]
 	for i := range d.chunks {
-		d.keys[i] = d.chunks[i].key
+		d.keys = append(d.keys, d.chunks[i].key)
 	}
-	d.index = newKeyIndex(len(d.keys))
+	d.index.reset(len(d.keys))
 	for i := range d.keys {
 		if !d.index.add(d.keys, i) {
 			return fmt.Errorf("%w: sample response carries chunk %d twice", ErrMalformed, d.chunks[i].key)
@@ -243,11 +268,14 @@ func (d *sampleDecoder) stepShape(c *sampledChunk) []int64 { return d.dims[c.dim
 // readItems reads every item's info and columns and checks each column
 // against the chunks it selects from.
 func (d *sampleDecoder) readItems() error {
-	d.items = make([]sampledItem, len(d.rawItems))
+	// Cleared: an item's fields are set only when present.
+	d.items = slices.Grow(d.items[:0], len(d.rawItems))[:len(d.rawItems)]
+	clear(d.items)
 	// Sized for one column of one slice an item; the first item tells more.
-	d.columns = make([]sampledColumn, 0, len(d.rawItems))
-	d.slices = make([]sampledSlice, 0, len(d.rawItems))
-	var names []string // the previous item's column names, to share their strings
+	d.columns = slices.Grow(d.columns[:0], len(d.rawItems))
+	d.slices = slices.Grow(d.slices[:0], len(d.rawItems))
+	names := d.names[:0] // the previous item's column names, to share their strings
+	defer func() { d.names = names }()
 	for i, raw := range d.rawItems {
 		it := &d.items[i]
 		it.first = len(d.columns)

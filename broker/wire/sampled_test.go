@@ -301,8 +301,12 @@ func TestDecodeSampleResponseAllocations(t *testing.T) {
 			}
 		})
 	}
+	// A handful per reply: the arrays of the result, and the decoder's own
+	// when its pool has none (the race detector empties pools at random).
+	// An allocation per item would make 256.
+	const bound = 24
 	small, large := allocs(response(8)), allocs(response(256))
-	if large > small {
-		t.Fatalf("%v allocations for 256 items, %v for 8: the decoder allocates per item", large, small)
+	if large > bound {
+		t.Fatalf("%v allocations for 256 items (%v for 8), over %d: the decoder allocates per item", large, small, bound)
 	}
 }
