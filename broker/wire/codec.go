@@ -322,10 +322,8 @@ func (c Codec) proto() Compression {
 	return Compression_COMPRESSION_NONE
 }
 
-// compress returns raw compressed with codec (Zstd or S2), in a buffer of
-// its own exact size.
-// compress writes raw compressed into buf's storage, which the result
-// shares, and keeps buf as grown.
+// compress writes raw compressed with codec (Zstd or S2) into buf's
+// storage, which the result shares, and keeps buf as grown.
 func compress(codec Codec, raw []byte, buf *[]byte) ([]byte, error) {
 	var out []byte
 	if codec == Zstd {
