@@ -1,6 +1,7 @@
 package tables
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -10,10 +11,18 @@ import (
 
 // TestUniformDrawsAsSelectorsUniform checks that a table's own Uniform
 // sampler and remover draw, key for key, what selectors.NewUniform draws
-// from the same random source, through inserts, evictions, samples that
-// reach max_times_sampled, deletes and a reset.
+// from the same random source, through inserts, evictions, samples of up
+// to 4 items, deletes and a reset: with max_times_sampled, where a sample
+// may remove its item before the next draw, and without, where a request
+// draws all its items before it reads any.
 func TestUniformDrawsAsSelectorsUniform(t *testing.T) {
-	const maxSize, maxTimes = 20, 3
+	for _, maxTimes := range []int32{3, 0} {
+		t.Run(fmt.Sprintf("max_times_sampled=%d", maxTimes), func(t *testing.T) { testUniformDraws(t, maxTimes) })
+	}
+}
+
+func testUniformDraws(t *testing.T, maxTimes int32) {
+	const maxSize = 20
 	store := NewChunkStore()
 	putChunk(store, 1, 1, 8)
 	cfg := config("u", selectors.KindUniform, selectors.KindUniform, maxSize, limiter.MinSize(1))
@@ -58,20 +67,28 @@ func TestUniformDrawsAsSelectorsUniform(t *testing.T) {
 			if len(times) == 0 {
 				continue
 			}
-			got, err := tb.Sample(expired(), 1)
-			if err != nil {
-				t.Fatalf("step %d: sample: %v", step, err)
+			n := 1 + ops.IntN(4)
+			got, err := tb.Sample(expired(), n)
+			i := 0
+			for ; i < n && len(times) > 0; i++ {
+				if i >= len(got) {
+					t.Fatalf("step %d: %d of %d samples, the table holds %d items", step, len(got), n, len(times))
+				}
+				key, prob, err := sampler.Sample()
+				if err != nil {
+					t.Fatal(err)
+				}
+				times[key]++
+				if g := got[i].Info; g.Key != key || g.Probability != prob || g.TimesSampled != times[key] {
+					t.Fatalf("step %d: sample %d of %d is key %d with probability %v, sampled %d times; selectors.NewUniform draws %d with %v, sampled %d times",
+						step, i, n, g.Key, g.Probability, g.TimesSampled, key, prob, times[key])
+				}
+				if maxTimes > 0 && times[key] >= maxTimes {
+					remove(key)
+				}
 			}
-			key, prob, err := sampler.Sample()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got[0].Info.Key != key || got[0].Info.Probability != prob {
-				t.Fatalf("step %d: sampled key %d with probability %v, selectors.NewUniform draws %d with %v",
-					step, got[0].Info.Key, got[0].Info.Probability, key, prob)
-			}
-			if times[key]++; times[key] >= maxTimes {
-				remove(key)
+			if len(got) != i || (i == n) != (err == nil) {
+				t.Fatalf("step %d: %d of %d samples (%v), want %d", step, len(got), n, err, i)
 			}
 		case r < 99:
 			if len(times) == 0 {

@@ -70,6 +70,11 @@ type Table struct {
 	// hold its steps (a chunk once per item referencing it).
 	episodes map[uint64]int64
 	layouts  layouts
+	// picks is sampleManyLocked's scratch, and prefetched where it leaves
+	// the reads that bring entries into cache (the compiler would drop
+	// them otherwise).
+	picks      []pick
+	prefetched int64
 }
 
 // entry is one item's bookkeeping: 96 bytes, its fields ordered so that
@@ -616,12 +621,16 @@ func (t *Table) SampleBetween(ctx context.Context, least, most int) ([]Sample, S
 			out = make([]Sample, 0, min(most, max(1, t.items.len())))
 		}
 		var changed <-chan struct{}
-		for len(out) < most {
-			var ok bool
-			if ok, changed = t.lim.TrySample(1); !ok {
-				break
+		if t.cfg.MaxTimesSampled > 0 {
+			for len(out) < most {
+				var ok bool
+				if ok, changed = t.lim.TrySample(1); !ok {
+					break
+				}
+				out = append(out, t.sampleLocked(waited))
 			}
-			out = append(out, t.sampleLocked(waited))
+		} else {
+			out, changed = t.sampleManyLocked(out, most, waited)
 		}
 		state = State{Size: int64(t.items.len()), Weight: t.weightLocked()}
 		if len(out) >= least {
@@ -643,6 +652,58 @@ func (t *Table) SampleBetween(ctx context.Context, least, most int) ([]Sample, S
 // limiter's size bound keeps the table non-empty whenever it allows one.
 func (t *Table) sampleLocked(waited bool) Sample {
 	e, prob := t.sampler.pick()
+	s := t.takeLocked(e, prob, waited)
+	if m := t.cfg.MaxTimesSampled; m > 0 && e.timesSampled >= m {
+		t.removeLocked(e)
+	}
+	return s
+}
+
+// sampleManyLocked appends samples to out, up to most in all, as far as
+// the limiter allows, for a table whose samples remove nothing: then a
+// sample changes nothing the next draw depends on, so every entry can be
+// drawn before any is read. Drawing only finds an entry's address; reading
+// them all at once lets the CPU overlap their cache misses, and those of
+// their chunks (which the reply reads next), where sampleLocked takes them
+// one after the other.
+// The draws, and what each sample says, are those of sampleLocked.
+func (t *Table) sampleManyLocked(out []Sample, most int, waited bool) ([]Sample, <-chan struct{}) {
+	var changed <-chan struct{}
+	picks := t.picks[:0]
+	for len(out)+len(picks) < most {
+		var ok bool
+		if ok, changed = t.lim.TrySample(1); !ok {
+			break
+		}
+		e, prob := t.sampler.pick()
+		picks = append(picks, pick{e, prob})
+	}
+	var sum int64
+	for _, p := range picks {
+		sum += int64(p.e.timesSampled) + int64(len(p.e.chunks))
+	}
+	for _, p := range picks {
+		for _, c := range p.e.chunks {
+			sum += int64(c.Key)
+		}
+	}
+	t.prefetched = sum
+	for _, p := range picks {
+		out = append(out, t.takeLocked(p.e, p.prob, waited))
+	}
+	clear(picks)
+	t.picks = picks[:0]
+	return out, changed
+}
+
+// pick is an entry a sampler drew, and the probability it was drawn with.
+type pick struct {
+	e    *entry
+	prob float64
+}
+
+// takeLocked counts a sample of e and describes it.
+func (t *Table) takeLocked(e *entry, prob float64, waited bool) Sample {
 	if e.timesSampled == 0 {
 		t.counters.UniqueSamples++
 	}
@@ -660,9 +721,6 @@ func (t *Table) sampleLocked(waited bool) Sample {
 		},
 		Layout: e.layout.Layout,
 		Chunks: e.chunks,
-	}
-	if m := t.cfg.MaxTimesSampled; m > 0 && e.timesSampled >= m {
-		t.removeLocked(e)
 	}
 	return s
 }
