@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -122,10 +123,40 @@ type recreatable interface {
 // checkpointBucket is the default bucket of a prefix's checkpoints.
 func checkpointBucket(subj protocol.Subjects) string { return subj.Stream() + "_CHECKPOINTS" }
 
+// A checkpoint holds every table's chunks, and a large one takes minutes to
+// move. nats.go bounds a call whose context has no deadline by the
+// JetStream context's default timeout (5 s), and a read of an object by it
+// as a whole: a checkpoint of a few hundred MB then failed to load, and
+// recovery skipped it for an older one or for a stream its limits had
+// already cut, losing acknowledged items. So reads and writes of a
+// checkpoint get their own deadline, which grows with its size.
+const (
+	objectCallTimeout = 30 * time.Second
+	// objectMinRate is the slowest transfer waited for: the deadline of a
+	// transfer of n bytes is objectCallTimeout + n/objectMinRate.
+	objectMinRate = 4 << 20
+)
+
+func transferDeadline(ctx context.Context, size uint64) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, objectCallTimeout+time.Duration(size/objectMinRate)*time.Second)
+}
+
+// objectChunkSize is the size of the messages a checkpoint is stored in.
+// nats.go publishes an object's messages with up to 4000 unacknowledged,
+// and the server drops what comes into a stream beyond 128 MiB waiting to
+// be stored, failing the write ("too many requests"); at nats.go's default
+// of 128 KiB a message, a checkpoint of a few hundred MB failed this way
+// under load, the one written at shutdown included. 4000 messages of 16 KiB
+// stay under half that bound.
+const objectChunkSize = 16 << 10
+
 // Save writes the checkpoint; the object store lists it once its last
 // chunk and its digest are stored.
 func (s *ObjectStoreCheckpoints) Save(ctx context.Context, name string, data []byte) error {
-	if _, err := s.store().PutBytes(ctx, name, data); err != nil {
+	ctx, cancel := transferDeadline(ctx, uint64(len(data)))
+	defer cancel()
+	meta := jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: objectChunkSize}}
+	if _, err := s.store().Put(ctx, meta, bytes.NewReader(data)); err != nil {
 		return fmt.Errorf("broker: saving checkpoint %s: %w", name, err)
 	}
 	return nil
@@ -133,15 +164,39 @@ func (s *ObjectStoreCheckpoints) Save(ctx context.Context, name string, data []b
 
 // Load reads a checkpoint; the object store checks its digest.
 func (s *ObjectStoreCheckpoints) Load(ctx context.Context, name string) ([]byte, error) {
-	data, err := s.store().GetBytes(ctx, name)
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, fmt.Errorf("%w: %s", ErrNoCheckpoint, name)
+	notFound := func(err error) error {
+		if errors.Is(err, jetstream.ErrObjectNotFound) {
+			return fmt.Errorf("%w: %s", ErrNoCheckpoint, name)
+		}
+		return fmt.Errorf("broker: loading checkpoint %s: %w", name, err)
 	}
+	store := s.store()
+	ictx, cancel := context.WithTimeout(ctx, objectCallTimeout)
+	info, err := store.GetInfo(ictx, name)
+	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("broker: loading checkpoint %s: %w", name, err)
+		return nil, notFound(err)
 	}
-	return data, nil
+	ctx, cancel = transferDeadline(ctx, info.Size)
+	defer cancel()
+	obj, err := store.Get(ctx, name)
+	if err != nil {
+		return nil, notFound(err)
+	}
+	defer obj.Close()
+	// Read into one buffer of the size the store reports: growing one as it
+	// fills would hold up to twice the checkpoint at once.
+	buf := bytes.NewBuffer(make([]byte, 0, int(min(info.Size, maxPreallocatedCheckpoint))+bytes.MinRead))
+	if _, err := buf.ReadFrom(obj); err != nil {
+		return nil, notFound(err)
+	}
+	return buf.Bytes(), nil
 }
+
+// maxPreallocatedCheckpoint bounds the buffer Load makes from the size the
+// store reports, before reading: the size is the store's word, not yet
+// checked against what comes. A larger checkpoint grows the buffer.
+const maxPreallocatedCheckpoint = 1 << 30
 
 // objectListTimeout bounds one listing of the bucket. nats.go's listing
 // waits for the end of the bucket's contents, and when its first look at an

@@ -1,12 +1,18 @@
 package service
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/reprise-rl/reprise/internal/testutil"
 
@@ -334,6 +340,56 @@ func TestCheckpointWhileInsertHeld(t *testing.T) {
 		if got := ids(t, s[0])[0]; got != want {
 			t.Fatalf("queue delivered %d, want %d", got, want)
 		}
+	}
+}
+
+// TestObjectStoreCheckpointsSetTheirOwnDeadlines: a checkpoint moves under
+// a deadline of its own, not nats.go's default timeout, which bounded the
+// read of a whole checkpoint by 5 s (the default here is 1 ns: any call
+// that falls back on it fails). And its messages are small enough that
+// nats.go's 4000 in flight stay within the server's ingest queue.
+func TestObjectStoreCheckpointsSetTheirOwnDeadlines(t *testing.T) {
+	url := testutil.StartEmbedded(t, 0)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(time.Nanosecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := NewObjectStoreCheckpoints(testutil.Context(t), js, "DEADLINES", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 8<<20)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	// The service's own calls carry no deadline.
+	ctx := context.Background()
+	name := checkpointName(0, 1)
+	if err := cs.Save(ctx, name, data); err != nil {
+		t.Fatal(err)
+	}
+	got, err := cs.Load(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("loaded %d bytes that differ from the %d saved", len(got), len(data))
+	}
+	info, err := cs.store().GetInfo(testutil.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := 4000 * int64(info.Opts.ChunkSize); in > 64<<20 {
+		t.Errorf("checkpoint stored in messages of %d bytes: 4000 in flight make %d bytes, over half the server's 128 MiB ingest queue", info.Opts.ChunkSize, in)
+	}
+	if _, err := cs.Load(ctx, checkpointName(0, 2)); !errors.Is(err, ErrNoCheckpoint) {
+		t.Errorf("loading a checkpoint never saved: %v, want ErrNoCheckpoint", err)
 	}
 }
 

@@ -80,13 +80,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	d := &daemon{cfg: cfg, log: log, stdout: stdout}
 	defer d.shutdown()
-	if err := d.run(ctx); err != nil && ctx.Err() == nil {
+	if err := d.run(ctx); err != nil && (ctx.Err() == nil || errors.Is(err, errStopping)) {
 		return err
 	}
-	// An error after ctx ended (a start-up cut short) is the shutdown
-	// that was asked for.
+	// Any other error after ctx ended (a start-up cut short) is the
+	// shutdown that was asked for.
 	return nil
 }
+
+// errStopping marks an error of a shutdown that was asked for, such as a
+// final checkpoint that could not be written: it must reach the exit
+// status, since items acknowledged since the last checkpoint may be lost
+// with it once the stream's limits drop them.
+var errStopping = errors.New("stopping")
 
 // parseArgs builds the configuration: defaults, then the --config file,
 // then the flags that were given.
@@ -391,7 +397,7 @@ func (d *daemon) run(ctx context.Context) error {
 	}
 	d.log.Info("reprised stopping: waiting for requests in progress")
 	if err := <-done; err != nil {
-		return fmt.Errorf("table service: %w", err)
+		return fmt.Errorf("%w: table service: %w", errStopping, err)
 	}
 	return nil
 }

@@ -515,3 +515,27 @@ func TestExternalServerWithoutJetStream(t *testing.T) {
 		t.Errorf("exit status %d, stderr %q: want 1 and a hint to enable JetStream", code, stderr.String())
 	}
 }
+
+// TestFinalCheckpointFailureIsReported: a final checkpoint that cannot be
+// written makes the shutdown fail. Reported as a clean stop, the items
+// acknowledged since the last checkpoint went unnoticed until the stream's
+// limits dropped them.
+func TestFinalCheckpointFailureIsReported(t *testing.T) {
+	dir := t.TempDir()
+	checkpoints := filepath.Join(dir, "checkpoints")
+	r := start(t, "--listen", "127.0.0.1:-1", "--store", filepath.Join(dir, "data"), "--checkpoint-dir", checkpoints, "--checkpoint-every", "0s")
+	insert(t, r.url, r.prefix, "replay", 3)
+	// A file where the directory was: no checkpoint can go in, whoever
+	// runs the test (root ignores permissions).
+	if err := os.RemoveAll(checkpoints); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(checkpoints, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := r.stop()
+	if err == nil || !errors.Is(err, errStopping) || !strings.Contains(err.Error(), "final checkpoint") {
+		t.Fatalf("stopping with no place for the final checkpoint = %v, want an error about it", err)
+	}
+	r.stop = func() error { return nil } // the failure was the point
+}
