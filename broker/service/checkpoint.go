@@ -5,15 +5,19 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
+	"io"
 	"math"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
@@ -218,24 +222,31 @@ func (c *captured) items() int64 {
 	return n
 }
 
-func (c *captured) encode() ([]byte, error) {
-	msg := &wire.Checkpoint{
+// encode lays out the checkpoint file: a CheckpointFile whose field 1 is
+// the encoded Checkpoint and field 2 its SHA-256. The Checkpoint is made of
+// pieces the reader hands out in turn, the chunks as they are stored: a
+// checkpoint is mostly the tables' chunks, and encoding it into one message,
+// then into the file's, made two copies of all of them, which a large table
+// may not have the memory for. The pieces' order is not the generated
+// code's, which decoding does not care about.
+func (c *captured) encode() (*checkpointReader, error) {
+	head := &wire.Checkpoint{
 		Version:         checkpointVersion,
 		AppliedSequence: c.applied,
 		CreatedUnixNano: c.created.UnixNano(),
 		Producers:       c.producers,
 		Pending:         c.pending,
-		Chunks:          make([][]byte, len(c.chunks)),
 	}
 	if !c.lastSweep.IsZero() {
-		msg.LastSweepUnixNano = c.lastSweep.UnixNano()
+		head.LastSweepUnixNano = c.lastSweep.UnixNano()
 	}
-	for i, ch := range c.chunks {
-		msg.Chunks[i] = ch.Data
+	r := &checkpointReader{chunks: c.chunks, hash: sha256.New()}
+	var err error
+	if r.head, err = proto.Marshal(head); err != nil {
+		return nil, fmt.Errorf("broker: encoding checkpoint: %w", err)
 	}
 	for _, t := range c.tables {
 		tc := &wire.TableCheckpoint{Items: make([]*wire.ItemCheckpoint, len(t.Items)), PolicyVersion: t.PolicyVersion}
-		var err error
 		if tc.ConfigJson, err = json.Marshal(t.Config); err != nil {
 			return nil, fmt.Errorf("broker: encoding table %q config: %w", t.Config.Name, err)
 		}
@@ -252,14 +263,112 @@ func (c *captured) encode() ([]byte, error) {
 				PolicyVersion: it.PolicyVersion,
 			}
 		}
-		msg.Tables = append(msg.Tables, tc)
+		b := protowire.AppendTag(nil, fieldCheckpointTables, protowire.BytesType)
+		if b, err = (proto.MarshalOptions{}).MarshalAppend(protowire.AppendVarint(b, uint64(proto.Size(tc))), tc); err != nil {
+			return nil, fmt.Errorf("broker: encoding table %q: %w", t.Config.Name, err)
+		}
+		r.tables = append(r.tables, b)
 	}
-	data, err := proto.Marshal(msg)
-	if err != nil {
-		return nil, fmt.Errorf("broker: encoding checkpoint: %w", err)
+	inner := len(r.head)
+	for _, b := range r.tables {
+		inner += len(b)
 	}
-	sum := sha256.Sum256(data)
-	return proto.Marshal(&wire.CheckpointFile{Checkpoint: data, Sha256: sum[:]})
+	for _, ch := range c.chunks {
+		inner += 1 + protowire.SizeBytes(len(ch.Data))
+	}
+	r.fileHead = protowire.AppendVarint(protowire.AppendTag(nil, fieldFileCheckpoint, protowire.BytesType), uint64(inner))
+	r.size = int64(len(r.fileHead)+inner) + 1 + int64(protowire.SizeBytes(sha256.Size))
+	return r, nil
+}
+
+// The fields encode writes by hand (reprise.proto: Checkpoint.tables,
+// Checkpoint.chunks, CheckpointFile.checkpoint and .sha256).
+const (
+	fieldCheckpointTables = 4
+	fieldCheckpointChunks = 5
+	fieldFileCheckpoint   = 1
+	fieldFileSHA256       = 2
+)
+
+// checkpointReader reads out a checkpoint file that encode laid out: the
+// file's field 1 header, the Checkpoint's pieces (hashed as they go), then
+// field 2, the hash.
+type checkpointReader struct {
+	size     int64
+	fileHead []byte
+	head     []byte
+	tables   [][]byte
+	chunks   []*tables.Chunk
+	hash     hash.Hash
+
+	stage   int
+	cur     []byte // what is left of the current piece
+	hashed  bool   // whether cur is part of the Checkpoint
+	next    int    // the next chunk or table
+	inData  bool   // cur is a chunk's data, after its header
+	chunkAt [binary.MaxVarintLen64 + 1]byte
+}
+
+// Size is the file's length in bytes.
+func (r *checkpointReader) Size() int64 { return r.size }
+
+func (r *checkpointReader) Read(p []byte) (int, error) {
+	for len(r.cur) == 0 {
+		if !r.advance() {
+			return 0, io.EOF
+		}
+	}
+	n := copy(p, r.cur)
+	if r.hashed {
+		r.hash.Write(r.cur[:n])
+	}
+	r.cur = r.cur[n:]
+	return n, nil
+}
+
+// advance moves to the next piece; false at the end.
+func (r *checkpointReader) advance() bool {
+	const (
+		fileHead = iota
+		head
+		chunks
+		tableFields
+		sum
+		end
+	)
+	r.hashed = true
+	switch r.stage {
+	case fileHead:
+		r.cur, r.hashed, r.stage = r.fileHead, false, head
+	case head:
+		r.cur, r.stage = r.head, chunks
+	case chunks:
+		if r.next == len(r.chunks) {
+			r.next, r.stage = 0, tableFields
+			return r.advance()
+		}
+		data := r.chunks[r.next].Data
+		if r.inData {
+			r.cur, r.inData = data, false
+			r.next++
+			return true
+		}
+		b := protowire.AppendTag(r.chunkAt[:0], fieldCheckpointChunks, protowire.BytesType)
+		r.cur, r.inData = protowire.AppendVarint(b, uint64(len(data))), true
+	case tableFields:
+		if r.next == len(r.tables) {
+			r.stage = sum
+			return r.advance()
+		}
+		r.cur = r.tables[r.next]
+		r.next++
+	case sum:
+		b := protowire.AppendTag(nil, fieldFileSHA256, protowire.BytesType)
+		r.cur, r.hashed, r.stage = protowire.AppendBytes(b, r.hash.Sum(nil)), false, end
+	default:
+		return false
+	}
+	return true
 }
 
 func decodeCheckpoint(data []byte) (*wire.Checkpoint, error) {
@@ -313,7 +422,7 @@ func (s *Service) write(ctx context.Context, c *captured) (CheckpointResult, err
 	if err != nil {
 		return res, err
 	}
-	res.Bytes = int64(len(data))
+	res.Bytes = data.Size()
 	// Checked as late as possible; a write that a pause delays past the
 	// lease's end carries the former epoch, which recovery ranks lower.
 	if !s.mayAct() {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,7 +21,9 @@ import (
 // checkpoints were taken. Save must be atomic: a checkpoint that was not
 // written whole must not be listed, or must fail to Load.
 type CheckpointStore interface {
-	Save(ctx context.Context, name string, data []byte) error
+	// Save stores what r reads (a checkpoint is mostly its tables' chunks,
+	// read as they are held, so as not to copy them all at once).
+	Save(ctx context.Context, name string, r io.Reader) error
 	Load(ctx context.Context, name string) ([]byte, error)
 	List(ctx context.Context) ([]string, error)
 	Delete(ctx context.Context, name string) error
@@ -135,10 +138,21 @@ const (
 	// objectMinRate is the slowest transfer waited for: the deadline of a
 	// transfer of n bytes is objectCallTimeout + n/objectMinRate.
 	objectMinRate = 4 << 20
+	// objectUnsizedTimeout bounds a write whose size is not known.
+	objectUnsizedTimeout = time.Hour
 )
 
 func transferDeadline(ctx context.Context, size uint64) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, objectCallTimeout+time.Duration(size/objectMinRate)*time.Second)
+}
+
+// writeDeadline is transferDeadline for what r reads, when r tells its
+// size (a checkpoint from the service, a bytes.Reader).
+func writeDeadline(ctx context.Context, r io.Reader) (context.Context, context.CancelFunc) {
+	if s, ok := r.(interface{ Size() int64 }); ok {
+		return transferDeadline(ctx, uint64(max(s.Size(), 0)))
+	}
+	return context.WithTimeout(ctx, objectUnsizedTimeout)
 }
 
 // objectChunkSize is the size of the messages a checkpoint is stored in.
@@ -152,11 +166,11 @@ const objectChunkSize = 16 << 10
 
 // Save writes the checkpoint; the object store lists it once its last
 // chunk and its digest are stored.
-func (s *ObjectStoreCheckpoints) Save(ctx context.Context, name string, data []byte) error {
-	ctx, cancel := transferDeadline(ctx, uint64(len(data)))
+func (s *ObjectStoreCheckpoints) Save(ctx context.Context, name string, r io.Reader) error {
+	ctx, cancel := writeDeadline(ctx, r)
 	defer cancel()
 	meta := jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: objectChunkSize}}
-	if _, err := s.store().Put(ctx, meta, bytes.NewReader(data)); err != nil {
+	if _, err := s.store().Put(ctx, meta, r); err != nil {
 		return fmt.Errorf("broker: saving checkpoint %s: %w", name, err)
 	}
 	return nil
@@ -248,12 +262,12 @@ func NewFileCheckpoints(dir string) (*FileCheckpoints, error) {
 
 // Save writes to a temporary file, syncs it and renames it into place, so
 // a crash leaves either the whole checkpoint or none.
-func (f *FileCheckpoints) Save(_ context.Context, name string, data []byte) error {
+func (f *FileCheckpoints) Save(_ context.Context, name string, r io.Reader) error {
 	tmp, err := os.CreateTemp(f.dir, ".tmp-"+name+"-*")
 	if err != nil {
 		return fmt.Errorf("broker: saving checkpoint %s: %w", name, err)
 	}
-	_, err = tmp.Write(data)
+	_, err = io.Copy(tmp, r)
 	if err == nil {
 		err = tmp.Sync()
 	}

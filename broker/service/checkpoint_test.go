@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,6 +20,7 @@ import (
 	"github.com/reprise-rl/reprise/internal/testutil"
 
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/wire"
 
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -371,7 +375,7 @@ func TestObjectStoreCheckpointsSetTheirOwnDeadlines(t *testing.T) {
 	// The service's own calls carry no deadline.
 	ctx := context.Background()
 	name := checkpointName(0, 1)
-	if err := cs.Save(ctx, name, data); err != nil {
+	if err := cs.Save(ctx, name, bytes.NewReader(data)); err != nil {
 		t.Fatal(err)
 	}
 	got, err := cs.Load(ctx, name)
@@ -412,4 +416,96 @@ func TestObjectStoreCheckpoints(t *testing.T) {
 		t.Fatalf("recovery %+v, want a checkpoint with 400 items", rep)
 	}
 	sameState(t, "heap", stateOf(t, svc, "heap"), want)
+}
+
+// TestCheckpointFileStreams: the checkpoint file is read out piece by
+// piece, the tables' chunks as they are held: the same bytes whatever the
+// reads' sizes, as long as Size says, decoding to every chunk and item,
+// and without copying the chunks (encoding them into one message, then
+// into the file's, made two copies of every table).
+func TestCheckpointFileStreams(t *testing.T) {
+	const items, payload = 64, 256 << 10
+	cfgs := []tables.Config{testutil.UniformTable("big", items)}
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithoutFinalCheckpoint()}})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithCompression(wire.Uncompressed))
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range items {
+		frame := make([]uint8, payload)
+		for i := range frame {
+			frame[i] = uint8(rng.Uint32())
+		}
+		if err := p.Append(ctx, broker.Step{"frame": broker.Uint8s([]int64{payload}, frame)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "big", 1, broker.LastStep("frame")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var c *captured
+	select {
+	case c = <-d.svc.intr.request():
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+	if len(c.chunks) != items {
+		t.Fatalf("captured %d chunks, want %d", len(c.chunks), items)
+	}
+
+	r, err := c.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	n, err := io.Copy(io.Discard, r)
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != r.Size() {
+		t.Errorf("read %d bytes, Size says %d", n, r.Size())
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > items*payload/8 {
+		t.Errorf("reading out %d MiB of chunks allocated %d bytes: a copy of them", items*payload>>20, alloc)
+	}
+
+	whole, err := c.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := io.ReadAll(whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bits, err := c.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(iotest.OneByteReader(bits))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("reading one byte at a time gives other bytes than reading all at once")
+	}
+	cp, err := decodeCheckpoint(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cp.Chunks) != items || len(cp.Tables) != 1 || len(cp.Tables[0].Items) != items {
+		t.Fatalf("decoded %d chunks and %d tables, want %d and 1 of %d items", len(cp.Chunks), len(cp.Tables), items, items)
+	}
+	for i, ch := range c.chunks {
+		if !bytes.Equal(cp.Chunks[i], ch.Data) {
+			t.Fatalf("chunk %d decodes to other bytes than it holds", i)
+		}
+	}
+	want[len(want)/2] ^= 1
+	if _, err := decodeCheckpoint(want); !errors.Is(err, ErrCorruptCheckpoint) {
+		t.Errorf("a flipped bit: %v, want ErrCorruptCheckpoint", err)
+	}
 }

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"io"
 	"testing"
 
 	"github.com/reprise-rl/reprise/internal/testutil"
@@ -51,7 +52,11 @@ func BenchmarkRecovery(b *testing.B) {
 				}
 				svc.store.Release(c.Key)
 			}
-			data, err := svc.capture().encode()
+			r, err := svc.capture().encode()
+			if err != nil {
+				b.Fatal(err)
+			}
+			data, err := io.ReadAll(r)
 			if err != nil {
 				b.Fatal(err)
 			}
