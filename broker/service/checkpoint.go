@@ -418,17 +418,17 @@ func (s *Service) write(ctx context.Context, c *captured) (CheckpointResult, err
 	if res.Name < s.lastName {
 		return res, fmt.Errorf("%w: a newer checkpoint (%s) is already written", protocol.ErrServer, s.lastName)
 	}
-	data, err := c.encode()
+	file, err := c.encode()
 	if err != nil {
 		return res, err
 	}
-	res.Bytes = data.Size()
+	res.Bytes = file.Size()
 	// Checked as late as possible; a write that a pause delays past the
 	// lease's end carries the former epoch, which recovery ranks lower.
 	if !s.mayAct() {
 		return res, errNotActive
 	}
-	if err := s.o.checkpoints.Save(ctx, res.Name, data); err != nil {
+	if err := s.o.checkpoints.Save(ctx, res.Name, file); err != nil {
 		return res, err
 	}
 	s.lastCheckpoint, s.lastName = c.applied, res.Name
