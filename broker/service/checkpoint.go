@@ -263,8 +263,12 @@ func (c *captured) encode() (*checkpointReader, error) {
 				PolicyVersion: it.PolicyVersion,
 			}
 		}
+		// The field's length prefix needs the table's size first; the
+		// marshal then reuses the sizes that computed, rather than walk
+		// every item again.
 		b := protowire.AppendTag(nil, fieldCheckpointTables, protowire.BytesType)
-		if b, err = (proto.MarshalOptions{}).MarshalAppend(protowire.AppendVarint(b, uint64(proto.Size(tc))), tc); err != nil {
+		b = protowire.AppendVarint(b, uint64(proto.Size(tc)))
+		if b, err = (proto.MarshalOptions{UseCachedSize: true}).MarshalAppend(b, tc); err != nil {
 			return nil, fmt.Errorf("broker: encoding table %q: %w", t.Config.Name, err)
 		}
 		r.tables = append(r.tables, b)

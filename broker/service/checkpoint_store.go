@@ -178,7 +178,7 @@ func (s *ObjectStoreCheckpoints) Save(ctx context.Context, name string, r io.Rea
 
 // Load reads a checkpoint; the object store checks its digest.
 func (s *ObjectStoreCheckpoints) Load(ctx context.Context, name string) ([]byte, error) {
-	notFound := func(err error) error {
+	loadError := func(err error) error {
 		if errors.Is(err, jetstream.ErrObjectNotFound) {
 			return fmt.Errorf("%w: %s", ErrNoCheckpoint, name)
 		}
@@ -189,20 +189,20 @@ func (s *ObjectStoreCheckpoints) Load(ctx context.Context, name string) ([]byte,
 	info, err := store.GetInfo(ictx, name)
 	cancel()
 	if err != nil {
-		return nil, notFound(err)
+		return nil, loadError(err)
 	}
 	ctx, cancel = transferDeadline(ctx, info.Size)
 	defer cancel()
 	obj, err := store.Get(ctx, name)
 	if err != nil {
-		return nil, notFound(err)
+		return nil, loadError(err)
 	}
 	defer obj.Close()
 	// Read into one buffer of the size the store reports: growing one as it
 	// fills would hold up to twice the checkpoint at once.
 	buf := bytes.NewBuffer(make([]byte, 0, int(min(info.Size, maxPreallocatedCheckpoint))+bytes.MinRead))
 	if _, err := buf.ReadFrom(obj); err != nil {
-		return nil, notFound(err)
+		return nil, loadError(err)
 	}
 	return buf.Bytes(), nil
 }
