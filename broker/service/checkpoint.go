@@ -1,7 +1,6 @@
 package service
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -375,25 +374,6 @@ func (r *checkpointReader) advance() bool {
 	return true
 }
 
-func decodeCheckpoint(data []byte) (*wire.Checkpoint, error) {
-	var f wire.CheckpointFile
-	if err := proto.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
-	}
-	sum := sha256.Sum256(f.Checkpoint)
-	if !bytes.Equal(sum[:], f.Sha256) {
-		return nil, fmt.Errorf("%w: checksum mismatch (torn or damaged write)", ErrCorruptCheckpoint)
-	}
-	var cp wire.Checkpoint
-	if err := proto.Unmarshal(f.Checkpoint, &cp); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
-	}
-	if cp.Version != checkpointVersion {
-		return nil, fmt.Errorf("%w: version %d, this build reads %d", ErrCorruptCheckpoint, cp.Version, checkpointVersion)
-	}
-	return &cp, nil
-}
-
 // Checkpoint writes a checkpoint now and trims the stream below the oldest
 // checkpoint still kept. Inserts and samples go on while it is encoded and
 // written; they stop only while the state is copied (Pause).
@@ -503,11 +483,7 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 	}
 	for i := len(names) - 1; i >= 0; i-- {
 		name := names[i]
-		data, err := s.o.checkpoints.Load(ctx, name)
-		var cp *wire.Checkpoint
-		if err == nil {
-			cp, err = decodeCheckpoint(data)
-		}
+		cp, err := s.loadCheckpoint(ctx, name)
 		if err == nil {
 			err = s.restore(cp)
 		}
@@ -542,6 +518,19 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 	}
 	res.Duration = time.Since(start)
 	return res, nil
+}
+
+func (s *Service) loadCheckpoint(ctx context.Context, name string) (*wire.Checkpoint, error) {
+	r, err := s.o.checkpoints.Load(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	cp, err := readCheckpoint(r)
+	if err != nil && !errors.Is(err, ErrCorruptCheckpoint) {
+		return nil, fmt.Errorf("broker: loading checkpoint %s: %w", name, err)
+	}
+	return cp, err
 }
 
 // listForRecovery lists the checkpoints, trying again while the store

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,7 +23,10 @@ type CheckpointStore interface {
 	// Save stores what r reads (a checkpoint is mostly its tables' chunks,
 	// read as they are held, so as not to copy them all at once).
 	Save(ctx context.Context, name string, r io.Reader) error
-	Load(ctx context.Context, name string) ([]byte, error)
+	// Load opens a checkpoint for reading, which ends at its last byte or
+	// with the error that stopped it (a digest that does not match, say);
+	// the caller closes it.
+	Load(ctx context.Context, name string) (io.ReadCloser, error)
 	List(ctx context.Context) ([]string, error)
 	Delete(ctx context.Context, name string) error
 }
@@ -176,8 +178,10 @@ func (s *ObjectStoreCheckpoints) Save(ctx context.Context, name string, r io.Rea
 	return nil
 }
 
-// Load reads a checkpoint; the object store checks its digest.
-func (s *ObjectStoreCheckpoints) Load(ctx context.Context, name string) ([]byte, error) {
+// Load opens a checkpoint; the object store checks its digest as the last
+// bytes are read. The read has a deadline of its own, which grows with the
+// checkpoint's size and ends when the reader is closed.
+func (s *ObjectStoreCheckpoints) Load(ctx context.Context, name string) (io.ReadCloser, error) {
 	loadError := func(err error) error {
 		if errors.Is(err, jetstream.ErrObjectNotFound) {
 			return fmt.Errorf("%w: %s", ErrNoCheckpoint, name)
@@ -192,25 +196,24 @@ func (s *ObjectStoreCheckpoints) Load(ctx context.Context, name string) ([]byte,
 		return nil, loadError(err)
 	}
 	ctx, cancel = transferDeadline(ctx, info.Size)
-	defer cancel()
 	obj, err := store.Get(ctx, name)
 	if err != nil {
+		cancel()
 		return nil, loadError(err)
 	}
-	defer obj.Close()
-	// Read into one buffer of the size the store reports: growing one as it
-	// fills would hold up to twice the checkpoint at once.
-	buf := bytes.NewBuffer(make([]byte, 0, int(min(info.Size, maxPreallocatedCheckpoint))+bytes.MinRead))
-	if _, err := buf.ReadFrom(obj); err != nil {
-		return nil, loadError(err)
-	}
-	return buf.Bytes(), nil
+	return &objectReader{ObjectResult: obj, cancel: cancel}, nil
 }
 
-// maxPreallocatedCheckpoint bounds the buffer Load makes from the size the
-// store reports, before reading: the size is the store's word, not yet
-// checked against what comes. A larger checkpoint grows the buffer.
-const maxPreallocatedCheckpoint = 1 << 30
+// objectReader ends its read's deadline when closed.
+type objectReader struct {
+	jetstream.ObjectResult
+	cancel context.CancelFunc
+}
+
+func (o *objectReader) Close() error {
+	defer o.cancel()
+	return o.ObjectResult.Close()
+}
 
 // objectListTimeout bounds one listing of the bucket. nats.go's listing
 // waits for the end of the bucket's contents, and when its first look at an
@@ -289,16 +292,16 @@ func (f *FileCheckpoints) Save(_ context.Context, name string, r io.Reader) erro
 	return nil
 }
 
-// Load reads a checkpoint file.
-func (f *FileCheckpoints) Load(_ context.Context, name string) ([]byte, error) {
-	data, err := os.ReadFile(filepath.Join(f.dir, name))
+// Load opens a checkpoint file.
+func (f *FileCheckpoints) Load(_ context.Context, name string) (io.ReadCloser, error) {
+	file, err := os.Open(filepath.Join(f.dir, name))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %s", ErrNoCheckpoint, name)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("broker: loading checkpoint %s: %w", name, err)
 	}
-	return data, nil
+	return file, nil
 }
 
 // List names the checkpoint files, oldest first.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/internal/testutil"
 
@@ -378,8 +379,15 @@ func TestObjectStoreCheckpointsSetTheirOwnDeadlines(t *testing.T) {
 	if err := cs.Save(ctx, name, bytes.NewReader(data)); err != nil {
 		t.Fatal(err)
 	}
-	got, err := cs.Load(ctx, name)
+	r, err := cs.Load(ctx, name)
 	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, data) {
@@ -492,20 +500,78 @@ func TestCheckpointFileStreams(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatal("reading one byte at a time gives other bytes than reading all at once")
 	}
-	cp, err := decodeCheckpoint(want)
-	if err != nil {
+	checkReadCheckpoint(t, want, c)
+}
+
+// checkReadCheckpoint: readCheckpoint decodes file, a checkpoint of c, as
+// the generated code does, holding it once (one copy of the chunks, not
+// the file whole and then the chunks), whatever the reads' sizes; it finds
+// the damage in a file cut short, or with a bit flipped, and passes the
+// store's errors on as they are.
+func checkReadCheckpoint(t *testing.T, file []byte, c *captured) {
+	t.Helper()
+	var ref wire.CheckpointFile
+	if err := proto.Unmarshal(file, &ref); err != nil {
 		t.Fatal(err)
 	}
-	if len(cp.Chunks) != items || len(cp.Tables) != 1 || len(cp.Tables[0].Items) != items {
-		t.Fatalf("decoded %d chunks and %d tables, want %d and 1 of %d items", len(cp.Chunks), len(cp.Tables), items, items)
+	var want wire.Checkpoint
+	if err := proto.Unmarshal(ref.Checkpoint, &want); err != nil {
+		t.Fatal(err)
+	}
+	if len(want.Chunks) != len(c.chunks) {
+		t.Fatalf("the file holds %d chunks, want %d", len(want.Chunks), len(c.chunks))
 	}
 	for i, ch := range c.chunks {
-		if !bytes.Equal(cp.Chunks[i], ch.Data) {
+		if !bytes.Equal(want.Chunks[i], ch.Data) {
 			t.Fatalf("chunk %d decodes to other bytes than it holds", i)
 		}
 	}
-	want[len(want)/2] ^= 1
-	if _, err := decodeCheckpoint(want); !errors.Is(err, ErrCorruptCheckpoint) {
-		t.Errorf("a flipped bit: %v, want ErrCorruptCheckpoint", err)
+	var chunkBytes uint64
+	for _, ch := range want.Chunks {
+		chunkBytes += uint64(len(ch))
+	}
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	got, err := readCheckpoint(bytes.NewReader(file))
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(got, &want) {
+		t.Fatal("readCheckpoint decodes another checkpoint than the generated code")
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > chunkBytes+chunkBytes/4+checkpointReadBuffer {
+		t.Errorf("decoding %d bytes of chunks allocated %d bytes: more than one copy of them", chunkBytes, alloc)
+	}
+	for name, r := range map[string]io.Reader{
+		"one byte at a time": iotest.OneByteReader(bytes.NewReader(file)),
+		"half reads":         iotest.HalfReader(bytes.NewReader(file)),
+		"EOF with the data":  iotest.DataErrReader(bytes.NewReader(file)),
+	} {
+		if got, err := readCheckpoint(r); err != nil || !proto.Equal(got, &want) {
+			t.Errorf("%s: %v, or another checkpoint", name, err)
+		}
+	}
+
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 64 {
+		cut := rng.IntN(len(file))
+		if _, err := readCheckpoint(bytes.NewReader(file[:cut])); !errors.Is(err, ErrCorruptCheckpoint) {
+			t.Fatalf("the first %d bytes of %d: %v, want ErrCorruptCheckpoint", cut, len(file), err)
+		}
+	}
+	for range 64 {
+		damaged := bytes.Clone(file)
+		damaged[rng.IntN(len(file))] ^= 1 << rng.IntN(8)
+		if _, err := readCheckpoint(bytes.NewReader(damaged)); !errors.Is(err, ErrCorruptCheckpoint) {
+			t.Fatalf("a flipped bit: %v, want ErrCorruptCheckpoint", err)
+		}
+	}
+	broken := io.MultiReader(bytes.NewReader(file[:len(file)/2]), iotest.ErrReader(errStoreBroke))
+	if _, err := readCheckpoint(broken); !errors.Is(err, errStoreBroke) || errors.Is(err, ErrCorruptCheckpoint) {
+		t.Errorf("the store failing half way: %v, want its error and not ErrCorruptCheckpoint", err)
 	}
 }
+
+var errStoreBroke = errors.New("the store broke")

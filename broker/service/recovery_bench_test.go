@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -67,7 +68,7 @@ func BenchmarkRecovery(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				cp, err := decodeCheckpoint(data)
+				cp, err := readCheckpoint(bytes.NewReader(data))
 				if err != nil {
 					b.Fatal(err)
 				}
