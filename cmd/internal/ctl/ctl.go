@@ -6,6 +6,7 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -91,8 +92,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // target is where a command sends its requests: the flags every command
 // shares.
 type target struct {
-	conn    natsconn.Config
-	prefix  string
+	conn   natsconn.Config
+	prefix string
+	// timeout is --timeout; set before registering the flags, the
+	// command's default.
 	timeout time.Duration
 	// shards are the prefixes of a sharded table in shard order, for a
 	// command that takes --prefix once per shard (bench, info); prefix is the
@@ -133,7 +136,7 @@ func (t *target) finishShards() {
 func (t *target) registerConn(fs *flag.FlagSet) {
 	t.conn.URL = natsconn.DefaultURL
 	fs.StringVar(&t.conn.URL, "nats", t.conn.URL, "`URL` of the NATS server reprised uses (comma-separated for a cluster)")
-	fs.DurationVar(&t.timeout, "timeout", 10*time.Second, "how long to wait for the table service to answer")
+	fs.DurationVar(&t.timeout, "timeout", cmp.Or(t.timeout, 10*time.Second), "how long to wait for the table service to answer")
 	t.conn.RegisterAuth(fs)
 }
 

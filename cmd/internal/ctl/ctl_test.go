@@ -609,6 +609,16 @@ func TestCheckpoint(t *testing.T) {
 	if _, _, err := ctl(t, "checkpoint", "extra", "--nats", url); !errors.Is(err, cli.ErrUsage) {
 		t.Fatalf("checkpoint with an argument: %v, want a usage error", err)
 	}
+	// Out of time, it says the checkpoint may go on, not that no service
+	// answered; and it waits minutes unless told otherwise.
+	_, _, err = ctl(t, "checkpoint", "--nats", url, "--prefix", "ctl.cp", "--timeout", "1ns")
+	if err == nil || !strings.Contains(err.Error(), "goes on without this command") || strings.Contains(err.Error(), "Start one") {
+		t.Fatalf("checkpoint out of time: %v, want that it goes on", err)
+	}
+	_, help, _ := ctl(t, "checkpoint", "--help")
+	if !strings.Contains(help, "(default 10m0s)") {
+		t.Errorf("checkpoint --help does not give a default --timeout of 10m0s:\n%s", help)
+	}
 }
 
 func TestPermissions(t *testing.T) {

@@ -3,6 +3,7 @@ package ctl
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -323,9 +324,15 @@ func runReset(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
+// checkpointTimeout is reprisectl checkpoint's default --timeout: writing
+// large tables takes minutes (the service allows itself 30 s plus 1 s per 4
+// MiB), and the 10 s of other commands made a checkpoint of 650 MiB under
+// load look like a service that never answered.
+const checkpointTimeout = 10 * time.Minute
+
 func runCheckpoint(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
-		t      target
+		t      = target{timeout: checkpointTimeout}
 		asJSON bool
 	)
 	fs := newFlagSet("checkpoint", "checkpoint [flags]",
@@ -348,6 +355,9 @@ func runCheckpoint(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	defer hangUp()
 	res, err := c.Checkpoint(rctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("no answer within --timeout %v: %w\nA checkpoint the service started goes on without this command: reprised logs \"checkpoint written\" once it is stored (give a longer --timeout to wait for it)", t.timeout, err)
+	}
 	if err != nil {
 		return t.explain(rctx, err)
 	}
