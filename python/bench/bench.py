@@ -92,7 +92,12 @@ def py_insert(url: str, payload: int, batch: int, duration: float) -> dict[str, 
     rng = np.random.default_rng(0)
     payloads = [rng.standard_normal(payload // 4).astype(np.float32) for _ in range(16)]
     with reprise.Client(url) as c:
-        w = c.trajectory_writer(1, compression="none", batch_items=batch, batch_bytes=max(256 << 10, batch * (payload + 256)))
+        # Flush returns once JetStream stored the batch, as it does for
+        # reprisectl bench's producers (WithReturnOnStore).
+        w = c.trajectory_writer(
+            1, compression="none", batch_items=batch, batch_bytes=max(256 << 10, batch * (payload + 256)),
+            return_on_store=True,
+        )
         warm_end = time.monotonic() + 1.0
         n = 0
         start = None

@@ -261,7 +261,8 @@ def encode_insert_batch(
     in number order as protobuf writes them."""
     return encode_insert_batch_fields(
         producer_id, sequence, [b"\x1a" + _uvarint(len(c)) + c for c in chunks],
-        [b"\x22" + _uvarint(len(it)) + it for it in items], release, end, window_start, window, notice,
+        [b"\x22" + _uvarint(len(it)) + it for it in items], [_varint(k) for k in release], end, window_start,
+        window, notice,
     )
 
 
@@ -270,21 +271,21 @@ def encode_insert_batch_fields(
     sequence: int,
     chunk_fields: Sequence[bytes],
     item_fields: Sequence[bytes],
-    release: Sequence[int],
+    release: Sequence[bytes],
     end: bool,
     window_start: int,
     window: int,
     notice: str = "",
 ) -> bytes:
     """encode_insert_batch from chunk and item fields already prefixed with
-    their tags and lengths."""
+    their tags and lengths, and the varints of the keys to release."""
     parts = [_field_bytes(1, producer_id.encode())]
     if sequence:
         parts.append(b"\x10" + _varint(sequence))
     parts += chunk_fields
     parts += item_fields
     if release:
-        parts.append(_field_bytes(5, b"".join(_varint(k) for k in release)))
+        parts.append(_field_bytes(5, b"".join(release)))
     if end:
         parts.append(b"\x30\x01")
     if window_start:
@@ -544,7 +545,8 @@ class _Producer:
         self.batch_items: list[bytes] = []
         self.batch_tables: set[str] = set()
         self.batch_bytes = 0
-        self.release: list[int] = []
+        # The chunks to release, as the varints of their keys.
+        self.release: list[bytes] = []
         self.seq = 0
         self.closing = False
         self.closed = False
@@ -670,7 +672,7 @@ class _Producer:
             while c.chunks and c.chunks[0].start + c.chunks[0].length <= horizon:
                 ch = c.chunks.popleft()
                 if ch.sent:
-                    self.release.append(ch.key)
+                    self.release.append(ch.key_varint)
 
     # -- items ----------------------------------------------------------
 
@@ -839,7 +841,7 @@ class _Producer:
         for c in self.columns.values():
             for ch in c.chunks:
                 if ch.sent:
-                    self.release.append(ch.key)
+                    self.release.append(ch.key_varint)
             c.chunks.clear()
         self.episode_steps = 0
         self.episode = self._rng.getrandbits(64)
