@@ -120,6 +120,15 @@ def py_insert(url: str, payload: int, batch: int, duration: float) -> dict[str, 
     return {"items_per_sec": counted / el, "bytes_per_sec": counted * payload / el}
 
 
+def settle(url: str, payload: int) -> None:
+    """Returns once the service applied everything inserted so far, so that
+    the next measurement does not share it with a backlog: the inserts above
+    return once JetStream stored them, and the service applies the stream in
+    order, so one more item applied means all of them are."""
+    with reprise.Client(url) as c:
+        c.insert({"payload": np.zeros(payload // 4, dtype=np.float32)}, {"replay": 1.0}, timeout=120)
+
+
 def py_sample(url: str, batch: int, duration: float, prefetch: int) -> dict[str, float]:
     with reprise.Client(url) as c, c.sampler("replay", batch, prefetch=prefetch) as s:
         warm_end = time.monotonic() + 1.0
@@ -154,6 +163,7 @@ def main() -> None:
             g = go_bench(bins, srv.url, "insert", 400, 64, args.duration)
             p = py_insert(srv.url, 400, 64, args.duration)
             results.append(("insert 400 B, 64 per message (items/s)", g["items_per_sec"], p["items_per_sec"], 0.25))
+            settle(srv.url, 400)
             g = go_bench(bins, srv.url, "sample", 400, 256, args.duration)
             p1 = py_sample(srv.url, 256, args.duration, 1)
             p = py_sample(srv.url, 256, args.duration, args.prefetch)
@@ -164,6 +174,7 @@ def main() -> None:
         srv = Server(bins, work / "b")
         try:
             go_bench(bins, srv.url, "insert", 40000, 8, 3)
+            settle(srv.url, 40000)
             g = go_bench(bins, srv.url, "sample", 40000, 23, args.duration)
             p1 = py_sample(srv.url, 23, args.duration, 1)
             p = py_sample(srv.url, 23, args.duration, args.prefetch)
