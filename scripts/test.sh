@@ -83,7 +83,7 @@ go test -race ./...
 # is mid-input at the deadline on a busy machine (go.dev/issue/75804, fixed
 # in Go 1.27), which no input causes and no rerun reproduces.
 fuzztime=${FUZZTIME:-50000x}
-for target in ./broker/service:FuzzApply ./broker/service:FuzzParseInsertBatch ./broker/wire:FuzzDecodeChunk ./broker/wire:FuzzRoundTrip \
+for target in ./broker/service:FuzzApply ./broker/service:FuzzParseInsertBatch ./broker/service:FuzzReadCheckpoint ./broker/wire:FuzzDecodeChunk ./broker/wire:FuzzRoundTrip \
   ./broker/wire:FuzzDecodeSampleResponse ./tables:FuzzTable ./limiter:FuzzLimiter ./selectors:FuzzSelectors; do
   echo "== fuzz ${target#*:} for $fuzztime"
   go test -run - -fuzz "^${target#*:}\$" -fuzztime "$fuzztime" "${target%%:*}"

@@ -153,12 +153,15 @@ func (s *checkpointScanner) varint() (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
+		if shift == 63 && b > 1 {
+			return 0, corruptf("a varint over 64 bits")
+		}
 		v |= uint64(b&0x7f) << shift
 		if b < 0x80 {
 			return v, nil
 		}
 	}
-	return 0, corruptf("a varint longer than 10 bytes")
+	return 0, corruptf("a varint over 64 bits")
 }
 
 // tag reads a field's tag; io.EOF, unwrapped, when the file ends before it
