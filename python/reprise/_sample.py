@@ -272,7 +272,7 @@ def _gather_single_slices(name: str, squeeze: bool, cols: Sequence[Any], chunks:
     rows = [c.length for c in raws]
     total = sum(rows)
     parts: list[Any] = []
-    shape0 = c0.step_shape
+    shape0 = list(step_shape)  # compared with a list: a third cheaper than with another chunk's
     none = pb.COMPRESSION_NONE
     for c, length in zip(raws, rows):
         if c.delta_encoded and length > 1:
@@ -291,11 +291,14 @@ def _gather_single_slices(name: str, squeeze: bool, cols: Sequence[Any], chunks:
                 return None  # a size mismatch: the slow path names the chunk
             parts.append(a)
     whole, fresh = _stack(parts, total, step_shape, dt)
-    ends = np.cumsum(np.asarray(rows, dtype=np.int64))
-    base = dict(zip(order, (ends - rows).tolist()))
-    sizes = dict(zip(order, rows))
-    starts = np.fromiter((base[k] for k in keys), dtype=np.int64, count=len(keys))
-    size = np.fromiter((sizes[k] for k in keys), dtype=np.int64, count=len(keys))
+    size = np.asarray(rows, dtype=np.int64)
+    starts = np.cumsum(size) - size
+    if len(order) != len(keys):
+        # An item sampled twice, or two items of one chunk: order is not
+        # keys, so each item's chunk is looked up.
+        at = {k: i for i, k in enumerate(order)}
+        idx = np.fromiter((at[k] for k in keys), dtype=np.int64, count=len(keys))
+        starts, size = starts[idx], size[idx]
     if (offs < 0).any() or (offs + steps > size).any():
         bad = int(np.flatnonzero((offs < 0) | (offs + steps > size))[0])
         raise errors.ProtocolError(

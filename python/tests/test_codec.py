@@ -291,3 +291,47 @@ def test_sampled_batches_are_the_learners(items: list[tuple[int, int, int]], chu
     assert not np.shares_memory(x, again)
     np.testing.assert_array_equal(again, want)
     np.testing.assert_array_equal(x, want + 1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_batches_stack_the_items(seed: int) -> None:
+    """decode_batch stacks what decode_samples returns item by item: random
+    replies of one to three columns, chunks of one to four steps, items
+    sharing chunks or sampled twice (where the fast path looks each item's
+    chunk up), and now and then an item whose column takes two slices (the
+    general path)."""
+    rng = np.random.default_rng(seed)
+    ncol = int(rng.integers(1, 4))
+    steps = int(rng.integers(1, 3))
+    two_slices = steps == 2 and rng.random() < 0.3
+    resp = pb.SampleResponse(status=pb.Status(code=pb.CODE_OK))
+    chunk_len = {}
+    for key in range(1, 9):
+        n = int(rng.integers(max(steps, 2 if two_slices else 1), 5))
+        chunk_len[key] = n
+        data = rng.standard_normal(n * 3).astype(np.float32).tobytes()
+        c = pb.Chunk(key=key, dtype="float32", step_shape=[3], length=n, raw_size=len(data), data=data)
+        resp.chunks.append(c.SerializeToString())
+    for i in range(int(rng.integers(1, 12))):
+        it = resp.items.add()
+        it.info.key = int(rng.integers(1, 2**63))
+        it.info.probability = float(rng.random())
+        it.info.table_size = int(rng.integers(0, 1000))
+        it.info.times_sampled = int(rng.integers(0, 9))
+        it.info.rate_limited = bool(rng.random() < 0.5)
+        for j in range(ncol):
+            col = it.columns.add(name=f"c{j}", squeeze=steps == 1 and j == 0)
+            key = int(rng.integers(1, 9))
+            if two_slices and i == 0 and j == ncol - 1:
+                col.slices.add(chunk_key=key, offset=chunk_len[key] - 1, length=1)
+                col.slices.add(chunk_key=key % 8 + 1, offset=0, length=1)
+                continue
+            col.slices.add(chunk_key=key, offset=int(rng.integers(0, chunk_len[key] - steps + 1)), length=steps)
+    raw = resp.SerializeToString()
+    batch = _sample.decode_batch(_sample.parse_response(raw))
+    items = _sample.decode_samples(_sample.parse_response(raw))
+    assert len(batch) == len(items)
+    for field in _sample.SampleInfo._fields:
+        np.testing.assert_array_equal(getattr(batch.info, field), [getattr(s.info, field) for s in items])
+    for j in range(ncol):
+        np.testing.assert_array_equal(batch.data[f"c{j}"], np.stack([s.data[f"c{j}"] for s in items]))
