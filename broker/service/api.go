@@ -238,7 +238,20 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	}
 	code, items = status, len(samples)
 	buf := responseBuffers.Get().(*[]byte)
-	*buf = wire.AppendSampleResponse((*buf)[:0], wire.Code(status), msg, samples, after)
+	if req.Packed {
+		*buf, err = wire.AppendPackedSampleResponse((*buf)[:0], wire.Code(status), msg, samples, after)
+		if err != nil {
+			// The store holds only chunks that decoded when they came in.
+			responseBuffers.Put(buf)
+			code = protocol.CodeInternal
+			s.log.Error("reprise service: packing a sample", "table", req.Table, "error", err)
+			s.respondStatus(r, protocol.CodeInternal, fmt.Sprintf("table %q: %v", req.Table, err))
+			return
+		}
+	} else {
+		// Clients older than packed replies read items one by one.
+		*buf = wire.AppendSampleResponse((*buf)[:0], wire.Code(status), msg, samples, after)
+	}
 	s.respondParts(r, *buf)
 	// Respond copied the bytes into the connection's buffer.
 	responseBuffers.Put(buf)

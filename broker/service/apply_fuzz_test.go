@@ -105,7 +105,11 @@ func FuzzApply(f *testing.F) {
 				t.Fatalf("sampling %s: %v", name, err)
 			}
 			weight, size := tb.Weight()
-			reply, err := wire.DecodeSampleResponse(wire.AppendSampleResponse(nil, wire.Code_CODE_OK, "", samples, wire.TableState{Size: size, Weight: weight}))
+			packed, err := wire.AppendPackedSampleResponse(nil, wire.Code_CODE_OK, "", samples, wire.TableState{Size: size, Weight: weight})
+			if err != nil {
+				t.Fatalf("the service cannot answer a sample of %s: %v", name, err)
+			}
+			reply, err := wire.DecodeSampleResponse(packed)
 			if err != nil || reply.Code != wire.Code_CODE_OK {
 				t.Fatalf("a learner cannot decode a sample of %s: %v %v", name, reply.Code, err)
 			}

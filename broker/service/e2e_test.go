@@ -972,3 +972,66 @@ func TestStalenessEndToEnd(t *testing.T) {
 		t.Fatalf("without a bound: %+v, %v; want the old version's item kept", ti, err)
 	}
 }
+
+// TestUnpackedSampleRequests: a request without packed, as clients older
+// than packed replies send, gets the items one message each with their
+// chunks whole, and they say what a packed reply says.
+func TestUnpackedSampleRequests(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 1000)}, deployOptions{})
+	insertSteps(t, d.producer(), 0, 1, 8)
+	subj, err := protocol.NewSubjects(d.prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := d.connect()
+	ask := func(packed bool) []byte {
+		req, err := proto.Marshal(&wire.SampleRequest{Table: "t", NumSamples: 3, TimeoutMs: 5000, Packed: packed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := nc.RequestWithContext(testutil.Context(t), subj.Sample(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Data
+	}
+	var old wire.SampleResponse
+	if err := proto.Unmarshal(ask(false), &old); err != nil {
+		t.Fatal(err)
+	}
+	if len(old.Items) != 3 || len(old.Chunks) != 2 || old.Packed != nil {
+		t.Fatalf("unpacked reply: %d items, %d chunks, packed %v; want 3 items of 2 chunks (obs and id), nothing packed", len(old.Items), len(old.Chunks), old.Packed != nil)
+	}
+	packed, err := wire.DecodeSampleResponse(ask(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(packed.Samples) != 3 {
+		t.Fatalf("packed reply: %d items, want 3", len(packed.Samples))
+	}
+	decoded := map[uint64]*wire.Tensor{}
+	for _, raw := range old.Chunks {
+		var c wire.Chunk
+		if err := proto.Unmarshal(raw, &c); err != nil {
+			t.Fatal(err)
+		}
+		if decoded[c.Key], err = wire.DecodeChunk(&c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, it := range old.Items {
+		got := packed.Samples[i]
+		if it.Info.Key != got.Info.Key || len(it.Columns) != len(got.Columns) {
+			t.Fatalf("item %d: unpacked key %d with %d columns, packed %d with %d", i, it.Info.Key, len(it.Columns), got.Info.Key, len(got.Columns))
+		}
+		for j, col := range it.Columns {
+			g, err := wire.GatherColumn(col, func(k uint64) (*wire.Tensor, bool) { c, ok := decoded[k]; return c, ok })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pc := got.Columns[j]; pc.Name != col.Name || !slices.Equal(pc.Shape, g.Shape) || string(pc.Data) != string(g.Data) {
+				t.Fatalf("item %d column %q: unpacked %v %x, packed %q %v %x", i, col.Name, g.Shape, g.Data, pc.Name, pc.Shape, pc.Data)
+			}
+		}
+	}
+}

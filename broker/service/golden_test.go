@@ -26,7 +26,7 @@ import (
 // the Python writer's insert batches (python/tests/golden/python_*.json,
 // written by pytest) are decoded here. Regenerate the Go files with
 //
-//	go test ./broker -run TestGolden -update
+//	go test ./broker/service -run TestGolden -update
 //
 // and the Python files with scripts/test.sh --update-golden.
 var updateGolden = flag.Bool("update", false, "rewrite the golden vectors in python/tests/golden")
@@ -177,7 +177,7 @@ type goldenSampleItem struct {
 
 type goldenResponse struct {
 	Name     string             `json:"name"`
-	Response []byte             `json:"response"` // an encoded SampleResponse
+	Response []byte             `json:"response"` // an encoded SampleResponse, its items packed
 	Code     int32              `json:"code"`
 	Message  string             `json:"message"`
 	Items    []goldenSampleItem `json:"items"`
@@ -194,8 +194,9 @@ type goldenTableState struct {
 	WeightExponent int64   `json:"weight_exponent"`
 }
 
-// goldenResponses encodes sample responses as the service does
-// (appendSampleResponse) from chunks the producer's codec made.
+// goldenResponses encodes sample responses as the service does for a
+// request of packed items (AppendPackedSampleResponse) from chunks the
+// producer's codec made.
 func goldenResponses(t *testing.T) []goldenResponse {
 	type col struct {
 		name    string
@@ -273,7 +274,11 @@ func goldenResponses(t *testing.T) []goldenResponse {
 		if items > 0 {
 			after = wire.TableState{Size: int64(1000 + items), Weight: tables.Weight{Fraction: 0.5 + 1/float64(items+4), Exponent: int64(items)*700 - 1500}}
 		}
-		return goldenResponse{Name: name, Response: wire.AppendSampleResponse(nil, code, msg, samples, after), Code: int32(code), Message: msg, Items: want, Batchable: batchable,
+		response, err := wire.AppendPackedSampleResponse(nil, code, msg, samples, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return goldenResponse{Name: name, Response: response, Code: int32(code), Message: msg, Items: want, Batchable: batchable,
 			Table: goldenTableState{Size: after.Size, WeightFraction: after.Weight.Fraction, WeightExponent: after.Weight.Exponent}}
 	}
 	return []goldenResponse{
@@ -373,10 +378,10 @@ func checkGolden(t *testing.T, name string, v any) {
 	}
 	want, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (write the golden files with: go test ./broker -run TestGolden -update)", err)
+		t.Fatalf("%v (write the golden files with: go test ./broker/service -run TestGolden -update)", err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Errorf("%s is out of date: the Go encoding changed. If that is intended, regenerate it with `go test ./broker -run TestGolden -update` and make sure pytest python/tests/test_golden.py passes", path)
+		t.Errorf("%s is out of date: the Go encoding changed. If that is intended, regenerate it with `go test ./broker/service -run TestGolden -update` and make sure pytest python/tests/test_golden.py passes", path)
 	}
 }
 

@@ -199,7 +199,7 @@ func BenchmarkDecodeSampleResponse(b *testing.B) {
 			Layout: tables.Layout{{Name: "payload", Squeeze: true, Slices: []tables.LayoutSlice{{Chunk: 0, Length: 1}}}},
 		})
 	}
-	reply := AppendSampleResponse(nil, Code_CODE_OK, "", samples, TableState{Size: 100_000})
+	reply := pack(b, Code_CODE_OK, "", samples, TableState{Size: 100_000})
 	b.SetBytes(int64(len(reply)))
 	b.ReportAllocs()
 	for b.Loop() {

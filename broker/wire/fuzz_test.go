@@ -69,12 +69,12 @@ func FuzzDecodeChunk(f *testing.F) {
 
 // FuzzDecodeSampleResponse: whatever a server sends, the learner's decoder
 // returns an error or tensors that hold exactly their shapes, and agrees
-// with the long way (generated code, DecodeChunk, GatherColumn) wherever
-// that accepts the response too.
+// with the long way (generated code, a record at a time, DecodeChunk)
+// wherever that accepts the response too.
 func FuzzDecodeSampleResponse(f *testing.F) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	for range 8 {
-		f.Add(AppendSampleResponse(nil, Code_CODE_OK, "", sampledFixture(f, rng), randomTableState(rng)))
+		f.Add(pack(f, Code_CODE_OK, "", sampledFixture(f, rng), randomTableState(rng)))
 	}
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -89,7 +89,7 @@ func FuzzDecodeSampleResponse(f *testing.F) {
 				}
 			}
 		}
-		if want, err := referenceDecode(b); err == nil && (!equalSamples(got.Samples, want.Samples) || !sameTableState(got.After, want.After)) {
+		if want, err := referencePacked(b); err == nil && (!equalSamples(got.Samples, want.Samples) || !sameTableState(got.After, want.After)) {
 			t.Fatalf("decoded\n%+v\nthe long way\n%+v", got, want)
 		}
 	})

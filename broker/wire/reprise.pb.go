@@ -865,7 +865,10 @@ type SampleRequest struct {
 	// (bounded by the service's own maximum).
 	TimeoutMs int64 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	// Return as soon as at least one item is available, up to num_samples.
-	Flexible      bool `protobuf:"varint,4,opt,name=flexible,proto3" json:"flexible,omitempty"`
+	Flexible bool `protobuf:"varint,4,opt,name=flexible,proto3" json:"flexible,omitempty"`
+	// Answer with the items laid out in arrays (SampleResponse.packed)
+	// rather than as SampledItem messages and whole chunks.
+	Packed        bool `protobuf:"varint,5,opt,name=packed,proto3" json:"packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -924,6 +927,13 @@ func (x *SampleRequest) GetTimeoutMs() int64 {
 func (x *SampleRequest) GetFlexible() bool {
 	if x != nil {
 		return x.Flexible
+	}
+	return false
+}
+
+func (x *SampleRequest) GetPacked() bool {
+	if x != nil {
+		return x.Packed
 	}
 	return false
 }
@@ -1087,8 +1097,11 @@ type SampleResponse struct {
 	TableSize      int64   `protobuf:"varint,4,opt,name=table_size,json=tableSize,proto3" json:"table_size,omitempty"`
 	WeightFraction float64 `protobuf:"fixed64,5,opt,name=weight_fraction,json=weightFraction,proto3" json:"weight_fraction,omitempty"`
 	WeightExponent int64   `protobuf:"zigzag64,6,opt,name=weight_exponent,json=weightExponent,proto3" json:"weight_exponent,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The items, when the request asked for them packed; items and chunks
+	// are then empty.
+	Packed        *PackedSamples `protobuf:"bytes,7,opt,name=packed,proto3" json:"packed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SampleResponse) Reset() {
@@ -1163,6 +1176,203 @@ func (x *SampleResponse) GetWeightExponent() int64 {
 	return 0
 }
 
+func (x *SampleResponse) GetPacked() *PackedSamples {
+	if x != nil {
+		return x.Packed
+	}
+	return nil
+}
+
+// PackedSamples lays a sample's items out in arrays of fixed-size records,
+// which a client reads with a few vector operations (numpy's frombuffer and
+// one gather per column) instead of field by field. Numbers in records are
+// little-endian; indices count from 0.
+type PackedSamples struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One 56-byte record an item, in the order sampled:
+	//
+	//	 0  key                    uint64
+	//	 8  probability            float64
+	//	16  table_size             int64
+	//	24  priority               float64
+	//	32  inserted_at_unix_nano  int64
+	//	40  times_sampled          int32
+	//	44  columns                uint32  the item's records in columns
+	//	48  rate_limited           uint8   0 or 1
+	//	49  7 zero bytes
+	Infos []byte `protobuf:"bytes,1,opt,name=infos,proto3" json:"infos,omitempty"`
+	// One 12-byte record a column, item after item, each item's columns in
+	// its trajectory's order:
+	//
+	//	0  name     uint32  index into names
+	//	4  slices   uint32  the column's records in slices, at least 1
+	//	8  squeeze  uint32  0 or 1: a single step whose leading axis the
+	//	                    reader drops
+	Columns []byte `protobuf:"bytes,2,opt,name=columns,proto3" json:"columns,omitempty"`
+	// The columns' names, each once.
+	Names []string `protobuf:"bytes,3,rep,name=names,proto3" json:"names,omitempty"`
+	// One 12-byte record a slice, column after column, each column's slices
+	// in order:
+	//
+	//	0  chunk   uint32  index into chunks' records
+	//	4  offset  uint32  the first step taken
+	//	8  length  uint32  how many steps, at least 1
+	Slices []byte `protobuf:"bytes,4,opt,name=slices,proto3" json:"slices,omitempty"`
+	// One 48-byte record a distinct chunk the slices select from, in the
+	// order of first use:
+	//
+	//	 0  key          uint64
+	//	 8  at           uint64  where the chunk's bytes start in data, a
+	//	                         multiple of 8
+	//	16  size         uint64  how many bytes of data are the chunk's
+	//	24  raw_size     uint64  its bytes once decompressed (Chunk.raw_size)
+	//	32  steps        uint32  (Chunk.length)
+	//	36  format       uint32  index into formats
+	//	40  compression  uint8   a Compression value
+	//	41  delta        uint8   1 when delta encoded (Chunk.delta_encoded)
+	//	42  6 zero bytes
+	Chunks []byte `protobuf:"bytes,5,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	// The chunks' step formats, each once.
+	Formats []*StepFormat `protobuf:"bytes,6,rep,name=formats,proto3" json:"formats,omitempty"`
+	// The chunks' bytes (Chunk.data, as stored), each starting at a multiple
+	// of 8 so that a reader may view them as any dtype; zero bytes between.
+	Data          []byte `protobuf:"bytes,7,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PackedSamples) Reset() {
+	*x = PackedSamples{}
+	mi := &file_reprise_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PackedSamples) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PackedSamples) ProtoMessage() {}
+
+func (x *PackedSamples) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PackedSamples.ProtoReflect.Descriptor instead.
+func (*PackedSamples) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PackedSamples) GetInfos() []byte {
+	if x != nil {
+		return x.Infos
+	}
+	return nil
+}
+
+func (x *PackedSamples) GetColumns() []byte {
+	if x != nil {
+		return x.Columns
+	}
+	return nil
+}
+
+func (x *PackedSamples) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+func (x *PackedSamples) GetSlices() []byte {
+	if x != nil {
+		return x.Slices
+	}
+	return nil
+}
+
+func (x *PackedSamples) GetChunks() []byte {
+	if x != nil {
+		return x.Chunks
+	}
+	return nil
+}
+
+func (x *PackedSamples) GetFormats() []*StepFormat {
+	if x != nil {
+		return x.Formats
+	}
+	return nil
+}
+
+func (x *PackedSamples) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// StepFormat is what each step of a chunk holds.
+type StepFormat struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Dtype         string                 `protobuf:"bytes,1,opt,name=dtype,proto3" json:"dtype,omitempty"`
+	StepShape     []int64                `protobuf:"varint,2,rep,packed,name=step_shape,json=stepShape,proto3" json:"step_shape,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepFormat) Reset() {
+	*x = StepFormat{}
+	mi := &file_reprise_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepFormat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepFormat) ProtoMessage() {}
+
+func (x *StepFormat) ProtoReflect() protoreflect.Message {
+	mi := &file_reprise_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepFormat.ProtoReflect.Descriptor instead.
+func (*StepFormat) Descriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *StepFormat) GetDtype() string {
+	if x != nil {
+		return x.Dtype
+	}
+	return ""
+}
+
+func (x *StepFormat) GetStepShape() []int64 {
+	if x != nil {
+		return x.StepShape
+	}
+	return nil
+}
+
 type TableRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty means every table, where the call allows it.
@@ -1173,7 +1383,7 @@ type TableRequest struct {
 
 func (x *TableRequest) Reset() {
 	*x = TableRequest{}
-	mi := &file_reprise_proto_msgTypes[13]
+	mi := &file_reprise_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1395,7 @@ func (x *TableRequest) String() string {
 func (*TableRequest) ProtoMessage() {}
 
 func (x *TableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[13]
+	mi := &file_reprise_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1408,7 @@ func (x *TableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableRequest.ProtoReflect.Descriptor instead.
 func (*TableRequest) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{13}
+	return file_reprise_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TableRequest) GetTable() string {
@@ -1223,7 +1433,7 @@ type LimiterInfo struct {
 
 func (x *LimiterInfo) Reset() {
 	*x = LimiterInfo{}
-	mi := &file_reprise_proto_msgTypes[14]
+	mi := &file_reprise_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1445,7 @@ func (x *LimiterInfo) String() string {
 func (*LimiterInfo) ProtoMessage() {}
 
 func (x *LimiterInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[14]
+	mi := &file_reprise_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1458,7 @@ func (x *LimiterInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimiterInfo.ProtoReflect.Descriptor instead.
 func (*LimiterInfo) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{14}
+	return file_reprise_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LimiterInfo) GetSamplesPerInsert() float64 {
@@ -1311,7 +1521,7 @@ type ColumnSpec struct {
 
 func (x *ColumnSpec) Reset() {
 	*x = ColumnSpec{}
-	mi := &file_reprise_proto_msgTypes[15]
+	mi := &file_reprise_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1323,7 +1533,7 @@ func (x *ColumnSpec) String() string {
 func (*ColumnSpec) ProtoMessage() {}
 
 func (x *ColumnSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[15]
+	mi := &file_reprise_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1336,7 +1546,7 @@ func (x *ColumnSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ColumnSpec.ProtoReflect.Descriptor instead.
 func (*ColumnSpec) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{15}
+	return file_reprise_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ColumnSpec) GetName() string {
@@ -1403,7 +1613,7 @@ type TableInfo struct {
 
 func (x *TableInfo) Reset() {
 	*x = TableInfo{}
-	mi := &file_reprise_proto_msgTypes[16]
+	mi := &file_reprise_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1415,7 +1625,7 @@ func (x *TableInfo) String() string {
 func (*TableInfo) ProtoMessage() {}
 
 func (x *TableInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[16]
+	mi := &file_reprise_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1428,7 +1638,7 @@ func (x *TableInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableInfo.ProtoReflect.Descriptor instead.
 func (*TableInfo) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{16}
+	return file_reprise_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TableInfo) GetName() string {
@@ -1626,7 +1836,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_reprise_proto_msgTypes[17]
+	mi := &file_reprise_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1848,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[17]
+	mi := &file_reprise_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1861,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{17}
+	return file_reprise_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *InfoResponse) GetStatus() *Status {
@@ -1719,7 +1929,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_reprise_proto_msgTypes[18]
+	mi := &file_reprise_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +1941,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[18]
+	mi := &file_reprise_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +1954,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{18}
+	return file_reprise_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResetResponse) GetStatus() *Status {
@@ -1776,7 +1986,7 @@ type Rejection struct {
 
 func (x *Rejection) Reset() {
 	*x = Rejection{}
-	mi := &file_reprise_proto_msgTypes[19]
+	mi := &file_reprise_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1788,7 +1998,7 @@ func (x *Rejection) String() string {
 func (*Rejection) ProtoMessage() {}
 
 func (x *Rejection) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[19]
+	mi := &file_reprise_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1801,7 +2011,7 @@ func (x *Rejection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejection.ProtoReflect.Descriptor instead.
 func (*Rejection) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{19}
+	return file_reprise_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Rejection) GetProducer() string {
@@ -1857,7 +2067,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_reprise_proto_msgTypes[20]
+	mi := &file_reprise_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1869,7 +2079,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[20]
+	mi := &file_reprise_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1882,7 +2092,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{20}
+	return file_reprise_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResetRequest) GetTable() string {
@@ -1902,7 +2112,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_reprise_proto_msgTypes[21]
+	mi := &file_reprise_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1914,7 +2124,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[21]
+	mi := &file_reprise_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1927,7 +2137,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{21}
+	return file_reprise_proto_rawDescGZIP(), []int{23}
 }
 
 type CheckpointResponse struct {
@@ -1946,7 +2156,7 @@ type CheckpointResponse struct {
 
 func (x *CheckpointResponse) Reset() {
 	*x = CheckpointResponse{}
-	mi := &file_reprise_proto_msgTypes[22]
+	mi := &file_reprise_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2168,7 @@ func (x *CheckpointResponse) String() string {
 func (*CheckpointResponse) ProtoMessage() {}
 
 func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[22]
+	mi := &file_reprise_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2181,7 @@ func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{22}
+	return file_reprise_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CheckpointResponse) GetStatus() *Status {
@@ -2047,7 +2257,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_reprise_proto_msgTypes[23]
+	mi := &file_reprise_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2269,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[23]
+	mi := &file_reprise_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2282,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{23}
+	return file_reprise_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Checkpoint) GetVersion() uint32 {
@@ -2149,7 +2359,7 @@ type PendingItem struct {
 
 func (x *PendingItem) Reset() {
 	*x = PendingItem{}
-	mi := &file_reprise_proto_msgTypes[24]
+	mi := &file_reprise_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2161,7 +2371,7 @@ func (x *PendingItem) String() string {
 func (*PendingItem) ProtoMessage() {}
 
 func (x *PendingItem) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[24]
+	mi := &file_reprise_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2174,7 +2384,7 @@ func (x *PendingItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingItem.ProtoReflect.Descriptor instead.
 func (*PendingItem) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{24}
+	return file_reprise_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PendingItem) GetItem() *Item {
@@ -2239,7 +2449,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_reprise_proto_msgTypes[25]
+	mi := &file_reprise_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2461,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[25]
+	mi := &file_reprise_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2474,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{25}
+	return file_reprise_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Progress) GetAppliedSequence() uint64 {
@@ -2299,7 +2509,7 @@ type TableProgress struct {
 
 func (x *TableProgress) Reset() {
 	*x = TableProgress{}
-	mi := &file_reprise_proto_msgTypes[26]
+	mi := &file_reprise_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2311,7 +2521,7 @@ func (x *TableProgress) String() string {
 func (*TableProgress) ProtoMessage() {}
 
 func (x *TableProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[26]
+	mi := &file_reprise_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2324,7 +2534,7 @@ func (x *TableProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableProgress.ProtoReflect.Descriptor instead.
 func (*TableProgress) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{26}
+	return file_reprise_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TableProgress) GetTable() string {
@@ -2357,7 +2567,7 @@ type TableCheckpoint struct {
 
 func (x *TableCheckpoint) Reset() {
 	*x = TableCheckpoint{}
-	mi := &file_reprise_proto_msgTypes[27]
+	mi := &file_reprise_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2369,7 +2579,7 @@ func (x *TableCheckpoint) String() string {
 func (*TableCheckpoint) ProtoMessage() {}
 
 func (x *TableCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[27]
+	mi := &file_reprise_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2382,7 +2592,7 @@ func (x *TableCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableCheckpoint.ProtoReflect.Descriptor instead.
 func (*TableCheckpoint) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{27}
+	return file_reprise_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *TableCheckpoint) GetConfigJson() []byte {
@@ -2435,7 +2645,7 @@ type ItemCheckpoint struct {
 
 func (x *ItemCheckpoint) Reset() {
 	*x = ItemCheckpoint{}
-	mi := &file_reprise_proto_msgTypes[28]
+	mi := &file_reprise_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2447,7 +2657,7 @@ func (x *ItemCheckpoint) String() string {
 func (*ItemCheckpoint) ProtoMessage() {}
 
 func (x *ItemCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[28]
+	mi := &file_reprise_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2460,7 +2670,7 @@ func (x *ItemCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemCheckpoint.ProtoReflect.Descriptor instead.
 func (*ItemCheckpoint) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{28}
+	return file_reprise_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ItemCheckpoint) GetKey() uint64 {
@@ -2532,7 +2742,7 @@ type ProducerCheckpoint struct {
 
 func (x *ProducerCheckpoint) Reset() {
 	*x = ProducerCheckpoint{}
-	mi := &file_reprise_proto_msgTypes[29]
+	mi := &file_reprise_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2544,7 +2754,7 @@ func (x *ProducerCheckpoint) String() string {
 func (*ProducerCheckpoint) ProtoMessage() {}
 
 func (x *ProducerCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[29]
+	mi := &file_reprise_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2557,7 +2767,7 @@ func (x *ProducerCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerCheckpoint.ProtoReflect.Descriptor instead.
 func (*ProducerCheckpoint) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{29}
+	return file_reprise_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ProducerCheckpoint) GetId() string {
@@ -2628,7 +2838,7 @@ type HeldMessage struct {
 
 func (x *HeldMessage) Reset() {
 	*x = HeldMessage{}
-	mi := &file_reprise_proto_msgTypes[30]
+	mi := &file_reprise_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2640,7 +2850,7 @@ func (x *HeldMessage) String() string {
 func (*HeldMessage) ProtoMessage() {}
 
 func (x *HeldMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[30]
+	mi := &file_reprise_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2653,7 +2863,7 @@ func (x *HeldMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldMessage.ProtoReflect.Descriptor instead.
 func (*HeldMessage) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{30}
+	return file_reprise_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HeldMessage) GetData() []byte {
@@ -2689,7 +2899,7 @@ type CheckpointFile struct {
 
 func (x *CheckpointFile) Reset() {
 	*x = CheckpointFile{}
-	mi := &file_reprise_proto_msgTypes[31]
+	mi := &file_reprise_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +2911,7 @@ func (x *CheckpointFile) String() string {
 func (*CheckpointFile) ProtoMessage() {}
 
 func (x *CheckpointFile) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[31]
+	mi := &file_reprise_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2714,7 +2924,7 @@ func (x *CheckpointFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointFile.ProtoReflect.Descriptor instead.
 func (*CheckpointFile) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{31}
+	return file_reprise_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CheckpointFile) GetCheckpoint() []byte {
@@ -2745,7 +2955,7 @@ type ItemsRequest struct {
 
 func (x *ItemsRequest) Reset() {
 	*x = ItemsRequest{}
-	mi := &file_reprise_proto_msgTypes[32]
+	mi := &file_reprise_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2757,7 +2967,7 @@ func (x *ItemsRequest) String() string {
 func (*ItemsRequest) ProtoMessage() {}
 
 func (x *ItemsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[32]
+	mi := &file_reprise_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2770,7 +2980,7 @@ func (x *ItemsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemsRequest.ProtoReflect.Descriptor instead.
 func (*ItemsRequest) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{32}
+	return file_reprise_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ItemsRequest) GetTable() string {
@@ -2815,7 +3025,7 @@ type ItemInfo struct {
 
 func (x *ItemInfo) Reset() {
 	*x = ItemInfo{}
-	mi := &file_reprise_proto_msgTypes[33]
+	mi := &file_reprise_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2827,7 +3037,7 @@ func (x *ItemInfo) String() string {
 func (*ItemInfo) ProtoMessage() {}
 
 func (x *ItemInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[33]
+	mi := &file_reprise_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2840,7 +3050,7 @@ func (x *ItemInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemInfo.ProtoReflect.Descriptor instead.
 func (*ItemInfo) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{33}
+	return file_reprise_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ItemInfo) GetKey() uint64 {
@@ -2897,7 +3107,7 @@ type ItemsResponse struct {
 
 func (x *ItemsResponse) Reset() {
 	*x = ItemsResponse{}
-	mi := &file_reprise_proto_msgTypes[34]
+	mi := &file_reprise_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +3119,7 @@ func (x *ItemsResponse) String() string {
 func (*ItemsResponse) ProtoMessage() {}
 
 func (x *ItemsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reprise_proto_msgTypes[34]
+	mi := &file_reprise_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +3132,7 @@ func (x *ItemsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemsResponse.ProtoReflect.Descriptor instead.
 func (*ItemsResponse) Descriptor() ([]byte, []int) {
-	return file_reprise_proto_rawDescGZIP(), []int{34}
+	return file_reprise_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ItemsResponse) GetStatus() *Status {
@@ -3008,14 +3218,15 @@ const file_reprise_proto_rawDesc = "" +
 	"\x0e_max_staleness\"H\n" +
 	"\x06Status\x12$\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x10.reprise.v1.CodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\x81\x01\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\x99\x01\n" +
 	"\rSampleRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x1f\n" +
 	"\vnum_samples\x18\x02 \x01(\x05R\n" +
 	"numSamples\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x03 \x01(\x03R\ttimeoutMs\x12\x1a\n" +
-	"\bflexible\x18\x04 \x01(\bR\bflexible\"\xf6\x01\n" +
+	"\bflexible\x18\x04 \x01(\bR\bflexible\x12\x16\n" +
+	"\x06packed\x18\x05 \x01(\bR\x06packed\"\xf6\x01\n" +
 	"\n" +
 	"SampleInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12 \n" +
@@ -3028,7 +3239,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\frate_limited\x18\a \x01(\bR\vrateLimited\"q\n" +
 	"\vSampledItem\x12*\n" +
 	"\x04info\x18\x01 \x01(\v2\x16.reprise.v1.SampleInfoR\x04info\x126\n" +
-	"\acolumns\x18\x02 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xf4\x01\n" +
+	"\acolumns\x18\x02 \x03(\v2\x1c.reprise.v1.TrajectoryColumnR\acolumns\"\xa7\x02\n" +
 	"\x0eSampleResponse\x12*\n" +
 	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\x12-\n" +
 	"\x05items\x18\x02 \x03(\v2\x17.reprise.v1.SampledItemR\x05items\x12\x16\n" +
@@ -3036,7 +3247,21 @@ const file_reprise_proto_rawDesc = "" +
 	"\n" +
 	"table_size\x18\x04 \x01(\x03R\ttableSize\x12'\n" +
 	"\x0fweight_fraction\x18\x05 \x01(\x01R\x0eweightFraction\x12'\n" +
-	"\x0fweight_exponent\x18\x06 \x01(\x12R\x0eweightExponent\"$\n" +
+	"\x0fweight_exponent\x18\x06 \x01(\x12R\x0eweightExponent\x121\n" +
+	"\x06packed\x18\a \x01(\v2\x19.reprise.v1.PackedSamplesR\x06packed\"\xcb\x01\n" +
+	"\rPackedSamples\x12\x14\n" +
+	"\x05infos\x18\x01 \x01(\fR\x05infos\x12\x18\n" +
+	"\acolumns\x18\x02 \x01(\fR\acolumns\x12\x14\n" +
+	"\x05names\x18\x03 \x03(\tR\x05names\x12\x16\n" +
+	"\x06slices\x18\x04 \x01(\fR\x06slices\x12\x16\n" +
+	"\x06chunks\x18\x05 \x01(\fR\x06chunks\x120\n" +
+	"\aformats\x18\x06 \x03(\v2\x16.reprise.v1.StepFormatR\aformats\x12\x12\n" +
+	"\x04data\x18\a \x01(\fR\x04data\"A\n" +
+	"\n" +
+	"StepFormat\x12\x14\n" +
+	"\x05dtype\x18\x01 \x01(\tR\x05dtype\x12\x1d\n" +
+	"\n" +
+	"step_shape\x18\x02 \x03(\x03R\tstepShape\"$\n" +
 	"\fTableRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\"\xda\x01\n" +
 	"\vLimiterInfo\x12,\n" +
@@ -3217,7 +3442,7 @@ func file_reprise_proto_rawDescGZIP() []byte {
 }
 
 var file_reprise_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_reprise_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_reprise_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_reprise_proto_goTypes = []any{
 	(Compression)(0),           // 0: reprise.v1.Compression
 	(Code)(0),                  // 1: reprise.v1.Code
@@ -3234,28 +3459,30 @@ var file_reprise_proto_goTypes = []any{
 	(*SampleInfo)(nil),         // 12: reprise.v1.SampleInfo
 	(*SampledItem)(nil),        // 13: reprise.v1.SampledItem
 	(*SampleResponse)(nil),     // 14: reprise.v1.SampleResponse
-	(*TableRequest)(nil),       // 15: reprise.v1.TableRequest
-	(*LimiterInfo)(nil),        // 16: reprise.v1.LimiterInfo
-	(*ColumnSpec)(nil),         // 17: reprise.v1.ColumnSpec
-	(*TableInfo)(nil),          // 18: reprise.v1.TableInfo
-	(*InfoResponse)(nil),       // 19: reprise.v1.InfoResponse
-	(*ResetResponse)(nil),      // 20: reprise.v1.ResetResponse
-	(*Rejection)(nil),          // 21: reprise.v1.Rejection
-	(*ResetRequest)(nil),       // 22: reprise.v1.ResetRequest
-	(*CheckpointRequest)(nil),  // 23: reprise.v1.CheckpointRequest
-	(*CheckpointResponse)(nil), // 24: reprise.v1.CheckpointResponse
-	(*Checkpoint)(nil),         // 25: reprise.v1.Checkpoint
-	(*PendingItem)(nil),        // 26: reprise.v1.PendingItem
-	(*Progress)(nil),           // 27: reprise.v1.Progress
-	(*TableProgress)(nil),      // 28: reprise.v1.TableProgress
-	(*TableCheckpoint)(nil),    // 29: reprise.v1.TableCheckpoint
-	(*ItemCheckpoint)(nil),     // 30: reprise.v1.ItemCheckpoint
-	(*ProducerCheckpoint)(nil), // 31: reprise.v1.ProducerCheckpoint
-	(*HeldMessage)(nil),        // 32: reprise.v1.HeldMessage
-	(*CheckpointFile)(nil),     // 33: reprise.v1.CheckpointFile
-	(*ItemsRequest)(nil),       // 34: reprise.v1.ItemsRequest
-	(*ItemInfo)(nil),           // 35: reprise.v1.ItemInfo
-	(*ItemsResponse)(nil),      // 36: reprise.v1.ItemsResponse
+	(*PackedSamples)(nil),      // 15: reprise.v1.PackedSamples
+	(*StepFormat)(nil),         // 16: reprise.v1.StepFormat
+	(*TableRequest)(nil),       // 17: reprise.v1.TableRequest
+	(*LimiterInfo)(nil),        // 18: reprise.v1.LimiterInfo
+	(*ColumnSpec)(nil),         // 19: reprise.v1.ColumnSpec
+	(*TableInfo)(nil),          // 20: reprise.v1.TableInfo
+	(*InfoResponse)(nil),       // 21: reprise.v1.InfoResponse
+	(*ResetResponse)(nil),      // 22: reprise.v1.ResetResponse
+	(*Rejection)(nil),          // 23: reprise.v1.Rejection
+	(*ResetRequest)(nil),       // 24: reprise.v1.ResetRequest
+	(*CheckpointRequest)(nil),  // 25: reprise.v1.CheckpointRequest
+	(*CheckpointResponse)(nil), // 26: reprise.v1.CheckpointResponse
+	(*Checkpoint)(nil),         // 27: reprise.v1.Checkpoint
+	(*PendingItem)(nil),        // 28: reprise.v1.PendingItem
+	(*Progress)(nil),           // 29: reprise.v1.Progress
+	(*TableProgress)(nil),      // 30: reprise.v1.TableProgress
+	(*TableCheckpoint)(nil),    // 31: reprise.v1.TableCheckpoint
+	(*ItemCheckpoint)(nil),     // 32: reprise.v1.ItemCheckpoint
+	(*ProducerCheckpoint)(nil), // 33: reprise.v1.ProducerCheckpoint
+	(*HeldMessage)(nil),        // 34: reprise.v1.HeldMessage
+	(*CheckpointFile)(nil),     // 35: reprise.v1.CheckpointFile
+	(*ItemsRequest)(nil),       // 36: reprise.v1.ItemsRequest
+	(*ItemInfo)(nil),           // 37: reprise.v1.ItemInfo
+	(*ItemsResponse)(nil),      // 38: reprise.v1.ItemsResponse
 }
 var file_reprise_proto_depIdxs = []int32{
 	0,  // 0: reprise.v1.Chunk.compression:type_name -> reprise.v1.Compression
@@ -3269,29 +3496,31 @@ var file_reprise_proto_depIdxs = []int32{
 	5,  // 8: reprise.v1.SampledItem.columns:type_name -> reprise.v1.TrajectoryColumn
 	10, // 9: reprise.v1.SampleResponse.status:type_name -> reprise.v1.Status
 	13, // 10: reprise.v1.SampleResponse.items:type_name -> reprise.v1.SampledItem
-	16, // 11: reprise.v1.TableInfo.limiter:type_name -> reprise.v1.LimiterInfo
-	17, // 12: reprise.v1.TableInfo.signature:type_name -> reprise.v1.ColumnSpec
-	10, // 13: reprise.v1.InfoResponse.status:type_name -> reprise.v1.Status
-	18, // 14: reprise.v1.InfoResponse.tables:type_name -> reprise.v1.TableInfo
-	10, // 15: reprise.v1.ResetResponse.status:type_name -> reprise.v1.Status
-	1,  // 16: reprise.v1.Rejection.code:type_name -> reprise.v1.Code
-	10, // 17: reprise.v1.CheckpointResponse.status:type_name -> reprise.v1.Status
-	29, // 18: reprise.v1.Checkpoint.tables:type_name -> reprise.v1.TableCheckpoint
-	31, // 19: reprise.v1.Checkpoint.producers:type_name -> reprise.v1.ProducerCheckpoint
-	26, // 20: reprise.v1.Checkpoint.pending:type_name -> reprise.v1.PendingItem
-	6,  // 21: reprise.v1.PendingItem.item:type_name -> reprise.v1.Item
-	28, // 22: reprise.v1.Progress.held:type_name -> reprise.v1.TableProgress
-	30, // 23: reprise.v1.TableCheckpoint.items:type_name -> reprise.v1.ItemCheckpoint
-	5,  // 24: reprise.v1.ItemCheckpoint.columns:type_name -> reprise.v1.TrajectoryColumn
-	32, // 25: reprise.v1.ProducerCheckpoint.held:type_name -> reprise.v1.HeldMessage
-	5,  // 26: reprise.v1.ItemInfo.columns:type_name -> reprise.v1.TrajectoryColumn
-	10, // 27: reprise.v1.ItemsResponse.status:type_name -> reprise.v1.Status
-	35, // 28: reprise.v1.ItemsResponse.items:type_name -> reprise.v1.ItemInfo
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	15, // 11: reprise.v1.SampleResponse.packed:type_name -> reprise.v1.PackedSamples
+	16, // 12: reprise.v1.PackedSamples.formats:type_name -> reprise.v1.StepFormat
+	18, // 13: reprise.v1.TableInfo.limiter:type_name -> reprise.v1.LimiterInfo
+	19, // 14: reprise.v1.TableInfo.signature:type_name -> reprise.v1.ColumnSpec
+	10, // 15: reprise.v1.InfoResponse.status:type_name -> reprise.v1.Status
+	20, // 16: reprise.v1.InfoResponse.tables:type_name -> reprise.v1.TableInfo
+	10, // 17: reprise.v1.ResetResponse.status:type_name -> reprise.v1.Status
+	1,  // 18: reprise.v1.Rejection.code:type_name -> reprise.v1.Code
+	10, // 19: reprise.v1.CheckpointResponse.status:type_name -> reprise.v1.Status
+	31, // 20: reprise.v1.Checkpoint.tables:type_name -> reprise.v1.TableCheckpoint
+	33, // 21: reprise.v1.Checkpoint.producers:type_name -> reprise.v1.ProducerCheckpoint
+	28, // 22: reprise.v1.Checkpoint.pending:type_name -> reprise.v1.PendingItem
+	6,  // 23: reprise.v1.PendingItem.item:type_name -> reprise.v1.Item
+	30, // 24: reprise.v1.Progress.held:type_name -> reprise.v1.TableProgress
+	32, // 25: reprise.v1.TableCheckpoint.items:type_name -> reprise.v1.ItemCheckpoint
+	5,  // 26: reprise.v1.ItemCheckpoint.columns:type_name -> reprise.v1.TrajectoryColumn
+	34, // 27: reprise.v1.ProducerCheckpoint.held:type_name -> reprise.v1.HeldMessage
+	5,  // 28: reprise.v1.ItemInfo.columns:type_name -> reprise.v1.TrajectoryColumn
+	10, // 29: reprise.v1.ItemsResponse.status:type_name -> reprise.v1.Status
+	37, // 30: reprise.v1.ItemsResponse.items:type_name -> reprise.v1.ItemInfo
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_reprise_proto_init() }
@@ -3300,14 +3529,14 @@ func file_reprise_proto_init() {
 		return
 	}
 	file_reprise_proto_msgTypes[7].OneofWrappers = []any{}
-	file_reprise_proto_msgTypes[16].OneofWrappers = []any{}
+	file_reprise_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_reprise_proto_rawDesc), len(file_reprise_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   35,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

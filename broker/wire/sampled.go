@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -38,12 +39,14 @@ type SampleReply struct {
 	After TableState
 }
 
-// DecodeSampleResponse decodes a SampleResponse: its status, the table's
-// state after the sample, and its items with every column gathered from the
-// response's chunks, each chunk decompressed once. The work is per
-// response, not per item: the items' columns, their shapes and their data
-// each live in one array, so a batch of small items costs a handful of
-// allocations.
+// DecodeSampleResponse decodes a SampleResponse whose items are packed
+// (SampleRequest.packed): its status, the table's state after the sample,
+// and its items with every column gathered from the response's chunks, each
+// chunk decompressed once. The work is per response, not per item: the
+// items' columns, their shapes and their data each live in one array, so a
+// batch of small items costs a handful of allocations. A response with
+// items that are not packed comes from a service older than this client,
+// and is refused as such.
 //
 // No two columns share memory. A column that is exactly one chunk, which
 // no other column of the response uses, is that chunk's bytes without a
@@ -68,20 +71,23 @@ func DecodeSampleResponse(b []byte) (SampleReply, error) {
 
 // sampleDecoder holds a response's parts while DecodeSampleResponse reads
 // them. Slices of the arenas are kept as offsets until the arenas stop
-// growing. Decoders are pooled: their arrays, a few hundred bytes an item,
+// growing. Decoders are pooled: their arrays, a few dozen bytes an item,
 // were most of what a reply of small items allocated.
 type sampleDecoder struct {
-	rawItems  [][]byte
-	rawChunks [][]byte
-	reading   Chunk          // the chunk being read
-	chunks    []sampledChunk // in the response's order
-	keys      []uint64       // the chunks' keys, in the same order
-	index     keyIndex       // of keys
-	dims      []int64        // the chunks' step shapes
-	items     []sampledItem
-	columns   []sampledColumn
-	slices    []sampledSlice
-	names     []string // the previous item's column names
+	packed  packedFields
+	formats []sampledFormat
+	chunks  []sampledChunk // in the response's order
+	dims    []int64        // the formats' step shapes
+	items   []sampledItem
+	columns []sampledColumn
+	slices  []sampledSlice
+}
+
+// packedFields are a PackedSamples' fields, undecoded.
+type packedFields struct {
+	infos, columns, slices, chunks, data []byte
+	names                                []string
+	formats                              [][]byte
 }
 
 var decoders = sync.Pool{New: func() any { return new(sampleDecoder) }}
@@ -93,15 +99,20 @@ const maxPooledItems = 1 << 14
 // release returns d to the pool, without the references into the reply it
 // decoded (whose bytes now belong to the caller).
 func (d *sampleDecoder) release() {
-	if cap(d.rawItems) > maxPooledItems || cap(d.rawChunks) > maxPooledItems {
+	if cap(d.items) > maxPooledItems || cap(d.chunks) > maxPooledItems {
 		return
 	}
-	clear(d.rawItems)
-	clear(d.rawChunks)
 	clear(d.chunks)
-	clear(d.names)
-	d.reading.Data = nil
+	clear(d.packed.formats)
+	clear(d.packed.names)
+	d.packed = packedFields{names: d.packed.names[:0], formats: d.packed.formats[:0]}
 	decoders.Put(d)
+}
+
+type sampledFormat struct {
+	dtype       string
+	dims, ndims int // step shape: dims[dims:dims+ndims]
+	stepBytes   int64
 }
 
 type sampledChunk struct {
@@ -132,28 +143,31 @@ type sampledSlice struct {
 	offset, length int32
 }
 
-// split reads the top level: the status, the table's state, and where
-// each item and chunk is. A field of an unexpected wire type is skipped, as
-// the generated code keeps it as unknown.
+// split reads the top level: the status, the table's state and the packed
+// fields. A field of an unexpected wire type is skipped, as the generated
+// code keeps it as unknown.
 func (d *sampleDecoder) split(b []byte) (reply SampleReply, err error) {
-	items, chunks := CountMessages(b, 2, 3)
-	d.rawItems, d.rawChunks = slices.Grow(d.rawItems[:0], items), slices.Grow(d.rawChunks[:0], chunks)
+	packed := false
 	err = EachField(b, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			// A message field that repeats merges into the first, as in
 			// protobuf.
 			return readStatus(bytes, &reply.Code, &reply.Message)
-		case num == 2 && typ == protowire.BytesType:
-			d.rawItems = append(d.rawItems, bytes)
-		case num == 3 && typ == protowire.BytesType:
-			d.rawChunks = append(d.rawChunks, bytes)
+		case (num == 2 || num == 3) && typ == protowire.BytesType:
+			return fmt.Errorf("%w: the service sent items unpacked: it is older than this client", ErrMalformed)
 		case num == 4 && typ == protowire.VarintType:
 			reply.After.Size = int64(v)
 		case num == 5 && typ == protowire.Fixed64Type:
 			reply.After.Weight.Fraction = math.Float64frombits(v)
 		case num == 6 && typ == protowire.VarintType:
 			reply.After.Weight.Exponent = protowire.DecodeZigZag(v)
+		case num == fieldResponsePacked && typ == protowire.BytesType:
+			if packed {
+				return fmt.Errorf("%w: sample response: packed items twice", ErrMalformed)
+			}
+			packed = true
+			return d.packed.read(bytes)
 		}
 		return nil
 	})
@@ -161,6 +175,46 @@ func (d *sampleDecoder) split(b []byte) (reply SampleReply, err error) {
 		err = fmt.Errorf("%w: sample response: %v", ErrMalformed, err)
 	}
 	return reply, err
+}
+
+// read reads a PackedSamples' fields; a bytes field that repeats is its
+// last value, as in protobuf.
+func (f *packedFields) read(b []byte) error {
+	err := EachField(b, func(num protowire.Number, typ protowire.Type, _ uint64, bytes []byte) error {
+		if typ != protowire.BytesType {
+			return nil
+		}
+		switch num {
+		case fieldPackedInfos:
+			f.infos = bytes
+		case fieldPackedColumns:
+			f.columns = bytes
+		case fieldPackedNames:
+			f.names = append(f.names, string(bytes))
+		case fieldPackedSlices:
+			f.slices = bytes
+		case fieldPackedChunks:
+			f.chunks = bytes
+		case fieldPackedFormats:
+			f.formats = append(f.formats, bytes)
+		case fieldPackedData:
+			f.data = bytes
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w: packed samples: %v", ErrMalformed, err)
+	}
+	for _, r := range []struct {
+		name string
+		b    []byte
+		size int
+	}{{"infos", f.infos, packedInfoSize}, {"columns", f.columns, packedColumnSize}, {"slices", f.slices, packedSliceSize}, {"chunks", f.chunks, packedChunkSize}} {
+		if len(r.b)%r.size != 0 {
+			return fmt.Errorf("%w: packed samples: %s holds %d bytes, not a whole number of %d-byte records", ErrMalformed, r.name, len(r.b), r.size)
+		}
+	}
+	return nil
 }
 
 func readStatus(b []byte, code *Code, msg *string) error {
@@ -220,178 +274,157 @@ func EachField(b []byte, f func(num protowire.Number, typ protowire.Type, v uint
 	return nil
 }
 
-// readChunks checks and decodes every chunk, once, and sorts them by key.
-func (d *sampleDecoder) readChunks() error {
-	d.chunks = slices.Grow(d.chunks[:0], len(d.rawChunks))
-	d.dims = slices.Grow(d.dims[:0], len(d.rawChunks)) // most steps are vectors
-	c := &d.reading
-	for i, raw := range d.rawChunks {
+// readFormats checks every step format once: its dtype and shape, and the
+// bytes a step of it decodes to.
+func (d *sampleDecoder) readFormats() error {
+	d.formats = slices.Grow(d.formats[:0], len(d.packed.formats))
+	d.dims = d.dims[:0]
+	for i, raw := range d.packed.formats {
 		start := len(d.dims)
-		var err error
-		if d.dims, err = readChunkInto(c, raw, d.dims); err != nil {
-			return fmt.Errorf("chunk %d of the response: %w", i, err)
-		}
-		c.StepShape = d.dims[start:]
-		rawSize, stepBytes, err := checkChunkHeader(c)
+		var dtype string
+		err := func() error {
+			for b := raw; len(b) > 0; {
+				num, typ, n := protowire.ConsumeTag(b)
+				if n < 0 {
+					return protowire.ParseError(n)
+				}
+				b = b[n:]
+				switch {
+				case num == fieldFormatShape:
+					var err error
+					if d.dims, b, err = consumeVarints(b, typ, d.dims); err != nil {
+						return err
+					}
+					continue
+				case num == fieldFormatDtype && typ == protowire.BytesType:
+					var s []byte
+					s, n = protowire.ConsumeBytes(b)
+					dtype = dtypeName(s)
+				default:
+					n = protowire.ConsumeFieldValue(num, typ, b)
+				}
+				if n < 0 {
+					return protowire.ParseError(n)
+				}
+				b = b[n:]
+			}
+			return nil
+		}()
 		if err != nil {
-			return err
+			return fmt.Errorf("%w: packed samples: format %d: %v", ErrMalformed, i, err)
 		}
-		data := c.Data
-		if c.Compression != Compression_COMPRESSION_NONE || c.DeltaEncoded || len(data) != rawSize {
-			if data, err = decompress(c, rawSize, nil); err != nil {
-				return err
-			}
-			if c.DeltaEncoded {
-				deltaDecode(data, int(stepBytes), dtypes[c.Dtype].size)
-			}
+		info, ok := dtypes[dtype]
+		if !ok {
+			return fmt.Errorf("%w: format %d: unknown dtype %q", ErrInvalidChunk, i, dtype)
 		}
-		d.chunks = append(d.chunks, sampledChunk{key: c.Key, dtype: c.Dtype, dims: start, ndims: len(d.dims) - start,
-			steps: int64(c.Length), stepBytes: stepBytes, data: data})
-	}
-	d.keys = d.keys[:0]
-	for i := range d.chunks {
-		d.keys = append(d.keys, d.chunks[i].key)
-	}
-	d.index.reset(len(d.keys))
-	for i := range d.keys {
-		if !d.index.add(d.keys, i) {
-			return fmt.Errorf("%w: sample response carries chunk %d twice", ErrMalformed, d.chunks[i].key)
+		elems, err := numElements(d.dims[start:], MaxChunkRawSize/int64(info.size))
+		if err != nil {
+			return fmt.Errorf("%w: format %d: step_shape %v: %v", ErrInvalidChunk, i, d.dims[start:], err)
 		}
+		d.formats = append(d.formats, sampledFormat{dtype: info.name, dims: start, ndims: len(d.dims) - start, stepBytes: elems * int64(info.size)})
 	}
 	return nil
 }
 
-func (d *sampleDecoder) chunk(key uint64) (int, bool) { return d.index.find(d.keys, key) }
+// readChunks checks every chunk record against its format and the data it
+// points at, and decompresses each chunk that needs it, once.
+func (d *sampleDecoder) readChunks() error {
+	if err := d.readFormats(); err != nil {
+		return err
+	}
+	le := binary.LittleEndian
+	recs, data := d.packed.chunks, d.packed.data
+	n := len(recs) / packedChunkSize
+	d.chunks = slices.Grow(d.chunks[:0], n)
+	for i := range n {
+		r := recs[i*packedChunkSize : (i+1)*packedChunkSize]
+		key, at, size, rawSize := le.Uint64(r), le.Uint64(r[8:]), le.Uint64(r[16:]), le.Uint64(r[24:])
+		steps, format := le.Uint32(r[32:]), le.Uint32(r[36:])
+		compression, delta := Compression(r[40]), r[41] != 0
+		if uint64(format) >= uint64(len(d.formats)) {
+			return fmt.Errorf("%w: chunk %d: format %d of %d", ErrInvalidChunk, key, format, len(d.formats))
+		}
+		f := &d.formats[format]
+		if steps > math.MaxInt32 || (f.stepBytes > 0 && int64(steps) > MaxChunkRawSize/f.stepBytes) {
+			return fmt.Errorf("%w: chunk %d: %d steps of %d bytes exceed MaxChunkRawSize (%d bytes)", ErrInvalidChunk, key, steps, f.stepBytes, MaxChunkRawSize)
+		}
+		want := f.stepBytes * int64(steps)
+		if rawSize != uint64(want) {
+			return fmt.Errorf("%w: chunk %d: raw_size is %d, %d steps of shape %v of %s need %d", ErrInvalidChunk, key, rawSize, steps, d.dims[f.dims:f.dims+f.ndims], f.dtype, want)
+		}
+		if at%packedAlign != 0 || at > uint64(len(data)) || size > uint64(len(data))-at {
+			return fmt.Errorf("%w: chunk %d: bytes [%d, %d+%d) of %d, or not at a multiple of %d", ErrInvalidChunk, key, at, at, size, len(data), packedAlign)
+		}
+		payload := data[at : at+size : at+size]
+		if compression != Compression_COMPRESSION_NONE || delta || len(payload) != int(want) {
+			c := &Chunk{Key: key, Dtype: f.dtype, Length: int32(steps), Compression: compression, DeltaEncoded: delta, RawSize: rawSize, Data: payload}
+			var err error
+			if payload, err = decompress(c, int(want), nil); err != nil {
+				return err
+			}
+			if delta {
+				deltaDecode(payload, int(f.stepBytes), dtypes[f.dtype].size)
+			}
+		}
+		d.chunks = append(d.chunks, sampledChunk{key: key, dtype: f.dtype, dims: f.dims, ndims: f.ndims,
+			steps: int64(steps), stepBytes: f.stepBytes, data: payload})
+	}
+	return nil
+}
 
 func (d *sampleDecoder) stepShape(c *sampledChunk) []int64 { return d.dims[c.dims : c.dims+c.ndims] }
 
-// readItems reads every item's info and columns and checks each column
-// against the chunks it selects from.
+// readItems reads every item's info, columns and slices, and checks each
+// column against the chunks it selects from.
 func (d *sampleDecoder) readItems() error {
-	// Cleared: an item's fields are set only when present.
-	d.items = slices.Grow(d.items[:0], len(d.rawItems))[:len(d.rawItems)]
-	clear(d.items)
-	// Sized for one column of one slice an item; the first item tells more.
-	d.columns = slices.Grow(d.columns[:0], len(d.rawItems))
-	d.slices = slices.Grow(d.slices[:0], len(d.rawItems))
-	names := d.names[:0] // the previous item's column names, to share their strings
-	defer func() { d.names = names }()
-	for i, raw := range d.rawItems {
+	le := binary.LittleEndian
+	infos, colRecs, sliceRecs := d.packed.infos, d.packed.columns, d.packed.slices
+	nitems, ncols, nslices := len(infos)/packedInfoSize, len(colRecs)/packedColumnSize, len(sliceRecs)/packedSliceSize
+	d.items = slices.Grow(d.items[:0], nitems)[:nitems]
+	d.columns = slices.Grow(d.columns[:0], ncols)[:0]
+	d.slices = slices.Grow(d.slices[:0], nslices)[:0]
+	for i := range nitems {
+		r := infos[i*packedInfoSize : (i+1)*packedInfoSize]
 		it := &d.items[i]
+		it.info = tables.SampleInfo{Key: le.Uint64(r), Probability: math.Float64frombits(le.Uint64(r[8:])), TableSize: int64(le.Uint64(r[16:])),
+			Priority: math.Float64frombits(le.Uint64(r[24:])), InsertedAt: time.Unix(0, int64(le.Uint64(r[32:]))),
+			TimesSampled: int32(le.Uint32(r[40:])), RateLimited: r[48] != 0}
 		it.first = len(d.columns)
-		it.info.InsertedAt = time.Unix(0, 0) // what a zero field means
-		err := EachField(raw, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
-			switch {
-			case num == 1 && typ == protowire.BytesType:
-				return readSampleInfo(&it.info, bytes)
-			case num == 2 && typ == protowire.BytesType:
-				j := len(d.columns) - it.first
-				var prev string
-				if j < len(names) {
-					prev = names[j]
-				}
-				return d.readColumn(bytes, prev)
-			}
-			return nil
-		})
-		if err != nil {
-			if !errors.Is(err, ErrMissingChunk) {
-				err = fmt.Errorf("%w: %v", ErrMalformed, err)
-			}
-			return fmt.Errorf("sample response item %d: %w", i, err)
+		cols := le.Uint32(r[44:])
+		if uint64(cols) > uint64(ncols-len(d.columns)) {
+			return fmt.Errorf("%w: sample response item %d: %d columns, %d records left", ErrMalformed, i, cols, ncols-len(d.columns))
 		}
-		it.ncol = len(d.columns) - it.first
-		if i == 0 {
-			d.columns = slices.Grow(d.columns, len(d.rawItems)*it.ncol-len(d.columns))
-			d.slices = slices.Grow(d.slices, len(d.rawItems)*len(d.slices)-len(d.slices))
-		}
-		names = names[:0]
+		it.ncol = int(cols)
 		for j := range it.ncol {
-			c := &d.columns[it.first+j]
-			names = append(names, c.name)
-			if err := d.checkColumn(c); err != nil {
+			r := colRecs[(it.first+j)*packedColumnSize:]
+			name, nsl, squeeze := le.Uint32(r), le.Uint32(r[4:]), le.Uint32(r[8:])
+			if uint64(name) >= uint64(len(d.packed.names)) {
+				return fmt.Errorf("%w: sample response item %d: column %d: name %d of %d", ErrMalformed, i, j, name, len(d.packed.names))
+			}
+			col := sampledColumn{name: d.packed.names[name], first: len(d.slices), nslice: int(nsl), squeeze: squeeze != 0}
+			if uint64(nsl) > uint64(nslices-len(d.slices)) {
+				return fmt.Errorf("%w: sample response item %d: column %q: %d slices, %d records left", ErrMalformed, i, col.name, nsl, nslices-len(d.slices))
+			}
+			for k := range col.nslice {
+				r := sliceRecs[(col.first+k)*packedSliceSize:]
+				chunk, offset, length := le.Uint32(r), le.Uint32(r[4:]), le.Uint32(r[8:])
+				if uint64(chunk) >= uint64(len(d.chunks)) {
+					return fmt.Errorf("%w: sample response item %d: column %q: slice %d: chunk %d of %d", ErrMissingChunk, i, col.name, k, chunk, len(d.chunks))
+				}
+				if offset > math.MaxInt32 || length > math.MaxInt32 {
+					return fmt.Errorf("%w: item %d: column %q: slice %d: steps [%d, %d+%d)", ErrInvalidColumn, it.info.Key, col.name, k, offset, offset, length)
+				}
+				d.slices = append(d.slices, sampledSlice{chunk: int(chunk), offset: int32(offset), length: int32(length)})
+			}
+			d.columns = append(d.columns, col)
+			if err := d.checkColumn(&d.columns[len(d.columns)-1]); err != nil {
 				return fmt.Errorf("item %d: %w", it.info.Key, err)
 			}
 		}
 	}
-	return nil
-}
-
-func readSampleInfo(in *tables.SampleInfo, b []byte) error {
-	return EachField(b, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) error {
-		// A field of another wire type than its declared one is an unknown
-		// field to protobuf, and skipped.
-		switch {
-		case num == 1 && typ == protowire.VarintType:
-			in.Key = v
-		case num == 2 && typ == protowire.Fixed64Type:
-			in.Probability = math.Float64frombits(v)
-		case num == 3 && typ == protowire.VarintType:
-			in.TableSize = int64(v)
-		case num == 4 && typ == protowire.Fixed64Type:
-			in.Priority = math.Float64frombits(v)
-		case num == 5 && typ == protowire.VarintType:
-			in.TimesSampled = int32(v)
-		case num == 6 && typ == protowire.VarintType:
-			in.InsertedAt = time.Unix(0, int64(v))
-		case num == 7 && typ == protowire.VarintType:
-			in.RateLimited = v != 0
-		}
-		return nil
-	})
-}
-
-// readColumn reads one TrajectoryColumn; prev is the name the previous
-// item's column at the same position had, shared when equal.
-func (d *sampleDecoder) readColumn(b []byte, prev string) error {
-	col := sampledColumn{first: len(d.slices)}
-	var missing error
-	err := EachField(b, func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error {
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			if string(bytes) == prev {
-				col.name = prev
-			} else {
-				col.name = string(bytes)
-			}
-		case num == 2 && typ == protowire.BytesType:
-			var key uint64
-			var sl sampledSlice
-			err := EachField(bytes, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) error {
-				if typ != protowire.VarintType {
-					return nil
-				}
-				switch num {
-				case 1:
-					key = v
-				case 2:
-					sl.offset = int32(v)
-				case 3:
-					sl.length = int32(v)
-				}
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-			var ok bool
-			if sl.chunk, ok = d.chunk(key); !ok && missing == nil {
-				missing = fmt.Errorf("%w: slice %d: chunk %d", ErrMissingChunk, len(d.slices)-col.first, key)
-			}
-			d.slices = append(d.slices, sl)
-		case num == 3 && typ == protowire.VarintType:
-			col.squeeze = v != 0
-		}
-		return nil
-	})
-	if err != nil {
-		return err
+	if len(d.columns) != ncols || len(d.slices) != nslices {
+		return fmt.Errorf("%w: sample response: its items use %d of %d column records and %d of %d slice records", ErrMalformed, len(d.columns), ncols, len(d.slices), nslices)
 	}
-	col.nslice = len(d.slices) - col.first
-	if missing != nil {
-		return fmt.Errorf("column %q: %w", col.name, missing)
-	}
-	d.columns = append(d.columns, col)
 	return nil
 }
 

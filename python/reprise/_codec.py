@@ -197,10 +197,12 @@ def decode_chunk_fields(
     compression: int,
     delta_encoded: bool,
     raw_size: int,
-    data: bytes,
+    data: bytes | memoryview,
     writable: bool = True,
 ) -> np.ndarray:
-    """decode_chunk on a chunk's fields."""
+    """decode_chunk on a chunk's fields; ``data`` may be a view into a
+    larger buffer (a packed sample reply's data), which a read-only result
+    of an uncompressed chunk then shares."""
     dt = DTYPES.get(dtype)
     if dt is None:
         raise errors.ProtocolError(f"chunk {key}: unknown dtype {dtype!r}")
@@ -228,12 +230,17 @@ def decode_chunk_fields(
     if compression == pb.COMPRESSION_NONE:
         if len(data) != want:
             raise errors.ProtocolError(f"chunk {key}: uncompressed data has {len(data)} bytes, raw_size is {want}")
-        buf: bytes | bytearray = bytearray(data) if writable or delta_encoded else data
+        buf: bytes | bytearray | memoryview = bytearray(data) if writable or delta_encoded else data
         out = np.frombuffer(buf, dtype=dt).reshape(shape)
     elif compression == pb.COMPRESSION_ZSTD:
         if want > (len(data) // 3) * _ZSTD_MAX_BLOCK:
             raise errors.ProtocolError(f"chunk {key}: {len(data)} bytes of zstd data cannot hold raw_size {want}")
         try:
+            # The decompressor allocates what a frame declares, whatever
+            # max_output_size says: a declared size is checked first.
+            declared = zstandard.frame_content_size(data)
+            if declared not in (-1, want):
+                raise errors.ProtocolError(f"chunk {key}: the zstd frame declares {declared} bytes, raw_size is {want}")
             raw = _local.decompressor.decompress(data, max_output_size=want)
         except zstandard.ZstdError as e:
             raise errors.ProtocolError(f"chunk {key}: zstd data: {e}") from None

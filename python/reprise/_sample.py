@@ -1,17 +1,25 @@
 """Decoding sample replies into numpy arrays.
 
-A SampleResponse carries every item's sample info and column slices, and
-once each the chunks the items reference, still compressed as stored. The
-batch path decodes each chunk once, concatenates the chunks of a column into
-one array and gathers every item's steps with one numpy fancy-index per
-column: no array is built per item.
+The client asks for replies in the packed layout (``SampleRequest.packed``;
+``PackedSamples`` in broker/wire/reprise.proto): the items' sample info,
+their columns, the columns' slices and the chunks' headers come as arrays of
+fixed-size little-endian records, and the chunks' bytes, as stored, in one
+buffer. parse_response reads the protobuf framing itself and keeps views
+into the reply, so that the bytes of a large reply are not copied before
+they are gathered; _layout views the records as numpy arrays and checks
+every index and size with vector operations; decode_batch then gathers each
+column of every item with one numpy fancy index, straight from the reply's
+bytes when the column's chunks are stored uncompressed. No Python code runs
+per item in decode_batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+import functools
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -75,34 +83,179 @@ class SampleBatch:
         return int(self.info.key.shape[0])
 
 
+# ---------------------------------------------------------------- the reply
+
+#: Bytes of a reply: views into it keep the reply without copying it.
+_Bytes = bytes | memoryview
+
+
+@dataclasses.dataclass
+class _Packed:
+    """A reply's PackedSamples, its record arrays as views into the reply."""
+
+    infos: _Bytes = b""
+    columns: _Bytes = b""
+    names: list[str] = dataclasses.field(default_factory=list)
+    slices: _Bytes = b""
+    chunks: _Bytes = b""
+    #: Each StepFormat as (dtype, step_shape).
+    formats: list[tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    data: _Bytes = b""
+
+
 @dataclasses.dataclass
 class _Response:
-    code: int
-    message: str
-    items: Sequence[Any]  # pb.SampledItem
-    chunks: Sequence[bytes]
+    code: int = 0
+    message: str = ""
     # The table after the sample: its size and the total weight its sampler
     # draws by, weight_fraction * 2**weight_exponent (see TableInfo).
     table_size: int = 0
     weight_fraction: float = 0.0
     weight_exponent: int = 0
+    packed: _Packed = dataclasses.field(default_factory=_Packed)
+
+
+class _Malformed(Exception):
+    """The protobuf encoding of a reply does not parse."""
+
+
+_U64 = (1 << 64) - 1
+_I64_MIN = 1 << 63
+_MAX_FIELD = (1 << 29) - 1
+_double = struct.Struct("<d")
+
+
+def _uvarint(b: _Bytes, i: int, end: int) -> tuple[int, int]:
+    """The varint at b[i:end], truncated to 64 bits as protobuf reads it,
+    and where it ends."""
+    v = 0
+    shift = 0
+    while i < end:
+        c = b[i]
+        i += 1
+        v |= (c & 0x7F) << shift
+        if c < 0x80:
+            return v & _U64, i
+        shift += 7
+        if shift == 70:
+            raise _Malformed("a varint is longer than 10 bytes")
+    raise _Malformed("a varint is cut off")
+
+
+def _int64(v: int) -> int:
+    return v - (1 << 64) if v >= _I64_MIN else v
+
+
+def _fields(b: _Bytes, i: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """The fields of the message encoded in b[i:end]: (number, wire type,
+    a, z), where a is the value of a varint and b[a:z] the value's bytes
+    otherwise. Groups (no part of proto3, and no field of these messages)
+    are refused rather than skipped."""
+    while i < end:
+        key, i = _uvarint(b, i, end)
+        num, wt = key >> 3, key & 7
+        if num == 0 or num > _MAX_FIELD:
+            raise _Malformed(f"field number {num}")
+        if wt == 0:
+            v, i = _uvarint(b, i, end)
+            yield num, 0, v, i
+            continue
+        if wt == 2:
+            n, i = _uvarint(b, i, end)
+        elif wt == 1:
+            n = 8
+        elif wt == 5:
+            n = 4
+        else:
+            raise _Malformed(f"field {num} has wire type {wt}")
+        if n > end - i:
+            raise _Malformed(f"field {num} has {n} bytes, {end - i} are left")
+        yield num, wt, i, i + n
+        i += n
+
+
+def _string(b: _Bytes, a: int, z: int) -> str:
+    try:
+        return bytes(b[a:z]).decode()
+    except UnicodeDecodeError as e:
+        raise _Malformed(f"a string is not UTF-8: {e}") from None
 
 
 def parse_response(data: bytes) -> _Response:
-    """Parses a SampleResponse."""
+    """Parses a SampleResponse. The packed arrays of the result are views
+    into ``data``, which the caller must not change."""
     try:
-        resp = pb.SampleResponse.FromString(data)
-    except Exception as e:  # the protobuf runtime's DecodeError
+        return _parse_response(data)
+    except _Malformed as e:
         raise errors.ProtocolError(f"malformed sample response: {e}") from None
-    return _Response(
-        resp.status.code,
-        resp.status.message,
-        resp.items,
-        resp.chunks,
-        resp.table_size,
-        resp.weight_fraction,
-        resp.weight_exponent,
-    )
+
+
+def _parse_response(data: bytes) -> _Response:
+    # Fields met twice follow protobuf: a scalar's last value wins, a
+    # message's occurrences merge. A field of the wrong wire type is an
+    # unknown field, as protobuf has it.
+    r = _Response()
+    view = memoryview(data)
+    unpacked = False
+    for num, wt, a, z in _fields(data, 0, len(data)):
+        if wt == 2:
+            if num == 7:
+                _parse_packed(data, view, a, z, r.packed)
+            elif num == 1:
+                for n, w, sa, sz in _fields(data, a, z):
+                    if n == 1 and w == 0:
+                        code = sa & 0xFFFFFFFF  # an enum is an int32
+                        r.code = code - (1 << 32) if code >> 31 else code
+                    elif n == 2 and w == 2:
+                        r.message = _string(data, sa, sz)
+            elif num in (2, 3):
+                unpacked = True
+        elif wt == 0:
+            if num == 4:
+                r.table_size = _int64(a)
+            elif num == 6:
+                r.weight_exponent = (a >> 1) ^ -(a & 1)
+        elif wt == 1 and num == 5:
+            r.weight_fraction = _double.unpack_from(data, a)[0]
+    if unpacked:
+        # A service that predates the packed layout ignores the request's
+        # field and answers item by item.
+        raise errors.ProtocolError(
+            "the sample reply carries its items unpacked: the table service predates "
+            "SampleRequest.packed, which this client needs; upgrade reprised"
+        )
+    return r
+
+
+def _parse_packed(b: bytes, view: memoryview, i: int, end: int, p: _Packed) -> None:
+    for num, wt, a, z in _fields(b, i, end):
+        if wt != 2:
+            continue
+        if num == 7:
+            p.data = view[a:z]
+        elif num == 1:
+            p.infos = view[a:z]
+        elif num == 2:
+            p.columns = view[a:z]
+        elif num == 4:
+            p.slices = view[a:z]
+        elif num == 5:
+            p.chunks = view[a:z]
+        elif num == 3:
+            p.names.append(_string(b, a, z))
+        elif num == 6:
+            dtype = ""
+            shape: list[int] = []
+            for n, w, fa, fz in _fields(b, a, z):
+                if n == 1 and w == 2:
+                    dtype = _string(b, fa, fz)
+                elif n == 2 and w == 0:
+                    shape.append(_int64(fa))
+                elif n == 2 and w == 2:  # packed, as proto3 writes repeated scalars
+                    while fa < fz:
+                        d, fa = _uvarint(b, fa, fz)
+                        shape.append(_int64(d))
+            p.formats.append((dtype, tuple(shape)))
 
 
 def raise_for_status(code: int, message: str, partial: Any = None) -> None:
@@ -116,98 +269,364 @@ def raise_for_status(code: int, message: str, partial: Any = None) -> None:
     raise err
 
 
-class _Chunks:
-    """The chunks of one response, decoded lazily and once each."""
+# ------------------------------------------------------------------ records
 
-    def __init__(self, raw: Sequence[bytes]) -> None:
-        self._raw: dict[int, pb.Chunk] = {}
-        for i, b in enumerate(raw):
-            try:
-                c = pb.Chunk.FromString(b)
-            except Exception as e:
-                raise errors.ProtocolError(f"chunk {i} of the response: {e}") from None
-            self._raw[c.key] = c
-        self._decoded: dict[int, np.ndarray] = {}
+#: An item's record, whose fields become BatchInfo's arrays. The other
+#: records are read as 2-D arrays of unsigned integers, a record a row.
+_INFO_REC = np.dtype(
+    {
+        "names": [
+            "key",
+            "probability",
+            "table_size",
+            "priority",
+            "inserted_at_unix_nano",
+            "times_sampled",
+            "columns",
+            "rate_limited",
+        ],
+        "formats": ["<u8", "<f8", "<i8", "<f8", "<i8", "<i4", "<u4", "u1"],
+        "offsets": [0, 8, 16, 24, 32, 40, 44, 48],
+        "itemsize": 56,
+    }
+)
+#: A column's record: name, slices, squeeze (uint32 each).
+_COLUMN_SIZE = 12
+#: A slice's record: chunk, offset, length (uint32 each).
+_SLICE_SIZE = 12
+#: A chunk's record: key, at, size, raw_size (uint64 each), steps, format
+#: (uint32 each), compression, delta (uint8 each), 6 zero bytes.
+_CHUNK_SIZE = 48
 
-    def raws(self, keys: Sequence[int]) -> list[Any]:
-        """The undecoded chunks of keys."""
-        try:
-            return [self._raw[k] for k in keys]
-        except KeyError as e:
-            raise errors.ProtocolError(f"the response references chunk {e.args[0]}, which it does not carry") from None
+#: BatchInfo's fields and their dtypes.
+_INFO_FIELDS: tuple[tuple[str, np.dtype], ...] = (
+    ("key", np.dtype(np.uint64)),
+    ("probability", np.dtype(np.float64)),
+    ("table_size", np.dtype(np.int64)),
+    ("priority", np.dtype(np.float64)),
+    ("times_sampled", np.dtype(np.int32)),
+    ("inserted_at_unix_nano", np.dtype(np.int64)),
+    ("rate_limited", np.dtype(np.bool_)),
+)
 
-    def get(self, key: int) -> np.ndarray:
-        a = self._decoded.get(key)
+#: The unsigned integers a column's bytes are gathered as, by size: a chunk
+#: starts at a multiple of 8 in the reply's data, so steps of a dtype of at
+#: most 8 bytes start at a multiple of its size, and those of complex128 at
+#: a multiple of 8.
+_UNITS: dict[int, np.dtype] = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+
+
+class _Format(NamedTuple):
+    """A StepFormat, checked."""
+
+    dtype: str
+    dt: np.dtype
+    shape: tuple[int, ...]
+    step_elems: int
+    step_bytes: int
+
+
+@dataclasses.dataclass
+class _Layout:
+    """A reply's records as numpy arrays, every index and size checked.
+    Indices and counts are int64."""
+
+    n: int
+    info: np.ndarray  # _INFO_REC
+    ncols: np.ndarray  # each item's columns
+    names: list[str]
+    formats: list[_Format]
+    # Per column record:
+    col_name: np.ndarray
+    col_squeeze: np.ndarray  # bool
+    col_nslices: np.ndarray
+    col_first: np.ndarray  # its first slice record
+    col_steps: np.ndarray  # the steps its slices select
+    col_format: np.ndarray  # its chunks' format (the first index of equal formats)
+    single: bool  # every column is one slice (slice k is column k)
+    # Per slice record:
+    sl_chunk: np.ndarray
+    sl_offset: np.ndarray
+    sl_length: np.ndarray
+    # Per chunk record:
+    ch_key: np.ndarray  # uint64
+    ch_at: np.ndarray
+    ch_size: np.ndarray
+    ch_raw: np.ndarray
+    ch_steps: np.ndarray
+    ch_format: np.ndarray  # the first index of equal formats
+    ch_compression: np.ndarray  # uint8
+    ch_delta: np.ndarray  # uint8
+    ch_plain: np.ndarray  # bool: its data are its steps (uncompressed, no delta to undo)
+    data: _Bytes
+
+
+_max = np.maximum.reduce
+_min = np.minimum.reduce
+
+
+def _fail(mask: np.ndarray, say: Callable[[int], str]) -> NoReturn:
+    """Raises ProtocolError naming the problem of the first record that
+    ``mask`` flags. Checks call it once a reduction found a bad record, so
+    that the masks are built on the error path only."""
+    raise errors.ProtocolError(say(int(mask.argmax())))
+
+
+@functools.lru_cache(maxsize=256)
+def _format(dtype: str, shape: tuple[int, ...]) -> _Format | str:
+    """A step format, checked, or what is wrong with it. Replies of a table
+    carry the same few formats: each is checked once."""
+    dt = _codec.DTYPES.get(dtype)
+    if dt is None:
+        return f"unknown dtype {dtype!r}"
+    try:
+        elems = _codec._num_elements(shape, _codec.MAX_CHUNK_RAW_SIZE // dt.itemsize)
+    except ValueError as e:
+        return f"step_shape {list(shape)}: {e}"
+    return _Format(dtype, dt, shape, elems, elems * dt.itemsize)
+
+
+def _formats(formats: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[list[_Format], np.ndarray]:
+    """The formats, checked, and for each the index of the first format
+    equal to it (a column's chunks agree when these agree)."""
+    out: list[_Format] = []
+    first: dict[_Format, int] = {}
+    for i, fs in enumerate(formats):
+        f = _format(*fs)
+        if isinstance(f, str):
+            raise errors.ProtocolError(f"format {i}: {f}")
+        out.append(f)
+        first.setdefault(f, i)
+    return out, np.array([first[f] for f in out], dtype=np.int64)
+
+
+def _layout(p: _Packed) -> _Layout:
+    """The reply's records, checked: record sizes, counts, every index in
+    range, every chunk within the data and of the size its format and steps
+    give, every slice within its chunk, every column's chunks of one
+    format."""
+    for what, buf, rec in (
+        ("infos", p.infos, _INFO_REC.itemsize),
+        ("columns", p.columns, _COLUMN_SIZE),
+        ("slices", p.slices, _SLICE_SIZE),
+        ("chunks", p.chunks, _CHUNK_SIZE),
+    ):
+        if len(buf) % rec:
+            raise errors.ProtocolError(f"packed {what} has {len(buf)} bytes, not a whole number of {rec}-byte records")
+    info = np.frombuffer(p.infos, _INFO_REC)
+    cols = np.frombuffer(p.columns, "<u4").reshape(-1, 3)
+    sls = np.frombuffer(p.slices, "<u4").reshape(-1, 3)
+    c8 = np.frombuffer(p.chunks, "<u8").reshape(-1, 6)
+    c4, c1 = c8.view("<u4"), c8.view("u1")
+    names = p.names
+    formats, canon = _formats(p.formats)
+    nf, ndata = len(formats), len(p.data)
+    n, ncol, nsl, nch = len(info), len(cols), len(sls), len(c8)
+    ncols = info["columns"].astype(np.int64)
+    item_end = np.add.accumulate(ncols)
+    key, at, size, raw = c8[:, 0], c8[:, 1], c8[:, 2], c8[:, 3]
+    steps, fmt = c4[:, 8], c4[:, 9]
+    comp, delta = c1[:, 40], c1[:, 41]
+    c64 = cols.astype(np.int64)
+    col_name, col_nslices, squeeze = c64[:, 0], c64[:, 1], c64[:, 2]
+    col_end = np.add.accumulate(col_nslices)
+    s64 = sls.astype(np.int64)
+    sl_chunk, sl_offset, sl_length = s64[:, 0], s64[:, 1], s64[:, 2]
+
+    # What errors say of a record (found on the error path only).
+    def chunk(c: int) -> str:
+        return f"chunk {c} (key {key[c]})"
+
+    def column(k: int) -> str:
+        i = int(np.searchsorted(item_end, k, side="right"))
+        j = k - int(item_end[i] - ncols[i])
+        name = f" {names[col_name[k]]!r}" if col_name[k] < len(names) else ""
+        return f"item {i} column {j}{name}"
+
+    def slice_(s: int) -> str:
+        return f"slice {s} ({column(int(np.searchsorted(col_end, s, side='right')))})"
+
+    limited = info["rate_limited"]
+    if n and _max(limited) > 1:
+        _fail(limited > 1, lambda i: f"item {i}: rate_limited is {limited[i]}, not 0 or 1")
+    if int(item_end[-1] if n else 0) != ncol:
+        raise errors.ProtocolError(f"the items have {int(ncols.sum())} columns, the reply {ncol} column records")
+
+    # Chunks: first each field alone, then sizes by format. A chunk's data
+    # lie within the reply's: at and size are at most its size before
+    # their sum is taken, which then cannot wrap.
+    if nch:
+        if _min(steps) == 0:
+            _fail(steps == 0, lambda c: f"{chunk(c)}: length 0 is not positive")
+        if _max(fmt) >= nf:
+            _fail(fmt >= nf, lambda c: f"{chunk(c)}: format {fmt[c]} of {nf}")
+        if _max(comp) > pb.COMPRESSION_S2:
+            _fail(comp > pb.COMPRESSION_S2, lambda c: f"{chunk(c)}: unknown compression {comp[c]}")
+        if _max(delta) > 1:
+            _fail(delta > 1, lambda c: f"{chunk(c)}: delta is {delta[c]}, not 0 or 1")
+        if np.bitwise_or.reduce(at) & 7:
+            _fail((at & 7) != 0, lambda c: f"{chunk(c)}: at {at[c]} is not a multiple of 8")
+        if _max(at) > ndata or _max(size) > ndata or _max(at + size) > ndata:
+            _fail(
+                (at > ndata) | (size > ndata) | (at + size > ndata),
+                lambda c: f"{chunk(c)}: bytes [{at[c]}, {at[c]}+{size[c]}) lie beyond the {ndata} bytes of data",
+            )
+        if _max(raw) > _codec.MAX_CHUNK_RAW_SIZE:
+            _fail(
+                raw > _codec.MAX_CHUNK_RAW_SIZE,
+                lambda c: f"{chunk(c)}: raw_size {raw[c]} exceeds the chunk limit of {_codec.MAX_CHUNK_RAW_SIZE}",
+            )
+    # steps < 2**32 and a step's bytes <= MAX_CHUNK_RAW_SIZE: int64 holds
+    # their product.
+    ch_format = canon[fmt]
+    ch_steps = steps.astype(np.int64)
+    ch_raw = raw.astype(np.int64)
+    need = ch_steps * np.array([f.step_bytes for f in formats], dtype=np.int64)[ch_format]
+    uncompressed = comp == pb.COMPRESSION_NONE
+    if nch:
+        if (ch_raw != need).any():
+
+            def wrong(c: int) -> str:
+                f = formats[ch_format[c]]
+                return f"{chunk(c)}: raw_size is {raw[c]}, {steps[c]} steps of {f.dtype}{list(f.shape)} need {need[c]}"
+
+            _fail(ch_raw != need, wrong)
+        if (uncompressed & (size != raw)).any():
+            _fail(
+                uncompressed & (size != raw),
+                lambda c: f"{chunk(c)}: uncompressed data has {size[c]} bytes, raw_size is {raw[c]}",
+            )
+        not_integer = np.array([not _codec.is_integer(f.dtype) for f in formats], dtype=np.uint8)[ch_format]
+        if _max(delta & not_integer):
+            _fail(
+                delta & not_integer,
+                lambda c: f"{chunk(c)}: delta_encoded is set on non-integer dtype {formats[ch_format[c]].dtype}",
+            )
+    # Delta encoding leaves a chunk of one step as it is.
+    ch_plain = uncompressed & ((delta == 0) | (steps == 1))
+
+    if ncol:
+        if _max(col_name) >= len(names):
+            _fail(col_name >= len(names), lambda k: f"{column(k)}: name {col_name[k]} of {len(names)}")
+        if _min(col_nslices) == 0:
+            _fail(col_nslices == 0, lambda k: f"{column(k)} has no slices")
+        if _max(squeeze) > 1:
+            _fail(squeeze > 1, lambda k: f"{column(k)}: squeeze is {squeeze[k]}, not 0 or 1")
+    if int(col_end[-1] if ncol else 0) != nsl:
+        raise errors.ProtocolError(f"the columns have {int(col_nslices.sum())} slices, the reply {nsl} slice records")
+
+    if nsl:
+        if _max(sl_chunk) >= nch:
+            _fail(sl_chunk >= nch, lambda s: f"{slice_(s)}: chunk {sl_chunk[s]} of {nch}")
+        if _min(sl_length) == 0:
+            _fail(sl_length == 0, lambda s: f"{slice_(s)}: length 0 is not positive")
+        beyond = sl_offset + sl_length > ch_steps[sl_chunk]
+        if beyond.any():
+            _fail(
+                beyond,
+                lambda s: f"{slice_(s)}: wants steps [{sl_offset[s]}, {sl_offset[s]}+{sl_length[s]}) "
+                f"of {chunk(sl_chunk[s])}, which has {steps[sl_chunk[s]]}",
+            )
+    col_first = col_end - col_nslices
+    sl_format = ch_format[sl_chunk]
+    single = nsl == ncol
+    if single:
+        col_steps, col_format = sl_length, sl_format
+    else:
+        col_steps = np.add.reduceat(sl_length, col_first)
+        col_format = sl_format[col_first]
+        mixed = sl_format != np.repeat(col_format, col_nslices)
+        if mixed.any():
+            _fail(mixed, lambda s: f"{slice_(s)}: the column's chunks disagree on dtype or step shape")
+    col_squeeze = squeeze.astype(bool)
+    if ncol and (col_squeeze & (col_steps != 1)).any():
+        _fail(col_squeeze & (col_steps != 1), lambda k: f"{column(k)} is squeezed but selects {col_steps[k]} steps")
+    return _Layout(
+        n, info, ncols, names, formats,
+        col_name, col_squeeze, col_nslices, col_first, col_steps, col_format, single,
+        sl_chunk, sl_offset, sl_length,
+        key, at.astype(np.int64), size.astype(np.int64), ch_raw, ch_steps, ch_format, comp, delta, ch_plain,
+        p.data,
+    )  # fmt: skip
+
+
+class _Decoded:
+    """The chunks of a reply that are compressed or delta-encoded, decoded
+    once each."""
+
+    def __init__(self, layout: _Layout) -> None:
+        self._layout = layout
+        self._done: dict[int, np.ndarray] = {}
+
+    def get(self, c: int) -> np.ndarray:
+        """Chunk c as an array of shape [steps, *step_shape], read-only."""
+        a = self._done.get(c)
         if a is None:
-            c = self._raw.get(key)
-            if c is None:
-                raise errors.ProtocolError(f"the response references chunk {key}, which it does not carry")
-            a = _codec.decode_chunk(c, writable=False)
-            self._decoded[key] = a
+            lay = self._layout
+            f = lay.formats[lay.ch_format[c]]
+            at = int(lay.ch_at[c])
+            a = _codec.decode_chunk_fields(
+                int(lay.ch_key[c]), f.dtype, f.shape, int(lay.ch_steps[c]), int(lay.ch_compression[c]),
+                bool(lay.ch_delta[c]), int(lay.ch_raw[c]), lay.data[at : at + int(lay.ch_size[c])], writable=False,
+            )  # fmt: skip
+            self._done[c] = a
         return a
 
 
-def _gather_column(name: str, squeeze: bool, slices: Sequence[Any], chunks: _Chunks) -> np.ndarray:
-    """One column of one item (the per-item path)."""
-    if not slices:
-        raise errors.ProtocolError(f"column {name!r} has no slices")
-    parts = []
-    first: np.ndarray | None = None
-    for s in slices:
-        a = chunks.get(s.chunk_key)
-        if first is None:
-            first = a
-        elif a.dtype != first.dtype or a.shape[1:] != first.shape[1:]:
-            raise errors.ProtocolError(f"column {name!r}: its chunks disagree on dtype or step shape")
-        if s.offset < 0 or s.length < 1 or s.offset + s.length > a.shape[0]:
-            raise errors.ProtocolError(
-                f"column {name!r}: slice wants steps [{s.offset}, {s.offset}+{s.length}) of chunk {s.chunk_key}, which has {a.shape[0]}"
-            )
-        parts.append(a[s.offset : s.offset + s.length])
-    out = parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
-    if squeeze:
-        if out.shape[0] != 1:
-            raise errors.ProtocolError(f"column {name!r} is squeezed but selects {out.shape[0]} steps")
-        out = out[0]
-    return out
+# ---------------------------------------------------------------- decoding
 
 
 def decode_samples(resp: _Response) -> list[ReplaySample]:
     """Every item of a response as a ReplaySample."""
-    chunks = _Chunks(resp.chunks)
+    lay = _layout(resp.packed)
+    info = lay.info
+    fields = [info[name].tolist() for name, _ in _INFO_FIELDS[:-1]]  # in SampleInfo's order
+    infos = list(map(SampleInfo._make, zip(*fields, info["rate_limited"].astype(bool).tolist())))
+    decoded = _Decoded(lay)
+    names = [lay.names[k] for k in lay.col_name.tolist()]
+    squeeze = lay.col_squeeze.tolist()
+    fmt = lay.col_format.tolist()
+    steps = lay.col_steps.tolist()
+    first = lay.col_first.tolist()
+    nslices = lay.col_nslices.tolist()
+    sl_chunk, sl_offset, sl_length = lay.sl_chunk.tolist(), lay.sl_offset.tolist(), lay.sl_length.tolist()
+    plain, at = lay.ch_plain.tolist(), lay.ch_at.tolist()
     out = []
-    for it in resp.items:
-        i = it.info
-        info = SampleInfo(
-            i.key, i.probability, i.table_size, i.priority, i.times_sampled, i.inserted_at_unix_nano, i.rate_limited
-        )
-        data = {c.name: _gather_column(c.name, c.squeeze, c.slices, chunks) for c in it.columns}
-        out.append(ReplaySample(info, data))
+    k0 = 0  # the item's first column record
+    for i, ncols in enumerate(lay.ncols.tolist()):
+        data: dict[str, np.ndarray] = {}
+        for k in range(k0, k0 + ncols):
+            f = lay.formats[fmt[k]]
+            elems = f.step_elems
+            shape = (steps[k], *f.shape)
+            if elems == 0:
+                a = np.empty(shape, dtype=f.dt)
+            else:
+                parts = []
+                for s in range(first[k], first[k] + nslices[k]):
+                    c, off, ln = sl_chunk[s], sl_offset[s], sl_length[s]
+                    if plain[c]:
+                        parts.append(np.frombuffer(lay.data, f.dt, count=ln * elems, offset=at[c] + off * f.step_bytes))
+                    else:
+                        parts.append(decoded.get(c).reshape(-1)[off * elems : (off + ln) * elems])
+                a = (parts[0].copy() if len(parts) == 1 else np.concatenate(parts)).reshape(shape)
+            name = names[k]
+            if name in data:
+                raise errors.ProtocolError(f"item {i} has column {name!r} twice")
+            data[name] = a[0] if squeeze[k] else a
+        k0 += ncols
+        out.append(ReplaySample(infos[i], data))
     return out
 
 
-_INFO_DTYPE = np.dtype(
-    [
-        ("key", np.uint64),
-        ("probability", np.float64),
-        ("table_size", np.int64),
-        ("priority", np.float64),
-        ("times_sampled", np.int32),
-        ("inserted_at_unix_nano", np.int64),
-        ("rate_limited", np.bool_),
-    ]
-)
+def _batch_info(info: np.ndarray) -> BatchInfo:
+    # astype copies: the arrays own their memory, apart from the reply's.
+    return BatchInfo(**{name: info[name].astype(dt) for name, dt in _INFO_FIELDS})
 
 
-def _info_arrays(items: Sequence[Any]) -> BatchInfo:
-    rec = np.array(
-        [
-            (i.key, i.probability, i.table_size, i.priority, i.times_sampled, i.inserted_at_unix_nano, i.rate_limited)
-            for i in (it.info for it in items)
-        ],
-        dtype=_INFO_DTYPE,
-    )
-    return BatchInfo(**{name: np.ascontiguousarray(rec[name]) for name in _INFO_DTYPE.names or ()})
+def empty_batch() -> SampleBatch:
+    """A batch of no items."""
+    return SampleBatch(_batch_info(np.empty(0, _INFO_REC)), {})
 
 
 def decode_batch(resp: _Response) -> SampleBatch:
@@ -215,189 +634,95 @@ def decode_batch(resp: _Response) -> SampleBatch:
     their column names, order, squeeze flags, step counts, dtypes and step
     shapes (a table with a signature guarantees it); otherwise use
     ``sample``, which returns items one by one."""
-    items = resp.items
-    info = _info_arrays(items)
-    if not items:
+    lay = _layout(resp.packed)
+    info = _batch_info(lay.info)
+    n = lay.n
+    if n == 0:
         return SampleBatch(info, {})
-    chunks = _Chunks(resp.chunks)
-    layout = [(c.name, c.squeeze) for c in items[0].columns]
-    data: dict[str, np.ndarray] = {}
-    for j, (name, squeeze) in enumerate(layout):
-        cols = []
-        for it in items:
-            cs = it.columns
-            if len(cs) != len(layout) or cs[j].name != name:
-                raise errors.InvalidArgumentError(
-                    "the sampled items have different columns; use sample() for tables without a signature"
-                )
-            cols.append(cs[j])
-        data[name] = _gather_batch_column(name, squeeze, cols, chunks)
+    width = int(lay.ncols[0])
+    if (lay.ncols != width).any():
+        raise errors.InvalidArgumentError(
+            "the sampled items have different columns; use sample() for tables without a signature"
+        )
+    if width == 0:
+        return SampleBatch(info, {})
+    # Row i of each grid is item i's columns.
+    name = lay.col_name.reshape(n, width)
+    squeeze = lay.col_squeeze.reshape(n, width)
+    fmt = lay.col_format.reshape(n, width)
+    steps = lay.col_steps.reshape(n, width)
+    odd = (name != name[0]) | (squeeze != squeeze[0]) | (fmt != fmt[0]) | (steps != steps[0])
+    if odd.any():
+        if (name != name[0]).any():
+            raise errors.InvalidArgumentError(
+                "the sampled items have different columns; use sample() for tables without a signature"
+            )
+        j = int(odd.any(axis=0).argmax())
+        col = lay.names[name[0, j]]
+        if (squeeze[:, j] != squeeze[0, j]).any():
+            raise errors.InvalidArgumentError(f"column {col!r} is squeezed in some items only; use sample()")
+        if (fmt[:, j] != fmt[0, j]).any():
+            raise errors.InvalidArgumentError(
+                f"column {col!r}: items hold steps of different dtypes or shapes; use sample()"
+            )
+        raise errors.InvalidArgumentError(f"column {col!r}: items have different step counts; use sample()")
+    layout = [lay.names[k] for k in name[0].tolist()]
+    if len(set(layout)) != width:
+        dup = next(c for c in layout if layout.count(c) > 1)
+        raise errors.ProtocolError(f"item 0 has column {dup!r} twice")
+    decoded = _Decoded(lay)
+    data = {}
+    for j, col in enumerate(layout):
+        f = lay.formats[fmt[0, j]]
+        data[col] = _gather(lay, j, width, f, int(steps[0, j]), bool(squeeze[0, j]), decoded)
     return SampleBatch(info, data)
 
 
-def _gather_single_slices(name: str, squeeze: bool, cols: Sequence[Any], chunks: _Chunks) -> np.ndarray | None:
-    """The fast path of _gather_batch_column: every item's column is one
-    slice, and no chunk needs delta decoding across steps. The chunks' bytes
-    (decompressed where needed) are stacked into one array once (_stack),
-    which is the batch itself when item i is chunk i; None when the path
-    does not apply."""
-    keys: list[int] = []
-    offsets: list[int] = []
-    lengths: list[int] = []
-    for c in cols:
-        sl = c.slices
-        if len(sl) != 1 or c.squeeze != squeeze:
-            return None
-        s = sl[0]
-        keys.append(s.chunk_key)
-        offsets.append(s.offset)
-        lengths.append(s.length)
-    offs = np.array(offsets, dtype=np.int64)
-    lens = np.array(lengths, dtype=np.int64)
-    steps = int(lens[0])
-    if steps < 1 or not (lens == steps).all():
-        return None
-    order = list(dict.fromkeys(keys))
-    raws = chunks.raws(order)
-    c0 = raws[0]
-    dtype, step_shape = c0.dtype, tuple(c0.step_shape)
-    dt = _codec.DTYPES.get(dtype)
-    if dt is None or c0.compression not in (pb.COMPRESSION_NONE, pb.COMPRESSION_ZSTD):
-        return None  # the slow path raises the right error
-    try:
-        step_elems = _codec._num_elements(step_shape, _codec.MAX_CHUNK_RAW_SIZE)
-    except ValueError as e:
-        raise errors.ProtocolError(f"chunk {c0.key}: step_shape {list(step_shape)}: {e}") from None
-    step_bytes = step_elems * dt.itemsize
-    rows = [c.length for c in raws]
-    total = sum(rows)
-    parts: list[Any] = []
-    shape0 = list(step_shape)  # compared with a list: a third cheaper than with another chunk's
-    none = pb.COMPRESSION_NONE
-    for c, length in zip(raws, rows):
-        if c.delta_encoded and length > 1:
-            return None
-        if c.dtype != dtype or c.step_shape != shape0:
-            raise errors.InvalidArgumentError(
-                f"column {name!r}: items hold steps of different dtypes or shapes; use sample()"
-            )
-        data = c.data
-        n = length * step_bytes
-        if c.compression == none and length >= 1 and len(data) == n == c.raw_size:
-            parts.append(data)
-        else:
-            a = chunks.get(c.key)  # checked decoding
-            if a.nbytes != n:
-                return None  # a size mismatch: the slow path names the chunk
-            parts.append(a)
-    whole, fresh = _stack(parts, total, step_shape, dt)
-    size = np.asarray(rows, dtype=np.int64)
-    starts = np.cumsum(size) - size
-    if len(order) != len(keys):
-        # An item sampled twice, or two items of one chunk: order is not
-        # keys, so each item's chunk is looked up.
-        at = {k: i for i, k in enumerate(order)}
-        idx = np.fromiter((at[k] for k in keys), dtype=np.int64, count=len(keys))
-        starts, size = starts[idx], size[idx]
-    if (offs < 0).any() or (offs + steps > size).any():
-        bad = int(np.flatnonzero((offs < 0) | (offs + steps > size))[0])
-        raise errors.ProtocolError(
-            f"column {name!r}: slice wants steps [{offs[bad]}, {offs[bad]}+{steps}) of chunk {keys[bad]}, which has {size[bad]}"
-        )
-    if squeeze and steps != 1:
-        raise errors.ProtocolError(f"column {name!r} is squeezed but selects {steps} steps")
-    if fresh and len(order) == len(keys) and (offs == 0).all() and (size == steps).all():
-        # Item i is chunk i, whole: the array is the batch.
-        return whole if squeeze else whole.reshape((len(keys), steps, *step_shape))
-    starts += offs
-    if squeeze:
-        return whole[starts]
-    return whole[starts[:, None] + np.arange(steps, dtype=np.int64)[None, :]]
-
-
-# Chunks at least this large are copied one by one into the batch's array;
-# smaller ones are joined first, which costs less per chunk.
-_PLACE_BYTES = 16 << 10
-
-
-def _stack(parts: Sequence[Any], rows: int, step_shape: tuple[int, ...], dt: np.dtype) -> tuple[np.ndarray, bool]:
-    """The chunks' steps, in order, as one array of shape [rows,
-    *step_shape]: fresh and writable (True), or a read-only view of joined
-    bytes (False) that the caller must index into a copy."""
-    total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-    if parts and total >= _PLACE_BYTES * len(parts):
-        whole = np.empty((rows, *step_shape), dtype=dt)
-        flat = whole.reshape(-1).view(np.uint8)
-        at = 0
-        for p in parts:
-            src = np.frombuffer(p, dtype=np.uint8) if isinstance(p, bytes) else p.reshape(-1).view(np.uint8)
-            flat[at : at + src.size] = src
-            at += src.size
-        return whole, True
-    buf = b"".join(p if isinstance(p, bytes) else p.tobytes() for p in parts)
-    return np.frombuffer(buf, dtype=dt).reshape((rows, *step_shape)), False
-
-
-def _gather_batch_column(name: str, squeeze: bool, cols: Sequence[Any], chunks: _Chunks) -> np.ndarray:
-    """One column of every item, stacked, gathered with one fancy index."""
-    out = _gather_single_slices(name, squeeze, cols, chunks)
-    if out is not None:
-        return out
-    # The column's chunks are concatenated once; placed[key] is where a
-    # chunk's first step lands and how many steps it has.
-    placed: dict[int, tuple[int, int]] = {}
-    arrays: list[np.ndarray] = []
-    rows = 0
-    starts: list[int] = []
-    lengths: list[int] = []
-    per_item: list[int] = []
-    for c in cols:
-        if squeeze != c.squeeze:
-            raise errors.InvalidArgumentError(f"column {name!r} is squeezed in some items only; use sample()")
-        n = 0
-        for s in c.slices:
-            p = placed.get(s.chunk_key)
-            if p is None:
-                a = chunks.get(s.chunk_key)
-                p = placed[s.chunk_key] = (rows, a.shape[0])
-                rows += a.shape[0]
-                arrays.append(a)
-            off, ln = s.offset, s.length
-            if off < 0 or ln < 1 or off + ln > p[1]:
-                raise errors.ProtocolError(
-                    f"column {name!r}: slice wants steps [{off}, {off}+{ln}) of chunk {s.chunk_key}, which has {p[1]}"
-                )
-            starts.append(p[0] + off)
-            lengths.append(ln)
-            n += ln
-        per_item.append(n)
-    if not arrays:
-        raise errors.ProtocolError(f"column {name!r} has no slices")
-    first = arrays[0]
-    for a in arrays[1:]:
-        if a.dtype != first.dtype or a.shape[1:] != first.shape[1:]:
-            raise errors.InvalidArgumentError(
-                f"column {name!r}: items hold steps of different dtypes or shapes; use sample()"
-            )
-    steps = per_item[0]
-    if per_item.count(steps) != len(per_item):
-        raise errors.InvalidArgumentError(f"column {name!r}: items have different step counts; use sample()")
-    if squeeze and steps != 1:
-        raise errors.ProtocolError(f"column {name!r} is squeezed but selects {steps} steps")
-    whole = first if len(arrays) == 1 else np.concatenate(arrays)
-    st = np.asarray(starts, dtype=np.int64)
-    if len(st) == len(cols) and squeeze:
-        return whole[st]  # [B, *step_shape]
-    if len(st) == len(cols):
-        # One slice per item (the common case): rows start .. start+T.
-        idx = st[:, None] + np.arange(steps, dtype=np.int64)[None, :]
+def _gather(lay: _Layout, j: int, width: int, f: _Format, steps: int, squeeze: bool, decoded: _Decoded) -> np.ndarray:
+    """Column j of every item, stacked: a fresh array."""
+    n = lay.n
+    shape = (n, *f.shape) if squeeze else (n, steps, *f.shape)
+    if f.step_bytes == 0:
+        return np.empty(shape, dtype=f.dt)
+    # The column's slice records, item by item.
+    if lay.single:
+        s: np.ndarray | slice = slice(j, None, width)
+        count = None
     else:
-        # Several slices per item: expand every slice into its rows.
-        ln = np.asarray(lengths, dtype=np.int64)
-        ends = np.cumsum(ln)
-        flat = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - ln, ln) + np.repeat(st, ln)
-        idx = flat.reshape(len(cols), steps)
-    out = whole[idx]  # [B, T, *step_shape], a fresh array
-    if squeeze:
-        out = out[:, 0]
-    return out
+        first = lay.col_first[j::width]
+        count = lay.col_nslices[j::width]
+        if (count == 1).all():
+            s, count = first, None
+        else:
+            total = int(count.sum())
+            s = np.arange(total) + np.repeat(first - (np.cumsum(count) - count), count)
+    chunk, offset = lay.sl_chunk[s], lay.sl_offset[s]
+    if lay.ch_plain[chunk].all():
+        buf, base = lay.data, lay.ch_at
+    else:
+        buf, base = _decode_column(lay, chunk, decoded)
+    start = base[chunk] + offset * f.step_bytes  # in bytes
+    if count is None:
+        row = steps * f.step_bytes  # one row an item
+    else:
+        # Each slice's steps become rows of their own.
+        length = lay.sl_length[s]
+        ends = np.cumsum(length)
+        start = np.repeat(start, length) + (np.arange(int(ends[-1])) - np.repeat(ends - length, length)) * f.step_bytes
+        row = f.step_bytes
+    unit = min(f.dt.itemsize, 8)
+    # Every window of row bytes that starts at a multiple of unit: the rows
+    # overlap, and a fancy index copies the ones wanted.
+    rows = np.ndarray(((len(buf) - row) // unit + 1, row // unit), dtype=_UNITS[unit], buffer=buf, strides=(unit, unit))
+    return rows[start // unit].view(f.dt).reshape(shape)
+
+
+def _decode_column(lay: _Layout, chunk: np.ndarray, decoded: _Decoded) -> tuple[Any, np.ndarray]:
+    """The distinct chunks among chunk, decoded and joined, and where each
+    starts in the joined bytes (by chunk index)."""
+    distinct = np.unique(chunk)
+    parts = [decoded.get(c).reshape(-1).view(np.uint8) for c in distinct.tolist()]
+    sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    base = np.zeros(len(lay.ch_key), dtype=np.int64)
+    base[distinct] = np.cumsum(sizes) - sizes
+    return np.concatenate(parts), base

@@ -283,7 +283,7 @@ def merge_batch(d: _Draw) -> SampleBatch:
 
 def _assemble(d: _Draw, parts: list[tuple[int, SampleBatch]], m: int, dests: list[np.ndarray]) -> SampleBatch:
     if not parts:
-        return SampleBatch(_sample._info_arrays([]), {})
+        return _sample.empty_batch()
     total = int(d.sizes.sum())
     info: dict[str, np.ndarray] = {}
     for name in _INFO_FIELDS:

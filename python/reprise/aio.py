@@ -311,7 +311,9 @@ class Client:
         if not isinstance(num_samples, (int, np.integer)) or not 1 <= num_samples <= 1 << 30:
             raise errors.InvalidArgumentError(f"sample size {num_samples!r}")
         timeout_ms, wait = sample_timeouts(timeout)
-        req = pb.SampleRequest(table=table, num_samples=int(num_samples), timeout_ms=timeout_ms, flexible=flexible)
+        req = pb.SampleRequest(
+            table=table, num_samples=int(num_samples), timeout_ms=timeout_ms, flexible=flexible, packed=True
+        )
         send = asyncio.ensure_future(self._requester().request(self.subjects.sample, req.SerializeToString(), wait))
         # A service that dies with the request never answers, and nothing
         # else would tell: a request that waits long checks that one still

@@ -10,6 +10,8 @@ from reprise import _codec, _sample
 from reprise._proto import reprise_pb2 as pb
 from reprise._writer import ColumnHistory, WriterOptions, _Blocked, _Producer, encode_insert_batch
 
+import packed
+
 
 @pytest.mark.parametrize("dt", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"])
 def test_delta_roundtrip_wraps(dt: str) -> None:
@@ -58,6 +60,9 @@ def test_unsupported_dtype_is_a_clear_error() -> None:
         (dict(dtype="float32", step_shape=[4], length=1, raw_size=16, delta_encoded=True, data=b"x" * 16), "delta"),
         (dict(dtype="uint8", step_shape=[1 << 20], length=200, raw_size=200 << 20, compression=1, data=b"\x28\xb5\x2f\xfd" + b"\0" * 10), "cannot hold"),
         (dict(dtype="uint8", step_shape=[4], length=1, raw_size=4, compression=1, data=b"garbage!"), "zstd"),
+        # A frame that declares 2**40 bytes: the decompressor would allocate them.
+        (dict(dtype="uint8", step_shape=[4], length=1, raw_size=4, compression=1,
+              data=b"\x28\xb5\x2f\xfd\xe0" + (1 << 40).to_bytes(8, "little") + bytes(8)), "declares"),
         (dict(dtype="uint8", step_shape=[4], length=1, raw_size=4, compression=9, data=b"abcd"), "compression"),
     ],
 )
@@ -251,40 +256,34 @@ def test_item_encoding_with_policy_version_matches_protobuf() -> None:
 
 
 def _response(items: list[tuple[int, int, int]], chunk_steps: int, step: int) -> bytes:
-    """A SampleResponse of float32 chunks of chunk_steps steps of step
+    """A packed reply of float32 chunks of chunk_steps steps of step
     values; items are (chunk key, offset, length), one column each."""
-    resp = pb.SampleResponse(status=pb.Status(code=pb.CODE_OK))
+    chunks = []
     for key in sorted({k for k, _, _ in items}):
         data = (np.arange(chunk_steps * step, dtype=np.float32) + 1000 * key).tobytes()
-        c = pb.Chunk(key=key, dtype="float32", step_shape=[step], length=chunk_steps, raw_size=len(data), data=data)
-        resp.chunks.append(c.SerializeToString())
-    for k, off, ln in items:
-        it = resp.items.add()
-        it.info.key = k
-        col = it.columns.add()
-        col.name = "x"
-        col.squeeze = ln == 1 and chunk_steps == 1
-        col.slices.add(chunk_key=k, offset=off, length=ln)
-    return resp.SerializeToString()
+        chunks.append(pb.Chunk(key=key, dtype="float32", step_shape=[step], length=chunk_steps, raw_size=len(data), data=data))
+    squeeze = chunk_steps == 1 and all(ln == 1 for _, _, ln in items)
+    return packed.one_column(items, chunks, squeeze)
 
 
 @pytest.mark.parametrize(
     "items,chunk_steps,step",
     [
-        ([(1, 0, 1), (2, 0, 1), (3, 0, 1)], 1, 4),  # item i is chunk i: the batch is the stacked array
+        ([(1, 0, 1), (2, 0, 1), (3, 0, 1)], 1, 4),  # item i is chunk i
         ([(1, 0, 1), (2, 0, 1), (1, 0, 1)], 1, 4),  # an item sampled twice
-        ([(1, 0, 2), (2, 0, 2)], 2, 8192),  # large chunks, copied one by one
+        ([(1, 0, 2), (2, 0, 2)], 2, 8192),  # large chunks
         ([(1, 0, 2), (1, 1, 2), (2, 1, 2)], 3, 8192),  # overlapping items of large chunks
     ],
 )
 def test_sampled_batches_are_the_learners(items: list[tuple[int, int, int]], chunk_steps: int, step: int) -> None:
-    """A learner may write into a sampled batch: its array is writable, owns
-    its memory, and writing into it changes no later decode of the same
-    reply; rows of an item sampled twice are separate."""
+    """A learner may write into a sampled batch: its array is writable,
+    shares no memory with the reply, and writing into it changes no later
+    decode of the same reply; rows of an item sampled twice are separate."""
     raw = _response(items, chunk_steps, step)
     batch = _sample.decode_batch(_sample.parse_response(raw))
     x = batch.data["x"]
     assert x.flags.writeable
+    assert not np.shares_memory(x, np.frombuffer(raw, np.uint8))
     want = _sample.decode_batch(_sample.parse_response(raw)).data["x"].copy()
     x += 1
     again = _sample.decode_batch(_sample.parse_response(raw)).data["x"]
@@ -297,41 +296,44 @@ def test_sampled_batches_are_the_learners(items: list[tuple[int, int, int]], chu
 def test_batches_stack_the_items(seed: int) -> None:
     """decode_batch stacks what decode_samples returns item by item: random
     replies of one to three columns, chunks of one to four steps, items
-    sharing chunks or sampled twice (where the fast path looks each item's
-    chunk up), and now and then an item whose column takes two slices (the
-    general path)."""
+    sharing chunks or sampled twice, and now and then an item whose column
+    takes two slices (gathered step by step)."""
     rng = np.random.default_rng(seed)
     ncol = int(rng.integers(1, 4))
     steps = int(rng.integers(1, 3))
     two_slices = steps == 2 and rng.random() < 0.3
-    resp = pb.SampleResponse(status=pb.Status(code=pb.CODE_OK))
+    chunks = []
     chunk_len = {}
     for key in range(1, 9):
         n = int(rng.integers(max(steps, 2 if two_slices else 1), 5))
         chunk_len[key] = n
         data = rng.standard_normal(n * 3).astype(np.float32).tobytes()
-        c = pb.Chunk(key=key, dtype="float32", step_shape=[3], length=n, raw_size=len(data), data=data)
-        resp.chunks.append(c.SerializeToString())
+        chunks.append(pb.Chunk(key=key, dtype="float32", step_shape=[3], length=n, raw_size=len(data), data=data))
+    items = []
     for i in range(int(rng.integers(1, 12))):
-        it = resp.items.add()
-        it.info.key = int(rng.integers(1, 2**63))
-        it.info.probability = float(rng.random())
-        it.info.table_size = int(rng.integers(0, 1000))
-        it.info.times_sampled = int(rng.integers(0, 9))
-        it.info.rate_limited = bool(rng.random() < 0.5)
+        cols = []
         for j in range(ncol):
-            col = it.columns.add(name=f"c{j}", squeeze=steps == 1 and j == 0)
             key = int(rng.integers(1, 9))
             if two_slices and i == 0 and j == ncol - 1:
-                col.slices.add(chunk_key=key, offset=chunk_len[key] - 1, length=1)
-                col.slices.add(chunk_key=key % 8 + 1, offset=0, length=1)
+                cols.append(packed.Column(f"c{j}", [(key, chunk_len[key] - 1, 1), (key % 8 + 1, 0, 1)]))
                 continue
-            col.slices.add(chunk_key=key, offset=int(rng.integers(0, chunk_len[key] - steps + 1)), length=steps)
-    raw = resp.SerializeToString()
+            off = int(rng.integers(0, chunk_len[key] - steps + 1))
+            cols.append(packed.Column(f"c{j}", [(key, off, steps)], squeeze=steps == 1 and j == 0))
+        items.append(
+            packed.Item(
+                cols,
+                key=int(rng.integers(1, 2**63)),
+                probability=float(rng.random()),
+                table_size=int(rng.integers(0, 1000)),
+                times_sampled=int(rng.integers(0, 9)),
+                rate_limited=bool(rng.random() < 0.5),
+            )
+        )
+    raw = packed.pack(items, chunks).SerializeToString()
     batch = _sample.decode_batch(_sample.parse_response(raw))
-    items = _sample.decode_samples(_sample.parse_response(raw))
-    assert len(batch) == len(items)
+    samples = _sample.decode_samples(_sample.parse_response(raw))
+    assert len(batch) == len(samples)
     for field in _sample.SampleInfo._fields:
-        np.testing.assert_array_equal(getattr(batch.info, field), [getattr(s.info, field) for s in items])
+        np.testing.assert_array_equal(getattr(batch.info, field), [getattr(s.info, field) for s in samples])
     for j in range(ncol):
-        np.testing.assert_array_equal(batch.data[f"c{j}"], np.stack([s.data[f"c{j}"] for s in items]))
+        np.testing.assert_array_equal(batch.data[f"c{j}"], np.stack([s.data[f"c{j}"] for s in samples]))

@@ -274,6 +274,24 @@ class MutationOp(_message.Message):
     priority: float
     def __init__(self, key: _Optional[int] = ..., priority: _Optional[float] = ..., delete: bool = ...) -> None: ...
 
+class PackedSamples(_message.Message):
+    __slots__ = ["chunks", "columns", "data", "formats", "infos", "names", "slices"]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    FORMATS_FIELD_NUMBER: _ClassVar[int]
+    INFOS_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    SLICES_FIELD_NUMBER: _ClassVar[int]
+    chunks: bytes
+    columns: bytes
+    data: bytes
+    formats: _containers.RepeatedCompositeFieldContainer[StepFormat]
+    infos: bytes
+    names: _containers.RepeatedScalarFieldContainer[str]
+    slices: bytes
+    def __init__(self, infos: _Optional[bytes] = ..., columns: _Optional[bytes] = ..., names: _Optional[_Iterable[str]] = ..., slices: _Optional[bytes] = ..., chunks: _Optional[bytes] = ..., formats: _Optional[_Iterable[_Union[StepFormat, _Mapping]]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class PendingItem(_message.Message):
     __slots__ = ["item", "notice_subject", "producer_id", "sequence", "stored_at_unix_nano", "stream_sequence"]
     ITEM_FIELD_NUMBER: _ClassVar[int]
@@ -367,32 +385,36 @@ class SampleInfo(_message.Message):
     def __init__(self, key: _Optional[int] = ..., probability: _Optional[float] = ..., table_size: _Optional[int] = ..., priority: _Optional[float] = ..., times_sampled: _Optional[int] = ..., inserted_at_unix_nano: _Optional[int] = ..., rate_limited: bool = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ["flexible", "num_samples", "table", "timeout_ms"]
+    __slots__ = ["flexible", "num_samples", "packed", "table", "timeout_ms"]
     FLEXIBLE_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     flexible: bool
     num_samples: int
+    packed: bool
     table: str
     timeout_ms: int
-    def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., flexible: bool = ...) -> None: ...
+    def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., flexible: bool = ..., packed: bool = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ["chunks", "items", "status", "table_size", "weight_exponent", "weight_fraction"]
+    __slots__ = ["chunks", "items", "packed", "status", "table_size", "weight_exponent", "weight_fraction"]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     TABLE_SIZE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_EXPONENT_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FRACTION_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedScalarFieldContainer[bytes]
     items: _containers.RepeatedCompositeFieldContainer[SampledItem]
+    packed: PackedSamples
     status: Status
     table_size: int
     weight_exponent: int
     weight_fraction: float
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., items: _Optional[_Iterable[_Union[SampledItem, _Mapping]]] = ..., chunks: _Optional[_Iterable[bytes]] = ..., table_size: _Optional[int] = ..., weight_fraction: _Optional[float] = ..., weight_exponent: _Optional[int] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., items: _Optional[_Iterable[_Union[SampledItem, _Mapping]]] = ..., chunks: _Optional[_Iterable[bytes]] = ..., table_size: _Optional[int] = ..., weight_fraction: _Optional[float] = ..., weight_exponent: _Optional[int] = ..., packed: _Optional[_Union[PackedSamples, _Mapping]] = ...) -> None: ...
 
 class SampledItem(_message.Message):
     __slots__ = ["columns", "info"]
@@ -409,6 +431,14 @@ class Status(_message.Message):
     code: Code
     message: str
     def __init__(self, code: _Optional[_Union[Code, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class StepFormat(_message.Message):
+    __slots__ = ["dtype", "step_shape"]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    STEP_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    step_shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dtype: _Optional[str] = ..., step_shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TableCheckpoint(_message.Message):
     __slots__ = ["config_json", "counters_json", "items", "limiter_json", "policy_version"]

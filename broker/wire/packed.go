@@ -1,0 +1,441 @@
+package wire
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// Record sizes and the data alignment of PackedSamples (reprise.proto).
+const (
+	packedInfoSize   = 56
+	packedColumnSize = 12
+	packedSliceSize  = 12
+	packedChunkSize  = 48
+	packedAlign      = 8
+)
+
+// Field numbers of SampleResponse and PackedSamples.
+const (
+	fieldResponsePacked = 7
+
+	fieldPackedInfos   = 1
+	fieldPackedColumns = 2
+	fieldPackedNames   = 3
+	fieldPackedSlices  = 4
+	fieldPackedChunks  = 5
+	fieldPackedFormats = 6
+	fieldPackedData    = 7
+
+	fieldFormatDtype = 1
+	fieldFormatShape = 2
+)
+
+// storedChunk is what a packed reply says of a chunk: its header, read
+// from the chunk as stored, its payload (a slice of the stored bytes) and
+// where the payload goes in the reply.
+type storedChunk struct {
+	key         uint64
+	steps       uint32
+	compression Compression
+	delta       bool
+	rawSize     uint64
+	payload     []byte
+	format      uint32
+	at          int // in the reply's data
+}
+
+// readStoredChunk reads what a packed reply says of a stored chunk: its
+// codec, raw size and payload from its header, and its format from the
+// store's Format when it has one, or else from the header too.
+func (p *packer) readStoredChunk(ch *tables.Chunk, c *storedChunk) error {
+	*c = storedChunk{key: ch.Key, steps: uint32(ch.Length)}
+	if ch.Length < 0 {
+		return fmt.Errorf("%w: chunk %d length %d", ErrInvalidChunk, ch.Key, ch.Length)
+	}
+	if ch.Format == nil {
+		var wc Chunk
+		dims, err := readChunkInto(&wc, ch.Data, p.dims[:0])
+		if err != nil {
+			return err
+		}
+		p.dims = dims
+		c.compression, c.delta, c.rawSize, c.payload = wc.Compression, wc.DeltaEncoded, wc.RawSize, wc.Data
+		c.format = p.format(wc.Dtype, dims)
+		return nil
+	}
+	// The rest of the header was checked when the chunk came in, and made
+	// its Format.
+	for b := ch.Data; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return fmt.Errorf("%w: chunk %d: %v", ErrInvalidChunk, ch.Key, protowire.ParseError(n))
+		}
+		b = b[n:]
+		switch {
+		case typ == protowire.VarintType:
+			var v uint64
+			if v, n = protowire.ConsumeVarint(b); n < 0 {
+				break
+			}
+			switch num {
+			case FieldChunkCompression:
+				c.compression = Compression(min(v, math.MaxInt32))
+			case FieldChunkDelta:
+				c.delta = v != 0
+			case FieldChunkRawSize:
+				c.rawSize = v
+			}
+		case num == FieldChunkData && typ == protowire.BytesType:
+			c.payload, n = protowire.ConsumeBytes(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return fmt.Errorf("%w: chunk %d field %d: %v", ErrInvalidChunk, ch.Key, num, protowire.ParseError(n))
+		}
+		b = b[n:]
+	}
+	if ch.Format != p.lastFormat {
+		p.lastFormat, p.lastIndex = ch.Format, p.format(ch.Format.DType, ch.Format.Shape)
+	}
+	c.format = p.lastIndex
+	return nil
+}
+
+// packer holds the arrays AppendPackedSampleResponse builds a reply from.
+type packer struct {
+	keys    []uint64 // the distinct chunks' keys, in order of first use
+	seen    keyIndex
+	stored  []*tables.Chunk // the distinct chunks
+	chunks  []storedChunk
+	local   []uint32 // each sample's chunks as indices into chunks, sample after sample
+	names   []string
+	colName []uint32 // each column's name, as an index into names
+	dtypes  []string // the distinct formats
+	shapes  [][]int64
+	dims    []int64
+	// The format of the chunk before, which the next one usually shares.
+	lastFormat *tables.Format
+	lastIndex  uint32
+	columns    int
+	slices     int
+}
+
+// packers keeps packers between replies, so that a reply of small items
+// does not allocate their arrays, a few dozen bytes a chunk, each time.
+var packers = sync.Pool{New: func() any { return new(packer) }}
+
+// release returns p to the pool, without its references into the store's
+// chunks, unless one huge reply made its arrays large.
+func (p *packer) release() {
+	if cap(p.chunks) > maxPooledItems || cap(p.colName) > maxPooledItems {
+		return
+	}
+	clear(p.stored)
+	clear(p.chunks)
+	clear(p.names)
+	clear(p.dtypes)
+	clear(p.shapes)
+	*p = packer{keys: p.keys[:0], seen: p.seen, stored: p.stored[:0], chunks: p.chunks[:0], local: p.local[:0],
+		names: p.names[:0], colName: p.colName[:0], dtypes: p.dtypes[:0], shapes: p.shapes[:0], dims: p.dims[:0]}
+	packers.Put(p)
+}
+
+// AppendPackedSampleResponse appends the encoding of a SampleResponse with
+// its samples laid out in a PackedSamples (see reprise.proto), which a
+// learner decodes per reply rather than per item. Each chunk's header is
+// read from its stored bytes; a chunk that does not decode is an error,
+// since the store holds only chunks that did when they were inserted.
+//
+// after is the table once the sample was taken, as in
+// AppendSampleResponse.
+func AppendPackedSampleResponse(b []byte, code Code, msg string, samples []tables.Sample, after TableState) ([]byte, error) {
+	p := packers.Get().(*packer)
+	defer p.release()
+	if err := p.gather(samples); err != nil {
+		return b, err
+	}
+	data := 0
+	for i := range p.chunks {
+		c := &p.chunks[i]
+		c.at = data
+		data += len(c.payload)
+		data += -data & (packedAlign - 1)
+	}
+	formats := 0
+	for i := range p.dtypes {
+		formats += 1 + protowire.SizeBytes(sizeFormat(p.dtypes[i], p.shapes[i]))
+	}
+	names := 0
+	for _, n := range p.names {
+		names += 1 + protowire.SizeBytes(len(n))
+	}
+	sizes := [...]int{
+		len(samples) * packedInfoSize,
+		p.columns * packedColumnSize,
+		p.slices * packedSliceSize,
+		len(p.chunks) * packedChunkSize,
+		data,
+	}
+	packed := names + formats
+	for _, n := range sizes {
+		if n > 0 {
+			packed += 1 + protowire.SizeBytes(n)
+		}
+	}
+	st := sizeStatus(code, msg)
+	total := 1 + protowire.SizeBytes(st) + sizeTableState(after)
+	if len(samples) > 0 {
+		total += 1 + protowire.SizeBytes(packed)
+	}
+	b = slices.Grow(b, total)
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(st))
+	b = appendStatus(b, code, msg)
+	b = appendTableState(b, after)
+	if len(samples) == 0 {
+		return b, nil
+	}
+	b = protowire.AppendTag(b, fieldResponsePacked, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(packed))
+
+	if sizes[0] > 0 {
+		b = appendBytesHeader(b, fieldPackedInfos, sizes[0])
+		for i := range samples {
+			b = appendInfoRecord(b, &samples[i].Info, len(samples[i].Layout))
+		}
+	}
+	if sizes[1] > 0 {
+		b = appendBytesHeader(b, fieldPackedColumns, sizes[1])
+		b = p.appendColumns(b, samples)
+	}
+	for _, n := range p.names {
+		b = protowire.AppendTag(b, fieldPackedNames, protowire.BytesType)
+		b = protowire.AppendString(b, n)
+	}
+	if sizes[2] > 0 {
+		b = appendBytesHeader(b, fieldPackedSlices, sizes[2])
+		b = p.appendSlices(b, samples)
+	}
+	if sizes[3] > 0 {
+		b = appendBytesHeader(b, fieldPackedChunks, sizes[3])
+		for i := range p.chunks {
+			b = appendChunkRecord(b, &p.chunks[i])
+		}
+	}
+	for i := range p.dtypes {
+		b = protowire.AppendTag(b, fieldPackedFormats, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeFormat(p.dtypes[i], p.shapes[i])))
+		b = appendFormat(b, p.dtypes[i], p.shapes[i])
+	}
+	if sizes[4] > 0 {
+		b = appendBytesHeader(b, fieldPackedData, sizes[4])
+		start := len(b)
+		for i := range p.chunks {
+			c := &p.chunks[i]
+			b = append(b, make([]byte, start+c.at-len(b))...)
+			b = append(b, c.payload...)
+		}
+		b = append(b, make([]byte, start+data-len(b))...)
+	}
+	return b, nil
+}
+
+// gather finds the distinct chunks, formats and names of samples, and
+// counts their columns and slices.
+func (p *packer) gather(samples []tables.Sample) error {
+	refs := 0
+	for i := range samples {
+		refs += len(samples[i].Chunks)
+		p.columns += len(samples[i].Layout)
+		for j := range samples[i].Layout {
+			p.slices += len(samples[i].Layout[j].Slices)
+		}
+	}
+	if p.columns > math.MaxUint32 || p.slices > math.MaxUint32 {
+		return fmt.Errorf("%w: %d columns and %d slices do not fit a packed reply", ErrMalformed, p.columns, p.slices)
+	}
+	p.keys = slices.Grow(p.keys[:0], refs)
+	p.seen.reset(refs)
+	p.local = slices.Grow(p.local[:0], refs)
+	stored := slices.Grow(p.stored[:0], refs)
+	defer func() { p.stored = stored }()
+	for i := range samples {
+		for _, ch := range samples[i].Chunks {
+			p.keys = append(p.keys, ch.Key)
+			if at, ok := p.seen.find(p.keys[:len(p.keys)-1], ch.Key); ok {
+				p.keys = p.keys[:len(p.keys)-1]
+				p.local = append(p.local, uint32(at))
+				continue
+			}
+			p.seen.add(p.keys, len(p.keys)-1)
+			p.local = append(p.local, uint32(len(stored)))
+			stored = append(stored, ch)
+		}
+	}
+	// Read one after the other, the headers would take their cache misses
+	// in turn.
+	var sum uint64
+	for _, ch := range stored {
+		sum += touchLines(ch.Data)
+	}
+	touched.Add(sum)
+	p.chunks = slices.Grow(p.chunks[:0], len(stored))[:len(stored)]
+	for i, ch := range stored {
+		if err := p.readStoredChunk(ch, &p.chunks[i]); err != nil {
+			return fmt.Errorf("stored chunk %d: %w", ch.Key, err)
+		}
+	}
+	p.colName = slices.Grow(p.colName[:0], p.columns)
+	prev := 0 // where the previous item's names start in colName
+	for i := range samples {
+		start := len(p.colName)
+		for j := range samples[i].Layout {
+			at := -1
+			if prev+j < start {
+				at = int(p.colName[prev+j])
+			}
+			p.colName = append(p.colName, p.name(samples[i].Layout[j].Name, at))
+		}
+		prev = start
+	}
+	return nil
+}
+
+// format is the index of a chunk format, added when new. A reply has a few
+// formats, usually one a column: the last one found is tried first.
+func (p *packer) format(dtype string, shape []int64) uint32 {
+	for i := len(p.dtypes) - 1; i >= 0; i-- {
+		if p.dtypes[i] == dtype && slices.Equal(p.shapes[i], shape) {
+			return uint32(i)
+		}
+	}
+	p.dtypes = append(p.dtypes, dtype)
+	p.shapes = append(p.shapes, slices.Clone(shape))
+	return uint32(len(p.dtypes) - 1)
+}
+
+// name is the index of a column name, added when new; at is the index of
+// the name the previous item's column at the same position had, which the
+// items of a table with a signature all share.
+func (p *packer) name(n string, at int) uint32 {
+	if at >= 0 && at < len(p.names) && p.names[at] == n {
+		return uint32(at)
+	}
+	if i := slices.Index(p.names, n); i >= 0 {
+		return uint32(i)
+	}
+	p.names = append(p.names, n)
+	return uint32(len(p.names) - 1)
+}
+
+func (p *packer) appendColumns(b []byte, samples []tables.Sample) []byte {
+	names := p.colName
+	for i := range samples {
+		for j := range samples[i].Layout {
+			col := &samples[i].Layout[j]
+			squeeze := uint32(0)
+			if col.Squeeze {
+				squeeze = 1
+			}
+			b = binary.LittleEndian.AppendUint32(b, names[j])
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(col.Slices)))
+			b = binary.LittleEndian.AppendUint32(b, squeeze)
+		}
+		names = names[len(samples[i].Layout):]
+	}
+	return b
+}
+
+func (p *packer) appendSlices(b []byte, samples []tables.Sample) []byte {
+	local := p.local
+	for i := range samples {
+		smp := &samples[i]
+		for j := range smp.Layout {
+			for _, sl := range smp.Layout[j].Slices {
+				b = binary.LittleEndian.AppendUint32(b, local[sl.Chunk])
+				b = binary.LittleEndian.AppendUint32(b, uint32(sl.Offset))
+				b = binary.LittleEndian.AppendUint32(b, uint32(sl.Length))
+			}
+		}
+		local = local[len(smp.Chunks):]
+	}
+	return b
+}
+
+func appendBytesHeader(b []byte, num protowire.Number, n int) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendVarint(b, uint64(n))
+}
+
+func appendInfoRecord(b []byte, in *tables.SampleInfo, columns int) []byte {
+	le := binary.LittleEndian
+	b = le.AppendUint64(b, in.Key)
+	b = le.AppendUint64(b, math.Float64bits(in.Probability))
+	b = le.AppendUint64(b, uint64(in.TableSize))
+	b = le.AppendUint64(b, math.Float64bits(in.Priority))
+	b = le.AppendUint64(b, uint64(in.InsertedAt.UnixNano()))
+	b = le.AppendUint32(b, uint32(in.TimesSampled))
+	b = le.AppendUint32(b, uint32(columns))
+	var limited byte
+	if in.RateLimited {
+		limited = 1
+	}
+	return append(b, limited, 0, 0, 0, 0, 0, 0, 0)
+}
+
+func appendChunkRecord(b []byte, c *storedChunk) []byte {
+	le := binary.LittleEndian
+	b = le.AppendUint64(b, c.key)
+	b = le.AppendUint64(b, uint64(c.at))
+	b = le.AppendUint64(b, uint64(len(c.payload)))
+	b = le.AppendUint64(b, c.rawSize)
+	b = le.AppendUint32(b, c.steps)
+	b = le.AppendUint32(b, c.format)
+	var delta byte
+	if c.delta {
+		delta = 1
+	}
+	return append(b, byte(c.compression), delta, 0, 0, 0, 0, 0, 0)
+}
+
+func sizeFormat(dtype string, shape []int64) int {
+	n := 0
+	if dtype != "" {
+		n += 1 + protowire.SizeBytes(len(dtype))
+	}
+	if len(shape) > 0 {
+		packed := 0
+		for _, d := range shape {
+			packed += protowire.SizeVarint(uint64(d))
+		}
+		n += 1 + protowire.SizeBytes(packed)
+	}
+	return n
+}
+
+func appendFormat(b []byte, dtype string, shape []int64) []byte {
+	if dtype != "" {
+		b = protowire.AppendTag(b, fieldFormatDtype, protowire.BytesType)
+		b = protowire.AppendString(b, dtype)
+	}
+	if len(shape) > 0 {
+		packed := 0
+		for _, d := range shape {
+			packed += protowire.SizeVarint(uint64(d))
+		}
+		b = protowire.AppendTag(b, fieldFormatShape, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(packed))
+		for _, d := range shape {
+			b = protowire.AppendVarint(b, uint64(d))
+		}
+	}
+	return b
+}

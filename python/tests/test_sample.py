@@ -1,0 +1,574 @@
+"""Packed sample replies (PackedSamples), without a server: parse_response
+against the protobuf runtime, decode_samples and decode_batch against what
+the items hold, and replies that are damaged or hostile."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import reprise
+from reprise import _codec, _sample
+from reprise._proto import reprise_pb2 as pb
+
+import packed
+from packed import Column, Item, pack, patch
+
+
+def parse(raw: bytes) -> _sample._Response:
+    return _sample.parse_response(raw)
+
+
+def batch(raw: bytes) -> _sample.SampleBatch:
+    return _sample.decode_batch(parse(raw))
+
+
+def samples(raw: bytes) -> list[_sample.ReplaySample]:
+    return _sample.decode_samples(parse(raw))
+
+
+# ----------------------------------------------------------------- parsing
+
+
+def _random_response(rng: np.random.Generator) -> pb.SampleResponse:
+    def text() -> str:
+        return "".join(rng.choice(list("ab_ä€😀")) for _ in range(int(rng.integers(0, 6))))
+
+    def blob() -> bytes:
+        return rng.bytes(int(rng.integers(0, 40)))
+
+    r = pb.SampleResponse()
+    if rng.random() < 0.9:
+        r.status.code = int(rng.integers(-(2**31), 2**31)) if rng.random() < 0.2 else int(rng.integers(0, 9))
+        r.status.message = text()
+    r.table_size = int(rng.integers(-(2**63), 2**63))
+    r.weight_fraction = float(rng.standard_normal())
+    r.weight_exponent = int(rng.integers(-(2**63), 2**63))
+    if rng.random() < 0.8:
+        p = r.packed
+        p.infos, p.columns, p.slices, p.chunks, p.data = blob(), blob(), blob(), blob(), blob()
+        p.names.extend(text() for _ in range(int(rng.integers(0, 3))))
+        for _ in range(int(rng.integers(0, 3))):
+            p.formats.add(dtype=text(), step_shape=[int(d) for d in rng.integers(-(2**63), 2**63, size=int(rng.integers(0, 4)))])
+    return r
+
+
+def _unknown_fields(rng: np.random.Generator) -> bytes:
+    """Fields no message here has, of every wire type but groups."""
+    out = b""
+    for _ in range(int(rng.integers(0, 3))):
+        kind = int(rng.integers(0, 4))
+        num = int(rng.integers(20, 2**29))
+        if kind == 0:
+            out += _varint(num << 3) + _varint(int(rng.integers(0, 2**63)))
+        elif kind == 1:
+            out += _varint(num << 3 | 1) + rng.bytes(8)
+        elif kind == 2:
+            b = rng.bytes(int(rng.integers(0, 9)))
+            out += _varint(num << 3 | 2) + _varint(len(b)) + b
+        else:
+            out += _varint(num << 3 | 5) + rng.bytes(4)
+    return out
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while v >= 0x80:
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _encode(rng: np.random.Generator) -> bytes:
+    """A random SampleResponse with unknown fields, at the top and in
+    packed, and now and then two of them joined (which protobuf merges)."""
+    r = _random_response(rng)
+    raw = _unknown_fields(rng)
+    if r.HasField("packed"):
+        p = r.packed.SerializeToString() + _unknown_fields(rng)
+        r.ClearField("packed")
+        raw += _varint(7 << 3 | 2) + _varint(len(p)) + p
+    raw = r.SerializeToString() + raw
+    if rng.random() < 0.2:
+        raw += _random_response(rng).SerializeToString()
+    return raw
+
+
+def _assert_same(mine: _sample._Response, ref: pb.SampleResponse) -> None:
+    assert (mine.code, mine.message) == (ref.status.code, ref.status.message)
+    assert (mine.table_size, mine.weight_exponent) == (ref.table_size, ref.weight_exponent)
+    assert struct.pack("<d", mine.weight_fraction) == struct.pack("<d", ref.weight_fraction)
+    p, q = mine.packed, ref.packed
+    for field in ("infos", "columns", "slices", "chunks", "data"):
+        assert bytes(getattr(p, field)) == getattr(q, field), field
+    assert p.names == list(q.names)
+    assert p.formats == [(f.dtype, tuple(f.step_shape)) for f in q.formats]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_parse_response_reads_what_protobuf_reads(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    raw = _encode(rng)
+    _assert_same(parse(raw), pb.SampleResponse.FromString(raw))
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_damaged_replies_parse_as_protobuf_or_not_at_all(seed: int) -> None:
+    """A damaged reply (truncated, bytes flipped, inserted or dropped) that
+    parse_response accepts reads as the protobuf runtime reads it; one the
+    runtime refuses is a ProtocolError. (parse_response refuses some that
+    the runtime accepts: groups, and the fields of unpacked replies.)"""
+    rng = np.random.default_rng(seed)
+    raw = bytearray(_encode(rng))
+    for _ in range(20):
+        b = bytearray(raw)
+        if not b:
+            break
+        kind = int(rng.integers(0, 4))
+        at = int(rng.integers(0, len(b)))
+        if kind == 0:
+            del b[at:]
+        elif kind == 1:
+            b[at] ^= 1 << int(rng.integers(0, 8))
+        elif kind == 2:
+            b[at:at] = rng.bytes(int(rng.integers(1, 4)))
+        else:
+            del b[at : at + int(rng.integers(1, 4))]
+        data = bytes(b)
+        try:
+            ref = pb.SampleResponse.FromString(data)
+        except Exception:
+            ref = None
+        try:
+            mine = parse(data)
+        except reprise.ProtocolError:
+            continue
+        assert ref is not None, data
+        _assert_same(mine, ref)
+
+
+def test_unpacked_replies_are_refused() -> None:
+    """A service that predates the packed layout answers item by item,
+    which this client no longer reads: it says so."""
+    old = pb.SampleResponse(status=pb.Status(code=pb.CODE_OK), items=[pb.SampledItem()], chunks=[b"x"])
+    with pytest.raises(reprise.ProtocolError, match="unpacked.*upgrade reprised"):
+        parse(old.SerializeToString())
+
+
+def test_status_only_replies_have_no_items() -> None:
+    raw = pb.SampleResponse(status=pb.Status(code=pb.CODE_NOT_FOUND, message="no table"), table_size=-3).SerializeToString()
+    r = parse(raw)
+    assert (r.code, r.message, r.table_size) == (pb.CODE_NOT_FOUND, "no table", -3)
+    assert _sample.decode_samples(r) == []
+    b = _sample.decode_batch(r)
+    assert len(b) == 0 and b.data == {}
+    for name, dt in _sample._INFO_FIELDS:
+        assert getattr(b.info, name).dtype == dt
+    assert len(_sample.empty_batch()) == 0
+
+
+# ---------------------------------------------------------------- decoding
+
+#: The columns of the rich reply, in order.
+COLUMNS = ["obs", "act", "rew", "z", "flag", "empty"]
+
+
+def rich(seed: int, n: int = 5) -> tuple[pb.SampleResponse, list[dict[str, np.ndarray]]]:
+    """A reply of n items of six columns that takes every path of the
+    decoders, and what each item's columns hold:
+
+    obs    float32 [2, 3], 2 of the 3 steps of uncompressed chunks
+    act    int64 [8], 2 steps of chunks of 4 (zstd or not, delta or not),
+           across two chunks in item 1 (two slices)
+    rew    float64 scalar, squeezed, chunks of one step
+    z      complex128 [2], one step
+    flag   bool [3], one step of chunks of 2, not squeezed
+    empty  float32 [0], one step
+
+    Items 0 and n-1 are the same item (sampled twice); items 2 and 3 take
+    steps of the same obs and act chunks."""
+    rng = np.random.default_rng(seed)
+    chunks: list[pb.Chunk] = []
+    key = iter(range(1000 * seed + 1, 1000 * seed + 1000))
+
+    def chunk(a: np.ndarray, compression: str = "none", delta: bool = False) -> int:
+        k = next(key)
+        chunks.append(_codec.encode_chunk(k, a, compression=compression, delta=delta))
+        return k
+
+    def encoding() -> dict[str, Any]:
+        return {"compression": str(rng.choice(["none", "zstd"])), "delta": bool(rng.random() < 0.5)}
+
+    items: list[Item] = []
+    want: list[dict[str, np.ndarray]] = []
+    shared: tuple[int, np.ndarray, int, np.ndarray] | None = None
+    for i in range(n - 1):
+        if shared is not None and i == 3:
+            ko, obs, ka, act = shared
+        else:
+            obs = rng.standard_normal((3, 2, 3)).astype(np.float32)
+            act = np.cumsum(rng.integers(-5, 5, size=(4, 8)), axis=0).astype(np.int64)
+            ko, ka = chunk(obs), chunk(act, **encoding())
+            shared = (ko, obs, ka, act)
+        oo = int(rng.integers(0, 2))
+        if i == 1:
+            act2 = np.cumsum(rng.integers(-5, 5, size=(4, 8)), axis=0).astype(np.int64)
+            ka2 = chunk(act2, **encoding())
+            act_slices = [(ka, 3, 1), (ka2, 0, 1)]
+            act_want = np.concatenate([act[3:], act2[:1]])
+        else:
+            ao = int(rng.integers(0, 3))
+            act_slices = [(ka, ao, 2)]
+            act_want = act[ao : ao + 2]
+        rew = rng.standard_normal((1,))
+        z = (rng.standard_normal((1, 2)) + 1j * rng.standard_normal((1, 2))).astype(np.complex128)
+        flag = rng.random((2, 3)) < 0.5
+        fo = int(rng.integers(0, 2))
+        cols = [
+            Column("obs", [(ko, oo, 2)]),
+            Column("act", act_slices),
+            Column("rew", [(chunk(rew), 0, 1)], squeeze=True),
+            Column("z", [(chunk(z), 0, 1)]),
+            Column("flag", [(chunk(flag), fo, 1)]),
+            Column("empty", [(chunk(np.zeros((1, 0), np.float32)), 0, 1)]),
+        ]
+        items.append(
+            Item(
+                cols,
+                key=int(rng.integers(0, 2**64, dtype=np.uint64)),
+                probability=float(rng.random()),
+                table_size=int(rng.integers(0, 2**40)),
+                priority=float(rng.random()),
+                times_sampled=int(rng.integers(0, 2**31)),
+                inserted_at_unix_nano=int(rng.integers(0, 2**62)),
+                rate_limited=bool(rng.random() < 0.5),
+            )
+        )
+        want.append(
+            {
+                "obs": obs[oo : oo + 2],
+                "act": act_want,
+                "rew": rew[0],
+                "z": z,
+                "flag": flag[fo : fo + 1],
+                "empty": np.zeros((1, 0), np.float32),
+            }
+        )
+    items.append(items[0])
+    want.append(want[0])
+    return pack(items, chunks), want
+
+
+def _assert_identical(got: Any, want: np.ndarray) -> None:
+    got = np.asarray(got)
+    assert (got.dtype, got.shape) == (want.dtype, want.shape)
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_items_decode_to_what_they_hold(seed: int) -> None:
+    resp, want = rich(seed)
+    raw = resp.SerializeToString()
+    items = samples(raw)
+    b = batch(raw)
+    assert [s.info.key for s in items] == b.info.key.tolist()
+    assert len(items) == len(b) == len(want)
+    for s, w in zip(items, want):
+        assert list(s.data) == COLUMNS
+        for name in COLUMNS:
+            _assert_identical(s.data[name], w[name])
+    for name in COLUMNS:
+        _assert_identical(b.data[name], np.stack([w[name] for w in want]))
+    for name, dt in _sample._INFO_FIELDS:
+        got = getattr(b.info, name)
+        assert got.dtype == dt
+        assert got.tolist() == [getattr(s.info, name) for s in items]
+
+
+@pytest.mark.parametrize("dtype", list(_codec.DTYPES))
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_every_dtype_gathers(dtype: str, compression: str) -> None:
+    """Each dtype, each step one slice of its own chunk, after a 1-byte
+    chunk so that no chunk starts at a multiple of 16; items of two steps
+    and (with one step) squeezed."""
+    dt = _codec.DTYPES[dtype]
+    rng = np.random.default_rng(1)
+    for steps in (1, 2):
+        chunks = [_codec.encode_chunk(1, np.zeros((1,), np.uint8), compression="none")]
+        arrays = []
+        items = [Item([Column("pad", [(1, 0, 1)], squeeze=True)])]
+        for k in range(2, 8):
+            a = rng.integers(0, 256, size=(steps + 1) * 5 * dt.itemsize, dtype=np.uint8).view(dt).reshape(steps + 1, 5)
+            chunks.append(_codec.encode_chunk(k, np.zeros_like(a) if compression == "zstd" else a, compression=compression))
+            arrays.append(np.zeros_like(a) if compression == "zstd" else a)
+            items.append(Item([Column("pad", [(1, 0, 1)], squeeze=True), Column("x", [(k, 1, steps)], squeeze=steps == 1)]))
+        resp = pack(items[1:], chunks)
+        if compression == "none" and dt.itemsize == 16:
+            at = np.frombuffer(resp.packed.chunks, "<u8").reshape(-1, 6)[1:, 1]
+            assert (at % 16 == 8).all()
+        raw = resp.SerializeToString()
+        b = batch(raw)
+        want = np.stack([a[1] if steps == 1 else a[1 : 1 + steps] for a in arrays])
+        _assert_identical(b.data["x"], want)
+        for s, w in zip(samples(raw), want):
+            _assert_identical(s.data["x"], w)
+
+
+def test_returned_arrays_are_the_callers() -> None:
+    """Every array decode_samples and decode_batch return is writable and
+    shares no memory with the reply or with another array; writing into
+    one changes no other and no later decode (a batch of one item too,
+    whose info fields numpy would call contiguous views)."""
+    for n in (5, 2):
+        resp, _ = rich(3, n)
+        raw = resp.SerializeToString()
+        reply = np.frombuffer(raw, np.uint8)
+        b = batch(raw)
+        items = samples(raw)
+        arrays = list(b.data.values()) + [getattr(b.info, f) for f, _ in _sample._INFO_FIELDS]
+        arrays += [np.asarray(a) for s in items for a in s.data.values() if isinstance(a, np.ndarray)]
+        for i, a in enumerate(arrays):
+            assert a.flags.writeable
+            assert not np.shares_memory(a, reply)
+            for other in arrays[i + 1 :]:
+                assert not np.shares_memory(a, other)
+        before = batch(raw)
+        for a in arrays:
+            if a.size:
+                a.reshape(-1).view(np.uint8)[:] ^= 0xFF
+        again = batch(raw)
+        for name in COLUMNS:
+            _assert_identical(again.data[name], before.data[name])
+    one, _ = rich(4, 2)
+    raw = pack([Item([Column("x", [(1, 0, 1)])], key=7)], [_codec.encode_chunk(1, np.ones((1, 2)))]).SerializeToString()
+    info = batch(raw).info
+    for f, _ in _sample._INFO_FIELDS:
+        a = getattr(info, f)
+        assert a.flags.writeable and not np.shares_memory(a, np.frombuffer(raw, np.uint8))
+    info.key[0] = 9
+    assert batch(raw).info.key.tolist() == [7]
+
+
+def _two_items(second: Column) -> bytes:
+    chunks = [
+        _codec.encode_chunk(1, np.arange(6, dtype=np.float32).reshape(3, 2), compression="none"),
+        _codec.encode_chunk(2, np.arange(6, dtype=np.float64).reshape(3, 2), compression="none"),
+        _codec.encode_chunk(3, np.arange(6, dtype=np.float32).reshape(2, 3), compression="none"),
+    ]
+    return pack([Item([Column("x", [(1, 0, 2)])]), Item([second])], chunks).SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "second,match",
+    [
+        (Column("y", [(1, 0, 2)]), "different columns"),
+        (Column("x", [(1, 0, 1)]), "different step counts"),
+        (Column("x", [(2, 0, 2)]), "different dtypes or shapes"),
+        (Column("x", [(3, 0, 2)]), "different dtypes or shapes"),
+        (Column("x", [(1, 0, 1), (1, 2, 1)]), None),  # two slices of the same steps: batchable
+    ],
+)
+def test_items_that_do_not_stack_are_samples(second: Column, match: str | None) -> None:
+    raw = _two_items(second)
+    assert len(samples(raw)) == 2
+    if match is None:
+        assert batch(raw).data["x"].shape == (2, 2, 2)
+        return
+    with pytest.raises(reprise.InvalidArgumentError, match=f"{match}.*sample\\(\\)"):
+        batch(raw)
+
+
+def test_items_squeezed_differently_do_not_stack() -> None:
+    c = _codec.encode_chunk(1, np.ones((1, 2), np.float32))
+    raw = pack([Item([Column("x", [(1, 0, 1)], squeeze=s)]) for s in (True, False)], [c]).SerializeToString()
+    assert [s.data["x"].shape for s in samples(raw)] == [(2,), (1, 2)]
+    with pytest.raises(reprise.InvalidArgumentError, match="squeezed in some items only; use sample()"):
+        batch(raw)
+    raw = pack([Item([Column("x", [(1, 0, 1)])]), Item([])], [c]).SerializeToString()
+    with pytest.raises(reprise.InvalidArgumentError, match="different columns; use sample()"):
+        batch(raw)
+
+
+# ----------------------------------------------------------- hostile replies
+
+
+def _decoders() -> list[Callable[[bytes], Any]]:
+    return [samples, batch]
+
+
+RICH, _ = rich(0)
+
+
+def _both_refuse(resp: pb.SampleResponse, match: str, kind: type[Exception] = reprise.ProtocolError) -> None:
+    raw = resp.SerializeToString()
+    for decode in _decoders():
+        with pytest.raises(kind, match=match):
+            decode(raw)
+
+
+@pytest.mark.parametrize(
+    "records,i,field,value,match",
+    [
+        ("infos", 1, "columns", 99, r"the items have \d+ columns, the reply 30 column records"),
+        ("infos", 2, "rate_limited", 2, r"item 2: rate_limited is 2"),
+        ("columns", 7, "name", 99, r"item 1 column 1: name 99 of 6"),
+        ("columns", 0, "slices", 0, r"item 0 column 0 'obs' has no slices"),
+        ("columns", 6, "slices", 2, r"the columns have 32 slices, the reply 31 slice records"),
+        ("columns", 2, "squeeze", 3, r"item 0 column 2 'rew': squeeze is 3"),
+        ("columns", 6, "squeeze", 1, r"item 1 column 0 'obs' is squeezed but selects 2 steps"),
+        ("slices", 0, "chunk", 999, r"slice 0 \(item 0 column 0 'obs'\): chunk 999 of \d+"),
+        ("slices", 1, "length", 0, r"slice 1 \(item 0 column 1 'act'\): length 0 is not positive"),
+        ("slices", 0, "offset", 2, r"slice 0 .*: wants steps \[2, 2\+2\) of chunk 0 \(key 1\), which has 3"),
+        ("slices", 0, "offset", 2**32 - 1, r"wants steps \[4294967295, 4294967295\+2\)"),
+        ("chunks", 0, "format", 99, r"chunk 0 \(key 1\): format 99 of \d+"),
+        ("chunks", 0, "compression", 7, r"chunk 0 \(key 1\): unknown compression 7"),
+        ("chunks", 0, "delta", 2, r"chunk 0 \(key 1\): delta is 2"),
+        ("chunks", 0, "steps", 0, r"chunk 0 \(key 1\): length 0 is not positive"),
+        ("chunks", 1, "at", 84, r"chunk 1 \(key 2\): at 84 is not a multiple of 8"),
+        ("chunks", 1, "at", 1 << 40, r"chunk 1 \(key 2\): bytes \[1099511627776, .* lie beyond the \d+ bytes of data"),
+        ("chunks", 1, "at", 2**64 - 8, r"chunk 1 .* lie beyond"),
+        ("chunks", 1, "size", 2**64 - 1, r"chunk 1 .* lie beyond"),
+        ("chunks", 0, "raw_size", 2**63, r"chunk 0 .*: raw_size 9223372036854775808 exceeds the chunk limit"),
+        ("chunks", 0, "raw_size", 8, r"chunk 0 \(key 1\): raw_size is 8, 3 steps of float32\[2, 3\] need 72"),
+        ("chunks", 0, "steps", 4, r"chunk 0 .*: raw_size is 72, 4 steps of float32\[2, 3\] need 96"),
+        ("chunks", 0, "size", 64, r"chunk 0 \(key 1\): uncompressed data has 64 bytes, raw_size is 72"),
+        ("chunks", 0, "delta", 1, r"chunk 0 \(key 1\): delta_encoded is set on non-integer dtype float32"),
+    ],
+)
+def test_out_of_range_fields_are_named(records: str, i: int, field: str, value: int, match: str) -> None:
+    _both_refuse(patch(RICH, records, i, field, value), match)
+
+
+@pytest.mark.parametrize(
+    "records,fewer",
+    [
+        ("infos", r"the items have 24 columns, the reply 30 column records"),
+        ("columns", r"the items have 30 columns, the reply 29 column records"),
+        ("slices", r"the columns have 31 slices, the reply 30 slice records"),
+        ("chunks", r"slice 24 \(item 3 column 5 'empty'\): chunk 22 of 22"),
+    ],
+)
+def test_records_are_whole_and_counted(records: str, fewer: str) -> None:
+    resp = pb.SampleResponse()
+    resp.CopyFrom(RICH)
+    setattr(resp.packed, records, getattr(RICH.packed, records)[:-1])
+    _both_refuse(resp, rf"packed {records} has \d+ bytes, not a whole number of {packed.SIZES[records]}-byte records")
+    setattr(resp.packed, records, getattr(RICH.packed, records)[: -packed.SIZES[records]])
+    _both_refuse(resp, fewer)
+
+
+@pytest.mark.parametrize(
+    "dtype,shape,match",
+    [
+        ("float33", [2, 3], r"format 0: unknown dtype 'float33'"),
+        ("float32", [2, -3], r"format 0: step_shape \[2, -3\]: dimension 1 is -3"),
+        ("uint8", [1 << 40, 1 << 40], r"format 0: step_shape .*elements"),
+        ("float64", [2, 3], r"chunk 0 .*: raw_size is 72, 3 steps of float64\[2, 3\] need 144"),
+    ],
+)
+def test_bad_formats_are_named(dtype: str, shape: list[int], match: str) -> None:
+    resp = pb.SampleResponse()
+    resp.CopyFrom(RICH)
+    resp.packed.formats[0].dtype = dtype
+    resp.packed.formats[0].step_shape[:] = shape
+    _both_refuse(resp, match)
+
+
+def test_names_are_indexed_in_range() -> None:
+    resp = pb.SampleResponse()
+    resp.CopyFrom(RICH)
+    del resp.packed.names[3:]
+    _both_refuse(resp, r"item 0 column 3: name 3 of 3")
+
+
+def test_a_columns_chunks_share_a_format() -> None:
+    chunks = [
+        _codec.encode_chunk(1, np.ones((2, 2), np.float32), compression="none"),
+        _codec.encode_chunk(2, np.ones((2, 2), np.float64), compression="none"),
+    ]
+    raw = pack([Item([Column("x", [(1, 0, 1), (2, 0, 1)])])], chunks)
+    _both_refuse(raw, r"slice 1 \(item 0 column 0 'x'\): the column's chunks disagree on dtype or step shape")
+
+
+def test_a_column_is_named_once_an_item() -> None:
+    c = _codec.encode_chunk(1, np.ones((1, 2), np.float32))
+    _both_refuse(pack([Item([Column("x", [(1, 0, 1)]), Column("x", [(1, 0, 1)])])], [c]), "item 0 has column 'x' twice")
+
+
+def test_compressed_chunks_are_checked() -> None:
+    c = _codec.encode_chunk(1, np.zeros((4, 64), np.int64))
+    assert c.compression == pb.COMPRESSION_ZSTD and c.delta_encoded
+    resp = pack([Item([Column("x", [(1, 0, 4)])])], [c])
+    assert batch(resp.SerializeToString()).data["x"].shape == (1, 4, 64)
+    garbled = pb.SampleResponse()
+    garbled.CopyFrom(resp)
+    garbled.packed.data = b"\xff" * 8 + resp.packed.data[8:]
+    _both_refuse(garbled, r"chunk 1: zstd data")
+    # A frame that declares more than raw_size is refused before allocating.
+    frame = b"\x28\xb5\x2f\xfd\xe0" + struct.pack("<Q", 1 << 40) + bytes(8)
+    huge = pb.SampleResponse()
+    huge.CopyFrom(resp)
+    huge.packed.data = frame + bytes(-len(frame) % 8)
+    huge = patch(huge, "chunks", 0, "size", len(frame))
+    _both_refuse(huge, r"chunk 1: the zstd frame declares 1099511627776 bytes, raw_size is 2048")
+    _both_refuse(patch(resp, "chunks", 0, "compression", pb.COMPRESSION_S2), "s2.*WithCompression", reprise.UnsupportedCodecError)
+
+
+#: What a decoder may raise for a damaged reply: a ProtocolError, an
+#: UnsupportedCodecError where a chunk's compression became s2, and (a
+#: batch only) InvalidArgumentError where its items no longer stack.
+_ALLOWED = (reprise.ProtocolError, reprise.UnsupportedCodecError)
+
+
+@pytest.mark.parametrize("records", ["infos", "columns", "slices", "chunks", "data"])
+@pytest.mark.parametrize("seed", range(4))
+def test_damaged_records_are_protocol_errors(records: str, seed: int) -> None:
+    """Records cut short or with bits flipped, in a reply over every path
+    (rich): each decoder decodes the reply or raises one of _ALLOWED."""
+    rng = np.random.default_rng(seed)
+    resp, _ = rich(seed)
+    for _ in range(150):
+        buf = bytearray(getattr(resp.packed, records))
+        if rng.random() < 0.2:
+            del buf[int(rng.integers(0, len(buf) + 1)) :]
+        else:
+            for _ in range(int(rng.integers(1, 4))):
+                at = int(rng.integers(0, len(buf)))
+                buf[at] ^= 1 << int(rng.integers(0, 8))
+        bad = pb.SampleResponse()
+        bad.CopyFrom(resp)
+        setattr(bad.packed, records, bytes(buf))
+        raw = bad.SerializeToString()
+        for decode in _decoders():
+            try:
+                decode(raw)
+            except _ALLOWED:
+                pass
+            except reprise.InvalidArgumentError:
+                assert decode is batch
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_damaged_replies_are_protocol_errors(seed: int) -> None:
+    """The same for damage anywhere in the encoded reply, names and
+    formats included."""
+    rng = np.random.default_rng(seed)
+    resp, _ = rich(seed)
+    good = resp.SerializeToString()
+    for _ in range(300):
+        b = bytearray(good)
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(0, len(b)))
+            b[at] ^= 1 << int(rng.integers(0, 8))
+        for decode in _decoders():
+            try:
+                decode(bytes(b))
+            except _ALLOWED:
+                pass
+            except reprise.InvalidArgumentError:
+                assert decode is batch
