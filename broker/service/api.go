@@ -243,7 +243,7 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		if err != nil {
 			// The store holds only chunks that decoded when they came in.
 			responseBuffers.Put(buf)
-			code = protocol.CodeInternal
+			code, items = protocol.CodeInternal, 0
 			s.log.Error("reprise service: packing a sample", "table", req.Table, "error", err)
 			s.respondStatus(r, protocol.CodeInternal, fmt.Sprintf("table %q: %v", req.Table, err))
 			return
