@@ -186,9 +186,7 @@ func AppendPackedSampleResponse(b []byte, code Code, msg string, samples []table
 	}
 	packed := names + formats
 	for _, n := range sizes {
-		if n > 0 {
-			packed += 1 + protowire.SizeBytes(n)
-		}
+		packed += bytesField(n)
 	}
 	st := sizeStatus(code, msg)
 	total := 1 + protowire.SizeBytes(st) + sizeTableState(after)
@@ -203,17 +201,16 @@ func AppendPackedSampleResponse(b []byte, code Code, msg string, samples []table
 	if len(samples) == 0 {
 		return b, nil
 	}
-	b = protowire.AppendTag(b, fieldResponsePacked, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(packed))
+	b = appendSubmessage(b, fieldResponsePacked, packed)
 
 	if sizes[0] > 0 {
-		b = appendBytesHeader(b, fieldPackedInfos, sizes[0])
+		b = appendSubmessage(b, fieldPackedInfos, sizes[0])
 		for i := range samples {
 			b = appendInfoRecord(b, &samples[i].Info, len(samples[i].Layout))
 		}
 	}
 	if sizes[1] > 0 {
-		b = appendBytesHeader(b, fieldPackedColumns, sizes[1])
+		b = appendSubmessage(b, fieldPackedColumns, sizes[1])
 		b = p.appendColumns(b, samples)
 	}
 	for _, n := range p.names {
@@ -221,22 +218,21 @@ func AppendPackedSampleResponse(b []byte, code Code, msg string, samples []table
 		b = protowire.AppendString(b, n)
 	}
 	if sizes[2] > 0 {
-		b = appendBytesHeader(b, fieldPackedSlices, sizes[2])
+		b = appendSubmessage(b, fieldPackedSlices, sizes[2])
 		b = p.appendSlices(b, samples)
 	}
 	if sizes[3] > 0 {
-		b = appendBytesHeader(b, fieldPackedChunks, sizes[3])
+		b = appendSubmessage(b, fieldPackedChunks, sizes[3])
 		for i := range p.chunks {
 			b = appendChunkRecord(b, &p.chunks[i])
 		}
 	}
 	for i := range p.dtypes {
-		b = protowire.AppendTag(b, fieldPackedFormats, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizeFormat(p.dtypes[i], p.shapes[i])))
+		b = appendSubmessage(b, fieldPackedFormats, sizeFormat(p.dtypes[i], p.shapes[i]))
 		b = appendFormat(b, p.dtypes[i], p.shapes[i])
 	}
 	if sizes[4] > 0 {
-		b = appendBytesHeader(b, fieldPackedData, sizes[4])
+		b = appendSubmessage(b, fieldPackedData, sizes[4])
 		start := len(b)
 		for i := range p.chunks {
 			c := &p.chunks[i]
@@ -370,11 +366,6 @@ func (p *packer) appendSlices(b []byte, samples []tables.Sample) []byte {
 	return b
 }
 
-func appendBytesHeader(b []byte, num protowire.Number, n int) []byte {
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendVarint(b, uint64(n))
-}
-
 func appendInfoRecord(b []byte, in *tables.SampleInfo, columns int) []byte {
 	le := binary.LittleEndian
 	b = le.AppendUint64(b, in.Key)
@@ -407,32 +398,13 @@ func appendChunkRecord(b []byte, c *storedChunk) []byte {
 }
 
 func sizeFormat(dtype string, shape []int64) int {
-	n := 0
-	if dtype != "" {
-		n += 1 + protowire.SizeBytes(len(dtype))
-	}
-	if len(shape) > 0 {
-		packed := 0
-		for _, d := range shape {
-			packed += protowire.SizeVarint(uint64(d))
-		}
-		n += 1 + protowire.SizeBytes(packed)
-	}
-	return n
+	return bytesField(len(dtype)) + bytesField(packedSize(shape))
 }
 
 func appendFormat(b []byte, dtype string, shape []int64) []byte {
-	if dtype != "" {
-		b = protowire.AppendTag(b, fieldFormatDtype, protowire.BytesType)
-		b = protowire.AppendString(b, dtype)
-	}
+	b = appendStringField(b, fieldFormatDtype, dtype)
 	if len(shape) > 0 {
-		packed := 0
-		for _, d := range shape {
-			packed += protowire.SizeVarint(uint64(d))
-		}
-		b = protowire.AppendTag(b, fieldFormatShape, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(packed))
+		b = appendSubmessage(b, fieldFormatShape, packedSize(shape))
 		for _, d := range shape {
 			b = protowire.AppendVarint(b, uint64(d))
 		}

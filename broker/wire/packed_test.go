@@ -102,9 +102,6 @@ func referencePacked(b []byte) (SampleReply, error) {
 				col.Shape = append([]int64{steps}, col.Shape...)
 			}
 			col.Shape = slices.Clip(col.Shape)
-			if col.Data == nil {
-				col.Data = []byte{}
-			}
 			s.Columns = append(s.Columns, col)
 		}
 		reply.Samples = append(reply.Samples, s)
