@@ -7,8 +7,9 @@
 // port, loaded by reprisectl bench with the Reverb paper's workloads
 // (random float32 payloads of 400 B to 400 kB, chunk and sequence length
 // 1, insert-only and sample-only, 1 to 64 clients). On the same server it
-// measures raw JetStream (async publish of the same bytes, request-reply
-// of the same reply sizes), then a mixed actor/learner run under
+// measures raw JetStream (async publish of the same bytes, the same again
+// while one consumer receives every message, request-reply of the same
+// reply sizes), then a mixed actor/learner run under
 // SampleToInsertRatio, an Atari-like run, single-item latencies and
 // resident memory. Its shards section spreads a table over 1, 2 and 4
 // reprised on one nats-server (built from the module go.mod requires) and
@@ -285,9 +286,22 @@ func (s *suite) throughput(ctx context.Context, d *daemon) error {
 				jp := Point{System: sysJetStream, Mode: mode, Payload: payload, Clients: clients, Batch: batch,
 					ItemsPerSec: t.ItemsPerSec, BytesPerSec: t.BytesPerSec, P50Ms: t.Latency.P50Ms, P99Ms: t.Latency.P99Ms, Load1: load1}
 				s.res.Throughput = append(s.res.Throughput, rp, jp)
-				s.log.Info(mode, "payload", payload, "clients", clients, "batch", batch,
-					"reprise", si(rp.ItemsPerSec)+" items/s "+si(rp.BytesPerSec)+"B/s", "jetstream", si(jp.ItemsPerSec)+" items/s",
-					"ratio", fmt.Sprintf("%.2f", ratio(&rp, &jp)))
+				attrs := []any{"payload", payload, "clients", clients, "batch", batch,
+					"reprise", si(rp.ItemsPerSec) + " items/s " + si(rp.BytesPerSec) + "B/s", "jetstream", si(jp.ItemsPerSec) + " items/s",
+					"ratio", fmt.Sprintf("%.2f", ratio(&rp, &jp))}
+				if mode == "insert" {
+					load1 = loadAvg()[0]
+					t, err := load.RawPublishConsumed(ctx, rawCfg)
+					if err != nil {
+						return fmt.Errorf("raw JetStream consumed, %d clients, %d-byte items: %w", clients, payload, err)
+					}
+					cp := Point{System: sysJetStreamConsumed, Mode: mode, Payload: payload, Clients: clients, Batch: batch,
+						ItemsPerSec: t.ItemsPerSec, BytesPerSec: t.BytesPerSec, P50Ms: t.Latency.P50Ms, P99Ms: t.Latency.P99Ms, Load1: load1}
+					s.res.Throughput = append(s.res.Throughput, cp)
+					attrs = append(attrs, "consumed", si(cp.ItemsPerSec)+" items/s", "consumed÷raw", fmt.Sprintf("%.2f", ratio(&cp, &jp)),
+						"reprise÷consumed", fmt.Sprintf("%.2f", ratio(&rp, &cp)))
+				}
+				s.log.Info(mode, attrs...)
 			}
 		}
 	}

@@ -21,9 +21,13 @@ const (
 	sysReprise   = "reprise"
 	sysJetStream = "jetstream"
 	sysReverb    = "reverb"
+	// sysJetStreamConsumed is raw JetStream publishing as sysJetStream does
+	// while one consumer receives every message (load.RawPublishConsumed).
+	sysJetStreamConsumed = "jetstream_consumed"
 )
 
-var systemNames = map[string]string{sysReprise: "Reprise", sysJetStream: "raw JetStream", sysReverb: "Reverb"}
+var systemNames = map[string]string{sysReprise: "Reprise", sysJetStream: "raw JetStream", sysReverb: "Reverb",
+	sysJetStreamConsumed: "raw JetStream, consumed"}
 
 // Results is everything one run of the suite measured; results.json holds
 // it whole.
@@ -169,6 +173,11 @@ type SummaryRow struct {
 	Reverb      *Point  `json:"reverb,omitempty"`
 	VsJetStream float64 `json:"reprise_over_jetstream,omitempty"`
 	VsReverb    float64 `json:"reprise_over_reverb,omitempty"`
+	// Consumed (inserts only) is raw JetStream's publishing with a consumer
+	// that receives every message: the most Reprise's inserts could reach
+	// on a machine the server, the service and the clients share.
+	Consumed   *Point  `json:"jetstream_consumed,omitempty"`
+	VsConsumed float64 `json:"reprise_over_jetstream_consumed,omitempty"`
 }
 
 // Target is one of the issue's targets and how far Reprise is from it.
@@ -214,13 +223,14 @@ func (r *Results) summarize() {
 		for _, payload := range payloadsIn(r.Throughput) {
 			row := SummaryRow{Mode: mode, Payload: payload,
 				Reprise: best(r.Throughput, sysReprise, mode, payload), JetStream: best(r.Throughput, sysJetStream, mode, payload),
-				Reverb: best(r.Throughput, sysReverb, mode, payload)}
+				Reverb: best(r.Throughput, sysReverb, mode, payload), Consumed: best(r.Throughput, sysJetStreamConsumed, mode, payload)}
 			for _, p := range []*Point{row.Reprise, row.JetStream, row.Reverb} {
 				if p != nil {
 					row.Batch = p.Batch
 				}
 			}
 			row.VsJetStream, row.VsReverb = ratio(row.Reprise, row.JetStream), ratio(row.Reprise, row.Reverb)
+			row.VsConsumed = ratio(row.Reprise, row.Consumed)
 			if row.Reprise != nil || row.Reverb != nil {
 				r.Summary = append(r.Summary, row)
 			}
@@ -488,19 +498,19 @@ func writeCSV(path string, rows [][]string) error {
 func ff(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
 
 func (r *Results) throughputRows() [][]string {
-	rows := [][]string{{"system", "mode", "payload_bytes", "clients", "batch", "items_per_sec", "bytes_per_sec", "p50_ms", "p99_ms", "load1", "reprise_over_jetstream", "reprise_over_reverb"}}
+	rows := [][]string{{"system", "mode", "payload_bytes", "clients", "batch", "items_per_sec", "bytes_per_sec", "p50_ms", "p99_ms", "load1",
+		"reprise_over_jetstream", "reprise_over_reverb", "reprise_over_jetstream_consumed"}}
 	for _, p := range r.Throughput {
-		var vsRaw, vsReverb string
+		var vs [3]string
 		if p.System == sysReprise {
-			if x := ratio(&p, find(r.Throughput, sysJetStream, p.Mode, p.Payload, p.Clients)); x > 0 {
-				vsRaw = ff(x)
-			}
-			if x := ratio(&p, find(r.Throughput, sysReverb, p.Mode, p.Payload, p.Clients)); x > 0 {
-				vsReverb = ff(x)
+			for i, sys := range []string{sysJetStream, sysReverb, sysJetStreamConsumed} {
+				if x := ratio(&p, find(r.Throughput, sys, p.Mode, p.Payload, p.Clients)); x > 0 {
+					vs[i] = ff(x)
+				}
 			}
 		}
 		rows = append(rows, []string{p.System, p.Mode, strconv.Itoa(p.Payload), strconv.Itoa(p.Clients), strconv.Itoa(p.Batch),
-			ff(p.ItemsPerSec), ff(p.BytesPerSec), ff(p.P50Ms), ff(p.P99Ms), ff(p.Load1), vsRaw, vsReverb})
+			ff(p.ItemsPerSec), ff(p.BytesPerSec), ff(p.P50Ms), ff(p.P99Ms), ff(p.Load1), vs[0], vs[1], vs[2]})
 	}
 	return rows
 }
@@ -529,8 +539,8 @@ func (r *Results) markdown(w io.Writer) {
 	fmt.Fprintf(w, " (load average %.1f at the start, %.1f at the end); %.1fs per point after %.1fs warmup; suite took %.0fs.\n\n",
 		r.Machine.LoadStart[0], r.Machine.LoadEnd[0], r.PointSec, r.WarmupSec, r.Seconds)
 
-	fmt.Fprintln(w, "| mode | payload | batch | Reprise items/s | Reprise bytes/s | raw JetStream items/s | Reprise ÷ raw | Reverb items/s | Reprise ÷ Reverb |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| mode | payload | batch | Reprise items/s | Reprise bytes/s | raw JetStream items/s | Reprise ÷ raw | Reverb items/s | Reprise ÷ Reverb | raw JetStream, consumed, items/s | Reprise ÷ consumed |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	cell := func(p *Point) string {
 		if p == nil {
 			return "–"
@@ -548,8 +558,11 @@ func (r *Results) markdown(w io.Writer) {
 		if row.Reprise != nil {
 			bytes = si(row.Reprise.BytesPerSec) + "B/s"
 		}
-		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", row.Mode, sizeName(row.Payload), row.Batch,
-			cell(row.Reprise), bytes, cell(row.JetStream), x(row.VsJetStream), cell(row.Reverb), x(row.VsReverb))
+		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", row.Mode, sizeName(row.Payload), row.Batch,
+			cell(row.Reprise), bytes, cell(row.JetStream), x(row.VsJetStream), cell(row.Reverb), x(row.VsReverb), cell(row.Consumed), x(row.VsConsumed))
+	}
+	if slices.ContainsFunc(r.Summary, func(row SummaryRow) bool { return row.Consumed != nil }) {
+		fmt.Fprintln(w, "\nRaw JetStream, consumed: the same publishing as raw JetStream's, while one pull consumer on its own connection receives every message and throws it away, what the server does for Reprise's table service and raw publishing never pays.")
 	}
 
 	if len(r.Mixed) > 0 {

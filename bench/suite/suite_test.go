@@ -46,6 +46,11 @@ func TestQuickSuite(t *testing.T) {
 			}
 		}
 	}
+	for _, c := range plan.clients {
+		if p := find(res.Throughput, sysJetStreamConsumed, "insert", plan.payloads[0], c); p == nil || !(p.ItemsPerSec > 0) {
+			t.Errorf("raw JetStream consumed, inserts with %d clients: point %+v, want items/s > 0", c, p)
+		}
+	}
 	if len(res.Mixed) != len(plan.mixedClients) || res.Mixed[0].InsertItemsPerSec <= 0 || res.Mixed[0].SampleItemsPerSec <= 0 {
 		t.Errorf("mixed: %+v, want inserts and samples", res.Mixed)
 	}
@@ -223,6 +228,8 @@ func TestTargetsAndRatios(t *testing.T) {
 			{System: sysReprise, Mode: "insert", Payload: 400, Clients: 4, ItemsPerSec: 250e3, BytesPerSec: 100e6},
 			{System: sysJetStream, Mode: "insert", Payload: 400, Clients: 4, ItemsPerSec: 500e3, BytesPerSec: 200e6},
 			{System: sysReverb, Mode: "insert", Payload: 400, Clients: 1, ItemsPerSec: 300e3, BytesPerSec: 120e6},
+			{System: sysJetStreamConsumed, Mode: "insert", Payload: 400, Clients: 1, ItemsPerSec: 200e3, BytesPerSec: 80e6},
+			{System: sysJetStreamConsumed, Mode: "insert", Payload: 400, Clients: 4, ItemsPerSec: 320e3, BytesPerSec: 128e6},
 			{System: sysReprise, Mode: "insert", Payload: 40000, Clients: 2, ItemsPerSec: 10e3, BytesPerSec: 400e6},
 			{System: sysJetStream, Mode: "insert", Payload: 40000, Clients: 2, ItemsPerSec: 25e3, BytesPerSec: 1000e6},
 			{System: sysReverb, Mode: "insert", Payload: 40000, Clients: 2, ItemsPerSec: 30e3, BytesPerSec: 1200e6},
@@ -252,6 +259,12 @@ func TestTargetsAndRatios(t *testing.T) {
 	row := r.Summary[0]
 	if row.Reprise.Clients != 4 || math.Abs(row.VsJetStream-0.5) > 1e-9 || math.Abs(row.VsReverb-250.0/300) > 1e-9 {
 		t.Errorf("insert 400 B row: %+v, want the 4-client point, 0.5 of raw and 0.83 of Reverb", row)
+	}
+	if row.Consumed == nil || row.Consumed.Clients != 4 || math.Abs(row.VsConsumed-250.0/320) > 1e-9 {
+		t.Errorf("insert 400 B row: %+v, want 0.78 of raw JetStream consumed (its 4-client point)", row)
+	}
+	if r.Summary[1].Consumed != nil || r.Summary[1].VsConsumed != 0 {
+		t.Errorf("insert 40 kB row: %+v, want no consumed baseline where none ran", r.Summary[1])
 	}
 	want := map[string]bool{
 		"inserts, 400 B items, batch 64":       false, // 0.5 × raw

@@ -79,6 +79,9 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := RawPublish(ctx, RawConfig{URL: "nats://127.0.0.1:1", Clients: 0, Payload: 400, Duration: time.Second}); !errors.Is(err, ErrConfig) {
 		t.Errorf("0 clients: %v, want ErrConfig", err)
 	}
+	if _, err := RawPublishConsumed(ctx, RawConfig{URL: "nats://127.0.0.1:1", Clients: 1, Payload: 400, Batch: 1}); !errors.Is(err, ErrConfig) {
+		t.Errorf("no duration: %v, want ErrConfig", err)
+	}
 	if _, err := RawRequest(ctx, RawConfig{URL: "nats://127.0.0.1:1", Clients: 1, Payload: 400, Batch: 0, Duration: time.Second}); !errors.Is(err, ErrConfig) {
 		t.Errorf("batch 0: %v, want ErrConfig", err)
 	}
