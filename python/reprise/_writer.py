@@ -145,18 +145,18 @@ class WriterOptions:
 
 
 def _varint(v: int) -> bytes:
-    if v < 0x80:
-        return _VARINT1[v]
+    """The protobuf varint of 0 <= v < 2**64."""
     if v < 0x4000:
-        return bytes(((v & 0x7F) | 0x80, v >> 7))
-    if v < 0x200000:
-        return bytes(((v & 0x7F) | 0x80, ((v >> 7) & 0x7F) | 0x80, v >> 14))
-    out = []
-    while v > 0x7F:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
+        return _VARINT14[v]
+    # 14 bits a step through a table: item and chunk keys are random 64-bit
+    # numbers, whose 10 bytes one at a time cost a writer more than
+    # anything else it does per item.
+    parts = []
+    while v >= 0x4000:
+        parts.append(_CONT14[v & 0x3FFF])
+        v >>= 14
+    parts.append(_VARINT14[v])
+    return b"".join(parts)
 
 
 _uvarint = _varint
@@ -166,7 +166,10 @@ def _field_bytes(num: int, b: bytes) -> bytes:
     return _varint(num << 3 | 2) + _uvarint(len(b)) + b
 
 
-_VARINT1 = [bytes([i]) for i in range(128)]
+# The varints of 0 to 2**14-1, and the two continued bytes of each 14-bit
+# group of a larger number (low group first, as varints go).
+_VARINT14 = [bytes([i]) for i in range(0x80)] + [bytes(((i & 0x7F) | 0x80, i >> 7)) for i in range(0x80, 0x4000)]
+_CONT14 = [bytes(((i & 0x7F) | 0x80, (i >> 7) | 0x80)) for i in range(0x4000)]
 
 
 _DOUBLE = struct.Struct("<d")
@@ -181,11 +184,11 @@ def encode_chunk_fast(
     delta: bool,
     episode_field: bytes,
     episode_step: int,
-) -> tuple[bytes, bool]:
+) -> bytes:
     """An encoded Chunk, as _codec.encode_chunk makes it, written directly:
     ``header`` holds the fields that are the same for every chunk of a
-    column (dtype and step shape). Returns the bytes and whether delta
-    encoding was applied."""
+    column (dtype and step shape); ``arr`` holds the ``length`` steps (one
+    step may come without the step axis)."""
     if delta and length > 1:
         arr = _codec.delta_encode(arr)
     raw = arr.tobytes()
@@ -208,7 +211,7 @@ def encode_chunk_fast(
     parts.append(episode_field)
     if episode_step:
         parts += [b"\x50", _varint(episode_step)]
-    return b"".join(parts), delta
+    return b"".join(parts)
 
 
 def chunk_header(dtype: str, step_shape: tuple[int, ...]) -> bytes:
@@ -355,11 +358,16 @@ class History(Mapping[str, ColumnHistory]):
 
     def __init__(self, producer: _Producer) -> None:
         self._p = producer
+        # A writer's columns are never dropped: one view each, made once.
+        self._views: dict[str, ColumnHistory] = {}
 
     def __getitem__(self, column: str) -> ColumnHistory:
-        if column not in self._p.columns:
-            raise KeyError(column)
-        return ColumnHistory(self._p, column)
+        h = self._views.get(column)
+        if h is None:
+            if column not in self._p.columns:
+                raise KeyError(column)
+            h = self._views[column] = ColumnHistory(self._p, column)
+        return h
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(list(self._p.columns))
@@ -399,6 +407,10 @@ class _Column:
 
     def covers(self, start: int, stop: int) -> int:
         """The first step in [start, stop) without a cell, or stop."""
+        if self.chunks and not self.open:
+            newest = self.chunks[-1]
+            if newest.start <= start and stop <= newest.start + newest.length:
+                return stop  # the common item: steps of the newest chunk
         # Chunks are sorted by start and items reference recent steps: walk
         # back from the newest to the first chunk that reaches start.
         spans = []
@@ -414,9 +426,6 @@ class _Column:
             if lo <= nxt < hi:
                 nxt = hi
         return min(nxt, stop)
-
-    def sealed(self, stop: int) -> bool:
-        return not self.open or stop <= self.open_start
 
 
 @functools.lru_cache(maxsize=4096)
@@ -569,6 +578,7 @@ class _Producer:
         self.errors: list[errors.RepriseError] = []
         self.linger_armed = False
         self.linger_cb: Callable[[], None] | None = None  # set by the transport
+        self.history = History(self)
 
     @property
     def episode(self) -> int:
@@ -649,16 +659,17 @@ class _Producer:
     def _seal_locked(self, c: _Column) -> None:
         steps = c.open
         c.open = []
-        arr = np.stack(steps) if len(steps) > 1 else steps[0].reshape((1, *c.shape))
-        if arr.dtype != c.dtype or not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr, dtype=c.dtype)
+        # append_locked checked every cell's dtype and shape against the
+        # column's, and tobytes reads any layout in C order: one step's
+        # array already holds the chunk's bytes.
+        arr = np.stack(steps) if len(steps) > 1 else steps[0]
         if arr.nbytes > _codec.MAX_CHUNK_RAW_SIZE:
             raise errors.InvalidArgumentError(
                 f"column {c.name!r}: a chunk of {len(steps)} steps has {arr.nbytes} bytes, over the chunk limit"
             )
         key = self._rng.getrandbits(64) or 1
         kv = _varint(key)
-        data, _ = encode_chunk_fast(
+        data = encode_chunk_fast(
             c.header, kv, len(steps), arr, self.o.compression, c.delta, self._episode_field, c.open_start
         )
         c.chunks.append(_Sealed(key, kv, c.open_start, len(steps), b"\x1a" + _uvarint(len(data)) + data))
@@ -759,10 +770,17 @@ class _Producer:
         limit = self.max_payload - 1024 - 10 * len(self.release)
         while self.pending:
             it = self.pending[0]
-            if not all(r.col.sealed(r.stop) for r in it.refs):
+            unsealed = False
+            for r in it.refs:
+                if r.col.open and r.stop > r.col.open_start:
+                    unsealed = True  # a step it needs is still in an open chunk
+                    break
+            if unsealed:
                 break
             item, fresh = self._build_item(it)
-            size = len(item) + 16 + sum(len(ch.encoded or b"") for ch in fresh)
+            size = len(item) + 16
+            for ch in fresh:
+                size += len(ch.encoded or b"")
             if size > limit:
                 self.pending.popleft()
                 raise errors.InvalidArgumentError(

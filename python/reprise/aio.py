@@ -668,7 +668,7 @@ class AsyncTrajectoryWriter:
     @property
     def history(self) -> History:
         assert self._p is not None
-        return History(self._p)
+        return self._p.history
 
     @property
     def episode_steps(self) -> int:

@@ -454,7 +454,7 @@ class TrajectoryWriter:
     @property
     def history(self) -> History:
         """Column name to the column's recent steps, to pick items from."""
-        return History(self._p)
+        return self._p.history
 
     @property
     def episode_steps(self) -> int:

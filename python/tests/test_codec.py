@@ -227,6 +227,43 @@ def test_column_dtype_and_shape_are_fixed() -> None:
         assert p.episode_steps == 1  # nothing of a refused step is kept
 
 
+@pytest.mark.parametrize("chunk_length", [1, 3])
+def test_chunks_hold_the_steps_whatever_their_layout(chunk_length: int) -> None:
+    """Steps given as strided views, transposes and big-endian arrays are
+    sealed in C order as the column's little-endian dtype."""
+    p, sent = producer(chunk_length=chunk_length, compression="none")
+    base = np.arange(96, dtype=np.int32).reshape(8, 12)
+    steps = [
+        {"x": base[::2, ::3].copy(), "y": np.float64(0.5)},  # contiguous, for reference
+        {"x": base[1::2, ::3], "y": np.float64(1.5)},  # strided view
+        {"x": np.asfortranarray(base[::2, 1::3]), "y": np.array(2.5, dtype=">f8")},  # Fortran order, big-endian
+        {"x": base[::2, 2::3].T.copy().T, "y": np.float64(3.5)},  # a transposed view
+    ]
+    with p.mu:
+        for step in steps:
+            p.append_locked(step)
+            refs = p.resolve_locked({"x": p.history["x"][-1], "y": p.history["y"][-1]})
+            p.create_item_locked("t", 1.0, refs)
+        p.flush_locked()
+    chunks = [c for rec in sent for c in pb.InsertBatch.FromString(rec.data).chunks]
+    got = {name: np.concatenate([_codec.decode_chunk(c) for c in chunks if c.step_shape == shape])
+           for name, shape in (("x", [4, 4]), ("y", []))}
+    np.testing.assert_array_equal(got["x"], np.stack([s["x"] for s in steps]))
+    np.testing.assert_array_equal(got["y"], [0.5, 1.5, 2.5, 3.5])
+    assert got["y"].dtype == np.dtype("<f8")
+
+
+def test_varints_match_protobuf() -> None:
+    from reprise._writer import _varint
+
+    edges = [0, 1, 127, 128, (1 << 14) - 1, 1 << 14, (1 << 21) - 1, 1 << 21, 1 << 28, (1 << 63) + 5, (1 << 64) - 1]
+    rng = np.random.default_rng(3)
+    values = edges + [int(v) for v in rng.integers(0, 1 << 63, 2000, dtype=np.uint64) << np.uint64(1)]
+    for v in values:
+        # A packed repeated field of one value: its tag, its length, the varint.
+        assert _varint(v) == pb.InsertBatch(release_chunk_keys=[v]).SerializeToString()[2:], v
+
+
 def test_insert_batch_encoding_matches_protobuf() -> None:
     c = pb.Chunk(key=5, dtype="uint8", step_shape=[2], length=1, raw_size=2, data=b"ab").SerializeToString()
     it = pb.Item(key=9, table="t", priority=0.5).SerializeToString()
