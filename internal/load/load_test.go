@@ -2,6 +2,7 @@ package load
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"math"
 	"testing"
@@ -99,5 +100,54 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if _, err := Bench(ctx, BenchConfig{Inserters: 1, Payload: 400, Batch: 8, Episode: 12, Duration: time.Second}); !errors.Is(err, ErrConfig) {
 		t.Errorf("episodes of 12 items in batches of 8: %v, want ErrConfig", err)
+	}
+}
+
+func TestSeqWatch(t *testing.T) {
+	w := newSeqWatch()
+	stopped := make(chan struct{})
+	wait := func(ctx context.Context, seq uint64) <-chan error {
+		ch := make(chan error, 1)
+		go func() { ch <- w.wait(ctx, stopped, seq) }()
+		return ch
+	}
+	result := func(ch <-chan error) error {
+		t.Helper()
+		select {
+		case err := <-ch:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatal("wait did not return")
+			return nil
+		}
+	}
+	near, far := wait(t.Context(), 5), wait(t.Context(), 9)
+	w.set(4)
+	w.set(5)
+	if err := result(near); err != nil {
+		t.Errorf("wait for 5 after 5 arrived: %v", err)
+	}
+	select {
+	case err := <-far:
+		t.Fatalf("wait for 9 returned at 5: %v", err)
+	default:
+	}
+	w.set(12) // a consumer may pass a sequence without stopping at it
+	if err := result(far); err != nil {
+		t.Errorf("wait for 9 after 12 arrived: %v", err)
+	}
+	if err := result(wait(t.Context(), 3)); err != nil {
+		t.Errorf("wait for a sequence already reached: %v", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	gone := wait(ctx, 50)
+	cancel()
+	if err := result(gone); !errors.Is(err, context.Canceled) {
+		t.Errorf("wait whose context ended: %v, want context.Canceled", err)
+	}
+	orphan := wait(t.Context(), 50)
+	close(stopped)
+	if err := result(orphan); !errors.Is(err, errConsumerStopped) {
+		t.Errorf("wait on a stopped consumer: %v, want errConsumerStopped", err)
 	}
 }

@@ -10,18 +10,21 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// rawUnapplied is how far, in items, a raw publisher may run ahead of the
-// consumer: a Reprise producer's default window of unapplied items.
+// rawUnapplied is a Reprise producer's default window of unapplied items:
+// how far each raw publisher may run ahead of the consumer.
 const rawUnapplied = 4096
 
 // RawPublishConsumed is RawPublish with what Reprise adds on the server's
 // side and nothing of its own: one pull consumer, on a connection of its
 // own like the table service's, receives every message the publishers
 // store (no acks, a memory-held consumer, the service's 16 MiB pull
-// window) and throws it away. Each publisher waits, as a producer's window
-// makes it, while the consumer is more than its share of rawUnapplied
-// items behind. Reprise's inserts cannot outrun this on a machine whose
-// cores the server, the consumer and the publishers share.
+// window) and throws it away. Before each publish a publisher waits, as a
+// producer's window makes it, while the consumer is more messages behind
+// than the publishers' windows of rawUnapplied items hold together, or
+// than a quarter of the stream's bytes (so that the stream never discards
+// a message the consumer has yet to read). Reprise's inserts cannot outrun
+// this on a machine whose cores the server, the consumer and the
+// publishers share.
 func RawPublishConsumed(ctx context.Context, cfg RawConfig) (Throughput, error) {
 	if err := cfg.validate(true); err != nil {
 		return Throughput{}, err
@@ -62,6 +65,9 @@ func RawPublishConsumed(ctx context.Context, cfg RawConfig) (Throughput, error) 
 		defer close(done)
 		for {
 			m, err := msgs.Next()
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				continue // the iterator goes on, as the service's reader does
+			}
 			if err != nil {
 				consumeErr = err // jetstream.ErrMsgIteratorClosed once stopped below
 				return
@@ -79,7 +85,7 @@ func RawPublishConsumed(ctx context.Context, cfg RawConfig) (Throughput, error) 
 		_ = stream.DeleteConsumer(dctx, cons.CachedInfo().Name)
 	}()
 	data := randomBytes(cfg.Batch*cfg.Payload, 1)
-	ahead := uint64(max(1, rawUnapplied/cfg.Batch) * cfg.Clients)
+	ahead := uint64(min(max(1, rawUnapplied/cfg.Batch)*cfg.Clients, max(1, rawStreamBytes/4/len(data))))
 	return runClients(ctx, cfg.Clients, cfg.Warmup, cfg.Duration, func(ctx context.Context, i int, c *counter) error {
 		nc, err := connect(cfg.URL, fmt.Sprintf("raw publisher %d", i))
 		if err != nil {
@@ -93,8 +99,23 @@ func RawPublishConsumed(ctx context.Context, cfg RawConfig) (Throughput, error) 
 		if err != nil {
 			return err
 		}
+		// A wait for the consumer past the window would count nothing.
+		wctx, cancel := context.WithDeadline(ctx, c.w.End)
+		defer cancel()
+		var last uint64 // the stream sequence of this publisher's last message
 		for time.Now().Before(c.w.End) {
 			t0 := time.Now()
+			if last > ahead {
+				if err := seen.wait(wctx, done, last-ahead); err != nil {
+					switch {
+					case errors.Is(err, errConsumerStopped):
+						return fmt.Errorf("load: raw consumer: %w", consumeErr)
+					case ctx.Err() == nil:
+						return nil // the window ended
+					}
+					return err
+				}
+			}
 			f, err := js.PublishAsync(rawInsertSubject, data)
 			if err != nil {
 				return fmt.Errorf("load: raw publish: %w", err)
@@ -102,14 +123,7 @@ func RawPublishConsumed(ctx context.Context, cfg RawConfig) (Throughput, error) 
 			select {
 			case ack := <-f.Ok():
 				c.record(t0, time.Now(), int64(cfg.Batch), int64(len(data)))
-				if ack.Sequence > ahead {
-					if err := seen.wait(ctx, done, ack.Sequence-ahead); err != nil {
-						if errors.Is(err, errConsumerStopped) {
-							return fmt.Errorf("load: raw consumer: %w", consumeErr)
-						}
-						return err
-					}
-				}
+				last = ack.Sequence
 			case err := <-f.Err():
 				return fmt.Errorf("load: raw publish: %w", err)
 			case <-ctx.Done():
@@ -121,22 +135,25 @@ func RawPublishConsumed(ctx context.Context, cfg RawConfig) (Throughput, error) 
 }
 
 // seqWatch is the last stream sequence a consumer received, with a way to
-// wait for it to reach a value.
+// wait for it to reach a value. It wakes its waiters only once the least
+// sequence one of them waits for is reached: waking all of them at every
+// message took CPU from the run it measures.
 type seqWatch struct {
 	mu      sync.Mutex
 	seq     uint64
-	changed chan struct{}
+	want    uint64 // the least sequence waited for; 0: none
+	reached chan struct{}
 }
 
-func newSeqWatch() *seqWatch { return &seqWatch{changed: make(chan struct{})} }
+func newSeqWatch() *seqWatch { return &seqWatch{reached: make(chan struct{})} }
 
 func (w *seqWatch) set(seq uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if seq > w.seq {
-		w.seq = seq
-		close(w.changed)
-		w.changed = make(chan struct{})
+	w.seq = max(w.seq, seq)
+	if w.want != 0 && w.seq >= w.want {
+		close(w.reached)
+		w.reached, w.want = make(chan struct{}), 0
 	}
 }
 
@@ -146,11 +163,15 @@ var errConsumerStopped = errors.New("load: the consumer stopped")
 func (w *seqWatch) wait(ctx context.Context, stopped <-chan struct{}, seq uint64) error {
 	for {
 		w.mu.Lock()
-		cur, ch := w.seq, w.changed
-		w.mu.Unlock()
-		if cur >= seq {
+		if w.seq >= seq {
+			w.mu.Unlock()
 			return nil
 		}
+		if w.want == 0 || seq < w.want {
+			w.want = seq
+		}
+		ch := w.reached
+		w.mu.Unlock()
 		select {
 		case <-ch:
 		case <-stopped:

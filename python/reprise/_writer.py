@@ -146,8 +146,10 @@ class WriterOptions:
 
 def _varint(v: int) -> bytes:
     """The protobuf varint of 0 <= v < 2**64."""
-    if v < 0x4000:
+    if 0 <= v < 0x4000:
         return _VARINT14[v]
+    if v < 0:
+        raise ValueError(f"varint of {v}: negative (callers encode int64 as its two's complement)")
     # 14 bits a step through a table: item and chunk keys are random 64-bit
     # numbers, whose 10 bytes one at a time cost a writer more than
     # anything else it does per item.

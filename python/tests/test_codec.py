@@ -262,6 +262,8 @@ def test_varints_match_protobuf() -> None:
     for v in values:
         # A packed repeated field of one value: its tag, its length, the varint.
         assert _varint(v) == pb.InsertBatch(release_chunk_keys=[v]).SerializeToString()[2:], v
+    with pytest.raises(ValueError):
+        _varint(-1)
 
 
 def test_insert_batch_encoding_matches_protobuf() -> None:
