@@ -60,18 +60,11 @@ func RawPublish(ctx context.Context, cfg RawConfig) (Throughput, error) {
 	}
 	data := randomBytes(cfg.Batch*cfg.Payload, 1)
 	return runClients(ctx, cfg.Clients, cfg.Warmup, cfg.Duration, func(ctx context.Context, i int, c *counter) error {
-		nc, err := connect(cfg.URL, fmt.Sprintf("raw publisher %d", i))
+		nc, js, err := rawPublisher(cfg, i, len(data))
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
-		if len(data) > int(nc.MaxPayload()) {
-			return fmt.Errorf("%w: a batch of %d items of %d bytes exceeds the server's max payload (%d bytes)", ErrConfig, cfg.Batch, cfg.Payload, nc.MaxPayload())
-		}
-		js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
-		if err != nil {
-			return err
-		}
 		for time.Now().Before(c.w.End) {
 			t0 := time.Now()
 			f, err := js.PublishAsync(rawInsertSubject, data)
@@ -89,6 +82,25 @@ func RawPublish(ctx context.Context, cfg RawConfig) (Throughput, error) {
 		}
 		return nil
 	})
+}
+
+// rawPublisher connects raw publisher i, whose messages of size bytes
+// must fit the server's max payload, and opens JetStream on it.
+func rawPublisher(cfg RawConfig, i, size int) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := connect(cfg.URL, fmt.Sprintf("raw publisher %d", i))
+	if err != nil {
+		return nil, nil, err
+	}
+	if size > int(nc.MaxPayload()) {
+		nc.Close()
+		return nil, nil, fmt.Errorf("%w: a batch of %d items of %d bytes exceeds the server's max payload (%d bytes)", ErrConfig, cfg.Batch, cfg.Payload, nc.MaxPayload())
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }
 
 // RawPublishSync publishes one item at a time and waits for each ack: the

@@ -87,18 +87,11 @@ func RawPublishConsumed(ctx context.Context, cfg RawConfig) (Throughput, error) 
 	data := randomBytes(cfg.Batch*cfg.Payload, 1)
 	ahead := uint64(min(max(1, rawUnapplied/cfg.Batch)*cfg.Clients, max(1, rawStreamBytes/4/len(data))))
 	return runClients(ctx, cfg.Clients, cfg.Warmup, cfg.Duration, func(ctx context.Context, i int, c *counter) error {
-		nc, err := connect(cfg.URL, fmt.Sprintf("raw publisher %d", i))
+		nc, js, err := rawPublisher(cfg, i, len(data))
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
-		if len(data) > int(nc.MaxPayload()) {
-			return fmt.Errorf("%w: a batch of %d items of %d bytes exceeds the server's max payload (%d bytes)", ErrConfig, cfg.Batch, cfg.Payload, nc.MaxPayload())
-		}
-		js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
-		if err != nil {
-			return err
-		}
 		// A wait for the consumer past the window would count nothing.
 		wctx, cancel := context.WithDeadline(ctx, c.w.End)
 		defer cancel()
