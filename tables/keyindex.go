@@ -42,15 +42,20 @@ func (x *keyIndex[K]) hash(key uint64) uint64 {
 // keys that follow then find those slots in cache instead of missing on
 // each in turn. It changes nothing the index means.
 func (x *keyIndex[K]) prefetch(keys []uint64) {
-	if len(x.slots) == 0 {
-		return
-	}
-	mask := len(x.slots) - 1
 	var sum uint64
 	for _, k := range keys {
-		sum += x.slots[int(x.hash(k))&mask]
+		sum += x.touch(k)
 	}
 	x.prefetched = sum
+}
+
+// touch reads the slot where the search for key starts, for a caller that
+// keeps the value (see prefetch).
+func (x *keyIndex[K]) touch(key uint64) uint64 {
+	if len(x.slots) == 0 {
+		return 0
+	}
+	return x.slots[int(x.hash(key))&(len(x.slots)-1)]
 }
 
 // home is the slot where the search for a thing of slot value v starts.

@@ -120,6 +120,21 @@ func (s *ChunkStore) Prefetch(keys []uint64) {
 	s.chunks.prefetch(keys)
 }
 
+// prefetchRelease reads what releasing cs reads first, and changes
+// nothing: each chunk's place in slots and the index slot of its key.
+func (s *ChunkStore) prefetchRelease(cs []*Chunk) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var sum uint64
+	for _, c := range cs {
+		if s.slots[c.slot] != nil {
+			sum++
+		}
+		sum += s.chunks.touch(c.Key)
+	}
+	s.chunks.prefetched = sum
+}
+
 // Retain takes one more reference to each key (a key listed twice is
 // retained twice). If any key is missing it takes none and returns an error
 // wrapping ErrChunkMissing that names the first missing key.

@@ -75,6 +75,8 @@ type Table struct {
 	// them otherwise).
 	picks      []pick
 	prefetched int64
+	// victimChunks is prefetchVictims' scratch.
+	victimChunks []*Chunk
 }
 
 // entry is one item's bookkeeping: 96 bytes, its fields ordered so that
@@ -357,6 +359,32 @@ func (t *Table) Prefetch(keys []uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.items.prefetch(keys)
+	t.prefetchVictims(len(keys))
+}
+
+// prefetchVictims reads, all at once, what evicting the items that n
+// inserts will evict reads first, when the remover makes them known: a
+// Fifo remover takes the oldest. Evicting them one by one missed the cache
+// on each one's index slot, its chunks and the store's records of them, in
+// turn: a third of the apply loop's time in a full table of 100,000 items.
+func (t *Table) prefetchVictims(n int) {
+	evicted := int64(t.items.len()) + int64(n) - t.cfg.MaxSize
+	if evicted <= 0 || t.remover.kind() != selectors.KindFifo {
+		return
+	}
+	var sum uint64
+	chunks := t.victimChunks[:0]
+	for e := t.head; e != nil && evicted > 0; e, evicted = t.linked(e.next), evicted-1 {
+		sum += t.items.touch(e.key)
+		for _, c := range e.chunks {
+			sum += uint64(t.held[c.slot])
+			chunks = append(chunks, c)
+		}
+	}
+	t.prefetched = int64(sum)
+	t.store.prefetchRelease(chunks)
+	clear(chunks)
+	t.victimChunks = chunks[:0]
 }
 
 // TryInsert is Insert without the wait: when the rate limiter does not

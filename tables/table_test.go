@@ -102,6 +102,53 @@ func TestEvictionWithFifoRemover(t *testing.T) {
 	}
 }
 
+// Prefetch reads what inserts and a Fifo remover's evictions will read and
+// changes nothing: a table that prefetched before each round of inserts
+// ends like one that did not, whatever the round's size against the
+// table's (none, some or more than all of its items evicted, and an empty
+// table), and with removers whose victims it cannot know.
+func TestPrefetchChangesNothing(t *testing.T) {
+	for _, remover := range []selectors.Kind{selectors.KindFifo, selectors.KindLifo, selectors.KindUniform} {
+		s := NewChunkStore()
+		for k := range ChunkKey(40) {
+			putChunk(s, k, 1, 1)
+		}
+		cfg := func(name string) Config {
+			return config(name, selectors.KindFifo, remover, 4, limiter.MinSize(1))
+		}
+		plain, prefetching := mustNew(t, cfg("plain"), s), mustNew(t, cfg("prefetching"), s)
+		next := uint64(0)
+		for _, round := range []int{0, 2, 3, 1, 6, 4, 9} {
+			keys := make([]uint64, round)
+			for i := range keys {
+				keys[i] = next + uint64(i)
+			}
+			prefetching.Prefetch(keys)
+			prefetching.Prefetch(nil)
+			for _, k := range keys {
+				// Two chunks an item, one shared with the item before.
+				it := newItem(k, 1, ChunkKey(k%40), ChunkKey((k+1)%40))
+				mustInsert(t, plain, it)
+				mustInsert(t, prefetching, it)
+			}
+			next += uint64(round)
+			if a, b := listKeys(plain), listKeys(prefetching); !slices.Equal(a, b) {
+				t.Fatalf("remover %v, after a round of %d: items %v, want %v as without Prefetch", remover, round, b, a)
+			}
+			if a, b := plain.Info().Counters, prefetching.Info().Counters; a.Evictions != b.Evictions || a.Inserts != b.Inserts {
+				t.Fatalf("remover %v, after a round of %d: counters %+v, want %+v", remover, round, b, a)
+			}
+		}
+		for k := range ChunkKey(40) {
+			// Each table holds a reference to a chunk per item that uses it,
+			// and putChunk's own: the two tables hold the same.
+			if r := refs(s, k); (r-1)%2 != 0 {
+				t.Fatalf("remover %v: chunk %d has %d references, want the tables' equal shares and putChunk's", remover, k, r)
+			}
+		}
+	}
+}
+
 // As in Reverb the new item goes in before the remover chooses, so it can
 // be its own victim.
 func TestEvictionOwnVictim(t *testing.T) {
