@@ -35,6 +35,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -58,13 +59,17 @@ type options struct {
 	repo   string
 	only   []string
 	keep   bool
+	// payloads and clients, when set, narrow the throughput grid: one
+	// point rerun in a minute instead of the whole suite.
+	payloads []int
+	clients  []int
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("suite", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o options
-	var only string
+	var only, payloads, clients string
 	fs.StringVar(&o.out, "out", "bench/results", "`directory` for the results and plots (created if missing)")
 	fs.BoolVar(&o.quick, "quick", false, "smoke version: one payload, two client counts, under a second per point (memory rests 15 s per reading)")
 	fs.BoolVar(&o.reverb, "reverb", false, "also run DeepMind Reverb (needs the venv of bench/reverb/setup.sh)")
@@ -72,8 +77,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.repo, "repo", ".", "`directory` inside the Reprise repository to build from")
 	fs.StringVar(&only, "only", "", "comma-separated `sections` to run, of "+strings.Join(sections, ", ")+" (default: all; reverb needs --reverb)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (binaries, JetStream data, logs) and print where it is")
+	fs.StringVar(&payloads, "payloads", "", "comma-separated item `sizes` in bytes the throughput grid runs, of "+joinInts(paperPayloads)+" (default: all)")
+	fs.StringVar(&clients, "clients", "", "comma-separated client `counts` the throughput grid runs (default: the plan's)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: go run ./bench/suite [--out DIR] [--quick] [--reverb] [--only SECTIONS]")
+		fmt.Fprintln(fs.Output(), "Usage: go run ./bench/suite [--out DIR] [--quick] [--reverb] [--only SECTIONS] [--payloads SIZES] [--clients COUNTS]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -91,7 +98,44 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			o.only = append(o.only, name)
 		}
 	}
+	var err error
+	if o.payloads, err = parseInts("--payloads", payloads); err != nil {
+		return o, err
+	}
+	for _, p := range o.payloads {
+		if !slices.Contains(paperPayloads, p) {
+			return o, fmt.Errorf("--payloads: %d bytes has no table in the suite's reprised (want some of %s)", p, joinInts(paperPayloads))
+		}
+	}
+	if o.clients, err = parseInts("--clients", clients); err != nil {
+		return o, err
+	}
 	return o, nil
+}
+
+// parseInts reads a comma-separated list of positive integers; an empty
+// list is none.
+func parseInts(flagName, list string) ([]int, error) {
+	if list == "" {
+		return nil, nil
+	}
+	var out []int
+	for field := range strings.SplitSeq(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(field))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%s: %q is not a positive integer", flagName, field)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ", ")
 }
 
 func main() {
@@ -130,6 +174,12 @@ func run(ctx context.Context, opts options, log *slog.Logger) (*Results, error) 
 	s := &suite{opts: opts, plan: fullPlan(), log: log}
 	if opts.quick {
 		s.plan = quickPlan()
+	}
+	if len(opts.payloads) > 0 {
+		s.plan.payloads = opts.payloads
+	}
+	if len(opts.clients) > 0 {
+		s.plan.clients = opts.clients
 	}
 	start := time.Now()
 	s.res = &Results{Machine: describeMachine(), Quick: opts.quick, Started: start,

@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"image/png"
+	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -321,6 +322,23 @@ func TestInsertBatchStaysUnderIngestQueue(t *testing.T) {
 	for p, w := range want {
 		if b := insertBatch(p); b != w || 64*b*p > 64<<20 {
 			t.Errorf("insertBatch(%d) = %d, want %d (64 clients under 64 MiB)", p, b, w)
+		}
+	}
+}
+
+// TestGridFlags: --payloads and --clients narrow the throughput grid to
+// sizes the suite's reprised has tables for and to positive counts.
+func TestGridFlags(t *testing.T) {
+	o, err := parseFlags([]string{"--payloads", "400, 40000", "--clients", "16,64"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(o.payloads, []int{400, 40000}) || !slices.Equal(o.clients, []int{16, 64}) {
+		t.Fatalf("payloads %v, clients %v; want [400 40000] and [16 64]", o.payloads, o.clients)
+	}
+	for _, args := range [][]string{{"--payloads", "500"}, {"--payloads", "400,"}, {"--clients", "0"}, {"--clients", "four"}} {
+		if _, err := parseFlags(args, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q) accepted it", args)
 		}
 	}
 }
