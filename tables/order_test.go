@@ -114,10 +114,10 @@ func testUniformDraws(t *testing.T, maxTimes int32) {
 	}
 }
 
-// TestSampleBetweenReportsStateAfter: the state SampleBetween returns is
+// TestAppendSamplesReportsStateAfter: the state AppendSamples returns is
 // the table's right after its samples, items that reached
 // max_times_sampled gone, as a later Weight reads it.
-func TestSampleBetweenReportsStateAfter(t *testing.T) {
+func TestAppendSamplesReportsStateAfter(t *testing.T) {
 	store := NewChunkStore()
 	putChunk(store, 1, 1, 8)
 	cfg := config("s", selectors.KindPrioritized, selectors.KindFifo, 100, limiter.MinSize(1))
@@ -126,9 +126,9 @@ func TestSampleBetweenReportsStateAfter(t *testing.T) {
 	for k := range uint64(10) {
 		mustInsert(t, tb, newItem(k+1, float64(k+1), 1))
 	}
-	got, state, err := tb.SampleBetween(testCtx(t), 3, 3)
+	got, state, err := tb.AppendSamples(testCtx(t), nil, 3, 3)
 	if err != nil || len(got) != 3 {
-		t.Fatalf("SampleBetween(3, 3): %d samples, %v", len(got), err)
+		t.Fatalf("AppendSamples(nil, 3, 3): %d samples, %v", len(got), err)
 	}
 	weight, size := tb.Weight()
 	if state.Size != 7 || size != 7 || state.Weight != weight {
@@ -141,8 +141,16 @@ func TestSampleBetweenReportsStateAfter(t *testing.T) {
 	if w := state.Weight.Float64(); w != left {
 		t.Errorf("state weight %v, want the sum of the priorities left, %v", w, left)
 	}
+	first := []SampleInfo{got[0].Info, got[1].Info, got[2].Info}
+	more, state, err := tb.AppendSamples(testCtx(t), got, 2, 2)
+	if err != nil || len(more) != 5 || more[0].Info != first[0] || more[1].Info != first[1] || more[2].Info != first[2] {
+		t.Fatalf("AppendSamples(3 samples, 2, 2) = %d samples, %v: want the 3 given, then 2 more", len(more), err)
+	}
+	if state.Size != 5 {
+		t.Errorf("state %+v after 2 more samples, want 5 items", state)
+	}
 	for _, c := range [][2]int{{0, 1}, {2, 1}} {
-		_, _, err := tb.SampleBetween(testCtx(t), c[0], c[1])
+		_, _, err := tb.AppendSamples(testCtx(t), nil, c[0], c[1])
 		wantErr(t, err, []error{ErrInvalidArgument}, "least", "most")
 	}
 }

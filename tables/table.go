@@ -604,7 +604,7 @@ func must(err error) {
 // The returned layouts and chunk slices are shared with the table and
 // other samples: read them, never modify them.
 func (t *Table) Sample(ctx context.Context, n int) ([]Sample, error) {
-	out, _, err := t.SampleBetween(ctx, n, n)
+	out, _, err := t.AppendSamples(ctx, nil, n, n)
 	return out, err
 }
 
@@ -612,7 +612,7 @@ func (t *Table) Sample(ctx context.Context, n int) ([]Sample, error) {
 // many as the rate limiter allows at that moment, up to n. It fails as
 // Sample does, with no samples.
 func (t *Table) SampleFlexible(ctx context.Context, n int) ([]Sample, error) {
-	out, _, err := t.SampleBetween(ctx, 1, n)
+	out, _, err := t.AppendSamples(ctx, nil, 1, n)
 	return out, err
 }
 
@@ -622,35 +622,37 @@ type State struct {
 	Weight Weight
 }
 
-// SampleBetween waits until at least least samples are allowed, then takes
-// as many as the rate limiter allows, up to most: Sample is (n, n) and
-// SampleFlexible (1, n). It also returns the table's state once the last
-// samples were taken, read under the same lock, so that a caller replying
-// with both takes the table's lock once: under load every acquisition may
-// wait behind the queue of inserts. It fails as Sample does.
-func (t *Table) SampleBetween(ctx context.Context, least, most int) ([]Sample, State, error) {
+// AppendSamples waits until at least least samples are allowed, then takes
+// as many as the rate limiter allows, up to most, and appends them to dst:
+// Sample is (nil, n, n) and SampleFlexible (nil, 1, n). A caller that
+// samples again and again passes the slice it used last time, cleared, so
+// that a batch of samples allocates nothing. It also returns the table's
+// state once the last samples were taken, read under the same lock, so that
+// a caller replying with both takes the table's lock once: under load every
+// acquisition may wait behind the queue of inserts. It fails as Sample
+// does, with the samples it appended.
+func (t *Table) AppendSamples(ctx context.Context, dst []Sample, least, most int) ([]Sample, State, error) {
 	if least < 1 || most < least {
-		return nil, State{}, fmt.Errorf("%w: table %q: sample counts must be 1 <= least <= most, got %d and %d", ErrInvalidArgument, t.name, least, most)
+		return dst, State{}, fmt.Errorf("%w: table %q: sample counts must be 1 <= least <= most, got %d and %d", ErrInvalidArgument, t.name, least, most)
 	}
-	var (
-		out   []Sample
-		state State
-	)
-	waited := false
+	var state State
+	out, base := dst, len(dst)
+	sized, waited := false, false
 	for {
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
 			return out, state, fmt.Errorf("%w: table %q", ErrClosed, t.name)
 		}
-		if out == nil {
+		if !sized {
 			// Sized for the usual case (no more than the table holds) and
 			// never by the request alone, which may be absurd.
-			out = make([]Sample, 0, min(most, max(1, t.items.len())))
+			out = slices.Grow(out, min(most, max(1, t.items.len())))
+			sized = true
 		}
 		var changed <-chan struct{}
 		if t.cfg.MaxTimesSampled > 0 {
-			for len(out) < most {
+			for len(out)-base < most {
 				var ok bool
 				if ok, changed = t.lim.TrySample(1); !ok {
 					break
@@ -658,10 +660,10 @@ func (t *Table) SampleBetween(ctx context.Context, least, most int) ([]Sample, S
 				out = append(out, t.sampleLocked(waited))
 			}
 		} else {
-			out, changed = t.sampleManyLocked(out, most, waited)
+			out, changed = t.sampleManyLocked(out, base+most, waited)
 		}
 		state = State{Size: int64(t.items.len()), Weight: t.weightLocked()}
-		if len(out) >= least {
+		if len(out)-base >= least {
 			t.mu.Unlock()
 			return out, state, nil
 		}

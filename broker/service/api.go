@@ -219,7 +219,15 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	if req.Flexible {
 		least = 1
 	}
-	samples, after, err := t.SampleBetween(wctx, least, int(req.NumSamples))
+	pooled := sampleSlices.Get().(*[]tables.Sample)
+	defer func() {
+		// Cleared, so that the pool keeps no chunk alive.
+		clear(*pooled)
+		*pooled = (*pooled)[:0]
+		sampleSlices.Put(pooled)
+	}()
+	samples, after, err := t.AppendSamples(wctx, *pooled, least, int(req.NumSamples))
+	*pooled = samples
 	status, msg := protocol.CodeOK, ""
 	switch {
 	case err == nil:
@@ -260,6 +268,12 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 // responseBuffers keeps sample response buffers between requests: a batch
 // of large items makes megabytes each time.
 var responseBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// sampleSlices keeps the slices samples are taken into between requests:
+// fresh, they were 15% of what reprised allocated while serving batches of
+// 256 items of 400 B (the NATS server's copies of the replies most of the
+// rest), and each collection marks every table.
+var sampleSlices = sync.Pool{New: func() any { return new([]tables.Sample) }}
 
 // respondParts sends data in one message, or in parts when it exceeds the
 // connection's max payload.

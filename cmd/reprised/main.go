@@ -35,7 +35,7 @@ func main() {
 	paced := make(chan struct{})
 	go func() {
 		defer close(paced)
-		gcpace.Run(ctx, time.Second, gcpace.RestAfter)
+		gcpace.Run(ctx, 250*time.Millisecond, gcpace.RestAfter)
 	}()
 	code := daemon.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

@@ -4,11 +4,13 @@
 //
 // The collector's default, GOGC=100, lets the heap grow to twice the live
 // data before it collects: a table service holding 10 GB of chunks may use
-// 20 GB. Run lowers GOGC as the live heap grows, so that the heap's headroom
-// over live data stays near a fixed amount (Headroom) and never below
-// MinPercent of it. Collections get rarer per byte allocated as the heap
-// grows, and cost little each: chunk bytes hold no pointers, so marking
-// them is free. A process whose operator set GOGC keeps that setting.
+// 20 GB, and one holding 50 MB collects every 50 MB allocated, marking its
+// whole table each time. Run sets GOGC from the live heap so that the
+// heap's headroom over live data stays near a fixed amount (Headroom),
+// never below MinPercent of it and never above MaxPercent. Collections get
+// rarer per byte allocated as the heap grows, and cost little each: chunk
+// bytes hold no pointers, so marking them is free. A process whose
+// operator set GOGC keeps that setting.
 //
 // A burst of inserts leaves memory behind that nothing collects while the
 // process is idle: the headroom the burst grew into, and the NATS server's
@@ -32,13 +34,16 @@ import (
 )
 
 const (
-	// Headroom is the garbage the heap may hold over its live data while
-	// that stays below Headroom itself (GOGC 100 there).
+	// Headroom is the garbage the heap may hold over its live data.
 	Headroom = 256 << 20
 	// MinPercent is the least GOGC Run sets: the headroom of a large heap.
 	// Lower saves more memory and costs more collections, which measured
 	// as up to a fifth of the throughput of 4 kB inserts at 20.
 	MinPercent = 50
+	// MaxPercent is the most GOGC Run sets: the headroom of a small heap.
+	// It bounds how far the heap may outgrow its live data between two of
+	// Run's readings while a fill makes that grow fast.
+	MaxPercent = 400
 	// RestAfter is how long the process allocates next to nothing before
 	// Run returns its free memory: past the NATS server's 10-second cache
 	// of recently written stream blocks, so that it is free by then.
@@ -51,10 +56,10 @@ const (
 
 // Percent is the GOGC for a live heap of live bytes.
 func Percent(live uint64) int {
-	if live <= Headroom {
-		return 100
+	if live == 0 {
+		return MaxPercent
 	}
-	return max(MinPercent, int(100*Headroom/live))
+	return int(min(MaxPercent, max(MinPercent, 100*Headroom/live)))
 }
 
 // Run, every period until ctx ends, sets GOGC from the live heap (unless

@@ -16,7 +16,10 @@ func TestPercent(t *testing.T) {
 		live uint64
 		want int
 	}{
-		{0, 100},
+		{0, MaxPercent},
+		{Headroom / 100, MaxPercent},
+		{Headroom / 4, MaxPercent},
+		{Headroom / 2, 200},
 		{Headroom, 100},
 		{3 * Headroom / 2, 66},
 		{2 * Headroom, 50},
@@ -56,6 +59,27 @@ func TestRunLowersGOGC(t *testing.T) {
 		t.Fatalf("GOGC %d after Run returned, want the 100 it found", got)
 	}
 	runtime.KeepAlive(keep)
+}
+
+// TestRunRaisesGOGC: a small live heap gets MaxPercent, so that it is not
+// marked again every few megabytes allocated.
+func TestRunRaisesGOGC(t *testing.T) {
+	t.Setenv("GOGC", "")
+	before := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(before)
+	runtime.GC()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Run(ctx, 10*time.Millisecond, time.Hour)
+	}()
+	testutil.WaitUntil(t, "GOGC at MaxPercent", func() bool { return gogc() == MaxPercent })
+	cancel()
+	<-done
+	if got := gogc(); got != 100 {
+		t.Fatalf("GOGC %d after Run returned, want the 100 it found", got)
+	}
 }
 
 func gogc() int {
