@@ -11,8 +11,9 @@
 // server shuts down. See reprise.example.yaml for every setting.
 //
 // Unless GOGC is set, reprised paces its garbage collector with package
-// gcpace: a heap of tables keeps about 256 MiB of garbage over its live
-// data, and at most 50% more once larger, instead of Go's default 100%.
+// gcpace: the heap keeps about 256 MiB of garbage over its live data (at
+// most four times a live heap under 64 MiB, half of one over 512 MiB),
+// where Go's default is as much garbage as live data.
 // Once it has rested for gcpace.RestAfter (no inserts, no samples) it
 // returns its free memory to the system.
 package main
