@@ -105,7 +105,7 @@ func FuzzApply(f *testing.F) {
 				t.Fatalf("sampling %s: %v", name, err)
 			}
 			weight, size := tb.Weight()
-			packed, err := wire.AppendPackedSampleResponse(nil, wire.Code_CODE_OK, "", samples, wire.TableState{Size: size, Weight: weight})
+			packed, err := wire.AppendPackedSampleResponse(nil, wire.PackedLayout_PACKED_LAYOUT_COMPACT, wire.Code_CODE_OK, "", samples, wire.TableState{Size: size, Weight: weight})
 			if err != nil {
 				t.Fatalf("the service cannot answer a sample of %s: %v", name, err)
 			}

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"math"
 	"slices"
@@ -975,7 +976,9 @@ func TestStalenessEndToEnd(t *testing.T) {
 
 // TestUnpackedSampleRequests: a request without packed, as clients older
 // than packed replies send, gets the items one message each with their
-// chunks whole, and they say what a packed reply says.
+// chunks whole, and they say what a packed reply says; a request without
+// a layout, as clients older than the compact layout send, gets the wide
+// one.
 func TestUnpackedSampleRequests(t *testing.T) {
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 1000)}, deployOptions{})
 	insertSteps(t, d.producer(), 0, 1, 8)
@@ -984,8 +987,8 @@ func TestUnpackedSampleRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc := d.connect()
-	ask := func(packed bool) []byte {
-		req, err := proto.Marshal(&wire.SampleRequest{Table: "t", NumSamples: 3, TimeoutMs: 5000, Packed: packed})
+	ask := func(packed bool, layout wire.PackedLayout) []byte {
+		req, err := proto.Marshal(&wire.SampleRequest{Table: "t", NumSamples: 3, TimeoutMs: 5000, Packed: packed, Layout: layout})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -996,13 +999,23 @@ func TestUnpackedSampleRequests(t *testing.T) {
 		return m.Data
 	}
 	var old wire.SampleResponse
-	if err := proto.Unmarshal(ask(false), &old); err != nil {
+	if err := proto.Unmarshal(ask(false, wire.PackedLayout_PACKED_LAYOUT_COMPACT), &old); err != nil {
 		t.Fatal(err)
 	}
 	if len(old.Items) != 3 || len(old.Chunks) != 2 || old.Packed != nil {
 		t.Fatalf("unpacked reply: %d items, %d chunks, packed %v; want 3 items of 2 chunks (obs and id), nothing packed", len(old.Items), len(old.Chunks), old.Packed != nil)
 	}
-	packed, err := wire.DecodeSampleResponse(ask(true))
+	var wide wire.SampleResponse
+	if err := proto.Unmarshal(ask(true, wire.PackedLayout_PACKED_LAYOUT_WIDE), &wide); err != nil {
+		t.Fatal(err)
+	}
+	if p := wide.GetPacked(); len(p.GetInfos()) != 3*56 || len(p.GetCompactInfos()) != 0 || binary.LittleEndian.Uint64(p.GetInfos()) != old.Items[0].Info.Key {
+		t.Fatalf("a request without a layout: %d bytes of wide infos, %d of compact ones; want three 56-byte records of item %d", len(p.GetInfos()), len(p.GetCompactInfos()), old.Items[0].Info.Key)
+	}
+	if _, err := wire.DecodeSampleResponse(ask(true, wire.PackedLayout_PACKED_LAYOUT_WIDE)); !errors.Is(err, wire.ErrMalformed) {
+		t.Fatalf("this client decoding the wide layout: %v, want it refused", err)
+	}
+	packed, err := wire.DecodeSampleResponse(ask(true, wire.PackedLayout_PACKED_LAYOUT_COMPACT))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -274,7 +274,7 @@ func goldenResponses(t *testing.T) []goldenResponse {
 		if items > 0 {
 			after = wire.TableState{Size: int64(1000 + items), Weight: tables.Weight{Fraction: 0.5 + 1/float64(items+4), Exponent: int64(items)*700 - 1500}}
 		}
-		response, err := wire.AppendPackedSampleResponse(nil, code, msg, samples, after)
+		response, err := wire.AppendPackedSampleResponse(nil, wire.PackedLayout_PACKED_LAYOUT_COMPACT, code, msg, samples, after)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,14 +12,23 @@ import (
 	"github.com/reprise-rl/reprise/tables"
 )
 
-// Record sizes and the data alignment of PackedSamples (reprise.proto).
+// Record sizes and the data alignment of PackedSamples (reprise.proto),
+// in its wide and compact layouts.
 const (
-	packedInfoSize   = 56
-	packedColumnSize = 12
-	packedSliceSize  = 12
-	packedChunkSize  = 48
-	packedAlign      = 8
+	packedInfoSize    = 56
+	packedColumnSize  = 12
+	packedSliceSize   = 12
+	packedChunkSize   = 48
+	compactInfoSize   = 48
+	compactColumnSize = 8
+	compactChunkSize  = 24
+	packedAlign       = 8
 )
+
+// compactFlag is the bit of a compact info's column count that says the
+// sample was rate limited, and of a compact column's slice count that says
+// it is squeezed; the counts are the other 31 bits.
+const compactFlag = 1 << 31
 
 // Field numbers of SampleResponse and PackedSamples.
 const (
@@ -32,6 +41,10 @@ const (
 	fieldPackedChunks  = 5
 	fieldPackedFormats = 6
 	fieldPackedData    = 7
+
+	fieldCompactInfos   = 8
+	fieldCompactColumns = 9
+	fieldCompactChunks  = 10
 
 	fieldFormatDtype = 1
 	fieldFormatShape = 2
@@ -149,18 +162,29 @@ func (p *packer) release() {
 }
 
 // AppendPackedSampleResponse appends the encoding of a SampleResponse with
-// its samples laid out in a PackedSamples (see reprise.proto), which a
-// learner decodes per reply rather than per item. Each chunk's header is
-// read from its stored bytes; a chunk that does not decode is an error,
-// since the store holds only chunks that did when they were inserted.
+// its samples laid out in a PackedSamples (see reprise.proto), in the
+// records of layout, which a learner decodes per reply rather than per
+// item. Each chunk's header is read from its stored bytes; a chunk that
+// does not decode is an error, since the store holds only chunks that did
+// when they were inserted.
 //
 // after is the table once the sample was taken, as in
 // AppendSampleResponse.
-func AppendPackedSampleResponse(b []byte, code Code, msg string, samples []tables.Sample, after TableState) ([]byte, error) {
+func AppendPackedSampleResponse(b []byte, layout PackedLayout, code Code, msg string, samples []tables.Sample, after TableState) ([]byte, error) {
 	p := packers.Get().(*packer)
 	defer p.release()
 	if err := p.gather(samples); err != nil {
 		return b, err
+	}
+	compact := layout == PackedLayout_PACKED_LAYOUT_COMPACT
+	infoSize, columnSize, chunkSize := packedInfoSize, packedColumnSize, packedChunkSize
+	infosField, columnsField, chunksField := protowire.Number(fieldPackedInfos), protowire.Number(fieldPackedColumns), protowire.Number(fieldPackedChunks)
+	if compact {
+		infoSize, columnSize, chunkSize = compactInfoSize, compactColumnSize, compactChunkSize
+		infosField, columnsField, chunksField = fieldCompactInfos, fieldCompactColumns, fieldCompactChunks
+		if err := p.fitsCompact(samples); err != nil {
+			return b, err
+		}
 	}
 	data := 0
 	for i := range p.chunks {
@@ -178,10 +202,10 @@ func AppendPackedSampleResponse(b []byte, code Code, msg string, samples []table
 		names += 1 + protowire.SizeBytes(len(n))
 	}
 	sizes := [...]int{
-		len(samples) * packedInfoSize,
-		p.columns * packedColumnSize,
+		len(samples) * infoSize,
+		p.columns * columnSize,
 		p.slices * packedSliceSize,
-		len(p.chunks) * packedChunkSize,
+		len(p.chunks) * chunkSize,
 		data,
 	}
 	packed := names + formats
@@ -203,29 +227,53 @@ func AppendPackedSampleResponse(b []byte, code Code, msg string, samples []table
 	}
 	b = appendSubmessage(b, fieldResponsePacked, packed)
 
-	if sizes[0] > 0 {
-		b = appendSubmessage(b, fieldPackedInfos, sizes[0])
-		for i := range samples {
-			b = appendInfoRecord(b, &samples[i].Info, len(samples[i].Layout))
+	infos := func(b []byte) []byte {
+		if sizes[0] == 0 {
+			return b
 		}
+		b = appendSubmessage(b, infosField, sizes[0])
+		for i := range samples {
+			if compact {
+				b = appendCompactInfo(b, &samples[i].Info, len(samples[i].Layout))
+			} else {
+				b = appendInfoRecord(b, &samples[i].Info, len(samples[i].Layout))
+			}
+		}
+		return b
 	}
-	if sizes[1] > 0 {
-		b = appendSubmessage(b, fieldPackedColumns, sizes[1])
-		b = p.appendColumns(b, samples)
+	columns := func(b []byte) []byte {
+		if sizes[1] == 0 {
+			return b
+		}
+		return p.appendColumns(appendSubmessage(b, columnsField, sizes[1]), samples, compact)
+	}
+	chunks := func(b []byte) []byte {
+		if sizes[3] == 0 {
+			return b
+		}
+		b = appendSubmessage(b, chunksField, sizes[3])
+		for i := range p.chunks {
+			if compact {
+				b = appendCompactChunk(b, &p.chunks[i])
+			} else {
+				b = appendChunkRecord(b, &p.chunks[i])
+			}
+		}
+		return b
+	}
+	// Fields in the order of their numbers, as protobuf writes them.
+	if !compact {
+		b = columns(infos(b))
 	}
 	for _, n := range p.names {
 		b = protowire.AppendTag(b, fieldPackedNames, protowire.BytesType)
 		b = protowire.AppendString(b, n)
 	}
 	if sizes[2] > 0 {
-		b = appendSubmessage(b, fieldPackedSlices, sizes[2])
-		b = p.appendSlices(b, samples)
+		b = p.appendSlices(appendSubmessage(b, fieldPackedSlices, sizes[2]), samples)
 	}
-	if sizes[3] > 0 {
-		b = appendSubmessage(b, fieldPackedChunks, sizes[3])
-		for i := range p.chunks {
-			b = appendChunkRecord(b, &p.chunks[i])
-		}
+	if !compact {
+		b = chunks(b)
 	}
 	for i := range p.dtypes {
 		b = appendSubmessage(b, fieldPackedFormats, sizeFormat(p.dtypes[i], p.shapes[i]))
@@ -240,6 +288,9 @@ func AppendPackedSampleResponse(b []byte, code Code, msg string, samples []table
 			b = append(b, c.payload...)
 		}
 		b = append(b, make([]byte, start+data-len(b))...)
+	}
+	if compact {
+		b = chunks(columns(infos(b)))
 	}
 	return b, nil
 }
@@ -332,18 +383,49 @@ func (p *packer) name(n string, at int) uint32 {
 	return uint32(len(p.names) - 1)
 }
 
-func (p *packer) appendColumns(b []byte, samples []tables.Sample) []byte {
+// fitsCompact checks what the compact layout holds in fewer bits than the
+// wide one: counts of 31 bits and chunk sizes of 32. Neither limit is
+// reached by what a service stores; the check keeps a reply from saying
+// something other than the table holds if one ever is.
+func (p *packer) fitsCompact(samples []tables.Sample) error {
+	for i := range samples {
+		if len(samples[i].Layout) >= compactFlag {
+			return fmt.Errorf("%w: item %d has %d columns, more than a compact reply holds", ErrMalformed, samples[i].Info.Key, len(samples[i].Layout))
+		}
+		for j := range samples[i].Layout {
+			if n := len(samples[i].Layout[j].Slices); n >= compactFlag {
+				return fmt.Errorf("%w: item %d column %q has %d slices, more than a compact reply holds", ErrMalformed, samples[i].Info.Key, samples[i].Layout[j].Name, n)
+			}
+		}
+	}
+	for i := range p.chunks {
+		if c := &p.chunks[i]; len(c.payload) > math.MaxUint32 {
+			return fmt.Errorf("%w: chunk %d holds %d bytes, more than a compact reply holds", ErrInvalidChunk, c.key, len(c.payload))
+		}
+	}
+	return nil
+}
+
+func (p *packer) appendColumns(b []byte, samples []tables.Sample, compact bool) []byte {
+	le := binary.LittleEndian
 	names := p.colName
 	for i := range samples {
 		for j := range samples[i].Layout {
 			col := &samples[i].Layout[j]
-			squeeze := uint32(0)
-			if col.Squeeze {
-				squeeze = 1
+			b = le.AppendUint32(b, names[j])
+			slices := uint32(len(col.Slices))
+			switch {
+			case !compact:
+				var squeeze uint32
+				if col.Squeeze {
+					squeeze = 1
+				}
+				b = le.AppendUint32(le.AppendUint32(b, slices), squeeze)
+			case col.Squeeze:
+				b = le.AppendUint32(b, slices|compactFlag)
+			default:
+				b = le.AppendUint32(b, slices)
 			}
-			b = binary.LittleEndian.AppendUint32(b, names[j])
-			b = binary.LittleEndian.AppendUint32(b, uint32(len(col.Slices)))
-			b = binary.LittleEndian.AppendUint32(b, squeeze)
 		}
 		names = names[len(samples[i].Layout):]
 	}
@@ -380,6 +462,36 @@ func appendInfoRecord(b []byte, in *tables.SampleInfo, columns int) []byte {
 		limited = 1
 	}
 	return append(b, limited, 0, 0, 0, 0, 0, 0, 0)
+}
+
+func appendCompactInfo(b []byte, in *tables.SampleInfo, columns int) []byte {
+	le := binary.LittleEndian
+	b = le.AppendUint64(b, in.Key)
+	b = le.AppendUint64(b, math.Float64bits(in.Probability))
+	b = le.AppendUint64(b, uint64(in.TableSize))
+	b = le.AppendUint64(b, math.Float64bits(in.Priority))
+	b = le.AppendUint64(b, uint64(in.InsertedAt.UnixNano()))
+	b = le.AppendUint32(b, uint32(in.TimesSampled))
+	cols := uint32(columns)
+	if in.RateLimited {
+		cols |= compactFlag
+	}
+	return le.AppendUint32(b, cols)
+}
+
+// appendCompactChunk leaves out the chunk's place in data and its raw
+// size, which a reader derives from the sizes before it and its format.
+func appendCompactChunk(b []byte, c *storedChunk) []byte {
+	le := binary.LittleEndian
+	b = le.AppendUint64(b, c.key)
+	b = le.AppendUint32(b, uint32(len(c.payload)))
+	b = le.AppendUint32(b, c.steps)
+	b = le.AppendUint32(b, c.format)
+	var delta byte
+	if c.delta {
+		delta = 1
+	}
+	return append(b, byte(c.compression), delta, 0, 0)
 }
 
 func appendChunkRecord(b []byte, c *storedChunk) []byte {

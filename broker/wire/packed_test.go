@@ -16,14 +16,103 @@ import (
 	"github.com/reprise-rl/reprise/tables"
 )
 
-// pack is AppendPackedSampleResponse, which must not fail on stored chunks.
+// pack is AppendPackedSampleResponse in the compact layout, which must not
+// fail on stored chunks.
 func pack(t testing.TB, code Code, msg string, samples []tables.Sample, after TableState) []byte {
 	t.Helper()
-	b, err := AppendPackedSampleResponse(nil, code, msg, samples, after)
+	return packLayout(t, PackedLayout_PACKED_LAYOUT_COMPACT, code, msg, samples, after)
+}
+
+func packLayout(t testing.TB, layout PackedLayout, code Code, msg string, samples []tables.Sample, after TableState) []byte {
+	t.Helper()
+	b, err := AppendPackedSampleResponse(nil, layout, code, msg, samples, after)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// refRecords are a packed reply's records in either layout, each field
+// read or derived as reprise.proto says.
+type refRecords struct {
+	infos   []tables.SampleInfo
+	ncols   []uint32
+	columns []refColumn
+	chunks  []refChunk
+}
+
+type refColumn struct {
+	name, slices uint32
+	squeeze      bool
+}
+
+type refChunk struct {
+	key, at, size, raw uint64
+	steps, format      uint32
+	compression        Compression
+	delta              bool
+}
+
+// readRecords reads a PackedSamples' records the long way, in the layout
+// whose fields it holds.
+func readRecords(p *PackedSamples) (refRecords, error) {
+	le := binary.LittleEndian
+	var r refRecords
+	wide := len(p.Infos)+len(p.Columns)+len(p.Chunks) > 0
+	infoSize, columnSize, chunkSize := compactInfoSize, compactColumnSize, compactChunkSize
+	infos, columns, chunks := p.CompactInfos, p.CompactColumns, p.CompactChunks
+	if wide {
+		infoSize, columnSize, chunkSize = packedInfoSize, packedColumnSize, packedChunkSize
+		infos, columns, chunks = p.Infos, p.Columns, p.Chunks
+	}
+	if len(infos)%infoSize != 0 || len(columns)%columnSize != 0 || len(p.Slices)%packedSliceSize != 0 || len(chunks)%chunkSize != 0 {
+		return r, errors.New("a partial record")
+	}
+	for b := infos; len(b) > 0; b = b[infoSize:] {
+		in := tables.SampleInfo{Key: le.Uint64(b), Probability: math.Float64frombits(le.Uint64(b[8:])), TableSize: int64(le.Uint64(b[16:])),
+			Priority: math.Float64frombits(le.Uint64(b[24:])), InsertedAt: time.Unix(0, int64(le.Uint64(b[32:]))), TimesSampled: int32(le.Uint32(b[40:]))}
+		n := le.Uint32(b[44:])
+		if wide {
+			in.RateLimited = b[48] != 0
+		} else {
+			in.RateLimited, n = n>>31 != 0, n&(1<<31-1)
+		}
+		r.infos, r.ncols = append(r.infos, in), append(r.ncols, n)
+	}
+	for b := columns; len(b) > 0; b = b[columnSize:] {
+		c := refColumn{name: le.Uint32(b), slices: le.Uint32(b[4:])}
+		if wide {
+			c.squeeze = le.Uint32(b[8:]) != 0
+		} else {
+			c.squeeze, c.slices = c.slices>>31 != 0, c.slices&(1<<31-1)
+		}
+		r.columns = append(r.columns, c)
+	}
+	var next uint64 // a compact chunk's place in data
+	for b := chunks; len(b) > 0; b = b[chunkSize:] {
+		c := refChunk{key: le.Uint64(b)}
+		if wide {
+			c.at, c.size, c.raw = le.Uint64(b[8:]), le.Uint64(b[16:]), le.Uint64(b[24:])
+			c.steps, c.format, c.compression, c.delta = le.Uint32(b[32:]), le.Uint32(b[36:]), Compression(b[40]), b[41] != 0
+		} else {
+			c.size, c.steps, c.format, c.compression, c.delta = uint64(le.Uint32(b[8:])), le.Uint32(b[12:]), le.Uint32(b[16:]), Compression(b[20]), b[21] != 0
+			c.at = (next + 7) / 8 * 8
+			next = c.at + c.size
+			if c.format < uint32(len(p.Formats)) {
+				f := p.Formats[c.format]
+				elem, err := ElemSize(f.Dtype)
+				if err != nil {
+					return r, err
+				}
+				c.raw = uint64(elem) * uint64(c.steps)
+				for _, d := range f.StepShape {
+					c.raw *= uint64(d)
+				}
+			}
+		}
+		r.chunks = append(r.chunks, c)
+	}
+	return r, nil
 }
 
 // referencePacked decodes a packed response the long way: the generated
@@ -40,41 +129,43 @@ func referencePacked(b []byte) (SampleReply, error) {
 	if p == nil {
 		return reply, nil
 	}
-	le := binary.LittleEndian
+	recs, err := readRecords(p)
+	if err != nil {
+		return SampleReply{}, err
+	}
 	var chunks []*Tensor
-	for r := p.Chunks; len(r) >= packedChunkSize; r = r[packedChunkSize:] {
-		at, size, format := le.Uint64(r[8:]), le.Uint64(r[16:]), le.Uint32(r[36:])
-		if format >= uint32(len(p.Formats)) || at%8 != 0 || at > uint64(len(p.Data)) || size > uint64(len(p.Data))-at || le.Uint32(r[32:]) > math.MaxInt32 {
+	for _, rc := range recs.chunks {
+		if rc.format >= uint32(len(p.Formats)) || rc.at%8 != 0 || rc.at > uint64(len(p.Data)) || rc.size > uint64(len(p.Data))-rc.at || rc.steps > math.MaxInt32 {
 			return SampleReply{}, errors.New("chunk record out of range")
 		}
-		f := p.Formats[format]
-		c := &Chunk{Key: le.Uint64(r), Dtype: f.Dtype, StepShape: f.StepShape, Length: int32(le.Uint32(r[32:])), Compression: Compression(r[40]),
-			DeltaEncoded: r[41] != 0, RawSize: le.Uint64(r[24:]), Data: p.Data[at : at+size]}
+		f := p.Formats[rc.format]
+		c := &Chunk{Key: rc.key, Dtype: f.Dtype, StepShape: f.StepShape, Length: int32(rc.steps), Compression: rc.compression,
+			DeltaEncoded: rc.delta, RawSize: rc.raw, Data: p.Data[rc.at : rc.at+rc.size]}
 		d, err := DecodeChunk(c)
 		if err != nil {
 			return SampleReply{}, err
 		}
 		chunks = append(chunks, d)
 	}
-	cols, sls := p.Columns, p.Slices
-	for r := p.Infos; len(r) >= packedInfoSize; r = r[packedInfoSize:] {
-		s := DecodedSample{Info: tables.SampleInfo{Key: le.Uint64(r), Probability: math.Float64frombits(le.Uint64(r[8:])), TableSize: int64(le.Uint64(r[16:])),
-			Priority: math.Float64frombits(le.Uint64(r[24:])), InsertedAt: time.Unix(0, int64(le.Uint64(r[32:]))), TimesSampled: int32(le.Uint32(r[40:])), RateLimited: r[48] != 0}}
-		for range le.Uint32(r[44:]) {
-			if len(cols) < packedColumnSize {
+	cols, sls := recs.columns, p.Slices
+	for i, info := range recs.infos {
+		s := DecodedSample{Info: info}
+		for range recs.ncols[i] {
+			if len(cols) == 0 {
 				return SampleReply{}, errors.New("too few columns")
 			}
-			name, n, squeeze := le.Uint32(cols), le.Uint32(cols[4:]), le.Uint32(cols[8:]) != 0
-			cols = cols[packedColumnSize:]
-			if name >= uint32(len(p.Names)) || n == 0 {
+			rc := cols[0]
+			cols = cols[1:]
+			if rc.name >= uint32(len(p.Names)) || rc.slices == 0 {
 				return SampleReply{}, errors.New("bad column")
 			}
 			var col SampledColumn
 			var steps int64
-			for range n {
+			for range rc.slices {
 				if len(sls) < packedSliceSize {
 					return SampleReply{}, errors.New("too few slices")
 				}
+				le := binary.LittleEndian
 				ci, off, ln := le.Uint32(sls), int64(le.Uint32(sls[4:])), int64(le.Uint32(sls[8:]))
 				sls = sls[packedSliceSize:]
 				if ci >= uint32(len(chunks)) {
@@ -93,8 +184,8 @@ func referencePacked(b []byte) (SampleReply, error) {
 				col.Data = append(col.Data, c.Data[off*stepBytes:(off+ln)*stepBytes]...)
 				steps += ln
 			}
-			col.Name = p.Names[name]
-			if squeeze {
+			col.Name = p.Names[rc.name]
+			if rc.squeeze {
 				if steps != 1 {
 					return SampleReply{}, errors.New("squeezed")
 				}
@@ -106,15 +197,16 @@ func referencePacked(b []byte) (SampleReply, error) {
 		}
 		reply.Samples = append(reply.Samples, s)
 	}
-	if len(cols) != 0 || len(sls) != 0 || len(p.Infos)%packedInfoSize != 0 || len(p.Columns)%packedColumnSize != 0 || len(p.Slices)%packedSliceSize != 0 || len(p.Chunks)%packedChunkSize != 0 {
+	if len(cols) != 0 || len(sls) != 0 {
 		return SampleReply{}, errors.New("records left over")
 	}
 	return reply, nil
 }
 
-// TestAppendPackedSampleResponse: the packed encoding is what the generated
-// code makes of the message it decodes to, to the byte; it says what the
-// unpacked one says; and its chunks' bytes lie at multiples of 8.
+// TestAppendPackedSampleResponse: in either layout, the packed encoding is
+// what the generated code makes of the message it decodes to, to the byte;
+// it says what the unpacked one says; its chunks' bytes lie at multiples of
+// 8; and the compact layout is smaller by at least its records' savings.
 func TestAppendPackedSampleResponse(t *testing.T) {
 	rng := rand.New(rand.NewPCG(21, 22))
 	for trial := range 300 {
@@ -124,33 +216,55 @@ func TestAppendPackedSampleResponse(t *testing.T) {
 		}
 		code, msg := []Code{Code_CODE_OK, Code_CODE_PARTIAL}[trial%2], []string{"", "partial"}[trial%2]
 		after := randomTableState(rng)
-		b := pack(t, code, msg, samples, after)
-		var m SampleResponse
-		if err := proto.Unmarshal(b, &m); err != nil {
-			t.Fatalf("trial %d: %v", trial, err)
-		}
-		again, err := proto.MarshalOptions{Deterministic: true}.Marshal(&m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(again, b) {
-			t.Fatalf("trial %d: the generated code encodes what it decoded in %d bytes, not the %d it was given", trial, len(again), len(b))
-		}
-		for r := m.GetPacked().GetChunks(); len(r) > 0; r = r[packedChunkSize:] {
-			if at := binary.LittleEndian.Uint64(r[8:]); at%packedAlign != 0 {
-				t.Fatalf("trial %d: a chunk at %d", trial, at)
+		want := mustReferenceDecode(t, AppendSampleResponse(nil, code, msg, samples, after))
+		sizes := map[PackedLayout]int{}
+		var compact refRecords
+		for _, layout := range []PackedLayout{PackedLayout_PACKED_LAYOUT_WIDE, PackedLayout_PACKED_LAYOUT_COMPACT} {
+			b := packLayout(t, layout, code, msg, samples, after)
+			sizes[layout] = len(b)
+			var m SampleResponse
+			if err := proto.Unmarshal(b, &m); err != nil {
+				t.Fatalf("trial %d %v: %v", trial, layout, err)
+			}
+			again, err := proto.MarshalOptions{Deterministic: true}.Marshal(&m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(again, b) {
+				t.Fatalf("trial %d %v: the generated code encodes what it decoded in %d bytes, not the %d it was given", trial, layout, len(again), len(b))
+			}
+			if p := m.GetPacked(); p != nil {
+				wide := len(p.Infos) > 0 && len(p.Columns) > 0 && len(p.Chunks) > 0
+				compactFields := len(p.CompactInfos) > 0 && len(p.CompactColumns) > 0 && len(p.CompactChunks) > 0
+				if wide == compactFields || wide != (layout == PackedLayout_PACKED_LAYOUT_WIDE) {
+					t.Fatalf("trial %d %v: wide fields %v, compact fields %v", trial, layout, wide, compactFields)
+				}
+				recs, err := readRecords(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range recs.chunks {
+					if c.at%packedAlign != 0 {
+						t.Fatalf("trial %d %v: a chunk at %d", trial, layout, c.at)
+					}
+				}
+				compact = recs
+			}
+			if formatted := packLayout(t, layout, code, msg, withFormats(t, samples), after); !slices.Equal(formatted, b) {
+				t.Fatalf("trial %d %v: chunks with their store's formats pack otherwise than chunks read from their headers", trial, layout)
+			}
+			got, err := referencePacked(b)
+			if err != nil {
+				t.Fatalf("trial %d %v: %v", trial, layout, err)
+			}
+			if got.Code != want.Code || got.Message != want.Message || got.After != want.After || !equalSamples(got.Samples, want.Samples) {
+				t.Fatalf("trial %d %v: packed\n%+v\nunpacked\n%+v", trial, layout, got, want)
 			}
 		}
-		if formatted := pack(t, code, msg, withFormats(t, samples), after); !slices.Equal(formatted, b) {
-			t.Fatalf("trial %d: chunks with their store's formats pack otherwise than chunks read from their headers", trial)
-		}
-		got, err := referencePacked(b)
-		if err != nil {
-			t.Fatalf("trial %d: %v", trial, err)
-		}
-		want := mustReferenceDecode(t, AppendSampleResponse(nil, code, msg, samples, after))
-		if got.Code != want.Code || got.Message != want.Message || got.After != want.After || !equalSamples(got.Samples, want.Samples) {
-			t.Fatalf("trial %d: packed\n%+v\nunpacked\n%+v", trial, got, want)
+		saved := len(compact.infos)*(packedInfoSize-compactInfoSize) + len(compact.columns)*(packedColumnSize-compactColumnSize) +
+			len(compact.chunks)*(packedChunkSize-compactChunkSize)
+		if d := sizes[PackedLayout_PACKED_LAYOUT_WIDE] - sizes[PackedLayout_PACKED_LAYOUT_COMPACT]; d < saved {
+			t.Fatalf("trial %d: the compact reply is %d bytes smaller, its records %d", trial, d, saved)
 		}
 	}
 }
@@ -191,8 +305,10 @@ func TestAppendPackedSampleResponseRefusesBadChunks(t *testing.T) {
 	bad := *samples[0].Chunks[0]
 	bad.Data = bad.Data[:len(bad.Data)-1]
 	samples[0].Chunks = append([]*tables.Chunk{&bad}, samples[0].Chunks[1:]...)
-	if _, err := AppendPackedSampleResponse(nil, Code_CODE_OK, "", samples, TableState{}); !errors.Is(err, ErrInvalidChunk) {
-		t.Fatalf("got %v, want ErrInvalidChunk", err)
+	for _, layout := range []PackedLayout{PackedLayout_PACKED_LAYOUT_WIDE, PackedLayout_PACKED_LAYOUT_COMPACT} {
+		if _, err := AppendPackedSampleResponse(nil, layout, Code_CODE_OK, "", samples, TableState{}); !errors.Is(err, ErrInvalidChunk) {
+			t.Fatalf("%v: got %v, want ErrInvalidChunk", layout, err)
+		}
 	}
 }
 
@@ -201,7 +317,7 @@ func TestAppendPackedSampleResponseRefusesBadChunks(t *testing.T) {
 func TestDecodePackedSampleResponseErrors(t *testing.T) {
 	le := binary.LittleEndian
 	info := func(columns uint32) []byte {
-		r := make([]byte, packedInfoSize)
+		r := make([]byte, compactInfoSize)
 		le.PutUint64(r, 7)
 		le.PutUint32(r[44:], columns)
 		return r
@@ -213,29 +329,28 @@ func TestDecodePackedSampleResponseErrors(t *testing.T) {
 		}
 		return b
 	}
-	chunk := func(key, at, size, raw uint64, steps, format uint32, compression byte) []byte {
-		r := make([]byte, packedChunkSize)
+	chunk := func(key uint64, size, steps, format uint32, compression byte) []byte {
+		r := make([]byte, compactChunkSize)
 		le.PutUint64(r, key)
-		le.PutUint64(r[8:], at)
-		le.PutUint64(r[16:], size)
-		le.PutUint64(r[24:], raw)
-		le.PutUint32(r[32:], steps)
-		le.PutUint32(r[36:], format)
-		r[40] = compression
+		le.PutUint32(r[8:], size)
+		le.PutUint32(r[12:], steps)
+		le.PutUint32(r[16:], format)
+		r[20] = compression
 		return r
 	}
 	floats := &StepFormat{Dtype: "float32", StepShape: []int64{2}}
 	ints := &StepFormat{Dtype: "int32", StepShape: []int64{2}}
-	// Two chunks: key 1, two steps of float32[2]; key 2, one step of int32[2].
+	// Two chunks: key 1, two steps of float32[2] at 0; key 2, one step of
+	// int32[2] at 16.
 	good := func() *PackedSamples {
 		return &PackedSamples{
-			Infos:   info(1),
-			Columns: rec(0, 1, 0),
-			Names:   []string{"obs"},
-			Slices:  rec(0, 0, 2),
-			Chunks:  slices.Concat(chunk(1, 0, 16, 16, 2, 0, 0), chunk(2, 16, 8, 8, 1, 1, 0)),
-			Formats: []*StepFormat{floats, ints},
-			Data:    make([]byte, 24),
+			CompactInfos:   info(1),
+			CompactColumns: rec(0, 1),
+			Names:          []string{"obs"},
+			Slices:         rec(0, 0, 2),
+			CompactChunks:  slices.Concat(chunk(1, 16, 2, 0, 0), chunk(2, 8, 1, 1, 0)),
+			Formats:        []*StepFormat{floats, ints},
+			Data:           make([]byte, 24),
 		}
 	}
 	encode := func(change func(p *PackedSamples)) []byte {
@@ -254,6 +369,7 @@ func TestDecodePackedSampleResponseErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	squeezed := uint32(compactFlag | 1)
 	for _, tt := range []struct {
 		name string
 		b    []byte
@@ -262,28 +378,38 @@ func TestDecodePackedSampleResponseErrors(t *testing.T) {
 	}{
 		{"truncated", encode(func(*PackedSamples) {})[:20], ErrMalformed, "sample response"},
 		{"unpacked items", unpacked, ErrMalformed, "older than this client"},
+		{"the wide layout", encode(func(p *PackedSamples) {
+			p.Infos, p.Columns, p.Chunks, p.CompactInfos, p.CompactColumns, p.CompactChunks = p.CompactInfos, p.CompactColumns, p.CompactChunks, nil, nil, nil
+		}), ErrMalformed, "predates SampleRequest.layout"},
 		{"a partial record", encode(func(p *PackedSamples) { p.Slices = p.Slices[:11] }), ErrMalformed, "slices holds 11 bytes"},
-		{"name out of range", encode(func(p *PackedSamples) { p.Columns = rec(1, 1, 0) }), ErrMalformed, "name 1 of 1"},
+		{"a partial chunk record", encode(func(p *PackedSamples) { p.CompactChunks = p.CompactChunks[:30] }), ErrMalformed, "chunks holds 30 bytes"},
+		{"name out of range", encode(func(p *PackedSamples) { p.CompactColumns = rec(1, 1) }), ErrMalformed, "name 1 of 1"},
 		{"chunk out of range", encode(func(p *PackedSamples) { p.Slices = rec(2, 0, 1) }), ErrMissingChunk, "chunk 2 of 2"},
 		{"format out of range", encode(func(p *PackedSamples) { p.Formats = p.Formats[:1] }), ErrInvalidChunk, "format 1 of 1"},
 		{"unknown dtype", encode(func(p *PackedSamples) { p.Formats[1] = &StepFormat{Dtype: "float128"} }), ErrInvalidChunk, "float128"},
-		{"misaligned", encode(func(p *PackedSamples) {
-			p.Chunks = slices.Concat(chunk(1, 4, 16, 16, 2, 0, 0), chunk(2, 16, 8, 8, 1, 1, 0))
-		}), ErrInvalidChunk, "multiple of 8"},
-		{"past the data", encode(func(p *PackedSamples) { p.Data = p.Data[:20] }), ErrInvalidChunk, "of 20"},
-		{"wrong raw size", encode(func(p *PackedSamples) {
-			p.Chunks = slices.Concat(chunk(1, 0, 16, 12, 2, 0, 0), chunk(2, 16, 8, 8, 1, 1, 0))
-		}), ErrInvalidChunk, "raw_size is 12"},
+		{"past the data", encode(func(p *PackedSamples) { p.Data = p.Data[:20] }), ErrInvalidChunk, "[16, 16+8) lie beyond the 20 bytes"},
+		{"a size past the data", encode(func(p *PackedSamples) {
+			p.CompactChunks = slices.Concat(chunk(1, math.MaxUint32, 2, 0, 0), chunk(2, 8, 1, 1, 0))
+		}), ErrInvalidChunk, "lie beyond the 24 bytes"},
+		{"padding pushes a chunk past the data", encode(func(p *PackedSamples) {
+			p.Formats = append(p.Formats, &StepFormat{Dtype: "uint8"})
+			p.CompactChunks, p.Data = slices.Concat(chunk(1, 3, 3, 2, 0), chunk(2, 8, 1, 1, 0)), make([]byte, 15)
+		}), ErrInvalidChunk, "[8, 8+8) lie beyond the 15 bytes"},
+		{"uncompressed bytes short of the steps", encode(func(p *PackedSamples) {
+			p.CompactChunks = slices.Concat(chunk(1, 12, 2, 0, 0), chunk(2, 8, 1, 1, 0))
+		}), ErrInvalidChunk, "chunk 1"},
 		{"unknown compression", encode(func(p *PackedSamples) {
-			p.Chunks = slices.Concat(chunk(1, 0, 16, 16, 2, 0, 9), chunk(2, 16, 8, 8, 1, 1, 0))
+			p.CompactChunks = slices.Concat(chunk(1, 16, 2, 0, 9), chunk(2, 8, 1, 1, 0))
 		}), ErrInvalidChunk, "compression"},
 		{"past the chunk", encode(func(p *PackedSamples) { p.Slices = rec(0, 1, 2) }), ErrInvalidColumn, "which has 2"},
-		{"no slices", encode(func(p *PackedSamples) { p.Columns, p.Slices = rec(0, 0, 0), nil }), ErrInvalidColumn, "no slices"},
-		{"squeezed two steps", encode(func(p *PackedSamples) { p.Columns = rec(0, 1, 1) }), ErrInvalidColumn, "squeezed"},
-		{"mixed dtypes", encode(func(p *PackedSamples) { p.Columns, p.Slices = rec(0, 2, 0), rec(0, 0, 1, 1, 0, 1) }), ErrMismatch, "int32"},
-		{"more columns than records", encode(func(p *PackedSamples) { p.Infos = info(2) }), ErrMalformed, "2 columns, 1 records left"},
-		{"more slices than records", encode(func(p *PackedSamples) { p.Columns = rec(0, 2, 0) }), ErrMalformed, "2 slices, 1 records left"},
-		{"records left over", encode(func(p *PackedSamples) { p.Infos = info(0) }), ErrMalformed, "0 of 1 column records"},
+		{"no slices", encode(func(p *PackedSamples) { p.CompactColumns, p.Slices = rec(0, 0), nil }), ErrInvalidColumn, "no slices"},
+		{"no slices but the squeeze bit", encode(func(p *PackedSamples) { p.CompactColumns, p.Slices = rec(0, compactFlag), nil }), ErrInvalidColumn, "no slices"},
+		{"squeezed two steps", encode(func(p *PackedSamples) { p.CompactColumns = rec(0, squeezed) }), ErrInvalidColumn, "squeezed"},
+		{"mixed dtypes", encode(func(p *PackedSamples) { p.CompactColumns, p.Slices = rec(0, 2), rec(0, 0, 1, 1, 0, 1) }), ErrMismatch, "int32"},
+		{"more columns than records", encode(func(p *PackedSamples) { p.CompactInfos = info(2) }), ErrMalformed, "2 columns, 1 records left"},
+		{"more columns than records, rate limited", encode(func(p *PackedSamples) { p.CompactInfos = info(compactFlag | 2) }), ErrMalformed, "2 columns, 1 records left"},
+		{"more slices than records", encode(func(p *PackedSamples) { p.CompactColumns = rec(0, 2) }), ErrMalformed, "2 slices, 1 records left"},
+		{"records left over", encode(func(p *PackedSamples) { p.CompactInfos = info(0) }), ErrMalformed, "0 of 1 column records"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := DecodeSampleResponse(tt.b)
@@ -291,5 +417,54 @@ func TestDecodePackedSampleResponseErrors(t *testing.T) {
 				t.Fatalf("DecodeSampleResponse = %v, %v; want %v containing %q", got, err, tt.want, tt.text)
 			}
 		})
+	}
+}
+
+// TestDecodeCompactFlags: the flags in the compact records' top bits come
+// out as the sample's rate limiting and the column's squeeze, and leave
+// the counts beside them whole.
+func TestDecodeCompactFlags(t *testing.T) {
+	le := binary.LittleEndian
+	infos := make([]byte, 2*compactInfoSize)
+	le.PutUint64(infos, 1)
+	le.PutUint32(infos[44:], compactFlag|2)
+	le.PutUint64(infos[compactInfoSize:], 2)
+	le.PutUint32(infos[compactInfoSize+44:], 1)
+	var columns, sls []byte
+	for _, c := range [][2]uint32{{0, compactFlag | 1}, {1, 2}, {1, 1}} {
+		columns = le.AppendUint32(le.AppendUint32(columns, c[0]), c[1])
+	}
+	for _, s := range [][3]uint32{{0, 1, 1}, {1, 0, 1}, {0, 0, 2}, {1, 0, 1}} {
+		sls = le.AppendUint32(le.AppendUint32(le.AppendUint32(sls, s[0]), s[1]), s[2])
+	}
+	// Chunk 0: three steps of one byte, so chunk 1 starts at 8, not 3.
+	chunks := make([]byte, 2*compactChunkSize)
+	le.PutUint64(chunks, 10)
+	le.PutUint32(chunks[8:], 3)
+	le.PutUint32(chunks[12:], 3)
+	le.PutUint64(chunks[compactChunkSize:], 11)
+	le.PutUint32(chunks[compactChunkSize+8:], 1)
+	le.PutUint32(chunks[compactChunkSize+12:], 1)
+	data := []byte{'a', 'b', 'c', 0, 0, 0, 0, 0, 'z'}
+	b, err := proto.Marshal(&SampleResponse{Packed: &PackedSamples{CompactInfos: infos, CompactColumns: columns, Names: []string{"r", "x"}, Slices: sls,
+		CompactChunks: chunks, Formats: []*StepFormat{{Dtype: "uint8"}}, Data: data}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeSampleResponse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []DecodedSample{
+		{Info: tables.SampleInfo{Key: 1, RateLimited: true, InsertedAt: time.Unix(0, 0)}, Columns: []SampledColumn{
+			{Name: "r", Dtype: "uint8", Shape: []int64{}, Data: []byte("b")},
+			{Name: "x", Dtype: "uint8", Shape: []int64{3}, Data: []byte("zab")},
+		}},
+		{Info: tables.SampleInfo{Key: 2, InsertedAt: time.Unix(0, 0)}, Columns: []SampledColumn{
+			{Name: "x", Dtype: "uint8", Shape: []int64{1}, Data: []byte("z")},
+		}},
+	}
+	if !equalSamples(got.Samples, want) {
+		t.Fatalf("decoded\n%+v\nwant\n%+v", got.Samples, want)
 	}
 }

@@ -150,6 +150,58 @@ func (Code) EnumDescriptor() ([]byte, []int) {
 	return file_reprise_proto_rawDescGZIP(), []int{1}
 }
 
+// PackedLayout names a set of PackedSamples records.
+type PackedLayout int32
+
+const (
+	// infos, columns and chunks: 56-, 12- and 48-byte records, each field
+	// aligned to its size.
+	PackedLayout_PACKED_LAYOUT_WIDE PackedLayout = 0
+	// compact_infos, compact_columns and compact_chunks: 48-, 8- and
+	// 24-byte records, without what a reader can derive. 36 bytes fewer for
+	// an item of one column; an item of several small columns saves more.
+	PackedLayout_PACKED_LAYOUT_COMPACT PackedLayout = 1
+)
+
+// Enum value maps for PackedLayout.
+var (
+	PackedLayout_name = map[int32]string{
+		0: "PACKED_LAYOUT_WIDE",
+		1: "PACKED_LAYOUT_COMPACT",
+	}
+	PackedLayout_value = map[string]int32{
+		"PACKED_LAYOUT_WIDE":    0,
+		"PACKED_LAYOUT_COMPACT": 1,
+	}
+)
+
+func (x PackedLayout) Enum() *PackedLayout {
+	p := new(PackedLayout)
+	*p = x
+	return p
+}
+
+func (x PackedLayout) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PackedLayout) Descriptor() protoreflect.EnumDescriptor {
+	return file_reprise_proto_enumTypes[2].Descriptor()
+}
+
+func (PackedLayout) Type() protoreflect.EnumType {
+	return &file_reprise_proto_enumTypes[2]
+}
+
+func (x PackedLayout) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PackedLayout.Descriptor instead.
+func (PackedLayout) EnumDescriptor() ([]byte, []int) {
+	return file_reprise_proto_rawDescGZIP(), []int{2}
+}
+
 // Tensor is one array: numpy dtype name ("float32", "int64", "uint8",
 // "bool", ...), shape, and the elements in C order, little-endian.
 type Tensor struct {
@@ -868,7 +920,11 @@ type SampleRequest struct {
 	Flexible bool `protobuf:"varint,4,opt,name=flexible,proto3" json:"flexible,omitempty"`
 	// Answer with the items laid out in arrays (SampleResponse.packed)
 	// rather than as SampledItem messages and whole chunks.
-	Packed        bool `protobuf:"varint,5,opt,name=packed,proto3" json:"packed,omitempty"`
+	Packed bool `protobuf:"varint,5,opt,name=packed,proto3" json:"packed,omitempty"`
+	// With packed: the records the items are laid out in. A service that
+	// predates a layout answers in the newest one it knows, which the
+	// client tells by the PackedSamples fields present.
+	Layout        PackedLayout `protobuf:"varint,6,opt,name=layout,proto3,enum=reprise.v1.PackedLayout" json:"layout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -936,6 +992,13 @@ func (x *SampleRequest) GetPacked() bool {
 		return x.Packed
 	}
 	return false
+}
+
+func (x *SampleRequest) GetLayout() PackedLayout {
+	if x != nil {
+		return x.Layout
+	}
+	return PackedLayout_PACKED_LAYOUT_WIDE
 }
 
 type SampleInfo struct {
@@ -1236,7 +1299,46 @@ type PackedSamples struct {
 	Formats []*StepFormat `protobuf:"bytes,6,rep,name=formats,proto3" json:"formats,omitempty"`
 	// The chunks' bytes (Chunk.data, as stored), each starting at a multiple
 	// of 8 so that a reader may view them as any dtype; zero bytes between.
-	Data          []byte `protobuf:"bytes,7,opt,name=data,proto3" json:"data,omitempty"`
+	Data []byte `protobuf:"bytes,7,opt,name=data,proto3" json:"data,omitempty"`
+	// The compact layout (PACKED_LAYOUT_COMPACT) holds these three instead
+	// of infos, columns and chunks; names, slices, formats and data are as
+	// above.
+	//
+	// One 48-byte record an item, in the order sampled:
+	//
+	//	 0  key                    uint64
+	//	 8  probability            float64
+	//	16  table_size             int64
+	//	24  priority               float64
+	//	32  inserted_at_unix_nano  int64
+	//	40  times_sampled          int32
+	//	44  columns                uint32  bits 0-30: the item's records in
+	//	                                   compact_columns; bit 31: set when
+	//	                                   the sample was rate limited
+	CompactInfos []byte `protobuf:"bytes,8,opt,name=compact_infos,json=compactInfos,proto3" json:"compact_infos,omitempty"`
+	// One 8-byte record a column, item after item, each item's columns in
+	// its trajectory's order:
+	//
+	//	0  name    uint32  index into names
+	//	4  slices  uint32  bits 0-30: the column's records in slices, at
+	//	                   least 1; bit 31: set when squeezed (a single
+	//	                   step whose leading axis the reader drops)
+	CompactColumns []byte `protobuf:"bytes,9,opt,name=compact_columns,json=compactColumns,proto3" json:"compact_columns,omitempty"`
+	// One 24-byte record a distinct chunk the slices select from, in the
+	// order of first use:
+	//
+	//	 0  key          uint64
+	//	 8  size         uint32  how many bytes of data are the chunk's
+	//	12  steps        uint32  (Chunk.length)
+	//	16  format       uint32  index into formats
+	//	20  compression  uint8   a Compression value
+	//	21  delta        uint8   1 when delta encoded (Chunk.delta_encoded)
+	//	22  2 zero bytes
+	//
+	// The first chunk's bytes start at 0 in data, each next one where the
+	// one before ends, rounded up to a multiple of 8. A chunk's raw size
+	// (Chunk.raw_size) is its steps times its format's bytes a step.
+	CompactChunks []byte `protobuf:"bytes,10,opt,name=compact_chunks,json=compactChunks,proto3" json:"compact_chunks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1316,6 +1418,27 @@ func (x *PackedSamples) GetFormats() []*StepFormat {
 func (x *PackedSamples) GetData() []byte {
 	if x != nil {
 		return x.Data
+	}
+	return nil
+}
+
+func (x *PackedSamples) GetCompactInfos() []byte {
+	if x != nil {
+		return x.CompactInfos
+	}
+	return nil
+}
+
+func (x *PackedSamples) GetCompactColumns() []byte {
+	if x != nil {
+		return x.CompactColumns
+	}
+	return nil
+}
+
+func (x *PackedSamples) GetCompactChunks() []byte {
+	if x != nil {
+		return x.CompactChunks
 	}
 	return nil
 }
@@ -3218,7 +3341,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\x0e_max_staleness\"H\n" +
 	"\x06Status\x12$\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x10.reprise.v1.CodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\x99\x01\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xcb\x01\n" +
 	"\rSampleRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x1f\n" +
 	"\vnum_samples\x18\x02 \x01(\x05R\n" +
@@ -3226,7 +3349,8 @@ const file_reprise_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x03 \x01(\x03R\ttimeoutMs\x12\x1a\n" +
 	"\bflexible\x18\x04 \x01(\bR\bflexible\x12\x16\n" +
-	"\x06packed\x18\x05 \x01(\bR\x06packed\"\xf6\x01\n" +
+	"\x06packed\x18\x05 \x01(\bR\x06packed\x120\n" +
+	"\x06layout\x18\x06 \x01(\x0e2\x18.reprise.v1.PackedLayoutR\x06layout\"\xf6\x01\n" +
 	"\n" +
 	"SampleInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12 \n" +
@@ -3248,7 +3372,7 @@ const file_reprise_proto_rawDesc = "" +
 	"table_size\x18\x04 \x01(\x03R\ttableSize\x12'\n" +
 	"\x0fweight_fraction\x18\x05 \x01(\x01R\x0eweightFraction\x12'\n" +
 	"\x0fweight_exponent\x18\x06 \x01(\x12R\x0eweightExponent\x121\n" +
-	"\x06packed\x18\a \x01(\v2\x19.reprise.v1.PackedSamplesR\x06packed\"\xcb\x01\n" +
+	"\x06packed\x18\a \x01(\v2\x19.reprise.v1.PackedSamplesR\x06packed\"\xc0\x02\n" +
 	"\rPackedSamples\x12\x14\n" +
 	"\x05infos\x18\x01 \x01(\fR\x05infos\x12\x18\n" +
 	"\acolumns\x18\x02 \x01(\fR\acolumns\x12\x14\n" +
@@ -3256,7 +3380,11 @@ const file_reprise_proto_rawDesc = "" +
 	"\x06slices\x18\x04 \x01(\fR\x06slices\x12\x16\n" +
 	"\x06chunks\x18\x05 \x01(\fR\x06chunks\x120\n" +
 	"\aformats\x18\x06 \x03(\v2\x16.reprise.v1.StepFormatR\aformats\x12\x12\n" +
-	"\x04data\x18\a \x01(\fR\x04data\"A\n" +
+	"\x04data\x18\a \x01(\fR\x04data\x12#\n" +
+	"\rcompact_infos\x18\b \x01(\fR\fcompactInfos\x12'\n" +
+	"\x0fcompact_columns\x18\t \x01(\fR\x0ecompactColumns\x12%\n" +
+	"\x0ecompact_chunks\x18\n" +
+	" \x01(\fR\rcompactChunks\"A\n" +
 	"\n" +
 	"StepFormat\x12\x14\n" +
 	"\x05dtype\x18\x01 \x01(\tR\x05dtype\x12\x1d\n" +
@@ -3427,7 +3555,10 @@ const file_reprise_proto_rawDesc = "" +
 	"\rCODE_INTERNAL\x10\x05\x12\x10\n" +
 	"\fCODE_PARTIAL\x10\x06\x12\x1b\n" +
 	"\x17CODE_RESOURCE_EXHAUSTED\x10\a\x12\x1b\n" +
-	"\x17CODE_SIGNATURE_MISMATCH\x10\bB+Z)github.com/reprise-rl/reprise/broker/wireb\x06proto3"
+	"\x17CODE_SIGNATURE_MISMATCH\x10\b*A\n" +
+	"\fPackedLayout\x12\x16\n" +
+	"\x12PACKED_LAYOUT_WIDE\x10\x00\x12\x19\n" +
+	"\x15PACKED_LAYOUT_COMPACT\x10\x01B+Z)github.com/reprise-rl/reprise/broker/wireb\x06proto3"
 
 var (
 	file_reprise_proto_rawDescOnce sync.Once
@@ -3441,86 +3572,88 @@ func file_reprise_proto_rawDescGZIP() []byte {
 	return file_reprise_proto_rawDescData
 }
 
-var file_reprise_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_reprise_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_reprise_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_reprise_proto_goTypes = []any{
 	(Compression)(0),           // 0: reprise.v1.Compression
 	(Code)(0),                  // 1: reprise.v1.Code
-	(*Tensor)(nil),             // 2: reprise.v1.Tensor
-	(*Chunk)(nil),              // 3: reprise.v1.Chunk
-	(*ColumnSlice)(nil),        // 4: reprise.v1.ColumnSlice
-	(*TrajectoryColumn)(nil),   // 5: reprise.v1.TrajectoryColumn
-	(*Item)(nil),               // 6: reprise.v1.Item
-	(*InsertBatch)(nil),        // 7: reprise.v1.InsertBatch
-	(*MutationOp)(nil),         // 8: reprise.v1.MutationOp
-	(*Mutation)(nil),           // 9: reprise.v1.Mutation
-	(*Status)(nil),             // 10: reprise.v1.Status
-	(*SampleRequest)(nil),      // 11: reprise.v1.SampleRequest
-	(*SampleInfo)(nil),         // 12: reprise.v1.SampleInfo
-	(*SampledItem)(nil),        // 13: reprise.v1.SampledItem
-	(*SampleResponse)(nil),     // 14: reprise.v1.SampleResponse
-	(*PackedSamples)(nil),      // 15: reprise.v1.PackedSamples
-	(*StepFormat)(nil),         // 16: reprise.v1.StepFormat
-	(*TableRequest)(nil),       // 17: reprise.v1.TableRequest
-	(*LimiterInfo)(nil),        // 18: reprise.v1.LimiterInfo
-	(*ColumnSpec)(nil),         // 19: reprise.v1.ColumnSpec
-	(*TableInfo)(nil),          // 20: reprise.v1.TableInfo
-	(*InfoResponse)(nil),       // 21: reprise.v1.InfoResponse
-	(*ResetResponse)(nil),      // 22: reprise.v1.ResetResponse
-	(*Rejection)(nil),          // 23: reprise.v1.Rejection
-	(*ResetRequest)(nil),       // 24: reprise.v1.ResetRequest
-	(*CheckpointRequest)(nil),  // 25: reprise.v1.CheckpointRequest
-	(*CheckpointResponse)(nil), // 26: reprise.v1.CheckpointResponse
-	(*Checkpoint)(nil),         // 27: reprise.v1.Checkpoint
-	(*PendingItem)(nil),        // 28: reprise.v1.PendingItem
-	(*Progress)(nil),           // 29: reprise.v1.Progress
-	(*TableProgress)(nil),      // 30: reprise.v1.TableProgress
-	(*TableCheckpoint)(nil),    // 31: reprise.v1.TableCheckpoint
-	(*ItemCheckpoint)(nil),     // 32: reprise.v1.ItemCheckpoint
-	(*ProducerCheckpoint)(nil), // 33: reprise.v1.ProducerCheckpoint
-	(*HeldMessage)(nil),        // 34: reprise.v1.HeldMessage
-	(*CheckpointFile)(nil),     // 35: reprise.v1.CheckpointFile
-	(*ItemsRequest)(nil),       // 36: reprise.v1.ItemsRequest
-	(*ItemInfo)(nil),           // 37: reprise.v1.ItemInfo
-	(*ItemsResponse)(nil),      // 38: reprise.v1.ItemsResponse
+	(PackedLayout)(0),          // 2: reprise.v1.PackedLayout
+	(*Tensor)(nil),             // 3: reprise.v1.Tensor
+	(*Chunk)(nil),              // 4: reprise.v1.Chunk
+	(*ColumnSlice)(nil),        // 5: reprise.v1.ColumnSlice
+	(*TrajectoryColumn)(nil),   // 6: reprise.v1.TrajectoryColumn
+	(*Item)(nil),               // 7: reprise.v1.Item
+	(*InsertBatch)(nil),        // 8: reprise.v1.InsertBatch
+	(*MutationOp)(nil),         // 9: reprise.v1.MutationOp
+	(*Mutation)(nil),           // 10: reprise.v1.Mutation
+	(*Status)(nil),             // 11: reprise.v1.Status
+	(*SampleRequest)(nil),      // 12: reprise.v1.SampleRequest
+	(*SampleInfo)(nil),         // 13: reprise.v1.SampleInfo
+	(*SampledItem)(nil),        // 14: reprise.v1.SampledItem
+	(*SampleResponse)(nil),     // 15: reprise.v1.SampleResponse
+	(*PackedSamples)(nil),      // 16: reprise.v1.PackedSamples
+	(*StepFormat)(nil),         // 17: reprise.v1.StepFormat
+	(*TableRequest)(nil),       // 18: reprise.v1.TableRequest
+	(*LimiterInfo)(nil),        // 19: reprise.v1.LimiterInfo
+	(*ColumnSpec)(nil),         // 20: reprise.v1.ColumnSpec
+	(*TableInfo)(nil),          // 21: reprise.v1.TableInfo
+	(*InfoResponse)(nil),       // 22: reprise.v1.InfoResponse
+	(*ResetResponse)(nil),      // 23: reprise.v1.ResetResponse
+	(*Rejection)(nil),          // 24: reprise.v1.Rejection
+	(*ResetRequest)(nil),       // 25: reprise.v1.ResetRequest
+	(*CheckpointRequest)(nil),  // 26: reprise.v1.CheckpointRequest
+	(*CheckpointResponse)(nil), // 27: reprise.v1.CheckpointResponse
+	(*Checkpoint)(nil),         // 28: reprise.v1.Checkpoint
+	(*PendingItem)(nil),        // 29: reprise.v1.PendingItem
+	(*Progress)(nil),           // 30: reprise.v1.Progress
+	(*TableProgress)(nil),      // 31: reprise.v1.TableProgress
+	(*TableCheckpoint)(nil),    // 32: reprise.v1.TableCheckpoint
+	(*ItemCheckpoint)(nil),     // 33: reprise.v1.ItemCheckpoint
+	(*ProducerCheckpoint)(nil), // 34: reprise.v1.ProducerCheckpoint
+	(*HeldMessage)(nil),        // 35: reprise.v1.HeldMessage
+	(*CheckpointFile)(nil),     // 36: reprise.v1.CheckpointFile
+	(*ItemsRequest)(nil),       // 37: reprise.v1.ItemsRequest
+	(*ItemInfo)(nil),           // 38: reprise.v1.ItemInfo
+	(*ItemsResponse)(nil),      // 39: reprise.v1.ItemsResponse
 }
 var file_reprise_proto_depIdxs = []int32{
 	0,  // 0: reprise.v1.Chunk.compression:type_name -> reprise.v1.Compression
-	4,  // 1: reprise.v1.TrajectoryColumn.slices:type_name -> reprise.v1.ColumnSlice
-	5,  // 2: reprise.v1.Item.columns:type_name -> reprise.v1.TrajectoryColumn
-	3,  // 3: reprise.v1.InsertBatch.chunks:type_name -> reprise.v1.Chunk
-	6,  // 4: reprise.v1.InsertBatch.items:type_name -> reprise.v1.Item
-	8,  // 5: reprise.v1.Mutation.ops:type_name -> reprise.v1.MutationOp
+	5,  // 1: reprise.v1.TrajectoryColumn.slices:type_name -> reprise.v1.ColumnSlice
+	6,  // 2: reprise.v1.Item.columns:type_name -> reprise.v1.TrajectoryColumn
+	4,  // 3: reprise.v1.InsertBatch.chunks:type_name -> reprise.v1.Chunk
+	7,  // 4: reprise.v1.InsertBatch.items:type_name -> reprise.v1.Item
+	9,  // 5: reprise.v1.Mutation.ops:type_name -> reprise.v1.MutationOp
 	1,  // 6: reprise.v1.Status.code:type_name -> reprise.v1.Code
-	12, // 7: reprise.v1.SampledItem.info:type_name -> reprise.v1.SampleInfo
-	5,  // 8: reprise.v1.SampledItem.columns:type_name -> reprise.v1.TrajectoryColumn
-	10, // 9: reprise.v1.SampleResponse.status:type_name -> reprise.v1.Status
-	13, // 10: reprise.v1.SampleResponse.items:type_name -> reprise.v1.SampledItem
-	15, // 11: reprise.v1.SampleResponse.packed:type_name -> reprise.v1.PackedSamples
-	16, // 12: reprise.v1.PackedSamples.formats:type_name -> reprise.v1.StepFormat
-	18, // 13: reprise.v1.TableInfo.limiter:type_name -> reprise.v1.LimiterInfo
-	19, // 14: reprise.v1.TableInfo.signature:type_name -> reprise.v1.ColumnSpec
-	10, // 15: reprise.v1.InfoResponse.status:type_name -> reprise.v1.Status
-	20, // 16: reprise.v1.InfoResponse.tables:type_name -> reprise.v1.TableInfo
-	10, // 17: reprise.v1.ResetResponse.status:type_name -> reprise.v1.Status
-	1,  // 18: reprise.v1.Rejection.code:type_name -> reprise.v1.Code
-	10, // 19: reprise.v1.CheckpointResponse.status:type_name -> reprise.v1.Status
-	31, // 20: reprise.v1.Checkpoint.tables:type_name -> reprise.v1.TableCheckpoint
-	33, // 21: reprise.v1.Checkpoint.producers:type_name -> reprise.v1.ProducerCheckpoint
-	28, // 22: reprise.v1.Checkpoint.pending:type_name -> reprise.v1.PendingItem
-	6,  // 23: reprise.v1.PendingItem.item:type_name -> reprise.v1.Item
-	30, // 24: reprise.v1.Progress.held:type_name -> reprise.v1.TableProgress
-	32, // 25: reprise.v1.TableCheckpoint.items:type_name -> reprise.v1.ItemCheckpoint
-	5,  // 26: reprise.v1.ItemCheckpoint.columns:type_name -> reprise.v1.TrajectoryColumn
-	34, // 27: reprise.v1.ProducerCheckpoint.held:type_name -> reprise.v1.HeldMessage
-	5,  // 28: reprise.v1.ItemInfo.columns:type_name -> reprise.v1.TrajectoryColumn
-	10, // 29: reprise.v1.ItemsResponse.status:type_name -> reprise.v1.Status
-	37, // 30: reprise.v1.ItemsResponse.items:type_name -> reprise.v1.ItemInfo
-	31, // [31:31] is the sub-list for method output_type
-	31, // [31:31] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	2,  // 7: reprise.v1.SampleRequest.layout:type_name -> reprise.v1.PackedLayout
+	13, // 8: reprise.v1.SampledItem.info:type_name -> reprise.v1.SampleInfo
+	6,  // 9: reprise.v1.SampledItem.columns:type_name -> reprise.v1.TrajectoryColumn
+	11, // 10: reprise.v1.SampleResponse.status:type_name -> reprise.v1.Status
+	14, // 11: reprise.v1.SampleResponse.items:type_name -> reprise.v1.SampledItem
+	16, // 12: reprise.v1.SampleResponse.packed:type_name -> reprise.v1.PackedSamples
+	17, // 13: reprise.v1.PackedSamples.formats:type_name -> reprise.v1.StepFormat
+	19, // 14: reprise.v1.TableInfo.limiter:type_name -> reprise.v1.LimiterInfo
+	20, // 15: reprise.v1.TableInfo.signature:type_name -> reprise.v1.ColumnSpec
+	11, // 16: reprise.v1.InfoResponse.status:type_name -> reprise.v1.Status
+	21, // 17: reprise.v1.InfoResponse.tables:type_name -> reprise.v1.TableInfo
+	11, // 18: reprise.v1.ResetResponse.status:type_name -> reprise.v1.Status
+	1,  // 19: reprise.v1.Rejection.code:type_name -> reprise.v1.Code
+	11, // 20: reprise.v1.CheckpointResponse.status:type_name -> reprise.v1.Status
+	32, // 21: reprise.v1.Checkpoint.tables:type_name -> reprise.v1.TableCheckpoint
+	34, // 22: reprise.v1.Checkpoint.producers:type_name -> reprise.v1.ProducerCheckpoint
+	29, // 23: reprise.v1.Checkpoint.pending:type_name -> reprise.v1.PendingItem
+	7,  // 24: reprise.v1.PendingItem.item:type_name -> reprise.v1.Item
+	31, // 25: reprise.v1.Progress.held:type_name -> reprise.v1.TableProgress
+	33, // 26: reprise.v1.TableCheckpoint.items:type_name -> reprise.v1.ItemCheckpoint
+	6,  // 27: reprise.v1.ItemCheckpoint.columns:type_name -> reprise.v1.TrajectoryColumn
+	35, // 28: reprise.v1.ProducerCheckpoint.held:type_name -> reprise.v1.HeldMessage
+	6,  // 29: reprise.v1.ItemInfo.columns:type_name -> reprise.v1.TrajectoryColumn
+	11, // 30: reprise.v1.ItemsResponse.status:type_name -> reprise.v1.Status
+	38, // 31: reprise.v1.ItemsResponse.items:type_name -> reprise.v1.ItemInfo
+	32, // [32:32] is the sub-list for method output_type
+	32, // [32:32] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_reprise_proto_init() }
@@ -3535,7 +3668,7 @@ func file_reprise_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_reprise_proto_rawDesc), len(file_reprise_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -39,14 +39,14 @@ type SampleReply struct {
 	After TableState
 }
 
-// DecodeSampleResponse decodes a SampleResponse whose items are packed
-// (SampleRequest.packed): its status, the table's state after the sample,
+// DecodeSampleResponse decodes a SampleResponse whose items are packed in
+// the compact layout (SampleRequest.packed and layout): its status, the table's state after the sample,
 // and its items with every column gathered from the response's chunks, each
 // chunk decompressed once. The work is per response, not per item: the
 // items' columns, their shapes and their data each live in one array, so a
 // batch of small items costs a handful of allocations. A response with
-// items that are not packed comes from a service older than this client,
-// and is refused as such.
+// items that are not packed, or packed in the wide layout, comes from a
+// service older than this client, and is refused as such.
 //
 // No two columns share memory. A column that is exactly one chunk, which
 // no other column of the response uses, is that chunk's bytes without a
@@ -185,15 +185,17 @@ func (f *packedFields) read(b []byte) error {
 			return nil
 		}
 		switch num {
-		case fieldPackedInfos:
+		case fieldPackedInfos, fieldPackedColumns, fieldPackedChunks:
+			return fmt.Errorf("%w: the service sent items in the wide packed layout: it predates SampleRequest.layout, which this client needs; upgrade reprised", ErrMalformed)
+		case fieldCompactInfos:
 			f.infos = bytes
-		case fieldPackedColumns:
+		case fieldCompactColumns:
 			f.columns = bytes
 		case fieldPackedNames:
 			f.names = append(f.names, string(bytes))
 		case fieldPackedSlices:
 			f.slices = bytes
-		case fieldPackedChunks:
+		case fieldCompactChunks:
 			f.chunks = bytes
 		case fieldPackedFormats:
 			f.formats = append(f.formats, bytes)
@@ -202,6 +204,9 @@ func (f *packedFields) read(b []byte) error {
 		}
 		return nil
 	})
+	if errors.Is(err, ErrMalformed) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("%w: packed samples: %v", ErrMalformed, err)
 	}
@@ -209,7 +214,7 @@ func (f *packedFields) read(b []byte) error {
 		name string
 		b    []byte
 		size int
-	}{{"infos", f.infos, packedInfoSize}, {"columns", f.columns, packedColumnSize}, {"slices", f.slices, packedSliceSize}, {"chunks", f.chunks, packedChunkSize}} {
+	}{{"infos", f.infos, compactInfoSize}, {"columns", f.columns, compactColumnSize}, {"slices", f.slices, packedSliceSize}, {"chunks", f.chunks, compactChunkSize}} {
 		if len(r.b)%r.size != 0 {
 			return fmt.Errorf("%w: packed samples: %s holds %d bytes, not a whole number of %d-byte records", ErrMalformed, r.name, len(r.b), r.size)
 		}
@@ -334,13 +339,16 @@ func (d *sampleDecoder) readChunks() error {
 	}
 	le := binary.LittleEndian
 	recs, data := d.packed.chunks, d.packed.data
-	n := len(recs) / packedChunkSize
+	n := len(recs) / compactChunkSize
 	d.chunks = slices.Grow(d.chunks[:0], n)
+	// Each chunk starts where the one before ends, aligned; at grows by at
+	// most 2³²+7 a record, so it cannot wrap.
+	var at uint64
 	for i := range n {
-		r := recs[i*packedChunkSize : (i+1)*packedChunkSize]
-		key, at, size, rawSize := le.Uint64(r), le.Uint64(r[8:]), le.Uint64(r[16:]), le.Uint64(r[24:])
-		steps, format := le.Uint32(r[32:]), le.Uint32(r[36:])
-		compression, delta := Compression(r[40]), r[41] != 0
+		r := recs[i*compactChunkSize : (i+1)*compactChunkSize]
+		key, size, steps, format := le.Uint64(r), uint64(le.Uint32(r[8:])), le.Uint32(r[12:]), le.Uint32(r[16:])
+		compression, delta := Compression(r[20]), r[21] != 0
+		at += -at & (packedAlign - 1)
 		if uint64(format) >= uint64(len(d.formats)) {
 			return fmt.Errorf("%w: chunk %d: format %d of %d", ErrInvalidChunk, key, format, len(d.formats))
 		}
@@ -349,15 +357,13 @@ func (d *sampleDecoder) readChunks() error {
 			return fmt.Errorf("%w: chunk %d: %d steps of %d bytes exceed MaxChunkRawSize (%d bytes)", ErrInvalidChunk, key, steps, f.stepBytes, MaxChunkRawSize)
 		}
 		want := f.stepBytes * int64(steps)
-		if rawSize != uint64(want) {
-			return fmt.Errorf("%w: chunk %d: raw_size is %d, %d steps of shape %v of %s need %d", ErrInvalidChunk, key, rawSize, steps, d.dims[f.dims:f.dims+f.ndims], f.dtype, want)
-		}
-		if at%packedAlign != 0 || at > uint64(len(data)) || size > uint64(len(data))-at {
-			return fmt.Errorf("%w: chunk %d: bytes [%d, %d+%d) of %d, or not at a multiple of %d", ErrInvalidChunk, key, at, at, size, len(data), packedAlign)
+		if at > uint64(len(data)) || size > uint64(len(data))-at {
+			return fmt.Errorf("%w: chunk %d: bytes [%d, %d+%d) lie beyond the %d bytes of data", ErrInvalidChunk, key, at, at, size, len(data))
 		}
 		payload := data[at : at+size : at+size]
+		at += size
 		if compression != Compression_COMPRESSION_NONE || delta || len(payload) != int(want) {
-			c := &Chunk{Key: key, Dtype: f.dtype, Length: int32(steps), Compression: compression, DeltaEncoded: delta, RawSize: rawSize, Data: payload}
+			c := &Chunk{Key: key, Dtype: f.dtype, Length: int32(steps), Compression: compression, DeltaEncoded: delta, RawSize: uint64(want), Data: payload}
 			var err error
 			if payload, err = decompress(c, int(want), nil); err != nil {
 				return err
@@ -379,29 +385,32 @@ func (d *sampleDecoder) stepShape(c *sampledChunk) []int64 { return d.dims[c.dim
 func (d *sampleDecoder) readItems() error {
 	le := binary.LittleEndian
 	infos, colRecs, sliceRecs := d.packed.infos, d.packed.columns, d.packed.slices
-	nitems, ncols, nslices := len(infos)/packedInfoSize, len(colRecs)/packedColumnSize, len(sliceRecs)/packedSliceSize
+	nitems, ncols, nslices := len(infos)/compactInfoSize, len(colRecs)/compactColumnSize, len(sliceRecs)/packedSliceSize
 	d.items = slices.Grow(d.items[:0], nitems)[:nitems]
 	d.columns = slices.Grow(d.columns[:0], ncols)[:0]
 	d.slices = slices.Grow(d.slices[:0], nslices)[:0]
 	for i := range nitems {
-		r := infos[i*packedInfoSize : (i+1)*packedInfoSize]
+		r := infos[i*compactInfoSize : (i+1)*compactInfoSize]
 		it := &d.items[i]
+		cols := le.Uint32(r[44:])
 		it.info = tables.SampleInfo{Key: le.Uint64(r), Probability: math.Float64frombits(le.Uint64(r[8:])), TableSize: int64(le.Uint64(r[16:])),
 			Priority: math.Float64frombits(le.Uint64(r[24:])), InsertedAt: time.Unix(0, int64(le.Uint64(r[32:]))),
-			TimesSampled: int32(le.Uint32(r[40:])), RateLimited: r[48] != 0}
+			TimesSampled: int32(le.Uint32(r[40:])), RateLimited: cols&compactFlag != 0}
+		cols &^= compactFlag
 		it.first = len(d.columns)
-		cols := le.Uint32(r[44:])
 		if uint64(cols) > uint64(ncols-len(d.columns)) {
 			return fmt.Errorf("%w: sample response item %d: %d columns, %d records left", ErrMalformed, i, cols, ncols-len(d.columns))
 		}
 		it.ncol = int(cols)
 		for j := range it.ncol {
-			r := colRecs[(it.first+j)*packedColumnSize:]
-			name, nsl, squeeze := le.Uint32(r), le.Uint32(r[4:]), le.Uint32(r[8:])
+			r := colRecs[(it.first+j)*compactColumnSize:]
+			name, nsl := le.Uint32(r), le.Uint32(r[4:])
+			squeeze := nsl&compactFlag != 0
+			nsl &^= compactFlag
 			if uint64(name) >= uint64(len(d.packed.names)) {
 				return fmt.Errorf("%w: sample response item %d: column %d: name %d of %d", ErrMalformed, i, j, name, len(d.packed.names))
 			}
-			col := sampledColumn{name: d.packed.names[name], first: len(d.slices), nslice: int(nsl), squeeze: squeeze != 0}
+			col := sampledColumn{name: d.packed.names[name], first: len(d.slices), nslice: int(nsl), squeeze: squeeze}
 			if uint64(nsl) > uint64(nslices-len(d.slices)) {
 				return fmt.Errorf("%w: sample response item %d: column %q: %d slices, %d records left", ErrMalformed, i, col.name, nsl, nslices-len(d.slices))
 			}

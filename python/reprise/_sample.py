@@ -1,16 +1,24 @@
 """Decoding sample replies into numpy arrays.
 
-The client asks for replies in the packed layout (``SampleRequest.packed``;
-``PackedSamples`` in broker/wire/reprise.proto): the items' sample info,
-their columns, the columns' slices and the chunks' headers come as arrays of
-fixed-size little-endian records, and the chunks' bytes, as stored, in one
-buffer. parse_response reads the protobuf framing itself and keeps views
-into the reply, so that the bytes of a large reply are not copied before
-they are gathered; _layout views the records as numpy arrays and checks
-every index and size with vector operations; decode_batch then gathers each
-column of every item with one numpy fancy index, straight from the reply's
-bytes when the column's chunks are stored uncompressed. No Python code runs
-per item in decode_batch.
+The client asks for replies packed in the compact layout
+(``SampleRequest.packed`` and ``layout``; ``PackedSamples`` in
+broker/wire/reprise.proto): the items' sample info, their columns, the
+columns' slices and the chunks' headers come as arrays of fixed-size
+little-endian records, and the chunks' bytes, as stored, in one buffer. The
+compact records leave out what a reader can derive: where each chunk starts
+in the buffer (the sizes before it, each rounded up to 8) and its raw size
+(its steps times its format's bytes a step); the rate_limited and squeeze
+flags ride in bit 31 of the item's column count and of the column's slice
+count. A service that predates the compact layout answers in the wide one,
+which this client refuses rather than reads (see _parse_response).
+
+parse_response reads the protobuf framing itself and keeps views into the
+reply, so that the bytes of a large reply are not copied before they are
+gathered; _layout views the records as numpy arrays, derives what the
+records leave out and checks every index and size with vector operations;
+decode_batch then gathers each column of every item with one numpy fancy
+index, straight from the reply's bytes when the column's chunks are stored
+uncompressed. No Python code runs per item in decode_batch.
 """
 
 from __future__ import annotations
@@ -93,14 +101,17 @@ _Bytes = bytes | memoryview
 class _Packed:
     """A reply's PackedSamples, its record arrays as views into the reply."""
 
-    infos: _Bytes = b""
-    columns: _Bytes = b""
+    compact_infos: _Bytes = b""
+    compact_columns: _Bytes = b""
     names: list[str] = dataclasses.field(default_factory=list)
     slices: _Bytes = b""
-    chunks: _Bytes = b""
+    compact_chunks: _Bytes = b""
     #: Each StepFormat as (dtype, step_shape).
     formats: list[tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=list)
     data: _Bytes = b""
+    #: The reply holds records of the wide layout (infos, columns, chunks),
+    #: which only a service that predates SampleRequest.layout sends.
+    wide: bool = False
 
 
 @dataclasses.dataclass
@@ -224,6 +235,13 @@ def _parse_response(data: bytes) -> _Response:
             "the sample reply carries its items unpacked: the table service predates "
             "SampleRequest.packed, which this client needs; upgrade reprised"
         )
+    if r.packed.wide:
+        # A service that predates the compact layout ignores the request's
+        # layout and answers in the wide one.
+        raise errors.ProtocolError(
+            "the sample reply carries its items in the wide packed layout: the table service predates "
+            "SampleRequest.layout, which this client needs; upgrade reprised"
+        )
     return r
 
 
@@ -233,14 +251,16 @@ def _parse_packed(b: bytes, view: memoryview, i: int, end: int, p: _Packed) -> N
             continue
         if num == 7:
             p.data = view[a:z]
-        elif num == 1:
-            p.infos = view[a:z]
-        elif num == 2:
-            p.columns = view[a:z]
+        elif num == 8:
+            p.compact_infos = view[a:z]
+        elif num == 9:
+            p.compact_columns = view[a:z]
         elif num == 4:
             p.slices = view[a:z]
-        elif num == 5:
-            p.chunks = view[a:z]
+        elif num == 10:
+            p.compact_chunks = view[a:z]
+        elif num in (1, 2, 5):  # infos, columns, chunks
+            p.wide = True
         elif num == 3:
             p.names.append(_string(b, a, z))
         elif num == 6:
@@ -271,34 +291,36 @@ def raise_for_status(code: int, message: str, partial: Any = None) -> None:
 
 # ------------------------------------------------------------------ records
 
-#: An item's record, whose fields become BatchInfo's arrays. The other
-#: records are read as 2-D arrays of unsigned integers, a record a row.
+#: An item's record, whose fields become BatchInfo's arrays: "columns"
+#: holds the item's column count in bits 0-30 and rate_limited in bit 31.
+#: The other records are read as 2-D arrays of unsigned integers, a record
+#: a row.
 _INFO_REC = np.dtype(
     {
-        "names": [
-            "key",
-            "probability",
-            "table_size",
-            "priority",
-            "inserted_at_unix_nano",
-            "times_sampled",
-            "columns",
-            "rate_limited",
-        ],
-        "formats": ["<u8", "<f8", "<i8", "<f8", "<i8", "<i4", "<u4", "u1"],
-        "offsets": [0, 8, 16, 24, 32, 40, 44, 48],
-        "itemsize": 56,
+        "names": ["key", "probability", "table_size", "priority", "inserted_at_unix_nano", "times_sampled", "columns"],
+        "formats": ["<u8", "<f8", "<i8", "<f8", "<i8", "<i4", "<u4"],
+        "offsets": [0, 8, 16, 24, 32, 40, 44],
+        "itemsize": 48,
     }
 )
-#: A column's record: name, slices, squeeze (uint32 each).
-_COLUMN_SIZE = 12
+#: A column's record: name, slices (uint32 each; bit 31 of slices is the
+#: squeeze flag, the other bits the count).
+_COLUMN_SIZE = 8
 #: A slice's record: chunk, offset, length (uint32 each).
 _SLICE_SIZE = 12
-#: A chunk's record: key, at, size, raw_size (uint64 each), steps, format
-#: (uint32 each), compression, delta (uint8 each), 6 zero bytes.
-_CHUNK_SIZE = 48
+#: A chunk's record: key (uint64), size, steps, format (uint32 each),
+#: compression, delta (uint8 each), 2 zero bytes.
+_CHUNK_SIZE = 24
+#: The flag bit of a compact info's column count and a compact column's
+#: slice count, and the mask of the count below it.
+_FLAG = 31
+_COUNT = (1 << _FLAG) - 1
+#: Where the chunks' bytes start in data: the first at 0, each next one at
+#: a multiple of this past the end of the one before.
+_ALIGN = 8
 
-#: BatchInfo's fields and their dtypes.
+#: BatchInfo's fields and their dtypes, in SampleInfo's order: all but
+#: rate_limited, the last, are fields of _INFO_REC.
 _INFO_FIELDS: tuple[tuple[str, np.dtype], ...] = (
     ("key", np.dtype(np.uint64)),
     ("probability", np.dtype(np.float64)),
@@ -333,6 +355,7 @@ class _Layout:
 
     n: int
     info: np.ndarray  # _INFO_REC
+    limited: np.ndarray  # bool: each item's rate_limited
     ncols: np.ndarray  # each item's columns
     names: list[str]
     formats: list[_Format]
@@ -350,9 +373,9 @@ class _Layout:
     sl_length: np.ndarray
     # Per chunk record:
     ch_key: np.ndarray  # uint64
-    ch_at: np.ndarray
+    ch_at: np.ndarray  # derived from the sizes before it
     ch_size: np.ndarray
-    ch_raw: np.ndarray
+    ch_raw: np.ndarray  # derived: steps times the format's bytes a step
     ch_steps: np.ndarray
     ch_format: np.ndarray  # the first index of equal formats
     ch_compression: np.ndarray  # uint8
@@ -401,34 +424,37 @@ def _formats(formats: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[list[_Form
 
 
 def _layout(p: _Packed) -> _Layout:
-    """The reply's records, checked: record sizes, counts, every index in
-    range, every chunk within the data and of the size its format and steps
+    """The reply's records, checked, with what the compact layout leaves
+    out derived: record sizes, counts, every index in range, every chunk
+    within the data and, uncompressed, of the size its format and steps
     give, every slice within its chunk, every column's chunks of one
     format."""
     for what, buf, rec in (
-        ("infos", p.infos, _INFO_REC.itemsize),
-        ("columns", p.columns, _COLUMN_SIZE),
+        ("compact_infos", p.compact_infos, _INFO_REC.itemsize),
+        ("compact_columns", p.compact_columns, _COLUMN_SIZE),
         ("slices", p.slices, _SLICE_SIZE),
-        ("chunks", p.chunks, _CHUNK_SIZE),
+        ("compact_chunks", p.compact_chunks, _CHUNK_SIZE),
     ):
         if len(buf) % rec:
             raise errors.ProtocolError(f"packed {what} has {len(buf)} bytes, not a whole number of {rec}-byte records")
-    info = np.frombuffer(p.infos, _INFO_REC)
-    cols = np.frombuffer(p.columns, "<u4").reshape(-1, 3)
+    info = np.frombuffer(p.compact_infos, _INFO_REC)
+    cols = np.frombuffer(p.compact_columns, "<u4").reshape(-1, 2)
     sls = np.frombuffer(p.slices, "<u4").reshape(-1, 3)
-    c8 = np.frombuffer(p.chunks, "<u8").reshape(-1, 6)
+    c8 = np.frombuffer(p.compact_chunks, "<u8").reshape(-1, 3)
     c4, c1 = c8.view("<u4"), c8.view("u1")
     names = p.names
     formats, canon = _formats(p.formats)
     nf, ndata = len(formats), len(p.data)
     n, ncol, nsl, nch = len(info), len(cols), len(sls), len(c8)
-    ncols = info["columns"].astype(np.int64)
+    flagged = info["columns"]
+    ncols = (flagged & _COUNT).astype(np.int64)
+    limited = (flagged >> _FLAG).astype(bool)
     item_end = np.add.accumulate(ncols)
-    key, at, size, raw = c8[:, 0], c8[:, 1], c8[:, 2], c8[:, 3]
-    steps, fmt = c4[:, 8], c4[:, 9]
-    comp, delta = c1[:, 40], c1[:, 41]
-    c64 = cols.astype(np.int64)
-    col_name, col_nslices, squeeze = c64[:, 0], c64[:, 1], c64[:, 2]
+    key, size, steps, fmt = c8[:, 0], c4[:, 2], c4[:, 3], c4[:, 4]
+    comp, delta = c1[:, 20], c1[:, 21]
+    col_name = cols[:, 0].astype(np.int64)
+    col_nslices = (cols[:, 1] & _COUNT).astype(np.int64)
+    col_squeeze = (cols[:, 1] >> _FLAG).astype(bool)
     col_end = np.add.accumulate(col_nslices)
     s64 = sls.astype(np.int64)
     sl_chunk, sl_offset, sl_length = s64[:, 0], s64[:, 1], s64[:, 2]
@@ -446,15 +472,20 @@ def _layout(p: _Packed) -> _Layout:
     def slice_(s: int) -> str:
         return f"slice {s} ({column(int(np.searchsorted(col_end, s, side='right')))})"
 
-    limited = info["rate_limited"]
-    if n and _max(limited) > 1:
-        _fail(limited > 1, lambda i: f"item {i}: rate_limited is {limited[i]}, not 0 or 1")
     if int(item_end[-1] if n else 0) != ncol:
         raise errors.ProtocolError(f"the items have {int(ncols.sum())} columns, the reply {ncol} column records")
 
-    # Chunks: first each field alone, then sizes by format. A chunk's data
-    # lie within the reply's: at and size are at most its size before
-    # their sum is taken, which then cannot wrap.
+    # Chunks: where each starts, then each field alone, then sizes by
+    # format. A chunk starts where the one before ends, rounded up to a
+    # multiple of 8 (the records do not say): sizes are uint32 and a reply
+    # holds far fewer than 2**31 chunk records, so int64 sums them without
+    # wrapping. at never decreases and at + size is at most the next
+    # chunk's at, so the last chunk ends furthest: one comparison checks
+    # that every chunk lies within data.
+    ch_size = size.astype(np.int64)
+    padded = (ch_size + (_ALIGN - 1)) & -_ALIGN
+    ch_at = np.add.accumulate(padded) - padded
+    ch_steps = steps.astype(np.int64)
     if nch:
         if _min(steps) == 0:
             _fail(steps == 0, lambda c: f"{chunk(c)}: length 0 is not positive")
@@ -464,37 +495,32 @@ def _layout(p: _Packed) -> _Layout:
             _fail(comp > pb.COMPRESSION_S2, lambda c: f"{chunk(c)}: unknown compression {comp[c]}")
         if _max(delta) > 1:
             _fail(delta > 1, lambda c: f"{chunk(c)}: delta is {delta[c]}, not 0 or 1")
-        if np.bitwise_or.reduce(at) & 7:
-            _fail((at & 7) != 0, lambda c: f"{chunk(c)}: at {at[c]} is not a multiple of 8")
-        if _max(at) > ndata or _max(size) > ndata or _max(at + size) > ndata:
+        if int(ch_at[-1] + ch_size[-1]) > ndata:
             _fail(
-                (at > ndata) | (size > ndata) | (at + size > ndata),
-                lambda c: f"{chunk(c)}: bytes [{at[c]}, {at[c]}+{size[c]}) lie beyond the {ndata} bytes of data",
+                ch_at + ch_size > ndata,
+                lambda c: f"{chunk(c)}: bytes [{ch_at[c]}, {ch_at[c]}+{size[c]}) lie beyond the {ndata} bytes of data",
             )
-        if _max(raw) > _codec.MAX_CHUNK_RAW_SIZE:
-            _fail(
-                raw > _codec.MAX_CHUNK_RAW_SIZE,
-                lambda c: f"{chunk(c)}: raw_size {raw[c]} exceeds the chunk limit of {_codec.MAX_CHUNK_RAW_SIZE}",
-            )
-    # steps < 2**32 and a step's bytes <= MAX_CHUNK_RAW_SIZE: int64 holds
-    # their product.
+    # The raw size: steps < 2**32 and a step's bytes <= MAX_CHUNK_RAW_SIZE,
+    # so int64 holds their product.
     ch_format = canon[fmt]
-    ch_steps = steps.astype(np.int64)
-    ch_raw = raw.astype(np.int64)
-    need = ch_steps * np.array([f.step_bytes for f in formats], dtype=np.int64)[ch_format]
+    ch_raw = ch_steps * np.array([f.step_bytes for f in formats], dtype=np.int64)[ch_format]
     uncompressed = comp == pb.COMPRESSION_NONE
     if nch:
-        if (ch_raw != need).any():
 
-            def wrong(c: int) -> str:
-                f = formats[ch_format[c]]
-                return f"{chunk(c)}: raw_size is {raw[c]}, {steps[c]} steps of {f.dtype}{list(f.shape)} need {need[c]}"
+        def steps_of(c: int) -> str:
+            f = formats[ch_format[c]]
+            return f"{steps[c]} steps of {f.dtype}{list(f.shape)}"
 
-            _fail(ch_raw != need, wrong)
-        if (uncompressed & (size != raw)).any():
+        if _max(ch_raw) > _codec.MAX_CHUNK_RAW_SIZE:
             _fail(
-                uncompressed & (size != raw),
-                lambda c: f"{chunk(c)}: uncompressed data has {size[c]} bytes, raw_size is {raw[c]}",
+                ch_raw > _codec.MAX_CHUNK_RAW_SIZE,
+                lambda c: f"{chunk(c)}: {steps_of(c)} make {ch_raw[c]} bytes, "
+                f"beyond the chunk limit of {_codec.MAX_CHUNK_RAW_SIZE}",
+            )
+        if (uncompressed & (ch_size != ch_raw)).any():
+            _fail(
+                uncompressed & (ch_size != ch_raw),
+                lambda c: f"{chunk(c)}: uncompressed data has {size[c]} bytes, {steps_of(c)} need {ch_raw[c]}",
             )
         not_integer = np.array([not _codec.is_integer(f.dtype) for f in formats], dtype=np.uint8)[ch_format]
         if _max(delta & not_integer):
@@ -510,8 +536,6 @@ def _layout(p: _Packed) -> _Layout:
             _fail(col_name >= len(names), lambda k: f"{column(k)}: name {col_name[k]} of {len(names)}")
         if _min(col_nslices) == 0:
             _fail(col_nslices == 0, lambda k: f"{column(k)} has no slices")
-        if _max(squeeze) > 1:
-            _fail(squeeze > 1, lambda k: f"{column(k)}: squeeze is {squeeze[k]}, not 0 or 1")
     if int(col_end[-1] if ncol else 0) != nsl:
         raise errors.ProtocolError(f"the columns have {int(col_nslices.sum())} slices, the reply {nsl} slice records")
 
@@ -538,14 +562,13 @@ def _layout(p: _Packed) -> _Layout:
         mixed = sl_format != np.repeat(col_format, col_nslices)
         if mixed.any():
             _fail(mixed, lambda s: f"{slice_(s)}: the column's chunks disagree on dtype or step shape")
-    col_squeeze = squeeze.astype(bool)
     if ncol and (col_squeeze & (col_steps != 1)).any():
         _fail(col_squeeze & (col_steps != 1), lambda k: f"{column(k)} is squeezed but selects {col_steps[k]} steps")
     return _Layout(
-        n, info, ncols, names, formats,
+        n, info, limited, ncols, names, formats,
         col_name, col_squeeze, col_nslices, col_first, col_steps, col_format, single,
         sl_chunk, sl_offset, sl_length,
-        key, at.astype(np.int64), size.astype(np.int64), ch_raw, ch_steps, ch_format, comp, delta, ch_plain,
+        key, ch_at, ch_size, ch_raw, ch_steps, ch_format, comp, delta, ch_plain,
         p.data,
     )  # fmt: skip
 
@@ -581,7 +604,7 @@ def decode_samples(resp: _Response) -> list[ReplaySample]:
     lay = _layout(resp.packed)
     info = lay.info
     fields = [info[name].tolist() for name, _ in _INFO_FIELDS[:-1]]  # in SampleInfo's order
-    infos = list(map(SampleInfo._make, zip(*fields, info["rate_limited"].astype(bool).tolist())))
+    infos = list(map(SampleInfo._make, zip(*fields, lay.limited.tolist())))
     decoded = _Decoded(lay)
     names = [lay.names[k] for k in lay.col_name.tolist()]
     squeeze = lay.col_squeeze.tolist()
@@ -619,14 +642,17 @@ def decode_samples(resp: _Response) -> list[ReplaySample]:
     return out
 
 
-def _batch_info(info: np.ndarray) -> BatchInfo:
+def _batch_info(info: np.ndarray, limited: np.ndarray) -> BatchInfo:
+    """BatchInfo of the items' records and rate_limited flags (which the
+    records hold in a bit of their column counts)."""
     # astype copies: the arrays own their memory, apart from the reply's.
-    return BatchInfo(**{name: info[name].astype(dt) for name, dt in _INFO_FIELDS})
+    fields = {name: info[name].astype(dt) for name, dt in _INFO_FIELDS[:-1]}
+    return BatchInfo(**fields, rate_limited=limited.astype(np.bool_))
 
 
 def empty_batch() -> SampleBatch:
     """A batch of no items."""
-    return SampleBatch(_batch_info(np.empty(0, _INFO_REC)), {})
+    return SampleBatch(_batch_info(np.empty(0, _INFO_REC), np.empty(0, np.bool_)), {})
 
 
 def decode_batch(resp: _Response) -> SampleBatch:
@@ -635,7 +661,7 @@ def decode_batch(resp: _Response) -> SampleBatch:
     shapes (a table with a signature guarantees it); otherwise use
     ``sample``, which returns items one by one."""
     lay = _layout(resp.packed)
-    info = _batch_info(lay.info)
+    info = _batch_info(lay.info, lay.limited)
     n = lay.n
     if n == 0:
         return SampleBatch(info, {})

@@ -311,8 +311,15 @@ class Client:
         if not isinstance(num_samples, (int, np.integer)) or not 1 <= num_samples <= 1 << 30:
             raise errors.InvalidArgumentError(f"sample size {num_samples!r}")
         timeout_ms, wait = sample_timeouts(timeout)
+        # The compact layout only: _sample refuses replies in the wide one
+        # (a service older than this client).
         req = pb.SampleRequest(
-            table=table, num_samples=int(num_samples), timeout_ms=timeout_ms, flexible=flexible, packed=True
+            table=table,
+            num_samples=int(num_samples),
+            timeout_ms=timeout_ms,
+            flexible=flexible,
+            packed=True,
+            layout=pb.PACKED_LAYOUT_COMPACT,
         )
         send = asyncio.ensure_future(self._requester().request(self.subjects.sample, req.SerializeToString(), wait))
         # A service that dies with the request never answers, and nothing

@@ -1,6 +1,8 @@
 """A packed sample reply encoder for tests: what the Go service writes
 (AppendPackedSampleResponse, PackedSamples in broker/wire/reprise.proto),
-built from plain descriptions of items and pb.Chunk messages."""
+built from plain descriptions of items and pb.Chunk messages. Replies are
+in the compact layout, which this client asks for; ``wide=True`` writes the
+wide layout of a service that predates SampleRequest.layout."""
 
 from __future__ import annotations
 
@@ -10,10 +12,18 @@ from collections.abc import Iterable, Sequence
 
 from reprise._proto import reprise_pb2 as pb
 
-INFO = struct.Struct("<QdqdqiIB7x")
-COLUMN = struct.Struct("<III")
+#: The compact records. The last uint32 of INFO and of COLUMN is a count
+#: with a flag in bit 31 (rate_limited, squeeze).
+INFO = struct.Struct("<QdqdqiI")
+COLUMN = struct.Struct("<II")
 SLICE = struct.Struct("<III")
-CHUNK = struct.Struct("<QQQQIIBB6x")
+CHUNK = struct.Struct("<QIIIBB2x")
+FLAG = 1 << 31
+
+#: The wide records (infos, columns, chunks).
+WIDE_INFO = struct.Struct("<QdqdqiIB7x")
+WIDE_COLUMN = struct.Struct("<III")
+WIDE_CHUNK = struct.Struct("<QQQQIIBB6x")
 
 
 @dataclasses.dataclass
@@ -43,40 +53,53 @@ def pack(
     code: int = pb.CODE_OK,
     message: str = "",
     table_size: int = 0,
+    wide: bool = False,
 ) -> pb.SampleResponse:
     """A SampleResponse with items packed: chunks in the order the items
     first use them, names and formats each once, each chunk's bytes at a
-    multiple of 8 in data."""
+    multiple of 8 in data, right after the one before (rounded up)."""
     by_key = {c.key: c for c in chunks}
     order: dict[int, int] = {}  # chunk key -> record index
     names: dict[str, int] = {}
     formats: dict[tuple[str, tuple[int, ...]], int] = {}
     infos, columns, slices = bytearray(), bytearray(), bytearray()
     for it in items:
-        infos += INFO.pack(
-            it.key, it.probability, it.table_size, it.priority, it.inserted_at_unix_nano, it.times_sampled,
-            len(it.columns), int(it.rate_limited),
-        )  # fmt: skip
+        head = (it.key, it.probability, it.table_size, it.priority, it.inserted_at_unix_nano, it.times_sampled)
+        if wide:
+            infos += WIDE_INFO.pack(*head, len(it.columns), int(it.rate_limited))
+        else:
+            infos += INFO.pack(*head, len(it.columns) | (FLAG if it.rate_limited else 0))
         for col in it.columns:
-            columns += COLUMN.pack(names.setdefault(col.name, len(names)), len(col.slices), int(col.squeeze))
+            name = names.setdefault(col.name, len(names))
+            if wide:
+                columns += WIDE_COLUMN.pack(name, len(col.slices), int(col.squeeze))
+            else:
+                columns += COLUMN.pack(name, len(col.slices) | (FLAG if col.squeeze else 0))
             for key, off, ln in col.slices:
                 slices += SLICE.pack(order.setdefault(key, len(order)), off, ln)
     records, data = bytearray(), bytearray()
     for key in order:
         c = by_key[key]
         fmt = formats.setdefault((c.dtype, tuple(c.step_shape)), len(formats))
-        records += CHUNK.pack(c.key, len(data), len(c.data), c.raw_size, c.length, fmt, c.compression, int(c.delta_encoded))
+        if wide:
+            records += WIDE_CHUNK.pack(
+                c.key, len(data), len(c.data), c.raw_size, c.length, fmt, c.compression, int(c.delta_encoded)
+            )
+        else:
+            records += CHUNK.pack(c.key, len(c.data), c.length, fmt, c.compression, int(c.delta_encoded))
         data += c.data
         data += bytes(-len(data) % 8)
     packed = pb.PackedSamples(
-        infos=bytes(infos),
-        columns=bytes(columns),
         names=list(names),
         slices=bytes(slices),
-        chunks=bytes(records),
         formats=[pb.StepFormat(dtype=d, step_shape=s) for d, s in formats],
         data=bytes(data),
     )
+    if wide:
+        packed.infos, packed.columns, packed.chunks = bytes(infos), bytes(columns), bytes(records)
+    else:
+        packed.compact_infos, packed.compact_columns = bytes(infos), bytes(columns)
+        packed.compact_chunks = bytes(records)
     resp = pb.SampleResponse(status=pb.Status(code=code, message=message), table_size=table_size)
     if items:
         resp.packed.CopyFrom(packed)
@@ -91,22 +114,28 @@ def one_column(items: Sequence[tuple[int, int, int]], chunks: Iterable[pb.Chunk]
     ).SerializeToString()
 
 
-#: Where each field of a record lies: (offset, struct format).
+#: Where each field of a compact record lies: (offset, struct format),
+#: by the PackedSamples field that holds the records. A count with a flag
+#: in bit 31 is patched whole: columns and slices take count | FLAG.
 FIELDS = {
-    "infos": {"columns": (44, "<I"), "rate_limited": (48, "B")},
-    "columns": {"name": (0, "<I"), "slices": (4, "<I"), "squeeze": (8, "<I")},
+    "compact_infos": {"columns": (44, "<I")},
+    "compact_columns": {"name": (0, "<I"), "slices": (4, "<I")},
     "slices": {"chunk": (0, "<I"), "offset": (4, "<I"), "length": (8, "<I")},
-    "chunks": {
-        "at": (8, "<Q"),
-        "size": (16, "<Q"),
-        "raw_size": (24, "<Q"),
-        "steps": (32, "<I"),
-        "format": (36, "<I"),
-        "compression": (40, "B"),
-        "delta": (41, "B"),
+    "compact_chunks": {
+        "size": (8, "<I"),
+        "steps": (12, "<I"),
+        "format": (16, "<I"),
+        "compression": (20, "B"),
+        "delta": (21, "B"),
     },
 }
-SIZES = {"infos": INFO.size, "columns": COLUMN.size, "slices": SLICE.size, "chunks": CHUNK.size}
+SIZES = {"compact_infos": INFO.size, "compact_columns": COLUMN.size, "slices": SLICE.size, "compact_chunks": CHUNK.size}
+
+
+def get(resp: pb.SampleResponse, records: str, i: int, field: str) -> int:
+    """One field of record i of packed.<records>."""
+    at, fmt = FIELDS[records][field]
+    return int(struct.unpack_from(fmt, getattr(resp.packed, records), i * SIZES[records] + at)[0])
 
 
 def patch(resp: pb.SampleResponse, records: str, i: int, field: str, value: int) -> pb.SampleResponse:

@@ -372,6 +372,8 @@ def test_batches_stack_the_items(seed: int) -> None:
     batch = _sample.decode_batch(_sample.parse_response(raw))
     samples = _sample.decode_samples(_sample.parse_response(raw))
     assert len(batch) == len(samples)
+    assert batch.info.rate_limited.tolist() == [it.rate_limited for it in items]
+    assert batch.info.key.tolist() == [it.key for it in items]
     for field in _sample.SampleInfo._fields:
         np.testing.assert_array_equal(getattr(batch.info, field), [getattr(s.info, field) for s in samples])
     for j in range(ncol):

@@ -1,9 +1,11 @@
-"""Packed sample replies (PackedSamples), without a server: parse_response
-against the protobuf runtime, decode_samples and decode_batch against what
-the items hold, and replies that are damaged or hostile."""
+"""Packed sample replies (PackedSamples, compact layout), without a server:
+parse_response against the protobuf runtime, decode_samples and
+decode_batch against what the items hold, replies of older services, and
+replies that are damaged or hostile."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +52,9 @@ def _random_response(rng: np.random.Generator) -> pb.SampleResponse:
     r.weight_exponent = int(rng.integers(-(2**63), 2**63))
     if rng.random() < 0.8:
         p = r.packed
-        p.infos, p.columns, p.slices, p.chunks, p.data = blob(), blob(), blob(), blob(), blob()
+        p.compact_infos, p.compact_columns, p.slices, p.compact_chunks, p.data = blob(), blob(), blob(), blob(), blob()
+        if rng.random() < 0.1:  # a field of the wide layout: an older service
+            setattr(p, str(rng.choice(["infos", "columns", "chunks"])), blob() or b"w")
         p.names.extend(text() for _ in range(int(rng.integers(0, 3))))
         for _ in range(int(rng.integers(0, 3))):
             p.formats.add(dtype=text(), step_shape=[int(d) for d in rng.integers(-(2**63), 2**63, size=int(rng.integers(0, 4)))])
@@ -104,7 +108,7 @@ def _assert_same(mine: _sample._Response, ref: pb.SampleResponse) -> None:
     assert (mine.table_size, mine.weight_exponent) == (ref.table_size, ref.weight_exponent)
     assert struct.pack("<d", mine.weight_fraction) == struct.pack("<d", ref.weight_fraction)
     p, q = mine.packed, ref.packed
-    for field in ("infos", "columns", "slices", "chunks", "data"):
+    for field in ("compact_infos", "compact_columns", "slices", "compact_chunks", "data"):
         assert bytes(getattr(p, field)) == getattr(q, field), field
     assert p.names == list(q.names)
     assert p.formats == [(f.dtype, tuple(f.step_shape)) for f in q.formats]
@@ -112,9 +116,16 @@ def _assert_same(mine: _sample._Response, ref: pb.SampleResponse) -> None:
 
 @pytest.mark.parametrize("seed", range(200))
 def test_parse_response_reads_what_protobuf_reads(seed: int) -> None:
+    """What the runtime reads, or (a field of the wide layout present) a
+    refusal naming the older service."""
     rng = np.random.default_rng(seed)
     raw = _encode(rng)
-    _assert_same(parse(raw), pb.SampleResponse.FromString(raw))
+    ref = pb.SampleResponse.FromString(raw)
+    if ref.packed.infos or ref.packed.columns or ref.packed.chunks:
+        with pytest.raises(reprise.ProtocolError, match="wide packed layout"):
+            parse(raw)
+        return
+    _assert_same(parse(raw), ref)
 
 
 @pytest.mark.parametrize("seed", range(100))
@@ -122,7 +133,8 @@ def test_damaged_replies_parse_as_protobuf_or_not_at_all(seed: int) -> None:
     """A damaged reply (truncated, bytes flipped, inserted or dropped) that
     parse_response accepts reads as the protobuf runtime reads it; one the
     runtime refuses is a ProtocolError. (parse_response refuses some that
-    the runtime accepts: groups, and the fields of unpacked replies.)"""
+    the runtime accepts: groups, and the fields of unpacked replies and of
+    the wide layout.)"""
     rng = np.random.default_rng(seed)
     raw = bytearray(_encode(rng))
     for _ in range(20):
@@ -158,6 +170,55 @@ def test_unpacked_replies_are_refused() -> None:
     old = pb.SampleResponse(status=pb.Status(code=pb.CODE_OK), items=[pb.SampledItem()], chunks=[b"x"])
     with pytest.raises(reprise.ProtocolError, match="unpacked.*upgrade reprised"):
         parse(old.SerializeToString())
+
+
+@pytest.mark.parametrize("fields", [("infos", "columns", "chunks"), ("infos",), ("columns",), ("chunks",)])
+def test_wide_replies_are_refused(fields: tuple[str, ...]) -> None:
+    """A service that predates SampleRequest.layout answers in the wide
+    layout, which this client no longer reads: it says so, whichever wide
+    field it finds, and whatever compact fields come with it."""
+    resp, _ = rich(1)
+    old = pack(
+        [Item([Column("x", [(1, 0, 1)])], rate_limited=True)], [_codec.encode_chunk(1, np.ones((1, 2)))], wide=True
+    )
+    assert old.packed.infos and old.packed.columns and old.packed.chunks and not old.packed.compact_infos
+    for f in ("infos", "columns", "chunks"):
+        if f not in fields:
+            old.packed.ClearField(f)  # type: ignore[arg-type]
+    mixed = pb.SampleResponse()
+    mixed.CopyFrom(resp)
+    for f in fields:
+        setattr(mixed.packed, f, getattr(old.packed, f))
+    for reply in (old, mixed):
+        with pytest.raises(
+            reprise.ProtocolError,
+            match=r"wide packed layout: the table service predates SampleRequest\.layout, .*upgrade reprised",
+        ):
+            parse(reply.SerializeToString())
+
+
+def test_requests_ask_for_the_compact_layout() -> None:
+    """The request the client sends is packed in the compact layout, and
+    the compact reply it gets back decodes."""
+    from reprise import aio
+
+    sent: list[pb.SampleRequest] = []
+    reply = pack([Item([Column("x", [(1, 0, 1)])], key=3)], [_codec.encode_chunk(1, np.ones((1, 2)))])
+
+    class Requester:
+        async def request(self, subject: str, data: bytes, wait: float) -> bytes:
+            sent.append(pb.SampleRequest.FromString(data))
+            return reply.SerializeToString()
+
+    async def main() -> bytes:
+        c = aio.Client()
+        c._req = Requester()  # type: ignore[assignment]
+        return await c.sample_raw("t", 4, timeout=None)
+
+    raw = asyncio.run(main())
+    [req] = sent
+    assert (req.table, req.num_samples, req.packed, req.layout) == ("t", 4, True, pb.PACKED_LAYOUT_COMPACT)
+    assert batch(raw).info.key.tolist() == [3]
 
 
 def test_status_only_replies_have_no_items() -> None:
@@ -309,7 +370,7 @@ def test_every_dtype_gathers(dtype: str, compression: str) -> None:
             items.append(Item([Column("pad", [(1, 0, 1)], squeeze=True), Column("x", [(k, 1, steps)], squeeze=steps == 1)]))
         resp = pack(items[1:], chunks)
         if compression == "none" and dt.itemsize == 16:
-            at = np.frombuffer(resp.packed.chunks, "<u8").reshape(-1, 6)[1:, 1]
+            at = _sample._layout(parse(resp.SerializeToString()).packed).ch_at[1:]
             assert (at % 16 == 8).all()
         raw = resp.SerializeToString()
         b = batch(raw)
@@ -317,6 +378,82 @@ def test_every_dtype_gathers(dtype: str, compression: str) -> None:
         _assert_identical(b.data["x"], want)
         for s, w in zip(samples(raw), want):
             _assert_identical(s.data["x"], w)
+
+
+def test_flags_ride_in_bit_31() -> None:
+    """rate_limited and squeeze are bit 31 of the item's column count and
+    of the column's slice count: they decode to bools, and the counts to the
+    other 31 bits."""
+    c = _codec.encode_chunk(1, np.arange(6, dtype=np.float32).reshape(3, 2), compression="none")
+    limited = [True, False, True]
+    items = [
+        Item([Column("a", [(1, i, 1)], squeeze=True), Column("b", [(1, 0, 1), (1, 1, 1)])], key=i, rate_limited=lim)
+        for i, lim in enumerate(limited)
+    ]
+    resp = pack(items, [c])
+    f = packed.FLAG
+    assert [packed.get(resp, "compact_infos", i, "columns") for i in range(3)] == [2 | f, 2, 2 | f]
+    assert [packed.get(resp, "compact_columns", k, "slices") for k in range(6)] == [1 | f, 2] * 3
+    raw = resp.SerializeToString()
+    b = batch(raw)
+    assert b.info.rate_limited.dtype == np.bool_ and b.info.rate_limited.tolist() == limited
+    assert b.info.key.tolist() == [0, 1, 2]
+    steps = np.arange(6, dtype=np.float32).reshape(3, 2)
+    _assert_identical(b.data["a"], steps)
+    _assert_identical(b.data["b"], np.stack([steps[:2]] * 3))
+    got = samples(raw)
+    assert [s.info.rate_limited for s in got] == limited
+    assert all(type(s.info.rate_limited) is bool for s in got)
+    for s, want in zip(got, steps):
+        _assert_identical(s.data["a"], want)
+        _assert_identical(s.data["b"], steps[:2])
+    # Squeezed in one item only: each item decodes with its own flag.
+    raw = pack([Item([Column("a", [(1, 0, 1)], squeeze=sq)], rate_limited=not sq) for sq in (False, True)], [c])
+    got = samples(raw.SerializeToString())
+    assert [s.data["a"].shape for s in got] == [(1, 2), (2,)]
+    assert [s.info.rate_limited for s in got] == [True, False]
+
+
+def test_chunks_start_where_the_one_before_ends_rounded_up_to_8() -> None:
+    """The compact chunk records say no chunk's place in data: chunk i
+    starts where chunk i-1 ends, rounded up to a multiple of 8. Chunks of
+    odd sizes, uncompressed (n steps of one byte) and zstd, each lie where
+    the encoder put them and decode to their steps."""
+    rng = np.random.default_rng(5)
+    chunks: list[pb.Chunk] = []
+    items: list[Item] = []
+    want: list[dict[str, np.ndarray]] = []
+    for i, n in enumerate([1, 3, 8, 9, 17, 5, 16, 7, 2]):
+        bytes_ = rng.integers(0, 256, size=(n, 1), dtype=np.uint8)
+        ints = np.repeat(rng.integers(0, 9, size=(1, 64)), n + 1, axis=0)  # repeated: zstd shrinks it
+        chunks.append(_codec.encode_chunk(2 * i + 1, bytes_, compression="none"))
+        chunks.append(_codec.encode_chunk(2 * i + 2, ints, compression="zstd", delta=False))
+        cols = [
+            Column("first", [(2 * i + 1, 0, 1)]),
+            Column("last", [(2 * i + 1, n - 1, 1)], squeeze=True),
+            Column("z", [(2 * i + 2, n, 1)]),
+        ]
+        items.append(Item(cols, key=i))
+        want.append({"first": bytes_[:1], "last": bytes_[n - 1], "z": ints[n : n + 1]})
+    zstd = [len(c.data) for c in chunks if c.compression == pb.COMPRESSION_ZSTD]
+    assert len(zstd) == 9 and any(size % 8 for size in zstd)
+    at, end = [], 0
+    for c in chunks:  # the order of first use
+        at.append(end)
+        end = (end + len(c.data) + 7) // 8 * 8
+    resp = pack(items, chunks)
+    raw = resp.SerializeToString()
+    lay = _sample._layout(parse(raw).packed)
+    assert lay.ch_at.tolist() == at
+    assert lay.ch_raw.tolist() == [c.raw_size for c in chunks]
+    for a, c in zip(at, chunks):
+        assert resp.packed.data[a : a + len(c.data)] == c.data
+    got = samples(raw)
+    b = batch(raw)
+    for name in ("first", "last", "z"):
+        for s, w in zip(got, want):
+            _assert_identical(s.data[name], w[name])
+        _assert_identical(b.data[name], np.stack([w[name] for w in want]))
 
 
 def test_returned_arrays_are_the_callers() -> None:
@@ -411,33 +548,44 @@ def _both_refuse(resp: pb.SampleResponse, match: str, kind: type[Exception] = re
             decode(raw)
 
 
+#: The flag bit of a count (rate_limited, squeeze).
+F = packed.FLAG
+
+
 @pytest.mark.parametrize(
     "records,i,field,value,match",
     [
-        ("infos", 1, "columns", 99, r"the items have \d+ columns, the reply 30 column records"),
-        ("infos", 2, "rate_limited", 2, r"item 2: rate_limited is 2"),
-        ("columns", 7, "name", 99, r"item 1 column 1: name 99 of 6"),
-        ("columns", 0, "slices", 0, r"item 0 column 0 'obs' has no slices"),
-        ("columns", 6, "slices", 2, r"the columns have 32 slices, the reply 31 slice records"),
-        ("columns", 2, "squeeze", 3, r"item 0 column 2 'rew': squeeze is 3"),
-        ("columns", 6, "squeeze", 1, r"item 1 column 0 'obs' is squeezed but selects 2 steps"),
+        ("compact_infos", 1, "columns", 99, r"the items have \d+ columns, the reply 30 column records"),
+        # The rate_limited bit is no part of the count.
+        ("compact_infos", 1, "columns", 99 | F, r"the items have \d+ columns, the reply 30 column records"),
+        ("compact_infos", 1, "columns", F, r"the items have 24 columns, the reply 30 column records"),
+        ("compact_columns", 7, "name", 99, r"item 1 column 1: name 99 of 6"),
+        ("compact_columns", 0, "slices", 0, r"item 0 column 0 'obs' has no slices"),
+        ("compact_columns", 0, "slices", F, r"item 0 column 0 'obs' has no slices"),
+        ("compact_columns", 6, "slices", 2, r"the columns have 32 slices, the reply 31 slice records"),
+        ("compact_columns", 6, "slices", 1 | F, r"item 1 column 0 'obs' is squeezed but selects 2 steps"),
+        ("compact_columns", 2, "slices", 2 | F, r"the columns have 32 slices, the reply 31 slice records"),
         ("slices", 0, "chunk", 999, r"slice 0 \(item 0 column 0 'obs'\): chunk 999 of \d+"),
         ("slices", 1, "length", 0, r"slice 1 \(item 0 column 1 'act'\): length 0 is not positive"),
         ("slices", 0, "offset", 2, r"slice 0 .*: wants steps \[2, 2\+2\) of chunk 0 \(key 1\), which has 3"),
         ("slices", 0, "offset", 2**32 - 1, r"wants steps \[4294967295, 4294967295\+2\)"),
-        ("chunks", 0, "format", 99, r"chunk 0 \(key 1\): format 99 of \d+"),
-        ("chunks", 0, "compression", 7, r"chunk 0 \(key 1\): unknown compression 7"),
-        ("chunks", 0, "delta", 2, r"chunk 0 \(key 1\): delta is 2"),
-        ("chunks", 0, "steps", 0, r"chunk 0 \(key 1\): length 0 is not positive"),
-        ("chunks", 1, "at", 84, r"chunk 1 \(key 2\): at 84 is not a multiple of 8"),
-        ("chunks", 1, "at", 1 << 40, r"chunk 1 \(key 2\): bytes \[1099511627776, .* lie beyond the \d+ bytes of data"),
-        ("chunks", 1, "at", 2**64 - 8, r"chunk 1 .* lie beyond"),
-        ("chunks", 1, "size", 2**64 - 1, r"chunk 1 .* lie beyond"),
-        ("chunks", 0, "raw_size", 2**63, r"chunk 0 .*: raw_size 9223372036854775808 exceeds the chunk limit"),
-        ("chunks", 0, "raw_size", 8, r"chunk 0 \(key 1\): raw_size is 8, 3 steps of float32\[2, 3\] need 72"),
-        ("chunks", 0, "steps", 4, r"chunk 0 .*: raw_size is 72, 4 steps of float32\[2, 3\] need 96"),
-        ("chunks", 0, "size", 64, r"chunk 0 \(key 1\): uncompressed data has 64 bytes, raw_size is 72"),
-        ("chunks", 0, "delta", 1, r"chunk 0 \(key 1\): delta_encoded is set on non-integer dtype float32"),
+        ("compact_chunks", 0, "format", 99, r"chunk 0 \(key 1\): format 99 of \d+"),
+        ("compact_chunks", 0, "compression", 7, r"chunk 0 \(key 1\): unknown compression 7"),
+        ("compact_chunks", 0, "delta", 2, r"chunk 0 \(key 1\): delta is 2"),
+        ("compact_chunks", 0, "steps", 0, r"chunk 0 \(key 1\): length 0 is not positive"),
+        # Chunk 1 (zstd, 103 bytes) starts after chunk 0's 72.
+        ("compact_chunks", 1, "size", 2**32 - 1, r"chunk 1 \(key 2\): bytes \[72, 72\+4294967295\) lie beyond the 1280 bytes"),
+        ("compact_chunks", 0, "size", 2**32 - 1, r"chunk 0 \(key 1\): bytes \[0, 0\+4294967295\) lie beyond"),
+        # A chunk 8 bytes longer moves every later one: the last of any
+        # bytes (6, at 1272) then ends past the data.
+        ("compact_chunks", 0, "size", 80, r"chunk 21 \(key 22\): bytes \[1280, 1280\+6\) lie beyond the 1280 bytes"),
+        # Rounded up to 8 as 103 is: no chunk moves, but the zstd frame of
+        # chunk 1 (key 2, as _codec names it) is cut short.
+        ("compact_chunks", 1, "size", 100, r"chunk 2: zstd"),
+        ("compact_chunks", 0, "steps", 2**32 - 1, r"chunk 0 .*: 4294967295 steps of float32\[2, 3\] make \d+ bytes, beyond"),
+        ("compact_chunks", 0, "steps", 4, r"chunk 0 .*: uncompressed data has 72 bytes, 4 steps of float32\[2, 3\] need 96"),
+        ("compact_chunks", 0, "size", 64, r"chunk 0 .*: uncompressed data has 64 bytes, 3 steps of float32\[2, 3\] need 72"),
+        ("compact_chunks", 0, "delta", 1, r"chunk 0 \(key 1\): delta_encoded is set on non-integer dtype float32"),
     ],
 )
 def test_out_of_range_fields_are_named(records: str, i: int, field: str, value: int, match: str) -> None:
@@ -447,10 +595,10 @@ def test_out_of_range_fields_are_named(records: str, i: int, field: str, value: 
 @pytest.mark.parametrize(
     "records,fewer",
     [
-        ("infos", r"the items have 24 columns, the reply 30 column records"),
-        ("columns", r"the items have 30 columns, the reply 29 column records"),
+        ("compact_infos", r"the items have 24 columns, the reply 30 column records"),
+        ("compact_columns", r"the items have 30 columns, the reply 29 column records"),
         ("slices", r"the columns have 31 slices, the reply 30 slice records"),
-        ("chunks", r"slice 24 \(item 3 column 5 'empty'\): chunk 22 of 22"),
+        ("compact_chunks", r"slice 24 \(item 3 column 5 'empty'\): chunk 22 of 22"),
     ],
 )
 def test_records_are_whole_and_counted(records: str, fewer: str) -> None:
@@ -468,7 +616,7 @@ def test_records_are_whole_and_counted(records: str, fewer: str) -> None:
         ("float33", [2, 3], r"format 0: unknown dtype 'float33'"),
         ("float32", [2, -3], r"format 0: step_shape \[2, -3\]: dimension 1 is -3"),
         ("uint8", [1 << 40, 1 << 40], r"format 0: step_shape .*elements"),
-        ("float64", [2, 3], r"chunk 0 .*: raw_size is 72, 3 steps of float64\[2, 3\] need 144"),
+        ("float64", [2, 3], r"chunk 0 .*: uncompressed data has 72 bytes, 3 steps of float64\[2, 3\] need 144"),
     ],
 )
 def test_bad_formats_are_named(dtype: str, shape: list[int], match: str) -> None:
@@ -509,14 +657,15 @@ def test_compressed_chunks_are_checked() -> None:
     garbled.CopyFrom(resp)
     garbled.packed.data = b"\xff" * 8 + resp.packed.data[8:]
     _both_refuse(garbled, r"chunk 1: zstd data")
-    # A frame that declares more than raw_size is refused before allocating.
+    # A frame that declares more than the raw size (steps times step bytes)
+    # is refused before allocating.
     frame = b"\x28\xb5\x2f\xfd\xe0" + struct.pack("<Q", 1 << 40) + bytes(8)
     huge = pb.SampleResponse()
     huge.CopyFrom(resp)
     huge.packed.data = frame + bytes(-len(frame) % 8)
-    huge = patch(huge, "chunks", 0, "size", len(frame))
+    huge = patch(huge, "compact_chunks", 0, "size", len(frame))
     _both_refuse(huge, r"chunk 1: the zstd frame declares 1099511627776 bytes, raw_size is 2048")
-    _both_refuse(patch(resp, "chunks", 0, "compression", pb.COMPRESSION_S2), "s2.*WithCompression", reprise.UnsupportedCodecError)
+    _both_refuse(patch(resp, "compact_chunks", 0, "compression", pb.COMPRESSION_S2), "s2.*WithCompression", reprise.UnsupportedCodecError)
 
 
 #: What a decoder may raise for a damaged reply: a ProtocolError, an
@@ -525,7 +674,7 @@ def test_compressed_chunks_are_checked() -> None:
 _ALLOWED = (reprise.ProtocolError, reprise.UnsupportedCodecError)
 
 
-@pytest.mark.parametrize("records", ["infos", "columns", "slices", "chunks", "data"])
+@pytest.mark.parametrize("records", ["compact_infos", "compact_columns", "slices", "compact_chunks", "data"])
 @pytest.mark.parametrize("seed", range(4))
 def test_damaged_records_are_protocol_errors(records: str, seed: int) -> None:
     """Records cut short or with bits flipped, in a reply over every path

@@ -17,6 +17,8 @@ COMPRESSION_NONE: Compression
 COMPRESSION_S2: Compression
 COMPRESSION_ZSTD: Compression
 DESCRIPTOR: _descriptor.FileDescriptor
+PACKED_LAYOUT_COMPACT: PackedLayout
+PACKED_LAYOUT_WIDE: PackedLayout
 
 class Checkpoint(_message.Message):
     __slots__ = ["applied_sequence", "chunks", "created_unix_nano", "last_sweep_unix_nano", "pending", "producers", "tables", "version"]
@@ -275,9 +277,12 @@ class MutationOp(_message.Message):
     def __init__(self, key: _Optional[int] = ..., priority: _Optional[float] = ..., delete: bool = ...) -> None: ...
 
 class PackedSamples(_message.Message):
-    __slots__ = ["chunks", "columns", "data", "formats", "infos", "names", "slices"]
+    __slots__ = ["chunks", "columns", "compact_chunks", "compact_columns", "compact_infos", "data", "formats", "infos", "names", "slices"]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_INFOS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     FORMATS_FIELD_NUMBER: _ClassVar[int]
     INFOS_FIELD_NUMBER: _ClassVar[int]
@@ -285,12 +290,15 @@ class PackedSamples(_message.Message):
     SLICES_FIELD_NUMBER: _ClassVar[int]
     chunks: bytes
     columns: bytes
+    compact_chunks: bytes
+    compact_columns: bytes
+    compact_infos: bytes
     data: bytes
     formats: _containers.RepeatedCompositeFieldContainer[StepFormat]
     infos: bytes
     names: _containers.RepeatedScalarFieldContainer[str]
     slices: bytes
-    def __init__(self, infos: _Optional[bytes] = ..., columns: _Optional[bytes] = ..., names: _Optional[_Iterable[str]] = ..., slices: _Optional[bytes] = ..., chunks: _Optional[bytes] = ..., formats: _Optional[_Iterable[_Union[StepFormat, _Mapping]]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, infos: _Optional[bytes] = ..., columns: _Optional[bytes] = ..., names: _Optional[_Iterable[str]] = ..., slices: _Optional[bytes] = ..., chunks: _Optional[bytes] = ..., formats: _Optional[_Iterable[_Union[StepFormat, _Mapping]]] = ..., data: _Optional[bytes] = ..., compact_infos: _Optional[bytes] = ..., compact_columns: _Optional[bytes] = ..., compact_chunks: _Optional[bytes] = ...) -> None: ...
 
 class PendingItem(_message.Message):
     __slots__ = ["item", "notice_subject", "producer_id", "sequence", "stored_at_unix_nano", "stream_sequence"]
@@ -385,18 +393,20 @@ class SampleInfo(_message.Message):
     def __init__(self, key: _Optional[int] = ..., probability: _Optional[float] = ..., table_size: _Optional[int] = ..., priority: _Optional[float] = ..., times_sampled: _Optional[int] = ..., inserted_at_unix_nano: _Optional[int] = ..., rate_limited: bool = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ["flexible", "num_samples", "packed", "table", "timeout_ms"]
+    __slots__ = ["flexible", "layout", "num_samples", "packed", "table", "timeout_ms"]
     FLEXIBLE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     PACKED_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     flexible: bool
+    layout: PackedLayout
     num_samples: int
     packed: bool
     table: str
     timeout_ms: int
-    def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., flexible: bool = ..., packed: bool = ...) -> None: ...
+    def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., flexible: bool = ..., packed: bool = ..., layout: _Optional[_Union[PackedLayout, str]] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
     __slots__ = ["chunks", "items", "packed", "status", "table_size", "weight_exponent", "weight_fraction"]
@@ -546,4 +556,7 @@ class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class PackedLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
