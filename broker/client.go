@@ -317,18 +317,17 @@ func (c *Client) sampleReply(ctx context.Context, table string, n int, o sampleO
 	if err != nil {
 		return nil, wire.TableState{}, err
 	}
-	reply, err := wire.DecodeSampleResponse(data)
+	reply, err := wire.DecodeSamples(data, newNamedTensor, newSample)
 	if err != nil {
 		return nil, wire.TableState{}, fmt.Errorf("%w: %w", ErrServer, err)
 	}
 	if err := protocol.Status(protocol.Code(reply.Code), reply.Message); err != nil {
 		return nil, wire.TableState{}, err
 	}
-	out := toSamples(reply.Samples)
 	if reply.Code == wire.Code_CODE_PARTIAL {
-		return out, reply.After, &StatusError{Code: CodeRateLimited, Message: reply.Message}
+		return reply.Samples, reply.After, &StatusError{Code: CodeRateLimited, Message: reply.Message}
 	}
-	return out, reply.After, nil
+	return reply.Samples, reply.After, nil
 }
 
 // DefaultSampleWait is how long a sample waits for the rate limiter when
@@ -368,24 +367,14 @@ func (c *Client) probeService(ctx context.Context, cancel context.CancelCauseFun
 	}
 }
 
-// toSamples gives decoded items the public types, sharing their memory.
-func toSamples(decoded []wire.DecodedSample) []Sample {
-	total := 0
-	for i := range decoded {
-		total += len(decoded[i].Columns)
-	}
-	out := make([]Sample, len(decoded))
-	cols := make([]NamedTensor, total)
-	for i := range decoded {
-		d := &decoded[i]
-		c := cols[:len(d.Columns):len(d.Columns)]
-		cols = cols[len(d.Columns):]
-		for j, col := range d.Columns {
-			c[j] = NamedTensor{Name: col.Name, Tensor: Tensor{DType: col.Dtype, Shape: col.Shape, Data: col.Data}}
-		}
-		out[i] = Sample{Info: d.Info, Columns: c}
-	}
-	return out
+// newNamedTensor and newSample give decoded items the public types,
+// sharing their memory.
+func newNamedTensor(c wire.SampledColumn) NamedTensor {
+	return NamedTensor{Name: c.Name, Tensor: Tensor{DType: c.Dtype, Shape: c.Shape, Data: c.Data}}
+}
+
+func newSample(info tables.SampleInfo, cols []NamedTensor) Sample {
+	return Sample{Info: info, Columns: cols}
 }
 
 // Mutate updates priorities and deletes items of table, in the order given.

@@ -165,6 +165,56 @@ func TestDecodeSampleResponse(t *testing.T) {
 	}
 }
 
+// TestDecodeSamples: a caller's own types of item and column get what
+// DecodeSampleResponse gives, each column built once and each item of its
+// own columns, in order.
+func TestDecodeSamples(t *testing.T) {
+	type column struct {
+		name string
+		data []byte
+	}
+	type item struct {
+		key     uint64
+		columns []column
+	}
+	rng := rand.New(rand.NewPCG(13, 14))
+	for trial := range 100 {
+		samples := sampledFixture(t, rng)
+		after := randomTableState(rng)
+		b := pack(t, Code_CODE_PARTIAL, "partial", samples, after)
+		want, err := DecodeSampleResponse(bytes.Clone(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var columns, items int
+		got, err := DecodeSamples(b, func(c SampledColumn) column { columns++; return column{c.Name, c.Data} },
+			func(info tables.SampleInfo, cols []column) item { items++; return item{info.Key, cols} })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Code != want.Code || got.Message != want.Message || got.After != want.After || len(got.Samples) != len(want.Samples) || items != len(want.Samples) {
+			t.Fatalf("trial %d: %v %q %+v, %d items (%d built); want %v %q %+v, %d", trial, got.Code, got.Message, got.After, len(got.Samples), items,
+				want.Code, want.Message, want.After, len(want.Samples))
+		}
+		wantColumns := 0
+		for i, w := range want.Samples {
+			g := got.Samples[i]
+			wantColumns += len(w.Columns)
+			if g.key != w.Info.Key || len(g.columns) != len(w.Columns) {
+				t.Fatalf("trial %d item %d: key %d with %d columns, want %d with %d", trial, i, g.key, len(g.columns), w.Info.Key, len(w.Columns))
+			}
+			for j, c := range w.Columns {
+				if g.columns[j].name != c.Name || !bytes.Equal(g.columns[j].data, c.Data) {
+					t.Fatalf("trial %d item %d column %d: %q, want %q", trial, i, j, g.columns[j].name, c.Name)
+				}
+			}
+		}
+		if columns != wantColumns {
+			t.Fatalf("trial %d: %d columns built, want %d", trial, columns, wantColumns)
+		}
+	}
+}
+
 // TestDecodeSampleResponseSharesNoMemory: no two columns of a response
 // share a byte, even an item sampled twice or two items of one chunk, so
 // writing into one sampled tensor changes no other; and the response's
