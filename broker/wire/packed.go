@@ -448,15 +448,20 @@ func (p *packer) appendSlices(b []byte, samples []tables.Sample) []byte {
 	return b
 }
 
-func appendInfoRecord(b []byte, in *tables.SampleInfo, columns int) []byte {
+// appendInfoFields appends the fields that both layouts' info records
+// begin with, in 44 bytes.
+func appendInfoFields(b []byte, in *tables.SampleInfo) []byte {
 	le := binary.LittleEndian
 	b = le.AppendUint64(b, in.Key)
 	b = le.AppendUint64(b, math.Float64bits(in.Probability))
 	b = le.AppendUint64(b, uint64(in.TableSize))
 	b = le.AppendUint64(b, math.Float64bits(in.Priority))
 	b = le.AppendUint64(b, uint64(in.InsertedAt.UnixNano()))
-	b = le.AppendUint32(b, uint32(in.TimesSampled))
-	b = le.AppendUint32(b, uint32(columns))
+	return le.AppendUint32(b, uint32(in.TimesSampled))
+}
+
+func appendInfoRecord(b []byte, in *tables.SampleInfo, columns int) []byte {
+	b = binary.LittleEndian.AppendUint32(appendInfoFields(b, in), uint32(columns))
 	var limited byte
 	if in.RateLimited {
 		limited = 1
@@ -465,18 +470,11 @@ func appendInfoRecord(b []byte, in *tables.SampleInfo, columns int) []byte {
 }
 
 func appendCompactInfo(b []byte, in *tables.SampleInfo, columns int) []byte {
-	le := binary.LittleEndian
-	b = le.AppendUint64(b, in.Key)
-	b = le.AppendUint64(b, math.Float64bits(in.Probability))
-	b = le.AppendUint64(b, uint64(in.TableSize))
-	b = le.AppendUint64(b, math.Float64bits(in.Priority))
-	b = le.AppendUint64(b, uint64(in.InsertedAt.UnixNano()))
-	b = le.AppendUint32(b, uint32(in.TimesSampled))
 	cols := uint32(columns)
 	if in.RateLimited {
 		cols |= compactFlag
 	}
-	return le.AppendUint32(b, cols)
+	return binary.LittleEndian.AppendUint32(appendInfoFields(b, in), cols)
 }
 
 // appendCompactChunk leaves out the chunk's place in data and its raw
