@@ -182,7 +182,7 @@ func AppendPackedSampleResponse(b []byte, layout PackedLayout, code Code, msg st
 	if compact {
 		infoSize, columnSize, chunkSize = compactInfoSize, compactColumnSize, compactChunkSize
 		infosField, columnsField, chunksField = fieldCompactInfos, fieldCompactColumns, fieldCompactChunks
-		if err := p.fitsCompact(samples); err != nil {
+		if err := p.fitsCompact(); err != nil {
 			return b, err
 		}
 	}
@@ -384,19 +384,13 @@ func (p *packer) name(n string, at int) uint32 {
 }
 
 // fitsCompact checks what the compact layout holds in fewer bits than the
-// wide one: counts of 31 bits and chunk sizes of 32. Neither limit is
-// reached by what a service stores; the check keeps a reply from saying
-// something other than the table holds if one ever is.
-func (p *packer) fitsCompact(samples []tables.Sample) error {
-	for i := range samples {
-		if len(samples[i].Layout) >= compactFlag {
-			return fmt.Errorf("%w: item %d has %d columns, more than a compact reply holds", ErrMalformed, samples[i].Info.Key, len(samples[i].Layout))
-		}
-		for j := range samples[i].Layout {
-			if n := len(samples[i].Layout[j].Slices); n >= compactFlag {
-				return fmt.Errorf("%w: item %d column %q has %d slices, more than a compact reply holds", ErrMalformed, samples[i].Info.Key, samples[i].Layout[j].Name, n)
-			}
-		}
+// wide one: counts of 31 bits, which the reply's totals bound, and chunk
+// sizes of 32. Neither limit is reached by what a service stores; the check
+// keeps a reply from saying something other than the table holds if one
+// ever is.
+func (p *packer) fitsCompact() error {
+	if p.columns >= compactFlag || p.slices >= compactFlag {
+		return fmt.Errorf("%w: %d columns and %d slices do not fit a compact reply", ErrMalformed, p.columns, p.slices)
 	}
 	for i := range p.chunks {
 		if c := &p.chunks[i]; len(c.payload) > math.MaxUint32 {

@@ -43,9 +43,9 @@ type Reply[S any] struct {
 type SampleReply = Reply[DecodedSample]
 
 // DecodeSampleResponse decodes a SampleResponse whose items are packed in
-// the compact layout (SampleRequest.packed and layout): its status, the table's state after the sample,
-// and its items with every column gathered from the response's chunks, each
-// chunk decompressed once. The work is per response, not per item: the
+// the compact layout (SampleRequest.packed and layout): its status, the
+// table's state after the sample, and its items with every column gathered
+// from the response's chunks, each chunk decompressed once. The work is per response, not per item: the
 // items' columns, their shapes and their data each live in one array, so a
 // batch of small items costs a handful of allocations. A response with
 // items that are not packed, or packed in the wide layout, comes from a
@@ -356,8 +356,8 @@ func (d *sampleDecoder) readChunks() error {
 	recs, data := d.packed.chunks, d.packed.data
 	n := len(recs) / compactChunkSize
 	d.chunks = slices.Grow(d.chunks[:0], n)
-	// Each chunk starts where the one before ends, aligned; at grows by at
-	// most 2³²+7 a record, so it cannot wrap.
+	// Each chunk starts where the one before ends, rounded up to a multiple
+	// of 8. The check below keeps at within data, so it cannot wrap.
 	var at uint64
 	for i := range n {
 		r := recs[i*compactChunkSize : (i+1)*compactChunkSize]
