@@ -86,7 +86,11 @@ func WithChunkLength(steps int) ProducerOption {
 	return producerOption(func(o *producerOptions) error { o.chunkLength = steps; return positive("chunk length", steps) })
 }
 
-// WithCompression chooses the chunk compression (default zstd).
+// WithCompression chooses the chunk compression (default zstd). A chunk
+// it would not shrink by an eighth is stored uncompressed, and a column
+// whose chunks keep not shrinking (random floats, encoded images) is
+// spared the codec for up to 64 chunks at a time, trying it again after
+// each such stretch.
 func WithCompression(c wire.Codec) ProducerOption {
 	return producerOption(func(o *producerOptions) error {
 		switch c {
@@ -231,6 +235,46 @@ type column struct {
 	open      []*wire.Tensor // steps not yet in a chunk
 	openStart int64
 	chunks    []*sealedChunk // ascending by start, within the history window
+	backoff   compressionBackoff
+}
+
+// maxCompressionBackoff is the most chunks a column stores uncompressed
+// before it tries its codec again: one zstd try in that many costs an
+// incompressible column little, and a column whose data turn compressible
+// is compressed again within that many chunks.
+const maxCompressionBackoff = 64
+
+// compressionBackoff spares a column the codec while its chunks stay
+// uncompressed (see wire.ChunkOptions). Random floats and already-encoded
+// images always do, and zstd costs a 400-byte chunk more than twice what
+// storing it costs (a 400 kB one three times), only to keep the raw bytes.
+// After each try that leaves a chunk uncompressed, the column skips twice
+// as many chunks as after the previous one, up to maxCompressionBackoff; a
+// chunk stored compressed ends the backoff.
+type compressionBackoff struct {
+	skip  int // chunks left to store without trying
+	after int // chunks skipped after the latest try that left one uncompressed
+}
+
+// skipping reports whether the column's next chunk is stored without
+// trying the codec, and counts it.
+func (b *compressionBackoff) skipping() bool {
+	if b.skip == 0 {
+		return false
+	}
+	b.skip--
+	return true
+}
+
+// record notes what a try of the codec gave: whether the chunk is stored
+// compressed.
+func (b *compressionBackoff) record(compressed bool) {
+	if compressed {
+		b.after, b.skip = 0, 0
+		return
+	}
+	b.after = min(max(1, 2*b.after), maxCompressionBackoff)
+	b.skip = b.after
 }
 
 type sealedChunk struct {
@@ -496,9 +540,18 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 func (p *Producer) sealLocked(c *column) error {
 	steps := c.open
 	c.open = nil
-	ch, err := wire.EncodeChunk(rand.Uint64(), steps, wire.ChunkOptions{Codec: p.o.compression, Delta: p.o.delta, EpisodeID: p.episode, EpisodeStep: c.openStart, Buffer: p.takeChunkData(steps)})
+	opts := wire.ChunkOptions{Codec: p.o.compression, Delta: p.o.delta, EpisodeID: p.episode, EpisodeStep: c.openStart, Buffer: p.takeChunkData(steps)}
+	trying := opts.Codec != wire.Uncompressed
+	if trying && c.backoff.skipping() {
+		// Differences serve only the codec.
+		opts.Codec, opts.Delta, trying = wire.Uncompressed, false, false
+	}
+	ch, err := wire.EncodeChunk(rand.Uint64(), steps, opts)
 	if err != nil {
 		return fmt.Errorf("broker: column %q: sealing steps %d..%d: %w", c.name, c.openStart, c.openStart+int64(len(steps)), err)
+	}
+	if trying {
+		c.backoff.record(ch.Compression != wire.Compression_COMPRESSION_NONE)
 	}
 	c.chunks = append(c.chunks, &sealedChunk{chunk: ch, key: ch.Key, start: c.openStart, length: int64(len(steps))})
 	return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestCloseNotStuckBehindWaitingAppend: a call waiting for room in the
@@ -270,6 +271,123 @@ func TestColumnOverlapping(t *testing.T) {
 		}
 		if got := c.overlapping(from, to); !slices.Equal(got, want) {
 			t.Fatalf("trial %d: steps %d..%d of chunks %v: got %v, want %v", trial, from, to, c.chunks, got, want)
+		}
+	}
+}
+
+// TestCompressionBackoffSchedule: a column whose chunks never shrink tries
+// its codec on chunks 0, 2, 5, 10, ... (after 1, 2, 4, ... skipped) up to
+// stretches of maxCompressionBackoff, and one that shrinks is tried on the
+// very next chunk.
+func TestCompressionBackoffSchedule(t *testing.T) {
+	var b compressionBackoff
+	var tried []int
+	for chunk := range 400 {
+		if !b.skipping() {
+			tried = append(tried, chunk)
+			b.record(false)
+		}
+	}
+	want := []int{0, 2, 5, 10, 19, 36, 69, 134, 199, 264, 329, 394}
+	if !slices.Equal(tried, want) {
+		t.Errorf("a column that never shrinks tried chunks %v, want %v", tried, want)
+	}
+	b.record(true)
+	if b.skipping() {
+		t.Error("the chunk after one that shrank is skipped")
+	}
+}
+
+// TestCompressionBacksOff: after a long stretch of incompressible steps, a
+// producer stores a column's next chunks uncompressed without trying, even
+// zeros; within maxCompressionBackoff chunks it tries again and compresses
+// from then on. The stream's messages show what each chunk was stored as,
+// and the table gets every step intact.
+func TestCompressionBacksOff(t *testing.T) {
+	const noise, zeros, obsLen = 200, 150, 256
+	d := deploy(t, []tables.Config{tables.QueueConfig("q", noise+zeros)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithBatch(16, 1<<20), WithLinger(0))
+	rng := rand.New(rand.NewPCG(1, 2))
+	obs := make([]float32, obsLen)
+	for i := range int64(noise + zeros) {
+		for j := range obs {
+			obs[j] = 0
+			if i < noise {
+				obs[j] = rng.Float32()
+			}
+		}
+		if err := p.Append(ctx, Step{"obs": Float32s([]int64{obsLen}, obs), "id": Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "q", 1, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(d.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.OrderedConsumer(ctx, "REPRISE_TEST", jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := map[int64]wire.Compression{} // obs chunks by step
+	for len(stored) < noise+zeros {
+		msg, err := cons.Next(jetstream.FetchContext(ctx))
+		if err != nil {
+			t.Fatalf("reading the stream with %d of %d obs chunks seen: %v", len(stored), noise+zeros, err)
+		}
+		var b wire.InsertBatch
+		if err := proto.Unmarshal(msg.Data(), &b); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range b.Chunks {
+			if c.Dtype == "float32" {
+				stored[c.EpisodeStep] = c.Compression
+			}
+		}
+	}
+	for i := range int64(noise) {
+		if stored[i] != wire.Compression_COMPRESSION_NONE {
+			t.Fatalf("random step %d stored %v", i, stored[i])
+		}
+	}
+	if stored[noise] != wire.Compression_COMPRESSION_NONE {
+		t.Errorf("the first zero step, right after %d random ones, was compressed: the codec was not backed off", noise)
+	}
+	first := int64(noise)
+	for first < noise+zeros && stored[first] == wire.Compression_COMPRESSION_NONE {
+		first++
+	}
+	if first > noise+maxCompressionBackoff {
+		t.Fatalf("zero steps from %d on stored uncompressed until step %d, more than %d chunks", noise, first, maxCompressionBackoff)
+	}
+	for i := first; i < noise+zeros; i++ {
+		if stored[i] != wire.Compression_COMPRESSION_ZSTD {
+			t.Errorf("zero step %d stored %v after step %d was compressed", i, stored[i], first)
+		}
+	}
+	got := map[int64]bool{}
+	for len(got) < noise+zeros {
+		batch, err := d.client().Sample(ctx, "q", min(64, noise+zeros-len(got)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range batch {
+			id := ids(t, s)[0]
+			o, _ := s.Column("obs")
+			v, err := o.Float32s()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (id < noise) == slices.ContainsFunc(v, func(f float32) bool { return f == 0 }) || len(v) != obsLen {
+				t.Fatalf("step %d sampled with obs %v", id, v[:4])
+			}
+			got[id] = true
 		}
 	}
 }

@@ -132,6 +132,8 @@ func goldenChunks(t *testing.T) []goldenChunk {
 		{"scalar int64", "int64", nil, 5, math.MaxUint64},
 		{"empty step", "float32", []int64{0, 4}, 3, 1 << 63},
 		{"uint8 frames 84x84", "uint8", []int64{84, 84}, 16, 12345},
+		// Floats zstd shrinks by more than an eighth, with NaN, -0 and +Inf.
+		{"float32 frames 16x16", "float32", []int64{16, 16}, 4, 777},
 	}
 	for _, e := range extra {
 		steps := goldenSteps(e.dtype, e.shape, e.n)

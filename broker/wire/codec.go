@@ -186,9 +186,11 @@ func (c Codec) String() string {
 // ChunkOptions control EncodeChunk. The zero value compresses with zstd
 // and does not delta-encode.
 type ChunkOptions struct {
-	// Codec compresses the chunk's bytes. When compression would not make
-	// them smaller, as with random floats, the chunk is stored
-	// uncompressed instead; Chunk.Compression tells which.
+	// Codec compresses the chunk's bytes. When compression would not save
+	// at least an eighth of them, as with random floats, the chunk is
+	// stored uncompressed instead, sparing every learner that samples it a
+	// decompression for a few bytes (ZFS keeps a compressed block on the
+	// same terms); Chunk.Compression tells which.
 	Codec Codec
 	// Delta stores every step but the first as its element-wise difference
 	// from the previous step (wrapping), which makes slowly changing
@@ -294,7 +296,7 @@ func EncodeChunk(key uint64, steps []*Tensor, opts ChunkOptions) (*Chunk, error)
 		if err != nil {
 			return nil, err
 		}
-		if len(data) < rawSize {
+		if len(data) <= rawSize-rawSize/8 {
 			c.Compression = opts.Codec.proto()
 		} else {
 			data = raw

@@ -125,8 +125,9 @@ def encode_chunk(
 ) -> pb.Chunk:
     """Encodes ``steps`` (shape [length, *step_shape], a wire dtype) as a
     chunk, as wire.EncodeChunk does: delta-encoded if asked and the dtype is
-    an integer, then compressed with zstd unless that would not make it
-    smaller (then stored uncompressed) or ``compression`` is "none"."""
+    an integer, then compressed with zstd unless that would not save at
+    least an eighth of its bytes (then stored uncompressed) or
+    ``compression`` is "none"."""
     if compression not in ("zstd", "none"):
         raise errors.InvalidArgumentError(
             f"compression {compression!r}: the Python writer writes 'zstd' or 'none' (s2 has no Python codec here)"
@@ -148,7 +149,7 @@ def encode_chunk(
     data = raw
     if compression == "zstd" and raw_size > 0:
         z = _local.compressor.compress(raw)
-        if len(z) < raw_size:
+        if len(z) <= raw_size - raw_size // 8:
             comp, data = pb.COMPRESSION_ZSTD, z
     return pb.Chunk(
         key=key,

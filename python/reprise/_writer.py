@@ -80,6 +80,9 @@ class WriterOptions:
     #: compress better; a learner receives whole chunks.
     chunk_length: int = 1
     #: "zstd" or "none" (broker.WithCompression; s2 has no Python encoder).
+    #: A chunk zstd would not shrink by an eighth is stored uncompressed,
+    #: and a column whose chunks keep not shrinking is spared zstd for up to
+    #: MAX_COMPRESSION_BACKOFF chunks at a time, as the Go producer does.
     compression: str = "zstd"
     #: Delta-encode integer columns along the step axis (broker.WithDelta).
     delta: bool = True
@@ -186,11 +189,11 @@ def encode_chunk_fast(
     delta: bool,
     episode_field: bytes,
     episode_step: int,
-) -> bytes:
-    """An encoded Chunk, as _codec.encode_chunk makes it, written directly:
-    ``header`` holds the fields that are the same for every chunk of a
-    column (dtype and step shape); ``arr`` holds the ``length`` steps (one
-    step may come without the step axis)."""
+) -> tuple[bytes, bool]:
+    """An encoded Chunk, as _codec.encode_chunk makes it, written directly,
+    and whether it is compressed: ``header`` holds the fields that are the
+    same for every chunk of a column (dtype and step shape); ``arr`` holds
+    the ``length`` steps (one step may come without the step axis)."""
     if delta and length > 1:
         arr = _codec.delta_encode(arr)
     raw = arr.tobytes()
@@ -199,7 +202,7 @@ def encode_chunk_fast(
     data = raw
     if compression == "zstd" and raw_size > 0:
         z = _codec._local.compressor.compress(raw)
-        if len(z) < raw_size:
+        if len(z) <= raw_size - raw_size // 8:
             comp, data = 1, z
     parts = [b"\x08", key_varint, header, b"\x20", _uvarint(length)]
     if comp:
@@ -213,7 +216,7 @@ def encode_chunk_fast(
     parts.append(episode_field)
     if episode_step:
         parts += [b"\x50", _varint(episode_step)]
-    return b"".join(parts)
+    return b"".join(parts), comp == 1
 
 
 def chunk_header(dtype: str, step_shape: tuple[int, ...]) -> bytes:
@@ -393,8 +396,25 @@ class _Sealed:
         self.sent = False
 
 
+#: The most chunks a column stores uncompressed before it tries zstd again
+#: (the Go producer's maxCompressionBackoff).
+MAX_COMPRESSION_BACKOFF = 64
+
+
 class _Column:
-    __slots__ = ("name", "dtype", "wire", "shape", "open", "open_start", "chunks", "header", "delta")
+    __slots__ = (
+        "name",
+        "dtype",
+        "wire",
+        "shape",
+        "open",
+        "open_start",
+        "chunks",
+        "header",
+        "delta",
+        "skip",
+        "after",
+    )
 
     def __init__(self, name: str, dtype: np.dtype, shape: tuple[int, ...], delta: bool) -> None:
         self.name = name
@@ -406,6 +426,32 @@ class _Column:
         self.open: list[np.ndarray] = []
         self.open_start = 0
         self.chunks: collections.deque[_Sealed] = collections.deque()
+        # Random floats and encoded images stay uncompressed, and zstd
+        # costs more than storing them: after each try that leaves a chunk
+        # uncompressed, the next ``skip`` chunks are stored without trying,
+        # twice as many as after the previous one (``after``), up to
+        # MAX_COMPRESSION_BACKOFF; a chunk stored compressed ends the
+        # backoff.
+        self.skip = 0
+        self.after = 0
+
+    def codec(self, compression: str) -> tuple[str, bool]:
+        """The codec and delta the column's next chunk is encoded with,
+        given the writer's compression; counts a skipped chunk."""
+        if compression == "none" or not self.skip:
+            return compression, self.delta
+        self.skip -= 1
+        # Differences serve only the codec.
+        return "none", False
+
+    def record(self, compressed: bool) -> None:
+        """Notes what a try of zstd gave: whether the chunk is stored
+        compressed."""
+        if compressed:
+            self.skip = self.after = 0
+        else:
+            self.after = min(max(1, 2 * self.after), MAX_COMPRESSION_BACKOFF)
+            self.skip = self.after
 
     def covers(self, start: int, stop: int) -> int:
         """The first step in [start, stop) without a cell, or stop."""
@@ -671,9 +717,12 @@ class _Producer:
             )
         key = self._rng.getrandbits(64) or 1
         kv = _varint(key)
-        data = encode_chunk_fast(
-            c.header, kv, len(steps), arr, self.o.compression, c.delta, self._episode_field, c.open_start
+        compression, delta = c.codec(self.o.compression)
+        data, compressed = encode_chunk_fast(
+            c.header, kv, len(steps), arr, compression, delta, self._episode_field, c.open_start
         )
+        if compression != "none":
+            c.record(compressed)
         c.chunks.append(_Sealed(key, kv, c.open_start, len(steps), b"\x1a" + _uvarint(len(data)) + data))
 
     def _trim_locked(self) -> None:

@@ -253,6 +253,50 @@ def test_chunks_hold_the_steps_whatever_their_layout(chunk_length: int) -> None:
     assert got["y"].dtype == np.dtype("<f8")
 
 
+def test_compression_backoff_schedule() -> None:
+    """A column whose chunks never shrink tries zstd on chunks 0, 2, 5, 10,
+    ... (after 1, 2, 4, ... skipped) up to stretches of 64, as the Go
+    producer does; one that shrinks is tried on the very next chunk."""
+    p, _ = producer()
+    with p.mu:
+        p.append_locked({"x": np.float32(0)})
+    c = p.columns["x"]
+    c.skip = c.after = 0
+    tried = []
+    for chunk in range(400):
+        if c.codec("zstd")[0] == "zstd":
+            tried.append(chunk)
+            c.record(False)
+    assert tried == [0, 2, 5, 10, 19, 36, 69, 134, 199, 264, 329, 394]
+    c.record(True)
+    assert c.codec("zstd")[0] == "zstd"
+
+
+def test_incompressible_columns_back_off() -> None:
+    """After a long stretch of random steps, a column's next chunks are
+    stored uncompressed without trying, even zeros; within 64 chunks zstd
+    is tried again and compresses from then on. Every step decodes intact."""
+    noise, zeros = 200, 150
+    p, sent = producer()
+    rng = np.random.default_rng(7)
+    steps = np.concatenate([rng.random((noise, 256), dtype=np.float32), np.zeros((zeros, 256), np.float32)])
+    with p.mu:
+        for step in steps:
+            p.append_locked({"obs": step})
+            p.create_item_locked("t", 1.0, p.resolve_locked({"obs": p.history["obs"][-1]}))
+        p.flush_locked()
+    chunks = sorted(
+        (c for rec in sent for c in pb.InsertBatch.FromString(rec.data).chunks), key=lambda c: c.episode_step
+    )
+    assert [c.episode_step for c in chunks] == list(range(noise + zeros))
+    np.testing.assert_array_equal(np.stack([_codec.decode_chunk(c)[0] for c in chunks]), steps)
+    compressed = np.array([c.compression == pb.COMPRESSION_ZSTD for c in chunks])
+    assert not compressed[: noise + 1].any(), "the first zero step, right after the random ones, was tried"
+    first = noise + int(np.argmax(compressed[noise:]))
+    assert compressed[first] and first <= noise + 64
+    assert compressed[first:].all()
+
+
 def test_varints_match_protobuf() -> None:
     from reprise._writer import _varint
 
