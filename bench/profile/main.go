@@ -59,11 +59,19 @@ func main() {
 		cpu      = flag.String("cpu", "cpu.pprof", "`file` for the CPU profile")
 		heap     = flag.String("heap", "", "`file` for a heap profile taken at the end (optional)")
 		priority = flag.Duration("sample-priority", service.DefaultSamplePriority, "the service's sample priority (0: inserts never paced)")
+		codec    = flag.String("compression", "none", "the inserters' chunk compression: zstd (reprisectl bench's and the suite's), s2 or none")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	w := workload{mode: *mode, payload: *payload, batch: *batch, clients: *clients, learners: *learners, sampleBatch: *sbatch, inFlight: *inFlight, fill: *fill, samplePriority: *priority}
+	codecs := map[string]wire.Codec{"zstd": wire.Zstd, "s2": wire.S2, "none": wire.Uncompressed}
+	compression, ok := codecs[*codec]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "profile: --compression %q: want zstd, s2 or none\n", *codec)
+		os.Exit(2)
+	}
+	w := workload{mode: *mode, payload: *payload, batch: *batch, clients: *clients, learners: *learners, sampleBatch: *sbatch, inFlight: *inFlight, fill: *fill,
+		samplePriority: *priority, compression: compression}
 	prof := profiles{cpu: *cpu, heap: *heap, block: *block, mutex: *mutex}
 	if err := run(ctx, w, *warmup, *duration, prof); err != nil {
 		fmt.Fprintln(os.Stderr, "profile:", err)
@@ -78,6 +86,7 @@ type workload struct {
 	learners, sampleBatch         int
 	inFlight                      int
 	samplePriority                time.Duration
+	compression                   wire.Codec
 }
 
 // profiles are the files to write; empty ones are skipped, but for cpu.
@@ -144,7 +153,7 @@ func run(ctx context.Context, w workload, warmup, duration time.Duration, prof p
 	}
 	url := srv.ClientURL()
 	bc := load.BenchConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Payload: w.payload, Batch: w.batch, InFlight: w.inFlight,
-		Compression: wire.Uncompressed, Warmup: warmup, Duration: duration}
+		Compression: w.compression, Warmup: warmup, Duration: duration}
 	switch w.mode {
 	case "insert":
 		bc.Inserters = w.clients
