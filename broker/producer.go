@@ -543,8 +543,10 @@ func (p *Producer) sealLocked(c *column) error {
 	opts := wire.ChunkOptions{Codec: p.o.compression, Delta: p.o.delta, EpisodeID: p.episode, EpisodeStep: c.openStart, Buffer: p.takeChunkData(steps)}
 	trying := opts.Codec != wire.Uncompressed
 	if trying && c.backoff.skipping() {
-		// Differences serve only the codec.
-		opts.Codec, opts.Delta, trying = wire.Uncompressed, false, false
+		// Delta stays as asked, so that a column's chunks all say the same
+		// of it and a reply of its items can describe them once (the
+		// uniform layout of PackedSamples).
+		opts.Codec, trying = wire.Uncompressed, false
 	}
 	ch, err := wire.EncodeChunk(rand.Uint64(), steps, opts)
 	if err != nil {

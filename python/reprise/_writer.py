@@ -435,14 +435,14 @@ class _Column:
         self.skip = 0
         self.after = 0
 
-    def codec(self, compression: str) -> tuple[str, bool]:
-        """The codec and delta the column's next chunk is encoded with,
-        given the writer's compression; counts a skipped chunk."""
+    def codec(self, compression: str) -> str:
+        """The codec the column's next chunk is encoded with, given the
+        writer's compression; counts a skipped chunk. Delta stays as asked,
+        so that a column's chunks all say the same of it."""
         if compression == "none" or not self.skip:
-            return compression, self.delta
+            return compression
         self.skip -= 1
-        # Differences serve only the codec.
-        return "none", False
+        return "none"
 
     def record(self, compressed: bool) -> None:
         """Notes what a try of zstd gave: whether the chunk is stored
@@ -717,9 +717,9 @@ class _Producer:
             )
         key = self._rng.getrandbits(64) or 1
         kv = _varint(key)
-        compression, delta = c.codec(self.o.compression)
+        compression = c.codec(self.o.compression)
         data, compressed = encode_chunk_fast(
-            c.header, kv, len(steps), arr, compression, delta, self._episode_field, c.open_start
+            c.header, kv, len(steps), arr, compression, c.delta, self._episode_field, c.open_start
         )
         if compression != "none":
             c.record(compressed)
