@@ -283,7 +283,7 @@ func (c *Client) sample(ctx context.Context, table string, n int, o sampleOption
 // sampleReply is sample that also returns the table's state after it, when
 // the service sent samples.
 func (c *Client) sampleReply(ctx context.Context, table string, n int, o sampleOptions) ([]Sample, wire.TableState, error) {
-	req := &wire.SampleRequest{Table: table, NumSamples: int32(n), Flexible: o.flexible, Packed: true, Layout: wire.PackedLayout_PACKED_LAYOUT_COMPACT}
+	req := &wire.SampleRequest{Table: table, NumSamples: int32(n), Flexible: o.flexible, Packed: true, Layout: wire.PackedLayout_PACKED_LAYOUT_UNIFORM}
 	if dl, ok := ctx.Deadline(); ok {
 		// Leave the reply time to travel, even on a loaded machine: a
 		// sample the service takes after the client stopped listening is

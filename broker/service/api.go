@@ -249,11 +249,7 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	if req.Packed {
 		// A layout newer than this service gets the newest it knows; the
 		// client tells which by the fields it finds.
-		layout := wire.PackedLayout_PACKED_LAYOUT_COMPACT
-		if req.Layout == wire.PackedLayout_PACKED_LAYOUT_WIDE {
-			layout = req.Layout
-		}
-		*buf, err = wire.AppendPackedSampleResponse((*buf)[:0], layout, wire.Code(status), msg, samples, after)
+		*buf, err = wire.AppendPackedSampleResponse((*buf)[:0], req.Layout, wire.Code(status), msg, samples, after)
 		if err != nil {
 			// The store holds only chunks that decoded when they came in.
 			responseBuffers.Put(buf)

@@ -1048,3 +1048,64 @@ func TestUnpackedSampleRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestUniformReplies: reprised answers a request for the uniform layout
+// with uniform columns when the items sampled are distinct, each column one
+// step of a chunk of its own, and with the compact records when items
+// share chunks; Client.Sample decodes both.
+func TestUniformReplies(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("t", 100)}, deployOptions{})
+	insertSteps(t, d.producer(), 0, 6, 8)
+	subj, err := protocol.NewSubjects(d.prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := d.connect()
+	ask := func(layout wire.PackedLayout) *wire.PackedSamples {
+		req, err := proto.Marshal(&wire.SampleRequest{Table: "t", NumSamples: 3, TimeoutMs: 5000, Packed: true, Layout: layout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := nc.RequestWithContext(testutil.Context(t), subj.Sample(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r wire.SampleResponse
+		if err := proto.Unmarshal(m.Data, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r.GetPacked()
+	}
+	// Items of one step of obs and id, each a chunk of its own.
+	c, u := ask(wire.PackedLayout_PACKED_LAYOUT_COMPACT), ask(wire.PackedLayout_PACKED_LAYOUT_UNIFORM)
+	if len(c.GetCompactColumns()) != 3*2*8 || len(c.GetUniformColumns()) != 0 ||
+		len(u.GetUniformColumns()) != 2*32 || len(u.GetCompactColumns())+len(u.GetSlices())+len(u.GetCompactChunks()) != 0 {
+		t.Fatalf("compact reply: %d bytes of column records, %d of uniform ones; uniform reply: %d and %d; want 48 and 0, 0 and 64",
+			len(c.GetCompactColumns()), len(c.GetUniformColumns()), len(u.GetCompactColumns()), len(u.GetUniformColumns()))
+	}
+	// Items of two steps share the chunk of the step between.
+	p := d.producer()
+	for i := int64(6); i < 9; i++ {
+		if err := p.Append(testutil.Context(t), step(i, 8)); err != nil {
+			t.Fatal(err)
+		}
+		if i > 6 {
+			if err := p.CreateItem(testutil.Context(t), "t", 1, broker.Last(2, "obs", "id")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := p.WaitApplied(testutil.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := d.client().Sample(testutil.Context(t), "t", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !slices.Equal(ids(t, got[0]), []int64{6, 7}) || !slices.Equal(ids(t, got[1]), []int64{7, 8}) {
+		t.Fatalf("sampled %d items, want the items of steps 6-7 and 7-8", len(got))
+	}
+	if u := ask(wire.PackedLayout_PACKED_LAYOUT_UNIFORM); u != nil {
+		t.Fatalf("the queue still holds items: %d bytes of infos", len(u.GetCompactInfos()))
+	}
+}

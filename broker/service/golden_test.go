@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -276,9 +277,16 @@ func goldenResponses(t *testing.T) []goldenResponse {
 		if items > 0 {
 			after = wire.TableState{Size: int64(1000 + items), Weight: tables.Weight{Fraction: 0.5 + 1/float64(items+4), Exponent: int64(items)*700 - 1500}}
 		}
-		response, err := wire.AppendPackedSampleResponse(nil, wire.PackedLayout_PACKED_LAYOUT_COMPACT, code, msg, samples, after)
+		response, err := wire.AppendPackedSampleResponse(nil, wire.PackedLayout_PACKED_LAYOUT_UNIFORM, code, msg, samples, after)
 		if err != nil {
 			t.Fatal(err)
+		}
+		var m wire.SampleResponse
+		if err := proto.Unmarshal(response, &m); err != nil {
+			t.Fatal(err)
+		}
+		if uniform := len(m.GetPacked().GetUniformColumns()) > 0; uniform != strings.HasPrefix(name, "uniform") {
+			t.Fatalf("golden response %q: uniform columns %v", name, uniform)
 		}
 		return goldenResponse{Name: name, Response: response, Code: int32(code), Message: msg, Items: want, Batchable: batchable,
 			Table: goldenTableState{Size: after.Size, WeightFraction: after.Weight.Fraction, WeightExponent: after.Weight.Exponent}}
@@ -299,6 +307,11 @@ func goldenResponses(t *testing.T) []goldenResponse {
 		build("partial", wire.Code_CODE_PARTIAL, "2 of 5 samples before the timeout", true, []col{
 			{name: "x", dtype: "float32", shape: []int64{5}, chunkN: 1, codec: wire.Uncompressed, squeeze: true, slices: [][]int{{0, 0, 1}}},
 		}, 2),
+		build("uniform: every item's columns whole chunks of their own", wire.Code_CODE_OK, "", true, []col{
+			{name: "obs", dtype: "uint8", shape: []int64{4, 4}, chunkN: 5, codec: wire.Uncompressed, slices: [][]int{{0, 0, 4}}},
+			{name: "action", dtype: "int32", shape: nil, chunkN: 5, codec: wire.Uncompressed, delta: true, slices: [][]int{{0, 0, 4}}},
+			{name: "reward", dtype: "float32", shape: nil, chunkN: 5, codec: wire.Uncompressed, slices: [][]int{{0, 0, 4}}},
+		}, 5),
 		build("rate limited", wire.Code_CODE_RATE_LIMITED, `table "t": rate limiter allowed no sample within 1s`, true, nil, 0),
 		build("unknown table", wire.Code_CODE_NOT_FOUND, `unknown table "nope" (tables: replay)`, true, nil, 0),
 		build("signature", wire.Code_CODE_SIGNATURE_MISMATCH, "signature mismatch", true, nil, 0),

@@ -22,6 +22,7 @@ const (
 	compactInfoSize   = 48
 	compactColumnSize = 8
 	compactChunkSize  = 24
+	uniformColumnSize = compactColumnSize + compactChunkSize
 	packedAlign       = 8
 )
 
@@ -45,6 +46,7 @@ const (
 	fieldCompactInfos   = 8
 	fieldCompactColumns = 9
 	fieldCompactChunks  = 10
+	fieldUniformColumns = 11
 
 	fieldFormatDtype = 1
 	fieldFormatShape = 2
@@ -139,6 +141,10 @@ type packer struct {
 	lastIndex  uint32
 	columns    int
 	slices     int
+	// The uniform form's check: which chunks a column took, and the chunks
+	// in the form's order (which becomes chunks, and chunks' array this).
+	used  []bool
+	spare []storedChunk
 }
 
 // packers keeps packers between replies, so that a reply of small items
@@ -153,20 +159,23 @@ func (p *packer) release() {
 	}
 	clear(p.stored)
 	clear(p.chunks)
+	clear(p.spare)
 	clear(p.names)
 	clear(p.dtypes)
 	clear(p.shapes)
 	*p = packer{keys: p.keys[:0], seen: p.seen, stored: p.stored[:0], chunks: p.chunks[:0], local: p.local[:0],
-		names: p.names[:0], colName: p.colName[:0], dtypes: p.dtypes[:0], shapes: p.shapes[:0], dims: p.dims[:0]}
+		names: p.names[:0], colName: p.colName[:0], dtypes: p.dtypes[:0], shapes: p.shapes[:0], dims: p.dims[:0],
+		used: p.used[:0], spare: p.spare[:0]}
 	packers.Put(p)
 }
 
 // AppendPackedSampleResponse appends the encoding of a SampleResponse with
 // its samples laid out in a PackedSamples (see reprise.proto), in the
 // records of layout, which a learner decodes per reply rather than per
-// item. Each chunk's header is read from its stored bytes; a chunk that
-// does not decode is an error, since the store holds only chunks that did
-// when they were inserted.
+// item; a layout newer than PACKED_LAYOUT_UNIFORM is taken as that one.
+// Each chunk's header is read from its stored bytes; a chunk that does not
+// decode is an error, since the store holds only chunks that did when they
+// were inserted.
 //
 // after is the table once the sample was taken, as in
 // AppendSampleResponse.
@@ -176,7 +185,8 @@ func AppendPackedSampleResponse(b []byte, layout PackedLayout, code Code, msg st
 	if err := p.gather(samples); err != nil {
 		return b, err
 	}
-	compact := layout == PackedLayout_PACKED_LAYOUT_COMPACT
+	compact := layout != PackedLayout_PACKED_LAYOUT_WIDE
+	uniform := compact && layout != PackedLayout_PACKED_LAYOUT_COMPACT && p.uniform(samples)
 	infoSize, columnSize, chunkSize := packedInfoSize, packedColumnSize, packedChunkSize
 	infosField, columnsField, chunksField := protowire.Number(fieldPackedInfos), protowire.Number(fieldPackedColumns), protowire.Number(fieldPackedChunks)
 	if compact {
@@ -207,6 +217,10 @@ func AppendPackedSampleResponse(b []byte, layout PackedLayout, code Code, msg st
 		p.slices * packedSliceSize,
 		len(p.chunks) * chunkSize,
 		data,
+		0,
+	}
+	if uniform {
+		sizes[1], sizes[2], sizes[3], sizes[5] = 0, 0, 0, len(samples[0].Layout)*uniformColumnSize
 	}
 	packed := names + formats
 	for _, n := range sizes {
@@ -292,7 +306,78 @@ func AppendPackedSampleResponse(b []byte, layout PackedLayout, code Code, msg st
 	if compact {
 		b = chunks(columns(infos(b)))
 	}
+	if uniform {
+		b = p.appendUniform(appendSubmessage(b, fieldUniformColumns, sizes[5]), &samples[0])
+	}
 	return b, nil
+}
+
+// uniform reports whether samples fit PackedSamples.uniform_columns, and
+// if so puts the chunks in the order the uniform form sends them: every
+// item has the columns the first has, each one slice of all the steps of a
+// chunk no other slice takes, and the chunks of one column are alike but
+// for their keys, each of at least one byte.
+func (p *packer) uniform(samples []tables.Sample) bool {
+	if len(samples) == 0 {
+		return false
+	}
+	n := len(samples[0].Layout)
+	if n == 0 || p.columns != len(samples)*n || p.slices != p.columns || len(p.chunks) != p.columns {
+		return false
+	}
+	used := slices.Grow(p.used[:0], len(p.chunks))[:len(p.chunks)]
+	clear(used)
+	p.used = used
+	order := p.spare[:0]
+	local := p.local
+	for i := range samples {
+		s := &samples[i]
+		if len(s.Layout) != n {
+			return false
+		}
+		for j := range s.Layout {
+			col, pattern := &s.Layout[j], &samples[0].Layout[j]
+			if len(col.Slices) != 1 || col.Squeeze != pattern.Squeeze || p.colName[i*n+j] != p.colName[j] {
+				return false
+			}
+			sl := col.Slices[0]
+			if sl.Chunk < 0 || int(sl.Chunk) >= len(s.Chunks) || used[local[sl.Chunk]] {
+				return false
+			}
+			used[local[sl.Chunk]] = true
+			c := &p.chunks[local[sl.Chunk]]
+			if sl.Offset != 0 || int64(sl.Length) != int64(c.steps) || len(c.payload) == 0 {
+				return false
+			}
+			if i > 0 {
+				like := &order[j]
+				if len(c.payload) != len(like.payload) || c.steps != like.steps || c.format != like.format ||
+					c.compression != like.compression || c.delta != like.delta {
+					return false
+				}
+			}
+			order = append(order, *c)
+		}
+		local = local[len(s.Chunks):]
+	}
+	p.chunks, p.spare = order, p.chunks
+	return true
+}
+
+// appendUniform appends the uniform columns, the first item's column and
+// chunk records, without the chunks' keys.
+func (p *packer) appendUniform(b []byte, first *tables.Sample) []byte {
+	for j := range first.Layout {
+		slices := uint32(1)
+		if first.Layout[j].Squeeze {
+			slices |= compactFlag
+		}
+		b = binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(b, p.colName[j]), slices)
+		c := p.chunks[j]
+		c.key = 0
+		b = appendCompactChunk(b, &c)
+	}
+	return b
 }
 
 // gather finds the distinct chunks, formats and names of samples, and

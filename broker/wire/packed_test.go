@@ -38,6 +38,7 @@ type refRecords struct {
 	infos   []tables.SampleInfo
 	ncols   []uint32
 	columns []refColumn
+	slices  []byte
 	chunks  []refChunk
 }
 
@@ -61,6 +62,23 @@ func readRecords(p *PackedSamples) (refRecords, error) {
 	wide := len(p.Infos)+len(p.Columns)+len(p.Chunks) > 0
 	infoSize, columnSize, chunkSize := compactInfoSize, compactColumnSize, compactChunkSize
 	infos, columns, chunks := p.CompactInfos, p.CompactColumns, p.CompactChunks
+	r.slices = p.Slices
+	if len(p.UniformColumns) > 0 {
+		// Every item has the pattern's columns, each a chunk of its own.
+		if len(p.UniformColumns)%uniformColumnSize != 0 || len(columns)+len(p.Slices)+len(chunks) > 0 {
+			return r, errors.New("a partial uniform record, or records beside uniform ones")
+		}
+		n := len(p.UniformColumns) / uniformColumnSize
+		columns, chunks = nil, nil
+		for i := range len(infos) / infoSize {
+			for j := range n {
+				u := p.UniformColumns[j*uniformColumnSize : (j+1)*uniformColumnSize]
+				columns = append(columns, u[:compactColumnSize]...)
+				chunks = append(chunks, u[compactColumnSize:]...)
+				r.slices = le.AppendUint32(le.AppendUint32(le.AppendUint32(r.slices, uint32(i*n+j)), 0), le.Uint32(u[compactColumnSize+12:]))
+			}
+		}
+	}
 	if wide {
 		infoSize, columnSize, chunkSize = packedInfoSize, packedColumnSize, packedChunkSize
 		infos, columns, chunks = p.Infos, p.Columns, p.Chunks
@@ -147,7 +165,7 @@ func referencePacked(b []byte) (SampleReply, error) {
 		}
 		chunks = append(chunks, d)
 	}
-	cols, sls := recs.columns, p.Slices
+	cols, sls := recs.columns, recs.slices
 	for i, info := range recs.infos {
 		s := DecodedSample{Info: info}
 		for range recs.ncols[i] {
@@ -219,7 +237,7 @@ func TestAppendPackedSampleResponse(t *testing.T) {
 		want := mustReferenceDecode(t, AppendSampleResponse(nil, code, msg, samples, after))
 		sizes := map[PackedLayout]int{}
 		var compact refRecords
-		for _, layout := range []PackedLayout{PackedLayout_PACKED_LAYOUT_WIDE, PackedLayout_PACKED_LAYOUT_COMPACT} {
+		for _, layout := range []PackedLayout{PackedLayout_PACKED_LAYOUT_WIDE, PackedLayout_PACKED_LAYOUT_COMPACT, PackedLayout_PACKED_LAYOUT_UNIFORM} {
 			b := packLayout(t, layout, code, msg, samples, after)
 			sizes[layout] = len(b)
 			var m SampleResponse
@@ -235,9 +253,12 @@ func TestAppendPackedSampleResponse(t *testing.T) {
 			}
 			if p := m.GetPacked(); p != nil {
 				wide := len(p.Infos) > 0 && len(p.Columns) > 0 && len(p.Chunks) > 0
-				compactFields := len(p.CompactInfos) > 0 && len(p.CompactColumns) > 0 && len(p.CompactChunks) > 0
+				compactFields := len(p.CompactInfos) > 0 && (len(p.CompactColumns) > 0 && len(p.CompactChunks) > 0) != (len(p.UniformColumns) > 0)
 				if wide == compactFields || wide != (layout == PackedLayout_PACKED_LAYOUT_WIDE) {
 					t.Fatalf("trial %d %v: wide fields %v, compact fields %v", trial, layout, wide, compactFields)
+				}
+				if len(p.UniformColumns) > 0 && layout != PackedLayout_PACKED_LAYOUT_UNIFORM {
+					t.Fatalf("trial %d %v: uniform columns", trial, layout)
 				}
 				recs, err := readRecords(p)
 				if err != nil {
@@ -248,7 +269,9 @@ func TestAppendPackedSampleResponse(t *testing.T) {
 						t.Fatalf("trial %d %v: a chunk at %d", trial, layout, c.at)
 					}
 				}
-				compact = recs
+				if layout == PackedLayout_PACKED_LAYOUT_COMPACT {
+					compact = recs
+				}
 			}
 			if formatted := packLayout(t, layout, code, msg, withFormats(t, samples), after); !slices.Equal(formatted, b) {
 				t.Fatalf("trial %d %v: chunks with their store's formats pack otherwise than chunks read from their headers", trial, layout)
@@ -266,6 +289,207 @@ func TestAppendPackedSampleResponse(t *testing.T) {
 		if d := sizes[PackedLayout_PACKED_LAYOUT_WIDE] - sizes[PackedLayout_PACKED_LAYOUT_COMPACT]; d < saved {
 			t.Fatalf("trial %d: the compact reply is %d bytes smaller, its records %d", trial, d, saved)
 		}
+	}
+}
+
+// uniformFixture makes samples that fit the uniform form: 1 to 12 items
+// of the same 1 to 3 columns, each column one slice of all the steps of a
+// chunk of its own, alike for every item but for its bytes.
+func uniformFixture(t testing.TB, rng *rand.Rand) []tables.Sample {
+	t.Helper()
+	type column struct {
+		name, dtype string
+		shape       []int64
+		steps       int
+		squeeze     bool
+		delta       bool
+	}
+	kinds := []column{{"obs", "float32", []int64{3}, 0, false, false}, {"frame", "uint8", []int64{2, 2}, 0, false, true}, {"step", "int64", nil, 0, false, false}}
+	cols := kinds[:1+rng.IntN(len(kinds))]
+	for j := range cols {
+		cols[j].steps = 1 + rng.IntN(3)
+		cols[j].squeeze = cols[j].steps == 1 && rng.IntN(2) == 0
+	}
+	var samples []tables.Sample
+	key := uint64(1000)
+	for range 1 + rng.IntN(12) {
+		smp := tables.Sample{Info: tables.SampleInfo{Key: rng.Uint64(), Probability: rng.Float64(), TableSize: int64(rng.IntN(100)),
+			Priority: rng.Float64(), TimesSampled: int32(rng.IntN(5)), InsertedAt: time.Unix(0, rng.Int64()), RateLimited: rng.IntN(2) == 0}}
+		var traj []tables.Column
+		for _, c := range cols {
+			steps := make([]*Tensor, c.steps)
+			for s := range steps {
+				steps[s] = randomTensor(rng, c.dtype, c.shape)
+			}
+			key++
+			ch, err := EncodeChunk(key, steps, ChunkOptions{Codec: Uncompressed, Delta: c.delta})
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := proto.Marshal(ch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			smp.Chunks = append(smp.Chunks, &tables.Chunk{Key: key, Length: ch.Length, Data: data})
+			traj = append(traj, tables.Column{Name: c.name, Squeeze: c.squeeze, Slices: []tables.Slice{{Chunk: key, Length: int32(c.steps)}}})
+		}
+		var err error
+		if smp.Layout, err = tables.NewLayout(traj, smp.Chunks); err != nil {
+			t.Fatal(err)
+		}
+		samples = append(samples, smp)
+	}
+	return samples
+}
+
+// TestUniformLayout: asked for the uniform layout, a reply whose items fit
+// it holds uniform columns instead of column, slice and chunk records, 44
+// bytes fewer for each column of each item, and says what the unpacked
+// reply says, to the reference reader and to DecodeSampleResponse, also
+// when an item lists its chunks in another order than its columns take
+// them. Items that miss the pattern in any way get the compact records,
+// byte for byte.
+func TestUniformLayout(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 32))
+	uniformFields := func(t *testing.T, b []byte) bool {
+		var m SampleResponse
+		if err := proto.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		again, err := proto.MarshalOptions{Deterministic: true}.Marshal(&m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(again, b) {
+			t.Fatalf("the generated code encodes what it decoded in %d bytes, not the %d it was given", len(again), len(b))
+		}
+		p := m.GetPacked()
+		uniform := len(p.UniformColumns) > 0
+		if uniform && len(p.CompactColumns)+len(p.Slices)+len(p.CompactChunks) > 0 {
+			t.Fatal("uniform columns beside column, slice or chunk records")
+		}
+		return uniform
+	}
+	check := func(t *testing.T, samples []tables.Sample, wantUniform bool) {
+		t.Helper()
+		after := randomTableState(rng)
+		want := mustReferenceDecode(t, AppendSampleResponse(nil, Code_CODE_OK, "", samples, after))
+		b := packLayout(t, PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", samples, after)
+		compact := packLayout(t, PackedLayout_PACKED_LAYOUT_COMPACT, Code_CODE_OK, "", samples, after)
+		if got := uniformFields(t, b); got != wantUniform {
+			t.Fatalf("uniform columns %v, want %v", got, wantUniform)
+		}
+		if !wantUniform && !slices.Equal(b, compact) {
+			t.Fatal("items that miss the pattern are not packed as the compact layout packs them")
+		}
+		if wantUniform {
+			n := len(samples[0].Layout)
+			if saved, want := len(compact)-len(b), 44*len(samples)*n-uniformColumnSize*n; saved < want {
+				t.Fatalf("%d items of %d columns: the uniform reply is %d bytes smaller, want %d", len(samples), n, saved, want)
+			}
+			if formatted := packLayout(t, PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", withFormats(t, samples), after); !slices.Equal(formatted, b) {
+				t.Fatal("chunks with their store's formats pack otherwise than chunks read from their headers")
+			}
+		}
+		ref, err := referencePacked(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodeSampleResponse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !equalSamples(ref.Samples, want.Samples) || !equalSamples(got.Samples, want.Samples) || got.After != after {
+			t.Fatalf("packed\n%+v\ndecoded\n%+v\nunpacked\n%+v", ref, got, want)
+		}
+	}
+	// A newer layout than this service knows gets the newest it has.
+	samples := uniformFixture(t, rng)
+	if !slices.Equal(packLayout(t, PackedLayout(7), Code_CODE_OK, "", samples, TableState{}), packLayout(t, PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", samples, TableState{})) {
+		t.Fatal("layout 7 is not packed as the uniform layout")
+	}
+	variants := []struct {
+		name string
+		fits bool
+		vary func(s []tables.Sample) []tables.Sample
+	}{
+		{"sampled twice", false, func(s []tables.Sample) []tables.Sample { return append(s, s[0]) }},
+		{"an item without its last column", false, func(s []tables.Sample) []tables.Sample {
+			if len(s) < 2 {
+				return nil // the one item is the pattern
+			}
+			last := &s[len(s)-1]
+			last.Layout = last.Layout[:len(last.Layout)-1]
+			last.Chunks = last.Chunks[:len(last.Chunks)-1]
+			return s
+		}},
+		{"a column named otherwise", false, func(s []tables.Sample) []tables.Sample {
+			if len(s) < 2 {
+				return nil
+			}
+			s[len(s)-1].Layout[0].Name = "other"
+			return s
+		}},
+		{"a column squeezed otherwise", false, func(s []tables.Sample) []tables.Sample {
+			if len(s) < 2 {
+				return nil
+			}
+			l := &s[len(s)-1].Layout[0]
+			if l.Squeeze {
+				l.Squeeze = false
+				return s
+			}
+			if l.Slices[0].Length != 1 {
+				return nil
+			}
+			l.Squeeze = true
+			return s
+		}},
+		{"part of a chunk", false, func(s []tables.Sample) []tables.Sample {
+			sl := &s[len(s)-1].Layout[0].Slices[0]
+			if sl.Length == 1 {
+				return nil
+			}
+			sl.Offset, sl.Length = 1, sl.Length-1
+			return s
+		}},
+		{"a chunk of another step shape", false, func(s []tables.Sample) []tables.Sample {
+			if len(s) < 2 {
+				return nil
+			}
+			last := &s[len(s)-1]
+			var c Chunk
+			if err := proto.Unmarshal(last.Chunks[0].Data, &c); err != nil {
+				t.Fatal(err)
+			}
+			c.StepShape = append(c.StepShape, 1)
+			data, err := proto.Marshal(&c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			last.Chunks[0] = &tables.Chunk{Key: c.Key, Length: c.Length, Data: data}
+			return s
+		}},
+		// The uniform form sends chunks in the order of their columns,
+		// whatever the order of the item's chunks.
+		{"the chunks in another order", true, func(s []tables.Sample) []tables.Sample {
+			last := &s[len(s)-1]
+			if len(last.Chunks) < 2 {
+				return nil
+			}
+			last.Chunks[0], last.Chunks[1] = last.Chunks[1], last.Chunks[0]
+			last.Layout[0].Slices[0].Chunk, last.Layout[1].Slices[0].Chunk = 1, 0
+			return s
+		}},
+	}
+	for trial := range 200 {
+		check(t, uniformFixture(t, rng), true)
+		v := variants[trial%len(variants)]
+		t.Run(v.name, func(t *testing.T) {
+			if s := v.vary(uniformFixture(t, rng)); s != nil {
+				check(t, s, v.fits)
+			}
+		})
 	}
 }
 
@@ -365,6 +589,23 @@ func TestDecodePackedSampleResponseErrors(t *testing.T) {
 	if _, err := DecodeSampleResponse(encode(func(*PackedSamples) {})); err != nil {
 		t.Fatalf("the good reply: %v", err)
 	}
+	uniform := func(change func(p *PackedSamples)) []byte {
+		data := make([]byte, 16)
+		data[8] = 9
+		p := &PackedSamples{
+			CompactInfos:   slices.Concat(info(1), info(1)),
+			Names:          []string{"obs"},
+			Formats:        []*StepFormat{floats},
+			Data:           data,
+			UniformColumns: slices.Concat(rec(0, 1), chunk(0, 8, 1, 0, 0)),
+		}
+		change(p)
+		b, err := proto.Marshal(&SampleResponse{Packed: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
 	unpacked, err := proto.Marshal(&SampleResponse{Items: []*SampledItem{{Info: &SampleInfo{Key: 7}}}})
 	if err != nil {
 		t.Fatal(err)
@@ -410,9 +651,25 @@ func TestDecodePackedSampleResponseErrors(t *testing.T) {
 		{"more columns than records, rate limited", encode(func(p *PackedSamples) { p.CompactInfos = info(compactFlag | 2) }), ErrMalformed, "2 columns, 1 records left"},
 		{"more slices than records", encode(func(p *PackedSamples) { p.CompactColumns = rec(0, 2) }), ErrMalformed, "2 slices, 1 records left"},
 		{"records left over", encode(func(p *PackedSamples) { p.CompactInfos = info(0) }), ErrMalformed, "0 of 1 column records"},
+		// Uniform: two items of one column, each a step of float32[2].
+		{"the good uniform reply", uniform(func(*PackedSamples) {}), nil, ""},
+		{"uniform columns beside column records", uniform(func(p *PackedSamples) { p.CompactColumns = rec(0, 1) }), ErrMalformed, "uniform columns beside"},
+		{"uniform columns beside slice records", uniform(func(p *PackedSamples) { p.Slices = rec(0, 0, 1) }), ErrMalformed, "uniform columns beside"},
+		{"a partial uniform record", uniform(func(p *PackedSamples) { p.UniformColumns = p.UniformColumns[:31] }), ErrMalformed, "uniform columns holds 31 bytes"},
+		{"a uniform column of two slices", uniform(func(p *PackedSamples) { copy(p.UniformColumns, rec(0, 2)) }), ErrMalformed, "uniform column 0 has 2 slices"},
+		{"more uniform chunks than data holds", uniform(func(p *PackedSamples) { p.CompactInfos = slices.Concat(info(1), info(1), info(1), info(1)) }), ErrMalformed, "4 items of 1 uniform columns"},
+		{"a uniform chunk past the data", uniform(func(p *PackedSamples) { p.Data = p.Data[:12] }), ErrInvalidChunk, "[8, 8+8) lie beyond the 12 bytes"},
+		{"an item of more columns than the pattern", uniform(func(p *PackedSamples) { p.CompactInfos = slices.Concat(info(2), info(1)) }), ErrMalformed, "1 columns, 0 records left"},
+		{"a uniform format out of range", uniform(func(p *PackedSamples) { p.Formats = nil }), ErrInvalidChunk, "format 0 of 0"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := DecodeSampleResponse(tt.b)
+			if tt.want == nil {
+				if err != nil || len(got.Samples) != 2 || got.Samples[1].Columns[0].Data[0] != 9 {
+					t.Fatalf("DecodeSampleResponse = %+v, %v; want two items, the second's data from byte 8", got, err)
+				}
+				return
+			}
 			if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.text) {
 				t.Fatalf("DecodeSampleResponse = %v, %v; want %v containing %q", got, err, tt.want, tt.text)
 			}

@@ -43,11 +43,12 @@ type Reply[S any] struct {
 type SampleReply = Reply[DecodedSample]
 
 // DecodeSampleResponse decodes a SampleResponse whose items are packed in
-// the compact layout (SampleRequest.packed and layout): its status, the
-// table's state after the sample, and its items with every column gathered
-// from the response's chunks, each chunk decompressed once. The work is per response, not per item: the
-// items' columns, their shapes and their data each live in one array, so a
-// batch of small items costs a handful of allocations. A response with
+// the compact or uniform layout (SampleRequest.packed and layout): its
+// status, the table's state after the sample, and its items with every
+// column gathered from the response's chunks, each chunk decompressed
+// once. The work is per response, not per item: the items' columns, their
+// shapes and their data each live in one array, so a batch of small items
+// costs a handful of allocations. A response with
 // items that are not packed, or packed in the wide layout, comes from a
 // service older than this client, and is refused as such.
 //
@@ -75,6 +76,9 @@ func DecodeSamples[S, C any](b []byte, column func(SampledColumn) C, item func(t
 	if err != nil {
 		return Reply[S]{}, err
 	}
+	if err := d.expandUniform(); err != nil {
+		return Reply[S]{}, err
+	}
 	if err := d.readChunks(); err != nil {
 		return Reply[S]{}, err
 	}
@@ -96,11 +100,14 @@ type sampleDecoder struct {
 	items   []sampledItem
 	columns []sampledColumn
 	slices  []sampledSlice
+	// expanded holds the records a uniform reply leaves out.
+	expanded []byte
 }
 
 // packedFields are a PackedSamples' fields, undecoded.
 type packedFields struct {
 	infos, columns, slices, chunks, data []byte
+	uniform                              []byte
 	names                                []string
 	formats                              [][]byte
 }
@@ -216,6 +223,8 @@ func (f *packedFields) read(b []byte) error {
 			f.formats = append(f.formats, bytes)
 		case fieldPackedData:
 			f.data = bytes
+		case fieldUniformColumns:
+			f.uniform = bytes
 		}
 		return nil
 	})
@@ -229,7 +238,7 @@ func (f *packedFields) read(b []byte) error {
 		name string
 		b    []byte
 		size int
-	}{{"infos", f.infos, compactInfoSize}, {"columns", f.columns, compactColumnSize}, {"slices", f.slices, packedSliceSize}, {"chunks", f.chunks, compactChunkSize}} {
+	}{{"infos", f.infos, compactInfoSize}, {"columns", f.columns, compactColumnSize}, {"slices", f.slices, packedSliceSize}, {"chunks", f.chunks, compactChunkSize}, {"uniform columns", f.uniform, uniformColumnSize}} {
 		if len(r.b)%r.size != 0 {
 			return fmt.Errorf("%w: packed samples: %s holds %d bytes, not a whole number of %d-byte records", ErrMalformed, r.name, len(r.b), r.size)
 		}
@@ -291,6 +300,51 @@ func EachField(b []byte, f func(num protowire.Number, typ protowire.Type, v uint
 			return err
 		}
 	}
+	return nil
+}
+
+// expandUniform writes out the column, slice and chunk records that a
+// reply's uniform columns stand for, so that it is read and checked as a
+// compact reply is.
+func (d *sampleDecoder) expandUniform() error {
+	f := &d.packed
+	if len(f.uniform) == 0 {
+		return nil
+	}
+	if len(f.columns) > 0 || len(f.slices) > 0 || len(f.chunks) > 0 {
+		return fmt.Errorf("%w: packed samples: uniform columns beside column, slice or chunk records", ErrMalformed)
+	}
+	n, items := len(f.uniform)/uniformColumnSize, len(f.infos)/compactInfoSize
+	// Each chunk of a uniform reply holds a byte or more, so each but the
+	// last takes 8 bytes of data or more: what the records written here
+	// take is bounded by the reply's size.
+	if uint64(items)*uint64(n) > uint64(len(f.data))/packedAlign+1 {
+		return fmt.Errorf("%w: packed samples: %d items of %d uniform columns, each a chunk of its own, in %d bytes of data", ErrMalformed, items, n, len(f.data))
+	}
+	le := binary.LittleEndian
+	for j := range n {
+		if nsl := le.Uint32(f.uniform[j*uniformColumnSize+4:]) &^ compactFlag; nsl != 1 {
+			return fmt.Errorf("%w: packed samples: uniform column %d has %d slices, not 1", ErrMalformed, j, nsl)
+		}
+	}
+	total := items * n
+	cols, slcs := total*compactColumnSize, total*packedSliceSize
+	buf := slices.Grow(d.expanded[:0], cols+slcs+total*compactChunkSize)[:cols+slcs]
+	for i := range items {
+		for j := range n {
+			k := i*n + j
+			r := f.uniform[j*uniformColumnSize:]
+			copy(buf[k*compactColumnSize:], r[:compactColumnSize])
+			chunk := r[compactColumnSize:uniformColumnSize]
+			sl := buf[cols+k*packedSliceSize:]
+			le.PutUint32(sl, uint32(k))
+			le.PutUint32(sl[4:], 0)
+			le.PutUint32(sl[8:], le.Uint32(chunk[12:]))
+			buf = append(buf, chunk...)
+		}
+	}
+	d.expanded = buf
+	f.columns, f.slices, f.chunks = buf[:cols], buf[cols:cols+slcs], buf[cols+slcs:]
 	return nil
 }
 
@@ -377,7 +431,8 @@ func (d *sampleDecoder) readChunks() error {
 		}
 		payload := data[at : at+size : at+size]
 		at += size
-		if compression != Compression_COMPRESSION_NONE || delta || len(payload) != int(want) {
+		// Differences of one step are the step: its bytes are the payload's.
+		if compression != Compression_COMPRESSION_NONE || (delta && steps > 1) || len(payload) != int(want) {
 			c := &Chunk{Key: key, Dtype: f.dtype, Length: int32(steps), Compression: compression, DeltaEncoded: delta, RawSize: uint64(want), Data: payload}
 			var err error
 			if payload, err = decompress(c, int(want), nil); err != nil {

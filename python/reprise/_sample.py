@@ -12,6 +12,13 @@ flags ride in bit 31 of the item's column count and of the column's slice
 count. A service that predates the compact layout answers in the wide one,
 which this client refuses rather than reads (see _parse_response).
 
+The client asks for the uniform layout, which is the compact one except
+where every item of a reply has the same columns, each a whole chunk of its
+own (one-step transitions of chunk length 1, say): such a reply sends the
+column and chunk records of one item, ``uniform_columns``, for all of them,
+and no slice records. _expand_uniform writes the records out again, with
+numpy, before _layout reads them.
+
 parse_response reads the protobuf framing itself and keeps views into the
 reply, so that the bytes of a large reply are not copied before they are
 gathered; _layout views the records as numpy arrays, derives what the
@@ -109,6 +116,9 @@ class _Packed:
     #: Each StepFormat as (dtype, step_shape).
     formats: list[tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=list)
     data: _Bytes = b""
+    #: One item's column and chunk records, which every item's columns
+    #: follow (the uniform layout), or empty.
+    uniform_columns: _Bytes = b""
     #: The reply holds records of the wide layout (infos, columns, chunks),
     #: which only a service that predates SampleRequest.layout sends.
     wide: bool = False
@@ -259,6 +269,8 @@ def _parse_packed(b: bytes, view: memoryview, i: int, end: int, p: _Packed) -> N
             p.slices = view[a:z]
         elif num == 10:
             p.compact_chunks = view[a:z]
+        elif num == 11:
+            p.uniform_columns = view[a:z]
         elif num in (1, 2, 5):  # infos, columns, chunks
             p.wide = True
         elif num == 3:
@@ -311,6 +323,9 @@ _SLICE_SIZE = 12
 #: A chunk's record: key (uint64), size, steps, format (uint32 each),
 #: compression, delta (uint8 each), 2 zero bytes.
 _CHUNK_SIZE = 24
+#: A uniform column's record: its column record (slices 1), then its
+#: chunks' record (key 0).
+_UNIFORM_SIZE = _COLUMN_SIZE + _CHUNK_SIZE
 #: The flag bit of a compact info's column count and a compact column's
 #: slice count, and the mask of the count below it.
 _FLAG = 31
@@ -423,12 +438,46 @@ def _formats(formats: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[list[_Form
     return out, np.array([first[f] for f in out], dtype=np.int64)
 
 
+def _expand_uniform(p: _Packed) -> None:
+    """Writes out the column, slice and chunk records that a reply's
+    uniform columns stand for: item i's column j is uniform record j, its
+    one slice all the steps of chunk i*n+j, which is as record j says."""
+    u = p.uniform_columns
+    if len(u) % _UNIFORM_SIZE:
+        raise errors.ProtocolError(
+            f"packed uniform_columns has {len(u)} bytes, not a whole number of {_UNIFORM_SIZE}-byte records"
+        )
+    if len(p.compact_columns) or len(p.slices) or len(p.compact_chunks):
+        raise errors.ProtocolError("packed uniform_columns beside column, slice or chunk records")
+    n, items = len(u) // _UNIFORM_SIZE, len(p.compact_infos) // _INFO_REC.itemsize
+    # Each chunk holds a byte or more, so each but the last takes 8 bytes of
+    # data or more: what is written here is bounded by the reply's size.
+    if items * n > len(p.data) // _ALIGN + 1:
+        raise errors.ProtocolError(
+            f"packed samples: {items} items of {n} uniform columns, each a chunk of its own, in {len(p.data)} bytes of data"
+        )
+    rec = np.frombuffer(u, np.uint8).reshape(n, _UNIFORM_SIZE)
+    cols = np.ascontiguousarray(rec[:, :_COLUMN_SIZE])
+    chunks = np.ascontiguousarray(rec[:, _COLUMN_SIZE:])
+    nsl = cols.view("<u4")[:, 1] & _COUNT
+    if (nsl != 1).any():
+        _fail(nsl != 1, lambda j: f"packed uniform column {j} has {nsl[j]} slices, not 1")
+    sls = np.zeros((items * n, 3), "<u4")
+    sls[:, 0] = np.arange(items * n, dtype="<u4")
+    sls[:, 2] = np.tile(chunks.view("<u4")[:, 3], items)
+    p.compact_columns = np.tile(cols, (items, 1)).tobytes()
+    p.slices = sls.tobytes()
+    p.compact_chunks = np.tile(chunks, (items, 1)).tobytes()
+
+
 def _layout(p: _Packed) -> _Layout:
     """The reply's records, checked, with what the compact layout leaves
     out derived: record sizes, counts, every index in range, every chunk
     within the data and, uncompressed, of the size its format and steps
     give, every slice within its chunk, every column's chunks of one
     format."""
+    if len(p.uniform_columns):
+        _expand_uniform(p)
     for what, buf, rec in (
         ("compact_infos", p.compact_infos, _INFO_REC.itemsize),
         ("compact_columns", p.compact_columns, _COLUMN_SIZE),

@@ -319,7 +319,7 @@ class Client:
             timeout_ms=timeout_ms,
             flexible=flexible,
             packed=True,
-            layout=pb.PACKED_LAYOUT_COMPACT,
+            layout=pb.PACKED_LAYOUT_UNIFORM,
         )
         send = asyncio.ensure_future(self._requester().request(self.subjects.sample, req.SerializeToString(), wait))
         # A service that dies with the request never answers, and nothing

@@ -1,8 +1,9 @@
 """A packed sample reply encoder for tests: what the Go service writes
 (AppendPackedSampleResponse, PackedSamples in broker/wire/reprise.proto),
 built from plain descriptions of items and pb.Chunk messages. Replies are
-in the compact layout, which this client asks for; ``wide=True`` writes the
-wide layout of a service that predates SampleRequest.layout."""
+in the compact layout; ``uniform=True`` writes the uniform form of items
+that all have the same columns, each a whole chunk of its own; ``wide=True``
+writes the wide layout of a service that predates SampleRequest.layout."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def pack(
     message: str = "",
     table_size: int = 0,
     wide: bool = False,
+    uniform: bool = False,
 ) -> pb.SampleResponse:
     """A SampleResponse with items packed: chunks in the order the items
     first use them, names and formats each once, each chunk's bytes at a
@@ -97,6 +99,16 @@ def pack(
     )
     if wide:
         packed.infos, packed.columns, packed.chunks = bytes(infos), bytes(columns), bytes(records)
+    elif uniform:
+        # The first item's column and chunk records, without the key, stand
+        # for every item's: the caller's items must fit them.
+        n = len(items[0].columns)
+        assert len(order) == len(items) * n and all(len(it.columns) == n for it in items)
+        packed.compact_infos, packed.slices = bytes(infos), b""
+        packed.uniform_columns = b"".join(
+            columns[j * COLUMN.size : (j + 1) * COLUMN.size] + bytes(8) + records[j * CHUNK.size + 8 : (j + 1) * CHUNK.size]
+            for j in range(n)
+        )
     else:
         packed.compact_infos, packed.compact_columns = bytes(infos), bytes(columns)
         packed.compact_chunks = bytes(records)

@@ -197,8 +197,8 @@ def test_wide_replies_are_refused(fields: tuple[str, ...]) -> None:
             parse(reply.SerializeToString())
 
 
-def test_requests_ask_for_the_compact_layout() -> None:
-    """The request the client sends is packed in the compact layout, and
+def test_requests_ask_for_the_uniform_layout() -> None:
+    """The request the client sends is packed in the uniform layout, and
     the compact reply it gets back decodes."""
     from reprise import aio
 
@@ -217,7 +217,7 @@ def test_requests_ask_for_the_compact_layout() -> None:
 
     raw = asyncio.run(main())
     [req] = sent
-    assert (req.table, req.num_samples, req.packed, req.layout) == ("t", 4, True, pb.PACKED_LAYOUT_COMPACT)
+    assert (req.table, req.num_samples, req.packed, req.layout) == ("t", 4, True, pb.PACKED_LAYOUT_UNIFORM)
     assert batch(raw).info.key.tolist() == [3]
 
 
@@ -349,6 +349,78 @@ def test_items_decode_to_what_they_hold(seed: int) -> None:
         got = getattr(b.info, name)
         assert got.dtype == dt
         assert got.tolist() == [getattr(s.info, name) for s in items]
+
+
+def transitions(seed: int) -> tuple[list[Item], list[pb.Chunk]]:
+    """1 to 10 items whose columns are each a whole chunk of its own, alike
+    for every item: an obs of one step, an act of two (delta-encoded), a
+    squeezed reward; random infos."""
+    rng = np.random.default_rng(seed)
+    chunks: list[pb.Chunk] = []
+    items: list[Item] = []
+    for i in range(int(rng.integers(1, 11))):
+        base = 100 * i + 1
+        chunks += [
+            _codec.encode_chunk(base, rng.standard_normal((1, 3)).astype(np.float32), compression="none"),
+            _codec.encode_chunk(base + 1, rng.integers(-9, 9, (2, 4)), compression="none", delta=True),
+            _codec.encode_chunk(base + 2, rng.standard_normal((1,)), compression="none"),
+        ]
+        cols = [Column("obs", [(base, 0, 1)]), Column("act", [(base + 1, 0, 2)]), Column("rew", [(base + 2, 0, 1)], squeeze=True)]
+        items.append(Item(cols, key=int(rng.integers(0, 2**63)), priority=float(rng.random()), rate_limited=bool(rng.random() < 0.5)))
+    return items, chunks
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_uniform_replies_decode_as_compact_ones(seed: int) -> None:
+    """A reply in the uniform form is 44 bytes smaller for each column of
+    each item and decodes to what the compact reply of the same items does."""
+    items, chunks = transitions(seed)
+    compact = pack(items, chunks).SerializeToString()
+    uniform = pack(items, chunks, uniform=True).SerializeToString()
+    assert len(compact) - len(uniform) >= 44 * 3 * len(items) - 32 * 3
+    got, want = samples(uniform), samples(compact)
+    assert [s.info for s in got] == [s.info for s in want]
+    for g, w in zip(got, want):
+        assert list(g.data) == ["obs", "act", "rew"]
+        for name in g.data:
+            _assert_identical(g.data[name], np.asarray(w.data[name]))
+    gb, wb = batch(uniform), batch(compact)
+    for name in ("obs", "act", "rew"):
+        _assert_identical(gb.data[name], wb.data[name])
+    assert gb.info.rate_limited.tolist() == [it.rate_limited for it in items]
+
+
+def _uniform_damage(change: Callable[[pb.PackedSamples], None]) -> bytes:
+    items, chunks = transitions(3)
+    resp = pack(items[:2], chunks, uniform=True)
+    change(resp.packed)
+    return resp.SerializeToString()
+
+
+def _set_uniform_slices(p: pb.PackedSamples) -> None:
+    u = bytearray(p.uniform_columns)
+    struct.pack_into("<I", u, 4, 2)
+    p.uniform_columns = bytes(u)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda p: setattr(p, "compact_columns", packed.COLUMN.pack(0, 1)), "uniform_columns beside"),
+        (lambda p: setattr(p, "slices", packed.SLICE.pack(0, 0, 1)), "uniform_columns beside"),
+        (lambda p: setattr(p, "uniform_columns", p.uniform_columns[:31]), "uniform_columns has 31 bytes"),
+        (_set_uniform_slices, "uniform column 0 has 2 slices, not 1"),
+        (lambda p: setattr(p, "compact_infos", p.compact_infos * 20), "40 items of 3 uniform columns"),
+        (lambda p: setattr(p, "data", p.data[:40]), r"chunk 1 \(key 0\): bytes \[16, 16\+64\) lie beyond the 40 bytes"),
+        (
+            lambda p: setattr(p, "compact_infos", p.compact_infos[:44] + struct.pack("<I", 4) + p.compact_infos[48:]),
+            "the items have 7 columns, the reply 6 column records",
+        ),
+    ],
+)
+def test_uniform_replies_are_checked(change: Callable[[pb.PackedSamples], None], match: str) -> None:
+    with pytest.raises(reprise.ProtocolError, match=match):
+        samples(_uniform_damage(change))
 
 
 @pytest.mark.parametrize("dtype", list(_codec.DTYPES))

@@ -18,6 +18,7 @@ COMPRESSION_S2: Compression
 COMPRESSION_ZSTD: Compression
 DESCRIPTOR: _descriptor.FileDescriptor
 PACKED_LAYOUT_COMPACT: PackedLayout
+PACKED_LAYOUT_UNIFORM: PackedLayout
 PACKED_LAYOUT_WIDE: PackedLayout
 
 class Checkpoint(_message.Message):
@@ -277,7 +278,7 @@ class MutationOp(_message.Message):
     def __init__(self, key: _Optional[int] = ..., priority: _Optional[float] = ..., delete: bool = ...) -> None: ...
 
 class PackedSamples(_message.Message):
-    __slots__ = ["chunks", "columns", "compact_chunks", "compact_columns", "compact_infos", "data", "formats", "infos", "names", "slices"]
+    __slots__ = ["chunks", "columns", "compact_chunks", "compact_columns", "compact_infos", "data", "formats", "infos", "names", "slices", "uniform_columns"]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     COMPACT_CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +289,7 @@ class PackedSamples(_message.Message):
     INFOS_FIELD_NUMBER: _ClassVar[int]
     NAMES_FIELD_NUMBER: _ClassVar[int]
     SLICES_FIELD_NUMBER: _ClassVar[int]
+    UNIFORM_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     chunks: bytes
     columns: bytes
     compact_chunks: bytes
@@ -298,7 +300,8 @@ class PackedSamples(_message.Message):
     infos: bytes
     names: _containers.RepeatedScalarFieldContainer[str]
     slices: bytes
-    def __init__(self, infos: _Optional[bytes] = ..., columns: _Optional[bytes] = ..., names: _Optional[_Iterable[str]] = ..., slices: _Optional[bytes] = ..., chunks: _Optional[bytes] = ..., formats: _Optional[_Iterable[_Union[StepFormat, _Mapping]]] = ..., data: _Optional[bytes] = ..., compact_infos: _Optional[bytes] = ..., compact_columns: _Optional[bytes] = ..., compact_chunks: _Optional[bytes] = ...) -> None: ...
+    uniform_columns: bytes
+    def __init__(self, infos: _Optional[bytes] = ..., columns: _Optional[bytes] = ..., names: _Optional[_Iterable[str]] = ..., slices: _Optional[bytes] = ..., chunks: _Optional[bytes] = ..., formats: _Optional[_Iterable[_Union[StepFormat, _Mapping]]] = ..., data: _Optional[bytes] = ..., compact_infos: _Optional[bytes] = ..., compact_columns: _Optional[bytes] = ..., compact_chunks: _Optional[bytes] = ..., uniform_columns: _Optional[bytes] = ...) -> None: ...
 
 class PendingItem(_message.Message):
     __slots__ = ["item", "notice_subject", "producer_id", "sequence", "stored_at_unix_nano", "stream_sequence"]
