@@ -312,6 +312,10 @@ func goldenResponses(t *testing.T) []goldenResponse {
 			{name: "action", dtype: "int32", shape: nil, chunkN: 5, codec: wire.Uncompressed, delta: true, slices: [][]int{{0, 0, 4}}},
 			{name: "reward", dtype: "float32", shape: nil, chunkN: 5, codec: wire.Uncompressed, slices: [][]int{{0, 0, 4}}},
 		}, 5),
+		build("uniform: item 3 is item 0 again, its chunks sent twice", wire.Code_CODE_OK, "", true, []col{
+			{name: "obs", dtype: "float32", shape: []int64{2}, chunkN: 3, codec: wire.Uncompressed, slices: [][]int{{0, 0, 4}}},
+			{name: "done", dtype: "bool", shape: nil, chunkN: 3, codec: wire.Uncompressed, slices: [][]int{{0, 0, 4}}},
+		}, 4),
 		build("rate limited", wire.Code_CODE_RATE_LIMITED, `table "t": rate limiter allowed no sample within 1s`, true, nil, 0),
 		build("unknown table", wire.Code_CODE_NOT_FOUND, `unknown table "nope" (tables: replay)`, true, nil, 0),
 		build("signature", wire.Code_CODE_SIGNATURE_MISMATCH, "signature mismatch", true, nil, 0),

@@ -142,7 +142,8 @@ type packer struct {
 	columns    int
 	slices     int
 	// The uniform form's check: which chunks a column took, and the chunks
-	// in the form's order (which becomes chunks, and chunks' array this).
+	// in the form's order, a chunk once for each column that takes it
+	// (which becomes chunks, and chunks' array this).
 	used  []bool
 	spare []storedChunk
 }
@@ -313,18 +314,22 @@ func AppendPackedSampleResponse(b []byte, layout PackedLayout, code Code, msg st
 }
 
 // uniform reports whether samples fit PackedSamples.uniform_columns, and
-// if so puts the chunks in the order the uniform form sends them: every
-// item has the columns the first has, each one slice of all the steps of a
-// chunk no other slice takes, and the chunks of one column are alike but
-// for their keys, each of at least one byte.
+// are smaller in it, and if so puts the chunks in the order the uniform
+// form sends them. They fit when every item has the columns the first has,
+// each one slice of all the steps of a chunk, and the chunks of one column
+// are alike but for their keys, each of at least one byte. A chunk that
+// several columns take, as an item sampled twice has, is sent for each:
+// the form is smaller while those copies cost less than the records it
+// leaves out.
 func (p *packer) uniform(samples []tables.Sample) bool {
 	if len(samples) == 0 {
 		return false
 	}
 	n := len(samples[0].Layout)
-	if n == 0 || p.columns != len(samples)*n || p.slices != p.columns || len(p.chunks) != p.columns {
+	if n == 0 || p.columns != len(samples)*n || p.slices != p.columns {
 		return false
 	}
+	saved := p.columns*(compactColumnSize+packedSliceSize+compactChunkSize) - n*uniformColumnSize
 	used := slices.Grow(p.used[:0], len(p.chunks))[:len(p.chunks)]
 	clear(used)
 	p.used = used
@@ -341,11 +346,11 @@ func (p *packer) uniform(samples []tables.Sample) bool {
 				return false
 			}
 			sl := col.Slices[0]
-			if sl.Chunk < 0 || int(sl.Chunk) >= len(s.Chunks) || used[local[sl.Chunk]] {
+			if sl.Chunk < 0 || int(sl.Chunk) >= len(s.Chunks) {
 				return false
 			}
-			used[local[sl.Chunk]] = true
-			c := &p.chunks[local[sl.Chunk]]
+			at := local[sl.Chunk]
+			c := &p.chunks[at]
 			if sl.Offset != 0 || int64(sl.Length) != int64(c.steps) || len(c.payload) == 0 {
 				return false
 			}
@@ -356,6 +361,12 @@ func (p *packer) uniform(samples []tables.Sample) bool {
 					return false
 				}
 			}
+			if used[at] {
+				if saved -= len(c.payload) + -len(c.payload)&(packedAlign-1); saved <= 0 {
+					return false
+				}
+			}
+			used[at] = true
 			order = append(order, *c)
 		}
 		local = local[len(s.Chunks):]

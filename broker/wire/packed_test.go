@@ -347,8 +347,9 @@ func uniformFixture(t testing.TB, rng *rand.Rand) []tables.Sample {
 // bytes fewer for each column of each item, and says what the unpacked
 // reply says, to the reference reader and to DecodeSampleResponse, also
 // when an item lists its chunks in another order than its columns take
-// them. Items that miss the pattern in any way get the compact records,
-// byte for byte.
+// them, or is sampled twice. Items that miss the pattern in any way, or
+// whose chunks sent once for each time they are taken would cost more than
+// the records the form leaves out, get the compact records, byte for byte.
 func TestUniformLayout(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 32))
 	uniformFields := func(t *testing.T, b []byte) bool {
@@ -384,7 +385,25 @@ func TestUniformLayout(t *testing.T) {
 		}
 		if wantUniform {
 			n := len(samples[0].Layout)
-			if saved, want := len(compact)-len(b), 44*len(samples)*n-uniformColumnSize*n; saved < want {
+			// The records left out, less the bytes of chunks sent again,
+			// which may also lengthen the varint lengths of data and of
+			// the packed message by a byte each.
+			copies := 2
+			seen := map[*tables.Chunk]bool{}
+			for _, smp := range samples {
+				for _, ch := range smp.Chunks {
+					if seen[ch] {
+						var c Chunk
+						if err := proto.Unmarshal(ch.Data, &c); err != nil {
+							t.Fatal(err)
+						}
+						copies += (len(c.Data) + 7) / 8 * 8
+					}
+					seen[ch] = true
+				}
+			}
+			want := (compactColumnSize+packedSliceSize)*len(samples)*n + compactChunkSize*len(seen) - uniformColumnSize*n - copies
+			if saved := len(compact) - len(b); saved < want {
 				t.Fatalf("%d items of %d columns: the uniform reply is %d bytes smaller, want %d", len(samples), n, saved, want)
 			}
 			if formatted := packLayout(t, PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", withFormats(t, samples), after); !slices.Equal(formatted, b) {
@@ -413,7 +432,15 @@ func TestUniformLayout(t *testing.T) {
 		fits bool
 		vary func(s []tables.Sample) []tables.Sample
 	}{
-		{"sampled twice", false, func(s []tables.Sample) []tables.Sample { return append(s, s[0]) }},
+		// An item sampled twice sends its chunks twice: small ones cost
+		// less than the records left out (at most 40 bytes a column here,
+		// against 44 for each column of the other items).
+		{"sampled twice", true, func(s []tables.Sample) []tables.Sample {
+			if len(s) < 4 {
+				return nil
+			}
+			return append(s, s[0])
+		}},
 		{"an item without its last column", false, func(s []tables.Sample) []tables.Sample {
 			if len(s) < 2 {
 				return nil // the one item is the pattern
@@ -482,6 +509,18 @@ func TestUniformLayout(t *testing.T) {
 			return s
 		}},
 	}
+	// One item of 400 bytes sampled ten times: nine copies cost more than
+	// the records the uniform form leaves out.
+	big, err := EncodeChunk(1, []*Tensor{randomTensor(rng, "float32", []int64{100})}, ChunkOptions{Codec: Uncompressed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := &tables.Chunk{Key: 1, Length: 1, Data: mustMarshalChunk(t, big)}
+	layout, err := tables.NewLayout([]tables.Column{{Name: "obs", Slices: []tables.Slice{{Chunk: 1, Length: 1}}}}, []*tables.Chunk{stored})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, slices.Repeat([]tables.Sample{{Layout: layout, Chunks: []*tables.Chunk{stored}}}, 10), false)
 	for trial := range 200 {
 		check(t, uniformFixture(t, rng), true)
 		v := variants[trial%len(variants)]
@@ -491,6 +530,15 @@ func TestUniformLayout(t *testing.T) {
 			}
 		})
 	}
+}
+
+func mustMarshalChunk(t testing.TB, c *Chunk) []byte {
+	t.Helper()
+	b, err := proto.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // withFormats is samples with their chunks' formats set, one *Format for

@@ -162,8 +162,8 @@ const (
 	// an item of one column; an item of several small columns saves more.
 	PackedLayout_PACKED_LAYOUT_COMPACT PackedLayout = 1
 	// The compact records, or, when the reply's items all have the same
-	// columns of whole chunks of their own (one-step transitions of chunk
-	// length 1, say), uniform_columns instead of compact_columns, slices and
+	// columns, each a whole chunk (one-step transitions of chunk length 1,
+	// say), uniform_columns instead of compact_columns, slices and
 	// compact_chunks: 44 bytes fewer for each column of each item.
 	PackedLayout_PACKED_LAYOUT_UNIFORM PackedLayout = 2
 )
@@ -1355,9 +1355,10 @@ type PackedSamples struct {
 	//	8  its chunks' compact_chunks record, with key 0
 	//
 	// Item i's column j is record j, its one slice all the steps of chunk
-	// i*n+j, which is as record j says. Chunk keys are not sent, and every
-	// chunk holds at least one byte, so that data has at least 8 bytes for
-	// each chunk but the last.
+	// i*n+j, which is as record j says: an item sampled twice has its chunks
+	// in data twice. Chunk keys are not sent, and every chunk holds at least
+	// one byte, so that data has at least 8 bytes for each chunk but the
+	// last. The service sends this form only where it is the smaller.
 	UniformColumns []byte `protobuf:"bytes,11,opt,name=uniform_columns,json=uniformColumns,proto3" json:"uniform_columns,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache

@@ -101,9 +101,16 @@ def pack(
         packed.infos, packed.columns, packed.chunks = bytes(infos), bytes(columns), bytes(records)
     elif uniform:
         # The first item's column and chunk records, without the key, stand
-        # for every item's: the caller's items must fit them.
+        # for every item's: the caller's items must fit them. Each column's
+        # chunk is in data once for each time it is taken.
         n = len(items[0].columns)
-        assert len(order) == len(items) * n and all(len(it.columns) == n for it in items)
+        assert all(len(it.columns) == n and all(len(c.slices) == 1 for c in it.columns) for it in items)
+        data = bytearray()
+        for it in items:
+            for col in it.columns:
+                data += by_key[col.slices[0][0]].data
+                data += bytes(-len(data) % 8)
+        packed.data = bytes(data)
         packed.compact_infos, packed.slices = bytes(infos), b""
         packed.uniform_columns = b"".join(
             columns[j * COLUMN.size : (j + 1) * COLUMN.size] + bytes(8) + records[j * CHUNK.size + 8 : (j + 1) * CHUNK.size]

@@ -390,6 +390,20 @@ def test_uniform_replies_decode_as_compact_ones(seed: int) -> None:
     assert gb.info.rate_limited.tolist() == [it.rate_limited for it in items]
 
 
+def test_uniform_replies_repeat_the_chunks_of_items_sampled_twice() -> None:
+    """An item sampled twice has its chunks in a uniform reply's data twice;
+    each copy decodes to its own arrays."""
+    items, chunks = transitions(5)
+    items = items[:3] + [items[0]]
+    got = samples(pack(items, chunks, uniform=True).SerializeToString())
+    want = samples(pack(items, chunks).SerializeToString())
+    for g, w in zip(got, want):
+        for name in g.data:
+            _assert_identical(g.data[name], np.asarray(w.data[name]))
+    got[0].data["obs"][...] = 0
+    assert not np.array_equal(got[3].data["obs"], got[0].data["obs"])
+
+
 def _uniform_damage(change: Callable[[pb.PackedSamples], None]) -> bytes:
     items, chunks = transitions(3)
     resp = pack(items[:2], chunks, uniform=True)
