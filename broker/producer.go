@@ -198,8 +198,13 @@ type Producer struct {
 	step    int64 // steps appended in this episode
 	version int64 // policy version of the items created from now on
 	cols    map[string]*column
-	pending []*pendingItem // created, waiting for their chunks, in creation order
-	batch   batch
+	// colList holds cols in the order they came, which a loop over every
+	// column takes: starting a loop over a map cost more than the loop.
+	colList []*column
+	// stepCols are the columns of the step Append is adding.
+	stepCols []stepColumn
+	pending  []*pendingItem // created, waiting for their chunks, in creation order
+	batch    batch
 	// lastMessage is the size of the last message sent: the next one's
 	// buffer starts that large.
 	lastMessage int
@@ -236,6 +241,16 @@ type column struct {
 	openStart int64
 	chunks    []*sealedChunk // ascending by start, within the history window
 	backoff   compressionBackoff
+	// appended is one past the step this column last got. It is read only
+	// while the column has open steps, which are of this episode.
+	appended int64
+}
+
+// stepColumn is a column of a step being appended: nil for a new one.
+type stepColumn struct {
+	name   string
+	tensor Tensor
+	col    *column
 }
 
 // maxCompressionBackoff is the most chunks a column stores uncompressed
@@ -491,6 +506,8 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 	if p.closing {
 		return ErrClosed
 	}
+	cols := p.stepCols[:0]
+	defer func() { clear(cols); p.stepCols = cols[:0] }()
 	for name, t := range step {
 		if name == "" {
 			return fmt.Errorf("%w: step has a column with an empty name", ErrInvalidMessage)
@@ -498,17 +515,21 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 		if err := t.Validate(); err != nil {
 			return fmt.Errorf("column %q: %w", name, err)
 		}
-		if c, ok := p.cols[name]; ok && (c.dtype != t.DType || !slices.Equal(c.shape, t.Shape)) {
+		c := p.cols[name]
+		if c != nil && (c.dtype != t.DType || !slices.Equal(c.shape, t.Shape)) {
 			return fmt.Errorf("%w: column %q: step %d has %s%v, earlier steps have %s%v",
 				ErrSignature, name, p.step, t.DType, t.Shape, c.dtype, c.shape)
 		}
+		cols = append(cols, stepColumn{name, t, c})
 	}
-	for name, t := range step {
-		c, ok := p.cols[name]
-		if !ok {
-			c = &column{name: name, dtype: t.DType, shape: slices.Clone(t.Shape)}
-			p.cols[name] = c
+	for _, sc := range cols {
+		c, t := sc.col, sc.tensor
+		if c == nil {
+			c = &column{name: sc.name, dtype: t.DType, shape: slices.Clone(t.Shape)}
+			p.cols[sc.name] = c
+			p.colList = append(p.colList, c)
 		}
+		c.appended = p.step + 1
 		if len(c.open) == 0 {
 			c.openStart = p.step
 		}
@@ -522,11 +543,10 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 		c.open = append(c.open, &wire.Tensor{Dtype: t.DType, Shape: c.shape, Data: data})
 	}
 	var errs []error
-	for name, c := range p.cols {
-		_, present := step[name]
+	for _, c := range p.colList {
 		// A chunk holds consecutive steps: a column missing from this step
 		// ends its open chunk.
-		if len(c.open) > 0 && (len(c.open) >= p.o.chunkLength || !present) {
+		if len(c.open) > 0 && (len(c.open) >= p.o.chunkLength || c.appended != p.step+1) {
 			errs = append(errs, p.sealLocked(c))
 		}
 	}
@@ -590,7 +610,7 @@ func (p *Producer) trimLocked() {
 			horizon = min(horizon, r.from)
 		}
 	}
-	for _, c := range p.cols {
+	for _, c := range p.colList {
 		n := 0
 		for n < len(c.chunks) && c.chunks[n].start+c.chunks[n].length <= horizon {
 			if c.chunks[n].sent {
@@ -1050,7 +1070,7 @@ func (p *Producer) flushLocked(ctx context.Context) error {
 // sealOpenLocked completes every open chunk.
 func (p *Producer) sealOpenLocked() error {
 	var errs []error
-	for _, c := range p.cols {
+	for _, c := range p.colList {
 		if len(c.open) > 0 {
 			errs = append(errs, p.sealLocked(c))
 		}
@@ -1142,7 +1162,7 @@ func (p *Producer) publishEndLocked(ctx context.Context) (ended bool, err error)
 }
 
 func (p *Producer) endEpisodeLocked() {
-	for _, c := range p.cols {
+	for _, c := range p.colList {
 		for _, ch := range c.chunks {
 			if ch.sent {
 				p.release = append(p.release, ch.key)

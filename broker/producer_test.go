@@ -391,3 +391,40 @@ func TestCompressionBacksOff(t *testing.T) {
 		}
 	}
 }
+
+// TestMissingColumnEndsItsChunkEveryEpisode: a column missing from a step
+// ends its open chunk, in a later episode as in the first, so that an item
+// of a later step gets that step's data.
+func TestMissingColumnEndsItsChunkEveryEpisode(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("q", 10)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithChunkLength(4))
+	both := func(i int64) Step { return Step{"a": Int64s(nil, []int64{i}), "b": Int64s(nil, []int64{100 + i})} }
+	for _, s := range []Step{both(0), both(1)} {
+		if err := p.Append(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.EndEpisode(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []Step{both(10), {"a": Int64s(nil, []int64{11})}, both(12)} {
+		if err := p.Append(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.CreateItem(ctx, "q", 1, LastStep("a", "b")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := d.client().Sample(ctx, "q", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := got[0].Column("b")
+	if v, err := b.Int64s(); err != nil || !slices.Equal(v, []int64{112}) {
+		t.Fatalf("column b of step 2 of the second episode: %v, %v; want [112]", v, err)
+	}
+}
