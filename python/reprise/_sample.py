@@ -456,18 +456,22 @@ def _expand_uniform(p: _Packed) -> None:
         raise errors.ProtocolError(
             f"packed samples: {items} items of {n} uniform columns, each a chunk of its own, in {len(p.data)} bytes of data"
         )
-    rec = np.frombuffer(u, np.uint8).reshape(n, _UNIFORM_SIZE)
-    cols = np.ascontiguousarray(rec[:, :_COLUMN_SIZE])
-    chunks = np.ascontiguousarray(rec[:, _COLUMN_SIZE:])
-    nsl = cols.view("<u4")[:, 1] & _COUNT
+    # A record is 8 uint32: the column's 2, then the chunk's 6 (its key is
+    # the first two).
+    rec = np.frombuffer(u, "<u4").reshape(n, _UNIFORM_SIZE // 4)
+    nsl = rec[:, 1] & _COUNT
     if (nsl != 1).any():
         _fail(nsl != 1, lambda j: f"packed uniform column {j} has {nsl[j]} slices, not 1")
-    sls = np.zeros((items * n, 3), "<u4")
-    sls[:, 0] = np.arange(items * n, dtype="<u4")
-    sls[:, 2] = np.tile(chunks.view("<u4")[:, 3], items)
-    p.compact_columns = np.tile(cols, (items, 1)).tobytes()
-    p.slices = sls.tobytes()
-    p.compact_chunks = np.tile(chunks, (items, 1)).tobytes()
+    total = items * n
+    sls = np.zeros((items, n, 3), "<u4")
+    sls[:, :, 0] = np.arange(total, dtype="<u4").reshape(items, n)
+    sls[:, :, 2] = rec[:, 5]
+    # Bytes of new contiguous arrays, which _layout views as it views the
+    # reply's.
+    pattern = rec[None]
+    p.compact_columns = np.repeat(pattern[:, :, :2], items, axis=0).data.cast("B")
+    p.slices = sls.data.cast("B")
+    p.compact_chunks = np.repeat(pattern[:, :, 2:], items, axis=0).data.cast("B")
 
 
 def _layout(p: _Packed) -> _Layout:
