@@ -75,6 +75,7 @@ func FuzzDecodeSampleResponse(f *testing.F) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	for range 8 {
 		f.Add(pack(f, Code_CODE_OK, "", sampledFixture(f, rng), randomTableState(rng)))
+		f.Add(packLayout(f, PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", uniformFixture(f, rng), randomTableState(rng)))
 	}
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -463,6 +463,10 @@ def _expand_uniform(p: _Packed) -> None:
     if (nsl != 1).any():
         _fail(nsl != 1, lambda j: f"packed uniform column {j} has {nsl[j]} slices, not 1")
     total = items * n
+    if total == 0:
+        # No items: no records (a cast of an empty view would fail).
+        p.compact_columns = p.slices = p.compact_chunks = b""
+        return
     sls = np.zeros((items, n, 3), "<u4")
     sls[:, :, 0] = np.arange(total, dtype="<u4").reshape(items, n)
     sls[:, :, 2] = rec[:, 5]

@@ -791,6 +791,41 @@ def test_damaged_records_are_protocol_errors(records: str, seed: int) -> None:
                 assert decode is batch
 
 
+@pytest.mark.parametrize("records", ["compact_infos", "uniform_columns", "data", None])
+@pytest.mark.parametrize("seed", range(4))
+def test_damaged_uniform_replies_are_protocol_errors(records: str | None, seed: int) -> None:
+    """The same for a reply in the uniform form: its records cut short or
+    with bits flipped, or (None) bits flipped anywhere in the reply."""
+    rng = np.random.default_rng(seed)
+    items, chunks = transitions(seed)
+    resp = pack(items, chunks, uniform=True)
+    for _ in range(150):
+        if records is None:
+            buf = bytearray(resp.SerializeToString())
+        else:
+            buf = bytearray(getattr(resp.packed, records))
+        if records is not None and rng.random() < 0.2:
+            del buf[int(rng.integers(0, len(buf) + 1)) :]
+        else:
+            for _ in range(int(rng.integers(1, 4))):
+                at = int(rng.integers(0, len(buf)))
+                buf[at] ^= 1 << int(rng.integers(0, 8))
+        if records is None:
+            raw = bytes(buf)
+        else:
+            bad = pb.SampleResponse()
+            bad.CopyFrom(resp)
+            setattr(bad.packed, records, bytes(buf))
+            raw = bad.SerializeToString()
+        for decode in _decoders():
+            try:
+                decode(raw)
+            except _ALLOWED:
+                pass
+            except reprise.InvalidArgumentError:
+                assert decode is batch
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_damaged_replies_are_protocol_errors(seed: int) -> None:
     """The same for damage anywhere in the encoded reply, names and
