@@ -15,6 +15,7 @@ import (
 
 	"github.com/reprise-rl/reprise/broker"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
@@ -982,21 +983,9 @@ func TestStalenessEndToEnd(t *testing.T) {
 func TestUnpackedSampleRequests(t *testing.T) {
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 1000)}, deployOptions{})
 	insertSteps(t, d.producer(), 0, 1, 8)
-	subj, err := protocol.NewSubjects(d.prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
 	nc := d.connect()
 	ask := func(packed bool, layout wire.PackedLayout) []byte {
-		req, err := proto.Marshal(&wire.SampleRequest{Table: "t", NumSamples: 3, TimeoutMs: 5000, Packed: packed, Layout: layout})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := nc.RequestWithContext(testutil.Context(t), subj.Sample(), req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m.Data
+		return requestSample(t, nc, d.prefix, &wire.SampleRequest{Table: "t", NumSamples: 3, TimeoutMs: 5000, Packed: packed, Layout: layout})
 	}
 	var old wire.SampleResponse
 	if err := proto.Unmarshal(ask(false, wire.PackedLayout_PACKED_LAYOUT_COMPACT), &old); err != nil {
@@ -1049,6 +1038,25 @@ func TestUnpackedSampleRequests(t *testing.T) {
 	}
 }
 
+// requestSample sends req to the sample subject of the service with
+// prefix, as a client would, and returns the reply's bytes.
+func requestSample(t *testing.T, nc *nats.Conn, prefix string, req *wire.SampleRequest) []byte {
+	t.Helper()
+	subj, err := protocol.NewSubjects(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := nc.RequestWithContext(testutil.Context(t), subj.Sample(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Data
+}
+
 // TestUniformReplies: reprised answers a request for the uniform layout
 // with uniform columns when the items sampled are distinct, each column one
 // step of a chunk of its own, and with the compact records when items
@@ -1056,22 +1064,11 @@ func TestUnpackedSampleRequests(t *testing.T) {
 func TestUniformReplies(t *testing.T) {
 	d := deploy(t, []tables.Config{tables.QueueConfig("t", 100)}, deployOptions{})
 	insertSteps(t, d.producer(), 0, 6, 8)
-	subj, err := protocol.NewSubjects(d.prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
 	nc := d.connect()
 	ask := func(layout wire.PackedLayout) *wire.PackedSamples {
-		req, err := proto.Marshal(&wire.SampleRequest{Table: "t", NumSamples: 3, TimeoutMs: 5000, Packed: true, Layout: layout})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := nc.RequestWithContext(testutil.Context(t), subj.Sample(), req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := requestSample(t, nc, d.prefix, &wire.SampleRequest{Table: "t", NumSamples: 3, TimeoutMs: 5000, Packed: true, Layout: layout})
 		var r wire.SampleResponse
-		if err := proto.Unmarshal(m.Data, &r); err != nil {
+		if err := proto.Unmarshal(b, &r); err != nil {
 			t.Fatal(err)
 		}
 		return r.GetPacked()

@@ -763,6 +763,17 @@ def test_compressed_chunks_are_checked() -> None:
 _ALLOWED = (reprise.ProtocolError, reprise.UnsupportedCodecError)
 
 
+def _decodes_or_refuses(raw: bytes) -> None:
+    """Each decoder decodes raw or raises one of _ALLOWED."""
+    for decode in _decoders():
+        try:
+            decode(raw)
+        except _ALLOWED:
+            pass
+        except reprise.InvalidArgumentError:
+            assert decode is batch
+
+
 @pytest.mark.parametrize("records", ["compact_infos", "compact_columns", "slices", "compact_chunks", "data"])
 @pytest.mark.parametrize("seed", range(4))
 def test_damaged_records_are_protocol_errors(records: str, seed: int) -> None:
@@ -782,13 +793,7 @@ def test_damaged_records_are_protocol_errors(records: str, seed: int) -> None:
         bad.CopyFrom(resp)
         setattr(bad.packed, records, bytes(buf))
         raw = bad.SerializeToString()
-        for decode in _decoders():
-            try:
-                decode(raw)
-            except _ALLOWED:
-                pass
-            except reprise.InvalidArgumentError:
-                assert decode is batch
+        _decodes_or_refuses(raw)
 
 
 @pytest.mark.parametrize("records", ["compact_infos", "uniform_columns", "data", None])
@@ -817,13 +822,7 @@ def test_damaged_uniform_replies_are_protocol_errors(records: str | None, seed: 
             bad.CopyFrom(resp)
             setattr(bad.packed, records, bytes(buf))
             raw = bad.SerializeToString()
-        for decode in _decoders():
-            try:
-                decode(raw)
-            except _ALLOWED:
-                pass
-            except reprise.InvalidArgumentError:
-                assert decode is batch
+        _decodes_or_refuses(raw)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -838,10 +837,4 @@ def test_damaged_replies_are_protocol_errors(seed: int) -> None:
         for _ in range(int(rng.integers(1, 4))):
             at = int(rng.integers(0, len(b)))
             b[at] ^= 1 << int(rng.integers(0, 8))
-        for decode in _decoders():
-            try:
-                decode(bytes(b))
-            except _ALLOWED:
-                pass
-            except reprise.InvalidArgumentError:
-                assert decode is batch
+        _decodes_or_refuses(bytes(b))
