@@ -178,7 +178,9 @@ func BenchmarkBatchBuilder(b *testing.B) {
 
 // BenchmarkDecodeSampleResponse decodes a learner's reply of 256 one-step
 // items of 400 bytes, each with its own uncompressed chunk: the suite's
-// sample workload of small items, whose cost is per item.
+// sample workload of small items, whose cost is per item. The reply comes
+// in the compact layout and in the uniform one, which the service sends
+// such items in.
 //
 //	go test -run - -bench DecodeSampleResponse -benchmem ./broker/wire
 func BenchmarkDecodeSampleResponse(b *testing.B) {
@@ -199,14 +201,19 @@ func BenchmarkDecodeSampleResponse(b *testing.B) {
 			Layout: tables.Layout{{Name: "payload", Squeeze: true, Slices: []tables.LayoutSlice{{Chunk: 0, Length: 1}}}},
 		})
 	}
-	reply := pack(b, Code_CODE_OK, "", samples, TableState{Size: 100_000})
-	b.SetBytes(int64(len(reply)))
-	b.ReportAllocs()
-	for b.Loop() {
-		// The decoded reply owns its bytes: each learner's reply is new.
-		if _, err := DecodeSampleResponse(bytes.Clone(reply)); err != nil {
-			b.Fatal(err)
-		}
+	for _, layout := range []PackedLayout{PackedLayout_PACKED_LAYOUT_COMPACT, PackedLayout_PACKED_LAYOUT_UNIFORM} {
+		reply := packLayout(b, layout, Code_CODE_OK, "", samples, TableState{Size: 100_000})
+		b.Run(layout.String(), func(b *testing.B) {
+			b.SetBytes(int64(len(reply)))
+			b.ReportAllocs()
+			for b.Loop() {
+				// The decoded reply owns its bytes: each learner's reply is new.
+				if _, err := DecodeSampleResponse(bytes.Clone(reply)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*items), "ns/item")
+			b.ReportMetric(float64(len(reply)), "bytes/reply")
+		})
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*items), "ns/item")
 }
