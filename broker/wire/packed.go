@@ -329,7 +329,9 @@ func (p *packer) uniform(samples []tables.Sample) bool {
 	if n == 0 || p.columns != len(samples)*n || p.slices != p.columns {
 		return false
 	}
-	saved := p.columns*(compactColumnSize+packedSliceSize+compactChunkSize) - n*uniformColumnSize
+	// The records left out: each column's and slice's, and each distinct
+	// chunk's, for the pattern's.
+	saved := p.columns*(compactColumnSize+packedSliceSize) + len(p.chunks)*compactChunkSize - n*uniformColumnSize
 	used := slices.Grow(p.used[:0], len(p.chunks))[:len(p.chunks)]
 	clear(used)
 	p.used = used

@@ -509,18 +509,26 @@ func TestUniformLayout(t *testing.T) {
 			return s
 		}},
 	}
-	// One item of 400 bytes sampled ten times: nine copies cost more than
-	// the records the uniform form leaves out.
-	big, err := EncodeChunk(1, []*Tensor{randomTensor(rng, "float32", []int64{100})}, ChunkOptions{Codec: Uncompressed})
-	if err != nil {
-		t.Fatal(err)
+	// Items sampled again and again: their copies cost more than the
+	// records the uniform form leaves out. One item of 400 bytes ten times;
+	// two of 40 bytes three times each, where the form would leave out 232
+	// bytes of records if each column's chunk record counted, but only 136
+	// do (a compact reply sends two chunk records, not six) against 160
+	// bytes of copies.
+	item := func(key uint64, floats int64) tables.Sample {
+		c, err := EncodeChunk(key, []*Tensor{randomTensor(rng, "float32", []int64{floats})}, ChunkOptions{Codec: Uncompressed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored := &tables.Chunk{Key: key, Length: 1, Data: mustMarshalChunk(t, c)}
+		layout, err := tables.NewLayout([]tables.Column{{Name: "obs", Slices: []tables.Slice{{Chunk: key, Length: 1}}}}, []*tables.Chunk{stored})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tables.Sample{Info: tables.SampleInfo{Key: key}, Layout: layout, Chunks: []*tables.Chunk{stored}}
 	}
-	stored := &tables.Chunk{Key: 1, Length: 1, Data: mustMarshalChunk(t, big)}
-	layout, err := tables.NewLayout([]tables.Column{{Name: "obs", Slices: []tables.Slice{{Chunk: 1, Length: 1}}}}, []*tables.Chunk{stored})
-	if err != nil {
-		t.Fatal(err)
-	}
-	check(t, slices.Repeat([]tables.Sample{{Layout: layout, Chunks: []*tables.Chunk{stored}}}, 10), false)
+	check(t, slices.Repeat([]tables.Sample{item(1, 100)}, 10), false)
+	check(t, slices.Repeat([]tables.Sample{item(2, 10), item(3, 10)}, 3), false)
 	for trial := range 200 {
 		check(t, uniformFixture(t, rng), true)
 		v := variants[trial%len(variants)]

@@ -48,9 +48,9 @@ type SampleReply = Reply[DecodedSample]
 // column gathered from the response's chunks, each chunk decompressed
 // once. The work is per response, not per item: the items' columns, their
 // shapes and their data each live in one array, so a batch of small items
-// costs a handful of allocations. A response with
-// items that are not packed, or packed in the wide layout, comes from a
-// service older than this client, and is refused as such.
+// costs a handful of allocations. A response with items that are not
+// packed, or packed in the wide layout, comes from a service older than
+// this client, and is refused as such.
 //
 // No two columns share memory. A column that is exactly one chunk, which
 // no other column of the response uses, is that chunk's bytes without a

@@ -441,7 +441,8 @@ def _formats(formats: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[list[_Form
 def _expand_uniform(p: _Packed) -> None:
     """Writes out the column, slice and chunk records that a reply's
     uniform columns stand for: item i's column j is uniform record j, its
-    one slice all the steps of chunk i*n+j, which is as record j says."""
+    one slice all the steps of chunk i*n+j, which is as record j says. The
+    reply then holds those records instead, so that it decodes again."""
     u = p.uniform_columns
     if len(u) % _UNIFORM_SIZE:
         raise errors.ProtocolError(
@@ -463,9 +464,9 @@ def _expand_uniform(p: _Packed) -> None:
     if (nsl != 1).any():
         _fail(nsl != 1, lambda j: f"packed uniform column {j} has {nsl[j]} slices, not 1")
     total = items * n
+    p.uniform_columns = b""
     if total == 0:
         # No items: no records (a cast of an empty view would fail).
-        p.compact_columns = p.slices = p.compact_chunks = b""
         return
     sls = np.zeros((items, n, 3), "<u4")
     sls[:, :, 0] = np.arange(total, dtype="<u4").reshape(items, n)

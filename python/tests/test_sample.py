@@ -390,6 +390,10 @@ def test_uniform_replies_decode_as_compact_ones(seed: int, columns: int) -> None
     gb, wb = batch(uniform), batch(compact)
     for name in names:
         _assert_identical(gb.data[name], wb.data[name])
+    # One parsed reply decodes both ways, in either order.
+    r = parse(uniform)
+    _assert_identical(_sample.decode_batch(r).data["obs"], wb.data["obs"])
+    assert [s.info for s in _sample.decode_samples(r)] == [s.info for s in want]
     assert gb.info.rate_limited.tolist() == [it.rate_limited for it in items]
 
 
