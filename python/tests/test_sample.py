@@ -351,10 +351,11 @@ def test_items_decode_to_what_they_hold(seed: int) -> None:
         assert got.tolist() == [getattr(s.info, name) for s in items]
 
 
-def transitions(seed: int, columns: int = 3) -> tuple[list[Item], list[pb.Chunk]]:
+def transitions(seed: int, columns: int = 3, plain: bool = False) -> tuple[list[Item], list[pb.Chunk]]:
     """1 to 10 items whose columns are each a whole chunk of its own, alike
-    for every item: an obs of one step, an act of two (delta-encoded), a
-    squeezed reward (the first ``columns`` of them); random infos."""
+    for every item: an obs of one step, an act of two (delta-encoded unless
+    ``plain``), a squeezed reward (the first ``columns`` of them); random
+    infos."""
     rng = np.random.default_rng(seed)
     chunks: list[pb.Chunk] = []
     items: list[Item] = []
@@ -362,7 +363,7 @@ def transitions(seed: int, columns: int = 3) -> tuple[list[Item], list[pb.Chunk]
         base = 100 * i + 1
         chunks += [
             _codec.encode_chunk(base, rng.standard_normal((1, 3)).astype(np.float32), compression="none"),
-            _codec.encode_chunk(base + 1, rng.integers(-9, 9, (2, 4)), compression="none", delta=True),
+            _codec.encode_chunk(base + 1, rng.integers(-9, 9, (2, 4)), compression="none", delta=not plain),
             _codec.encode_chunk(base + 2, rng.standard_normal((1,)), compression="none"),
         ]
         cols = [Column("obs", [(base, 0, 1)]), Column("act", [(base + 1, 0, 2)]), Column("rew", [(base + 2, 0, 1)], squeeze=True)]
@@ -409,6 +410,136 @@ def test_uniform_replies_repeat_the_chunks_of_items_sampled_twice() -> None:
             _assert_identical(g.data[name], np.asarray(w.data[name]))
     got[0].data["obs"][...] = 0
     assert not np.array_equal(got[3].data["obs"], got[0].data["obs"])
+
+
+def _the_long_way(p: _sample._Packed) -> None:
+    return None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_plain_uniform_batches_skip_the_record_arrays(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_batch reads a uniform reply of plain columns without _layout,
+    to the batch that _layout's way gives; a column stored compressed or
+    delta-encoded sends it _layout's way."""
+    items, chunks = transitions(seed, plain=True)
+    uniform = pack(items, chunks, uniform=True).SerializeToString()
+    want = batch(pack(items, chunks).SerializeToString())
+    with monkeypatch.context() as m:
+        m.setattr(_sample, "_layout", None)  # the short way calls nothing of it
+        got = batch(uniform)
+    for name in want.data:
+        _assert_identical(got.data[name], want.data[name])
+    for name, _ in _sample._INFO_FIELDS:
+        _assert_identical(getattr(got.info, name), getattr(want.info, name))
+    delta = pack(*transitions(seed), uniform=True)
+    assert _sample._uniform_batch(parse(delta.SerializeToString()).packed) is None
+    chunks = [_codec.encode_chunk(k, np.zeros((1, 256), np.float32), compression="zstd") for k in (1, 2)]
+    assert all(c.compression == pb.COMPRESSION_ZSTD for c in chunks)
+    items = [Item([Column("x", [(k, 0, 1)])], key=k) for k in (1, 2)]
+    assert _sample._uniform_batch(parse(pack(items, chunks, uniform=True).SerializeToString()).packed) is None
+
+
+def _both_ways(raw: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_batch gives raw's batch, or refuses it, as _layout's way does."""
+    outcomes = []
+    for short in (True, False):
+        with monkeypatch.context() as m:
+            if not short:
+                m.setattr(_sample, "_uniform_batch", _the_long_way)
+            try:
+                outcomes.append(batch(raw))
+            except _ALLOWED + (reprise.InvalidArgumentError,) as e:
+                outcomes.append(type(e))
+    got, want = outcomes
+    if isinstance(want, _sample.SampleBatch):
+        assert isinstance(got, _sample.SampleBatch)
+        assert list(got.data) == list(want.data)
+        for name in want.data:
+            _assert_identical(got.data[name], want.data[name])
+        for name, _ in _sample._INFO_FIELDS:
+            _assert_identical(getattr(got.info, name), getattr(want.info, name))
+    else:
+        assert got is want
+
+
+def _set_uniform(j: int, offset: int, fmt: str, value: int) -> Callable[[pb.PackedSamples], None]:
+    """A change that sets a field of uniform record j."""
+
+    def change(p: pb.PackedSamples) -> None:
+        u = bytearray(p.uniform_columns)
+        struct.pack_into(fmt, u, 32 * j + offset, value)
+        p.uniform_columns = bytes(u)
+
+    return change
+
+
+def _set_item_columns(i: int, count: int) -> Callable[[pb.PackedSamples], None]:
+    def change(p: pb.PackedSamples) -> None:
+        infos = bytearray(p.compact_infos)
+        struct.pack_into("<I", infos, 48 * i + 44, count)
+        p.compact_infos = bytes(infos)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _set_uniform(1, 4, "<I", 1 | packed.FLAG),  # act squeezed, of 2 steps
+        _set_uniform(0, 0, "<I", 7),  # a name beyond the names
+        _set_uniform(2, 0, "<I", 0),  # rew named obs too
+        _set_uniform(0, 20, "<I", 9),  # a format beyond the formats
+        _set_uniform(0, 28, "<B", 9),  # an unknown compression
+        _set_uniform(0, 29, "<B", 2),  # delta neither 0 nor 1
+        _set_uniform(0, 29, "<B", 1),  # delta on a float32 step
+        _set_uniform(1, 29, "<B", 1),  # delta on act: not plain
+        _set_uniform(0, 16, "<I", 2),  # a size its steps do not make
+        _set_uniform(0, 16, "<I", 24),  # and steps to fit it
+        _set_uniform(0, 8, "<Q", 12345),  # a key, which the service leaves 0 and no reader needs
+        _set_item_columns(0, 4),  # items of 4 and 2 columns: the same records split otherwise
+        _set_item_columns(0, 2),
+        lambda p: p.formats.add(dtype="float33"),  # an unused format that is wrong
+        lambda p: setattr(p, "data", p.data[:-1]),
+        lambda p: setattr(p, "data", p.data[: len(p.data) - 8]),
+        lambda p: setattr(p, "compact_infos", p.compact_infos[:-1]),
+    ],
+)
+def test_odd_plain_uniform_replies_decode_either_way_alike(
+    change: Callable[[pb.PackedSamples], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Uniform replies changed where the short way of decode_batch checks
+    them: each decodes to what _layout's way gives, or is refused as it is."""
+    for seed in range(3):
+        resp = pack(*transitions(seed, plain=True), uniform=True)
+        change(resp.packed)
+        _both_ways(resp.SerializeToString(), monkeypatch)
+
+
+@pytest.mark.parametrize("records", ["compact_infos", "uniform_columns", "data", None])
+@pytest.mark.parametrize("seed", range(4))
+def test_damaged_plain_uniform_replies_decode_either_way_alike(
+    records: str | None, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Damaged uniform replies of plain columns (cut short, bits flipped in
+    their records or anywhere): the short way of decode_batch accepts what
+    _layout's way accepts, to the same batch, and nothing else."""
+    rng = np.random.default_rng(seed)
+    resp = pack(*transitions(seed, plain=True), uniform=True)
+    for _ in range(150):
+        buf = bytearray(resp.SerializeToString() if records is None else getattr(resp.packed, records))
+        if records is not None and rng.random() < 0.2:
+            del buf[int(rng.integers(0, len(buf) + 1)) :]
+        else:
+            for _ in range(int(rng.integers(1, 4))):
+                buf[int(rng.integers(0, len(buf)))] ^= 1 << int(rng.integers(0, 8))
+        if records is None:
+            raw = bytes(buf)
+        else:
+            bad = pb.SampleResponse()
+            bad.CopyFrom(resp)
+            setattr(bad.packed, records, bytes(buf))
+            raw = bad.SerializeToString()
+        _both_ways(raw, monkeypatch)
 
 
 def _uniform_damage(change: Callable[[pb.PackedSamples], None]) -> bytes:
