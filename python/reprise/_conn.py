@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import re
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import nats
@@ -305,29 +306,66 @@ class Requester:
             del self._pending[token]
             call.future.set_result(call.parts)
 
-    async def request(self, subject: str, data: bytes, timeout: float | None) -> bytes:
+    async def request(
+        self,
+        subject: str,
+        data: bytes,
+        timeout: float | None,
+        *,
+        watch: Callable[[], Coroutine[Any, Any, None]] | None = None,
+        watch_after: float = 0.0,
+    ) -> bytes:
         """Sends data and returns the whole reply, joined from its parts.
-        Raises DeadlineExceededError when timeout (seconds) passes first."""
+        Raises DeadlineExceededError when timeout (seconds) passes first.
+        Once watch_after seconds pass without the reply, watch() starts and
+        runs until the reply comes; what it raises fails the call (a check
+        that the service still listens). The call's deadline and watch are
+        timers of the loop, not tasks: a request that is answered in time,
+        as nearly all are, costs the loop no more than its reply."""
         if self._denied is not None:
             raise self._denied
+        loop = asyncio.get_running_loop()
         token = format(next(self._ids), "x")
-        fut: asyncio.Future[list[bytes]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[list[bytes]] = loop.create_future()
         self._pending[token] = _Call(fut, subject)
+        timers: list[asyncio.TimerHandle] = []
+        watcher: list[asyncio.Task[None]] = []
+
+        def expire() -> None:
+            if not fut.done():
+                fut.set_exception(
+                    errors.DeadlineExceededError(f"no reply from the table service on {subject} within {timeout:.3g}s")
+                )
+
+        def fail(task: asyncio.Task[None]) -> None:
+            err = None if task.cancelled() else task.exception()
+            if err is not None and not fut.done():
+                fut.set_exception(err)
+
+        def start_watch() -> None:
+            assert watch is not None
+            task = loop.create_task(watch())
+            task.add_done_callback(fail)
+            watcher.append(task)
+
         try:
             await self._nc.publish(subject, data, reply=self._inbox + "." + token)
-            if timeout is None:
-                parts = await fut
-            else:
-                try:
-                    parts = await asyncio.wait_for(asyncio.shield(fut), max(0.0, timeout))
-                except asyncio.TimeoutError:
-                    raise errors.DeadlineExceededError(
-                        f"no reply from the table service on {subject} within {timeout:.3g}s"
-                    ) from None
+            if timeout is not None:
+                timers.append(loop.call_later(max(0.0, timeout), expire))
+            if watch is not None:
+                timers.append(loop.call_later(watch_after, start_watch))
+            parts = await fut
         except nats.errors.ConnectionClosedError:
             raise errors.ClosedError("connection closed") from None
         except nats.errors.OutboundBufferLimitError:
             raise errors.UnavailableError(f"not connected to NATS; cannot send to {subject}") from None
         finally:
             self._pending.pop(token, None)
+            for t in timers:
+                t.cancel()
+            for task in watcher:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
         return parts[0] if len(parts) == 1 else b"".join(parts)

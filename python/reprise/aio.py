@@ -321,36 +321,29 @@ class Client:
             packed=True,
             layout=pb.PACKED_LAYOUT_UNIFORM,
         )
-        send = asyncio.ensure_future(self._requester().request(self.subjects.sample, req.SerializeToString(), wait))
         # A service that dies with the request never answers, and nothing
         # else would tell: a request that waits long checks that one still
         # listens.
-        probe = asyncio.ensure_future(self._probe_service(table))
-        try:
-            await asyncio.wait((send, probe), return_when=asyncio.FIRST_COMPLETED)
-            if send.done():
-                return send.result()
-            probe.result()  # raises: no service listens any more
-            raise AssertionError("the probe ended without finding the service gone")
-        finally:
-            for task in (send, probe):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+        return await self._requester().request(
+            self.subjects.sample,
+            req.SerializeToString(),
+            wait,
+            watch=lambda: self._probe_service(table),
+            watch_after=_SERVICE_PROBE_EVERY,
+        )
 
     async def _probe_service(self, table: str) -> None:
-        """Asks for table's info every second, from a second on, and raises
-        UnavailableError once no table service listens."""
+        """Asks for table's info every second and raises UnavailableError
+        once no table service listens."""
         req = pb.TableRequest(table=table).SerializeToString()
         while True:
-            await asyncio.sleep(_SERVICE_PROBE_EVERY)
             try:
                 await self._requester().request(self.subjects.info, req, _SERVICE_PROBE_EVERY)
             except _conn.NoServiceError as e:
                 raise errors.UnavailableError(f"the table service stopped while the sample waited: {e.message}") from None
             except errors.RepriseError:
-                continue
+                pass
+            await asyncio.sleep(_SERVICE_PROBE_EVERY)
 
     async def sample(
         self, table: str, num_samples: int = 1, *, timeout: float | None = None, flexible: bool = False

@@ -92,3 +92,55 @@ def test_sample_fails_when_the_service_dies(server: Reprised) -> None:
         assert len(swallowed) == 1
 
     asyncio.run(main())
+
+
+def test_requests_watch_and_expire_without_tasks_of_their_own(server: Reprised) -> None:
+    """A request's deadline and watch are the loop's timers: a request
+    answered in time leaves no task behind, its watch cancelled if it had
+    started; one not answered raises DeadlineExceededError; what a watch
+    raises fails its request."""
+    import nats
+
+    async def main() -> None:
+        nc = await nats.connect(server.url)
+
+        async def echo(m: Any) -> None:
+            await m.respond(m.data)
+
+        async def mute(m: Any) -> None:
+            pass
+
+        await nc.subscribe("echo", cb=echo)
+        await nc.subscribe("mute", cb=mute)
+        await nc.flush()
+        c = await reprise.aio.connect(server.url)
+        req = c._requester()
+        watched: list[str] = []
+
+        async def watch() -> None:
+            watched.append("started")
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                watched.append("cancelled")
+                raise
+
+        async def gone() -> None:
+            raise reprise.UnavailableError("the responder is gone")
+
+        try:
+            tasks = asyncio.all_tasks()
+            for i in range(50):
+                assert await req.request("echo", b"%d" % i, 10, watch=watch, watch_after=60) == b"%d" % i
+            assert watched == [] and asyncio.all_tasks() == tasks
+            with pytest.raises(reprise.DeadlineExceededError, match="no reply .* on mute within 0.2s"):
+                await req.request("mute", b"", 0.2, watch=watch, watch_after=0)
+            assert watched[-2:] == ["started", "cancelled"] and asyncio.all_tasks() == tasks
+            with pytest.raises(reprise.UnavailableError, match="responder is gone"):
+                await req.request("mute", b"", None, watch=gone, watch_after=0)
+            assert asyncio.all_tasks() == tasks
+        finally:
+            await c.close()
+            await nc.close()
+
+    asyncio.run(main())

@@ -206,7 +206,7 @@ def test_requests_ask_for_the_uniform_layout() -> None:
     reply = pack([Item([Column("x", [(1, 0, 1)])], key=3)], [_codec.encode_chunk(1, np.ones((1, 2)))])
 
     class Requester:
-        async def request(self, subject: str, data: bytes, wait: float) -> bytes:
+        async def request(self, subject: str, data: bytes, wait: float, **watch: Any) -> bytes:
             sent.append(pb.SampleRequest.FromString(data))
             return reply.SerializeToString()
 
