@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -523,22 +523,7 @@ def test_damaged_plain_uniform_replies_decode_either_way_alike(
     """Damaged uniform replies of plain columns (cut short, bits flipped in
     their records or anywhere): the short way of decode_batch accepts what
     _layout's way accepts, to the same batch, and nothing else."""
-    rng = np.random.default_rng(seed)
-    resp = pack(*transitions(seed, plain=True), uniform=True)
-    for _ in range(150):
-        buf = bytearray(resp.SerializeToString() if records is None else getattr(resp.packed, records))
-        if records is not None and rng.random() < 0.2:
-            del buf[int(rng.integers(0, len(buf) + 1)) :]
-        else:
-            for _ in range(int(rng.integers(1, 4))):
-                buf[int(rng.integers(0, len(buf)))] ^= 1 << int(rng.integers(0, 8))
-        if records is None:
-            raw = bytes(buf)
-        else:
-            bad = pb.SampleResponse()
-            bad.CopyFrom(resp)
-            setattr(bad.packed, records, bytes(buf))
-            raw = bad.SerializeToString()
+    for raw in _damaged(pack(*transitions(seed, plain=True), uniform=True), records, np.random.default_rng(seed)):
         _both_ways(raw, monkeypatch)
 
 
@@ -936,28 +921,28 @@ def test_damaged_records_are_protocol_errors(records: str, seed: int) -> None:
 def test_damaged_uniform_replies_are_protocol_errors(records: str | None, seed: int) -> None:
     """The same for a reply in the uniform form: its records cut short or
     with bits flipped, or (None) bits flipped anywhere in the reply."""
-    rng = np.random.default_rng(seed)
-    items, chunks = transitions(seed)
-    resp = pack(items, chunks, uniform=True)
+    for raw in _damaged(pack(*transitions(seed), uniform=True), records, np.random.default_rng(seed)):
+        _decodes_or_refuses(raw)
+
+
+def _damaged(resp: pb.SampleResponse, records: str | None, rng: np.random.Generator) -> Iterator[bytes]:
+    """150 damaged copies of resp: the PackedSamples field records cut
+    short or with bits flipped, or (None) bits flipped anywhere in the
+    encoded reply."""
     for _ in range(150):
-        if records is None:
-            buf = bytearray(resp.SerializeToString())
-        else:
-            buf = bytearray(getattr(resp.packed, records))
+        buf = bytearray(resp.SerializeToString() if records is None else getattr(resp.packed, records))
         if records is not None and rng.random() < 0.2:
             del buf[int(rng.integers(0, len(buf) + 1)) :]
         else:
             for _ in range(int(rng.integers(1, 4))):
-                at = int(rng.integers(0, len(buf)))
-                buf[at] ^= 1 << int(rng.integers(0, 8))
+                buf[int(rng.integers(0, len(buf)))] ^= 1 << int(rng.integers(0, 8))
         if records is None:
-            raw = bytes(buf)
-        else:
-            bad = pb.SampleResponse()
-            bad.CopyFrom(resp)
-            setattr(bad.packed, records, bytes(buf))
-            raw = bad.SerializeToString()
-        _decodes_or_refuses(raw)
+            yield bytes(buf)
+            continue
+        bad = pb.SampleResponse()
+        bad.CopyFrom(resp)
+        setattr(bad.packed, records, bytes(buf))
+        yield bad.SerializeToString()
 
 
 @pytest.mark.parametrize("seed", range(4))
