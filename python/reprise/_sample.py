@@ -660,6 +660,18 @@ class _Decoded:
 
 def decode_samples(resp: _Response) -> list[ReplaySample]:
     """Every item of a response as a ReplaySample."""
+    if len(resp.packed.uniform_columns):
+        batch = _uniform_batch(resp.packed)
+        if batch is not None:
+            # Each item's arrays are its rows of the batch's: no two items
+            # share memory, and a reply of small items is not read item by
+            # item.
+            fields = [getattr(batch.info, name).tolist() for name, _ in _INFO_FIELDS]
+            names = list(batch.data)
+            return [
+                ReplaySample(SampleInfo._make(f), dict(zip(names, row)))
+                for f, row in zip(zip(*fields), zip(*batch.data.values()))
+            ]
     lay = _layout(resp.packed)
     info = lay.info
     fields = [info[name].tolist() for name, _ in _INFO_FIELDS[:-1]]  # in SampleInfo's order

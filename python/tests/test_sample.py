@@ -418,19 +418,25 @@ def _the_long_way(p: _sample._Packed) -> None:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_plain_uniform_batches_skip_the_record_arrays(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """decode_batch reads a uniform reply of plain columns without _layout,
-    to the batch that _layout's way gives; a column stored compressed or
-    delta-encoded sends it _layout's way."""
+    """decode_batch and decode_samples read a uniform reply of plain columns
+    without _layout, to what _layout's way gives; a column stored compressed
+    or delta-encoded sends it _layout's way."""
     items, chunks = transitions(seed, plain=True)
     uniform = pack(items, chunks, uniform=True).SerializeToString()
-    want = batch(pack(items, chunks).SerializeToString())
+    compact = pack(items, chunks).SerializeToString()
+    want, want_items = batch(compact), samples(compact)
     with monkeypatch.context() as m:
         m.setattr(_sample, "_layout", None)  # the short way calls nothing of it
-        got = batch(uniform)
-    for name in want.data:
-        _assert_identical(got.data[name], want.data[name])
-    for name, _ in _sample._INFO_FIELDS:
-        _assert_identical(getattr(got.info, name), getattr(want.info, name))
+        got, got_items = batch(uniform), samples(uniform)
+    _assert_same_batch(got, want)
+    _assert_same_samples(got_items, want_items)
+    # Each item's arrays are its own: writing one changes no other. (A
+    # squeezed scalar column is a numpy scalar, which nobody writes.)
+    for name in (n for n, a in got_items[0].data.items() if isinstance(a, np.ndarray)):
+        before = [s.data[name].copy() for s in got_items]
+        got_items[0].data[name][...] = 7
+        for s, b in zip(got_items[1:], before[1:]):
+            _assert_identical(s.data[name], b)
     delta = pack(*transitions(seed), uniform=True)
     assert _sample._uniform_batch(parse(delta.SerializeToString()).packed) is None
     chunks = [_codec.encode_chunk(k, np.zeros((1, 256), np.float32), compression="zstd") for k in (1, 2)]
@@ -439,27 +445,41 @@ def test_plain_uniform_batches_skip_the_record_arrays(seed: int, monkeypatch: py
     assert _sample._uniform_batch(parse(pack(items, chunks, uniform=True).SerializeToString()).packed) is None
 
 
+def _assert_same_batch(got: _sample.SampleBatch, want: _sample.SampleBatch) -> None:
+    assert list(got.data) == list(want.data)
+    for name in want.data:
+        _assert_identical(got.data[name], want.data[name])
+    for name, _ in _sample._INFO_FIELDS:
+        _assert_identical(getattr(got.info, name), getattr(want.info, name))
+
+
+def _assert_same_samples(got: list[_sample.ReplaySample], want: list[_sample.ReplaySample]) -> None:
+    assert [s.info for s in got] == [s.info for s in want]
+    for g, w in zip(got, want):
+        assert list(g.data) == list(w.data)
+        for name in w.data:
+            _assert_identical(g.data[name], w.data[name])
+
+
 def _both_ways(raw: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
-    """decode_batch gives raw's batch, or refuses it, as _layout's way does."""
-    outcomes = []
-    for short in (True, False):
-        with monkeypatch.context() as m:
-            if not short:
-                m.setattr(_sample, "_uniform_batch", _the_long_way)
-            try:
-                outcomes.append(batch(raw))
-            except _ALLOWED + (reprise.InvalidArgumentError,) as e:
-                outcomes.append(type(e))
-    got, want = outcomes
-    if isinstance(want, _sample.SampleBatch):
-        assert isinstance(got, _sample.SampleBatch)
-        assert list(got.data) == list(want.data)
-        for name in want.data:
-            _assert_identical(got.data[name], want.data[name])
-        for name, _ in _sample._INFO_FIELDS:
-            _assert_identical(getattr(got.info, name), getattr(want.info, name))
-    else:
-        assert got is want
+    """decode_batch and decode_samples give raw's items, or refuse them, as
+    _layout's way does."""
+    for decode, same in ((batch, _assert_same_batch), (samples, _assert_same_samples)):
+        outcomes: list[Any] = []
+        for short in (True, False):
+            with monkeypatch.context() as m:
+                if not short:
+                    m.setattr(_sample, "_uniform_batch", _the_long_way)
+                try:
+                    outcomes.append(decode(raw))
+                except _ALLOWED + (reprise.InvalidArgumentError,) as e:
+                    outcomes.append(type(e))
+        got, want = outcomes
+        if isinstance(want, type):
+            assert got is want
+        else:
+            assert not isinstance(got, type)
+            same(got, want)
 
 
 def _set_uniform(j: int, offset: int, fmt: str, value: int) -> Callable[[pb.PackedSamples], None]:
