@@ -659,20 +659,30 @@ class _Decoded:
 
 
 def decode_samples(resp: _Response) -> list[ReplaySample]:
-    """Every item of a response as a ReplaySample."""
-    if len(resp.packed.uniform_columns):
-        batch = _uniform_batch(resp.packed)
-        if batch is not None:
-            # Each item's arrays are its rows of the batch's: no two items
-            # share memory, and a reply of small items is not read item by
-            # item.
-            fields = [getattr(batch.info, name).tolist() for name, _ in _INFO_FIELDS]
-            names = list(batch.data)
-            return [
-                ReplaySample(SampleInfo._make(f), dict(zip(names, row)))
-                for f, row in zip(zip(*fields), zip(*batch.data.values()))
-            ]
-    lay = _layout(resp.packed)
+    """Every item of a response as a ReplaySample. Items that decode_batch
+    stacks (those of a table with a signature) are decoded as a batch, each
+    item its rows of the batch's arrays: no two items share memory, and a
+    reply of many small items is not read item by item. Others are."""
+    p = resp.packed
+    batch = _uniform_batch(p) if len(p.uniform_columns) else None
+    if batch is None:
+        lay = _layout(p)
+        try:
+            batch = _batch(lay)
+        except errors.InvalidArgumentError:
+            return _items(lay)
+    fields = [getattr(batch.info, name).tolist() for name, _ in _INFO_FIELDS]
+    names = list(batch.data)
+    if not names:
+        return [ReplaySample(SampleInfo._make(f), {}) for f in zip(*fields)]
+    return [
+        ReplaySample(SampleInfo._make(f), dict(zip(names, row)))
+        for f, row in zip(zip(*fields), zip(*batch.data.values()))
+    ]
+
+
+def _items(lay: _Layout) -> list[ReplaySample]:
+    """The items of a reply one by one, each column copied alone."""
     info = lay.info
     fields = [info[name].tolist() for name, _ in _INFO_FIELDS[:-1]]  # in SampleInfo's order
     infos = list(map(SampleInfo._make, zip(*fields, lay.limited.tolist())))
@@ -735,7 +745,12 @@ def decode_batch(resp: _Response) -> SampleBatch:
         batch = _uniform_batch(resp.packed)
         if batch is not None:
             return batch
-    lay = _layout(resp.packed)
+    return _batch(_layout(resp.packed))
+
+
+def _batch(lay: _Layout) -> SampleBatch:
+    """The items of a reply stacked, or InvalidArgumentError where they do
+    not stack."""
     info = _batch_info(lay.info, lay.limited)
     n = lay.n
     if n == 0:

@@ -729,6 +729,27 @@ def _two_items(second: Column) -> bytes:
     return pack([Item([Column("x", [(1, 0, 2)])]), Item([second])], chunks).SerializeToString()
 
 
+def _unstackable(lay: _sample._Layout) -> _sample.SampleBatch:
+    raise reprise.InvalidArgumentError("taken for items that do not stack")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_items_that_stack_are_samples_of_a_batch(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_samples decodes items that stack as a batch, to the samples
+    it decodes one by one, and each item's arrays are its own."""
+    raw = rich(seed)[0].SerializeToString()
+    got = samples(raw)
+    with monkeypatch.context() as m:
+        m.setattr(_sample, "_batch", _unstackable)
+        want = samples(raw)
+    _assert_same_samples(got, want)
+    for name in (n for n, a in got[0].data.items() if isinstance(a, np.ndarray)):
+        before = [s.data[name].copy() for s in got]
+        got[0].data[name][...] = 7
+        for s, b in zip(got[1:], before[1:]):
+            _assert_identical(s.data[name], b)
+
+
 @pytest.mark.parametrize(
     "second,match",
     [
