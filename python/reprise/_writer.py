@@ -22,8 +22,7 @@ import random
 import secrets
 import struct
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import nats

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
