@@ -430,13 +430,7 @@ def test_plain_uniform_batches_skip_the_record_arrays(seed: int, monkeypatch: py
         got, got_items = batch(uniform), samples(uniform)
     _assert_same_batch(got, want)
     _assert_same_samples(got_items, want_items)
-    # Each item's arrays are its own: writing one changes no other. (A
-    # squeezed scalar column is a numpy scalar, which nobody writes.)
-    for name in (n for n, a in got_items[0].data.items() if isinstance(a, np.ndarray)):
-        before = [s.data[name].copy() for s in got_items]
-        got_items[0].data[name][...] = 7
-        for s, b in zip(got_items[1:], before[1:]):
-            _assert_identical(s.data[name], b)
+    _assert_items_own_their_arrays(got_items)
     delta = pack(*transitions(seed), uniform=True)
     assert _sample._uniform_batch(parse(delta.SerializeToString()).packed) is None
     chunks = [_codec.encode_chunk(k, np.zeros((1, 256), np.float32), compression="zstd") for k in (1, 2)]
@@ -459,6 +453,16 @@ def _assert_same_samples(got: list[_sample.ReplaySample], want: list[_sample.Rep
         assert list(g.data) == list(w.data)
         for name in w.data:
             _assert_identical(g.data[name], w.data[name])
+
+
+def _assert_items_own_their_arrays(items: list[_sample.ReplaySample]) -> None:
+    """Writing the first item's arrays changes no other item's. (A squeezed
+    scalar column is a numpy scalar, which nobody writes.)"""
+    for name in (n for n, a in items[0].data.items() if isinstance(a, np.ndarray)):
+        before = [s.data[name].copy() for s in items]
+        items[0].data[name][...] = 7
+        for s, b in zip(items[1:], before[1:]):
+            _assert_identical(s.data[name], b)
 
 
 def _both_ways(raw: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -743,11 +747,7 @@ def test_items_that_stack_are_samples_of_a_batch(seed: int, monkeypatch: pytest.
         m.setattr(_sample, "_batch", _unstackable)
         want = samples(raw)
     _assert_same_samples(got, want)
-    for name in (n for n, a in got[0].data.items() if isinstance(a, np.ndarray)):
-        before = [s.data[name].copy() for s in got]
-        got[0].data[name][...] = 7
-        for s, b in zip(got[1:], before[1:]):
-            _assert_identical(s.data[name], b)
+    _assert_items_own_their_arrays(got)
 
 
 @pytest.mark.parametrize(
