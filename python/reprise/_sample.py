@@ -16,17 +16,19 @@ The client asks for the uniform layout, which is the compact one except
 where every item of a reply has the same columns, each a whole chunk of its
 own (one-step transitions of chunk length 1, say): such a reply sends the
 column and chunk records of one item, ``uniform_columns``, for all of them,
-and no slice records. decode_batch reads such a reply itself where its
-columns are stored plain (_uniform_batch); otherwise _expand_uniform writes
-the records out again, with numpy, before _layout reads them.
+and no slice records. Such a reply whose columns are stored plain is read
+by _uniform_batch from its n records; otherwise _expand_uniform writes the
+records out again, with numpy, before _layout reads them.
 
 parse_response reads the protobuf framing itself and keeps views into the
 reply, so that the bytes of a large reply are not copied before they are
 gathered; _layout views the records as numpy arrays, derives what the
 records leave out and checks every index and size with vector operations;
 decode_batch then gathers each column of every item with one numpy fancy
-index (a uniform reply's, with one strided copy), straight from the reply's bytes when the column's chunks are stored
-uncompressed. No Python code runs per item in decode_batch.
+index (a strided copy, in _uniform_batch), straight from the reply's bytes
+when the column's chunks are stored uncompressed. No Python code runs per
+item in decode_batch. decode_samples decodes the items of a reply as
+decode_batch does where they stack, and item by item where they do not.
 """
 
 from __future__ import annotations
@@ -662,7 +664,8 @@ def decode_samples(resp: _Response) -> list[ReplaySample]:
     """Every item of a response as a ReplaySample. Items that decode_batch
     stacks (those of a table with a signature) are decoded as a batch, each
     item its rows of the batch's arrays: no two items share memory, and a
-    reply of many small items is not read item by item. Others are."""
+    reply of many small items is not read item by item. Items that do not
+    stack are."""
     p = resp.packed
     batch = _uniform_batch(p) if len(p.uniform_columns) else None
     if batch is None:
