@@ -179,6 +179,9 @@ class Client:
         """Samples ``num_samples`` items of ``table`` in one request and
         yields them one by one as ``ReplaySample(info, data)``, as Reverb's
         ``Client.sample``; ``data`` is a dict of column name to numpy array.
+        Items that stack are decoded as a batch: each item's arrays are its
+        rows of the batch's, so no two items share memory, and an item kept
+        keeps the batch's arrays.
 
         Waits for the table's rate limiter up to ``timeout`` seconds (None:
         as long as the service allows, one minute by default) and then
