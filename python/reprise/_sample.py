@@ -667,7 +667,7 @@ def decode_samples(resp: _Response) -> list[ReplaySample]:
     reply of many small items is not read item by item. Items that do not
     stack are."""
     p = resp.packed
-    batch = _uniform_batch(p) if len(p.uniform_columns) else None
+    batch = _uniform_batch(p)
     if batch is None:
         lay = _layout(p)
         try:
@@ -744,11 +744,8 @@ def decode_batch(resp: _Response) -> SampleBatch:
     their column names, order, squeeze flags, step counts, dtypes and step
     shapes (a table with a signature guarantees it); otherwise use
     ``sample``, which returns items one by one."""
-    if len(resp.packed.uniform_columns):
-        batch = _uniform_batch(resp.packed)
-        if batch is not None:
-            return batch
-    return _batch(_layout(resp.packed))
+    batch = _uniform_batch(resp.packed)
+    return batch if batch is not None else _batch(_layout(resp.packed))
 
 
 def _batch(lay: _Layout) -> SampleBatch:
@@ -803,10 +800,11 @@ _UNIFORM_REC = struct.Struct("<IIQIIIBB2x")
 
 
 def _uniform_batch(p: _Packed) -> SampleBatch | None:
-    """The batch of a sound reply in the uniform form whose items each have
-    the n uniform columns and whose columns are stored plain (uncompressed,
-    no delta to undo); None for any other reply, which _layout then reads
-    and checks, so that errors and odd replies take one way. Such a reply
+    """The batch of a sound reply in the uniform form (uniform columns, no
+    other column records) whose items each have the n uniform columns and
+    whose columns are stored plain (uncompressed, no delta to undo); None
+    for any other reply, which _layout then reads and checks, so that
+    errors and odd replies take one way. Such a reply
     is the usual one of a table of one-step items. Its checks are those of
     one item's records, and run in Python over a few records they cost a
     fraction of _layout's vector operations, each of which costs more to
@@ -817,7 +815,7 @@ def _uniform_batch(p: _Packed) -> SampleBatch | None:
     n, rest = divmod(len(u), _UNIFORM_SIZE)
     items, odd = divmod(len(infos), _INFO_REC.itemsize)
     nf, names, ndata = len(p.formats), p.names, len(p.data)
-    if rest or odd or not items or len(p.compact_columns) or len(p.slices) or len(p.compact_chunks):
+    if not n or rest or odd or not items or len(p.compact_columns) or len(p.slices) or len(p.compact_chunks):
         return None
     if items * n > ndata // _ALIGN + 1 or any(isinstance(_format(*fs), str) for fs in p.formats):
         return None
