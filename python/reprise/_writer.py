@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import random
 import secrets
 import struct
@@ -154,7 +155,13 @@ def _varint(v: int) -> bytes:
         raise ValueError(f"varint of {v}: negative (callers encode int64 as its two's complement)")
     # 14 bits a step through a table: item and chunk keys are random 64-bit
     # numbers, whose 10 bytes one at a time cost a writer more than
-    # anything else it does per item.
+    # anything else it does per item. Nearly every key has its top byte
+    # set, and one join of its five groups costs two thirds of the loop.
+    if v >> 56:
+        if v >> 64:
+            raise ValueError(f"varint of {v}: over 64 bits")
+        return b"".join((_CONT14[v & 0x3FFF], _CONT14[v >> 14 & 0x3FFF], _CONT14[v >> 28 & 0x3FFF],
+                         _CONT14[v >> 42 & 0x3FFF], _VARINT14[v >> 56]))
     parts = []
     while v >= 0x4000:
         parts.append(_CONT14[v & 0x3FFF])
@@ -240,17 +247,26 @@ def encode_item(key: int, table: bytes, priority: float, columns: list[bytes], p
     return b"".join(parts)
 
 
-def encode_column(name: bytes, slices: list[tuple[bytes, int, int]], squeeze: bool) -> bytes:
+def _slice_field(key: bytes, off: int, ln: int) -> bytes:
+    """An encoded ChunkSlice field (tag 2 of TrajectoryColumn) from its
+    chunk's key varint."""
+    # Here and in the writer's other per-item encodings, lengths under
+    # 2**14 are read from the table without the call to _varint: a call
+    # costs more than the lookup.
+    v = _VARINT14[ln] if ln < 0x4000 else _varint(ln)
+    if off:
+        sl = b"".join((b"\x08", key, b"\x10", _uvarint(off), b"\x18", v))
+    else:
+        sl = b"".join((b"\x08", key, b"\x18", v))
+    return b"\x12" + _VARINT14[len(sl)] + sl  # under 40 bytes
+
+
+def encode_column(name: bytes, slice_fields: list[bytes], squeeze: bool) -> bytes:
     """An encoded TrajectoryColumn field (tag 4 of Item) from the encoded
-    name field and (chunk key varint, offset, length) slices."""
-    parts = [name]
-    for key, off, ln in slices:
-        sl = b"\x08" + key + (b"\x10" + _uvarint(off) if off else b"") + b"\x18" + _uvarint(ln)
-        parts += [b"\x12", _uvarint(len(sl)), sl]
-    if squeeze:
-        parts.append(b"\x18\x01")
-    body = b"".join(parts)
-    return b"\x22" + _uvarint(len(body)) + body
+    name field and ChunkSlice fields."""
+    body = b"".join((name, *slice_fields, b"\x18\x01")) if squeeze else b"".join((name, *slice_fields))
+    n = len(body)
+    return b"".join((b"\x22", _VARINT14[n] if n < 0x4000 else _varint(n), body))
 
 
 def encode_insert_batch(
@@ -323,6 +339,9 @@ class TrajectoryColumn:
         return self.stop - self.start
 
 
+_new_object = object.__new__
+
+
 class ColumnHistory:
     """The steps of one column a writer can still reference: index it like a
     list of the episode's steps. ``h[-1]`` is the newest step (squeezed),
@@ -338,6 +357,14 @@ class ColumnHistory:
     def __getitem__(self, index: int | slice) -> TrajectoryColumn:
         n = self._p.episode_steps
         ep = self._p.episode
+        if type(index) is int and -n <= index < n:
+            # The common pick, h[-1]: a frozen dataclass's __init__ sets
+            # each field through object.__setattr__, which costs more than
+            # the rest of picking it.
+            j = index + n if index < 0 else index
+            tc = _new_object(TrajectoryColumn)
+            tc.__dict__.update(column=self._column, start=j, stop=j + 1, squeeze=True, episode=ep)
+            return tc
         if isinstance(index, slice):
             start, stop, step = index.indices(n)
             if step != 1:
@@ -384,15 +411,17 @@ class History(Mapping[str, ColumnHistory]):
 
 
 class _Sealed:
-    __slots__ = ("key", "key_varint", "start", "length", "encoded", "sent")
+    __slots__ = ("key_varint", "start", "length", "encoded", "sent", "whole")
 
-    def __init__(self, key: int, key_varint: bytes, start: int, length: int, encoded: bytes) -> None:
-        self.key = key
+    def __init__(self, key_varint: bytes, start: int, length: int, encoded: bytes) -> None:
         self.key_varint = key_varint
         self.start = start
         self.length = length
         self.encoded: bytes | None = encoded  # None once sent
         self.sent = False
+        # The slice field of an item column that takes every step of the
+        # chunk, as most do.
+        self.whole = _slice_field(key_varint, 0, length)
 
 
 #: The most chunks a column stores uncompressed before it tries zstd again
@@ -413,6 +442,8 @@ class _Column:
         "delta",
         "skip",
         "after",
+        "single",
+        "name_field",
     )
 
     def __init__(self, name: str, dtype: np.dtype, shape: tuple[int, ...], delta: bool) -> None:
@@ -422,6 +453,14 @@ class _Column:
         self.shape = shape
         self.header = chunk_header(self.wire, shape)
         self.delta = delta and _codec.is_integer(self.wire)
+        self.name_field = _name_field(name)
+        # What follows the key in every uncompressed chunk of one step
+        # (length, flags, sizes), up to its bytes: such chunks are encoded
+        # from it without encode_chunk_fast's decisions.
+        nbytes = self.dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        self.single = self.header + b"\x20\x01" + (b"\x30\x01" if self.delta else b"")
+        if nbytes:
+            self.single += b"\x38" + _uvarint(nbytes) + b"\x42" + _uvarint(nbytes)
         self.open: list[np.ndarray] = []
         self.open_start = 0
         self.chunks: collections.deque[_Sealed] = collections.deque()
@@ -485,30 +524,32 @@ def _table_field(table: str) -> bytes:
     return _field_bytes(2, table.encode())
 
 
-@dataclasses.dataclass
 class _Ref:
-    name: str
-    col: _Column
-    start: int
-    stop: int
-    squeeze: bool
-    name_field: bytes = b""
+    """A column of an item: steps [start, stop) of a writer's column."""
 
-    def __post_init__(self) -> None:
-        self.name_field = _name_field(self.name)
+    __slots__ = ("name", "col", "start", "stop", "squeeze", "name_field")
+
+    def __init__(self, name: str, col: _Column, start: int, stop: int, squeeze: bool) -> None:
+        self.name = name
+        self.col = col
+        self.start = start
+        self.stop = stop
+        self.squeeze = squeeze
+        self.name_field = col.name_field if name == col.name else _name_field(name)
 
 
-@dataclasses.dataclass
 class _Pending:
-    table: str
-    priority: float
-    key: int
-    refs: list[_Ref]
-    policy_version: int = 0
-    table_field: bytes = b""
+    """An item created and not yet in a batch."""
 
-    def __post_init__(self) -> None:
-        self.table_field = _table_field(self.table)
+    __slots__ = ("table", "priority", "key", "refs", "policy_version", "table_field")
+
+    def __init__(self, table: str, priority: float, key: int, refs: list[_Ref], policy_version: int = 0) -> None:
+        self.table = table
+        self.priority = priority
+        self.key = key
+        self.refs = refs
+        self.policy_version = policy_version
+        self.table_field = _table_field(table)
 
 
 class _Record:
@@ -623,6 +664,8 @@ class _Producer:
         # none, only max_unapplied.
         self.paced = 0
         self.errors: list[errors.RepriseError] = []
+        # Table to (its signature as the client holds it, compiled).
+        self._signatures: dict[str, tuple[Sequence[Any], list[_Spec]]] = {}
         self.linger_armed = False
         self.linger_cb: Callable[[], None] | None = None  # set by the transport
         self.history = History(self)
@@ -683,29 +726,32 @@ class _Producer:
             cells.append((name, a, c))
         step_no = self.episode_steps
         chunk_length = self.o.chunk_length
-        for name, a, col in cells:
-            if col is None:
-                col = cols[name] = _Column(name, a.dtype, a.shape, self.o.delta)
-            if not col.open:
-                col.open_start = step_no
-            # A copy unless the step is sealed (copied) in this call: the
-            # caller may reuse its array.
-            col.open.append(a if chunk_length == 1 else a.copy())
-        if len(cells) == len(cols):
-            for c in cols.values():
-                if len(c.open) >= chunk_length:
-                    self._seal_locked(c)
+        if chunk_length == 1:
+            # Every cell is a chunk, sealed (copied) now: no column has an
+            # open chunk to seal.
+            for name, a, col in cells:
+                if col is None:
+                    col = cols[name] = _Column(name, a.dtype, a.shape, self.o.delta)
+                self._seal_locked(col, [a], step_no)
         else:
+            for name, a, col in cells:
+                if col is None:
+                    col = cols[name] = _Column(name, a.dtype, a.shape, self.o.delta)
+                if not col.open:
+                    col.open_start = step_no
+                col.open.append(a.copy())  # the caller may reuse its array
             for name, c in cols.items():
                 if c.open and (len(c.open) >= chunk_length or name not in step):
-                    self._seal_locked(c)
+                    self._seal_open_locked(c)
         self.episode_steps += 1
         if self.episode_steps > self.o.num_keep_alive_refs:
             self._trim_locked()
 
-    def _seal_locked(self, c: _Column) -> None:
-        steps = c.open
-        c.open = []
+    def _seal_open_locked(self, c: _Column) -> None:
+        steps, c.open = c.open, []
+        self._seal_locked(c, steps, c.open_start)
+
+    def _seal_locked(self, c: _Column, steps: list[np.ndarray], start: int) -> None:
         # append_locked checked every cell's dtype and shape against the
         # column's, and tobytes reads any layout in C order: one step's
         # array already holds the chunk's bytes.
@@ -714,46 +760,63 @@ class _Producer:
             raise errors.InvalidArgumentError(
                 f"column {c.name!r}: a chunk of {len(steps)} steps has {arr.nbytes} bytes, over the chunk limit"
             )
-        key = self._rng.getrandbits(64) or 1
-        kv = _varint(key)
+        kv = _varint(self._rng.getrandbits(64) or 1)
         compression = c.codec(self.o.compression)
-        data, compressed = encode_chunk_fast(
-            c.header, kv, len(steps), arr, compression, c.delta, self._episode_field, c.open_start
-        )
-        if compression != "none":
-            c.record(compressed)
-        c.chunks.append(_Sealed(key, kv, c.open_start, len(steps), b"\x1a" + _uvarint(len(data)) + data))
+        if compression == "none" and len(steps) == 1:
+            # A step of one uncompressed chunk, the most common chunk: a
+            # delta of one step is the step itself.
+            raw = arr.tobytes()
+            at = (b"\x50" + (_VARINT14[start] if start < 0x4000 else _varint(start))) if start else b""
+            size = 1 + len(kv) + len(c.single) + len(raw) + len(self._episode_field) + len(at)
+            sv = _VARINT14[size] if size < 0x4000 else _varint(size)
+            field = b"".join((b"\x1a", sv, b"\x08", kv, c.single, raw, self._episode_field, at))
+        else:
+            data, compressed = encode_chunk_fast(
+                c.header, kv, len(steps), arr, compression, c.delta, self._episode_field, start
+            )
+            if compression != "none":
+                c.record(compressed)
+            field = b"\x1a" + _uvarint(len(data)) + data
+        c.chunks.append(_Sealed(kv, start, len(steps), field))
 
     def _trim_locked(self) -> None:
         horizon = self.episode_steps - self.o.num_keep_alive_refs
         for it in self.pending:
             for r in it.refs:
-                horizon = min(horizon, r.start)
+                if r.start < horizon:
+                    horizon = r.start
         for c in self.columns.values():
-            while c.chunks and c.chunks[0].start + c.chunks[0].length <= horizon:
-                ch = c.chunks.popleft()
+            chunks = c.chunks
+            while chunks:
+                ch = chunks[0]
+                if ch.start + ch.length > horizon:
+                    break
+                chunks.popleft()
                 if ch.sent:
                     self.release.append(ch.key_varint)
 
     # -- items ----------------------------------------------------------
 
     def resolve_locked(self, trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn]) -> list[_Ref]:
-        if isinstance(trajectory, Mapping):
+        # A dict's names are unique; only a sequence's need checking.
+        names: set[str] | None = None
+        if type(trajectory) is dict or isinstance(trajectory, Mapping):
             pairs = list(trajectory.items())
         else:
             pairs = [(r.column, r) for r in trajectory]
+            names = set()
         if not pairs:
             raise errors.InvalidArgumentError("an item needs at least one column")
         refs = []
-        names = set()
         for name, r in pairs:
-            if not isinstance(r, TrajectoryColumn):
+            if type(r) is not TrajectoryColumn and not isinstance(r, TrajectoryColumn):
                 raise errors.InvalidArgumentError(
                     f"item column {name!r}: expected a reference from writer.history, got {type(r).__name__}"
                 )
-            if name in names:
-                raise errors.InvalidArgumentError(f"item column {name!r} appears twice")
-            names.add(name)
+            if names is not None:
+                if name in names:
+                    raise errors.InvalidArgumentError(f"item column {name!r} appears twice")
+                names.add(name)
             if r.episode != self.episode:
                 raise errors.InvalidArgumentError(f"item column {name!r} references a step of an earlier episode")
             c = self.columns.get(r.column)
@@ -777,6 +840,45 @@ class _Producer:
             raise errors.ClosedError("writer closed")
         self.pending.append(_Pending(table, priority, self._new_key_locked(), refs, self.policy_version))
 
+    def add_item_locked(
+        self,
+        table: str,
+        priority: float,
+        trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn],
+        signature: Sequence[Any],
+    ) -> errors.RepriseError | None:
+        """What a client's create_item checks and does under the lock:
+        the item from its picks of history, checked against the table's
+        signature (empty: any columns), queued to be sent. Returns the
+        errors of earlier messages, for the caller to raise once it has
+        tried to send the item."""
+        priority, refs = self.item_refs_locked(table, priority, trajectory)
+        if signature:
+            check_signature(table, refs, self._compiled_signature(table, signature))
+        err = self.take_errors_locked()
+        self.create_item_locked(table, priority, refs)
+        return err
+
+    def item_refs_locked(
+        self, table: str, priority: float, trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn]
+    ) -> tuple[float, list[_Ref]]:
+        """An item's priority as a float and its columns, once its table
+        name, priority and picks of history are checked."""
+        if not table:
+            raise errors.InvalidArgumentError("empty table name")
+        # The check in full costs a formatted message per item.
+        if type(priority) is not float or not 0.0 <= priority < math.inf:
+            priority = _codec.check_finite_priority(priority, f"item for table {table!r}")
+        return priority, self.resolve_locked(trajectory)
+
+    def _compiled_signature(self, table: str, signature: Sequence[Any]) -> list[_Spec]:
+        """The table's signature as check_signature reads it, made once per
+        signature the client holds for the table."""
+        held = self._signatures.get(table)
+        if held is None or held[0] is not signature:
+            held = self._signatures[table] = (signature, [_Spec(s) for s in signature])
+        return held[1]
+
     def _new_key_locked(self) -> int:
         """An item key: any 64 bits but 0, or with key_shard, uniform among
         those of the shard's residue class (a sharded service refuses the
@@ -798,21 +900,31 @@ class _Producer:
         cols = []
         fresh: list[_Sealed] = []
         for r in it.refs:
-            picked: list[_Sealed] = []
-            for ch in reversed(r.col.chunks):  # newest first: refs are recent
-                if ch.start + ch.length <= r.start:
-                    break
-                if ch.start < r.stop:
-                    picked.append(ch)
-            slices = []
-            for ch in reversed(picked):
-                lo, hi = max(ch.start, r.start), min(ch.start + ch.length, r.stop)
-                slices.append((ch.key_varint, lo - ch.start, hi - lo))
+            chunks = r.col.chunks
+            ch = chunks[-1] if chunks else None
+            if ch is not None and ch.start == r.start and ch.start + ch.length == r.stop:
+                # The common item: the steps of its column's newest chunk.
+                slices = [ch.whole]
                 if not ch.sent and ch not in fresh:
                     fresh.append(ch)
+            else:
+                picked: list[_Sealed] = []
+                for ch in reversed(chunks):  # newest first: refs are recent
+                    if ch.start + ch.length <= r.start:
+                        break
+                    if ch.start < r.stop:
+                        picked.append(ch)
+                slices = []
+                for ch in reversed(picked):
+                    lo, hi = max(ch.start, r.start), min(ch.start + ch.length, r.stop)
+                    whole = hi - lo == ch.length
+                    slices.append(ch.whole if whole else _slice_field(ch.key_varint, lo - ch.start, hi - lo))
+                    if not ch.sent and ch not in fresh:
+                        fresh.append(ch)
             cols.append(encode_column(r.name_field, slices, r.squeeze))
         item = encode_item(it.key, it.table_field, it.priority, cols, it.policy_version)
-        return b"\x22" + _uvarint(len(item)) + item, fresh
+        n = len(item)
+        return b"".join((b"\x22", _VARINT14[n] if n < 0x4000 else _varint(n), item)), fresh
 
     def advance_locked(self, force: bool) -> None:
         """Moves ready items into the batch and publishes full batches (all
@@ -902,7 +1014,7 @@ class _Producer:
     def flush_locked(self) -> None:
         for c in self.columns.values():
             if c.open:
-                self._seal_locked(c)
+                self._seal_open_locked(c)
         self.advance_locked(True)
 
     def end_episode_locked(self) -> None:
@@ -988,11 +1100,23 @@ class _Producer:
         )
 
 
-def check_signature(table: str, refs: list[_Ref], signature: Sequence[Any]) -> None:
+class _Spec:
+    """A column of a table's signature (a ColumnSpec), read once."""
+
+    __slots__ = ("name", "dtype", "shape", "exact")
+
+    def __init__(self, spec: Any) -> None:
+        self.name: str = spec.name
+        self.dtype: str = spec.dtype
+        self.shape = tuple(spec.shape)
+        self.exact = -1 not in self.shape  # no size that matches any
+
+
+def check_signature(table: str, refs: list[_Ref], signature: Sequence[_Spec]) -> None:
     """Raises SignatureMismatchError unless the item's columns match the
-    table's signature (ColumnSpec messages; empty means any columns): the
-    same names in the same order, the dtypes, and shapes [T, *step_shape]
-    ([*step_shape] when squeezed) where -1 matches any size."""
+    table's signature (empty means any columns): the same names in the
+    same order, the dtypes, and shapes [T, *step_shape] ([*step_shape]
+    when squeezed) where -1 matches any size."""
     if not signature:
         return
     if len(refs) != len(signature):
@@ -1009,11 +1133,13 @@ def check_signature(table: str, refs: list[_Ref], signature: Sequence[Any]) -> N
             raise errors.SignatureMismatchError(
                 f"item for table {table!r}: column {r.name!r} has dtype {r.col.wire}, the signature wants {spec.dtype}"
             )
-        shape = list(r.col.shape) if r.squeeze else [r.stop - r.start, *r.col.shape]
-        want = list(spec.shape)
-        if len(shape) != len(want) or any(w != -1 and w != d for w, d in zip(want, shape)):
+        shape = r.col.shape if r.squeeze else (r.stop - r.start, *r.col.shape)
+        if shape == spec.shape:
+            continue
+        want = spec.shape
+        if spec.exact or len(shape) != len(want) or any(w != -1 and w != d for w, d in zip(want, shape)):
             raise errors.SignatureMismatchError(
-                f"item for table {table!r}: column {r.name!r} has shape {shape}, the signature wants {want}"
+                f"item for table {table!r}: column {r.name!r} has shape {list(shape)}, the signature wants {list(want)}"
             )
 
 

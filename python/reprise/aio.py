@@ -36,7 +36,6 @@ from ._writer import (
     _Blocked,
     _Producer,
     _Transport,
-    check_signature,
 )
 
 log = logging.getLogger("reprise")
@@ -677,7 +676,7 @@ class AsyncTrajectoryWriter:
     async def _advance(self, force: bool, deadline: float | None = None) -> None:
         p = self._p
         assert p is not None
-        started = _now()
+        started = 0.0
         warned = False
         while True:
             with p.mu:
@@ -691,6 +690,7 @@ class AsyncTrajectoryWriter:
                     fut = p.changed_future_locked()
                     why = p.describe_wait_locked()
             now = _now()
+            started = started or now
             if deadline is not None and now >= deadline:
                 raise errors.DeadlineExceededError(f"writer: no room in the window before the timeout: {why}")
             if not warned and now - started > _WAIT_WARN_AFTER:
@@ -731,18 +731,17 @@ class AsyncTrajectoryWriter:
         """Creates an item (see :meth:`reprise.TrajectoryWriter.create_item`)."""
         p = self._p
         assert p is not None
-        if not table:
-            raise errors.InvalidArgumentError("empty table name")
-        prio = _codec.check_finite_priority(priority, f"item for table {table!r}")
-        with p.mu:
-            refs = p.resolve_locked(trajectory)
+        sig: Sequence[Any] | None = ()
         if self.options.validate_signatures:
-            sig = await self._c.signature(table)
-            if sig is not None:
-                check_signature(table, refs, sig)
+            sig = self._c._signatures.get(table)
+            if sig is None:
+                # Not asked for yet: the item's own errors come before
+                # those of asking.
+                with p.mu:
+                    p.item_refs_locked(table, priority, trajectory)
+                sig = await self._c.signature(table)
         with p.mu:
-            err = p.take_errors_locked()
-            p.create_item_locked(table, prio, refs)
+            err = p.add_item_locked(table, priority, trajectory, sig or ())
         await self._advance(False)
         if err is not None:
             raise err

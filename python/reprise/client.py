@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from . import _codec, _conn, errors
+from . import _conn, errors
 from . import aio as _aio
 from . import _sharded  # after aio, which imports it last
 from ._info import CheckpointInfo, TableInfo
 from ._sample import ReplaySample, SampleBatch
-from ._writer import History, TrajectoryColumn, WriterOptions, _Blocked, _Producer, _Transport, check_signature
+from ._writer import History, TrajectoryColumn, WriterOptions, _Blocked, _Producer, _Transport
 
 log = logging.getLogger("reprise")
 T = TypeVar("T")
@@ -466,7 +466,7 @@ class TrajectoryWriter:
 
     def _advance(self, force: bool, deadline: float | None = None) -> None:
         p = self._p
-        started = time.monotonic()
+        started = 0.0
         warned = False
         with p.mu:
             while True:
@@ -479,6 +479,7 @@ class TrajectoryWriter:
                 except _Blocked:
                     pass
                 now = time.monotonic()
+                started = started or now
                 if deadline is not None and now >= deadline:
                     raise errors.DeadlineExceededError(
                         f"writer: no room in the window before the timeout: {p.describe_wait_locked()}"
@@ -527,21 +528,18 @@ class TrajectoryWriter:
         it needs are complete (at once with chunk_length 1)."""
         if self._closed:
             raise errors.ClosedError("writer closed")
-        if not table:
-            raise errors.InvalidArgumentError("empty table name")
         p = self._p
-        prio = _codec.check_finite_priority(priority, f"item for table {table!r}")
-        with p.mu:
-            refs = p.resolve_locked(trajectory)
+        sig: Sequence[Any] | None = ()
         if self.options.validate_signatures:
             sig = self._c._aclient._signatures.get(table)
             if sig is None:
+                # Not asked for yet: the item's own errors come before
+                # those of asking.
+                with p.mu:
+                    p.item_refs_locked(table, priority, trajectory)
                 sig = self._c._call(self._c._aclient.signature(table))
-            if sig is not None:
-                check_signature(table, refs, sig)
         with p.mu:
-            err = p.take_errors_locked()
-            p.create_item_locked(table, prio, refs)
+            err = p.add_item_locked(table, priority, trajectory, sig or ())
         self._advance(False)
         if err is not None:
             raise err

@@ -72,8 +72,10 @@ def test_hostile_chunks_are_refused_before_allocating(fields: dict, match: str) 
 
 
 def producer(**kw: object) -> tuple[_Producer, list]:
+    """A producer whose messages go to the list; each item is sent at once
+    unless kw sets a linger."""
     sent: list = []
-    p = _Producer(WriterOptions(linger=0.0, **kw), 1 << 20, sent.append)  # type: ignore[arg-type]
+    p = _Producer(WriterOptions(**{"linger": 0.0, **kw}), 1 << 20, sent.append)  # type: ignore[arg-type]
     return p, sent
 
 
@@ -253,6 +255,108 @@ def test_chunks_hold_the_steps_whatever_their_layout(chunk_length: int) -> None:
     assert got["y"].dtype == np.dtype("<f8")
 
 
+@pytest.mark.parametrize("first_step", [0, (1 << 14) - 20])
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.parametrize("chunk_length", [1, 2, 3])
+def test_writer_messages_are_protobufs_own_encoding(chunk_length: int, compression: str, first_step: int) -> None:
+    """The writer encodes chunks and items by hand, with short ways for
+    the common ones (a step of an uncompressed chunk, an item column that
+    takes a whole chunk). Whatever way each took, every message is byte for
+    byte what protobuf makes of its own decoding, every item's slices cover
+    the steps it picked, and every chunk holds its column's steps."""
+    p, sent = producer(chunk_length=chunk_length, compression=compression, linger=0.001, batch_items=5,
+                       max_in_flight=1 << 16, max_unapplied=1 << 20)
+    p.episode_steps = first_step  # steps past 2**14 take varints of two bytes
+    rng = np.random.default_rng(chunk_length)
+    steps: list[dict[str, np.ndarray]] = []
+    picked: list[tuple[str, float, int, list[tuple[str, str, int, int, bool]]]] = []
+    h = p.history
+
+    def item(table: str, prio: float, traj: dict[str, reprise.TrajectoryColumn] | list[reprise.TrajectoryColumn]) -> None:
+        pairs = traj.items() if isinstance(traj, dict) else [(r.column, r) for r in traj]
+        picked.append((table, prio, p.policy_version, [(n, r.column, r.start, r.stop, r.squeeze) for n, r in pairs]))
+        with p.mu:
+            assert p.add_item_locked(table, prio, traj, ()) is None
+            p.advance_locked(False)
+
+    for t in range(40):
+        step = {
+            "obs": rng.standard_normal(3).astype(np.float32),
+            "act": np.int64(t * 7 - 100),
+            "none": np.zeros(0, np.float32),
+            "flag": rng.integers(0, 2, 2).astype(bool),
+        }
+        if t % 7 == 3:
+            del step["flag"]
+        steps.append(step)
+        with p.mu:
+            p.append_locked(step)
+        p.policy_version = t - 20
+        if t >= 3:
+            prio = [1.5, 0.0, -0.0, 2.0 ** 70][t % 4]
+            item("a", prio, {"o": h["obs"][-1], "act": h["act"][-1]})
+            if t % 2:
+                item("b", 0.5, {"obs": h["obs"][-3:], "none": h["none"][-2:]})
+            if t % 5 == 0 and "flag" in step:
+                item("c", 1.0, [h["act"][-2:], h["flag"][-1]])
+    with p.mu:
+        p.flush_locked()
+
+    chunks: dict[int, pb.Chunk] = {}
+    items: list[pb.Item] = []
+    for rec in sent:
+        b = pb.InsertBatch.FromString(rec.data)
+        assert b.SerializeToString() == rec.data, f"message {rec.seq}"
+        chunks.update((c.key, c) for c in b.chunks)
+        items += b.items
+    assert len(items) == len(picked)
+    for it, (table, prio, version, cols) in zip(items, picked):
+        assert (it.table, it.priority, it.policy_version) == (table, prio, version)
+        assert [c.name for c in it.columns] == [n for n, *_ in cols]
+        for col, (_, column, start, stop, squeeze) in zip(it.columns, cols):
+            assert col.squeeze == squeeze
+            covered: list[int] = []
+            for sl in col.slices:
+                c = chunks[sl.chunk_key]
+                covered += range(c.episode_step + sl.offset, c.episode_step + sl.offset + sl.length)
+                want = np.stack([steps[s - first_step][column] for s in range(c.episode_step, c.episode_step + c.length)])
+                np.testing.assert_array_equal(_codec.decode_chunk(c), want)
+                assert c.delta_encoded == (column == "act"), "every chunk of an integer column says it is delta-encoded"
+            assert covered == list(range(start, stop))
+
+
+def test_items_are_checked_against_the_tables_signature() -> None:
+    """Names in order, dtypes, and shapes [T, *step_shape] (the step shape
+    when squeezed), where -1 in the signature matches any size; the
+    signature is read once per signature the client holds."""
+    p, _ = producer(chunk_length=2)
+    with p.mu:
+        for t in range(3):
+            p.append_locked({"obs": np.zeros((2, 3), np.float32), "act": np.int64(t)})
+    h = p.history
+    exact = (pb.ColumnSpec(name="obs", dtype="float32", shape=[2, 2, 3]), pb.ColumnSpec(name="act", dtype="int64"))
+    loose = (pb.ColumnSpec(name="obs", dtype="float32", shape=[-1, 2, -1]), pb.ColumnSpec(name="act", dtype="int64"))
+    good = [({"obs": h["obs"][-2:], "act": h["act"][-1]}, exact), ({"obs": h["obs"][-3:], "act": h["act"][-1]}, loose)]
+    bad = [
+        ({"obs": h["obs"][-3:], "act": h["act"][-1]}, exact, r"shape \[3, 2, 3\], the signature wants \[2, 2, 3\]"),
+        ({"obs": h["obs"][-1], "act": h["act"][-1]}, loose, r"shape \[2, 3\], the signature wants \[-1, 2, -1\]"),
+        ({"obs": h["obs"][-2:], "act": h["act"][-2:]}, exact, r"'act' has shape \[2\], the signature wants \[\]"),
+        ({"act": h["act"][-1], "obs": h["obs"][-2:]}, exact, "column 'act' is where the signature has 'obs'"),
+        ({"obs": h["obs"][-2:]}, exact, "1 columns, the table's signature has 2"),
+        ({"obs": h["act"][-2:], "act": h["act"][-1]}, exact, "dtype int64, the signature wants float32"),
+    ]
+    with p.mu:
+        for traj, sig in good:
+            assert p.add_item_locked("t", 1.0, traj, sig) is None
+        for traj, sig, match in bad:
+            with pytest.raises(reprise.SignatureMismatchError, match=match):
+                p.add_item_locked("t", 1.0, traj, sig)
+        assert len(p.pending) == len(good)
+        compiled = p._compiled_signature("t", loose)
+        assert p._compiled_signature("t", loose) is compiled
+        assert p._compiled_signature("t", exact) is not compiled
+
+
 def test_compression_backoff_schedule() -> None:
     """A column whose chunks never shrink tries zstd on chunks 0, 2, 5, 10,
     ... (after 1, 2, 4, ... skipped) up to stretches of 64, as the Go
@@ -300,14 +404,16 @@ def test_incompressible_columns_back_off() -> None:
 def test_varints_match_protobuf() -> None:
     from reprise._writer import _varint
 
-    edges = [0, 1, 127, 128, (1 << 14) - 1, 1 << 14, (1 << 21) - 1, 1 << 21, 1 << 28, (1 << 63) + 5, (1 << 64) - 1]
+    edges = [0, 1, 127, 128, (1 << 14) - 1, 1 << 14, (1 << 21) - 1, 1 << 21, 1 << 28, (1 << 56) - 1, 1 << 56,
+             (1 << 63) + 5, (1 << 64) - 1]
     rng = np.random.default_rng(3)
     values = edges + [int(v) for v in rng.integers(0, 1 << 63, 2000, dtype=np.uint64) << np.uint64(1)]
     for v in values:
         # A packed repeated field of one value: its tag, its length, the varint.
         assert _varint(v) == pb.InsertBatch(release_chunk_keys=[v]).SerializeToString()[2:], v
-    with pytest.raises(ValueError):
-        _varint(-1)
+    for bad in (-1, 1 << 64):
+        with pytest.raises(ValueError):
+            _varint(bad)
 
 
 def test_insert_batch_encoding_matches_protobuf() -> None:
