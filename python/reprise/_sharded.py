@@ -850,7 +850,7 @@ class AsyncShardedTrajectoryWriter:
         self,
         table: str,
         priority: float,
-        trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn],
+        trajectory: Mapping[str, TrajectoryColumn] | Iterable[TrajectoryColumn],
     ) -> None:
         """Creates an item on the current episode's shard."""
         if table not in self._c._states:

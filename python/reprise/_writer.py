@@ -23,7 +23,7 @@ import random
 import secrets
 import struct
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import nats
@@ -797,14 +797,13 @@ class _Producer:
 
     # -- items ----------------------------------------------------------
 
-    def resolve_locked(self, trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn]) -> list[_Ref]:
-        # A dict's names are unique; only a sequence's need checking.
-        names: set[str] | None = None
-        if type(trajectory) is dict or isinstance(trajectory, Mapping):
+    def resolve_locked(self, trajectory: Mapping[str, TrajectoryColumn] | Iterable[TrajectoryColumn]) -> list[_Ref]:
+        # A dict's names are unique; any other's need checking.
+        names: set[str] | None = None if type(trajectory) is dict else set()
+        if isinstance(trajectory, Mapping):
             pairs = list(trajectory.items())
         else:
             pairs = [(r.column, r) for r in trajectory]
-            names = set()
         if not pairs:
             raise errors.InvalidArgumentError("an item needs at least one column")
         refs = []
@@ -844,32 +843,20 @@ class _Producer:
         self,
         table: str,
         priority: float,
-        trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn],
+        trajectory: Mapping[str, TrajectoryColumn] | Iterable[TrajectoryColumn],
         signature: Sequence[Any],
     ) -> errors.RepriseError | None:
-        """What a client's create_item checks and does under the lock:
-        the item from its picks of history, checked against the table's
-        signature (empty: any columns), queued to be sent. Returns the
-        errors of earlier messages, for the caller to raise once it has
-        tried to send the item."""
-        priority, refs = self.item_refs_locked(table, priority, trajectory)
+        """What a client's create_item checks and does under the lock,
+        once check_item passed: the item from its picks of history, checked
+        against the table's signature (empty: any columns), queued to be
+        sent. Returns the errors of earlier messages, for the caller to
+        raise once it has tried to send the item."""
+        refs = self.resolve_locked(trajectory)
         if signature:
             check_signature(table, refs, self._compiled_signature(table, signature))
         err = self.take_errors_locked()
         self.create_item_locked(table, priority, refs)
         return err
-
-    def item_refs_locked(
-        self, table: str, priority: float, trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn]
-    ) -> tuple[float, list[_Ref]]:
-        """An item's priority as a float and its columns, once its table
-        name, priority and picks of history are checked."""
-        if not table:
-            raise errors.InvalidArgumentError("empty table name")
-        # The check in full costs a formatted message per item.
-        if type(priority) is not float or not 0.0 <= priority < math.inf:
-            priority = _codec.check_finite_priority(priority, f"item for table {table!r}")
-        return priority, self.resolve_locked(trajectory)
 
     def _compiled_signature(self, table: str, signature: Sequence[Any]) -> list[_Spec]:
         """The table's signature as check_signature reads it, made once per
@@ -1098,6 +1085,18 @@ class _Producer:
             f"{len(self.unsettled)} messages awaiting JetStream (is the table service running? "
             "is a table's rate limiter holding inserts?)"
         )
+
+
+def check_item(table: str, priority: Any) -> float:
+    """An item's priority as a float, once its table name and priority are
+    checked. Clients call it before taking the writer's lock: a tensor's
+    __float__ may wait for its device."""
+    if not table:
+        raise errors.InvalidArgumentError("empty table name")
+    # The check in full costs a formatted message per item.
+    if type(priority) is float and 0.0 <= priority < math.inf:
+        return priority
+    return _codec.check_finite_priority(priority, f"item for table {table!r}")
 
 
 class _Spec:

@@ -36,6 +36,7 @@ from ._writer import (
     _Blocked,
     _Producer,
     _Transport,
+    check_item,
 )
 
 log = logging.getLogger("reprise")
@@ -726,22 +727,25 @@ class AsyncTrajectoryWriter:
         self,
         table: str,
         priority: float,
-        trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn],
+        trajectory: Mapping[str, TrajectoryColumn] | Iterable[TrajectoryColumn],
     ) -> None:
         """Creates an item (see :meth:`reprise.TrajectoryWriter.create_item`)."""
         p = self._p
         assert p is not None
+        prio = check_item(table, priority)
         sig: Sequence[Any] | None = ()
         if self.options.validate_signatures:
             sig = self._c._signatures.get(table)
             if sig is None:
                 # Not asked for yet: the item's own errors come before
-                # those of asking.
+                # those of asking, and its picks are read twice.
+                if not isinstance(trajectory, Mapping):
+                    trajectory = list(trajectory)
                 with p.mu:
-                    p.item_refs_locked(table, priority, trajectory)
+                    p.resolve_locked(trajectory)
                 sig = await self._c.signature(table)
         with p.mu:
-            err = p.add_item_locked(table, priority, trajectory, sig or ())
+            err = p.add_item_locked(table, prio, trajectory, sig or ())
         await self._advance(False)
         if err is not None:
             raise err

@@ -26,7 +26,7 @@ from . import aio as _aio
 from . import _sharded  # after aio, which imports it last
 from ._info import CheckpointInfo, TableInfo
 from ._sample import ReplaySample, SampleBatch
-from ._writer import History, TrajectoryColumn, WriterOptions, _Blocked, _Producer, _Transport
+from ._writer import History, TrajectoryColumn, WriterOptions, _Blocked, _Producer, _Transport, check_item
 
 log = logging.getLogger("reprise")
 T = TypeVar("T")
@@ -518,28 +518,32 @@ class TrajectoryWriter:
         self,
         table: str,
         priority: float,
-        trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn],
+        trajectory: Mapping[str, TrajectoryColumn] | Iterable[TrajectoryColumn],
     ) -> None:
         """Creates an item for ``table`` from steps picked from
         :attr:`history`: ``trajectory`` maps the item's column names to
         references (``history["obs"][-3:]``; an integer index squeezes the
-        single step). The item's columns are checked against the table's
+        single step), or lists references, each column named as the one it
+        picks from. The item's columns are checked against the table's
         signature before anything is sent. It is published once the chunks
         it needs are complete (at once with chunk_length 1)."""
         if self._closed:
             raise errors.ClosedError("writer closed")
         p = self._p
+        prio = check_item(table, priority)
         sig: Sequence[Any] | None = ()
         if self.options.validate_signatures:
             sig = self._c._aclient._signatures.get(table)
             if sig is None:
                 # Not asked for yet: the item's own errors come before
-                # those of asking.
+                # those of asking, and its picks are read twice.
+                if not isinstance(trajectory, Mapping):
+                    trajectory = list(trajectory)
                 with p.mu:
-                    p.item_refs_locked(table, priority, trajectory)
+                    p.resolve_locked(trajectory)
                 sig = self._c._call(self._c._aclient.signature(table))
         with p.mu:
-            err = p.add_item_locked(table, priority, trajectory, sig or ())
+            err = p.add_item_locked(table, prio, trajectory, sig or ())
         self._advance(False)
         if err is not None:
             raise err
@@ -976,7 +980,7 @@ class ShardedTrajectoryWriter:
         self,
         table: str,
         priority: float,
-        trajectory: Mapping[str, TrajectoryColumn] | Sequence[TrajectoryColumn],
+        trajectory: Mapping[str, TrajectoryColumn] | Iterable[TrajectoryColumn],
     ) -> None:
         """Creates an item on the current episode's shard (see
         :meth:`TrajectoryWriter.create_item`). A table's first item checks

@@ -50,6 +50,24 @@ def test_async_writer_sampler_and_calls(server: Reprised) -> None:
     asyncio.run(main())
 
 
+def test_a_tables_first_item_reads_its_picks_once(server: Reprised) -> None:
+    """As the sync writer: a one-shot iterable of picks, read once though
+    the first item for a table is checked before and after the client asks
+    for its signature."""
+
+    async def main() -> None:
+        async with reprise.aio.Client(server.url) as c:
+            before = (await c.server_info())["sig"].num_inserts
+        async with reprise.aio.Client(server.url) as c:
+            async with await c.trajectory_writer(3) as w:
+                await w.append({"obs": np.zeros(4, np.float32), "action": np.int64(1)})
+                await w.create_item("sig", 1.0, (w.history[n][-1:] for n in ("obs", "action")))
+                await w.wait_applied(timeout=30)
+            assert (await c.server_info())["sig"].num_inserts == before + 1
+
+    asyncio.run(main())
+
+
 def test_connect_failure_is_unavailable() -> None:
     async def main() -> None:
         with pytest.raises(reprise.UnavailableError, match="cannot connect"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 import numpy as np
 import pytest
 
@@ -111,6 +113,33 @@ def test_items_beyond_keep_alive_or_missing_cells_are_refused() -> None:
         p.append_locked({"x": np.int64(9)})
         with pytest.raises(reprise.InvalidArgumentError, match="earlier episode"):
             p.resolve_locked({"x": old})
+
+
+def test_item_columns_are_named_once() -> None:
+    """A sequence of picks, or a mapping that lists a name twice, may not
+    give a column twice."""
+
+    class Twice(Mapping[str, reprise.TrajectoryColumn]):
+        def __init__(self, ref: reprise.TrajectoryColumn) -> None:
+            self.ref = ref
+
+        def __getitem__(self, name: str) -> reprise.TrajectoryColumn:
+            return self.ref
+
+        def __iter__(self) -> Iterator[str]:
+            return iter(["x", "x"])
+
+        def __len__(self) -> int:
+            return 2
+
+    p, _ = producer()
+    with p.mu:
+        p.append_locked({"x": np.int64(0)})
+        ref = p.history["x"][-1]
+        for picks in ([ref, ref], Twice(ref)):
+            with pytest.raises(reprise.InvalidArgumentError, match="'x' appears twice"):
+                p.resolve_locked(picks)
+        assert len(p.resolve_locked({"x": ref, "y": ref})) == 2
 
 
 def test_window_spans_sequences_not_counts() -> None:

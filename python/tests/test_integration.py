@@ -177,6 +177,33 @@ def test_signature_mismatch_before_sending(client: reprise.Client) -> None:
     wait_for("the matching item", lambda: client.server_info()["sig"].num_inserts == before + 1)
 
 
+def test_a_tables_first_item_reads_its_picks_once(server: Reprised) -> None:
+    """The first item for a table waits for the client to learn the table's
+    signature and checks its picks both before and after: picks given as a
+    one-shot iterable are read once all the same. A priority is read
+    outside the writer's lock."""
+    with reprise.Client(server.url) as other:
+        before = other.server_info()["sig"].num_inserts
+    with reprise.Client(server.url) as c, c.trajectory_writer(3) as w:
+        w.append({"obs": np.zeros(4, np.float32), "action": np.int64(1)})
+        w.create_item("sig", 1.0, (w.history[n][-1:] for n in ("obs", "action")))
+
+        class Priority:
+            """A priority whose float may take long (a tensor's waits for
+            its device): it is read before the writer's lock is taken."""
+
+            locked: list[bool] = []
+
+            def __float__(self) -> float:
+                self.locked.append(w._p.mu.locked())
+                return 2.0
+
+        w.create_item("sig", Priority(), [w.history[n][-1:] for n in ("obs", "action")])  # type: ignore[arg-type]
+        assert Priority.locked == [False]
+        w.wait_applied(timeout=30)
+        assert c.server_info()["sig"].num_inserts == before + 2
+
+
 def test_rejection_reaches_the_writer(client: reprise.Client) -> None:
     with client.trajectory_writer(3, validate_signatures=False) as w:
         w.append({"obs": np.zeros(3, np.float32)})
