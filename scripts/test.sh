@@ -45,8 +45,9 @@ fi
 
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
-echo "== building reprised and the Go test helper"
+echo "== building reprised, reprisectl and the Go test helper"
 go build -o "$bin/reprised" ./cmd/reprised
+go build -o "$bin/reprisectl" ./cmd/reprisectl
 go build -o "$bin/gohelper" ./python/tests/gohelper
 
 if [ "$update_golden" = 1 ]; then

@@ -74,7 +74,7 @@ def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     prebuilt = os.environ.get("REPRISE_BIN_DIR")
     if prebuilt:
         d = Path(prebuilt)
-        bins = {n: d / n for n in ("reprised", "gohelper")}
+        bins = {n: d / n for n in ("reprised", "reprisectl", "gohelper")}
         if all(p.exists() for p in bins.values()):
             return bins
     if shutil.which("go") is None:
@@ -82,6 +82,7 @@ def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("bin")
     return {
         "reprised": _build(out, "./cmd/reprised"),
+        "reprisectl": _build(out, "./cmd/reprisectl"),
         "gohelper": _build(out, "./python/tests/gohelper"),
     }
 
