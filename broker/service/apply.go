@@ -399,6 +399,7 @@ func (s *Service) sweep(ctx context.Context, now time.Time) error {
 // chunks, its items from b.done on, then its releases. It returns early only
 // when ctx ends while a rate limiter holds an item.
 func (s *Service) applyBatch(ctx context.Context, id string, ps *producerState, b *insertBatch) error {
+	b.appliedAt = time.Now()
 	if b.done == 0 {
 		s.prefetch(b)
 		for i, rc := range b.chunks {
@@ -470,7 +471,7 @@ func (s *Service) insertItem(ctx context.Context, producer string, b *insertBatc
 			fmt.Sprintf("item key %d belongs to shard %d of %d, and this service is shard %s: write to a sharded table through a sharded producer", it.item.Key, it.item.Key%uint64(sh.Count), sh.Count, sh))
 		return nil
 	}
-	return s.insertNow(ctx, t, it.item, arrival{streamSeq: b.streamSeq, storedAt: b.storedAt, to: noticeTo{producer, b.notice}, sequence: b.sequence})
+	return s.insertNow(ctx, t, it.item, arrival{streamSeq: b.streamSeq, storedAt: b.storedAt, to: noticeTo{producer, b.notice}, sequence: b.sequence, appliedAt: b.appliedAt})
 }
 
 // tooLarge names the limit an oversized item is over.

@@ -34,6 +34,7 @@ type insertBatch struct {
 	notice      string // where rejections go; empty for none
 
 	storedAt  time.Time // when the stream stored it
+	appliedAt time.Time // when applyBatch last took it up
 	streamSeq uint64
 	raw       []byte // the message as published, for checkpoints
 	done      int    // items already applied

@@ -111,6 +111,40 @@ func TestInsertWaitsCountsQueuedItems(t *testing.T) {
 	}
 }
 
+// TestInsertedAtIsWhenItemsWentIn: the items of a message that go straight
+// into their table went in when the service took the message up, all at
+// one reading of the clock; an item the limiter held went in when room
+// came, after that.
+func TestInsertedAtIsWhenItemsWentIn(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1), tables.QueueConfig("a", 10)}, deployOptions{})
+	c := d.client()
+	before := time.Now()
+	last := publishRaw(t, d, "p", 1, rawItem{1, "a"}, rawItem{2, "a"}, rawItem{3, "t"}, rawItem{4, "t"})
+	testutil.WaitUntil(t, "items 1-3 in, 4 waiting", func() bool { return d.svc.Applied() >= last && d.svc.pendingLen("t") == 1 })
+	applied := time.Now()
+	ctx := testutil.Context(t)
+	inserted := map[int64]time.Time{}
+	for _, table := range []string{"a", "a", "t", "t"} {
+		s, err := c.Sample(ctx, table, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inserted[ids(t, s[0])[0]] = s[0].Info.InsertedAt
+	}
+	at := inserted[1]
+	if at.Before(before) || at.After(applied) {
+		t.Fatalf("item 1 went in at %v, not between the publish (%v) and the message's apply (%v)", at, before, applied)
+	}
+	for _, id := range []int64{2, 3} {
+		if !inserted[id].Equal(at) {
+			t.Fatalf("item %d went in at %v, item 1 of the same message at %v", id, inserted[id], at)
+		}
+	}
+	if !inserted[4].After(applied) {
+		t.Fatalf("item 4, held until item 3 was sampled, went in at %v, not after its message was applied (%v)", inserted[4], applied)
+	}
+}
+
 // TestPendingBytesBounded: waiting items hold their chunks after their
 // producer lets go, so their bytes are bounded too: past
 // limits.max_pending_bytes the stream waits, and nothing is lost.
