@@ -268,11 +268,12 @@ func (s *Service) insertNow(ctx context.Context, t *tables.Table, item tables.It
 	for {
 		s.skipDropped(table, q)
 		if q.len() == 0 {
-			try, at := item, from.appliedAt
-			if held || at.IsZero() {
-				at = time.Time{}
-			} else if try.InsertedAt.IsZero() {
-				try.InsertedAt = at
+			try, at := item, time.Time{}
+			if !held {
+				at = from.appliedAt
+				if try.InsertedAt.IsZero() {
+					try.InsertedAt = at
+				}
 			}
 			ok, changed, err := t.TryInsert(try, held)
 			if ok || err != nil {

@@ -839,6 +839,19 @@ class _Producer:
             raise errors.ClosedError("writer closed")
         self.pending.append(_Pending(table, priority, self._new_key_locked(), refs, self.policy_version))
 
+    def check_picks(
+        self, trajectory: Mapping[str, TrajectoryColumn] | Iterable[TrajectoryColumn]
+    ) -> Mapping[str, TrajectoryColumn] | list[TrajectoryColumn]:
+        """The item's picks, read once, once they resolve: a client asks for
+        a table's signature before its first item, and the item's own
+        errors come before those of asking. add_item_locked reads them
+        again."""
+        if not isinstance(trajectory, Mapping):
+            trajectory = list(trajectory)
+        with self.mu:
+            self.resolve_locked(trajectory)
+        return trajectory
+
     def add_item_locked(
         self,
         table: str,

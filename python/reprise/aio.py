@@ -737,12 +737,7 @@ class AsyncTrajectoryWriter:
         if self.options.validate_signatures:
             sig = self._c._signatures.get(table)
             if sig is None:
-                # Not asked for yet: the item's own errors come before
-                # those of asking, and its picks are read twice.
-                if not isinstance(trajectory, Mapping):
-                    trajectory = list(trajectory)
-                with p.mu:
-                    p.resolve_locked(trajectory)
+                trajectory = p.check_picks(trajectory)
                 sig = await self._c.signature(table)
         with p.mu:
             err = p.add_item_locked(table, prio, trajectory, sig or ())

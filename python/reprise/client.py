@@ -535,12 +535,7 @@ class TrajectoryWriter:
         if self.options.validate_signatures:
             sig = self._c._aclient._signatures.get(table)
             if sig is None:
-                # Not asked for yet: the item's own errors come before
-                # those of asking, and its picks are read twice.
-                if not isinstance(trajectory, Mapping):
-                    trajectory = list(trajectory)
-                with p.mu:
-                    p.resolve_locked(trajectory)
+                trajectory = p.check_picks(trajectory)
                 sig = self._c._call(self._c._aclient.signature(table))
         with p.mu:
             err = p.add_item_locked(table, prio, trajectory, sig or ())
