@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -25,10 +26,55 @@ type Machine struct {
 	// other work on the machine shows here.
 	LoadStart [3]float64 `json:"load_start"`
 	LoadEnd   [3]float64 `json:"load_end"`
+	// One core's speed when the suite started and ended. A shared VM's
+	// moves from hour to hour, and with it the ratio of Reprise, bound by
+	// its CPU, to raw JetStream's baselines, bound more by bytes and
+	// syscalls: runs compare only at like speeds.
+	SpeedStart Speed `json:"speed_start"`
+	SpeedEnd   Speed `json:"speed_end"`
+}
+
+// Speed is one core's pace at two kinds of work.
+type Speed struct {
+	// SHA256MBps hashes a buffer that stays in the cache: the core alone.
+	SHA256MBps float64 `json:"sha256_mb_per_sec"`
+	// CopyGBps copies a buffer larger than any cache: the core and the
+	// memory it shares.
+	CopyGBps float64 `json:"copy_gb_per_sec"`
+}
+
+func (s Speed) String() string {
+	return fmt.Sprintf("SHA-256 %.0f MB/s, copying %.1f GB/s", s.SHA256MBps, s.CopyGBps)
+}
+
+// measureSpeed times each kind of work five times and keeps the fastest:
+// the slower tries are the ones other work interrupted.
+func measureSpeed() Speed {
+	const tries = 5
+	small := make([]byte, 1<<20)
+	src, dst := make([]byte, 64<<20), make([]byte, 64<<20)
+	// Write every page of both before timing: pages never written read
+	// as one shared page of zeros, which stays in the cache.
+	for i := 0; i < len(src); i += 4096 {
+		src[i] = byte(i >> 12)
+	}
+	copy(dst, src)
+	var s Speed
+	for range tries {
+		start := time.Now()
+		for range 16 {
+			sha256.Sum256(small)
+		}
+		s.SHA256MBps = max(s.SHA256MBps, 16*float64(len(small))/time.Since(start).Seconds()/1e6)
+		start = time.Now()
+		copy(dst, src)
+		s.CopyGBps = max(s.CopyGBps, float64(len(src))/time.Since(start).Seconds()/1e9)
+	}
+	return s
 }
 
 func describeMachine() Machine {
-	m := Machine{Cores: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version(), LoadStart: loadAvg()}
+	m := Machine{Cores: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version(), LoadStart: loadAvg(), SpeedStart: measureSpeed()}
 	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for line := range strings.SplitSeq(string(data), "\n") {
 			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {

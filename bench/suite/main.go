@@ -225,7 +225,7 @@ func run(ctx context.Context, opts options, log *slog.Logger) (*Results, error) 
 		}
 	}
 
-	s.res.Machine.LoadEnd = loadAvg()
+	s.res.Machine.LoadEnd, s.res.Machine.SpeedEnd = loadAvg(), measureSpeed()
 	s.res.Seconds = time.Since(start).Seconds()
 	s.res.summarize()
 	if err := s.res.write(opts.out); err != nil {

@@ -536,8 +536,8 @@ func sizeName(b int) string {
 // markdown writes the tables bench/README.md shows.
 func (r *Results) markdown(w io.Writer) {
 	fmt.Fprintf(w, "Measured %s on %s", r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Machine)
-	fmt.Fprintf(w, " (load average %.1f at the start, %.1f at the end); %.1fs per point after %.1fs warmup; suite took %.0fs.\n\n",
-		r.Machine.LoadStart[0], r.Machine.LoadEnd[0], r.PointSec, r.WarmupSec, r.Seconds)
+	fmt.Fprintf(w, " (load average %.1f at the start, %.1f at the end; one core: %s at the start, %s at the end); %.1fs per point after %.1fs warmup; suite took %.0fs.\n\n",
+		r.Machine.LoadStart[0], r.Machine.LoadEnd[0], r.Machine.SpeedStart, r.Machine.SpeedEnd, r.PointSec, r.WarmupSec, r.Seconds)
 
 	fmt.Fprintln(w, "| mode | payload | batch | Reprise items/s | Reprise bytes/s | raw JetStream items/s | Reprise ÷ raw | Reverb items/s | Reprise ÷ Reverb | raw JetStream, consumed, items/s | Reprise ÷ consumed |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")

@@ -155,6 +155,14 @@ func TestQuickSuite(t *testing.T) {
 	if err != nil || !strings.Contains(string(summary), "| insert | 400 B |") || !strings.Contains(string(summary), "| sample | 400 B | 256 | 2 |") {
 		t.Errorf("summary.md lacks the insert row or the 2-shard sample row: %v\n%s", err, summary)
 	}
+	for _, s := range []Speed{res.Machine.SpeedStart, res.Machine.SpeedEnd} {
+		if !(s.SHA256MBps > 0 && s.CopyGBps > 0) || math.IsInf(s.SHA256MBps+s.CopyGBps, 0) {
+			t.Errorf("machine speed %+v, want both rates finite and above zero", s)
+		}
+	}
+	if want := "one core: " + res.Machine.SpeedStart.String() + " at the start"; !strings.Contains(string(summary), want) {
+		t.Errorf("summary.md does not say %q:\n%s", want, summary)
+	}
 }
 
 func TestShardSummary(t *testing.T) {
