@@ -7,6 +7,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"strconv"
@@ -41,10 +43,15 @@ type Speed struct {
 	// CopyGBps copies a buffer larger than any cache: the core and the
 	// memory it shares.
 	CopyGBps float64 `json:"copy_gb_per_sec"`
+	// MissNs is one read of a chain of reads at random places in a
+	// buffer larger than any cache, each waiting for the one before: what
+	// a cache miss costs, as the apply loop and the sampler pay it on
+	// tables' entries and chunks.
+	MissNs float64 `json:"miss_ns"`
 }
 
 func (s Speed) String() string {
-	return fmt.Sprintf("SHA-256 %.0f MB/s, copying %.1f GB/s", s.SHA256MBps, s.CopyGBps)
+	return fmt.Sprintf("SHA-256 %.0f MB/s, copying %.1f GB/s, a cache miss %.0f ns", s.SHA256MBps, s.CopyGBps, s.MissNs)
 }
 
 // measureSpeed times each kind of work five times and keeps the fastest:
@@ -59,7 +66,20 @@ func measureSpeed() Speed {
 		src[i] = byte(i >> 12)
 	}
 	copy(dst, src)
-	var s Speed
+	// One cycle through every element (Sattolo's shuffle), so that the
+	// chain of reads never settles in a short loop the cache holds.
+	chain := make([]uint32, len(src)/4)
+	for i := range chain {
+		chain[i] = uint32(i)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := len(chain) - 1; i > 0; i-- {
+		j := rng.IntN(i)
+		chain[i], chain[j] = chain[j], chain[i]
+	}
+	const reads = 1 << 19
+	var at uint32
+	s := Speed{MissNs: math.Inf(1)}
 	for range tries {
 		start := time.Now()
 		for range 16 {
@@ -69,6 +89,11 @@ func measureSpeed() Speed {
 		start = time.Now()
 		copy(dst, src)
 		s.CopyGBps = max(s.CopyGBps, float64(len(src))/time.Since(start).Seconds()/1e9)
+		start = time.Now()
+		for range reads {
+			at = chain[at]
+		}
+		s.MissNs = min(s.MissNs, float64(time.Since(start).Nanoseconds())/reads)
 	}
 	return s
 }

@@ -156,8 +156,8 @@ func TestQuickSuite(t *testing.T) {
 		t.Errorf("summary.md lacks the insert row or the 2-shard sample row: %v\n%s", err, summary)
 	}
 	for _, s := range []Speed{res.Machine.SpeedStart, res.Machine.SpeedEnd} {
-		if !(s.SHA256MBps > 0 && s.CopyGBps > 0) || math.IsInf(s.SHA256MBps+s.CopyGBps, 0) {
-			t.Errorf("machine speed %+v, want both rates finite and above zero", s)
+		if !(s.SHA256MBps > 0 && s.CopyGBps > 0 && s.MissNs > 0) || math.IsInf(s.SHA256MBps+s.CopyGBps+s.MissNs, 0) {
+			t.Errorf("machine speed %+v, want every figure finite and above zero", s)
 		}
 	}
 	if want := "one core: " + res.Machine.SpeedStart.String() + " at the start"; !strings.Contains(string(summary), want) {
