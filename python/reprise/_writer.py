@@ -808,7 +808,7 @@ class _Producer:
             raise errors.InvalidArgumentError("an item needs at least one column")
         refs = []
         for name, r in pairs:
-            if type(r) is not TrajectoryColumn and not isinstance(r, TrajectoryColumn):
+            if not isinstance(r, TrajectoryColumn):
                 raise errors.InvalidArgumentError(
                     f"item column {name!r}: expected a reference from writer.history, got {type(r).__name__}"
                 )
