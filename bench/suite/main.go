@@ -59,6 +59,9 @@ type options struct {
 	repo   string
 	only   []string
 	keep   bool
+	// bin, when set, holds prebuilt programs: the suite runs them
+	// instead of building, on a machine without Go.
+	bin string
 	// payloads and clients, when set, narrow the throughput grid: one
 	// point rerun in a minute instead of the whole suite.
 	payloads []int
@@ -76,6 +79,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.venv, "reverb-venv", defaultVenv(), "`directory` of Reverb's virtual environment")
 	fs.StringVar(&o.repo, "repo", ".", "`directory` inside the Reprise repository to build from")
 	fs.StringVar(&only, "only", "", "comma-separated `sections` to run, of "+strings.Join(sections, ", ")+" (default: all; reverb needs --reverb)")
+	fs.StringVar(&o.bin, "bin", "", "`directory` of prebuilt reprised and reprisectl (and nats-server, for the shards section) to run instead of building them, on a machine without Go")
 	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (binaries, JetStream data, logs) and print where it is")
 	fs.StringVar(&payloads, "payloads", "", "comma-separated item `sizes` in bytes the throughput grid runs, of "+joinInts(paperPayloads)+" (default: all)")
 	fs.StringVar(&clients, "clients", "", "comma-separated client `counts` the throughput grid runs (default: the plan's)")
@@ -185,8 +189,11 @@ func run(ctx context.Context, opts options, log *slog.Logger) (*Results, error) 
 	s.res = &Results{Machine: describeMachine(), Quick: opts.quick, Started: start,
 		WarmupSec: s.plan.warmup.Seconds(), PointSec: s.plan.duration.Seconds()}
 	var err error
-	if s.repo, err = moduleRoot(ctx, opts.repo); err != nil {
-		return nil, err
+	runsReverb := opts.reverb && s.wants("reverb")
+	if opts.bin == "" || runsReverb {
+		if s.repo, err = moduleRoot(ctx, opts.repo); err != nil {
+			return nil, err
+		}
 	}
 	if err := os.MkdirAll(opts.out, 0o755); err != nil {
 		return nil, fmt.Errorf("creating --out %s: %w", opts.out, err)
@@ -199,9 +206,15 @@ func run(ctx context.Context, opts options, log *slog.Logger) (*Results, error) 
 	} else {
 		defer os.RemoveAll(s.work)
 	}
-	log.Info("building reprised and reprisectl (and nats-server, for the shards section)", "repo", s.repo)
-	if s.bins, err = build(ctx, s.repo, s.work, s.wants("shards")); err != nil {
-		return nil, err
+	if opts.bin != "" {
+		if s.bins, err = prebuilt(opts.bin, s.wants("shards")); err != nil {
+			return nil, err
+		}
+	} else {
+		log.Info("building reprised and reprisectl (and nats-server, for the shards section)", "repo", s.repo)
+		if s.bins, err = build(ctx, s.repo, s.work, s.wants("shards")); err != nil {
+			return nil, err
+		}
 	}
 
 	if s.wants("throughput", "mixed", "actors", "atari", "latency") {
@@ -219,7 +232,7 @@ func run(ctx context.Context, opts options, log *slog.Logger) (*Results, error) 
 			return nil, fmt.Errorf("shards: %w", err)
 		}
 	}
-	if s.opts.reverb && s.wants("reverb") {
+	if runsReverb {
 		if err := s.runReverb(ctx); err != nil {
 			return nil, fmt.Errorf("reverb: %w", err)
 		}

@@ -74,6 +74,31 @@ func build(ctx context.Context, repo, dir string, withNATS bool) (binaries, erro
 	return b, nil
 }
 
+// prebuilt finds reprised and reprisectl, and nats-server if withNATS, in
+// dir, as --bin names them.
+func prebuilt(dir string, withNATS bool) (binaries, error) {
+	names := []string{"reprised", "reprisectl"}
+	if withNATS {
+		names = append(names, "nats-server")
+	}
+	paths := make([]string, len(names))
+	for i, name := range names {
+		paths[i] = filepath.Join(dir, name)
+		info, err := os.Stat(paths[i])
+		if err != nil {
+			return binaries{}, fmt.Errorf("--bin %s: %w", dir, err)
+		}
+		if info.IsDir() || info.Mode().Perm()&0o111 == 0 {
+			return binaries{}, fmt.Errorf("--bin %s: %s is not an executable file", dir, paths[i])
+		}
+	}
+	b := binaries{reprised: paths[0], reprisectl: paths[1]}
+	if withNATS {
+		b.natsServer = paths[2]
+	}
+	return b, nil
+}
+
 // daemon is a server process the suite started: reprised or nats-server.
 type daemon struct {
 	name    string // which program, for messages

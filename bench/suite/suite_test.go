@@ -350,3 +350,47 @@ func TestGridFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestPrebuiltBinaries runs a section with --bin from a directory that is
+// not a Go module: the suite must neither look for the repository nor
+// build, as on a machine without Go.
+func TestPrebuiltBinaries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds reprised and reprisectl, then runs the quick latency section")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("needs the go command to build the binaries it hands to --bin")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	repo, err := moduleRoot(ctx, ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	if _, err := build(ctx, repo, bin, false); err != nil {
+		t.Fatal(err)
+	}
+	nowhere := filepath.Join(t.TempDir(), "no-repository")
+	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	res, err := run(ctx, options{out: t.TempDir(), quick: true, repo: nowhere, bin: bin, only: []string{"latency"}}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := res.latencyOf(sysReprise); l == nil || l.SampleP50Us <= 0 {
+		t.Errorf("latency with --bin: %+v, want a single-item sample p50", l)
+	}
+
+	// The shards section also needs nats-server, which bin lacks.
+	_, err = run(ctx, options{out: t.TempDir(), quick: true, repo: nowhere, bin: bin, only: []string{"shards"}}, log)
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(bin, "nats-server")) {
+		t.Errorf("shards with --bin lacking nats-server: %v, want an error naming %s", err, filepath.Join(bin, "nats-server"))
+	}
+	if err := os.Chmod(filepath.Join(bin, "reprisectl"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = run(ctx, options{out: t.TempDir(), quick: true, repo: nowhere, bin: bin, only: []string{"latency"}}, log)
+	if err == nil || !strings.Contains(err.Error(), "not an executable") {
+		t.Errorf("latency with a reprisectl that cannot run: %v, want an error saying so", err)
+	}
+}

@@ -18,7 +18,7 @@ non_blocking=True)``, so a CUDA copy overlaps the next batch's decoding.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -141,7 +141,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
                 self._client = Client(self.server_address, **self.client_options)
         return self._client
 
-    def __iter__(self) -> Iterator[TensorBatch]:
+    def __iter__(self) -> Generator[TensorBatch, None, None]:
         c = self.client()
         with c.sampler(self.table, self.batch_size, prefetch=self.prefetch, timeout=self.timeout) as s:
             for batch in s:

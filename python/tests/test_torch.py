@@ -49,3 +49,56 @@ def test_replay_dataset(server: Reprised) -> None:
         if i == 2:
             break
     ds.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_replay_dataset_on_cuda(server: Reprised) -> None:
+    """Batches reach the GPU through pinned memory, hold what was inserted
+    (bfloat16 too), own their memory (writing one changes no other batch
+    nor a later one), and their GPU keys update priorities."""
+    n = 64
+    bf16 = _codec.DTYPES["bfloat16"]
+    with reprise.Client(server.url) as c:
+        c.reset("dtypes")
+        with c.trajectory_writer(1) as w:
+            for t in range(n):
+                w.append({"obs": np.full((3, 5), t, np.float32), "half": np.full(4, t, bf16), "a": np.int64(t)})
+                w.create_item("dtypes", 1.0, {k: w.history[k][-1] for k in ("obs", "half", "a")})
+            w.wait_applied(timeout=30)
+
+        ds = rt.ReplayDataset(server.url, "dtypes", batch_size=32, prefetch=4, device="cuda", pin_memory=True)
+        assert ds.pin_memory
+
+        def check(b: rt.TensorBatch) -> None:
+            obs, half, a = b.data["obs"], b.data["half"], b.data["a"]
+            assert all(t.is_cuda for t in (obs, half, a, b.info["key"], b.info["probability"]))
+            assert obs.shape == (32, 3, 5) and half.dtype == torch.bfloat16 and a.dtype == torch.int64
+            assert 0 <= int(a.min()) and int(a.max()) < n
+            torch.testing.assert_close(obs, a.float()[:, None, None].expand(-1, 3, 5))
+            torch.testing.assert_close(half.float(), a.float()[:, None].expand(-1, 4))
+
+        batches = ds.__iter__()
+        first = [next(batches) for _ in range(4)]
+        torch.cuda.synchronize()
+        for b in first:
+            check(b)
+        kept = [{k: v.clone() for k, v in b.data.items()} for b in first[1:]]
+        for v in first[0].data.values():
+            v.fill_(-1)
+        later = next(batches)
+        torch.cuda.synchronize()
+        check(later)
+        for b, k in zip(first[1:], kept):
+            for name, v in k.items():
+                assert torch.equal(b.data[name], v), name
+
+        keys = first[1].info["key"]
+        ds.update_priorities(keys, torch.full(keys.shape, 7.0, device="cuda"))
+        updated = set(keys.cpu().numpy().view(np.uint64).tolist())
+        after = c.sample_batch("dtypes", 256, timeout=5)
+        seen = np.isin(after.info.key, np.fromiter(updated, np.uint64))
+        assert seen.any()
+        np.testing.assert_array_equal(after.info.priority[seen], 7.0)
+        assert (after.info.priority[~seen] == 1.0).all()
+        batches.close()
+        ds.close()
