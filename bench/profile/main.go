@@ -128,15 +128,25 @@ func run(ctx context.Context, w workload, warmup, duration time.Duration, prof p
 		cfg.MaxSize = 200000
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	// Requests on a connection of their own, as reprised serves them.
+	// Requests on a connection of their own, and replies spread over as
+	// many as reprised opens, as reprised serves them.
 	rc, err := srv.Connect(nats.Name("reprise service requests"))
 	if err != nil {
 		return err
 	}
 	defer rc.Close()
+	replies := []*nats.Conn{rc}
+	for i := 1; i < service.DefaultReplyConns(runtime.GOMAXPROCS(0)); i++ {
+		c, err := srv.Connect(nats.Name(fmt.Sprintf("reprise service replies %d", i)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		replies = append(replies, c)
+	}
 	svc, err := service.New(nc, []tables.Config{cfg}, service.WithLogger(log),
 		service.WithStream(service.StreamOptions{MaxBytes: 2 << 30}), service.WithRequestConn(rc),
-		service.WithSamplePriority(w.samplePriority))
+		service.WithReplyConns(replies...), service.WithSamplePriority(w.samplePriority))
 	if err != nil {
 		return err
 	}

@@ -177,6 +177,20 @@ func (s *Service) respondStatus(r micro.Request, code protocol.Code, msg string)
 // data race. So every answer goes out here instead (micro's stats still
 // count requests and processing time, not errors).
 func (s *Service) reply(r micro.Request, data []byte, h nats.Header) {
+	s.replyOn(s.rc, r, data, h)
+}
+
+// replyConn is the connection for the next reply that carries items.
+func (s *Service) replyConn() *nats.Conn {
+	conns := s.o.replyConns
+	if len(conns) == 0 {
+		return s.rc
+	}
+	return conns[(s.replies.Add(1)-1)%uint64(len(conns))]
+}
+
+// replyOn is reply over nc.
+func (s *Service) replyOn(nc *nats.Conn, r micro.Request, data []byte, h nats.Header) {
 	if r.Reply() == "" || !s.mayAct() {
 		return
 	}
@@ -186,7 +200,7 @@ func (s *Service) reply(r micro.Request, data []byte, h nats.Header) {
 		}
 		h.Set(HeaderService, s.id)
 	}
-	if err := s.rc.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: data, Header: h}); err != nil {
+	if err := nc.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: data, Header: h}); err != nil {
 		s.log.Debug("reprise service: replying", "error", err)
 	}
 }
@@ -280,16 +294,17 @@ var sampleSlices = sync.Pool{New: func() any { return new([]tables.Sample) }}
 // respondParts sends data in one message, or in parts when it exceeds the
 // connection's max payload.
 func (s *Service) respondParts(r micro.Request, data []byte) {
-	limit := int(s.rc.MaxPayload()) - payloadHeadroom
+	nc := s.replyConn()
+	limit := int(nc.MaxPayload()) - payloadHeadroom
 	if len(data) <= limit {
-		s.reply(r, data, nil)
+		s.replyOn(nc, r, data, nil)
 		return
 	}
 	parts := (len(data) + limit - 1) / limit
 	total := strconv.Itoa(parts)
 	for i := range parts {
 		part := data[i*limit : min(len(data), (i+1)*limit)]
-		s.reply(r, part, nats.Header{protocol.HeaderPart: []string{strconv.Itoa(i)}, protocol.HeaderParts: []string{total}})
+		s.replyOn(nc, r, part, nats.Header{protocol.HeaderPart: []string{strconv.Itoa(i)}, protocol.HeaderParts: []string{total}})
 	}
 }
 

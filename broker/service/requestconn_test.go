@@ -1,10 +1,14 @@
 package service
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
+	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -42,5 +46,80 @@ func TestRequestConnNil(t *testing.T) {
 	defer nc.Close()
 	if _, err := New(nc, []tables.Config{testutil.UniformTable("t", 10)}, WithRequestConn(nil)); err == nil {
 		t.Error("WithRequestConn(nil): no error")
+	}
+}
+
+// With WithReplyConns, replies with items go out over those connections in
+// turn, and the parts of one reply larger than the max payload all go out
+// over one, so that they arrive whole and in order.
+func TestReplyConnsTakeTurns(t *testing.T) {
+	url := testutil.StartEmbedded(t, 64<<10)
+	var conns []*nats.Conn
+	for range 3 {
+		nc, err := nats.Connect(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		conns = append(conns, nc)
+	}
+	d := deploy(t, []tables.Config{testutil.UniformTable("big", 100)}, deployOptions{url: url, service: []Option{WithReplyConns(conns...)}})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithCompression(wire.Uncompressed))
+	const obsLen = 4000 // 16 kB per item
+	for i := range int64(40) {
+		if err := p.Append(ctx, step(i, obsLen)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "big", 1, broker.LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out := func() []uint64 {
+		n := make([]uint64, len(conns))
+		for i, nc := range conns {
+			n[i] = nc.Stats().OutMsgs
+		}
+		return n
+	}
+	c := d.client()
+	next := -1 // the turn is unknown until the first reply: info requests take turns too
+	for round := range 2 * len(conns) {
+		before := out()
+		samples, err := c.Sample(ctx, "big", 64) // 40 distinct chunks of 16 kB: several parts
+		if err != nil || len(samples) != 64 {
+			t.Fatalf("sample %d: %d samples, %v; want 64", round, len(samples), err)
+		}
+		for _, s := range samples {
+			checkObs(t, s, obsLen)
+		}
+		after := out()
+		var carried []int
+		for i := range conns {
+			if after[i] != before[i] {
+				carried = append(carried, i)
+			}
+		}
+		if next < 0 && len(carried) == 1 {
+			next = carried[0]
+		}
+		if len(carried) != 1 || carried[0] != next || after[next]-before[next] < 2 {
+			t.Fatalf("sample %d: messages out per reply connection %v before, %v after; want the reply's parts all on connection %d", round, before, after, next)
+		}
+		next = (next + 1) % len(conns)
+	}
+}
+
+func TestReplyConnsNil(t *testing.T) {
+	nc, err := nats.Connect(testutil.StartEmbedded(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := New(nc, []tables.Config{testutil.UniformTable("t", 10)}, WithReplyConns(nc, nil)); !errors.Is(err, protocol.ErrInvalidOption) {
+		t.Errorf("WithReplyConns(nc, nil): %v, want ErrInvalidOption", err)
 	}
 }

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/reprise-rl/reprise/broker/service"
 )
 
 // The raw baseline's stream and subjects; they share the server with a
@@ -146,15 +149,15 @@ func RawRequest(ctx context.Context, cfg RawConfig) (Throughput, error) {
 		return Throughput{}, err
 	}
 	reply := randomBytes(cfg.Batch*cfg.Payload, 2)
-	// One responder per core, like a service that does not make replies
-	// wait behind one connection.
+	// As many responders as reprised has reply connections on this
+	// machine: the server reads each connection in one goroutine.
 	var responders []*nats.Conn
 	defer func() {
 		for _, nc := range responders {
 			nc.Close()
 		}
 	}()
-	for i := range 2 {
+	for i := range service.DefaultReplyConns(runtime.GOMAXPROCS(0)) {
 		nc, err := connect(cfg.URL, fmt.Sprintf("raw responder %d", i))
 		if err != nil {
 			return Throughput{}, err

@@ -189,6 +189,10 @@ type Service struct {
 	// SamplePriority is the delay to run above which the service paces
 	// inserts while learners sample; 0 never paces them.
 	SamplePriority time.Duration
+	// ReplyConns is how many connections carry the replies with items
+	// (service.WithReplyConns); 0 lets reprised choose by the cores it
+	// has.
+	ReplyConns int
 }
 
 // CheckShard accepts "INDEX/COUNT", such as "0/4", or nothing.

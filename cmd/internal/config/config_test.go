@@ -134,7 +134,7 @@ server:
   metrics: 0.0.0.0:9090
 log: {format: json, level: debug}
 stream: {replicas: 3, max_bytes: 1e9, max_age: 24h, duplicates: 5m, memory: true}
-service: {max_sample_wait: 10s, max_concurrent_samples: 64, pull_bytes: 8_388_608, producer_idle: 0s, standby: true, lease_ttl: 2s, shard: 1/4, sample_priority: 0s}
+service: {max_sample_wait: 10s, max_concurrent_samples: 64, pull_bytes: 8_388_608, producer_idle: 0s, standby: true, lease_ttl: 2s, shard: 1/4, sample_priority: 0s, reply_conns: 3}
 limits: {max_columns_per_item: 4096, max_reply_bytes: 8e9, max_producer_window: 4096}
 `))
 	if err != nil {
@@ -152,7 +152,7 @@ limits: {max_columns_per_item: 4096, max_reply_bytes: 8e9, max_producer_window: 
 	if s := cfg.Stream; s.Replicas != 3 || s.MaxBytes != 1e9 || s.MaxAge != 24*time.Hour || s.Duplicates != 5*time.Minute || !s.Memory {
 		t.Errorf("stream = %+v", s)
 	}
-	if s := cfg.Service; s.MaxSampleWait != 10*time.Second || s.MaxConcurrentSamples != 64 || s.PullBytes != 8<<20 || s.ProducerIdle != 0 || !s.Standby || s.LeaseTTL != 2*time.Second || s.Shard != "1/4" || s.SamplePriority != 0 {
+	if s := cfg.Service; s.MaxSampleWait != 10*time.Second || s.MaxConcurrentSamples != 64 || s.PullBytes != 8<<20 || s.ProducerIdle != 0 || !s.Standby || s.LeaseTTL != 2*time.Second || s.Shard != "1/4" || s.SamplePriority != 0 || s.ReplyConns != 3 {
 		t.Errorf("service = %+v", s)
 	}
 	want := service.DefaultLimits()
@@ -313,6 +313,7 @@ func TestErrors(t *testing.T) {
 		{"bad duration", "stream:\n  max_age: 3 days\n", 2, "stream.max_age", []string{"want a duration such as 30s"}},
 		{"duration without unit", "service:\n  producer_idle: 30\n", 2, "service.producer_idle", []string{"want a duration"}},
 		{"negative sample priority", "service:\n  sample_priority: -1ms\n", 2, "service.sample_priority", []string{"must be >= 0"}},
+		{"too many reply connections", "service:\n  reply_conns: 65\n", 2, "service.reply_conns", []string{"65", "0: by the cores"}},
 		{"zero sample wait", "service:\n  max_sample_wait: 0s\n", 2, "service.max_sample_wait", []string{"must be > 0"}},
 		{"yes is not a boolean", "stream:\n  memory: yes\n", 2, "stream.memory", []string{"want true or false"}},
 		{"bad replicas", "stream:\n  replicas: 7\n", 2, "stream.replicas", []string{"1, 3 or 5"}},

@@ -117,6 +117,7 @@ func serviceFields(p *parser, s *Service) []field {
 		{"lease_ttl", p.duration(&s.LeaseTTL, false)},
 		{"shard", p.str(&s.Shard, CheckShard)},
 		{"sample_priority", p.duration(&s.SamplePriority, false)},
+		{"reply_conns", intInto(p, &s.ReplyConns, 0, MaxReplyConns, " (0: by the cores)")},
 	}
 }
 
@@ -153,6 +154,10 @@ const (
 	MinMaxPayload = 1 << 10
 	MaxMaxPayload = 64 << 20
 )
+
+// MaxReplyConns bounds service.reply_conns: past the cores of a large
+// machine, more connections only cost the server a reader each.
+const MaxReplyConns = 64
 
 // embeddedOnly are the server keys that configure the embedded server, and
 // externalOnly those that configure the connection to an external one.

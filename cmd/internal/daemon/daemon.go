@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"time"
 
@@ -329,7 +330,10 @@ type daemon struct {
 	nc  *nats.Conn
 	// rc carries the service's requests and replies, apart from the
 	// stream's deliveries on nc (see service.WithRequestConn).
-	rc          *nats.Conn
+	rc *nats.Conn
+	// replies are the connections beside rc that carry sample replies
+	// (see service.WithReplyConns).
+	replies     []*nats.Conn
 	metrics     *http.Server
 	metricsDone chan struct{}
 	url         string
@@ -351,6 +355,7 @@ func (d *daemon) run(ctx context.Context) error {
 		service.WithLogger(d.log),
 		service.WithStream(d.cfg.Stream),
 		service.WithRequestConn(d.rc),
+		service.WithReplyConns(append([]*nats.Conn{d.rc}, d.replies...)...),
 	}, append(append(d.cfg.Service.Options(), service.WithLimits(d.cfg.Limits)), cpOpts...)...)
 	var m *metrics.Metrics
 	if d.cfg.Server.Metrics != "" {
@@ -440,8 +445,11 @@ func (d *daemon) connect(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("connecting to the embedded NATS server: %w", err)
 		}
-		d.rc, err = srv.Connect(append(connOpts, nats.Name("reprised requests"))...)
-		if err != nil {
+		dial := func(name string) (*nats.Conn, error) { return srv.Connect(append(connOpts, nats.Name(name))...) }
+		if d.rc, err = dial("reprised requests"); err != nil {
+			return fmt.Errorf("connecting to the embedded NATS server: %w", err)
+		}
+		if err := d.dialReplies(dial); err != nil {
 			return fmt.Errorf("connecting to the embedded NATS server: %w", err)
 		}
 		return nil
@@ -480,7 +488,32 @@ func (d *daemon) connect(ctx context.Context) error {
 	if d.rc, err = dial("reprised requests"); err != nil {
 		return fmt.Errorf("connecting to the NATS server at %s: %w", s.NATS, err)
 	}
+	if err := d.dialReplies(dial); err != nil {
+		return fmt.Errorf("connecting to the NATS server at %s: %w", s.NATS, err)
+	}
 	return d.waitFor(ctx, "JetStream at "+s.NATS, func() (bool, error) { return checkJetStream(ctx, d.nc, s.NATS) })
+}
+
+// dialReplies opens the connections that carry sample replies beside the
+// request connection: service.reply_conns of them in all, or by the cores.
+func (d *daemon) dialReplies(dial func(name string) (*nats.Conn, error)) error {
+	for i := 1; i < replyConnCount(d.cfg.Service.ReplyConns, runtime.GOMAXPROCS(0)); i++ {
+		nc, err := dial(fmt.Sprintf("reprised replies %d", i))
+		if err != nil {
+			return err
+		}
+		d.replies = append(d.replies, nc)
+	}
+	return nil
+}
+
+// replyConnCount is configured, or service.DefaultReplyConns for the
+// cores when it is 0.
+func replyConnCount(configured, cores int) int {
+	if configured > 0 {
+		return configured
+	}
+	return service.DefaultReplyConns(cores)
 }
 
 // waitFor tries until try succeeds, fails for good, or ctx ends (then it
@@ -691,7 +724,7 @@ func (d *daemon) shutdown() {
 		}
 		<-d.metricsDone
 	}
-	for _, nc := range []*nats.Conn{d.rc, d.nc} {
+	for _, nc := range append([]*nats.Conn{d.rc, d.nc}, d.replies...) {
 		if nc != nil {
 			// Closing is no disconnection to report, and the report would
 			// come after Run returned.

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
 	"github.com/reprise-rl/reprise/cmd/internal/config"
 	"github.com/reprise-rl/reprise/internal/natstest"
@@ -538,4 +540,34 @@ func TestFinalCheckpointFailureIsReported(t *testing.T) {
 		t.Fatalf("stopping with no place for the final checkpoint = %v, want an error about it", err)
 	}
 	r.stop = func() error { return nil } // the failure was the point
+}
+
+// reprised opens service.reply_conns connections for sample replies, the
+// request connection among them, or one per two cores for 0.
+func TestReplyConnections(t *testing.T) {
+	url := testutil.StartEmbedded(t, 0)
+	for _, tc := range []struct{ configured, want int }{{1, 1}, {3, 3}, {0, service.DefaultReplyConns(runtime.GOMAXPROCS(0))}} {
+		d := &daemon{cfg: config.Default()}
+		d.cfg.Service.ReplyConns = tc.configured
+		var names []string
+		err := d.dialReplies(func(name string) (*nats.Conn, error) {
+			names = append(names, name)
+			return nats.Connect(url, nats.Name(name))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, nc := range d.replies {
+			nc.Close()
+		}
+		if len(names) != tc.want-1 || len(d.replies) != tc.want-1 || (len(names) > 0 && names[len(names)-1] != fmt.Sprintf("reprised replies %d", tc.want-1)) {
+			t.Errorf("reply_conns %d: dialled %q, want %d connections beside the request connection", tc.configured, names, tc.want-1)
+		}
+	}
+	if got := service.DefaultReplyConns(2); got != 2 {
+		t.Errorf("2 cores: %d reply connections, want 2", got)
+	}
+	if got := service.DefaultReplyConns(16); got != 8 {
+		t.Errorf("16 cores: %d reply connections, want 8", got)
+	}
 }
