@@ -48,6 +48,8 @@ type plan struct {
 
 	// settle bounds the wait for a process's resident memory to settle.
 	settle time.Duration
+	// reverbQuiet is how long the Reverb driver may print nothing.
+	reverbQuiet time.Duration
 	// rest is how long the memory section lets reprised rest after each
 	// fill before it reads its resident memory at rest: past the NATS
 	// server's 10-second block cache and gcpace.RestAfter.
@@ -91,6 +93,7 @@ func fullPlan() plan {
 		shardClients:  []int{4, 16, 64},
 		settle:        10 * time.Second,
 		rest:          gcpace.RestAfter + 3*time.Second,
+		reverbQuiet:   reverbQuiet,
 	}
 }
 
@@ -123,6 +126,7 @@ func quickPlan() plan {
 		shardClients:  []int{4},
 		settle:        3 * time.Second,
 		rest:          gcpace.RestAfter + 3*time.Second,
+		reverbQuiet:   reverbQuiet,
 	}
 }
 

@@ -637,6 +637,10 @@ func (r *Results) markdown(w io.Writer) {
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", t.Name, t.Goal, t.Measured, m)
 	}
 	if !r.Reverb.Ran && r.Reverb.Error != "" {
-		fmt.Fprintf(w, "\nReverb did not run: %s\n", strings.TrimSpace(r.Reverb.Error))
+		what := "did not run"
+		if slices.ContainsFunc(r.Throughput, func(p Point) bool { return p.System == sysReverb }) {
+			what = "stopped before the end; its figures above are those it gave"
+		}
+		fmt.Fprintf(w, "\nReverb %s: %s\n", what, strings.TrimSpace(r.Reverb.Error))
 	}
 }

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/csv"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"io"
 	"log/slog"
@@ -12,7 +14,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -393,4 +397,73 @@ func TestPrebuiltBinaries(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not an executable") {
 		t.Errorf("latency with a reprisectl that cannot run: %v, want an error saying so", err)
 	}
+}
+
+// A Reverb driver that hangs, here one that prints a point, starts a child
+// that holds its output, and sleeps, is stopped once it has printed nothing
+// for the plan's reverbQuiet, child and all; what it printed before stays
+// in the results, and the summary says that Reverb stopped early.
+func TestReverbHangIsStopped(t *testing.T) {
+	venv := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(venv, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pidFile := filepath.Join(venv, "child.pid")
+	script := `#!/bin/sh
+echo '{"kind":"version","version":"0.14.0"}'
+echo '{"kind":"throughput","mode":"sample","payload_bytes":400,"clients":1,"batch":256,"items_per_sec":1000,"bytes_per_sec":400000}'
+sleep 600 &
+echo $! > ` + pidFile + `
+wait
+`
+	if err := os.WriteFile(filepath.Join(venv, "bin", "python"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := &suite{opts: options{venv: venv}, plan: quickPlan(), log: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		repo: ".", work: t.TempDir(), res: &Results{}}
+	s.plan.reverbQuiet = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.runReverb(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.res.Reverb.Ran || !strings.Contains(s.res.Reverb.Error, "printed nothing for too long") {
+		t.Errorf("Reverb ran %v, error %q; want it stopped as hung", s.res.Reverb.Ran, s.res.Reverb.Error)
+	}
+	if p := find(s.res.Throughput, sysReverb, "sample", 400, 1); p == nil || p.ItemsPerSec != 1000 {
+		t.Errorf("the point printed before the hang: %+v, want it kept", p)
+	}
+	pid, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(pid)))
+	// Killed, it may linger a moment as a zombie until it is reaped.
+	for deadline := time.Now().Add(10 * time.Second); running(n); {
+		if time.Now().After(deadline) {
+			t.Errorf("the driver's child %d still runs", n)
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var b strings.Builder
+	s.res.summarize()
+	s.res.markdown(&b)
+	if !strings.Contains(b.String(), "Reverb stopped before the end") {
+		t.Errorf("summary does not say Reverb stopped early:\n%s", b.String())
+	}
+}
+
+// running says whether process pid exists and is no zombie.
+func running(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // no /proc: the signal's answer is all there is
+	}
+	// The state follows the command's closing parenthesis.
+	rest := stat[bytes.LastIndexByte(stat, ')')+1:]
+	return !bytes.HasPrefix(bytes.TrimSpace(rest), []byte("Z"))
 }
