@@ -131,12 +131,18 @@ func step(i int64, obsLen int) broker.Step {
 // of each in table t, and waits until the service applied them.
 func insertSteps(t testing.TB, p *broker.Producer, from, to int64, obsLen int) {
 	t.Helper()
+	insertStepsInto(t, p, "t", from, to, obsLen)
+}
+
+// insertStepsInto is insertSteps into table.
+func insertStepsInto(t testing.TB, p *broker.Producer, table string, from, to int64, obsLen int) {
+	t.Helper()
 	ctx := testutil.Context(t)
 	for i := from; i < to; i++ {
 		if err := p.Append(ctx, step(i, obsLen)); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
+		if err := p.CreateItem(ctx, table, 1, broker.LastStep("obs", "id")); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -67,17 +67,7 @@ func TestReplyConnsTakeTurns(t *testing.T) {
 	ctx := testutil.Context(t)
 	p := d.producer(broker.WithCompression(wire.Uncompressed))
 	const obsLen = 4000 // 16 kB per item
-	for i := range int64(40) {
-		if err := p.Append(ctx, step(i, obsLen)); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.CreateItem(ctx, "big", 1, broker.LastStep("obs", "id")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := p.WaitApplied(ctx); err != nil {
-		t.Fatal(err)
-	}
+	insertStepsInto(t, p, "big", 0, 40, obsLen)
 	out := func() []uint64 {
 		n := make([]uint64, len(conns))
 		for i, nc := range conns {
