@@ -60,3 +60,33 @@ func benchInsertSample(b *testing.B, cfg Config, goroutines int) {
 	}
 	wg.Wait()
 }
+
+// BenchmarkSampleBatches draws batches of 256 from a uniform table of
+// 100,000 items, each with a chunk of its own, from parallel goroutines:
+// the learners of one table. Run with -cpu 1,2,... to see how they scale;
+// a request draws its whole batch under the table's lock.
+func BenchmarkSampleBatches(b *testing.B) {
+	const size, batch = 100_000, 256
+	store := NewChunkStore()
+	tb := mustNew(b, config("uniform", selectors.KindUniform, selectors.KindFifo, size, limiter.MinSize(1)), store)
+	ctx := context.Background()
+	for k := range uint64(size) {
+		putChunk(store, ChunkKey(k+1), 1, 400)
+		if err := tb.Insert(ctx, newItem(k+1, 1, ChunkKey(k+1))); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var dst []Sample
+		for pb.Next() {
+			var err error
+			if dst, _, err = tb.AppendSamples(ctx, dst[:0], batch, batch); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)*batch/b.Elapsed().Seconds(), "items/s")
+}
