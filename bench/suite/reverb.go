@@ -133,7 +133,7 @@ func (s *suite) runReverb(ctx context.Context) error {
 			return ctx.Err()
 		}
 		if cause := context.Cause(dctx); errors.Is(cause, errReverbQuiet) {
-			err = cause
+			err = fmt.Errorf("%w (silent for %v)", cause, s.plan.reverbQuiet)
 		}
 		s.res.Reverb.Error = fmt.Sprintf("%s %s --spec %s: %v\n%s", python, driver, specPath, err, tail(logPath))
 		s.log.Warn("Reverb driver failed", "error", err, "log", logPath)
