@@ -283,6 +283,34 @@ func (c *Client) sample(ctx context.Context, table string, n int, o sampleOption
 // sampleReply is sample that also returns the table's state after it, when
 // the service sent samples.
 func (c *Client) sampleReply(ctx context.Context, table string, n int, o sampleOptions) ([]Sample, wire.TableState, error) {
+	data, err := c.sampleRequest(ctx, table, n, o)
+	if err != nil {
+		return nil, wire.TableState{}, err
+	}
+	reply, err := wire.DecodeSamples(data, newNamedTensor, newSample)
+	if err != nil {
+		return nil, wire.TableState{}, fmt.Errorf("%w: %w", ErrServer, err)
+	}
+	err = replyStatus(reply.Code, reply.Message)
+	if err != nil && reply.Code != wire.Code_CODE_PARTIAL {
+		return nil, wire.TableState{}, err
+	}
+	return reply.Samples, reply.After, err
+}
+
+// replyStatus is the error of a sample reply's status. A partial reply's
+// matches ErrRateLimited and comes with the items the reply has; any
+// other error comes alone.
+func replyStatus(code wire.Code, msg string) error {
+	if code == wire.Code_CODE_PARTIAL {
+		return &StatusError{Code: CodeRateLimited, Message: msg}
+	}
+	return protocol.Status(protocol.Code(code), msg)
+}
+
+// sampleRequest asks the service for n items of table and returns its
+// reply, undecoded.
+func (c *Client) sampleRequest(ctx context.Context, table string, n int, o sampleOptions) ([]byte, error) {
 	req := &wire.SampleRequest{Table: table, NumSamples: int32(n), Flexible: o.flexible, Packed: true, Layout: wire.PackedLayout_PACKED_LAYOUT_UNIFORM}
 	if dl, ok := ctx.Deadline(); ok {
 		// Leave the reply time to travel, even on a loaded machine: a
@@ -313,21 +341,7 @@ func (c *Client) sampleReply(ctx context.Context, table string, n int, o sampleO
 			<-probed // it started: it ends with ctx
 		}
 	}()
-	data, err := c.request(ctx, c.subj.Sample(), req)
-	if err != nil {
-		return nil, wire.TableState{}, err
-	}
-	reply, err := wire.DecodeSamples(data, newNamedTensor, newSample)
-	if err != nil {
-		return nil, wire.TableState{}, fmt.Errorf("%w: %w", ErrServer, err)
-	}
-	if err := protocol.Status(protocol.Code(reply.Code), reply.Message); err != nil {
-		return nil, wire.TableState{}, err
-	}
-	if reply.Code == wire.Code_CODE_PARTIAL {
-		return reply.Samples, reply.After, &StatusError{Code: CodeRateLimited, Message: reply.Message}
-	}
-	return reply.Samples, reply.After, nil
+	return c.request(ctx, c.subj.Sample(), req)
 }
 
 // DefaultSampleWait is how long a sample waits for the rate limiter when
@@ -569,15 +583,19 @@ func checkPriority(p float64) error {
 // Sampler keeps several sample requests in flight so a learner rarely waits
 // for a round trip. Items it prefetched and nobody took are lost at Close;
 // with a Queue table use one request in flight.
-type Sampler struct {
-	results chan samplerResult
+type Sampler struct{ p *prefetcher[[]Sample] }
+
+// prefetcher keeps calls of a fetch function going and queues their
+// results.
+type prefetcher[T any] struct {
+	results chan prefetched[T]
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 }
 
-type samplerResult struct {
-	samples []Sample
-	err     error
+type prefetched[T any] struct {
+	v   T
+	err error
 }
 
 // SamplerOption configures a Sampler. Flexible is one too.
@@ -621,7 +639,7 @@ func (c *Client) NewSampler(table string, size int, opts ...SamplerOption) (*Sam
 	if err != nil {
 		return nil, err
 	}
-	return startSampler(o, func(ctx context.Context) ([]Sample, error) { return c.sample(ctx, table, size, o.sample) }), nil
+	return &Sampler{startPrefetch(o, func(ctx context.Context) ([]Sample, error) { return c.sample(ctx, table, size, o.sample) })}, nil
 }
 
 func samplerConfig(size int, opts []SamplerOption) (samplerOptions, error) {
@@ -637,10 +655,10 @@ func samplerConfig(size int, opts []SamplerOption) (samplerOptions, error) {
 	return o, nil
 }
 
-// startSampler keeps o.inFlight calls of fetch going until Close.
-func startSampler(o samplerOptions, fetch func(context.Context) ([]Sample, error)) *Sampler {
+// startPrefetch keeps o.inFlight calls of fetch going until close.
+func startPrefetch[T any](o samplerOptions, fetch func(context.Context) (T, error)) *prefetcher[T] {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Sampler{results: make(chan samplerResult, o.inFlight), cancel: cancel}
+	s := &prefetcher[T]{results: make(chan prefetched[T], o.inFlight), cancel: cancel}
 	for range o.inFlight {
 		s.wg.Add(1)
 		go func() {
@@ -651,13 +669,13 @@ func startSampler(o samplerOptions, fetch func(context.Context) ([]Sample, error
 				if o.timeout > 0 {
 					rctx, rcancel = context.WithTimeout(ctx, o.timeout)
 				}
-				samples, err := fetch(rctx)
+				v, err := fetch(rctx)
 				rcancel()
 				if ctx.Err() != nil {
 					return
 				}
 				select {
-				case s.results <- samplerResult{samples, err}:
+				case s.results <- prefetched[T]{v, err}:
 				case <-ctx.Done():
 					return
 				}
@@ -681,19 +699,24 @@ func startSampler(o samplerOptions, fetch func(context.Context) ([]Sample, error
 
 // Next returns the next batch. A batch cut short by the rate limiter comes
 // with an error matching ErrRateLimited, as from Client.Sample.
-func (s *Sampler) Next(ctx context.Context) ([]Sample, error) {
+func (s *Sampler) Next(ctx context.Context) ([]Sample, error) { return s.p.next(ctx) }
+
+// Close stops the sampler's requests and waits for them to end.
+func (s *Sampler) Close() { s.p.close() }
+
+func (p *prefetcher[T]) next(ctx context.Context) (T, error) {
 	select {
-	case r := <-s.results:
-		return r.samples, r.err
+	case r := <-p.results:
+		return r.v, r.err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		var zero T
+		return zero, ctx.Err()
 	}
 }
 
-// Close stops the sampler's requests and waits for them to end.
-func (s *Sampler) Close() {
-	s.cancel()
-	s.wg.Wait()
+func (p *prefetcher[T]) close() {
+	p.cancel()
+	p.wg.Wait()
 }
 
 // Checkpoint asks the service to write a checkpoint now.

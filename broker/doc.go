@@ -1,6 +1,7 @@
 // Package broker is Reprise's client side on NATS JetStream: actors publish
 // trajectories through a Producer, and learners sample, read and mutate
-// tables through a Client (a Sampler keeps several sample requests in
+// tables through a Client (SampleBatch stacks a batch's items, one tensor a
+// column; a Sampler or BatchSampler keeps several sample requests in
 // flight). Neither connects to the table service directly: inserts and
 // mutations go through a JetStream stream, requests through NATS
 // request-reply. The table service that consumes the stream and answers the

@@ -188,6 +188,37 @@ func ExampleClient_NewSampler() {
 	// a batch of 8
 }
 
+// SampleBatch stacks the items, one tensor a column, as a learner trains
+// on them: the obs of 8 one-step items make one tensor of shape [8, 2].
+func ExampleClient_SampleBatch() {
+	nc, stop := startReprise()
+	defer stop()
+	ctx := context.Background()
+	insertSteps(ctx, nc, 5)
+
+	c, err := broker.NewClient(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	batch, err := c.SampleBatch(ctx, "replay", 8)
+	if err != nil {
+		log.Fatal(err)
+	}
+	obs, _ := batch.Column("obs")
+	values, err := obs.Float32s()
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Row i is item i's obs, [t, -t].
+	rowsAgree := true
+	for i := range batch.Len() {
+		rowsAgree = rowsAgree && values[2*i] == -values[2*i+1]
+	}
+	fmt.Println(batch.Len(), "items, obs of shape", obs.Shape, "rows agree:", rowsAgree)
+	// Output: 8 items, obs of shape [8 2] rows agree: true
+}
+
 // insertSteps writes n one-step items whose obs is [t, -t].
 func insertSteps(ctx context.Context, nc *nats.Conn, n int64) {
 	p, err := broker.NewProducer(ctx, nc)

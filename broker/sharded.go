@@ -364,7 +364,7 @@ func (c *ShardedClient) NewSampler(table string, size int, opts ...SamplerOption
 	if err != nil {
 		return nil, err
 	}
-	return startSampler(o, func(ctx context.Context) ([]Sample, error) { return c.sample(ctx, table, size, o.sample) }), nil
+	return &Sampler{startPrefetch(o, func(ctx context.Context) ([]Sample, error) { return c.sample(ctx, table, size, o.sample) })}, nil
 }
 
 // shardReply is one shard's part of a sample.
@@ -375,6 +375,49 @@ type shardReply struct {
 }
 
 func (c *ShardedClient) sample(ctx context.Context, table string, n int, o sampleOptions) ([]Sample, error) {
+	d, err := c.draw(ctx, table, n)
+	if err != nil {
+		return nil, err
+	}
+	replies := make([]shardReply, len(c.shards))
+	eachShard(d.drawn, c.prefixes, func(i int) error {
+		r := &replies[i]
+		r.samples, r.after, r.err = c.shards[i].sampleReply(ctx, table, d.counts[i], o)
+		return nil
+	})
+	c.settle(table, d, func(i int) (int, wire.TableState, error) {
+		return len(replies[i].samples), replies[i].after, replies[i].err
+	})
+	sizeAll := d.sizeAll()
+	out := make([]Sample, 0, n)
+	next := make([]int, len(c.shards))
+	for _, i := range d.picks {
+		r := &replies[i]
+		if next[i] == len(r.samples) {
+			continue
+		}
+		s := r.samples[next[i]]
+		next[i]++
+		s.Info.Probability *= d.share[i] / d.total
+		s.Info.TableSize += sizeAll - d.states[i].size
+		out = append(out, s)
+	}
+	return out, c.outcome(d, func(i int) error { return replies[i].err }, len(out), n, o.flexible)
+}
+
+// shardDraw is the shards a sample's places are drawn from.
+type shardDraw struct {
+	states []shardState
+	share  []float64 // each shard's, unnormalised
+	total  float64
+	picks  []int32 // the shard of each place
+	counts []int   // the places of each shard
+	drawn  []int   // the shards with places
+}
+
+// draw draws the shard of each of n places in proportion to the shards'
+// shares, waiting while no shard holds an item.
+func (c *ShardedClient) draw(ctx context.Context, table string, n int) (*shardDraw, error) {
 	states, err := c.freshStates(ctx, table)
 	if err != nil {
 		return nil, err
@@ -386,67 +429,59 @@ func (c *ShardedClient) sample(ctx context.Context, table string, n int, o sampl
 		}
 		share, ok = shardShares(states)
 	}
+	d := &shardDraw{states: states, share: share, picks: make([]int32, n), counts: make([]int, len(c.shards))}
 	// The shard of each place, drawn by cumulative share.
 	cum := make([]float64, len(share))
-	total := 0.0
 	for i, s := range share {
-		total += s
-		cum[i] = total
+		d.total += s
+		cum[i] = d.total
 	}
-	picks := make([]int32, n)
-	counts := make([]int, len(c.shards))
-	for j := range picks {
-		u := rand.Float64() * total
+	for j := range d.picks {
+		u := rand.Float64() * d.total
 		i := min(sort.Search(len(cum), func(i int) bool { return cum[i] > u }), len(cum)-1)
-		picks[j] = int32(i)
-		counts[i]++
+		d.picks[j] = int32(i)
+		d.counts[i]++
 	}
-	var drawn []int
-	for i, k := range counts {
+	for i, k := range d.counts {
 		if k > 0 {
-			drawn = append(drawn, i)
+			d.drawn = append(d.drawn, i)
 		}
 	}
-	replies := make([]shardReply, len(c.shards))
-	// Errors are kept per shard, not joined here: a rate-limited shard
-	// still gave what it had.
-	eachShard(drawn, c.prefixes, func(i int) error {
-		r := &replies[i]
-		r.samples, r.after, r.err = c.shards[i].sampleReply(ctx, table, counts[i], o)
-		return nil
-	})
-	now := time.Now()
-	for _, i := range drawn {
-		switch r := &replies[i]; {
-		case len(r.samples) > 0:
-			// A reply carries the table's state only with samples.
-			c.learn(table, i, reported(r.after.Size, r.after.Weight, now))
-		case shardDown(r.err):
-			c.learn(table, i, shardState{at: now, down: r.err})
-		}
-	}
+	return d, nil
+}
 
-	var sizeAll int64
-	for _, s := range states {
-		sizeAll += s.size
+// sizeAll is the whole table's size, as the shards last reported it.
+func (d *shardDraw) sizeAll() int64 {
+	var size int64
+	for _, s := range d.states {
+		size += s.size
 	}
-	out := make([]Sample, 0, n)
-	next := make([]int, len(c.shards))
-	for _, i := range picks {
-		r := &replies[i]
-		if next[i] == len(r.samples) {
-			continue
+	return size
+}
+
+// settle learns what the drawn shards' replies (items, the table's state
+// after them, error) tell of the shards.
+func (c *ShardedClient) settle(table string, d *shardDraw, reply func(i int) (int, wire.TableState, error)) {
+	now := time.Now()
+	for _, i := range d.drawn {
+		switch items, after, err := reply(i); {
+		case items > 0:
+			// A reply carries the table's state only with samples.
+			c.learn(table, i, reported(after.Size, after.Weight, now))
+		case shardDown(err):
+			c.learn(table, i, shardState{at: now, down: err})
 		}
-		s := r.samples[next[i]]
-		next[i]++
-		s.Info.Probability *= share[i] / total
-		s.Info.TableSize += sizeAll - states[i].size
-		out = append(out, s)
 	}
+}
+
+// outcome is the error of a sample whose drawn shards failed with
+// errOf(i), got items of the n asked for. Errors are kept per shard, not
+// joined as they come: a rate-limited shard still gave what it had.
+func (c *ShardedClient) outcome(d *shardDraw, errOf func(i int) error, got, n int, flexible bool) error {
 	var errs []error
 	var limited *StatusError
-	for _, i := range drawn {
-		switch err := replies[i].err; {
+	for _, i := range d.drawn {
+		switch err := errOf(i); {
 		case err == nil:
 		case errors.Is(err, ErrRateLimited) && limited == nil:
 			limited = &StatusError{Code: CodeRateLimited, Message: fmt.Sprintf("shard %d (prefix %q): %v", i, c.prefixes[i], err)}
@@ -455,15 +490,15 @@ func (c *ShardedClient) sample(ctx context.Context, table string, n int, o sampl
 		}
 	}
 	if len(errs) > 0 {
-		return out, errors.Join(errs...)
+		return errors.Join(errs...)
 	}
-	if limited != nil && (len(out) == 0 || !o.flexible) {
-		if len(out) > 0 {
-			limited.Message = fmt.Sprintf("%d of %d samples; %s", len(out), n, limited.Message)
+	if limited != nil && (got == 0 || !flexible) {
+		if got > 0 {
+			limited.Message = fmt.Sprintf("%d of %d samples; %s", got, n, limited.Message)
 		}
-		return out, limited
+		return limited
 	}
-	return out, nil
+	return nil
 }
 
 // shardShares is each shard's share of a draw, unnormalised: its weight,

@@ -50,7 +50,8 @@ func main() {
 		clients  = flag.Int("clients", 4, "concurrent clients (producers in mixed mode), each with its own connection")
 		learners = flag.Int("learners", 16, "learners beside the producers (mixed mode)")
 		sbatch   = flag.Int("sample-batch", 32, "items per learner's sample request (mixed mode)")
-		inFlight = flag.Int("in-flight", 0, "requests each sampler or learner keeps open through a broker.Sampler (0: one Sample call at a time)")
+		inFlight = flag.Int("in-flight", 0, "requests each sampler or learner keeps open through a broker.BatchSampler (0: one SampleBatch call at a time)")
+		perItem  = flag.Bool("per-item", false, "samplers and learners decode each reply item by item (Client.Sample), not as one batch (Client.SampleBatch)")
 		block    = flag.String("block", "", "`file` for a blocking profile (optional)")
 		mutex    = flag.String("mutex", "", "`file` for a mutex profile (optional)")
 		warmup   = flag.Duration("warmup", time.Second, "time before measuring and profiling")
@@ -70,7 +71,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "profile: --compression %q: want zstd, s2 or none\n", *codec)
 		os.Exit(2)
 	}
-	w := workload{mode: *mode, payload: *payload, batch: *batch, clients: *clients, learners: *learners, sampleBatch: *sbatch, inFlight: *inFlight, fill: *fill,
+	w := workload{mode: *mode, payload: *payload, batch: *batch, clients: *clients, learners: *learners, sampleBatch: *sbatch, inFlight: *inFlight, perItem: *perItem, fill: *fill,
 		samplePriority: *priority, compression: compression}
 	prof := profiles{cpu: *cpu, heap: *heap, block: *block, mutex: *mutex}
 	if err := run(ctx, w, *warmup, *duration, prof); err != nil {
@@ -85,6 +86,7 @@ type workload struct {
 	payload, batch, clients, fill int
 	learners, sampleBatch         int
 	inFlight                      int
+	perItem                       bool
 	samplePriority                time.Duration
 	compression                   wire.Codec
 }
@@ -162,7 +164,7 @@ func run(ctx context.Context, w workload, warmup, duration time.Duration, prof p
 		return err
 	}
 	url := srv.ClientURL()
-	bc := load.BenchConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Payload: w.payload, Batch: w.batch, InFlight: w.inFlight,
+	bc := load.BenchConfig{URL: url, Prefix: broker.DefaultPrefix, Table: cfg.Name, Payload: w.payload, Batch: w.batch, InFlight: w.inFlight, PerItem: w.perItem,
 		Compression: w.compression, Warmup: warmup, Duration: duration}
 	switch w.mode {
 	case "insert":

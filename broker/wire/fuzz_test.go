@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -70,18 +71,34 @@ func FuzzDecodeChunk(f *testing.F) {
 // FuzzDecodeSampleResponse: whatever a server sends, the learner's decoder
 // returns an error or tensors that hold exactly their shapes, and agrees
 // with the long way (generated code, a record at a time, DecodeChunk)
-// wherever that accepts the response too.
+// wherever that accepts the response too. DecodeBatchResponse gives a
+// batch only of items that decode, and then their stack.
 func FuzzDecodeSampleResponse(f *testing.F) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	for range 8 {
 		f.Add(pack(f, Code_CODE_OK, "", sampledFixture(f, rng), randomTableState(rng)))
 		f.Add(packLayout(f, PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", uniformFixture(f, rng), randomTableState(rng)))
+		f.Add(packLayout(f, PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", stackableFixture(f, rng), randomTableState(rng)))
 	}
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
+		batch, batchErr := DecodeBatchResponse(slices.Clone(b))
 		got, err := DecodeSampleResponse(slices.Clone(b))
 		if err != nil {
+			if batchErr == nil {
+				t.Fatalf("a batch of items that do not decode (%v)", err)
+			}
 			return
+		}
+		// Items that stack by hand may still differ in a column's
+		// squeezing where its shapes agree: only such items are refused.
+		switch stacked, stackErr := stackByHand(got.Samples); {
+		case batchErr == nil && stackErr != nil:
+			t.Fatalf("a batch of items that do not stack (%v)", stackErr)
+		case batchErr == nil && !equalBatches(batch.Batch, stacked):
+			t.Fatalf("batch\n%+v\nstacked by hand\n%+v", batch.Batch, stacked)
+		case batchErr != nil && stackErr == nil && !errors.Is(batchErr, ErrUnstackable):
+			t.Fatalf("items that stack refused: %v", batchErr)
 		}
 		for _, s := range got.Samples {
 			for _, c := range s.Columns {

@@ -462,11 +462,8 @@ func (d *sampleDecoder) readItems() error {
 	for i := range nitems {
 		r := infos[i*compactInfoSize : (i+1)*compactInfoSize]
 		it := &d.items[i]
-		cols := le.Uint32(r[44:])
-		it.info = tables.SampleInfo{Key: le.Uint64(r), Probability: math.Float64frombits(le.Uint64(r[8:])), TableSize: int64(le.Uint64(r[16:])),
-			Priority: math.Float64frombits(le.Uint64(r[24:])), InsertedAt: time.Unix(0, int64(le.Uint64(r[32:]))),
-			TimesSampled: int32(le.Uint32(r[40:])), RateLimited: cols&compactFlag != 0}
-		cols &^= compactFlag
+		var cols uint32
+		it.info, cols = readCompactInfo(r)
 		it.first = len(d.columns)
 		if uint64(cols) > uint64(ncols-len(d.columns)) {
 			return fmt.Errorf("%w: sample response item %d: %d columns, %d records left", ErrMalformed, i, cols, ncols-len(d.columns))
@@ -505,6 +502,16 @@ func (d *sampleDecoder) readItems() error {
 		return fmt.Errorf("%w: sample response: its items use %d of %d column records and %d of %d slice records", ErrMalformed, len(d.columns), ncols, len(d.slices), nslices)
 	}
 	return nil
+}
+
+// readCompactInfo reads a compact info record: the item's info and its
+// number of columns.
+func readCompactInfo(r []byte) (tables.SampleInfo, uint32) {
+	le := binary.LittleEndian
+	cols := le.Uint32(r[44:])
+	return tables.SampleInfo{Key: le.Uint64(r), Probability: math.Float64frombits(le.Uint64(r[8:])), TableSize: int64(le.Uint64(r[16:])),
+		Priority: math.Float64frombits(le.Uint64(r[24:])), InsertedAt: time.Unix(0, int64(le.Uint64(r[32:]))),
+		TimesSampled: int32(le.Uint32(r[40:])), RateLimited: cols&compactFlag != 0}, cols &^ compactFlag
 }
 
 // checkColumn checks that a column's slices lie within their chunks and

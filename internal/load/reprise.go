@@ -39,11 +39,17 @@ type BenchConfig struct {
 	Inserters, Samplers int
 	Payload, Batch      int
 	SampleBatch         int
-	// InFlight, if above 0, makes each sampler a broker.Sampler keeping
-	// that many requests open, as a training loop's learner would; 0 asks
-	// with one Sample call at a time, which measures a request's round
-	// trip.
+	// InFlight, if above 0, makes each sampler a broker.BatchSampler
+	// (Sampler with PerItem) keeping that many requests open, as a
+	// training loop's learner would; 0 asks with one call at a time, which
+	// measures a request's round trip.
 	InFlight int
+	// PerItem makes each sampler decode its replies item by item
+	// (Client.Sample) instead of as one stacked batch (SampleBatch), the
+	// form a learner trains on. A sampler whose items do not stack (a
+	// table without a signature holding items of other layouts) goes item
+	// by item from then on.
+	PerItem bool
 	// Episode is the items of an inserter's episode, a multiple of Batch,
 	// or 0 for one episode for the whole run. An inserter ends its episode
 	// instead of flushing after the episode's last batch: EndEpisode waits
@@ -274,23 +280,18 @@ func (cfg BenchConfig) sampler(ctx context.Context, client int, c *counter) erro
 		return err
 	}
 	defer hangUp()
-	next := func(ctx context.Context) ([]broker.Sample, error) {
-		return cl.Sample(ctx, cfg.Table, cfg.sampleBatch())
+	perItem := cfg.PerItem
+	next, stop, err := cfg.sampleCalls(cl, perItem)
+	if err != nil {
+		return clientErr(ctx, "sample", client, err)
 	}
-	if cfg.InFlight > 0 {
-		smp, err := cl.NewSampler(cfg.Table, cfg.sampleBatch(), broker.WithInFlight(cfg.InFlight))
-		if err != nil {
-			return clientErr(ctx, "sample", client, err)
-		}
-		defer smp.Close()
-		next = smp.Next
-	}
+	defer func() { stop() }()
 	for ctx.Err() == nil {
 		t0 := time.Now()
-		samples, err := next(ctx)
+		items, bytes, err := next(ctx)
 		t1 := time.Now()
-		if len(samples) > 0 {
-			c.record(t0, t1, int64(len(samples)), sampledBytes(samples))
+		if items > 0 {
+			c.record(t0, t1, int64(items), bytes)
 		}
 		switch {
 		case err == nil:
@@ -300,11 +301,64 @@ func (cfg BenchConfig) sampler(ctx context.Context, client int, c *counter) erro
 			if c.w.Contains(t1) {
 				c.m.rateLimited.Add(1)
 			}
+		case errors.Is(err, wire.ErrUnstackable) && !perItem:
+			// A table without a signature may hold items of other
+			// layouts, which come one by one.
+			stop()
+			perItem = true
+			if next, stop, err = cfg.sampleCalls(cl, perItem); err != nil {
+				stop = func() {}
+				return clientErr(ctx, "sample", client, err)
+			}
 		default:
 			return clientErr(ctx, "sample", client, err)
 		}
 	}
 	return nil
+}
+
+// sampleCalls is how a sampler takes its next batch of cl: one call at a
+// time or through a broker sampler, as the config says, stacked or item by
+// item. next gives the items and the bytes of their decoded columns; stop
+// ends the broker sampler.
+func (cfg BenchConfig) sampleCalls(cl sampleSource, perItem bool) (next func(context.Context) (int, int64, error), stop func(), err error) {
+	n := cfg.sampleBatch()
+	opts := []broker.SamplerOption{broker.WithInFlight(cfg.InFlight)}
+	if perItem {
+		take := func(ctx context.Context) ([]broker.Sample, error) { return cl.Sample(ctx, cfg.Table, n) }
+		stop = func() {}
+		if cfg.InFlight > 0 {
+			smp, err := cl.NewSampler(cfg.Table, n, opts...)
+			if err != nil {
+				return nil, nil, err
+			}
+			take, stop = smp.Next, smp.Close
+		}
+		return func(ctx context.Context) (int, int64, error) {
+			samples, err := take(ctx)
+			return len(samples), sampledBytes(samples), err
+		}, stop, nil
+	}
+	take := func(ctx context.Context) (*broker.Batch, error) { return cl.SampleBatch(ctx, cfg.Table, n) }
+	stop = func() {}
+	if cfg.InFlight > 0 {
+		smp, err := cl.NewBatchSampler(cfg.Table, n, opts...)
+		if err != nil {
+			return nil, nil, err
+		}
+		take, stop = smp.Next, smp.Close
+	}
+	return func(ctx context.Context) (int, int64, error) {
+		b, err := take(ctx)
+		if b == nil {
+			return 0, 0, err
+		}
+		var bytes int64
+		for _, col := range b.Columns {
+			bytes += int64(len(col.Tensor.Data))
+		}
+		return b.Len(), bytes, err
+	}, stop, nil
 }
 
 // progress calls cfg.Progress once a second until ctx ends.
@@ -365,6 +419,8 @@ func sampledBytes(samples []broker.Sample) int64 {
 type sampleSource interface {
 	Sample(ctx context.Context, table string, n int, opts ...broker.SampleOption) ([]broker.Sample, error)
 	NewSampler(table string, size int, opts ...broker.SamplerOption) (*broker.Sampler, error)
+	SampleBatch(ctx context.Context, table string, n int, opts ...broker.SampleOption) (*broker.Batch, error)
+	NewBatchSampler(table string, size int, opts ...broker.SamplerOption) (*broker.BatchSampler, error)
 }
 
 // dialSampler connects a sampler's client; hangUp closes it and its

@@ -32,10 +32,12 @@ Modes:
           from the batch's first Append until Flush returns (EndEpisode after
           an episode's last batch), when JetStream has stored them all.
   sample  --clients learners, each on its own connection, sample --batch
-          items per request. Latency is per request: from sending it until
-          its items are decoded, including any wait for the rate limiter.
-          With --in-flight N, each learner is a Sampler keeping N requests
-          open, and latency is the wait for each next batch.
+          items per request, each reply decoded as one stacked batch
+          (SampleBatch; item by item with --per-item). Latency is per
+          request: from sending it until its items are decoded, including
+          any wait for the rate limiter. With --in-flight N, each learner is
+          a sampler keeping N requests open, and latency is the wait for
+          each next batch.
   mixed   --clients inserters and --clients samplers at once (--learners
           samplers, asking for --sample-batch items, if given); the totals
           add both, and their latency percentiles are over both kinds of
@@ -65,6 +67,7 @@ type benchOptions struct {
 	batch       int
 	sampleBatch int
 	inFlight    int
+	perItem     bool
 	episode     int
 	// sharded loads through the sharded producer and client, as more than
 	// one --prefix does.
@@ -90,6 +93,7 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 	fs.IntVar(&o.learners, "learners", 0, "in mixed mode, `N` samplers beside the --clients inserters (default: --clients)")
 	fs.IntVar(&o.sampleBatch, "sample-batch", 0, "in mixed mode, `N` items per sample request (default: --batch)")
 	fs.IntVar(&o.inFlight, "in-flight", 0, "`N` sample requests each sampler keeps open, through a prefetching Sampler as a training loop would use (default: one Sample call at a time)")
+	fs.BoolVar(&o.perItem, "per-item", false, "samplers decode each reply item by item (Client.Sample), not as one stacked batch (Client.SampleBatch), the form a learner trains on")
 	fs.IntVar(&o.episode, "episode", 0, "`N` items per episode, a multiple of --batch: inserters end their episode every N items, and a sharded producer moves to the next shard (default: --batch with sharded clients, else one episode per inserter)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure, after the warmup")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "how long to run before measuring")
@@ -116,6 +120,8 @@ func parseBench(args []string, stderr io.Writer) (benchOptions, error) {
 		return o, cli.Usagef("--in-flight must be >= 1 when given, got %d", o.inFlight)
 	case o.inFlight > 0 && o.mode == "insert":
 		return o, cli.Usagef("--in-flight is for samplers: --mode sample or mixed")
+	case o.perItem && o.mode == "insert":
+		return o, cli.Usagef("--per-item is for samplers: --mode sample or mixed")
 	case o.learners < 0 || o.sampleBatch < 0:
 		return o, cli.Usagef("--learners and --sample-batch must be >= 1 when given, got %d and %d", o.learners, o.sampleBatch)
 	case (o.learners > 0 || o.sampleBatch > 0) && o.mode != "mixed":
@@ -173,6 +179,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		cfg.Samplers = cmp.Or(o.learners, o.clients)
 		cfg.SampleBatch = o.sampleBatch
 		cfg.InFlight = o.inFlight
+		cfg.PerItem = o.perItem
 	}
 	res, err := load.Bench(ctx, cfg)
 	if err != nil {
