@@ -97,13 +97,16 @@ func (s *Service) spawnIn(ctx context.Context, r micro.Request, table string, h 
 		return
 	}
 	s.handlers.Add(1)
-	go func() {
+	job := func() {
 		defer func() {
 			s.slots.give(table)
 			s.handlers.Done()
 		}()
 		h(ctx, r)
-	}()
+	}
+	if s.workers == nil || !s.workers.run(job) {
+		go job()
+	}
 }
 
 // requestSlots bounds the requests served at once, and shares them so that
@@ -222,8 +225,8 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	if req.TimeoutMs >= 0 && req.TimeoutMs < wait.Milliseconds() {
 		wait = time.Duration(req.TimeoutMs) * time.Millisecond
 	}
-	wctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
+	wctx := &lazyDeadline{parent: ctx, at: start.Add(wait)}
+	defer wctx.stop()
 	code := protocol.CodeInternal
 	items := 0
 	if s.o.observer != nil {

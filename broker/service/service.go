@@ -423,6 +423,7 @@ type Service struct {
 
 	slots     *requestSlots
 	handlers  sync.WaitGroup
+	workers   *requestWorkers // while active; under closingMu
 	rejectLog rateLimitedLog
 
 	intr           interrupter

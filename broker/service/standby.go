@@ -29,9 +29,14 @@ func (s *Service) mayAct() bool { return s.lease == nil || s.lease.held() }
 // progress (their waits end with it).
 func (s *Service) activate(parent context.Context) (stop func() error, err error) {
 	ctx, cancel := context.WithCancel(parent)
+	workers := newRequestWorkers()
+	s.closingMu.Lock()
+	s.workers = workers
+	s.closingMu.Unlock()
 	svc, err := s.startMicro(ctx)
 	if err != nil {
 		cancel()
+		workers.stop()
 		return nil, err
 	}
 	var bg sync.WaitGroup
@@ -48,6 +53,7 @@ func (s *Service) activate(parent context.Context) (stop func() error, err error
 		s.closing = true
 		s.closingMu.Unlock()
 		s.handlers.Wait()
+		workers.stop()
 		s.closingMu.Lock()
 		s.closing = false
 		s.closingMu.Unlock()

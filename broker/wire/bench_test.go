@@ -217,3 +217,75 @@ func BenchmarkDecodeSampleResponse(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecodeBatchResponse is BenchmarkDecodeSampleResponse's reply
+// stacked into a batch.
+func BenchmarkDecodeBatchResponse(b *testing.B) {
+	const items = 256
+	samples := benchSamples(b, items)
+	reply := packLayout(b, PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", samples, TableState{Size: 100_000})
+	b.SetBytes(int64(len(reply)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeBatchResponse(bytes.Clone(reply)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*items), "ns/item")
+}
+
+// BenchmarkAppendPackedSampleResponse packs replies of 256 one-step items
+// of 400 B drawn from 10,000 stored chunks with their store's formats, as
+// the table service packs a learner's batch.
+//
+//	go test -run - -bench AppendPacked ./broker/wire
+func BenchmarkAppendPackedSampleResponse(b *testing.B) {
+	const items, stored = 256, 10_000
+	all := benchSamples(b, stored)
+	rng := rand.New(rand.NewPCG(5, 6))
+	batches := make([][]tables.Sample, 64)
+	for i := range batches {
+		for range items {
+			batches[i] = append(batches[i], all[rng.IntN(stored)])
+		}
+	}
+	var buf []byte
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		var err error
+		if buf, err = AppendPackedSampleResponse(buf[:0], PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", batches[i%len(batches)], TableState{Size: stored}); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*items), "ns/item")
+}
+
+// benchSamples is n one-step items of 400 B of float32s, each in an
+// uncompressed chunk of its own with the format its store would give it.
+func benchSamples(b *testing.B, n int) []tables.Sample {
+	format := &tables.Format{DType: "float32", Shape: []int64{100}, StepBytes: 400}
+	rng := rand.New(rand.NewPCG(7, 8))
+	out := make([]tables.Sample, n)
+	for i := range out {
+		v := make([]float32, 100)
+		for j := range v {
+			v[j] = rng.Float32()
+		}
+		c, err := EncodeChunk(uint64(i)+1, []*Tensor{Float32s([]int64{100}, v)}, ChunkOptions{Codec: Uncompressed})
+		if err != nil {
+			b.Fatal(err)
+		}
+		data, err := proto.Marshal(c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out[i] = tables.Sample{
+			Info:   tables.SampleInfo{Key: uint64(i) + 1, Probability: 1e-4, TableSize: int64(n), Priority: 1, TimesSampled: 3, InsertedAt: time.Unix(1, 0)},
+			Chunks: []*tables.Chunk{{Key: c.Key, Format: format, Length: 1, Data: data}},
+			Layout: tables.Layout{{Name: "payload", Squeeze: true, Slices: []tables.LayoutSlice{{Chunk: 0, Length: 1}}}},
+		}
+	}
+	return out
+}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/tables"
@@ -588,6 +589,57 @@ func TestAppendPackedSampleResponseRefusesBadChunks(t *testing.T) {
 	for _, layout := range []PackedLayout{PackedLayout_PACKED_LAYOUT_WIDE, PackedLayout_PACKED_LAYOUT_COMPACT} {
 		if _, err := AppendPackedSampleResponse(nil, layout, Code_CODE_OK, "", samples, TableState{}); !errors.Is(err, ErrInvalidChunk) {
 			t.Fatalf("%v: got %v, want ErrInvalidChunk", layout, err)
+		}
+	}
+}
+
+// TestPackedStoredHeaders: a stored chunk's header is read alike with and
+// without its store's Format, whatever its fields' encodings: unknown
+// fields before and after the data, tags of two bytes, values of several
+// (compression and raw size written long), and it is refused alike where
+// it does not parse.
+func TestPackedStoredHeaders(t *testing.T) {
+	samples := uniformFixture(t, rand.New(rand.NewPCG(3, 4)))
+	for i := range samples {
+		for j, ch := range samples[i].Chunks {
+			var c Chunk
+			if err := proto.Unmarshal(ch.Data, &c); err != nil {
+				t.Fatal(err)
+			}
+			var b []byte
+			b = protowire.AppendTag(b, 20, protowire.VarintType) // unknown, a two-byte tag
+			b = protowire.AppendVarint(b, 300)
+			b = protowire.AppendTag(b, FieldChunkCompression, protowire.VarintType)
+			b = append(b, 0x80, 0x80, 0x00) // 0, in three bytes
+			b = protowire.AppendTag(b, FieldChunkRawSize, protowire.VarintType)
+			b = protowire.AppendVarint(b, c.RawSize|1<<40) // overwritten by the last below
+			b = append(b, mustMarshalChunk(t, &c)...)
+			b = protowire.AppendTag(b, 17, protowire.BytesType)
+			b = protowire.AppendBytes(b, []byte("after"))
+			samples[i].Chunks[j] = &tables.Chunk{Key: ch.Key, Length: ch.Length, Data: b}
+		}
+	}
+	for _, layout := range []PackedLayout{PackedLayout_PACKED_LAYOUT_COMPACT, PackedLayout_PACKED_LAYOUT_UNIFORM} {
+		want := packLayout(t, layout, Code_CODE_OK, "", samples, TableState{})
+		if got := packLayout(t, layout, Code_CODE_OK, "", withFormats(t, samples), TableState{}); !slices.Equal(got, want) {
+			t.Fatalf("%v: chunks with formats pack otherwise than chunks read from their headers", layout)
+		}
+		ref, err := referencePacked(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain := mustReferenceDecode(t, AppendSampleResponse(nil, Code_CODE_OK, "", samples, TableState{}))
+		if !equalSamples(ref.Samples, plain.Samples) {
+			t.Fatalf("%v: the packed reply says otherwise than the unpacked one", layout)
+		}
+	}
+	for _, bad := range [][]byte{{0x00, 0x01}, {0x80}, {0x08, 0x80}, {0x42, 0x05, 1, 2}} {
+		s := withFormats(t, samples[:1])
+		c := *s[0].Chunks[0]
+		c.Data = append(slices.Clone(c.Data), bad...)
+		s[0].Chunks = []*tables.Chunk{&c}
+		if _, err := AppendPackedSampleResponse(nil, PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", s, TableState{}); !errors.Is(err, ErrInvalidChunk) {
+			t.Fatalf("a header ending in % x: %v, want ErrInvalidChunk", bad, err)
 		}
 	}
 }
