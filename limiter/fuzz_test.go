@@ -19,7 +19,7 @@ func FuzzLimiter(f *testing.F) {
 		MinSize(3), Queue(2), Queue(0), mustRatio(f, 2, 10, 4), mustRatio(f, 0.5, 4, 2), mustRatio(f, 0.1, 7, 1),
 		{1, 1, 1, 1}, {1, 1, 1, 2}, {math.NaN(), 1, 0, 1}, {1, 1, -inf, -inf}, {1, math.MaxInt64, 0, inf}, {1e300, 3, 0, 1e300},
 	}
-	ops := []byte{0, 3, 1, 1, 0, 5, 1, 2, 2, 1, 0, 9, 1, 4, 5, 1, 4, 200, 1, 1, 6, 3, 3, 0, 0, 1, 1, 1}
+	ops := []byte{0, 3, 1, 1, 0, 5, 1, 2, 2, 1, 0, 9, 1, 4, 5, 1, 4, 200, 1, 1, 6, 3, 3, 0, 0, 1, 1, 1, 0, 9, 7, 12, 6, 0, 7, 250}
 	for _, c := range seeds {
 		f.Add(c.SamplesPerInsert, c.MinSize, c.MinDiff, c.MaxDiff, ops)
 	}
@@ -53,7 +53,7 @@ func FuzzLimiter(f *testing.F) {
 		model := State{Config: cfg}
 		for i := 0; i+1 < len(ops); i += 2 {
 			n := int(int8(ops[i+1])) % 16 // mostly small, sometimes negative
-			switch ops[i] % 7 {
+			switch ops[i] % 8 {
 			case 0:
 				want := refCanInsert(model, int64(n))
 				ok, ch := l.TryInsert(n)
@@ -106,6 +106,16 @@ func FuzzLimiter(f *testing.F) {
 				}
 				if err == nil {
 					model = next
+				}
+			case 7:
+				want := 0
+				for want < n && refCanSample(model, 1) {
+					model.Samples++
+					want++
+				}
+				got, ch := l.TrySampleUpTo(n)
+				if got != want || (ch == nil) != (got >= n) {
+					t.Fatalf("at %+v: TrySampleUpTo(%d) = %d, %v; want %d, one sample at a time", model, n, got, ch, want)
 				}
 			case 6:
 				if got := l.State(); got != model {

@@ -139,6 +139,26 @@ func (l *Limiter) TrySample(n int) (ok bool, changed <-chan struct{}) {
 	return true, nil
 }
 
+// TrySampleUpTo records as many samples as are allowed now, up to n, one
+// at a time as n calls of TrySample(1) would, under one lock: a table
+// drawing a batch asks once, not once an item. When it records fewer than
+// n it also returns the channel TrySample(1) would for the next.
+func (l *Limiter) TrySampleUpTo(n int) (got int, changed <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for got < n && l.st.canSample(1) {
+		l.st.Samples++
+		got++
+	}
+	if got > 0 {
+		l.notify()
+	}
+	if got < n {
+		changed = l.refuse(l.st.Samples, 1)
+	}
+	return got, changed
+}
+
 // WaitInsert blocks until n inserts are allowed and records them, or until
 // ctx ends. If they are allowed at once they are recorded even when ctx is
 // already done, so an expired context means "try once".

@@ -698,13 +698,9 @@ func (t *Table) sampleLocked(waited bool) Sample {
 // one after the other.
 // The draws, and what each sample says, are those of sampleLocked.
 func (t *Table) sampleManyLocked(out []Sample, most int, waited bool) ([]Sample, <-chan struct{}) {
-	var changed <-chan struct{}
+	allowed, changed := t.lim.TrySampleUpTo(most - len(out))
 	picks := t.picks[:0]
-	for len(out)+len(picks) < most {
-		var ok bool
-		if ok, changed = t.lim.TrySample(1); !ok {
-			break
-		}
+	for range allowed {
 		e, prob := t.sampler.pick()
 		picks = append(picks, pick{e, prob})
 	}

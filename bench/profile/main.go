@@ -36,6 +36,7 @@ import (
 	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/embeddednats"
+	"github.com/reprise-rl/reprise/internal/gcpace"
 	"github.com/reprise-rl/reprise/internal/load"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -155,9 +156,17 @@ func run(ctx context.Context, w workload, warmup, duration time.Duration, prof p
 	sctx, stopService := context.WithCancel(ctx)
 	served := make(chan error, 1)
 	go func() { served <- svc.Run(sctx) }()
+	// The collector paced as reprised paces it (the clients' allocations
+	// count too, in this one process).
+	paced := make(chan struct{})
+	go func() {
+		defer close(paced)
+		gcpace.Run(sctx, 250*time.Millisecond, gcpace.RestAfter)
+	}()
 	defer func() {
 		stopService()
 		<-served
+		<-paced
 	}()
 
 	if err := waitReady(ctx, nc, served); err != nil {
