@@ -1,17 +1,14 @@
 package broker
 
 import (
-	"context"
 	"errors"
 	"math"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
-	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/tables"
 )
 
@@ -178,58 +175,5 @@ func TestBatchSampler(t *testing.T) {
 	sixSigma(t, "items from shard 0", perShard[0], 320, 0.5)
 	if _, err := ds[0].client().NewBatchSampler("t", 0); !errors.Is(err, ErrInvalidOption) {
 		t.Fatalf("a sampler of batches of 0: %v, want ErrInvalidOption", err)
-	}
-}
-
-// TestShardedSampleBatch: a sharded batch holds each place's item from the
-// shard drawn for it, with its probability and table size in the whole
-// table, stacked as one shard's are.
-func TestShardedSampleBatch(t *testing.T) {
-	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 1000)}, 2)
-	fillShard(t, ds, 0, ones(30)...)
-	fillShard(t, ds, 1, ones(90)...)
-	c := shardedClient(t, ds, prefixesOf(ds))
-	ctx := testutil.Context(t)
-	const batches, batch = 60, 100
-	fromFirst := 0
-	for range batches {
-		b, err := c.SampleBatch(ctx, "t", batch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkBatch(t, b, batch, 1, 2, 120)
-		for _, k := range b.Info.Keys {
-			if k%2 == 0 {
-				fromFirst++
-			}
-		}
-	}
-	sixSigma(t, "items from shard 0", fromFirst, batches*batch, 0.25)
-}
-
-// TestShardedSampleBatchPartial: a shard held back by its rate limiter
-// leaves its places out of the batch, which comes with ErrRateLimited.
-func TestShardedSampleBatchPartial(t *testing.T) {
-	cfg := testutil.UniformTable("t", 100)
-	cfg.Limiter = limiter.MinSize(5)
-	ds := deployShards(t, []tables.Config{cfg}, 2)
-	fillShard(t, ds, 0, ones(10)...)
-	fillShard(t, ds, 1, ones(2)...) // below its min size
-	c := shardedClient(t, ds, prefixesOf(ds))
-	ctx, cancel := context.WithTimeout(testutil.Context(t), 2*time.Second)
-	defer cancel()
-	// 200 draws miss shard 1 with probability (10/12)^200 < 1e-15.
-	b, err := c.SampleBatch(ctx, "t", 200)
-	if !errors.Is(err, ErrRateLimited) || b == nil || b.Len() == 0 || b.Len() == 200 {
-		t.Fatalf("%v, want ErrRateLimited with shard 0's items", err)
-	}
-	for _, k := range b.Info.Keys {
-		if k%2 != 0 {
-			t.Fatalf("item %d from the held-back shard", k)
-		}
-	}
-	obs, _ := b.Column("obs")
-	if obs.Shape[0] != int64(b.Len()) || len(obs.Data) != b.Len()*2*4 {
-		t.Fatalf("obs of shape %v and %d bytes in a batch of %d", obs.Shape, len(obs.Data), b.Len())
 	}
 }

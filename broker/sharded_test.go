@@ -141,7 +141,8 @@ func TestShardedProducerRoutesByEpisode(t *testing.T) {
 
 // TestShardedSampleUniform: a uniform table of 30 + 90 items samples each
 // shard in proportion to its size, and reports each item's probability and
-// size in the whole table.
+// size in the whole table, item by item and in stacked batches (each
+// place's item from the shard drawn for it, stacked as one shard's are).
 func TestShardedSampleUniform(t *testing.T) {
 	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 1000)}, 2)
 	fillShard(t, ds, 0, ones(30)...)
@@ -150,7 +151,18 @@ func TestShardedSampleUniform(t *testing.T) {
 	ctx := testutil.Context(t)
 	const batches, batch = 100, 100
 	fromFirst := 0
-	for range batches {
+	for i := range batches {
+		if i%2 == 1 {
+			b, err := c.SampleBatch(ctx, "t", batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkBatch(t, b, batch, 1, 2, 120)
+			for _, k := range b.Info.Keys {
+				fromFirst += int(1 - k%2)
+			}
+			continue
+		}
 		samples, err := c.Sample(ctx, "t", batch)
 		if err != nil {
 			t.Fatal(err)
@@ -428,6 +440,16 @@ func TestShardedSamplePartial(t *testing.T) {
 	samples, err = c.Sample(fctx, "t", 200, Flexible())
 	if err != nil || len(samples) == 0 {
 		t.Fatalf("flexible sample: %d samples, %v; want shard 0's and no error", len(samples), err)
+	}
+	// A batch leaves the held-back shard's places out too.
+	bctx, bcancel := context.WithTimeout(testutil.Context(t), 2*time.Second)
+	defer bcancel()
+	b, err := c.SampleBatch(bctx, "t", 200)
+	if !errors.Is(err, ErrRateLimited) || b == nil || b.Len() == 0 || b.Len() == 200 {
+		t.Fatalf("batch: %v, want ErrRateLimited with shard 0's items", err)
+	}
+	if obs, _ := b.Column("obs"); obs.Shape[0] != int64(b.Len()) || len(obs.Data) != b.Len()*2*4 || slices.ContainsFunc(b.Info.Keys, func(k uint64) bool { return k%2 != 0 }) {
+		t.Fatalf("batch of %d: obs of shape %v and %d bytes, keys %v; want shard 0's items alone", b.Len(), obs.Shape, len(obs.Data), b.Info.Keys)
 	}
 }
 

@@ -325,40 +325,49 @@ func (cfg BenchConfig) sampleCalls(cl sampleSource, perItem bool) (next func(con
 	n := cfg.sampleBatch()
 	opts := []broker.SamplerOption{broker.WithInFlight(cfg.InFlight)}
 	if perItem {
-		take := func(ctx context.Context) ([]broker.Sample, error) { return cl.Sample(ctx, cfg.Table, n) }
-		stop = func() {}
-		if cfg.InFlight > 0 {
-			smp, err := cl.NewSampler(cfg.Table, n, opts...)
-			if err != nil {
-				return nil, nil, err
-			}
-			take, stop = smp.Next, smp.Close
-		}
-		return func(ctx context.Context) (int, int64, error) {
-			samples, err := take(ctx)
-			return len(samples), sampledBytes(samples), err
-		}, stop, nil
+		return takeCalls(cfg.InFlight,
+			func(ctx context.Context) ([]broker.Sample, error) { return cl.Sample(ctx, cfg.Table, n) },
+			func() (*broker.Sampler, error) { return cl.NewSampler(cfg.Table, n, opts...) },
+			func(s []broker.Sample) (int, int64) { return len(s), sampledBytes(s) })
 	}
-	take := func(ctx context.Context) (*broker.Batch, error) { return cl.SampleBatch(ctx, cfg.Table, n) }
-	stop = func() {}
-	if cfg.InFlight > 0 {
-		smp, err := cl.NewBatchSampler(cfg.Table, n, opts...)
+	return takeCalls(cfg.InFlight,
+		func(ctx context.Context) (*broker.Batch, error) { return cl.SampleBatch(ctx, cfg.Table, n) },
+		func() (*broker.BatchSampler, error) { return cl.NewBatchSampler(cfg.Table, n, opts...) },
+		batchBytes)
+}
+
+// takeCalls takes batches with call, one at a time, or from the sampler
+// start makes when inFlight is above 0; size gives a batch's items and
+// bytes.
+func takeCalls[B any, S interface {
+	Next(context.Context) (B, error)
+	Close()
+}](inFlight int, call func(context.Context) (B, error), start func() (S, error), size func(B) (int, int64)) (next func(context.Context) (int, int64, error), stop func(), err error) {
+	take, stop := call, func() {}
+	if inFlight > 0 {
+		s, err := start()
 		if err != nil {
 			return nil, nil, err
 		}
-		take, stop = smp.Next, smp.Close
+		take, stop = s.Next, s.Close
 	}
 	return func(ctx context.Context) (int, int64, error) {
 		b, err := take(ctx)
-		if b == nil {
-			return 0, 0, err
-		}
-		var bytes int64
-		for _, col := range b.Columns {
-			bytes += int64(len(col.Tensor.Data))
-		}
-		return b.Len(), bytes, err
+		items, bytes := size(b)
+		return items, bytes, err
 	}, stop, nil
+}
+
+// batchBytes is a batch's items and the size of its columns.
+func batchBytes(b *broker.Batch) (int, int64) {
+	if b == nil {
+		return 0, 0
+	}
+	var bytes int64
+	for _, col := range b.Columns {
+		bytes += int64(len(col.Tensor.Data))
+	}
+	return b.Len(), bytes
 }
 
 // progress calls cfg.Progress once a second until ctx ends.
