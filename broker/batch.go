@@ -181,10 +181,21 @@ func (c *ShardedClient) mergeBatches(d *shardDraw, parts []shardBatch) (*Batch, 
 			like = b
 		}
 	}
-	out := &Batch{Info: wire.MakeBatchInfo(len(rows))}
 	if like == nil {
-		return out, nil
+		return &Batch{Info: wire.MakeBatchInfo(0)}, nil
 	}
+	sizeAll := d.sizeAll()
+	if len(d.drawn) == 1 && like.Len() == len(rows) {
+		// Every place's item came from one shard, in its batch's order.
+		i := d.drawn[0]
+		in := &like.Info
+		for k := range in.Keys {
+			in.Probabilities[k] *= d.share[i] / d.total
+			in.TableSizes[k] += sizeAll - d.states[i].size
+		}
+		return like, nil
+	}
+	out := &Batch{Info: wire.MakeBatchInfo(len(rows))}
 	for _, i := range d.drawn {
 		b := parts[i].batch
 		if b == nil || b.Len() == 0 || b == like {
@@ -199,7 +210,6 @@ func (c *ShardedClient) mergeBatches(d *shardDraw, parts []shardBatch) (*Batch, 
 			return nil, fmt.Errorf("%w: shard %d (prefix %q) gave items of another layout than another shard's", wire.ErrUnstackable, i, c.prefixes[i])
 		}
 	}
-	sizeAll := d.sizeAll()
 	for k, r := range rows {
 		in := &parts[r.shard].batch.Info
 		out.Info.Keys[k], out.Info.Priorities[k], out.Info.TimesSampled[k] = in.Keys[r.at], in.Priorities[r.at], in.TimesSampled[r.at]

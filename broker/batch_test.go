@@ -177,3 +177,28 @@ func TestBatchSampler(t *testing.T) {
 		t.Fatalf("a sampler of batches of 0: %v, want ErrInvalidOption", err)
 	}
 }
+
+// TestShardedSampleBatchOneShard: a batch whose places all fall on one
+// shard (of one, or a batch of one item of two) is that shard's, its
+// probabilities and table sizes in the whole table.
+func TestShardedSampleBatchOneShard(t *testing.T) {
+	one := deployShards(t, []tables.Config{testutil.UniformTable("t", 100)}, 1)
+	fillShard(t, one, 0, ones(25)...)
+	two := deployShards(t, []tables.Config{testutil.UniformTable("t", 100)}, 2)
+	fillShard(t, two, 0, ones(10)...)
+	fillShard(t, two, 1, ones(30)...)
+	ctx := testutil.Context(t)
+	for _, tc := range []struct {
+		ds          []*deployment
+		batch, size int
+	}{{one, 64, 25}, {two, 1, 40}} {
+		c := shardedClient(t, tc.ds, prefixesOf(tc.ds))
+		for range 20 {
+			b, err := c.SampleBatch(ctx, "t", tc.batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkBatch(t, b, tc.batch, 1, 2, int64(tc.size))
+		}
+	}
+}
