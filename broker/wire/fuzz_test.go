@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/tables"
 )
 
 // FuzzDecodeChunk feeds arbitrary bytes through protobuf into DecodeChunk,
@@ -151,6 +153,36 @@ func FuzzRoundTrip(f *testing.F) {
 		}
 		if !bytes.Equal(out.Data, data[:n*stepBytes]) || !slices.Equal(out.Shape, []int64{int64(n), int64(elems)}) {
 			t.Fatalf("round trip changed %s steps (%v, delta %t)", dtype, opts.Codec, delta)
+		}
+	})
+}
+
+// FuzzReadStoredChunk: the packer's reading of a stored chunk's header
+// with its store's Format never panics, and says what the full reader
+// says of a header that reader accepts: codec, differences, raw size and
+// payload.
+func FuzzReadStoredChunk(f *testing.F) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, s := range uniformFixture(f, rng) {
+		for _, ch := range s.Chunks {
+			f.Add(ch.Data)
+		}
+	}
+	f.Add([]byte{0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x42, 0x02, 1, 2})
+	f.Add([]byte{0xa0, 0x01, 0x05, 0x42, 0x80})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var p packer
+		var got storedChunk
+		err := p.readStoredChunk(&tables.Chunk{Key: 1, Length: 1, Format: &tables.Format{DType: "float32"}, Data: b}, &got)
+		var want Chunk
+		if _, werr := readChunkInto(&want, b, nil); werr != nil {
+			return
+		}
+		if err != nil {
+			t.Fatalf("a header the full reader accepts refused: %v", err)
+		}
+		if got.compression != want.Compression || got.delta != want.DeltaEncoded || got.rawSize != want.RawSize || !bytes.Equal(got.payload, want.Data) {
+			t.Fatalf("read %+v, the full reader %+v", got, &want)
 		}
 	})
 }
