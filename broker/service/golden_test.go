@@ -3,6 +3,7 @@ package service
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -444,6 +445,50 @@ func TestGoldenGoVectors(t *testing.T) {
 	checkGolden(t, "go_sample_responses.json", goldenResponses(t))
 	checkGolden(t, "go_insert_batch.json", goldenGoInsert(t))
 	checkGolden(t, "go_progress.json", goldenProgresses(t))
+}
+
+// TestGoldenBatches decodes the golden sample responses as stacked batches,
+// as python/tests/test_golden.py does with decode_batch: each batchable
+// response's columns are its items' stacked, its info theirs; the others
+// are refused as items that do not stack.
+func TestGoldenBatches(t *testing.T) {
+	for _, g := range goldenResponses(t) {
+		got, err := wire.DecodeBatchResponse(slices.Clone(g.Response))
+		switch {
+		case !g.Batchable:
+			if !errors.Is(err, wire.ErrUnstackable) {
+				t.Errorf("%s: %v, want ErrUnstackable", g.Name, err)
+			}
+			continue
+		case err != nil:
+			t.Errorf("%s: %v", g.Name, err)
+			continue
+		}
+		b := got.Batch
+		if int32(got.Code) != g.Code || got.Message != g.Message || b.Info.Len() != len(g.Items) {
+			t.Errorf("%s: code %v %q, %d items; want %d %q, %d", g.Name, got.Code, got.Message, b.Info.Len(), g.Code, g.Message, len(g.Items))
+			continue
+		}
+		for i, it := range g.Items {
+			in := goldenInfo{b.Info.Keys[i], b.Info.Probabilities[i], b.Info.TableSizes[i], b.Info.Priorities[i], b.Info.TimesSampled[i], b.Info.InsertedAt[i].UnixNano(), b.Info.RateLimited[i]}
+			if in != it.Info {
+				t.Errorf("%s: item %d's info %+v, want %+v", g.Name, i, in, it.Info)
+			}
+		}
+		if len(g.Items) == 0 {
+			continue
+		}
+		for j, c := range g.Items[0].Columns {
+			col := b.Columns[j]
+			want := goldenTensor{Dtype: c.Want.Dtype, Shape: append([]int64{int64(len(g.Items))}, c.Want.Shape...)}
+			for _, it := range g.Items {
+				want.Raw = append(want.Raw, it.Columns[j].Want.Raw...)
+			}
+			if col.Name != c.Name || col.Dtype != want.Dtype || !slices.Equal(col.Shape, want.Shape) || !bytes.Equal(col.Data, want.Raw) {
+				t.Errorf("%s: column %d is %q %s%v, want %q %s%v (or its bytes differ)", g.Name, j, col.Name, col.Dtype, col.Shape, c.Name, want.Dtype, want.Shape)
+			}
+		}
+	}
 }
 
 // pythonInsert is one message the Python writer published, as pytest wrote
