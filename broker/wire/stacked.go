@@ -55,8 +55,9 @@ type BatchReply struct {
 // ErrUnstackable.
 //
 // A reply in the uniform form whose chunks are stored plain, the usual
-// reply of a table of one-step items, is read without a record an item;
-// its single column, when it has one, is b's bytes without a copy, so b
+// reply of a table of one-step items, is read without a record an item.
+// Where such a reply has one column whose chunks need no padding (a
+// multiple of 8 bytes each), the column is b's bytes without a copy, so b
 // belongs to the result and the caller must not reuse it. No two columns
 // share memory.
 func DecodeBatchResponse(b []byte) (BatchReply, error) {
