@@ -62,8 +62,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	defer c.Close()
 	// Two requests in flight: the next batch is on its way while this one
-	// is checked.
-	s, err := c.NewSampler(*table, *batch, broker.WithInFlight(2))
+	// is checked. Each comes stacked, one tensor a column, as a training
+	// step takes it.
+	s, err := c.NewBatchSampler(*table, *batch, broker.WithInFlight(2))
 	if err != nil {
 		return err
 	}
@@ -71,33 +72,36 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	sampled := 0
 	episodes := map[float32]bool{}
 	for sampled < *want {
-		items, err := s.Next(ctx)
+		b, err := s.Next(ctx)
 		if err != nil {
 			return fmt.Errorf("after %d items: %w", sampled, err)
 		}
-		for _, it := range items {
-			obsColumn, _ := it.Column("obs")
-			actionColumn, _ := it.Column("action")
-			obs, err := obsColumn.Float32s()
-			if err != nil {
-				return err
-			}
-			actions, err := actionColumn.Int64s()
-			if err != nil {
-				return err
-			}
-			if !slices.Equal(obsColumn.Shape, []int64{3, 4}) || len(actions) != 3 {
-				return fmt.Errorf("item %d: obs shape %v, %d actions; want [3 4] and 3", it.Info.Key, obsColumn.Shape, len(actions))
-			}
+		obsColumn, _ := b.Column("obs")
+		actionColumn, _ := b.Column("action")
+		obs, err := obsColumn.Float32s()
+		if err != nil {
+			return err
+		}
+		actions, err := actionColumn.Int64s()
+		if err != nil {
+			return err
+		}
+		n := int64(b.Len())
+		if !slices.Equal(obsColumn.Shape, []int64{n, 3, 4}) || !slices.Equal(actionColumn.Shape, []int64{n, 3}) {
+			return fmt.Errorf("a batch of %d: obs of shape %v, actions of shape %v; want [%d 3 4] and [%d 3]", n, obsColumn.Shape, actionColumn.Shape, n, n)
+		}
+		// Row i of each column is item i's three steps.
+		for i, key := range b.Info.Keys {
+			row, acts := obs[12*i:12*(i+1)], actions[3*i:3*(i+1)]
 			for k := range 3 {
-				ep, t := obs[4*k], obs[4*k+1]
-				if ep != obs[0] || t != obs[1]+float32(k) || actions[k] != int64(t)%4 {
-					return fmt.Errorf("item %d: step %d is (episode %v, t %v, action %d), not the next step of episode %v", it.Info.Key, k, ep, t, actions[k], obs[0])
+				ep, t := row[4*k], row[4*k+1]
+				if ep != row[0] || t != row[1]+float32(k) || acts[k] != int64(t)%4 {
+					return fmt.Errorf("item %d: step %d is (episode %v, t %v, action %d), not the next step of episode %v", key, k, ep, t, acts[k], row[0])
 				}
 			}
-			episodes[obs[0]] = true
+			episodes[row[0]] = true
 		}
-		sampled += len(items)
+		sampled += b.Len()
 	}
 	fmt.Fprintf(stdout, "learner: sampled %d items from %d episodes of table %q; each is 3 consecutive steps of one episode: ok\n", sampled, len(episodes), *table)
 	return nil
