@@ -184,14 +184,11 @@ func (c *ShardedClient) mergeBatches(d *shardDraw, parts []shardBatch) (*Batch, 
 	if like == nil {
 		return &Batch{Info: wire.MakeBatchInfo(0)}, nil
 	}
-	sizeAll := d.sizeAll()
 	if len(d.drawn) == 1 && like.Len() == len(rows) {
 		// Every place's item came from one shard, in its batch's order.
-		i := d.drawn[0]
 		in := &like.Info
 		for k := range in.Keys {
-			in.Probabilities[k] *= d.share[i] / d.total
-			in.TableSizes[k] += sizeAll - d.states[i].size
+			in.Probabilities[k], in.TableSizes[k] = d.inWhole(d.drawn[0], in.Probabilities[k], in.TableSizes[k])
 		}
 		return like, nil
 	}
@@ -214,8 +211,7 @@ func (c *ShardedClient) mergeBatches(d *shardDraw, parts []shardBatch) (*Batch, 
 		in := &parts[r.shard].batch.Info
 		out.Info.Keys[k], out.Info.Priorities[k], out.Info.TimesSampled[k] = in.Keys[r.at], in.Priorities[r.at], in.TimesSampled[r.at]
 		out.Info.InsertedAt[k], out.Info.RateLimited[k] = in.InsertedAt[r.at], in.RateLimited[r.at]
-		out.Info.Probabilities[k] = in.Probabilities[r.at] * d.share[r.shard] / d.total
-		out.Info.TableSizes[k] = in.TableSizes[r.at] + sizeAll - d.states[r.shard].size
+		out.Info.Probabilities[k], out.Info.TableSizes[k] = d.inWhole(r.shard, in.Probabilities[r.at], in.TableSizes[r.at])
 	}
 	out.Columns = make([]NamedTensor, len(like.Columns))
 	for j, col := range like.Columns {

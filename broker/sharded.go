@@ -388,7 +388,6 @@ func (c *ShardedClient) sample(ctx context.Context, table string, n int, o sampl
 	c.settle(table, d, func(i int) (int, wire.TableState, error) {
 		return len(replies[i].samples), replies[i].after, replies[i].err
 	})
-	sizeAll := d.sizeAll()
 	out := make([]Sample, 0, n)
 	next := make([]int, len(c.shards))
 	for _, i := range d.picks {
@@ -398,8 +397,7 @@ func (c *ShardedClient) sample(ctx context.Context, table string, n int, o sampl
 		}
 		s := r.samples[next[i]]
 		next[i]++
-		s.Info.Probability *= d.share[i] / d.total
-		s.Info.TableSize += sizeAll - d.states[i].size
+		s.Info.Probability, s.Info.TableSize = d.inWhole(int(i), s.Info.Probability, s.Info.TableSize)
 		out = append(out, s)
 	}
 	return out, c.outcome(d, func(i int) error { return replies[i].err }, len(out), n, o.flexible)
@@ -413,6 +411,8 @@ type shardDraw struct {
 	picks  []int32 // the shard of each place
 	counts []int   // the places of each shard
 	drawn  []int   // the shards with places
+	// sizeAll is the whole table's size, as the shards last reported it.
+	sizeAll int64
 }
 
 // draw draws the shard of each of n places in proportion to the shards'
@@ -430,6 +430,9 @@ func (c *ShardedClient) draw(ctx context.Context, table string, n int) (*shardDr
 		share, ok = shardShares(states)
 	}
 	d := &shardDraw{states: states, share: share, picks: make([]int32, n), counts: make([]int, len(c.shards))}
+	for _, s := range states {
+		d.sizeAll += s.size
+	}
 	// The shard of each place, drawn by cumulative share.
 	cum := make([]float64, len(share))
 	for i, s := range share {
@@ -450,13 +453,11 @@ func (c *ShardedClient) draw(ctx context.Context, table string, n int) (*shardDr
 	return d, nil
 }
 
-// sizeAll is the whole table's size, as the shards last reported it.
-func (d *shardDraw) sizeAll() int64 {
-	var size int64
-	for _, s := range d.states {
-		size += s.size
-	}
-	return size
+// inWhole is the probability and table size of an item of shard i, given
+// in its shard, in the whole table: the shard's share of the weight times
+// the probability within it, and every shard's size.
+func (d *shardDraw) inWhole(i int, prob float64, size int64) (float64, int64) {
+	return prob * d.share[i] / d.total, size + d.sizeAll - d.states[i].size
 }
 
 // settle learns what the drawn shards' replies (items, the table's state
