@@ -552,7 +552,7 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 	keys := make([]uint64, 0, len(cp.Chunks))
 	var chunks chunkParser
 	for i, raw := range cp.Chunks {
-		c, err := chunks.parse(raw)
+		c, _, err := chunks.parse(raw)
 		if err != nil {
 			return fmt.Errorf("chunk %d: %w", i, err)
 		}

@@ -156,10 +156,51 @@ func TestParseChunkRejects(t *testing.T) {
 			c := proto.Clone(good).(*wire.Chunk)
 			mutate(c)
 			data, _ := proto.Marshal(c)
-			if _, err := new(chunkParser).parse(data); !errors.Is(err, protocol.ErrInvalidMessage) {
+			if _, _, err := new(chunkParser).parse(data); !errors.Is(err, protocol.ErrInvalidMessage) {
 				t.Fatalf("parse = %v, want protocol.ErrInvalidMessage", err)
 			}
 		})
+	}
+}
+
+// TestParseUncompressedChunkWhole: parse proves an uncompressed chunk
+// whole, since checkDecodes no longer reads it again; a compressed one it
+// leaves to checkDecodes.
+func TestParseUncompressedChunkWhole(t *testing.T) {
+	steps := []*wire.Tensor{wire.Float32s([]int64{2, 3}, []float32{1, 2, 3, 4, 5, 6})}
+	plain, err := wire.EncodeChunk(7, steps, wire.ChunkOptions{Codec: wire.Uncompressed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, compressed, err := new(chunkParser).parse(mustMarshal(t, plain)); err != nil || compressed {
+		t.Fatalf("parse of a good uncompressed chunk = compressed %v, %v", compressed, err)
+	}
+	cases := map[string]func(c *wire.Chunk){
+		"short data":     func(c *wire.Chunk) { c.Data = c.Data[:len(c.Data)-4] },
+		"long data":      func(c *wire.Chunk) { c.Data = append(c.Data, 0, 0, 0, 0) },
+		"delta on float": func(c *wire.Chunk) { c.DeltaEncoded = true },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := proto.Clone(plain).(*wire.Chunk)
+			mutate(c)
+			if _, _, err := new(chunkParser).parse(mustMarshal(t, c)); !errors.Is(err, protocol.ErrInvalidMessage) {
+				t.Fatalf("parse = %v, want protocol.ErrInvalidMessage", err)
+			}
+		})
+	}
+	zeros := []*wire.Tensor{wire.Float32s([]int64{64}, make([]float32, 64))}
+	packed, err := wire.EncodeChunk(8, zeros, wire.ChunkOptions{Codec: wire.Zstd})
+	if err != nil || packed.Compression == wire.Compression_COMPRESSION_NONE {
+		t.Fatalf("EncodeChunk left 256 zero bytes uncompressed (%v)", err)
+	}
+	packed.Data = packed.Data[:len(packed.Data)-1]
+	c, compressed, err := new(chunkParser).parse(mustMarshal(t, packed))
+	if err != nil || !compressed {
+		t.Fatalf("parse of a compressed chunk = compressed %v, %v; want it left to checkDecodes", compressed, err)
+	}
+	if err := new(chunkParser).checkDecodes(&c, compressed, DefaultLimits().MaxChunkBytes); !errors.Is(err, protocol.ErrInvalidMessage) {
+		t.Fatalf("checkDecodes of a truncated zstd chunk = %v, want protocol.ErrInvalidMessage", err)
 	}
 }
 

@@ -43,7 +43,7 @@ func BenchmarkRecovery(b *testing.B) {
 					b.Fatal(err)
 				}
 				raw := mustMarshal(b, ch)
-				c, err := new(chunkParser).parse(raw)
+				c, _, err := new(chunkParser).parse(raw)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -368,7 +368,7 @@ func putScratch(b *[]byte) {
 // (itself at most MaxChunkRawSize), and does not retain or modify c. It is
 // safe for concurrent use.
 func DecodeChunk(c *Chunk) (*Tensor, error) {
-	rawSize, stepBytes, err := checkChunkHeader(c)
+	rawSize, stepBytes, err := CheckChunkHeader(c)
 	if err != nil {
 		return nil, err
 	}
@@ -389,7 +389,7 @@ func DecodeChunk(c *Chunk) (*Tensor, error) {
 // into a recycled buffer that it drops: it proves a chunk decodes, to its
 // declared size, without keeping the result. Safe for concurrent use.
 func CheckChunk(c *Chunk) error {
-	rawSize, _, err := checkChunkHeader(c)
+	rawSize, _, err := CheckChunkHeader(c)
 	if err != nil {
 		return err
 	}
@@ -406,9 +406,10 @@ func CheckChunk(c *Chunk) error {
 	return err
 }
 
-// checkChunkHeader checks every header field of c and returns the chunk's
-// decoded size and the size of one of its steps.
-func checkChunkHeader(c *Chunk) (rawSize int, stepBytes int64, err error) {
+// CheckChunkHeader checks every header field of c, the fields CheckChunk
+// checks before it looks at the data, and returns the chunk's decoded size
+// and the size of one of its steps.
+func CheckChunkHeader(c *Chunk) (rawSize int, stepBytes int64, err error) {
 	if c == nil {
 		return 0, 0, fmt.Errorf("%w: chunk is nil", ErrInvalidChunk)
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/tables"
@@ -183,6 +184,58 @@ func FuzzReadStoredChunk(f *testing.F) {
 		}
 		if got.compression != want.Compression || got.delta != want.DeltaEncoded || got.rawSize != want.RawSize || !bytes.Equal(got.payload, want.Data) {
 			t.Fatalf("read %+v, the full reader %+v", got, &want)
+		}
+	})
+}
+
+// FuzzConsumeField: ConsumeField's one-byte shortcuts read every field as
+// protowire's calls do, and fail where they fail, with the same error.
+func FuzzConsumeField(f *testing.F) {
+	for _, seed := range [][]byte{
+		{0x08, 0x05}, {0x08, 0x96, 0x01}, {0x12, 0x02, 'h', 'i'}, {0x12, 0x03, 'h', 'i'},
+		{0x12, 0x00}, {0x19, 1, 2, 3, 4, 5, 6, 7, 8}, {0x1d, 1, 2, 3, 4}, {0x00, 0x01},
+		{0x0b, 0x08, 0x01, 0x0c}, {0x0c}, {0x0e}, {0x80, 0x01, 0x05}, {0x12, 0x80, 0x01},
+		{0xfa, 0xff, 0xff, 0xff, 0x0f, 0x01, 0x00}, {},
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		num, typ, v, got, n := ConsumeField(b)
+		wantNum, wantTyp, m := protowire.ConsumeTag(b)
+		var (
+			wantV     uint64
+			wantBytes []byte
+		)
+		if m >= 0 {
+			var k int
+			switch wantTyp {
+			case protowire.VarintType:
+				wantV, k = protowire.ConsumeVarint(b[m:])
+			case protowire.BytesType:
+				wantBytes, k = protowire.ConsumeBytes(b[m:])
+			case protowire.Fixed64Type:
+				wantV, k = protowire.ConsumeFixed64(b[m:])
+			case protowire.Fixed32Type:
+				var v32 uint32
+				v32, k = protowire.ConsumeFixed32(b[m:])
+				wantV = uint64(v32)
+			default:
+				k = protowire.ConsumeFieldValue(wantNum, wantTyp, b[m:])
+			}
+			if k < 0 {
+				m = k
+			} else {
+				m += k
+			}
+		}
+		if m < 0 {
+			if n >= 0 || protowire.ParseError(n).Error() != protowire.ParseError(m).Error() {
+				t.Fatalf("ConsumeField(%x) = %d, want error %v", b, n, protowire.ParseError(m))
+			}
+			return
+		}
+		if n != m || num != wantNum || typ != wantTyp || v != wantV || !bytes.Equal(got, wantBytes) || (got == nil) != (wantBytes == nil) {
+			t.Fatalf("ConsumeField(%x) = %d %d %d %x %d, want %d %d %d %x %d", b, num, typ, v, got, n, wantNum, wantTyp, wantV, wantBytes, m)
 		}
 	})
 }

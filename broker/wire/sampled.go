@@ -269,29 +269,7 @@ func readStatus(b []byte, code *Code, msg *string) error {
 // the generated code would, without its allocations.
 func EachField(b []byte, f func(num protowire.Number, typ protowire.Type, v uint64, bytes []byte) error) error {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		b = b[n:]
-		var (
-			v     uint64
-			bytes []byte
-		)
-		switch typ {
-		case protowire.VarintType:
-			v, n = protowire.ConsumeVarint(b)
-		case protowire.Fixed64Type:
-			v, n = protowire.ConsumeFixed64(b)
-		case protowire.Fixed32Type:
-			var v32 uint32
-			v32, n = protowire.ConsumeFixed32(b)
-			v = uint64(v32)
-		case protowire.BytesType:
-			bytes, n = protowire.ConsumeBytes(b)
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
+		num, typ, v, bytes, n := ConsumeField(b)
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
@@ -301,6 +279,50 @@ func EachField(b []byte, f func(num protowire.Number, typ protowire.Type, v uint
 		}
 	}
 	return nil
+}
+
+// ConsumeField reads the field that b starts with: its number and type, and
+// its value, a varint or fixed one in v, a length-delimited one in bytes (a
+// sub-slice of b); a group is skipped whole. n is the length of the field,
+// or negative, as protowire's Consume functions give it, when b does not
+// start with a well-formed field. Tags, varints and lengths of one byte,
+// nearly all of Reprise's, are read without calling protowire: its calls
+// were most of the time spent reading an insert message's items.
+func ConsumeField(b []byte) (num protowire.Number, typ protowire.Type, v uint64, bytes []byte, n int) {
+	if len(b) > 0 && b[0] < 0x80 && b[0] >= 1<<3 {
+		num, typ, n = protowire.Number(b[0]>>3), protowire.Type(b[0]&7), 1
+	} else if num, typ, n = protowire.ConsumeTag(b); n < 0 {
+		return 0, 0, 0, nil, n
+	}
+	rest := b[n:]
+	var m int
+	switch typ {
+	case protowire.VarintType:
+		if len(rest) > 0 && rest[0] < 0x80 {
+			v, m = uint64(rest[0]), 1
+		} else {
+			v, m = protowire.ConsumeVarint(rest)
+		}
+	case protowire.BytesType:
+		if len(rest) > 0 && rest[0] < 0x80 && int(rest[0]) < len(rest) {
+			l := int(rest[0])
+			bytes, m = rest[1:1+l:1+l], 1+l
+		} else {
+			bytes, m = protowire.ConsumeBytes(rest)
+		}
+	case protowire.Fixed64Type:
+		v, m = protowire.ConsumeFixed64(rest)
+	case protowire.Fixed32Type:
+		var v32 uint32
+		v32, m = protowire.ConsumeFixed32(rest)
+		v = uint64(v32)
+	default:
+		m = protowire.ConsumeFieldValue(num, typ, rest)
+	}
+	if m < 0 {
+		return 0, 0, 0, nil, m
+	}
+	return num, typ, v, bytes, n + m
 }
 
 // expandUniform writes out the column, slice and chunk records that a
