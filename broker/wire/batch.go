@@ -53,15 +53,15 @@ func (b *BatchBuilder) Undo(m BatchMark) {
 
 // AddChunk appends a chunk.
 func (b *BatchBuilder) AddChunk(c *Chunk) {
-	b.chunks = protowire.AppendTag(b.chunks, FieldBatchChunks, protowire.BytesType)
-	b.chunks = protowire.AppendVarint(b.chunks, uint64(chunkSize(c)))
+	b.chunks = appendTag(b.chunks, FieldBatchChunks, protowire.BytesType)
+	b.chunks = appendVarint(b.chunks, uint64(chunkSize(c)))
 	b.chunks = appendChunk(b.chunks, c)
 }
 
 // AddItem appends an item.
 func (b *BatchBuilder) AddItem(it *Item) {
-	b.items = protowire.AppendTag(b.items, FieldBatchItems, protowire.BytesType)
-	b.items = protowire.AppendVarint(b.items, uint64(itemSize(it)))
+	b.items = appendTag(b.items, FieldBatchItems, protowire.BytesType)
+	b.items = appendVarint(b.items, uint64(itemSize(it)))
 	b.items = appendItem(b.items, it)
 	b.n++
 }
@@ -79,12 +79,12 @@ func (b *BatchBuilder) Finish(sequence uint64, release []uint64, end bool, windo
 	var headBuf [64]byte
 	head := headBuf[:0]
 	if b.producerID != "" {
-		head = protowire.AppendTag(head, FieldBatchProducer, protowire.BytesType)
-		head = protowire.AppendString(head, b.producerID)
+		head = appendTag(head, FieldBatchProducer, protowire.BytesType)
+		head = appendString(head, b.producerID)
 	}
 	if sequence != 0 {
-		head = protowire.AppendTag(head, FieldBatchSequence, protowire.VarintType)
-		head = protowire.AppendVarint(head, sequence)
+		head = appendTag(head, FieldBatchSequence, protowire.VarintType)
+		head = appendVarint(head, sequence)
 	}
 	start := b.room - len(head)
 	copy(b.chunks[start:], head)
@@ -94,27 +94,27 @@ func (b *BatchBuilder) Finish(sequence uint64, release []uint64, end bool, windo
 		for _, k := range release {
 			packed += protowire.SizeVarint(k)
 		}
-		out = protowire.AppendTag(out, FieldBatchRelease, protowire.BytesType)
-		out = protowire.AppendVarint(out, uint64(packed))
+		out = appendTag(out, FieldBatchRelease, protowire.BytesType)
+		out = appendVarint(out, uint64(packed))
 		for _, k := range release {
-			out = protowire.AppendVarint(out, k)
+			out = appendVarint(out, k)
 		}
 	}
 	if end {
-		out = protowire.AppendTag(out, FieldBatchEnd, protowire.VarintType)
-		out = protowire.AppendVarint(out, 1)
+		out = appendTag(out, FieldBatchEnd, protowire.VarintType)
+		out = appendVarint(out, 1)
 	}
 	if windowStart != 0 {
-		out = protowire.AppendTag(out, FieldBatchWinStart, protowire.VarintType)
-		out = protowire.AppendVarint(out, windowStart)
+		out = appendTag(out, FieldBatchWinStart, protowire.VarintType)
+		out = appendVarint(out, windowStart)
 	}
 	if window != 0 {
-		out = protowire.AppendTag(out, FieldBatchWindow, protowire.VarintType)
-		out = protowire.AppendVarint(out, uint64(window))
+		out = appendTag(out, FieldBatchWindow, protowire.VarintType)
+		out = appendVarint(out, uint64(window))
 	}
 	if notice != "" {
-		out = protowire.AppendTag(out, FieldBatchNotice, protowire.BytesType)
-		out = protowire.AppendString(out, notice)
+		out = appendTag(out, FieldBatchNotice, protowire.BytesType)
+		out = appendString(out, notice)
 	}
 	return out
 }
@@ -144,19 +144,19 @@ func appendStringField(b []byte, num protowire.Number, s string) []byte {
 	if s == "" {
 		return b
 	}
-	return protowire.AppendString(protowire.AppendTag(b, num, protowire.BytesType), s)
+	return appendString(appendTag(b, num, protowire.BytesType), s)
 }
 
 func appendBoolField(b []byte, num protowire.Number, v bool) []byte {
 	if !v {
 		return b
 	}
-	return append(protowire.AppendTag(b, num, protowire.VarintType), 1)
+	return append(appendTag(b, num, protowire.VarintType), 1)
 }
 
 // appendSubmessage writes a message field whose size is known.
 func appendSubmessage(b []byte, num protowire.Number, size int) []byte {
-	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.BytesType), uint64(size))
+	return appendVarint(appendTag(b, num, protowire.BytesType), uint64(size))
 }
 
 func packedSize(vs []int64) int {
@@ -179,7 +179,7 @@ func appendChunk(b []byte, c *Chunk) []byte {
 	if len(c.StepShape) > 0 {
 		b = appendSubmessage(b, FieldChunkStepShape, packedSize(c.StepShape))
 		for _, d := range c.StepShape {
-			b = protowire.AppendVarint(b, uint64(d))
+			b = appendVarint(b, uint64(d))
 		}
 	}
 	b = appendVarintField(b, FieldChunkLength, uint64(int64(c.Length)))
@@ -187,7 +187,7 @@ func appendChunk(b []byte, c *Chunk) []byte {
 	b = appendBoolField(b, FieldChunkDelta, c.DeltaEncoded)
 	b = appendVarintField(b, FieldChunkRawSize, c.RawSize)
 	if len(c.Data) > 0 {
-		b = protowire.AppendBytes(protowire.AppendTag(b, FieldChunkData, protowire.BytesType), c.Data)
+		b = appendBytes(appendTag(b, FieldChunkData, protowire.BytesType), c.Data)
 	}
 	b = appendVarintField(b, FieldChunkEpisode, c.EpisodeId)
 	return appendVarintField(b, FieldChunkEpisodeStep, uint64(c.EpisodeStep))

@@ -239,8 +239,8 @@ func AppendPackedSampleResponse(b []byte, layout PackedLayout, code Code, msg st
 		total += 1 + protowire.SizeBytes(packed)
 	}
 	b = slices.Grow(b, total)
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(st))
+	b = appendTag(b, 1, protowire.BytesType)
+	b = appendVarint(b, uint64(st))
 	b = appendStatus(b, code, msg)
 	b = appendTableState(b, after)
 	if len(samples) == 0 {
@@ -287,8 +287,8 @@ func AppendPackedSampleResponse(b []byte, layout PackedLayout, code Code, msg st
 		b = columns(infos(b))
 	}
 	for _, n := range p.names {
-		b = protowire.AppendTag(b, fieldPackedNames, protowire.BytesType)
-		b = protowire.AppendString(b, n)
+		b = appendTag(b, fieldPackedNames, protowire.BytesType)
+		b = appendString(b, n)
 	}
 	if sizes[2] > 0 {
 		b = p.appendSlices(appendSubmessage(b, fieldPackedSlices, sizes[2]), samples)
@@ -614,7 +614,7 @@ func appendFormat(b []byte, dtype string, shape []int64) []byte {
 	if len(shape) > 0 {
 		b = appendSubmessage(b, fieldFormatShape, packedSize(shape))
 		for _, d := range shape {
-			b = protowire.AppendVarint(b, uint64(d))
+			b = appendVarint(b, uint64(d))
 		}
 	}
 	return b

@@ -60,27 +60,27 @@ func AppendSampleResponse(b []byte, code Code, msg string, samples []tables.Samp
 	touch(distinct)
 	b = slices.Grow(b, total)
 	// The status is always set, even when empty (OK).
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(st))
+	b = appendTag(b, 1, protowire.BytesType)
+	b = appendVarint(b, uint64(st))
 	b = appendStatus(b, code, msg)
 	for i := range samples {
 		smp := &samples[i]
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizes[0]))
-		b = protowire.AppendTag(b, 1, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizes[1]))
+		b = appendTag(b, 2, protowire.BytesType)
+		b = appendVarint(b, uint64(sizes[0]))
+		b = appendTag(b, 1, protowire.BytesType)
+		b = appendVarint(b, uint64(sizes[1]))
 		b = appendSampleInfo(b, &smp.Info)
 		sizes = sizes[2:]
 		for j := range smp.Layout {
-			b = protowire.AppendTag(b, 2, protowire.BytesType)
-			b = protowire.AppendVarint(b, uint64(sizes[j]))
+			b = appendTag(b, 2, protowire.BytesType)
+			b = appendVarint(b, uint64(sizes[j]))
 			b = appendColumn(b, &smp.Layout[j], smp.Chunks)
 		}
 		sizes = sizes[len(smp.Layout):]
 	}
 	for _, data := range distinct {
-		b = protowire.AppendTag(b, 3, protowire.BytesType)
-		b = protowire.AppendBytes(b, data)
+		b = appendTag(b, 3, protowire.BytesType)
+		b = appendBytes(b, data)
 	}
 	return appendTableState(b, after)
 }
@@ -141,12 +141,12 @@ func sizeStatus(code Code, msg string) int {
 
 func appendStatus(b []byte, code Code, msg string) []byte {
 	if code != 0 {
-		b = protowire.AppendTag(b, 1, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(code))
+		b = appendTag(b, 1, protowire.VarintType)
+		b = appendVarint(b, uint64(code))
 	}
 	if msg != "" {
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendString(b, msg)
+		b = appendTag(b, 2, protowire.BytesType)
+		b = appendString(b, msg)
 	}
 	return b
 }
@@ -184,19 +184,41 @@ func sizeSampleInfo(in *tables.SampleInfo) int {
 	return n
 }
 
+// appendVarint is protowire.AppendVarint with its one-byte case inline:
+// every tag Reprise writes and most of its values take one byte, and
+// protowire's call for each was a tenth of a producer's CPU.
+func appendVarint(b []byte, v uint64) []byte {
+	if v < 0x80 {
+		return append(b, byte(v))
+	}
+	return protowire.AppendVarint(b, v)
+}
+
+func appendTag(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	return appendVarint(b, uint64(num)<<3|uint64(typ))
+}
+
+func appendString(b []byte, s string) []byte {
+	return append(appendVarint(b, uint64(len(s))), s...)
+}
+
+func appendBytes(b, v []byte) []byte {
+	return append(appendVarint(b, uint64(len(v))), v...)
+}
+
 func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.VarintType)
-	return protowire.AppendVarint(b, v)
+	b = appendTag(b, num, protowire.VarintType)
+	return appendVarint(b, v)
 }
 
 func appendDoubleField(b []byte, num protowire.Number, v float64) []byte {
 	if v == 0 && !math.Signbit(v) {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.Fixed64Type)
+	b = appendTag(b, num, protowire.Fixed64Type)
 	return protowire.AppendFixed64(b, math.Float64bits(v))
 }
 
@@ -235,13 +257,13 @@ func sizeColumn(c *tables.LayoutColumn, chunks []*tables.Chunk) int {
 
 func appendColumn(b []byte, c *tables.LayoutColumn, chunks []*tables.Chunk) []byte {
 	if c.Name != "" {
-		b = protowire.AppendTag(b, 1, protowire.BytesType)
-		b = protowire.AppendString(b, c.Name)
+		b = appendTag(b, 1, protowire.BytesType)
+		b = appendString(b, c.Name)
 	}
 	for k := range c.Slices {
 		sl := &c.Slices[k]
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizeSlice(sl, chunks)))
+		b = appendTag(b, 2, protowire.BytesType)
+		b = appendVarint(b, uint64(sizeSlice(sl, chunks)))
 		b = appendVarintField(b, 1, chunks[sl.Chunk].Key)
 		b = appendVarintField(b, 2, uint64(int64(sl.Offset)))
 		b = appendVarintField(b, 3, uint64(int64(sl.Length)))
