@@ -234,10 +234,14 @@ type Producer struct {
 
 // column is one column's chunker and its recent chunks.
 type column struct {
-	name      string
-	dtype     string
-	shape     []int64
-	open      []*wire.Tensor // steps not yet in a chunk
+	name  string
+	dtype string
+	shape []int64
+	open  []*wire.Tensor // steps not yet in a chunk
+	// spare are Tensors of sealed steps, for the next: EncodeChunk copies
+	// a chunk's steps, so theirs are free once it returns, and a new one
+	// for every step was a producer's most frequent allocation.
+	spare     []*wire.Tensor
 	openStart int64
 	chunks    []*sealedChunk // ascending by start, within the history window
 	backoff   compressionBackoff
@@ -540,26 +544,47 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 			// below, before Append returns.
 			data = slices.Clone(data)
 		}
-		c.open = append(c.open, &wire.Tensor{Dtype: t.DType, Shape: c.shape, Data: data})
+		st := new(wire.Tensor)
+		if n := len(c.spare); n > 0 {
+			st, c.spare = c.spare[n-1], c.spare[:n-1]
+		}
+		st.Dtype, st.Shape, st.Data = t.DType, c.shape, data
+		c.open = append(c.open, st)
 	}
-	var errs []error
+	// Errors are joined as they come: a slice of them, passed on to
+	// errors.Join, cost an allocation every step.
+	var err error
 	for _, c := range p.colList {
 		// A chunk holds consecutive steps: a column missing from this step
 		// ends its open chunk.
 		if len(c.open) > 0 && (len(c.open) >= p.o.chunkLength || c.appended != p.step+1) {
-			errs = append(errs, p.sealLocked(c))
+			err = joinErr(err, p.sealLocked(c))
 		}
 	}
 	p.step++
 	p.trimLocked()
-	errs = append(errs, p.advanceLocked(ctx, false))
-	return errors.Join(errs...)
+	return joinErr(err, p.advanceLocked(ctx, false))
+}
+
+// joinErr is errors.Join(err, more) without allocating when more is nil.
+func joinErr(err, more error) error {
+	if more == nil {
+		return err
+	}
+	return errors.Join(err, more)
 }
 
 // sealLocked turns a column's open steps into a chunk.
 func (p *Producer) sealLocked(c *column) error {
 	steps := c.open
-	c.open = nil
+	defer func() {
+		for _, st := range steps {
+			st.Data = nil // the caller's buffer, not to be kept alive
+		}
+		c.spare = append(c.spare, steps...)
+		clear(steps)
+		c.open = steps[:0]
+	}()
 	opts := wire.ChunkOptions{Codec: p.o.compression, Delta: p.o.delta, EpisodeID: p.episode, EpisodeStep: c.openStart, Buffer: p.takeChunkData(steps)}
 	trying := opts.Codec != wire.Uncompressed
 	if trying && c.backoff.skipping() {
@@ -733,6 +758,17 @@ func (c *column) sealed(to int64) bool {
 // that cannot be sent for lack of room in the window stays queued. It may
 // release p.mu while it waits for room (see publishLocked).
 func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
+	front := p.pending[:0]
+	defer func() {
+		// pending is taken from its front; once empty it starts again at
+		// the front of its array, which CreateItem's appends then reuse
+		// (left to creep along, they allocated for nearly every item).
+		// Another caller's appends, while addToBatchLocked waited, may
+		// have moved pending to a new array; front's is then no one's.
+		if len(p.pending) == 0 {
+			p.pending = front
+		}
+	}()
 	var errs []error
 	for len(p.pending) > 0 {
 		it := p.pending[0]
@@ -746,6 +782,7 @@ func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
 			return errors.Join(append(errs, err)...)
 		}
 		// Other callers stopped at it, so it is still first.
+		p.pending[0] = nil
 		p.pending = p.pending[1:]
 		if err != nil {
 			errs = append(errs, err)
