@@ -103,7 +103,7 @@ func readInsertBatch(b []byte, l *Limits, chunks *chunkParser) (*insertBatch, er
 		chunks: make([]rawChunk, 0, min(nchunks, l.MaxChunksPerMessage)),
 		items:  make([]preparedItem, 0, min(nitems, l.MaxItemsPerMessage)),
 	}
-	var items itemReader
+	items := newItemReader(cap(out.items))
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -248,12 +248,13 @@ func checkNoticeSubject(s string) error {
 // rejection when it is over a limit; an item that is not a valid Item is an
 // error. It reads what proto.Unmarshal would (a field of an unexpected wire
 // type is skipped as unknown; strings must be UTF-8), without the generated
-// structs, in one pass: two allocations per item, and names shared through
-// r's cache. Item-level checks that need the chunks (they may have come in
-// earlier messages) happen at apply.
+// structs, in one pass. Its columns and slices go into arrays r keeps for
+// the whole message: a table keeps none of an item's trajectory, which is
+// only read until the message is applied. Item-level checks that need the
+// chunks (they may have come in earlier messages) happen at apply.
 func (r *itemReader) readItem(b []byte, l *Limits) (preparedItem, error) {
 	var p preparedItem
-	r.columns, r.slices = r.columns[:0], r.slices[:0]
+	firstColumn, firstSlice := len(r.columns), len(r.slices)
 	var columns, nslices int
 	for len(b) > 0 {
 		num, typ, v, field, n := wire.ConsumeField(b)
@@ -289,39 +290,37 @@ func (r *itemReader) readItem(b []byte, l *Limits) (preparedItem, error) {
 	switch {
 	case columns > l.MaxColumnsPerItem:
 		p.err = fmt.Errorf("%w: item %d has %d columns, over the limit of %d (limits.max_columns_per_item)", protocol.ErrResourceExhausted, p.item.Key, columns, l.MaxColumnsPerItem)
-		return p, nil
 	case nslices > l.MaxSlicesPerItem:
 		p.err = fmt.Errorf("%w: item %d has %d slices, over the limit of %d (limits.max_slices_per_item)", protocol.ErrResourceExhausted, p.item.Key, nslices, l.MaxSlicesPerItem)
+	}
+	if p.err != nil {
+		clear(r.columns[firstColumn:])
+		r.columns, r.slices = r.columns[:firstColumn], r.slices[:firstSlice]
 		return p, nil
 	}
-	all := make([]tables.Slice, len(r.slices))
-	copy(all, r.slices)
-	p.item.Trajectory = make([]tables.Column, len(r.columns))
-	for i, c := range r.columns {
-		p.item.Trajectory[i] = tables.Column{Name: c.name, Squeeze: c.squeeze, Slices: all[c.from:c.to:c.to]}
-	}
+	p.item.Trajectory = r.columns[firstColumn:len(r.columns):len(r.columns)]
 	return p, nil
 }
 
 // itemReader reads the items of one message: the names they share, and
-// the arrays an item is read into before it gets its own.
+// the arrays their columns and slices are read into.
 type itemReader struct {
 	names   nameCache
-	columns []readColumn
+	columns []tables.Column
 	slices  []tables.Slice
 }
 
-// readColumn is a column as read, its slices a range of itemReader.slices.
-type readColumn struct {
-	name     string
-	squeeze  bool
-	from, to int
+// newItemReader returns a reader for a message of n items, its arrays
+// sized for items of one column of one slice.
+func newItemReader(n int) itemReader {
+	return itemReader{columns: make([]tables.Column, 0, n), slices: make([]tables.Slice, 0, n)}
 }
 
 // readColumn reads a TrajectoryColumn, its slices counted in nslices and
 // appended to r.slices while there are at most maxSlices.
-func (r *itemReader) readColumn(b []byte, nslices *int, maxSlices int) (readColumn, error) {
-	col := readColumn{from: len(r.slices)}
+func (r *itemReader) readColumn(b []byte, nslices *int, maxSlices int) (tables.Column, error) {
+	var col tables.Column
+	from := len(r.slices)
 	for len(b) > 0 {
 		num, typ, v, field, n := wire.ConsumeField(b)
 		if n < 0 {
@@ -334,7 +333,7 @@ func (r *itemReader) readColumn(b []byte, nslices *int, maxSlices int) (readColu
 			if err != nil {
 				return col, err
 			}
-			col.name = name
+			col.Name = name
 		case num == 2 && typ == protowire.BytesType:
 			sl, err := readSlice(field)
 			if err != nil {
@@ -345,10 +344,12 @@ func (r *itemReader) readColumn(b []byte, nslices *int, maxSlices int) (readColu
 			}
 			*nslices++
 		case num == 3 && typ == protowire.VarintType:
-			col.squeeze = v != 0
+			col.Squeeze = v != 0
 		}
 	}
-	col.to = len(r.slices)
+	// A slice of the array as it is now: should a later append move the
+	// array, this column keeps the old one, which nothing writes again.
+	col.Slices = r.slices[from:len(r.slices):len(r.slices)]
 	return col, nil
 }
 
