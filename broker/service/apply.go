@@ -421,9 +421,7 @@ func (s *Service) applyBatch(ctx context.Context, id string, ps *producerState, 
 			return err
 		}
 	}
-	for _, key := range b.release {
-		s.unhold(ps, key)
-	}
+	s.release(ps, b.release)
 	ps.end = ps.end || b.end
 	return nil
 }
@@ -437,6 +435,8 @@ func (s *Service) prefetch(b *insertBatch) {
 	for i := range b.chunks {
 		s.keys = append(s.keys, b.chunks[i].key)
 	}
+	// The chunks it releases too: as many as it brings, in steady state.
+	s.keys = append(s.keys, b.release...)
 	if len(s.keys) > 0 {
 		s.store.Prefetch(s.keys)
 	}
@@ -490,16 +490,25 @@ func (s *Service) hold(id string, ps *producerState, key uint64, h chunkHold) {
 	s.holds.bytes += h.bytes
 }
 
-// unhold gives back a producer's hold on a chunk, if it has one.
-func (s *Service) unhold(ps *producerState, key uint64) {
-	h, ok := ps.chunks[key]
-	if !ok {
-		return
+// release gives back the producer's holds on those of keys it holds, in
+// one call to the store: a message releases as many chunks as it brings,
+// and taking the store's lock for each was a fifth of applying it.
+func (s *Service) release(ps *producerState, keys []uint64) {
+	held := s.keys[:0]
+	for _, key := range keys {
+		h, ok := ps.chunks[key]
+		if !ok {
+			continue
+		}
+		delete(ps.chunks, key)
+		s.holds.live--
+		s.holds.bytes -= h.bytes
+		held = append(held, key)
 	}
-	delete(ps.chunks, key)
-	s.holds.live--
-	s.holds.bytes -= h.bytes
-	s.store.Release(key)
+	if len(held) > 0 {
+		s.store.Release(held...)
+	}
+	s.keys = held[:0]
 	s.maybeCompactHolds()
 }
 

@@ -419,7 +419,7 @@ type Service struct {
 	pending   map[string]*pendingQueue // per table: items its rate limiter holds
 	watcher   *watcher                 // set by the apply loop
 	dupWindow time.Duration            // the stream's, read at start
-	keys      []uint64                 // prefetch's scratch
+	keys      []uint64                 // prefetch's and release's scratch
 
 	slots     *requestSlots
 	handlers  sync.WaitGroup
