@@ -544,9 +544,11 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 			// below, before Append returns.
 			data = slices.Clone(data)
 		}
-		st := new(wire.Tensor)
+		var st *wire.Tensor
 		if n := len(c.spare); n > 0 {
 			st, c.spare = c.spare[n-1], c.spare[:n-1]
+		} else {
+			st = new(wire.Tensor)
 		}
 		st.Dtype, st.Shape, st.Data = t.DType, c.shape, data
 		c.open = append(c.open, st)
