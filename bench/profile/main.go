@@ -61,7 +61,7 @@ func main() {
 		cpu      = flag.String("cpu", "cpu.pprof", "`file` for the CPU profile")
 		heap     = flag.String("heap", "", "`file` for a heap profile taken at the end (optional)")
 		priority = flag.Duration("sample-priority", service.DefaultSamplePriority, "the service's sample priority (0: inserts never paced)")
-		codec    = flag.String("compression", "none", "the inserters' chunk compression: zstd (reprisectl bench's and the suite's), s2 or none")
+		codec    = flag.String("compression", "none", "the inserters' chunk compression: none (reprisectl bench's and the suite's), zstd or s2")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
