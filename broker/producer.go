@@ -771,11 +771,13 @@ func (c *column) sealed(to int64) bool {
 func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
 	front := p.pending[:0]
 	defer func() {
-		// pending is taken from its front; once empty it starts again at
-		// the front of its array, which CreateItem's appends then reuse
-		// (left to creep along, they allocated for nearly every item).
-		// Another caller's appends, while addToBatchLocked waited, may
-		// have moved pending to a new array; front's is then no one's.
+		// pending is taken from its front; once empty it starts again
+		// where it started when this call began (the front of its array
+		// when an earlier call emptied it), so that CreateItem's appends
+		// reuse the array: left to creep along it, they allocated for
+		// nearly every item. Another caller's appends, while
+		// addToBatchLocked waited, may have moved pending to a new array;
+		// front's is then no one's.
 		if len(p.pending) == 0 {
 			p.pending = front
 		}

@@ -436,7 +436,8 @@ func (s *Service) prefetch(b *insertBatch) {
 		s.keys = append(s.keys, b.chunks[i].key)
 	}
 	// The chunks it releases too: as many as it brings, in steady state.
-	s.keys = append(s.keys, b.release...)
+	// Only so many: nothing else bounds a message's release list.
+	s.keys = append(s.keys, b.release[:min(len(b.release), s.o.limits.MaxChunksPerMessage)]...)
 	if len(s.keys) > 0 {
 		s.store.Prefetch(s.keys)
 	}
@@ -509,6 +510,9 @@ func (s *Service) release(ps *producerState, keys []uint64) {
 		s.store.Release(held...)
 	}
 	s.keys = held[:0]
+	if cap(held) > s.o.limits.MaxChunksPerMessage {
+		s.keys = nil // a producer's whole history, not a message's worth
+	}
 	s.maybeCompactHolds()
 }
 
@@ -558,7 +562,8 @@ func (s *Service) shedHeldChunks() {
 	s.maybeCompactHolds()
 }
 
-// unholdQuiet is unhold without compaction, for callers walking the queue.
+// unholdQuiet gives back one hold without compaction, for callers walking
+// the queue.
 func (s *Service) unholdQuiet(ps *producerState, key uint64) {
 	h := ps.chunks[key]
 	delete(ps.chunks, key)

@@ -249,9 +249,11 @@ func checkNoticeSubject(s string) error {
 // error. It reads what proto.Unmarshal would (a field of an unexpected wire
 // type is skipped as unknown; strings must be UTF-8), without the generated
 // structs, in one pass. Its columns and slices go into arrays r keeps for
-// the whole message: a table keeps none of an item's trajectory, which is
-// only read until the message is applied. Item-level checks that need the
-// chunks (they may have come in earlier messages) happen at apply.
+// the whole message, which nothing writes once the message is read: a
+// table keeps none of an item's trajectory, and an item its rate limiter
+// holds keeps its message's arrays only until it is inserted. Item-level
+// checks that need the chunks (they may have come in earlier messages)
+// happen at apply.
 func (r *itemReader) readItem(b []byte, l *Limits) (preparedItem, error) {
 	var p preparedItem
 	firstColumn, firstSlice := len(r.columns), len(r.slices)

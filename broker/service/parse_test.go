@@ -317,3 +317,50 @@ func referenceItem(w *wire.Item, l *Limits) preparedItem {
 	p.item = tables.Item{Key: w.Key, Priority: w.Priority, PolicyVersion: w.PolicyVersion, Trajectory: wire.ToTableColumns(w.Columns)}
 	return p
 }
+
+// TestParseItemsOverLimits: the items of a message share arrays for their
+// columns and slices; an item over a limit is rejected and gives back what
+// it took, and the items around it keep exactly their own trajectories.
+func TestParseItemsOverLimits(t *testing.T) {
+	col := func(name string, keys ...uint64) *wire.TrajectoryColumn {
+		c := &wire.TrajectoryColumn{Name: name}
+		for _, k := range keys {
+			c.Slices = append(c.Slices, &wire.ColumnSlice{ChunkKey: k, Offset: int32(k % 3), Length: 1})
+		}
+		return c
+	}
+	in := &wire.InsertBatch{ProducerId: "p", Sequence: 1, WindowStart: 1, Window: 1, Items: []*wire.Item{
+		{Key: 1, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{col("a", 10)}},
+		{Key: 2, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{col("a", 20), col("b", 21), col("c", 22)}}, // 3 columns
+		{Key: 3, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{col("a", 30, 31), col("b", 32)}},
+		{Key: 4, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{col("a", 40, 41, 42, 43)}}, // 4 slices
+		{Key: 5, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{col("a", 50), col("b")}},
+	}}
+	data := mustMarshal(t, in)
+	limits := DefaultLimits()
+	limits.MaxColumnsPerItem, limits.MaxSlicesPerItem = 2, 3
+	b, err := parseInsertBatch(data, &limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range in.Items {
+		got := b.items[i]
+		over := w.Key == 2 || w.Key == 4
+		if over {
+			if !errors.Is(got.err, protocol.ErrResourceExhausted) || got.item.Trajectory != nil {
+				t.Errorf("item %d over a limit: err %v, trajectory %v; want ErrResourceExhausted and none", w.Key, got.err, got.item.Trajectory)
+			}
+			continue
+		}
+		if want := wire.ToTableColumns(w.Columns); got.err != nil || !reflect.DeepEqual(got.item.Trajectory, want) {
+			t.Errorf("item %d: %v, %+v; want %+v", w.Key, got.err, got.item.Trajectory, want)
+		}
+	}
+	// Growing one item's slices must not write into another's.
+	first := b.items[0].item.Trajectory
+	first[0].Slices = append(first[0].Slices, tables.Slice{Chunk: 99})
+	_ = append(b.items[0].item.Trajectory, tables.Column{Name: "z"})
+	if got := b.items[2].item.Trajectory; got[0].Slices[0].Chunk != 30 || got[0].Name != "a" {
+		t.Errorf("item 3 changed when item 1 grew: %+v", got)
+	}
+}
