@@ -497,14 +497,9 @@ func (s *Service) hold(id string, ps *producerState, key uint64, h chunkHold) {
 func (s *Service) release(ps *producerState, keys []uint64) {
 	held := s.keys[:0]
 	for _, key := range keys {
-		h, ok := ps.chunks[key]
-		if !ok {
-			continue
+		if s.forgetHold(ps, key) {
+			held = append(held, key)
 		}
-		delete(ps.chunks, key)
-		s.holds.live--
-		s.holds.bytes -= h.bytes
-		held = append(held, key)
 	}
 	if len(held) > 0 {
 		s.store.Release(held...)
@@ -565,11 +560,22 @@ func (s *Service) shedHeldChunks() {
 // unholdQuiet gives back one hold without compaction, for callers walking
 // the queue.
 func (s *Service) unholdQuiet(ps *producerState, key uint64) {
-	h := ps.chunks[key]
+	if s.forgetHold(ps, key) {
+		s.store.Release(key)
+	}
+}
+
+// forgetHold drops the producer's hold on key from the books, reporting
+// whether it had one; the caller releases the chunk in the store.
+func (s *Service) forgetHold(ps *producerState, key uint64) bool {
+	h, ok := ps.chunks[key]
+	if !ok {
+		return false
+	}
 	delete(ps.chunks, key)
 	s.holds.live--
 	s.holds.bytes -= h.bytes
-	s.store.Release(key)
+	return true
 }
 
 // dropProducer releases the chunks a producer holds. Its sequence is kept

@@ -88,7 +88,10 @@ func (p *packer) readStoredChunk(ch *tables.Chunk, c *storedChunk) error {
 	// The rest of the header was checked when the chunk came in, and made
 	// its Format.
 	// Its tags and most of its values are a byte each, read here without
-	// protowire's calls, which took a third of this loop.
+	// protowire's calls, which took a third of this loop. This is
+	// ConsumeField written out: calling it for each field cost 6% of
+	// BenchmarkAppendPackedSampleResponse (medians of five alternating
+	// runs, 149 -> 159 ns an item).
 	for b := ch.Data; len(b) > 0; {
 		num, typ, n := protowire.Number(b[0]>>3), protowire.Type(b[0]&7), 1
 		if b[0] >= 0x80 || num == 0 {
