@@ -48,12 +48,12 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 		{"checkpoint", func(r micro.Request) { s.spawn(ctx, r, s.handleCheckpoint) }},
 	}
 	for _, e := range endpoints {
-		// A request that reaches a service whose lease lapsed (it was
-		// paused, say) goes unanswered: the active one answers the retry.
 		h := func(r micro.Request) {
-			if s.mayAct() {
-				e.handler(r)
+			if !s.mayAct() {
+				s.refuseInactive(s.rc, r)
+				return
 			}
+			e.handler(r)
 		}
 		if err := g.AddEndpoint(e.name, micro.HandlerFunc(h)); err != nil {
 			return nil, errors.Join(fmt.Errorf("broker: adding endpoint %s: %w", e.name, err), svc.Stop())
@@ -192,10 +192,16 @@ func (s *Service) replyConn() *nats.Conn {
 	return conns[(s.replies.Add(1)-1)%uint64(len(conns))]
 }
 
-// replyOn is reply over nc.
-func (s *Service) replyOn(nc *nats.Conn, r micro.Request, data []byte, h nats.Header) {
-	if r.Reply() == "" || !s.mayAct() {
-		return
+// replyOn is reply over nc, and says whether data went out. A service
+// whose lease lapsed while it served the request sends a refusal instead
+// (refuseInactive): its tables are no longer the ones clients use.
+func (s *Service) replyOn(nc *nats.Conn, r micro.Request, data []byte, h nats.Header) bool {
+	if r.Reply() == "" {
+		return false
+	}
+	if !s.mayAct() {
+		s.refuseInactive(nc, r)
+		return false
 	}
 	if s.lease != nil {
 		if h == nil {
@@ -205,6 +211,24 @@ func (s *Service) replyOn(nc *nats.Conn, r micro.Request, data []byte, h nats.He
 	}
 	if err := nc.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: data, Header: h}); err != nil {
 		s.log.Debug("reprise service: replying", "error", err)
+	}
+	return true
+}
+
+// refuseInactive answers a request that reached a service without the
+// lease (one paused past its lease, say, before it stops its endpoints)
+// with CodeUnavailable and no data. Left unanswered, the caller would wait
+// out its whole timeout (a reprisectl checkpoint waited ten minutes); the
+// refusal tells it at once to try again, which reaches the active one.
+func (s *Service) refuseInactive(nc *nats.Conn, r micro.Request) {
+	if r.Reply() == "" {
+		return
+	}
+	msg := fmt.Sprintf("service %s is not the active one of prefix %q (it lost its lease); try again: the active one answers", s.id, s.subj.Prefix)
+	data, _ := proto.Marshal(&wire.SampleResponse{Status: &wire.Status{Code: wire.Code(protocol.CodeUnavailable), Message: msg}})
+	h := nats.Header{micro.ErrorHeader: []string{msg}, micro.ErrorCodeHeader: []string{microCode(protocol.CodeUnavailable)}, HeaderService: []string{s.id}}
+	if err := nc.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: data, Header: h}); err != nil {
+		s.log.Debug("reprise service: refusing a request", "error", err)
 	}
 }
 
@@ -307,7 +331,9 @@ func (s *Service) respondParts(r micro.Request, data []byte) {
 	total := strconv.Itoa(parts)
 	for i := range parts {
 		part := data[i*limit : min(len(data), (i+1)*limit)]
-		s.replyOn(nc, r, part, nats.Header{protocol.HeaderPart: []string{strconv.Itoa(i)}, protocol.HeaderParts: []string{total}})
+		if !s.replyOn(nc, r, part, nats.Header{protocol.HeaderPart: []string{strconv.Itoa(i)}, protocol.HeaderParts: []string{total}}) {
+			return
+		}
 	}
 }
 

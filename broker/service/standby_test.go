@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker"
@@ -21,7 +22,7 @@ import (
 func answerer(t *testing.T, nc *nats.Conn, d *deployment) string {
 	t.Helper()
 	msg, err := nc.Request(d.svc.subj.Info(), mustMarshal(t, &wire.TableRequest{}), time.Second)
-	if err != nil {
+	if err != nil || msg.Header.Get(micro.ErrorCodeHeader) != "" {
 		return ""
 	}
 	return msg.Header.Get(HeaderService)
@@ -93,8 +94,9 @@ func TestStandbyTakesOver(t *testing.T) {
 }
 
 // A service whose lease lapsed without its lease loop noticing yet (a
-// pause) answers no request, publishes no progress and writes no
-// checkpoint; once the lease counts as held again it does all three.
+// pause) refuses every request with CodeUnavailable, publishes no progress
+// and writes no checkpoint; once the lease counts as held again it answers,
+// publishes and writes.
 func TestStandbyFencesLapsedLease(t *testing.T) {
 	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
 	// A long TTL keeps the lease loop from renewing during the test.
@@ -120,8 +122,19 @@ func TestStandbyFencesLapsedLease(t *testing.T) {
 	ctx := testutil.Context(t)
 	seq := publishRaw(t, d, "p", 1, rawItem{id: 1, table: "t"})
 	testutil.WaitUntil(t, "the insert is applied", func() bool { return a.Applied() >= seq })
-	if _, err := nc.Request(a.subj.Info(), mustMarshal(t, &wire.TableRequest{}), 300*time.Millisecond); err == nil {
-		t.Fatal("a service whose lease lapsed answered info")
+	c := d.client()
+	for _, call := range []struct {
+		name string
+		do   func() error
+	}{
+		{"info", func() error { _, err := c.Info(ctx, "t"); return err }},
+		{"sample", func() error { _, err := c.Sample(ctx, "t", 1); return err }},
+		{"checkpoint", func() error { _, err := c.Checkpoint(ctx); return err }},
+	} {
+		var st *broker.StatusError
+		if err := call.do(); !errors.As(err, &st) || st.Code != broker.CodeUnavailable || !strings.Contains(st.Message, a.id) {
+			t.Fatalf("%s from a service whose lease lapsed: %v, want a refusal with CodeUnavailable naming %s", call.name, err, a.id)
+		}
 	}
 	if _, err := a.Checkpoint(ctx); !errors.Is(err, errNotActive) {
 		t.Fatalf("checkpoint with a lapsed lease: %v, want errNotActive", err)

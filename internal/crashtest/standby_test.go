@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker"
@@ -41,14 +42,22 @@ func standbyPair(t *testing.T) (string, []*reprised) {
 }
 
 // answeringPID is the process id of the reprised that answers an info
-// request now, from the service's name in the reply; 0 if none answered.
+// request now, from the service's name in the reply; 0 if none answered,
+// and the negated id of one that refused it (a service without the lease).
 func answeringPID(nc *nats.Conn) int {
 	msg, err := nc.Request(infoSubject, nil, 500*time.Millisecond)
 	if err != nil {
 		return 0
 	}
+	if refused(msg) {
+		return -pidOf(msg)
+	}
 	return pidOf(msg)
 }
+
+// refused says whether a reply is a service's refusal (CodeUnavailable,
+// no data) rather than an answer.
+func refused(msg *nats.Msg) bool { return msg.Header.Get(micro.ErrorCodeHeader) == "503" }
 
 // pidOf reads the process id in a reply's service name (0 if none).
 func pidOf(msg *nats.Msg) int {
@@ -64,7 +73,7 @@ func pidOf(msg *nats.Msg) int {
 func activeAndStandby(t *testing.T, nc *nats.Conn, rs []*reprised) (active, standby *reprised) {
 	t.Helper()
 	var pid int
-	waitFor(t, "one reprised answers", func() bool { pid = answeringPID(nc); return pid != 0 })
+	waitFor(t, "one reprised answers", func() bool { pid = answeringPID(nc); return pid > 0 })
 	for i, r := range rs {
 		if r.cmd.Process.Pid == pid {
 			return r, rs[1-i]
@@ -182,13 +191,17 @@ func TestStandbyPausedActiveStaysFenced(t *testing.T) {
 	newEpoch := activeEpoch(t, standby)
 
 	// Requests sent while it is paused: those the server routed to it wait
-	// in its connection, and must go unanswered when it wakes.
+	// in its connection, and must be refused when it wakes, not answered.
 	late := nats.NewInbox()
 	repliedBy := map[int]int{}
 	var repliedMu sync.Mutex
 	lateSub, err := nc.Subscribe(late, func(m *nats.Msg) {
+		pid := pidOf(m)
+		if refused(m) {
+			pid = -pid
+		}
 		repliedMu.Lock()
-		repliedBy[pidOf(m)]++
+		repliedBy[pid]++
 		repliedMu.Unlock()
 	})
 	if err != nil {
@@ -210,7 +223,7 @@ func TestStandbyPausedActiveStaysFenced(t *testing.T) {
 	continued := time.Now()
 	answers := map[int]int{}
 	// Requests while it wakes and after: the new active one answers them
-	// all.
+	// all (the continued one may only refuse those it gets).
 	for time.Since(continued) < 3*time.Second || !strings.Contains(paused.out.String(), "lost the lease") {
 		if time.Since(continued) > time.Minute {
 			t.Fatal("the continued reprised did not log that it lost the lease")
@@ -224,7 +237,7 @@ func TestStandbyPausedActiveStaysFenced(t *testing.T) {
 	if n := repliedBy[paused.cmd.Process.Pid]; n > 0 {
 		t.Errorf("the paused reprised answered %d of the requests sent while it was paused (answers by pid: %v)", n, repliedBy)
 	}
-	t.Logf("after SIGCONT: info answers by pid %v, to requests sent during the pause %v (new active %d, paused %d)",
+	t.Logf("after SIGCONT: info answers by pid %v, to requests sent during the pause %v (negative: refusals; new active %d, paused %d)",
 		answers, repliedBy, standby.cmd.Process.Pid, paused.cmd.Process.Pid)
 	repliedMu.Unlock()
 	if err := nc.Flush(); err != nil {
