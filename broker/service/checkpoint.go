@@ -407,12 +407,7 @@ func (s *Service) write(ctx context.Context, c *captured) (CheckpointResult, err
 		return res, err
 	}
 	res.Bytes = file.Size()
-	// Checked as late as possible; a write that a pause delays past the
-	// lease's end carries the former epoch, which recovery ranks lower.
-	if !s.mayAct() {
-		return res, errNotActive
-	}
-	if err := s.o.checkpoints.Save(ctx, res.Name, file); err != nil {
+	if err := s.save(ctx, res.Name, c, file); err != nil {
 		return res, err
 	}
 	s.lastCheckpoint, s.lastName = c.applied, res.Name
@@ -423,6 +418,43 @@ func (s *Service) write(ctx context.Context, c *captured) (CheckpointResult, err
 		s.log.Warn("reprise service: trimming after checkpoint", "error", err)
 	}
 	return res, nil
+}
+
+// checkpointStalls bounds how many times a checkpoint is written again
+// after the store gave up on a server that acknowledged too slowly.
+const checkpointStalls = 8
+
+// save stores what encode made of c. nats.go's object store gives up a
+// write once the server has left 4000 of its messages unacknowledged for
+// 200 ms, which a starved machine does: the checkpoint written at shutdown
+// failed so, and reprised exited 1. The capture is still whole, so it is
+// encoded and written again after a growing pause (the store purged the
+// failed write's part).
+func (s *Service) save(ctx context.Context, name string, c *captured, file *checkpointReader) error {
+	wait := 100 * time.Millisecond
+	for stalls := 0; ; stalls++ {
+		// Checked as late as possible; a write that a pause delays past the
+		// lease's end carries the former epoch, which recovery ranks lower.
+		if !s.mayAct() {
+			return errNotActive
+		}
+		err := s.o.checkpoints.Save(ctx, name, file)
+		if err == nil || !errors.Is(err, jetstream.ErrTooManyStalledMsgs) || stalls == checkpointStalls {
+			return err
+		}
+		s.log.Warn("reprise service: the checkpoint's write stalled; writing it again", "name", name, "stalls", stalls+1, "error", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		wait = min(2*wait, time.Second)
+		if file, err = c.encode(); err != nil {
+			return err
+		}
+	}
 }
 
 // trim keeps the newest checkpointKeep checkpoints and purges the stream

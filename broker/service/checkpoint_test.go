@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -575,3 +576,64 @@ func checkReadCheckpoint(t *testing.T, file []byte, c *captured) {
 }
 
 var errStoreBroke = errors.New("the store broke")
+
+// stallingStore fails its first stalls writes halfway through, the way
+// nats.go's object store gives up on a server that acknowledges too slowly.
+type stallingStore struct {
+	*FileCheckpoints
+	stalls int
+	saves  int
+}
+
+func (s *stallingStore) Save(ctx context.Context, name string, r io.Reader) error {
+	s.saves++
+	if s.saves > s.stalls {
+		return s.FileCheckpoints.Save(ctx, name, r)
+	}
+	if _, err := io.CopyN(io.Discard, r, r.(interface{ Size() int64 }).Size()/2); err != nil {
+		return err
+	}
+	return fmt.Errorf("broker: saving checkpoint %s: %w", name, jetstream.ErrTooManyStalledMsgs)
+}
+
+// TestCheckpointWriteStalls: a checkpoint whose write stalls is written
+// again, whole, and recovery loads it; one that stalls past the bound
+// fails with the store's error.
+func TestCheckpointWriteStalls(t *testing.T) {
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &stallingStore{FileCheckpoints: fc, stalls: 3}
+	cfgs := checkpointTables(200)
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithCheckpoints(cs), WithoutFinalCheckpoint()}})
+	ctx := testutil.Context(t)
+	fill(t, d.producer(), 0, 200, "uniform", "heap")
+	cp, err := d.svc.Checkpoint(ctx)
+	if err != nil {
+		t.Fatalf("checkpoint after %d stalled writes: %v", cs.stalls, err)
+	}
+	if cs.saves != cs.stalls+1 {
+		t.Fatalf("%d writes, want %d", cs.saves, cs.stalls+1)
+	}
+	want := map[string]tableState{"uniform": stateOf(t, d.svc, "uniform"), "heap": stateOf(t, d.svc, "heap")}
+
+	cs.saves, cs.stalls = 0, checkpointStalls+1
+	if _, err := d.svc.Checkpoint(ctx); !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+		t.Fatalf("checkpoint stalled %d times: %v, want the stall", cs.stalls, err)
+	}
+	if cs.saves != checkpointStalls+1 {
+		t.Fatalf("%d writes of a checkpoint that kept stalling, want %d", cs.saves, checkpointStalls+1)
+	}
+	d.stop()
+
+	var rep RecoveryResult
+	svc, _ := d.startService(cfgs, WithCheckpoints(fc), WithRecoveryReport(func(r RecoveryResult) { rep = r }))
+	testutil.WaitUntil(t, "the stream is replayed", func() bool { return svc.Applied() >= d.svc.Applied() })
+	if rep.Checkpoint != cp.Name || len(rep.Skipped) != 0 {
+		t.Fatalf("recovery %+v, want checkpoint %s", rep, cp.Name)
+	}
+	for name, w := range want {
+		sameState(t, name, stateOf(t, svc, name), w)
+	}
+}
