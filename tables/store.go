@@ -229,7 +229,7 @@ func (s *ChunkStore) internLocked(f *Format) *Format {
 		sf.chunks++
 		return &sf.format
 	}
-	sf := &storedFormat{format: Format{DType: f.DType, Shape: slices.Clone(f.Shape), StepBytes: f.StepBytes}, chunks: 1}
+	sf := &storedFormat{format: Format{DType: f.DType, Shape: slices.Clone(f.Shape), StepBytes: f.StepBytes, DataAt: f.DataAt, Delta: f.Delta}, chunks: 1}
 	s.formats[string(s.formatKey)] = sf
 	return &sf.format
 }
@@ -250,6 +250,12 @@ func appendFormatKey(b []byte, f *Format) []byte {
 	b = binary.AppendUvarint(b, uint64(len(f.DType)))
 	b = append(b, f.DType...)
 	b = binary.LittleEndian.AppendUint64(b, uint64(f.StepBytes))
+	b = binary.LittleEndian.AppendUint32(b, uint32(f.DataAt))
+	if f.Delta {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
 	for _, d := range f.Shape {
 		b = binary.LittleEndian.AppendUint64(b, uint64(d))
 	}

@@ -162,6 +162,18 @@ func TestChunkStoreSharesFormats(t *testing.T) {
 	if _, _, err := s.acquire([]Column{col("a", 5, 6)}, nil); err != nil {
 		t.Fatalf("column of float32[2] chunks with and without StepBytes: %v", err)
 	}
+	// So are Formats that locate their chunks' steps at different places,
+	// or delta-encoded ones; the store's copy keeps both.
+	at9 := s.Put(&Chunk{Key: 7, Format: &Format{DType: "float32", Shape: []int64{2}, StepBytes: 8, DataAt: 9}, Length: 1})
+	at9again := s.Put(&Chunk{Key: 8, Format: &Format{DType: "float32", Shape: []int64{2}, StepBytes: 8, DataAt: 9}, Length: 1})
+	at10 := s.Put(&Chunk{Key: 9, Format: &Format{DType: "float32", Shape: []int64{2}, StepBytes: 8, DataAt: 10}, Length: 1})
+	delta := s.Put(&Chunk{Key: 10, Format: &Format{DType: "float32", Shape: []int64{2}, StepBytes: 8, DataAt: 9, Delta: true}, Length: 1})
+	if at9.Format != at9again.Format || at9.Format == at10.Format || at9.Format == delta.Format {
+		t.Fatal("Formats that locate steps alike or not were shared or kept apart wrongly")
+	}
+	if at9.DataAt != 9 || at10.DataAt != 10 || !delta.Delta || at9.Delta {
+		t.Fatalf("stored Formats %+v, %+v, %+v lost where their steps lie", *at9.Format, *at10.Format, *delta.Format)
+	}
 }
 
 func TestChunkStoreEpochWraps(t *testing.T) {

@@ -47,6 +47,12 @@ type Format struct {
 	// StepBytes is the decoded size of one step: what a learner's copy of
 	// each step an item selects costs. 0 when the caller does not know it.
 	StepBytes int64
+	// DataAt, when above 0, says that a chunk of this format holds its
+	// steps as they are (not compressed) in Data, Length×StepBytes bytes
+	// from DataAt on, delta-encoded if Delta is set: a reader takes them
+	// without decoding the rest of Data. 0: read Data's header.
+	DataAt int32
+	Delta  bool
 }
 
 // Chunk is K consecutive steps of one column. The engine reads only the

@@ -413,13 +413,13 @@ type formatCache []*tables.Format
 // distinct formats gets a Format of its own for each further chunk.
 const maxCachedFormats = 16
 
-func (c *formatCache) get(dtype string, shape []int64, stepBytes int64) *tables.Format {
+func (c *formatCache) get(dtype string, shape []int64, stepBytes int64, dataAt int32, delta bool) *tables.Format {
 	for _, f := range *c {
-		if f.DType == dtype && f.StepBytes == stepBytes && slices.Equal(f.Shape, shape) {
+		if f.DType == dtype && f.StepBytes == stepBytes && f.DataAt == dataAt && f.Delta == delta && slices.Equal(f.Shape, shape) {
 			return f
 		}
 	}
-	f := &tables.Format{DType: dtype, Shape: slices.Clone(shape), StepBytes: stepBytes}
+	f := &tables.Format{DType: dtype, Shape: slices.Clone(shape), StepBytes: stepBytes, DataAt: dataAt, Delta: delta}
 	if len(*c) < maxCachedFormats {
 		*c = append(*c, f)
 	}
@@ -495,6 +495,23 @@ func (p *chunkParser) parse(b []byte) (_ tables.Chunk, compressed bool, _ error)
 	if !compressed && len(wc.Data) != rawSize {
 		return tables.Chunk{}, false, fmt.Errorf("%w: chunk %d: uncompressed data has %d bytes, raw_size is %d", protocol.ErrInvalidMessage, wc.Key, len(wc.Data), rawSize)
 	}
-	format := p.formats.get(wc.Dtype, wc.StepShape, stepBytes)
+	format := p.formats.get(wc.Dtype, wc.StepShape, stepBytes, dataAt(b, wc), wc.DeltaEncoded)
 	return tables.Chunk{Key: wc.Key, Format: format, Length: wc.Length, Data: b, Episode: wc.EpisodeId}, compressed, nil
+}
+
+// dataAt is where the steps of wc, read from b, lie in b when they are
+// stored uncompressed (tables.Format.DataAt), or 0. A sample reply then
+// takes them from there rather than reading the chunk's header again for
+// each item, which cost a third of packing one of 400 B.
+func dataAt(b []byte, wc *wire.Chunk) int32 {
+	if wc.Compression != wire.Compression_COMPRESSION_NONE || len(wc.Data) == 0 {
+		return 0
+	}
+	// The reader's Data is a sub-slice of b; the last data field, if the
+	// chunk repeats it, as protobuf reads it.
+	at := cap(b) - cap(wc.Data)
+	if at <= 0 || at > math.MaxInt32 || at+len(wc.Data) > len(b) || &b[at] != &wc.Data[0] {
+		return 0
+	}
+	return int32(at)
 }

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"reflect"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
@@ -204,6 +206,61 @@ func TestParseUncompressedChunkWhole(t *testing.T) {
 	}
 }
 
+// TestParseLocatesSteps: the format of an uncompressed chunk says where
+// its steps lie in the chunk as stored (the episode fields a producer
+// writes after them included), and whether they are delta-encoded; that
+// of a compressed one says nothing. A chunk that repeats its data field
+// is read as protobuf reads it, by the last.
+func TestParseLocatesSteps(t *testing.T) {
+	floats := []*wire.Tensor{wire.Float32s([]int64{2, 3}, []float32{1, 2, 3, 4, 5, 6})}
+	ints := []*wire.Tensor{wire.Int64s([]int64{2}, []int64{1, 5}), wire.Int64s([]int64{2}, []int64{3, 9})}
+	zeros := []*wire.Tensor{wire.Float32s([]int64{64}, make([]float32, 64))}
+	encode := func(key uint64, steps []*wire.Tensor, opts wire.ChunkOptions) *wire.Chunk {
+		t.Helper()
+		c, err := wire.EncodeChunk(key, steps, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	plain := encode(1<<63|7, floats, wire.ChunkOptions{Codec: wire.Uncompressed, EpisodeID: 1<<62 | 3, EpisodeStep: 400})
+	delta := encode(8, ints, wire.ChunkOptions{Codec: wire.Uncompressed, Delta: true})
+	repeated := mustMarshal(t, plain)
+	last := bytes.Repeat([]byte{0xab}, len(plain.Data))
+	repeated = protowire.AppendBytes(protowire.AppendTag(repeated, 8, protowire.BytesType), last)
+	for name, tc := range map[string]struct {
+		data  []byte
+		steps []byte
+		delta bool
+	}{
+		"uncompressed":  {mustMarshal(t, plain), plain.Data, false},
+		"delta":         {mustMarshal(t, delta), delta.Data, true},
+		"repeated data": {repeated, last, false},
+		"compressed":    {mustMarshal(t, encode(9, zeros, wire.ChunkOptions{Codec: wire.Zstd})), nil, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, _, err := new(chunkParser).parse(tc.data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := c.Format
+			if tc.steps == nil {
+				if f.DataAt != 0 {
+					t.Fatalf("a compressed chunk's format has DataAt %d", f.DataAt)
+				}
+				return
+			}
+			end := int64(f.DataAt) + int64(c.Length)*f.StepBytes
+			if f.DataAt <= 0 || end > int64(len(c.Data)) {
+				t.Fatalf("format %+v locates no steps in %d bytes", f, len(c.Data))
+			}
+			if got := c.Data[f.DataAt:end]; !bytes.Equal(got, tc.steps) || f.Delta != tc.delta {
+				t.Fatalf("format %+v locates % x, delta %v; want % x, delta %v", f, got, f.Delta, tc.steps, tc.delta)
+			}
+		})
+	}
+}
+
 // TestParseNoticeSubject: the service publishes rejections to the subject a
 // message names, so only a literal subject outside the server's $ APIs is
 // accepted.
@@ -296,6 +353,19 @@ func FuzzParseInsertBatch(f *testing.F) {
 				}
 				if _, err := wire.DecodeChunk(wc); err != nil {
 					t.Fatalf("accepted chunk %d does not decode: %v", rc.key, err)
+				}
+				// Its format locates the steps of an uncompressed chunk,
+				// those the reader finds, and only those of one.
+				f := rc.chunk.Format
+				located := wc.Compression == wire.Compression_COMPRESSION_NONE && len(wc.Data) > 0
+				switch {
+				case located != (f.DataAt > 0):
+					t.Fatalf("chunk %d (%v, %d bytes of data) has DataAt %d", rc.key, wc.Compression, len(wc.Data), f.DataAt)
+				case located:
+					end := int64(f.DataAt) + int64(rc.chunk.Length)*f.StepBytes
+					if end > int64(len(rc.chunk.Data)) || !bytes.Equal(rc.chunk.Data[f.DataAt:end], wc.Data) || f.Delta != wc.DeltaEncoded {
+						t.Fatalf("chunk %d: format %+v does not locate its %d bytes of steps", rc.key, f, len(wc.Data))
+					}
 				}
 			}
 		}

@@ -242,33 +242,58 @@ func BenchmarkDecodeBatchResponse(b *testing.B) {
 // the table service packs a learner's batch.
 //
 //	go test -run - -bench AppendPacked ./broker/wire
+//
+// With steps=header, the formats do not say where the steps lie (as for a
+// chunk stored compressed), and the packer reads each chunk's header.
 func BenchmarkAppendPackedSampleResponse(b *testing.B) {
 	const items, stored = 256, 10_000
-	all := benchSamples(b, stored)
-	rng := rand.New(rand.NewPCG(5, 6))
-	batches := make([][]tables.Sample, 64)
-	for i := range batches {
-		for range items {
-			batches[i] = append(batches[i], all[rng.IntN(stored)])
+	located := benchSamples(b, stored)
+	inHeader := make([]tables.Sample, stored)
+	unlocated := map[*tables.Format]*tables.Format{}
+	for i, s := range located {
+		f := s.Chunks[0].Format
+		if unlocated[f] == nil {
+			g := *f
+			g.DataAt = 0
+			unlocated[f] = &g
 		}
+		ch := *s.Chunks[0]
+		ch.Format = unlocated[f]
+		s.Chunks = []*tables.Chunk{&ch}
+		inHeader[i] = s
 	}
-	var buf []byte
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		var err error
-		if buf, err = AppendPackedSampleResponse(buf[:0], PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", batches[i%len(batches)], TableState{Size: stored}); err != nil {
-			b.Fatal(err)
-		}
-		i++
+	for _, bc := range []struct {
+		name string
+		all  []tables.Sample
+	}{{"steps=located", located}, {"steps=header", inHeader}} {
+		b.Run(bc.name, func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(5, 6))
+			batches := make([][]tables.Sample, 64)
+			for i := range batches {
+				for range items {
+					batches[i] = append(batches[i], bc.all[rng.IntN(stored)])
+				}
+			}
+			var buf []byte
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				var err error
+				if buf, err = AppendPackedSampleResponse(buf[:0], PackedLayout_PACKED_LAYOUT_UNIFORM, Code_CODE_OK, "", batches[i%len(batches)], TableState{Size: stored}); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*items), "ns/item")
+		})
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*items), "ns/item")
 }
 
 // benchSamples is n one-step items of 400 B of float32s, each in an
-// uncompressed chunk of its own with the format its store would give it.
+// uncompressed chunk of its own as a producer makes them (random keys and
+// episode ids), with the format its store would give it.
 func benchSamples(b *testing.B, n int) []tables.Sample {
-	format := &tables.Format{DType: "float32", Shape: []int64{100}, StepBytes: 400}
+	formats := map[int32]*tables.Format{}
 	rng := rand.New(rand.NewPCG(7, 8))
 	out := make([]tables.Sample, n)
 	for i := range out {
@@ -276,13 +301,19 @@ func benchSamples(b *testing.B, n int) []tables.Sample {
 		for j := range v {
 			v[j] = rng.Float32()
 		}
-		c, err := EncodeChunk(uint64(i)+1, []*Tensor{Float32s([]int64{100}, v)}, ChunkOptions{Codec: Uncompressed})
+		c, err := EncodeChunk(rng.Uint64()|1, []*Tensor{Float32s([]int64{100}, v)}, ChunkOptions{Codec: Uncompressed, EpisodeID: rng.Uint64(), EpisodeStep: int64(i)})
 		if err != nil {
 			b.Fatal(err)
 		}
 		data, err := proto.Marshal(c)
 		if err != nil {
 			b.Fatal(err)
+		}
+		at := int32(bytes.Index(data, c.Data))
+		format := formats[at]
+		if format == nil {
+			format = &tables.Format{DType: "float32", Shape: []int64{100}, StepBytes: 400, DataAt: at}
+			formats[at] = format
 		}
 		out[i] = tables.Sample{
 			Info:   tables.SampleInfo{Key: uint64(i) + 1, Probability: 1e-4, TableSize: int64(n), Priority: 1, TimesSampled: 3, InsertedAt: time.Unix(1, 0)},

@@ -185,6 +185,21 @@ func FuzzReadStoredChunk(f *testing.F) {
 		if got.compression != want.Compression || got.delta != want.DeltaEncoded || got.rawSize != want.RawSize || !bytes.Equal(got.payload, want.Data) {
 			t.Fatalf("read %+v, the full reader %+v", got, &want)
 		}
+		if want.Compression != Compression_COMPRESSION_NONE || len(want.Data) == 0 || want.RawSize != uint64(len(want.Data)) {
+			return
+		}
+		// Where its format locates the steps, as the service's does for an
+		// uncompressed chunk it accepted (its raw size that of its data),
+		// the packer takes the same bytes from there.
+		at := int32(cap(b) - cap(want.Data))
+		f := &tables.Format{DType: "float32", StepBytes: int64(len(want.Data)), DataAt: at, Delta: want.DeltaEncoded}
+		var located storedChunk
+		if err := p.readStoredChunk(&tables.Chunk{Key: 1, Length: 1, Format: f, Data: b}, &located); err != nil {
+			t.Fatal(err)
+		}
+		if located.compression != got.compression || located.delta != got.delta || located.rawSize != got.rawSize || !bytes.Equal(located.payload, got.payload) {
+			t.Fatalf("read %+v from the format's location, %+v from the header", located, got)
+		}
 	})
 }
 

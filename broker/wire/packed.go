@@ -67,8 +67,9 @@ type storedChunk struct {
 }
 
 // readStoredChunk reads what a packed reply says of a stored chunk: its
-// codec, raw size and payload from its header, and its format from the
-// store's Format when it has one, or else from the header too.
+// format from the store's Format when it has one, and its codec, raw size
+// and payload from there too when the Format locates its steps, or else
+// from its header.
 func (p *packer) readStoredChunk(ch *tables.Chunk, c *storedChunk) error {
 	*c = storedChunk{key: ch.Key, steps: uint32(ch.Length)}
 	if ch.Length < 0 {
@@ -87,6 +88,25 @@ func (p *packer) readStoredChunk(ch *tables.Chunk, c *storedChunk) error {
 	}
 	// The rest of the header was checked when the chunk came in, and made
 	// its Format.
+	if f := ch.Format; f.DataAt > 0 {
+		n := int64(ch.Length) * f.StepBytes
+		if int64(f.DataAt)+n > int64(len(ch.Data)) {
+			return fmt.Errorf("%w: chunk %d: %d bytes of steps from byte %d of %d", ErrInvalidChunk, ch.Key, n, f.DataAt, len(ch.Data))
+		}
+		c.delta, c.rawSize, c.payload = f.Delta, uint64(n), ch.Data[f.DataAt:int64(f.DataAt)+n]
+	} else if err := p.readHeader(ch, c); err != nil {
+		return err
+	}
+	if ch.Format != p.lastFormat {
+		p.lastFormat, p.lastIndex = ch.Format, p.format(ch.Format.DType, ch.Format.Shape)
+	}
+	c.format = p.lastIndex
+	return nil
+}
+
+// readHeader reads a stored chunk's codec, raw size and payload from its
+// header.
+func (p *packer) readHeader(ch *tables.Chunk, c *storedChunk) error {
 	// Its tags and most of its values are a byte each, read here without
 	// protowire's calls, which took a third of this loop. This is
 	// ConsumeField written out: calling it for each field cost 6% of
@@ -126,10 +146,6 @@ func (p *packer) readStoredChunk(ch *tables.Chunk, c *storedChunk) error {
 		}
 		b = b[n:]
 	}
-	if ch.Format != p.lastFormat {
-		p.lastFormat, p.lastIndex = ch.Format, p.format(ch.Format.DType, ch.Format.Shape)
-	}
-	c.format = p.lastIndex
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -341,6 +342,44 @@ func uniformFixture(t testing.TB, rng *rand.Rand) []tables.Sample {
 		samples = append(samples, smp)
 	}
 	return samples
+}
+
+// TestPackedLocatedSteps: a reply packed from chunks whose formats say
+// where their steps lie (as the service's store gives uncompressed ones)
+// is byte for byte the reply packed by reading their headers.
+func TestPackedLocatedSteps(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 42))
+	for range 50 {
+		samples := uniformFixture(t, rng)
+		located := make([]tables.Sample, len(samples))
+		inHeader := make([]tables.Sample, len(samples))
+		for i, s := range samples {
+			located[i], inHeader[i] = s, s
+			located[i].Chunks, inHeader[i].Chunks = nil, nil
+			for _, ch := range s.Chunks {
+				var wc Chunk
+				if _, err := readChunkInto(&wc, ch.Data, nil); err != nil {
+					t.Fatal(err)
+				}
+				f := tables.Format{DType: wc.Dtype, Shape: wc.StepShape, StepBytes: int64(wc.RawSize) / int64(wc.Length)}
+				plain := *ch
+				plain.Format = &f
+				inHeader[i].Chunks = append(inHeader[i].Chunks, &plain)
+				g := f
+				g.DataAt, g.Delta = int32(cap(ch.Data)-cap(wc.Data)), wc.DeltaEncoded
+				loc := *ch
+				loc.Format = &g
+				located[i].Chunks = append(located[i].Chunks, &loc)
+			}
+		}
+		after := randomTableState(rng)
+		for _, layout := range []PackedLayout{PackedLayout_PACKED_LAYOUT_UNIFORM, PackedLayout_PACKED_LAYOUT_COMPACT} {
+			want := packLayout(t, layout, Code_CODE_OK, "", inHeader, after)
+			if got := packLayout(t, layout, Code_CODE_OK, "", located, after); !bytes.Equal(got, want) {
+				t.Fatalf("%v: %d bytes packed from located steps differ from the %d packed from headers", layout, len(got), len(want))
+			}
+		}
+	}
 }
 
 // TestUniformLayout: asked for the uniform layout, a reply whose items fit
