@@ -50,7 +50,7 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 	for _, e := range endpoints {
 		h := func(r micro.Request) {
 			if !s.mayAct() {
-				s.refuseInactive(s.rc, r)
+				s.refuseInactive(s.rc, r, "; try again: the active one answers")
 				return
 			}
 			e.handler(r)
@@ -200,7 +200,10 @@ func (s *Service) replyOn(nc *nats.Conn, r micro.Request, data []byte, h nats.He
 		return false
 	}
 	if !s.mayAct() {
-		s.refuseInactive(nc, r)
+		// What the request changed through the stream (a reset it
+		// published) still takes effect under the active service: a
+		// caller that tried again blindly would change it twice.
+		s.refuseInactive(nc, r, " while it served this request, and withheld its answer; what the request stored in the stream (a reset) still takes effect")
 		return false
 	}
 	if s.lease != nil {
@@ -217,14 +220,14 @@ func (s *Service) replyOn(nc *nats.Conn, r micro.Request, data []byte, h nats.He
 
 // refuseInactive answers a request that reached a service without the
 // lease (one paused past its lease, say, before it stops its endpoints)
-// with CodeUnavailable and no data. Left unanswered, the caller would wait
-// out its whole timeout (a reprisectl checkpoint waited ten minutes); the
-// refusal tells it at once to try again, which reaches the active one.
-func (s *Service) refuseInactive(nc *nats.Conn, r micro.Request) {
+// with CodeUnavailable and no data, the reason ending with more. Left
+// unanswered, the caller would wait out its whole timeout (a reprisectl
+// checkpoint waited ten minutes); the refusal tells it at once.
+func (s *Service) refuseInactive(nc *nats.Conn, r micro.Request, more string) {
 	if r.Reply() == "" {
 		return
 	}
-	msg := fmt.Sprintf("service %s is not the active one of prefix %q (it lost its lease); try again: the active one answers", s.id, s.subj.Prefix)
+	msg := fmt.Sprintf("service %s is not the active one of prefix %q: it lost its lease%s", s.id, s.subj.Prefix, more)
 	data, _ := proto.Marshal(&wire.SampleResponse{Status: &wire.Status{Code: wire.Code(protocol.CodeUnavailable), Message: msg}})
 	h := nats.Header{micro.ErrorHeader: []string{msg}, micro.ErrorCodeHeader: []string{microCode(protocol.CodeUnavailable)}, HeaderService: []string{s.id}}
 	if err := nc.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: data, Header: h}); err != nil {

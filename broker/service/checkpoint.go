@@ -451,6 +451,9 @@ func (s *Service) save(ctx context.Context, name string, c *captured, file *chec
 			return err
 		}
 		wait = min(2*wait, time.Second)
+		// The failed write's reader holds every table's encoded items:
+		// let it go before the next one is encoded.
+		file = nil
 		if file, err = c.encode(); err != nil {
 			return err
 		}

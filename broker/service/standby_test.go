@@ -13,8 +13,11 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker"
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
+	"github.com/reprise-rl/reprise/limiter"
+	"github.com/reprise-rl/reprise/selectors"
 	"github.com/reprise-rl/reprise/tables"
 )
 
@@ -165,5 +168,87 @@ func TestStandbyFencesLapsedLease(t *testing.T) {
 	}
 	if _, err := a.Checkpoint(ctx); err != nil {
 		t.Fatalf("checkpoint once the lease is held again: %v", err)
+	}
+}
+
+// A service whose lease lapses while it serves a request withholds its
+// answer: it sends one refusal that says the request may have taken effect,
+// neither its reply nor the rest of a reply in parts.
+func TestStandbyLapseWhileServing(t *testing.T) {
+	cfg := testutil.TableConfig("t", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 100, limiter.MinSize(1))
+	// Each item is sampled at most once: 8 distinct items of 40 kB make a
+	// reply of 5 parts of at most 64 KiB.
+	cfg.MaxTimesSampled = 1
+	d := deploy(t, []tables.Config{cfg}, deployOptions{maxPayload: 64 << 10, service: []Option{WithStandby(time.Minute)}})
+	a := d.svc
+	if len(a.o.replyConns) != 0 {
+		t.Fatal("the service replies over connections of its own; the marker below needs its replies on one")
+	}
+	nc := d.connect()
+	inbox := nats.NewInbox()
+	got := make(chan *nats.Msg, 16)
+	sub, err := nc.ChanSubscribe(inbox+".*", got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	req := &wire.SampleRequest{Table: "t", NumSamples: 8, Packed: true, Layout: wire.PackedLayout_PACKED_LAYOUT_UNIFORM, TimeoutMs: 60_000}
+	if err := nc.PublishRequest(a.subj.Sample(), inbox+".sample", mustMarshal(t, req)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "the sample waits for the rate limiter", func() bool {
+		a.slots.mu.Lock()
+		defer a.slots.mu.Unlock()
+		return a.slots.inUse == 1
+	})
+	a.lease.until.Store(1) // lapsed, by its own clock
+	// Held again at the end, so that the producer's close sees its items
+	// applied.
+	defer func() { a.lease.until.Store(int64(time.Since(a.lease.base) + time.Hour)) }()
+
+	// A standby still applies the stream, which lets the sample draw.
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithReturnOnStore(), broker.WithCompression(wire.Uncompressed))
+	for i := range int64(8) {
+		if err := p.Append(ctx, broker.Step{"obs": broker.Float32s([]int64{10_000}, testutil.Obs(i, 10_000))}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	var replies []*nats.Msg
+	for {
+		select {
+		case m := <-got:
+			replies = append(replies, m)
+			if m.Subject == inbox+".sample" {
+				// Whatever the service sent after this comes before the
+				// refusal of a request sent now, on the same connection.
+				if err := nc.PublishRequest(a.subj.Info(), inbox+".marker", mustMarshal(t, &wire.TableRequest{})); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+		case <-ctx.Done():
+			t.Fatalf("no marker reply; got %d messages", len(replies))
+		}
+		break
+	}
+	if len(replies) != 2 || replies[0].Subject != inbox+".sample" {
+		t.Fatalf("%d messages before the marker's reply, want the sample's refusal alone", len(replies)-1)
+	}
+	var resp wire.SampleResponse
+	if err := proto.Unmarshal(replies[0].Data, &resp); err != nil {
+		t.Fatal(err)
+	}
+	msg := resp.GetStatus().GetMessage()
+	if resp.GetStatus().GetCode() != wire.Code_CODE_UNAVAILABLE || replies[0].Header.Get(HeaderService) != a.id ||
+		replies[0].Header.Get(protocol.HeaderParts) != "" || !strings.Contains(msg, "withheld its answer") || strings.Contains(msg, "try again") {
+		t.Fatalf("sample answered %v %q (headers %v), want one refusal by %s that withholds the answer", resp.GetStatus().GetCode(), msg, replies[0].Header, a.id)
 	}
 }

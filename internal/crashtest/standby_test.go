@@ -55,9 +55,13 @@ func answeringPID(nc *nats.Conn) int {
 	return pidOf(msg)
 }
 
-// refused says whether a reply is a service's refusal (CodeUnavailable,
-// no data) rather than an answer.
-func refused(msg *nats.Msg) bool { return msg.Header.Get(micro.ErrorCodeHeader) == "503" }
+// refused says whether a reply is the refusal of a service that lost its
+// lease (CodeUnavailable, no data) rather than an answer.
+func refused(msg *nats.Msg) bool {
+	var resp wire.SampleResponse
+	return msg.Header.Get(micro.ErrorCodeHeader) != "" && proto.Unmarshal(msg.Data, &resp) == nil &&
+		resp.GetStatus().GetCode() == wire.Code_CODE_UNAVAILABLE && strings.Contains(resp.GetStatus().GetMessage(), "lost its lease")
+}
 
 // pidOf reads the process id in a reply's service name (0 if none).
 func pidOf(msg *nats.Msg) int {
