@@ -405,13 +405,15 @@ func (c *nameCache) get(b []byte) (string, error) {
 
 // formatCache gives the chunks of a message that share a format one
 // tables.Format, as nameCache does names: a message of one-step chunks of
-// one column makes one Format, not one a chunk. A Format has its own copy
+// one column makes two or three Formats (where the steps start moves with
+// the length of a chunk's key), not one a chunk. A Format has its own copy
 // of the shape it is made from.
 type formatCache []*tables.Format
 
 // maxCachedFormats bounds a message's format cache: a message with more
-// distinct formats gets a Format of its own for each further chunk.
-const maxCachedFormats = 16
+// distinct formats (a dozen columns) gets a Format of its own for each
+// further chunk.
+const maxCachedFormats = 32
 
 func (c *formatCache) get(dtype string, shape []int64, stepBytes int64, dataAt int32, delta bool) *tables.Format {
 	for _, f := range *c {
