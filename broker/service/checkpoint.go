@@ -443,11 +443,7 @@ func (s *Service) save(ctx context.Context, name string, c *captured, file *chec
 			return err
 		}
 		s.log.Warn("reprise service: the checkpoint's write stalled; writing it again", "name", name, "stalls", stalls+1, "error", err)
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !pause(ctx, wait) {
 			return err
 		}
 		wait = min(2*wait, time.Second)

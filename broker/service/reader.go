@@ -86,11 +86,7 @@ func (r *streamReader) open(ctx context.Context) error {
 			return err
 		}
 		r.log.Warn("reprise service: creating the stream's consumer", "attempt", attempt, "from_sequence", r.next, "took", time.Since(start).Round(time.Millisecond), "error", err)
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !pause(ctx, backoff) {
 			return ctx.Err()
 		}
 		backoff = min(2*backoff, readerBackoffMax)

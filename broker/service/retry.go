@@ -34,13 +34,21 @@ func retryJS(ctx context.Context, log *slog.Logger, what string, f func(context.
 			log.Warn("reprise service: waiting for JetStream", "for", what, "attempt", attempt, "error", err)
 			logged = time.Now()
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !pause(ctx, wait) {
 			return err
 		}
 		wait = min(2*wait, longest)
+	}
+}
+
+// pause waits d, or until ctx ends, and says whether it waited d whole.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
