@@ -221,34 +221,36 @@ func TestStandbyLapseWhileServing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var replies []*nats.Msg
-	for {
+	next := func() *nats.Msg {
+		t.Helper()
 		select {
 		case m := <-got:
-			replies = append(replies, m)
-			if m.Subject == inbox+".sample" {
-				// Whatever the service sent after this comes before the
-				// refusal of a request sent now, on the same connection.
-				if err := nc.PublishRequest(a.subj.Info(), inbox+".marker", mustMarshal(t, &wire.TableRequest{})); err != nil {
-					t.Fatal(err)
-				}
-				continue
-			}
+			return m
 		case <-ctx.Done():
-			t.Fatalf("no marker reply; got %d messages", len(replies))
+			t.Fatal("no reply")
+			return nil
 		}
-		break
 	}
-	if len(replies) != 2 || replies[0].Subject != inbox+".sample" {
-		t.Fatalf("%d messages before the marker's reply, want the sample's refusal alone", len(replies)-1)
+	first := next()
+	// Whatever the service sent after the first reply comes before the
+	// refusal of a request sent now, on the same connection.
+	if err := nc.PublishRequest(a.subj.Info(), inbox+".marker", mustMarshal(t, &wire.TableRequest{})); err != nil {
+		t.Fatal(err)
+	}
+	replies := []*nats.Msg{first}
+	for m := next(); m.Subject != inbox+".marker"; m = next() {
+		replies = append(replies, m)
+	}
+	if len(replies) != 1 || first.Subject != inbox+".sample" {
+		t.Fatalf("%d messages before the marker's reply, want the sample's refusal alone", len(replies))
 	}
 	var resp wire.SampleResponse
-	if err := proto.Unmarshal(replies[0].Data, &resp); err != nil {
+	if err := proto.Unmarshal(first.Data, &resp); err != nil {
 		t.Fatal(err)
 	}
 	msg := resp.GetStatus().GetMessage()
-	if resp.GetStatus().GetCode() != wire.Code_CODE_UNAVAILABLE || replies[0].Header.Get(HeaderService) != a.id ||
-		replies[0].Header.Get(protocol.HeaderParts) != "" || !strings.Contains(msg, "withheld its answer") || strings.Contains(msg, "try again") {
-		t.Fatalf("sample answered %v %q (headers %v), want one refusal by %s that withholds the answer", resp.GetStatus().GetCode(), msg, replies[0].Header, a.id)
+	if resp.GetStatus().GetCode() != wire.Code_CODE_UNAVAILABLE || first.Header.Get(HeaderService) != a.id ||
+		first.Header.Get(protocol.HeaderParts) != "" || !strings.Contains(msg, "withheld its answer") || strings.Contains(msg, "try again") {
+		t.Fatalf("sample answered %v %q (headers %v), want one refusal by %s that withholds the answer", resp.GetStatus().GetCode(), msg, first.Header, a.id)
 	}
 }
