@@ -173,6 +173,24 @@ def _varint(v: int) -> bytes:
 _uvarint = _varint
 
 
+#: Keys a writer draws at a time: numpy draws and encodes a pool of them for
+#: less than encoding one key in Python costs.
+_KEY_POOL = 1024
+_GROUP_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)
+
+
+def random_key_varints(rng: random.Random, n: int) -> list[bytes]:
+    """The varints of n keys drawn uniformly from the 64-bit numbers but 0
+    (0 is no key on the wire), from rng's bytes."""
+    keys = np.frombuffer(rng.randbytes(8 * n), dtype="<u8").copy()
+    keys[keys == 0] = 1
+    groups = keys[:, None] >> _GROUP_SHIFTS
+    lengths = np.count_nonzero(groups, axis=1)  # a key's groups above its top bit are 0
+    more = np.arange(10) < (lengths - 1)[:, None]
+    flat = ((groups & 0x7F).astype(np.uint8) | (more.view(np.uint8) << 7)).tobytes()
+    return [flat[10 * i : 10 * i + ln] for i, ln in enumerate(lengths.tolist())]
+
+
 def _field_bytes(num: int, b: bytes) -> bytes:
     return _varint(num << 3 | 2) + _uvarint(len(b)) + b
 
@@ -233,10 +251,10 @@ def chunk_header(dtype: str, step_shape: tuple[int, ...]) -> bytes:
     return out
 
 
-def encode_item(key: int, table: bytes, priority: float, columns: list[bytes], policy_version: int = 0) -> bytes:
-    """An encoded Item; ``table`` is the field already encoded, ``columns``
-    the encoded TrajectoryColumn fields."""
-    parts = [b"\x08", _varint(key), table]
+def encode_item(key: bytes, table: bytes, priority: float, columns: list[bytes], policy_version: int = 0) -> bytes:
+    """An encoded Item; ``key`` is the key's varint, ``table`` the field
+    already encoded, ``columns`` the encoded TrajectoryColumn fields."""
+    parts = [b"\x08", key, table]
     # proto3 leaves out a priority of +0.0 (but not -0.0).
     if priority != 0.0 or str(priority)[0] == "-":
         parts += [b"\x19", _DOUBLE.pack(priority)]
@@ -355,8 +373,8 @@ class ColumnHistory:
         return self._p.episode_steps
 
     def __getitem__(self, index: int | slice) -> TrajectoryColumn:
-        n = self._p.episode_steps
-        ep = self._p.episode
+        p = self._p
+        n, ep = p.episode_steps, p._episode
         if type(index) is int and -n <= index < n:
             # The common pick, h[-1]: a frozen dataclass's __init__ sets
             # each field through object.__setattr__, which costs more than
@@ -420,8 +438,10 @@ class _Sealed:
         self.encoded: bytes | None = encoded  # None once sent
         self.sent = False
         # The slice field of an item column that takes every step of the
-        # chunk, as most do.
-        self.whole = _slice_field(key_varint, 0, length)
+        # chunk, as most do (_slice_field's, written out: a writer seals a
+        # chunk a step).
+        v = _VARINT14[length] if length < 0x4000 else _varint(length)
+        self.whole = b"".join((b"\x12", _VARINT14[2 + len(key_varint) + len(v)], b"\x08", key_varint, b"\x18", v))
 
 
 #: The most chunks a column stores uncompressed before it tries zstd again
@@ -543,7 +563,7 @@ class _Pending:
 
     __slots__ = ("table", "priority", "key", "refs", "policy_version", "table_field")
 
-    def __init__(self, table: str, priority: float, key: int, refs: list[_Ref], policy_version: int = 0) -> None:
+    def __init__(self, table: str, priority: float, key: bytes, refs: list[_Ref], policy_version: int = 0) -> None:
         self.table = table
         self.priority = priority
         self.key = key
@@ -632,6 +652,7 @@ class _Producer:
         self.cond = threading.Condition(self.mu)
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._rng = random.Random(secrets.randbits(64))
+        self._keys: list[bytes] = []
         self._episode = 0
         self._episode_field = b""
         self.episode = self._rng.getrandbits(64)
@@ -732,7 +753,7 @@ class _Producer:
             for name, a, col in cells:
                 if col is None:
                     col = cols[name] = _Column(name, a.dtype, a.shape, self.o.delta)
-                self._seal_locked(col, [a], step_no)
+                self._seal_locked(col, a, 1, step_no)
         else:
             for name, a, col in cells:
                 if col is None:
@@ -749,20 +770,22 @@ class _Producer:
 
     def _seal_open_locked(self, c: _Column) -> None:
         steps, c.open = c.open, []
-        self._seal_locked(c, steps, c.open_start)
+        self._seal_locked(c, np.stack(steps) if len(steps) > 1 else steps[0], len(steps), c.open_start)
 
-    def _seal_locked(self, c: _Column, steps: list[np.ndarray], start: int) -> None:
-        # append_locked checked every cell's dtype and shape against the
-        # column's, and tobytes reads any layout in C order: one step's
-        # array already holds the chunk's bytes.
-        arr = np.stack(steps) if len(steps) > 1 else steps[0]
+    def _seal_locked(self, c: _Column, arr: np.ndarray, length: int, start: int) -> None:
+        """Seals a chunk of length steps from start: arr holds them, one
+        step without the step axis. append_locked checked every cell's
+        dtype and shape against the column's, and tobytes reads any layout
+        in C order: one step's array already holds the chunk's bytes."""
         if arr.nbytes > _codec.MAX_CHUNK_RAW_SIZE:
             raise errors.InvalidArgumentError(
-                f"column {c.name!r}: a chunk of {len(steps)} steps has {arr.nbytes} bytes, over the chunk limit"
+                f"column {c.name!r}: a chunk of {length} steps has {arr.nbytes} bytes, over the chunk limit"
             )
-        kv = _varint(self._rng.getrandbits(64) or 1)
-        compression = c.codec(self.o.compression)
-        if compression == "none" and len(steps) == 1:
+        kv = self._key_locked()
+        compression = self.o.compression
+        if compression != "none":
+            compression = c.codec(compression)
+        if compression == "none" and length == 1:
             # A step of one uncompressed chunk, the most common chunk: a
             # delta of one step is the step itself.
             raw = arr.tobytes()
@@ -772,12 +795,12 @@ class _Producer:
             field = b"".join((b"\x1a", sv, b"\x08", kv, c.single, raw, self._episode_field, at))
         else:
             data, compressed = encode_chunk_fast(
-                c.header, kv, len(steps), arr, compression, c.delta, self._episode_field, start
+                c.header, kv, length, arr, compression, c.delta, self._episode_field, start
             )
             if compression != "none":
                 c.record(compressed)
             field = b"\x1a" + _uvarint(len(data)) + data
-        c.chunks.append(_Sealed(kv, start, len(steps), field))
+        c.chunks.append(_Sealed(kv, start, length, field))
 
     def _trim_locked(self) -> None:
         horizon = self.episode_steps - self.o.num_keep_alive_refs
@@ -798,15 +821,20 @@ class _Producer:
     # -- items ----------------------------------------------------------
 
     def resolve_locked(self, trajectory: Mapping[str, TrajectoryColumn] | Iterable[TrajectoryColumn]) -> list[_Ref]:
-        # A dict's names are unique; any other's need checking.
-        names: set[str] | None = None if type(trajectory) is dict else set()
-        if isinstance(trajectory, Mapping):
+        # A dict's names are unique; any other's need checking. A dict is
+        # told apart before the Mapping check, an ABC's, which costs more.
+        names: set[str] | None = set()
+        if isinstance(trajectory, dict):
+            names = None
+            pairs = list(trajectory.items())
+        elif isinstance(trajectory, Mapping):
             pairs = list(trajectory.items())
         else:
             pairs = [(r.column, r) for r in trajectory]
         if not pairs:
             raise errors.InvalidArgumentError("an item needs at least one column")
         refs = []
+        episode, horizon = self._episode, self.episode_steps - self.o.num_keep_alive_refs
         for name, r in pairs:
             if not isinstance(r, TrajectoryColumn):
                 raise errors.InvalidArgumentError(
@@ -816,12 +844,12 @@ class _Producer:
                 if name in names:
                     raise errors.InvalidArgumentError(f"item column {name!r} appears twice")
                 names.add(name)
-            if r.episode != self.episode:
+            if r.episode != episode:
                 raise errors.InvalidArgumentError(f"item column {name!r} references a step of an earlier episode")
             c = self.columns.get(r.column)
             if c is None:
                 raise errors.InvalidArgumentError(f"column {r.column!r} was never appended")
-            if r.start < self.episode_steps - self.o.num_keep_alive_refs:
+            if r.start < horizon:
                 raise errors.InvalidArgumentError(
                     f"column {r.column!r}: the item reaches {self.episode_steps - r.start} steps back, beyond the "
                     f"writer's num_keep_alive_refs of {self.o.num_keep_alive_refs}"
@@ -837,7 +865,7 @@ class _Producer:
     def create_item_locked(self, table: str, priority: float, refs: list[_Ref]) -> None:
         if self.closing:
             raise errors.ClosedError("writer closed")
-        self.pending.append(_Pending(table, priority, self._new_key_locked(), refs, self.policy_version))
+        self.pending.append(_Pending(table, priority, self._item_key_locked(), refs, self.policy_version))
 
     def check_picks(
         self, trajectory: Mapping[str, TrajectoryColumn] | Iterable[TrajectoryColumn]
@@ -879,13 +907,19 @@ class _Producer:
             held = self._signatures[table] = (signature, [_Spec(s) for s in signature])
         return held[1]
 
-    def _new_key_locked(self) -> int:
-        """An item key: any 64 bits but 0, or with key_shard, uniform among
-        those of the shard's residue class (a sharded service refuses the
-        others)."""
+    def _key_locked(self) -> bytes:
+        """A fresh key's varint, for a chunk or an item: any 64 bits but 0."""
+        if not self._keys:
+            self._keys = random_key_varints(self._rng, _KEY_POOL)
+        return self._keys.pop()
+
+    def _item_key_locked(self) -> bytes:
+        """An item key's varint: any 64 bits but 0, or with key_shard,
+        uniform among those of the shard's residue class (a sharded service
+        refuses the others)."""
         ks = self.o.key_shard
         if ks is None:
-            return self._rng.getrandbits(64) or 1
+            return self._key_locked()
         index, count = ks
         while True:
             k = self._rng.getrandbits(64)
@@ -894,7 +928,7 @@ class _Producer:
             # give it, and none overflows (as the Go producer does).
             base = k - k % count
             if base <= _KEY_MAX - (count - 1):
-                return base + index
+                return _varint(base + index)
 
     def _build_item(self, it: _Pending) -> tuple[bytes, list[_Sealed]]:
         cols = []
@@ -903,24 +937,27 @@ class _Producer:
             chunks = r.col.chunks
             ch = chunks[-1] if chunks else None
             if ch is not None and ch.start == r.start and ch.start + ch.length == r.stop:
-                # The common item: the steps of its column's newest chunk.
-                slices = [ch.whole]
+                # The common item: the steps of its column's newest chunk
+                # (encode_column's field, written out).
+                body = b"".join((r.name_field, ch.whole, b"\x18\x01")) if r.squeeze else r.name_field + ch.whole
+                n = len(body)
+                cols.append(b"".join((b"\x22", _VARINT14[n] if n < 0x4000 else _varint(n), body)))
                 if not ch.sent and ch not in fresh:
                     fresh.append(ch)
-            else:
-                picked: list[_Sealed] = []
-                for ch in reversed(chunks):  # newest first: refs are recent
-                    if ch.start + ch.length <= r.start:
-                        break
-                    if ch.start < r.stop:
-                        picked.append(ch)
-                slices = []
-                for ch in reversed(picked):
-                    lo, hi = max(ch.start, r.start), min(ch.start + ch.length, r.stop)
-                    whole = hi - lo == ch.length
-                    slices.append(ch.whole if whole else _slice_field(ch.key_varint, lo - ch.start, hi - lo))
-                    if not ch.sent and ch not in fresh:
-                        fresh.append(ch)
+                continue
+            picked: list[_Sealed] = []
+            for ch in reversed(chunks):  # newest first: refs are recent
+                if ch.start + ch.length <= r.start:
+                    break
+                if ch.start < r.stop:
+                    picked.append(ch)
+            slices = []
+            for ch in reversed(picked):
+                lo, hi = max(ch.start, r.start), min(ch.start + ch.length, r.stop)
+                whole = hi - lo == ch.length
+                slices.append(ch.whole if whole else _slice_field(ch.key_varint, lo - ch.start, hi - lo))
+                if not ch.sent and ch not in fresh:
+                    fresh.append(ch)
             cols.append(encode_column(r.name_field, slices, r.squeeze))
         item = encode_item(it.key, it.table_field, it.priority, cols, it.policy_version)
         n = len(item)
@@ -967,6 +1004,15 @@ class _Producer:
         elif self.batch_items and not self.linger_armed and self.linger_cb is not None:
             self.linger_armed = True
             self.linger_cb()
+
+    def try_advance_locked(self) -> bool:
+        """advance_locked(False); False if the window has no room, for the
+        caller to wait outside the lock and advance again."""
+        try:
+            self.advance_locked(False)
+        except _Blocked:
+            return False
+        return True
 
     def _room_locked(self, items: int) -> bool:
         nxt = self.seq + 1

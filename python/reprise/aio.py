@@ -719,8 +719,10 @@ class AsyncTrajectoryWriter:
             step = merged
         with p.mu:
             p.append_locked(step)
-            if not p.pending:
-                return  # nothing waits for the chunks this step sealed
+            # With nothing pending, nothing waits for the chunks this step
+            # sealed.
+            if not p.pending or p.try_advance_locked():
+                return
         await self._advance(False)
 
     async def create_item(
@@ -741,7 +743,9 @@ class AsyncTrajectoryWriter:
                 sig = await self._c.signature(table)
         with p.mu:
             err = p.add_item_locked(table, prio, trajectory, sig or ())
-        await self._advance(False)
+            moved = p.try_advance_locked()
+        if not moved:
+            await self._advance(False)
         if err is not None:
             raise err
 

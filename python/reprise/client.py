@@ -510,8 +510,10 @@ class TrajectoryWriter:
         p = self._p
         with p.mu:
             p.append_locked(step)
-            if not p.pending:
-                return  # nothing waits for the chunks this step sealed
+            # With nothing pending, nothing waits for the chunks this step
+            # sealed.
+            if not p.pending or p.try_advance_locked():
+                return
         self._advance(False)
 
     def create_item(
@@ -539,7 +541,9 @@ class TrajectoryWriter:
                 sig = self._c._call(self._c._aclient.signature(table))
         with p.mu:
             err = p.add_item_locked(table, prio, trajectory, sig or ())
-        self._advance(False)
+            moved = p.try_advance_locked()
+        if not moved:
+            self._advance(False)
         if err is not None:
             raise err
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -445,6 +446,29 @@ def test_varints_match_protobuf() -> None:
             _varint(bad)
 
 
+class _Bytes(random.Random):
+    """A Random whose randbytes gives the given keys' little-endian bytes."""
+
+    def __init__(self, keys: list[int]) -> None:
+        super().__init__()
+        self.keys = keys
+
+    def randbytes(self, n: int) -> bytes:
+        assert n == 8 * len(self.keys)
+        return np.array(self.keys, dtype="<u8").tobytes()
+
+
+def test_random_keys_are_the_varints_of_the_drawn_bytes() -> None:
+    from reprise._writer import _varint, random_key_varints
+
+    edges = [0, 1, 127, 128, (1 << 14) - 1, 1 << 14, (1 << 56) - 1, 1 << 56, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
+    # 0 is no key on the wire: it becomes 1, as the Go producer's draws do.
+    assert random_key_varints(_Bytes(edges), len(edges)) == [_varint(k or 1) for k in edges]
+    drawn = random_key_varints(random.Random(5), 4096)
+    want = np.frombuffer(random.Random(5).randbytes(8 * 4096), dtype="<u8").tolist()
+    assert drawn == [_varint(k or 1) for k in want]
+
+
 def test_insert_batch_encoding_matches_protobuf() -> None:
     c = pb.Chunk(key=5, dtype="uint8", step_shape=[2], length=1, raw_size=2, data=b"ab").SerializeToString()
     it = pb.Item(key=9, table="t", priority=0.5).SerializeToString()
@@ -468,7 +492,7 @@ def test_item_encoding_with_policy_version_matches_protobuf() -> None:
     from reprise._writer import encode_item
 
     for version in (0, 1, 300, -1, -(2**63), 2**63 - 1):
-        mine = encode_item(7, b"\x12\x01t", 0.5, [], version)
+        mine = encode_item(b"\x07", b"\x12\x01t", 0.5, [], version)
         ref = pb.Item(key=7, table="t", priority=0.5, policy_version=version).SerializeToString()
         assert mine == ref, version
 

@@ -568,6 +568,20 @@ def test_read_your_writes(reprised_factory: Any) -> None:
             assert (top.info.key, top.info.priority) == (item.info.key, float(1000 + i)), f"round {i}: update not visible"
 
 
+def test_linger_publishes_without_flush(reprised_factory: Any) -> None:
+    """Items in a partly filled batch reach their table once the linger
+    time passes, with no flush: the first batch, and again after the
+    writer sat idle long enough for its timer to stop."""
+    r = reprised_factory("tables:\n  - {name: t, max_size: 100}\n")
+    with reprise.Client(r.url) as c, c.trajectory_writer(1, linger=0.02) as w:
+        for want in (3, 5):
+            while w.episode_steps < want:
+                w.append({"x": np.int64(w.episode_steps)})
+                w.create_item("t", 1.0, {"x": w.history["x"][-1]})
+            wait_for(f"{want} items applied without a flush", lambda: c.server_info(timeout=5)["t"].current_size == want)
+            wait_for("the idle writer's linger timer to stop", lambda: not w._p.linger_armed)
+
+
 def test_staleness_bound(reprised_factory: Any) -> None:
     """Items carry their writer's policy version; a learner raises the
     table's version; with max_staleness 1 the items two versions behind are

@@ -25,6 +25,7 @@ import reprise
 import reprise.aio
 from conftest import Reprised, wait_for
 from reprise import _info, _sharded
+from reprise._proto import reprise_pb2 as pb
 from reprise._writer import _Producer
 
 PREFIXES = ["s0", "s1"]
@@ -156,15 +157,21 @@ class _Draws(random.Random):
 
 def test_shard_keys() -> None:
     p = _Producer(reprise.WriterOptions(key_shard=(1, 3)), 1 << 20, lambda r: None)
-    keys = [p._new_key_locked() for _ in range(2000)]
+
+    def key() -> int:
+        # The varint as protobuf reads it: one packed release key.
+        v = p._item_key_locked()
+        return pb.InsertBatch.FromString(b"\x2a" + bytes([len(v)]) + v).release_chunk_keys[0]
+
+    keys = [key() for _ in range(2000)]
     assert all(k % 3 == 1 and 0 <= k < 1 << 64 for k in keys)
     assert len(set(keys)) == 2000
     # 2**64 = 1 (mod 3): the top run [2**64-1] is short and drawn again, so
     # every key of the class has exactly 3 draws that give it.
     p._rng = _Draws([(1 << 64) - 1, 7])
-    assert p._new_key_locked() == 7
+    assert key() == 7
     p._rng = _Draws([(1 << 64) - 2])
-    assert p._new_key_locked() == (1 << 64) - 3
+    assert key() == (1 << 64) - 3
     for bad in [(2, 2), (0, 0), (-1, 2), (0, (1 << 16) + 1), (0.0, 2)]:
         with pytest.raises(reprise.InvalidArgumentError, match="key_shard"):
             reprise.WriterOptions(key_shard=bad)  # type: ignore[arg-type]
