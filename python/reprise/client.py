@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import itertools
 import logging
 import random
 import threading
@@ -328,12 +329,39 @@ class Sampler:
         self._args = (table, batch_size, timeout, flexible)
         self._prefetch = prefetch
         self._retry_for = retry_unavailable_for
-        self._futs: collections.deque[concurrent.futures.Future[bytes]] = collections.deque()
+        # Each request not yet taken, by its number.
+        self._futs: collections.deque[tuple[int, concurrent.futures.Future[bytes]]] = collections.deque()
         self._closed = False
+        self._numbers = itertools.count()
+        # The request whose reply the iterating thread waits for while no
+        # other is in flight (always, with prefetch 1). That reply is taken
+        # the moment it lands, so the loop sends the request that replaces
+        # it there and then: handed over from this thread once it woke, the
+        # request would leave the service idle for two thread switches a
+        # reply. With other requests in flight the service has work
+        # meanwhile, and the loop's thread, busy reading their replies, is
+        # better left to it.
+        self._waiting: int | None = None
+        # _futs, _closed and _waiting are shared with the loop thread.
+        self._lock = threading.Lock()
 
-    def _issue(self) -> None:
+    def _fill(self) -> None:
+        """Sends requests until prefetch are not yet taken (the caller
+        holds _lock)."""
+        while len(self._futs) < self._prefetch:
+            number = next(self._numbers)
+            self._futs.append((number, self._c._lt.submit(self._request(number))))
+
+    async def _request(self, number: int) -> bytes:
         t, n, timeout, flexible = self._args
-        self._futs.append(self._c._lt.submit(self._c._aclient.sample_raw(t, n, timeout, flexible)))
+        data = await self._c._aclient.sample_raw(t, n, timeout, flexible)
+        with self._lock:
+            # A failed request is not replaced here: next_raw decides
+            # whether and when to ask again.
+            if self._waiting == number and not self._closed:
+                self._waiting = None
+                self._fill()
+        return data
 
     def next_raw(self) -> bytes:
         """The next reply's bytes, undecoded."""
@@ -342,9 +370,10 @@ class Sampler:
         since: float | None = None
         backoff = 0.01
         while True:
-            while len(self._futs) < self._prefetch:
-                self._issue()
-            fut = self._futs.popleft()
+            with self._lock:
+                self._fill()
+                number, fut = self._futs.popleft()
+                self._waiting = None if self._futs else number
             try:
                 data = fut.result()
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
@@ -358,7 +387,13 @@ class Sampler:
                 time.sleep(backoff)
                 backoff = min(2 * backoff, 1.0)
                 continue
-            self._issue()
+            finally:
+                with self._lock:
+                    self._waiting = None
+            with self._lock:
+                # Unless the loop replaced the reply already.
+                if not self._closed:
+                    self._fill()
             return data
 
     def __iter__(self) -> Sampler:
@@ -385,10 +420,11 @@ class Sampler:
 
     def close(self) -> None:
         """Cancels the requests in flight."""
-        self._closed = True
-        for f in self._futs:
+        with self._lock:
+            self._closed = True
+            futs, self._futs = self._futs, collections.deque()
+        for _, f in futs:
             f.cancel()
-        self._futs.clear()
 
     def __enter__(self) -> Sampler:
         return self

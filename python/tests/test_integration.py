@@ -369,6 +369,37 @@ def test_client_reconnects_after_reprised_restarts(reprised_factory: Any) -> Non
                 assert len(next(s)) == 2
 
 
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_a_sampler_keeps_prefetch_requests_ahead_of_the_caller(reprised_factory: Any, prefetch: int) -> None:
+    """A queue's sampler hands out its items, none twice, while it keeps
+    exactly prefetch requests not yet taken, in order with one in flight.
+    With one request in flight the event loop sends the replacement as the
+    reply lands, and the caller must not send another."""
+    r = reprised_factory(
+        "tables:\n  - {name: q, max_size: 1000, sampler: fifo, remover: fifo, max_times_sampled: 1}\n"
+    )
+    with reprise.Client(r.url) as c:
+        with c.trajectory_writer(1) as w:
+            for i in range(200):
+                w.append({"x": np.int64(i)})
+                w.create_item("q", 1.0, {"x": w.history["x"][-1]})
+            w.flush(timeout=30)
+        firsts = []
+        with c.sampler("q", 4, prefetch=prefetch, timeout=10) as s:
+            for k in range(20):
+                x = next(s).data["x"].tolist()
+                # A request takes the queue's next 4 items at once; requests
+                # in flight together are served in any order.
+                assert x[0] % 4 == 0 and x == list(range(x[0], x[0] + 4)), f"batch {k}: {x}"
+                firsts.append(x[0])
+                with s._lock:
+                    assert len(s._futs) == prefetch, f"after batch {k}"
+        assert len(set(firsts)) == 20 and max(firsts) < 4 * (20 + prefetch)
+        if prefetch == 1:
+            assert firsts == list(range(0, 80, 4))
+        wait_for("the requests in flight to be served", lambda: table_size(c, "q") == 200 - 4 * (20 + prefetch))
+
+
 def test_kill9_during_writes_loses_no_flushed_item(reprised_factory: Any) -> None:
     r = reprised_factory()
     total = 1500
