@@ -333,22 +333,21 @@ class Sampler:
         self._futs: collections.deque[tuple[int, concurrent.futures.Future[bytes]]] = collections.deque()
         self._closed = False
         self._numbers = itertools.count()
-        # The request whose reply the iterating thread waits for while no
-        # other is in flight (always, with prefetch 1). That reply is taken
-        # the moment it lands, so the loop sends the request that replaces
-        # it there and then: handed over from this thread once it woke, the
-        # request would leave the service idle for two thread switches a
-        # reply. With other requests in flight the service has work
-        # meanwhile, and the loop's thread, busy reading their replies, is
-        # better left to it.
+        # With prefetch 1, the request whose reply the iterating thread
+        # waits for. That reply is taken the moment it lands, so the loop
+        # sends the request that replaces it there and then: handed over
+        # from this thread once it woke, the request would leave the service
+        # idle for two thread switches a reply. With more requests in
+        # flight the service has work meanwhile, and the loop's thread,
+        # busy reading their replies, is better left to it.
         self._waiting: int | None = None
         # _futs, _closed and _waiting are shared with the loop thread.
         self._lock = threading.Lock()
 
     def _fill(self) -> None:
-        """Sends requests until prefetch are not yet taken (the caller
-        holds _lock)."""
-        while len(self._futs) < self._prefetch:
+        """Sends requests until prefetch are not yet taken, unless closed
+        (the caller holds _lock)."""
+        while not self._closed and len(self._futs) < self._prefetch:
             number = next(self._numbers)
             self._futs.append((number, self._c._lt.submit(self._request(number))))
 
@@ -358,7 +357,7 @@ class Sampler:
         with self._lock:
             # A failed request is not replaced here: next_raw decides
             # whether and when to ask again.
-            if self._waiting == number and not self._closed:
+            if self._waiting == number:
                 self._waiting = None
                 self._fill()
         return data
@@ -372,8 +371,10 @@ class Sampler:
         while True:
             with self._lock:
                 self._fill()
+                if not self._futs:
+                    raise StopIteration  # closed by another thread
                 number, fut = self._futs.popleft()
-                self._waiting = None if self._futs else number
+                self._waiting = number if self._prefetch == 1 else None
             try:
                 data = fut.result()
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
@@ -391,9 +392,7 @@ class Sampler:
                 with self._lock:
                     self._waiting = None
             with self._lock:
-                # Unless the loop replaced the reply already.
-                if not self._closed:
-                    self._fill()
+                self._fill()  # unless the loop replaced the reply already
             return data
 
     def __iter__(self) -> Sampler:

@@ -461,8 +461,9 @@ class _Bytes(random.Random):
 def test_random_keys_are_the_varints_of_the_drawn_bytes() -> None:
     from reprise._writer import _varint, random_key_varints
 
-    edges = [0, 1, 127, 128, (1 << 14) - 1, 1 << 14, (1 << 56) - 1, 1 << 56, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
-    # 0 is no key on the wire: it becomes 1, as the Go producer's draws do.
+    # Every varint length from 1 to 10 bytes, at both ends.
+    edges = [0, 1, 127] + [v for b in range(7, 64, 7) for v in ((1 << b), (1 << min(b + 7, 64)) - 1)]
+    # 0 is no key on the wire: it becomes 1, as the writer's draws did before.
     assert random_key_varints(_Bytes(edges), len(edges)) == [_varint(k or 1) for k in edges]
     drawn = random_key_varints(random.Random(5), 4096)
     want = np.frombuffer(random.Random(5).randbytes(8 * 4096), dtype="<u8").tolist()
