@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import itertools
 import logging
 import random
 import threading
@@ -329,18 +328,16 @@ class Sampler:
         self._args = (table, batch_size, timeout, flexible)
         self._prefetch = prefetch
         self._retry_for = retry_unavailable_for
-        # Each request not yet taken, by its number.
-        self._futs: collections.deque[tuple[int, concurrent.futures.Future[bytes]]] = collections.deque()
+        self._futs: collections.deque[concurrent.futures.Future[bytes]] = collections.deque()
         self._closed = False
-        self._numbers = itertools.count()
-        # With prefetch 1, the request whose reply the iterating thread
-        # waits for. That reply is taken the moment it lands, so the loop
-        # sends the request that replaces it there and then: handed over
-        # from this thread once it woke, the request would leave the service
+        # With prefetch 1: the iterating thread waits for the one request in
+        # flight. Its reply is taken the moment it lands, so the loop sends
+        # the request that replaces it there and then: handed over from
+        # this thread once it woke, the request would leave the service
         # idle for two thread switches a reply. With more requests in
         # flight the service has work meanwhile, and the loop's thread,
         # busy reading their replies, is better left to it.
-        self._waiting: int | None = None
+        self._waiting = False
         # _futs, _closed and _waiting are shared with the loop thread.
         self._lock = threading.Lock()
 
@@ -348,17 +345,16 @@ class Sampler:
         """Sends requests until prefetch are not yet taken, unless closed
         (the caller holds _lock)."""
         while not self._closed and len(self._futs) < self._prefetch:
-            number = next(self._numbers)
-            self._futs.append((number, self._c._lt.submit(self._request(number))))
+            self._futs.append(self._c._lt.submit(self._request()))
 
-    async def _request(self, number: int) -> bytes:
+    async def _request(self) -> bytes:
         t, n, timeout, flexible = self._args
         data = await self._c._aclient.sample_raw(t, n, timeout, flexible)
         with self._lock:
             # A failed request is not replaced here: next_raw decides
             # whether and when to ask again.
-            if self._waiting == number:
-                self._waiting = None
+            if self._waiting:
+                self._waiting = False
                 self._fill()
         return data
 
@@ -373,8 +369,8 @@ class Sampler:
                 self._fill()
                 if not self._futs:
                     raise StopIteration  # closed by another thread
-                number, fut = self._futs.popleft()
-                self._waiting = number if self._prefetch == 1 else None
+                fut = self._futs.popleft()
+                self._waiting = self._prefetch == 1
             try:
                 data = fut.result()
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
@@ -390,7 +386,7 @@ class Sampler:
                 continue
             finally:
                 with self._lock:
-                    self._waiting = None
+                    self._waiting = False
             with self._lock:
                 self._fill()  # unless the loop replaced the reply already
             return data
@@ -422,7 +418,7 @@ class Sampler:
         with self._lock:
             self._closed = True
             futs, self._futs = self._futs, collections.deque()
-        for _, f in futs:
+        for f in futs:
             f.cancel()
 
     def __enter__(self) -> Sampler:
