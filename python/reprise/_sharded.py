@@ -750,6 +750,10 @@ class AsyncShardedSampler:
     def __aiter__(self) -> AsyncShardedSampler:
         return self
 
+    def _fill(self) -> None:
+        while not self._closed and len(self._tasks) < self._prefetch:
+            self._tasks.append(asyncio.ensure_future(self._c._draw(*self._args)))
+
     async def __anext__(self) -> SampleBatch:
         since: float | None = None
         backoff = 0.01
@@ -757,34 +761,38 @@ class AsyncShardedSampler:
         while True:
             if self._closed:
                 raise StopAsyncIteration
-            while len(self._tasks) < self._prefetch:
-                self._tasks.append(asyncio.ensure_future(self._c._draw(*self._args)))
+            self._fill()
             task = self._tasks.popleft()
             try:
                 batch = merge_batch(await task)
                 self._short_since = None
-                return batch
             except errors.RateLimitedError as e:
-                if e.partial is not None and len(e.partial):
-                    return e.partial  # a short batch: samples are never dropped
-                if timeout is None:
-                    continue  # no timeout: wait on, as Reverb's sampler does
+                if e.partial is None or not len(e.partial):
+                    if timeout is None:
+                        continue  # no timeout: wait on, as Reverb's sampler does
+                    await self.aclose()
+                    raise StopAsyncIteration from None
+                batch = e.partial  # a short batch: samples are never dropped
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
                 now = _now()
                 if e.partial is not None and len(e.partial):
                     self._short_since = self._short_since or now
                     if now - self._short_since > self._retry_for:
                         raise
-                    return e.partial
-                if not isinstance(e, errors.DeadlineExceededError) or timeout is None:
+                    batch = e.partial
+                elif not isinstance(e, errors.DeadlineExceededError) or timeout is None:
                     since = since or now
                     if now - since > self._retry_for:
                         raise
                     await asyncio.sleep(backoff)
                     backoff = min(2 * backoff, 1.0)
                     continue
-            await self.aclose()
-            raise StopAsyncIteration
+                else:
+                    await self.aclose()
+                    raise StopAsyncIteration from None
+            # Replaced before the caller trains on it, as in the sync sampler.
+            self._fill()
+            return batch
 
     async def aclose(self) -> None:
         """Cancels the calls in flight (items they would have returned are

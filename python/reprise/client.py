@@ -899,6 +899,10 @@ class ShardedSampler:
     def __iter__(self) -> ShardedSampler:
         return self
 
+    def _fill(self) -> None:
+        while not self._closed and len(self._futs) < self._prefetch:
+            self._futs.append(self._c._lt.submit(self._c._aclient._draw(*self._args)))
+
     def __next__(self) -> SampleBatch:
         since: float | None = None
         backoff = 0.01
@@ -906,34 +910,40 @@ class ShardedSampler:
         while True:
             if self._closed or self._c._closed:
                 raise StopIteration
-            while len(self._futs) < self._prefetch:
-                self._futs.append(self._c._lt.submit(self._c._aclient._draw(*self._args)))
+            self._fill()
             fut = self._futs.popleft()
             try:
                 batch = _sharded.merge_batch(fut.result())
                 self._short_since = None
-                return batch
             except errors.RateLimitedError as e:
-                if e.partial is not None and len(e.partial):
-                    return e.partial  # a short batch: samples are never dropped
-                if timeout is None:
-                    continue  # no timeout: wait on, as Reverb's sampler does
+                if e.partial is None or not len(e.partial):
+                    if timeout is None:
+                        continue  # no timeout: wait on, as Reverb's sampler does
+                    self.close()
+                    raise StopIteration from None
+                batch = e.partial  # a short batch: samples are never dropped
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
                 now = time.monotonic()
                 if e.partial is not None and len(e.partial):
                     self._short_since = self._short_since or now
                     if now - self._short_since > self._retry_for:
                         raise
-                    return e.partial
-                if not isinstance(e, errors.DeadlineExceededError) or timeout is None:
+                    batch = e.partial
+                elif not isinstance(e, errors.DeadlineExceededError) or timeout is None:
                     since = since or now
                     if now - since > self._retry_for:
                         raise
                     time.sleep(backoff)
                     backoff = min(2 * backoff, 1.0)
                     continue
-            self.close()
-            raise StopIteration
+                else:
+                    self.close()
+                    raise StopIteration from None
+            # The call that replaces this batch goes out before the caller
+            # trains on it, or with prefetch 1 the shards would idle
+            # through every training step.
+            self._fill()
+            return batch
 
     def close(self) -> None:
         """Cancels the calls in flight."""

@@ -327,6 +327,31 @@ def test_uniform_shares_follow_sizes(sc: reprise.ShardedClient, shards: list[Rep
                     break
 
 
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_sharded_samplers_keep_prefetch_calls_in_flight(
+    sc: reprise.ShardedClient, shards: list[Reprised], prefetch: int
+) -> None:
+    """Both sharded samplers send the call that replaces a batch before
+    they hand it out, so prefetch calls are in flight while the caller
+    trains on it, as with the unsharded samplers."""
+    sc.reset("uniform")
+    fill(sc.shard(0), "uniform", range(10))
+    fill(sc.shard(1), "uniform", range(100, 110))
+    with sc.sampler("uniform", 8, prefetch=prefetch, timeout=10) as it:
+        for k in range(5):
+            assert len(next(it)) == 8
+            assert len(it._futs) == prefetch, f"after batch {k}"
+
+    async def main() -> None:
+        async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
+            async with c.sampler("uniform", 8, prefetch=prefetch, timeout=10) as ait:
+                for k in range(5):
+                    assert len(await ait.__anext__()) == 8
+                    assert len(ait._tasks) == prefetch, f"after batch {k}"
+
+    asyncio.run(main())
+
+
 def test_prioritized_probabilities(sc: reprise.ShardedClient) -> None:
     sc.reset("prio")
     p0 = [0.5, 1.0, 2.0, 3.0, 4.0]
