@@ -581,8 +581,10 @@ func checkPriority(p float64) error {
 }
 
 // Sampler keeps several sample requests in flight so a learner rarely waits
-// for a round trip. Items it prefetched and nobody took are lost at Close;
-// with a Queue table use one request in flight.
+// for a round trip. Items it prefetched and nobody took are lost at Close:
+// up to twice WithInFlight batches, since each request's batch waits for
+// Next while the request after it is out. With a Queue table use one
+// request in flight.
 type Sampler struct{ p *prefetcher[[]Sample] }
 
 // prefetcher keeps calls of a fetch function going and queues their

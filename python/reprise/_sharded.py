@@ -795,8 +795,9 @@ class AsyncShardedSampler:
             return batch
 
     async def aclose(self) -> None:
-        """Cancels the calls in flight (items they would have returned are
-        lost: with a queue table use prefetch=1)."""
+        """Cancels the calls in flight. The service drew their items, which
+        are lost: with a queue table use prefetch=1, which loses at most
+        one batch."""
         self._closed = True
         for t in self._tasks:
             t.cancel()

@@ -569,12 +569,12 @@ class AsyncSampler:
 
     async def next_raw(self) -> bytes:
         """The next reply's bytes (decode with decode_batch)."""
-        if self._closed:
-            raise StopAsyncIteration
         loop = asyncio.get_running_loop()
         since: float | None = None
         backoff = 0.01
         while True:
+            if self._closed:
+                raise StopAsyncIteration
             while len(self._tasks) < self._prefetch:
                 self._issue()
             task = self._tasks.popleft()
@@ -582,6 +582,7 @@ class AsyncSampler:
                 data = await task
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
                 if isinstance(e, errors.DeadlineExceededError) and self._args[2] is not None:
+                    await self.aclose()
                     raise StopAsyncIteration from None
                 now = loop.time()
                 since = since or now
@@ -590,7 +591,10 @@ class AsyncSampler:
                 await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, 1.0)
                 continue
-            self._issue()
+            # A reply that lands after aclose is still handed out: its
+            # items were drawn, and a queue would lose them.
+            if not self._closed:
+                self._issue()
             return data
 
     def __aiter__(self) -> AsyncSampler:
@@ -616,8 +620,9 @@ class AsyncSampler:
                 await asyncio.sleep(0.05)
 
     async def aclose(self) -> None:
-        """Cancels the requests in flight (items they would have returned
-        are lost: with a queue table use prefetch=1)."""
+        """Cancels the requests in flight. The service drew their items,
+        which are lost: with a queue table use prefetch=1, which loses at
+        most one batch."""
         self._closed = True
         for t in self._tasks:
             t.cancel()

@@ -52,7 +52,7 @@ class _LoopThread:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout)
-        except TimeoutError:
+        except (TimeoutError, concurrent.futures.TimeoutError):  # distinct classes before 3.11
             if fut.done():
                 raise  # the coroutine's own error (DeadlineExceededError is a TimeoutError)
             fut.cancel()
@@ -219,8 +219,10 @@ class Client:
         Reverb's ``rate_limiter_timeout_ms`` ends a dataset); without, it
         waits. A lost service (a restart) is waited for up to
         ``retry_unavailable_for`` seconds. Close it (or use ``with``) to
-        stop its requests; prefetched items nobody took are lost, so use
-        ``prefetch=1`` with a queue table."""
+        stop its requests. The service drew the items of every request
+        sent, so those of the ``prefetch`` batches not yet taken are lost
+        at close: with a queue table use ``prefetch=1``, which loses at
+        most one batch."""
         return Sampler(self, table, batch_size, prefetch, timeout, flexible, retry_unavailable_for)
 
     def mutate_priorities(
@@ -893,6 +895,8 @@ class ShardedSampler:
         self._retry_for = retry_unavailable_for
         self._futs: collections.deque[concurrent.futures.Future[_sharded._Draw]] = collections.deque()
         self._closed = False
+        # _futs and _closed, as close may come from another thread.
+        self._lock = threading.Lock()
         # Since when batches have come short of a failing shard.
         self._short_since: float | None = None
 
@@ -900,6 +904,8 @@ class ShardedSampler:
         return self
 
     def _fill(self) -> None:
+        """Sends calls until prefetch are not yet taken, unless closed (the
+        caller holds _lock)."""
         while not self._closed and len(self._futs) < self._prefetch:
             self._futs.append(self._c._lt.submit(self._c._aclient._draw(*self._args)))
 
@@ -908,10 +914,11 @@ class ShardedSampler:
         backoff = 0.01
         timeout = self._args[2]
         while True:
-            if self._closed or self._c._closed:
-                raise StopIteration
-            self._fill()
-            fut = self._futs.popleft()
+            with self._lock:
+                if self._closed or self._c._closed:
+                    raise StopIteration
+                self._fill()
+                fut = self._futs.popleft()
             try:
                 batch = _sharded.merge_batch(fut.result())
                 self._short_since = None
@@ -942,15 +949,17 @@ class ShardedSampler:
             # The call that replaces this batch goes out before the caller
             # trains on it, or with prefetch 1 the shards would idle
             # through every training step.
-            self._fill()
+            with self._lock:
+                self._fill()
             return batch
 
     def close(self) -> None:
         """Cancels the calls in flight."""
-        self._closed = True
-        for f in self._futs:
+        with self._lock:
+            self._closed = True
+            futs, self._futs = self._futs, collections.deque()
+        for f in futs:
             f.cancel()
-        self._futs.clear()
 
     def __enter__(self) -> ShardedSampler:
         return self

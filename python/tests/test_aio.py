@@ -162,3 +162,56 @@ def test_requests_watch_and_expire_without_tasks_of_their_own(server: Reprised) 
             await nc.close()
 
     asyncio.run(main())
+
+
+def test_a_sampler_closed_while_it_waits_sends_nothing_more(server: Reprised) -> None:
+    """An AsyncSampler closed during a retry's backoff, or ended by its
+    timeout, stops: it sends no request after that and leaves none in
+    flight. No service listens on the prefix, so every request fails at
+    once as unavailable and the sampler backs off and retries; a
+    subscriber that swallows sample requests makes the others time out."""
+    import nats
+
+    async def main() -> None:
+        c = await reprise.aio.connect(server.url, prefix="nobody")
+        sent: list[str] = []
+        sample_raw = c.sample_raw
+
+        def counted(*args: Any) -> Any:
+            sent.append(args[0])
+            return sample_raw(*args)
+
+        c.sample_raw = counted  # type: ignore[method-assign]
+        try:
+            s = c.sampler("t", 4, prefetch=2, retry_unavailable_for=60)
+            waiting = asyncio.ensure_future(s.next_raw())
+            while len(sent) < 4:  # two rounds of requests: it is retrying
+                await asyncio.sleep(0.005)
+            await s.aclose()
+            with pytest.raises(StopAsyncIteration):
+                await asyncio.wait_for(waiting, 10)
+            assert not s._tasks
+            n = len(sent)
+            with pytest.raises(StopAsyncIteration):
+                await s.next_raw()
+            assert len(sent) == n
+        finally:
+            await c.close()
+
+        async def mute(m: Any) -> None:
+            pass
+
+        nc = await nats.connect(server.url)
+        await nc.subscribe("mute.api.sample", cb=mute)
+        await nc.flush()
+        c = await reprise.aio.connect(server.url, prefix="mute")
+        try:
+            s = c.sampler("t", 4, prefetch=3, timeout=0.2)
+            with pytest.raises(StopAsyncIteration):
+                await asyncio.wait_for(s.next_raw(), 10)
+            assert s._closed and not s._tasks
+        finally:
+            await c.close()
+            await nc.close()
+
+    asyncio.run(main())
