@@ -890,8 +890,14 @@ class AsyncShardedTrajectoryWriter:
     ) -> None:
         """Ends the episode on its shard; the next one goes to the next
         shard."""
-        await self._writers[self._shard].end_episode(clear_buffers, timeout_ms, timeout=timeout)
-        self._shard = (self._shard + 1) % len(self._writers)
+        w = self._writers[self._shard]
+        assert w._p is not None
+        episode = w._p.episode
+        try:
+            await w.end_episode(clear_buffers, timeout_ms, timeout=timeout)
+        finally:
+            if w._p.episode != episode:  # ended, even if its wait failed
+                self._shard = (self._shard + 1) % len(self._writers)
 
     async def close(self, timeout: float | None = 60.0) -> None:
         """Closes every shard's writer."""

@@ -798,14 +798,16 @@ class AsyncTrajectoryWriter:
     async def end_episode(
         self, clear_buffers: bool = True, timeout_ms: int | None = None, *, timeout: float | None = None
     ) -> None:
-        """Publishes the episode's items, waits for their acks and starts a
-        new episode (see :meth:`reprise.TrajectoryWriter.end_episode`)."""
+        """Publishes the episode's items, starts a new episode and waits for
+        the items (see :meth:`reprise.TrajectoryWriter.end_episode`)."""
         p = self._p
         assert p is not None
-        await self.flush(timeout_ms=timeout_ms, timeout=timeout)
+        deadline = _deadline(timeout, timeout_ms)
+        await self._advance(True, deadline)
         with p.mu:
             p.end_episode_locked()
             self._partial = {}
+        await self._wait(lambda p: p.flushed_locked(0), deadline, "end_episode")
 
     async def close(self, timeout: float | None = 60.0) -> None:
         """Flushes, tells the service to release this writer's chunks and

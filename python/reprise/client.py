@@ -621,14 +621,20 @@ class TrajectoryWriter:
             self._p.policy_version = int(version)
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None, *, timeout: float | None = None) -> None:
-        """Publishes the episode's items, waits as :meth:`flush` does, and
-        starts a new episode: later items cannot reference its steps and
-        the service releases its chunks. (``clear_buffers`` is accepted for
-        Reverb compatibility; buffers are always cleared.)"""
-        self.flush(timeout_ms=timeout_ms, timeout=timeout)
+        """Publishes the episode's items, starts a new episode, and waits
+        for the items as :meth:`flush` does. Later items cannot reference
+        the old episode's steps and the service releases its chunks. The
+        episode ends once its items are published, even when the wait then
+        fails (a timeout, or an earlier message's error); it stays open
+        only when publishing does not happen (no room in the window before
+        the timeout). (``clear_buffers`` is accepted for Reverb
+        compatibility; buffers are always cleared.)"""
+        deadline = _aio._deadline(timeout, timeout_ms)
+        self._advance(True, deadline)
         with self._p.mu:
             self._p.end_episode_locked()
         self._partial = {}
+        self._wait(lambda p: p.flushed_locked(0), deadline, "end_episode")
 
     def close(self, timeout: float | None = 60.0) -> None:
         """Flushes, tells the service it may drop this writer's chunks, waits
@@ -1070,8 +1076,13 @@ class ShardedTrajectoryWriter:
         """Ends the episode on its shard (see
         :meth:`TrajectoryWriter.end_episode`); the next episode goes to the
         next shard."""
-        self._writers[self._shard].end_episode(clear_buffers, timeout_ms, timeout=timeout)
-        self._shard = (self._shard + 1) % len(self._writers)
+        w = self._writers[self._shard]
+        episode = w._p.episode
+        try:
+            w.end_episode(clear_buffers, timeout_ms, timeout=timeout)
+        finally:
+            if w._p.episode != episode:  # ended, even if its wait failed
+                self._shard = (self._shard + 1) % len(self._writers)
 
     def close(self, timeout: float | None = 60.0) -> None:
         """Closes every shard's writer, all within ``timeout``."""

@@ -595,6 +595,26 @@ tables:
         r.kill9()
 
 
+def test_end_episode_ends_it_even_when_the_wait_fails(reprised_factory: Any) -> None:
+    """end_episode publishes the items and starts a new episode before it
+    waits, as the Go producer does: a wait that times out (a rate limiter
+    holding the items) leaves the writer in the new episode, whose steps
+    count from 0 and whose items cannot reach back into the old one."""
+    r = reprised_factory("tables:\n  - {name: held, max_size: 2, rate_limiter: {preset: queue}}\n")
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(2, linger=0.0)
+        for i in range(3):
+            w.append({"id": np.int64(i)})
+            w.create_item("held", 1.0, {"id": w.history["id"][-1:]})
+        with pytest.raises(reprise.DeadlineExceededError):
+            w.end_episode(timeout=0.3)  # the third item waits for room
+        assert w.episode_steps == 0
+        w.append({"id": np.int64(10)})
+        assert w.episode_steps == 1 and len(w.history["id"]) == 1
+        assert [int(s.data["id"][0]) for s in c.sample("held", 3, timeout=30)] == [0, 1, 2]
+        w.close()
+
+
 def test_read_your_writes(reprised_factory: Any) -> None:
     """Once flush or a mutation returns, the service has applied it: info
     shows the item, and a max-heap table samples the item just raised to the

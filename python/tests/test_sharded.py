@@ -47,6 +47,9 @@ tables:
   - name: limited
     max_size: 1000
     rate_limiter: {preset: min_size, min_size: 5}
+  - name: held
+    max_size: 2
+    rate_limiter: {preset: queue}
 """
 
 #: The false-failure probability each statistical check allows.
@@ -264,6 +267,36 @@ def test_writer_writes_each_episode_to_one_shard(sc: reprise.ShardedClient) -> N
         eps, steps = b.data["ep"], b.data["t"]
         assert ((eps[:, 0] + first) % 2 == i).all()  # the shard's episodes, whole
         assert (eps == eps[:, :1]).all() and (steps == steps[:, :1] + np.arange(3)).all()
+
+
+def test_writer_moves_on_when_an_episode_ends_and_its_wait_fails(sc: reprise.ShardedClient, shards: list[Reprised]) -> None:
+    """An episode whose items are published has ended even when waiting
+    for them times out, so the next episode goes to the next shard, in the
+    sync and the async writer alike."""
+    sc.reset("held")
+    with sc.trajectory_writer(1, linger=0.0) as w:
+        first = w.shard
+        for i in range(3):
+            w.append({"x": np.int64(i)})
+            w.create_item("held", 1.0, {"x": w.history["x"][-1]})
+        with pytest.raises(reprise.DeadlineExceededError):
+            w.end_episode(timeout=0.3)  # the shard's table holds the third item
+        assert w.shard == (first + 1) % 2
+
+    async def main() -> None:
+        async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
+            await c.reset("held")
+            async with await c.trajectory_writer(1, linger=0.0) as aw:
+                first = aw.shard
+                for i in range(3):
+                    await aw.append({"x": np.int64(i)})
+                    await aw.create_item("held", 1.0, {"x": aw.history["x"][-1]})
+                with pytest.raises(reprise.DeadlineExceededError):
+                    await aw.end_episode(timeout=0.3)
+                assert aw.shard == (first + 1) % 2
+
+    asyncio.run(main())
+    sc.reset("held")
 
 
 def test_insert_goes_to_one_random_shard(sc: reprise.ShardedClient) -> None:
