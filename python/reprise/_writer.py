@@ -886,18 +886,17 @@ class _Producer:
         priority: float,
         trajectory: Mapping[str, TrajectoryColumn] | Iterable[TrajectoryColumn],
         signature: Sequence[Any],
-    ) -> errors.RepriseError | None:
+    ) -> None:
         """What a client's create_item checks and does under the lock,
         once check_item passed: the item from its picks of history, checked
         against the table's signature (empty: any columns), queued to be
-        sent. Returns the errors of earlier messages, for the caller to
-        raise once it has tried to send the item."""
+        sent. The caller raises the errors of earlier messages once it has
+        tried to send the item; an error of its own leaves them for the
+        next call."""
         refs = self.resolve_locked(trajectory)
         if signature:
             check_signature(table, refs, self._compiled_signature(table, signature))
-        err = self.take_errors_locked()
         self.create_item_locked(table, priority, refs)
-        return err
 
     def _compiled_signature(self, table: str, signature: Sequence[Any]) -> list[_Spec]:
         """The table's signature as check_signature reads it, made once per

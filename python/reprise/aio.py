@@ -747,10 +747,13 @@ class AsyncTrajectoryWriter:
                 trajectory = p.check_picks(trajectory)
                 sig = await self._c.signature(table)
         with p.mu:
-            err = p.add_item_locked(table, prio, trajectory, sig or ())
+            p.add_item_locked(table, prio, trajectory, sig or ())
             moved = p.try_advance_locked()
+            err = p.take_errors_locked() if moved else None
         if not moved:
             await self._advance(False)
+            with p.mu:
+                err = p.take_errors_locked()
         if err is not None:
             raise err
 

@@ -573,10 +573,13 @@ class TrajectoryWriter:
                 trajectory = p.check_picks(trajectory)
                 sig = self._c._call(self._c._aclient.signature(table))
         with p.mu:
-            err = p.add_item_locked(table, prio, trajectory, sig or ())
+            p.add_item_locked(table, prio, trajectory, sig or ())
             moved = p.try_advance_locked()
+            err = p.take_errors_locked() if moved else None
         if not moved:
             self._advance(False)
+            with p.mu:
+                err = p.take_errors_locked()
         if err is not None:
             raise err
 

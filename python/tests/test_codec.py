@@ -306,7 +306,7 @@ def test_writer_messages_are_protobufs_own_encoding(chunk_length: int, compressi
         pairs = traj.items() if isinstance(traj, dict) else [(r.column, r) for r in traj]
         picked.append((table, prio, p.policy_version, [(n, r.column, r.start, r.stop, r.squeeze) for n, r in pairs]))
         with p.mu:
-            assert p.add_item_locked(table, prio, traj, ()) is None
+            p.add_item_locked(table, prio, traj, ())
             p.advance_locked(False)
 
     for t in range(40):
@@ -377,7 +377,7 @@ def test_items_are_checked_against_the_tables_signature() -> None:
     ]
     with p.mu:
         for traj, sig in good:
-            assert p.add_item_locked("t", 1.0, traj, sig) is None
+            p.add_item_locked("t", 1.0, traj, sig)
         for traj, sig, match in bad:
             with pytest.raises(reprise.SignatureMismatchError, match=match):
                 p.add_item_locked("t", 1.0, traj, sig)

@@ -615,6 +615,25 @@ def test_end_episode_ends_it_even_when_the_wait_fails(reprised_factory: Any) -> 
         w.close()
 
 
+def test_an_item_refused_at_once_keeps_earlier_rejections(reprised_factory: Any) -> None:
+    """create_item raises the errors of earlier messages once its item is
+    on its way; an item it refuses itself (too large for a message) leaves
+    them for the next call instead of dropping them."""
+    r = reprised_factory("tables:\n  - {name: t, max_size: 10}\n")
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(1, linger=0.0, validate_signatures=False)
+        w.append({"x": np.int64(1)})
+        w.create_item("nosuch", 1.0, {"x": w.history["x"][-1]})
+        wait_for("the rejection of the item for an unknown table", lambda: bool(w._p.errors))
+        # Random floats, so that compression does not shrink the step.
+        w.append({"big": np.random.default_rng(0).standard_normal(c._aclient._nc.max_payload // 4 + 1).astype(np.float32)})
+        with pytest.raises(reprise.InvalidArgumentError, match="over the server's max payload"):
+            w.create_item("t", 1.0, {"big": w.history["big"][-1]})
+        with pytest.raises(reprise.RejectedError, match="nosuch"):
+            w.flush(timeout=30)
+        w.close()
+
+
 def test_read_your_writes(reprised_factory: Any) -> None:
     """Once flush or a mutation returns, the service has applied it: info
     shows the item, and a max-heap table samples the item just raised to the
