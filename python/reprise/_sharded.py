@@ -28,7 +28,7 @@ from . import _info, _sample, errors
 from ._info import CheckpointInfo, TableInfo
 from ._proto import reprise_pb2 as pb
 from ._sample import BatchInfo, ReplaySample, SampleBatch
-from ._writer import MAX_SHARDS, History, TrajectoryColumn, WriterOptions
+from ._writer import MAX_SHARDS, History, TrajectoryColumn, WriterOptions, with_message
 from .aio import AsyncTrajectoryWriter, Client, _deadline, _left, priority_arrays
 
 T = TypeVar("T")
@@ -82,10 +82,8 @@ def check_prefixes(prefixes: Sequence[str], options: Mapping[str, Any]) -> tuple
 def on_shard(e: errors.RepriseError, i: int, prefix: str) -> errors.RepriseError:
     """e as raised for shard i: its message names the shard."""
     if isinstance(e, (errors.PermissionDeniedError, errors.RejectedError)):
-        return e  # they name their subject or item, and take more fields
-    out = type(e)(f"shard {i} (prefix {prefix!r}): {e.message}", code=e.code)
-    out.__cause__ = e
-    return out
+        return e  # they name their subject or item
+    return with_message(e, f"shard {i} (prefix {prefix!r}): {e.message}")
 
 
 def is_down(e: errors.RepriseError) -> bool:

@@ -24,7 +24,7 @@ import secrets
 import struct
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 import numpy as np
@@ -36,6 +36,8 @@ from ._conn import Denials, Subjects
 from ._proto import reprise_pb2 as pb
 
 log = logging.getLogger("reprise")
+
+_E = TypeVar("_E", bound=errors.RepriseError)
 
 #: Header JetStream deduplicates on.
 MSG_ID_HEADER = "Nats-Msg-Id"
@@ -620,16 +622,55 @@ def rejection_error(r: Any) -> errors.RejectedError:
     )
 
 
+_NOT_STORED_CLASSES: dict[type[errors.RepriseError], type[errors.NotStoredError]] = {}
+
+
+def not_stored_error(err: errors.RepriseError, seq: int, items: int) -> errors.NotStoredError:
+    """The error of a message given up on: both a NotStoredError and the
+    class of its last failure (so ``except DeadlineExceededError`` still
+    sees a message that got no ack in time)."""
+    base = type(err)
+    cls = _NOT_STORED_CLASSES.get(base)
+    if cls is None:
+        cls = type("NotStored" + base.__name__, (errors.NotStoredError, base), {})
+        _NOT_STORED_CLASSES[base] = cls
+    return cls(f"message {seq} ({items} items) not stored: {err.message}", code=err.code, sequence=seq, items=items)
+
+
+def with_message(e: _E, message: str) -> _E:
+    """A copy of e, of its class and with its fields, that says message
+    and was caused by e. Made without calling the class's __init__, whose
+    arguments differ from class to class (PermissionDeniedError's
+    operation and subject, NotStoredError's sequence and items)."""
+    cls = type(e)
+    out = cls.__new__(cls, message)
+    out.__dict__.update(e.__dict__)
+    out.args = (message,)  # OSError's subclasses leave args to __init__
+    out.message = message
+    out.__cause__ = e
+    return out
+
+
+#: How many of the errors a joined error names in its text.
+_JOIN_SHOWN = 5
+
+
 def _join(errs: list[errors.RepriseError]) -> errors.RepriseError:
+    """Several errors of a writer as one, to raise. It takes the class and
+    attributes of the first that lost items (a rejection or a message not
+    stored), else of the first, so that ``except RejectedError`` or
+    ``except NotStoredError`` never misses a loss behind another error;
+    its text names them all (the first few), and a rejection's
+    ``rejections`` lists every refusal."""
     if len(errs) == 1:
         return errs[0]
-    first = errs[0]
-    msg = f"{len(errs)} errors; the first: {first.message}"
-    if all(isinstance(e, errors.RejectedError) for e in errs):
-        out: errors.RepriseError = type(first)(msg, code=first.code, rejections=list(errs))  # type: ignore[call-arg]
-    else:
-        out = type(first)(msg, code=first.code)
-    out.__cause__ = first
+    lost = [e for e in errs if isinstance(e, (errors.RejectedError, errors.NotStoredError))]
+    first = lost[0] if lost else errs[0]
+    shown = "; ".join(e.message for e in errs[:_JOIN_SHOWN])
+    more = f"; and {len(errs) - _JOIN_SHOWN} more" if len(errs) > _JOIN_SHOWN else ""
+    out = with_message(first, f"{len(errs)} errors: {shown}{more}")
+    if isinstance(out, errors.RejectedError):
+        out.rejections = [r for e in errs if isinstance(e, errors.RejectedError) for r in e.rejections]
     return out
 
 
@@ -1306,7 +1347,8 @@ class _Transport:
         if dup and rec.attempts == 1:
             p.on_settled(rec, None, errors.DuplicateIdError(
                 f"message {rec.seq} ({rec.items} items) was sent once and JetStream acknowledged it as a "
-                "duplicate: another publisher used this writer's dedupe id; its items were not stored"
+                "duplicate: another publisher used this writer's dedupe id; its items were not stored",
+                sequence=rec.seq, items=rec.items,
             ))
         else:
             p.on_settled(rec, stream_seq, None)
@@ -1388,8 +1430,7 @@ class _Transport:
                     return
                 log.warning("reprise writer: publish failed: producer %s message %d (%d items): %s",
                             p.token, rec.seq, rec.items, err.message)
-                p.on_settled(rec, None, type(err)(
-                    f"message {rec.seq} ({rec.items} items) not stored: {err.message}", code=err.code))
+                p.on_settled(rec, None, not_stored_error(err, rec.seq, rec.items))
                 return
             try:
                 await asyncio.wait_for(self._abort.wait(), backoff)

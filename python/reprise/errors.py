@@ -91,7 +91,8 @@ class RateLimitedError(RepriseError, TimeoutError):
 class DeadlineExceededError(RepriseError, TimeoutError):
     """The caller's own timeout passed: no reply in time, or a writer's
     flush or wait for the service's progress did not finish (the items may
-    still be stored later: a writer keeps retrying them)."""
+    still be stored later: a writer keeps retrying them, and says so with
+    a :class:`NotStoredError` when it gives up)."""
 
 
 class UnavailableError(RepriseError, ConnectionError):
@@ -141,10 +142,20 @@ class PermissionDeniedError(RepriseError, PermissionError):
         self.subject = subject
 
 
-class DuplicateIdError(RepriseError):
-    """JetStream acknowledged a message that was sent only once as a
-    duplicate: another publisher used this writer's dedupe id, and the
-    message's items were not stored."""
+class NotStoredError(RepriseError):
+    """A writer gave up on a message: JetStream did not store it, and its
+    items are lost (raised by the writer's next call). It is also of the
+    class of the last failure: ``DeadlineExceededError`` when no ack came
+    within the writer's ``retry_for``, ``UnavailableError``,
+    ``ResourceExhaustedError`` for a message JetStream refused as too
+    large... ``sequence`` is the writer's message and ``items`` the number
+    of items it held. ``except (RejectedError, NotStoredError)`` catches
+    every loss a writer reports."""
+
+    def __init__(self, message: str, *, code: Code | int | None = None, sequence: int = 0, items: int = 0) -> None:
+        super().__init__(message, code=code)
+        self.sequence = sequence
+        self.items = items
 
 
 class RejectedError(RepriseError):
@@ -170,6 +181,17 @@ class RejectedError(RepriseError):
         self.item_key = item_key
         self.table = table
         self.rejections = rejections or [self]
+
+
+class DuplicateIdError(NotStoredError, RejectedError):
+    """JetStream acknowledged a message that was sent only once as a
+    duplicate: another publisher used this writer's dedupe id, and the
+    message's items were not stored. A rejection of the whole message, as
+    the Go producer reports it (``ErrRejected``)."""
+
+    def __init__(self, message: str, *, sequence: int = 0, items: int = 0) -> None:
+        RejectedError.__init__(self, message, sequence=sequence)
+        self.items = items
 
 
 _BY_CODE: dict[Code, type[RepriseError]] = {
@@ -202,6 +224,8 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "NotFoundError",
+    "NotStoredError",
+    "PermissionDeniedError",
     "ProtocolError",
     "RateLimitedError",
     "RejectedError",

@@ -582,3 +582,27 @@ def test_batches_stack_the_items(seed: int) -> None:
         np.testing.assert_array_equal(getattr(batch.info, field), [getattr(s.info, field) for s in samples])
     for j in range(ncol):
         np.testing.assert_array_equal(batch.data[f"c{j}"], np.stack([s.data[f"c{j}"] for s in samples]))
+
+
+def test_joined_errors_keep_every_loss_and_message() -> None:
+    """Errors a writer raises together take the class and fields of the
+    first that lost items, name every error, and list every rejection;
+    any class joins, PermissionDeniedError's keyword-only fields too."""
+    from reprise._writer import _join, not_stored_error
+
+    denied = reprise.PermissionDeniedError("publish denied", operation="publish", subject="r.data.insert")
+    lost = not_stored_error(reprise.DeadlineExceededError("no ack from JetStream within 5.0s"), 3, 64)
+    rej = [reprise.RejectedError(f"item {k} refused", code=reprise.Code.NOT_FOUND, sequence=4, item_key=k, table="t")
+           for k in (7, 8)]
+    e = _join([denied, lost, rej[0]])
+    assert isinstance(e, reprise.NotStoredError) and isinstance(e, reprise.DeadlineExceededError)
+    assert (e.sequence, e.items, e.__cause__) == (3, 64, lost)
+    for part in ("3 errors", "publish denied", "message 3 (64 items) not stored: no ack", "item 7 refused"):
+        assert part in e.message and part in str(e)
+    e = _join([denied, rej[0], lost, rej[1]])
+    assert isinstance(e, reprise.RejectedError) and e.rejections == rej and e.item_key == 7
+    e = _join([denied, denied])
+    assert isinstance(e, reprise.PermissionDeniedError) and (e.operation, e.subject) == ("publish", "r.data.insert")
+    e = _join([reprise.UnavailableError(f"down {i}") for i in range(8)])
+    assert type(e) is reprise.UnavailableError and e.message.endswith("down 4; and 3 more")
+

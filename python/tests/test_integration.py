@@ -341,9 +341,28 @@ def test_duplicate_ack_for_a_message_sent_once_is_an_error(reprised_factory: Any
             "reprise.data.insert", b"", headers={"Nats-Msg-Id": f"{w.producer_id}-1"}, timeout=5))
         w.append({"x": np.int64(1)})
         w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
-        with pytest.raises(reprise.DuplicateIdError, match="sent once"):
+        with pytest.raises(reprise.DuplicateIdError, match="sent once") as e:
             w.flush(timeout=10)
+        # Lost, as the Go producer says: a rejection of the whole message.
+        assert isinstance(e.value, reprise.RejectedError) and isinstance(e.value, reprise.NotStoredError)
+        assert (e.value.sequence, e.value.items, e.value.item_key, e.value.rejections) == (1, 1, 0, [e.value])
         w.close()
+
+
+def test_a_message_given_up_is_not_stored(server: Any) -> None:
+    """A message JetStream does not store within the writer's retry_for
+    (no stream answers on the prefix) is reported as lost: a
+    NotStoredError that is also the class of its last failure."""
+    with reprise.Client(server.url, prefix="nobody") as c:
+        w = c.trajectory_writer(1, validate_signatures=False, retry_for=0.3, return_on_store=True)
+        w.append({"x": np.int64(1)})
+        w.create_item("t", 1.0, {"x": w.history["x"][-1]})
+        with pytest.raises(reprise.NotStoredError, match="message 1 \\(1 items\\) not stored: no JetStream stream") as e:
+            w.flush(timeout=30)
+        assert isinstance(e.value, reprise.UnavailableError)
+        assert (e.value.sequence, e.value.items) == (1, 1)
+        with pytest.raises(reprise.NotStoredError, match="message 2 \\(0 items\\)"):
+            w.close()  # the release of its chunks
 
 
 def test_client_reconnects_after_reprised_restarts(reprised_factory: Any) -> None:
