@@ -1363,6 +1363,9 @@ class _Transport:
         if self._denied is not None:
             rec.future.set_exception(self._denied)
             return
+        if self._abort.is_set():
+            rec.future.set_exception(_closed_unacked())
+            return
         self._acks[token] = rec
         try:
             await self.nc.publish(self.subj.insert, rec.data, reply=self._inbox + "." + token, headers=rec.headers)
@@ -1423,6 +1426,8 @@ class _Transport:
                     e, (errors.ClosedError, errors.ResourceExhaustedError, errors.PermissionDeniedError)
                 )
             if not retryable or self.loop.time() - rec.first_sent > self.o.retry_for or self._abort.is_set():
+                if rec.settled:
+                    return  # its ack landed as the writer closed
                 rec.settled = True
                 self._forget(rec)
                 if isinstance(err, errors.PermissionDeniedError):
@@ -1437,7 +1442,9 @@ class _Transport:
             except asyncio.TimeoutError:
                 pass
             backoff = min(2 * backoff, 1.0)
-            await self._send(rec)
+            if not self._abort.is_set():
+                await self._send(rec)
+            # else the next pass gives up on it, with its last error
 
     def _forget(self, rec: _Record) -> None:
         for a in range(1, rec.attempts + 1):
@@ -1451,7 +1458,12 @@ class _Transport:
         try:
             await asyncio.wait_for(asyncio.shield(done), timeout)
         except asyncio.TimeoutError:
+            # The acks still awaited fail now, as the Go producer's do,
+            # rather than each running out its ack_timeout.
             self._abort.set()
+            for rec in list(self._acks.values()):
+                if rec.future is not None and not rec.future.done():
+                    rec.future.set_exception(_closed_unacked())
             await done
         self._denials.discard(self._on_denied)
         for s in self._subs:
@@ -1459,6 +1471,10 @@ class _Transport:
                 await s.unsubscribe()
             except Exception:  # noqa: BLE001 - the connection may be gone
                 pass
+
+
+def _closed_unacked() -> errors.ClosedError:
+    return errors.ClosedError("not acknowledged by JetStream before the writer closed")
 
 
 def _parse_ack(m: Msg) -> tuple[int | None, bool, errors.RepriseError | None, bool]:

@@ -215,3 +215,40 @@ def test_a_sampler_closed_while_it_waits_sends_nothing_more(server: Reprised) ->
             await nc.close()
 
     asyncio.run(main())
+
+
+def test_a_writer_closed_before_its_acks_gives_up_at_its_timeout(server: Reprised) -> None:
+    """close(timeout) fails the acks it still waits for once its timeout
+    passes, as lost messages, instead of letting each run out the
+    writer's ack_timeout. A subscriber that swallows the inserts stands in
+    for a JetStream that never answers."""
+    import time
+
+    import nats
+
+    async def swallow(m: Any) -> None:
+        pass
+
+    async def subscribed() -> Any:
+        nc = await nats.connect(server.url)
+        await nc.subscribe("mute.data.insert", cb=swallow)
+        await nc.flush()
+        return nc
+
+    loop = asyncio.new_event_loop()
+    nc = loop.run_until_complete(subscribed())
+    try:
+        with reprise.Client(server.url, prefix="mute") as c:
+            w = c.trajectory_writer(1, validate_signatures=False, ack_timeout=60, return_on_store=True)
+            w.append({"x": np.int64(1)})
+            w.create_item("t", 1.0, {"x": w.history["x"][-1]})
+            start = time.monotonic()
+            with pytest.raises(reprise.NotStoredError) as e:
+                w.close(timeout=0.5)
+            assert time.monotonic() - start < 30, "close waited out the ack timeout"
+            assert isinstance(e.value, reprise.ClosedError)
+            assert "message 1 (1 items) not stored: not acknowledged by JetStream before the writer closed" in e.value.message
+    finally:
+        loop.run_until_complete(nc.close())
+        loop.close()
+
