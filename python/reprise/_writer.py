@@ -728,7 +728,11 @@ class _Producer:
         self.errors: list[errors.RepriseError] = []
         # Table to (its signature as the client holds it, compiled).
         self._signatures: dict[str, tuple[Sequence[Any], list[_Spec]]] = {}
+        # The linger timer is set; a batch whose linger time passed waits
+        # for room in the window (lingered), published when the window
+        # changes. Each batch waits out its linger time once, as in Go.
         self.linger_armed = False
+        self.lingered = False
         self.linger_cb: Callable[[], None] | None = None  # set by the transport
         self.history = History(self)
 
@@ -1041,7 +1045,7 @@ class _Producer:
         if force or full or self.o.linger == 0:
             if self.batch_items or (force and self.release):
                 self._publish_locked(False)
-        elif self.batch_items and not self.linger_armed and self.linger_cb is not None:
+        elif self.batch_items and not self.linger_armed and not self.lingered and self.linger_cb is not None:
             self.linger_armed = True
             self.linger_cb()
 
@@ -1080,22 +1084,31 @@ class _Producer:
         tables = frozenset(self.batch_tables)
         self.batch_chunks, self.batch_items, self.batch_bytes, self.release = [], [], 0, []
         self.batch_tables = set()
+        self.lingered = False
         self.unacked_items += n
         self._submit(_Record(seq, data, {MSG_ID_HEADER: msg_id(self.id, seq)}, n, tables))
 
     def on_linger(self) -> None:
-        """The linger time passed: publish a partly filled batch if there is
-        room (else the next change of the window tries again)."""
+        """The linger time passed (the timer, on the event loop)."""
         with self.mu:
             self.linger_armed = False
-            if self.closing or not self.batch_items:
-                return
-            try:
-                self._publish_locked(False)
-            except _Blocked:
-                self.linger_armed = True  # retried by on_window_change
-            except errors.RepriseError as e:
-                self.errors.append(e)
+            self.lingered = True
+            self._publish_lingered_locked()
+
+    def _publish_lingered_locked(self) -> None:
+        """Publishes the partly filled batch whose linger time passed, if
+        the window has room; else it stays lingered until the window
+        changes (an ack, the service's progress)."""
+        if self.closing or not self.batch_items:
+            self.lingered = False
+            return
+        try:
+            self._publish_locked(False)
+        except _Blocked:
+            pass
+        except errors.RepriseError as e:
+            self.lingered = False
+            self.errors.append(e)
 
     def flush_locked(self) -> None:
         for c in self.columns.values():
@@ -1115,7 +1128,6 @@ class _Producer:
     # -- flow (called on the event loop) ----------------------------------
 
     def on_settled(self, rec: _Record, stream_seq: int | None, err: errors.RepriseError | None) -> None:
-        retry_linger = False
         with self.mu:
             try:
                 self.unsettled.remove(rec.seq)
@@ -1127,10 +1139,9 @@ class _Producer:
             elif stream_seq is not None and rec.items > 0 and not self._applied_locked(stream_seq, rec.tables):
                 self.acked.append((stream_seq, rec.items, rec.tables))
                 self.acked_items += rec.items
-            retry_linger = self.linger_armed
+            if self.lingered:
+                self._publish_lingered_locked()
             self.notify_locked()
-        if retry_linger:
-            self.on_linger()
 
     def _applied_locked(self, seq: int, tables: frozenset[str]) -> bool:
         """Whether the service applied every item of the message stored at
@@ -1154,6 +1165,8 @@ class _Producer:
                 else:
                     kept.append((s, n, tables))
             self.acked = kept
+            if self.lingered:
+                self._publish_lingered_locked()
             self.notify_locked()
 
     def on_rejected(self, err: errors.RepriseError) -> None:

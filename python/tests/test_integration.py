@@ -684,6 +684,36 @@ def test_linger_publishes_without_flush(reprised_factory: Any) -> None:
             wait_for("the idle writer's linger timer to stop", lambda: not w._p.linger_armed)
 
 
+def test_linger_waits_its_time_and_for_room(reprised_factory: Any) -> None:
+    """A partly filled batch goes out when its linger time passes, not
+    sooner (an earlier message's ack does not publish it), and not later
+    than the window allows: one that found the window full goes out as
+    soon as the service's progress makes room."""
+    r = reprised_factory(
+        "tables:\n  - {name: t, max_size: 100}\n  - {name: held, max_size: 2, rate_limiter: {preset: queue}}\n"
+    )
+    with reprise.Client(r.url) as c:
+        with c.trajectory_writer(1, linger=3600.0, batch_items=4) as w:
+            for i in range(5):
+                w.append({"x": np.int64(i)})
+                w.create_item("t", 1.0, {"x": w.history["x"][-1]})
+            wait_for("the full batch's ack", lambda: not w._p.unsettled)
+            assert len(w._p.batch_items) == 1, "the ack published the batch still lingering"
+            w.flush(timeout=30)
+            assert c.server_info(timeout=5)["t"].current_size == 5
+        with c.trajectory_writer(1, linger=0.05, batch_items=4, max_unapplied=2) as w:
+            for i in range(5):
+                w.append({"x": np.int64(i)})
+                w.create_item("held", 1.0, {"x": w.history["x"][-1]})
+            # The table holds two of the first message's items, so the
+            # fifth item's batch finds no room when its linger time passes.
+            wait_for("the fifth item's linger time", lambda: w._p.lingered)
+            assert len(w._p.batch_items) == 1
+            got = [int(s.data["x"]) for _ in range(4) for s in c.sample("held", 1, timeout=30)]
+            assert got == [0, 1, 2, 3]
+            wait_for("the fifth item in its table", lambda: c.server_info(timeout=5)["held"].num_inserts == 5)
+
+
 def test_staleness_bound(reprised_factory: Any) -> None:
     """Items carry their writer's policy version; a learner raises the
     table's version; with max_staleness 1 the items two versions behind are
