@@ -153,6 +153,12 @@ func (c *Client) request(ctx context.Context, subject string, req proto.Message)
 	if err != nil {
 		return nil, fmt.Errorf("broker: encoding request: %w", err)
 	}
+	// The service acts on a request whatever becomes of its caller: a
+	// sample takes its items, a reset empties the table. One whose caller
+	// already gave up is not sent.
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("broker: not sending to %s: %w", subject, context.Cause(ctx))
+	}
 	id := strconv.FormatUint(c.nextID.Add(1), 36)
 	cl := &call{subject: subject, done: make(chan struct{})}
 	c.mu.Lock()

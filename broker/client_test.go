@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/reprise-rl/reprise/broker/wire"
@@ -104,5 +105,56 @@ func TestSampleFailsWhenTheServiceDies(t *testing.T) {
 	case <-swallowed:
 	default:
 		t.Fatal("the request never reached the stand-in")
+	}
+}
+
+// TestRequestsOfCallersGoneAreNotSent: a call whose context already ended
+// sends nothing, since the service would act on it (a sample takes its
+// items, a reset empties the table) for a caller that is not listening. A
+// stand-in subscriber sees every request the client's connection sends,
+// in order, and the first it sees is a marker sent after the calls.
+func TestRequestsOfCallersGoneAreNotSent(t *testing.T) {
+	url := testutil.StartEmbedded(t, 0)
+	d := &deployment{t: t, url: url, prefix: "gone"}
+	seen := make(chan string, 16)
+	stand := d.connect()
+	if _, err := stand.Subscribe("gone.api.>", func(m *nats.Msg) { seen <- string(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := stand.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc := d.connect()
+	c, err := NewClient(nc, WithPrefix("gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	if _, err := c.Sample(cancelled, "t", 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("sample with a cancelled context: %v, want context.Canceled", err)
+	}
+	if _, err := c.Sample(expired, "t", 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("sample with an expired context: %v, want context.DeadlineExceeded", err)
+	}
+	if err := c.Reset(cancelled, "t"); !errors.Is(err, context.Canceled) {
+		t.Errorf("reset with a cancelled context: %v, want context.Canceled", err)
+	}
+	if err := nc.Publish("gone.api.sample", []byte("marker")); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-seen:
+		if got != "marker" {
+			t.Fatalf("the stand-in got a request before the marker: %q", got)
+		}
+	case <-testutil.Context(t).Done():
+		t.Fatal("the marker never reached the stand-in")
 	}
 }
