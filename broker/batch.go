@@ -103,7 +103,9 @@ func (c *Client) NewBatchSampler(table string, size int, opts ...SamplerOption) 
 }
 
 // Next returns the next batch. A batch cut short by the rate limiter comes
-// with an error matching ErrRateLimited, as from Client.SampleBatch.
+// with an error matching ErrRateLimited, as from Client.SampleBatch. Once the
+// sampler is closed, Next hands out the batches that had arrived, then
+// returns ErrClosed, also to a Next already waiting.
 func (s *BatchSampler) Next(ctx context.Context) (*Batch, error) { return s.p.next(ctx) }
 
 // Close stops the sampler's requests and waits for them to end.

@@ -598,6 +598,8 @@ type Sampler struct{ p *prefetcher[[]Sample] }
 type prefetcher[T any] struct {
 	results chan prefetched[T]
 	cancel  context.CancelFunc
+	closed  chan struct{}
+	once    sync.Once
 	wg      sync.WaitGroup
 }
 
@@ -666,7 +668,7 @@ func samplerConfig(size int, opts []SamplerOption) (samplerOptions, error) {
 // startPrefetch keeps o.inFlight calls of fetch going until close.
 func startPrefetch[T any](o samplerOptions, fetch func(context.Context) (T, error)) *prefetcher[T] {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &prefetcher[T]{results: make(chan prefetched[T], o.inFlight), cancel: cancel}
+	s := &prefetcher[T]{results: make(chan prefetched[T], o.inFlight), cancel: cancel, closed: make(chan struct{})}
 	for range o.inFlight {
 		s.wg.Add(1)
 		go func() {
@@ -706,23 +708,35 @@ func startPrefetch[T any](o samplerOptions, fetch func(context.Context) (T, erro
 }
 
 // Next returns the next batch. A batch cut short by the rate limiter comes
-// with an error matching ErrRateLimited, as from Client.Sample.
+// with an error matching ErrRateLimited, as from Client.Sample. Once the
+// sampler is closed, Next hands out the batches that had arrived, then
+// returns ErrClosed, also to a Next already waiting.
 func (s *Sampler) Next(ctx context.Context) ([]Sample, error) { return s.p.next(ctx) }
 
 // Close stops the sampler's requests and waits for them to end.
 func (s *Sampler) Close() { s.p.close() }
 
 func (p *prefetcher[T]) next(ctx context.Context) (T, error) {
+	// A batch that came before Close is still handed out: the service
+	// drew its items.
 	select {
 	case r := <-p.results:
 		return r.v, r.err
+	default:
+	}
+	var zero T
+	select {
+	case r := <-p.results:
+		return r.v, r.err
+	case <-p.closed:
+		return zero, ErrClosed
 	case <-ctx.Done():
-		var zero T
 		return zero, ctx.Err()
 	}
 }
 
 func (p *prefetcher[T]) close() {
+	p.once.Do(func() { close(p.closed) })
 	p.cancel()
 	p.wg.Wait()
 }

@@ -158,3 +158,34 @@ func TestRequestsOfCallersGoneAreNotSent(t *testing.T) {
 		t.Fatal("the marker never reached the stand-in")
 	}
 }
+
+// TestSamplerNextEndsAtClose: a Next waiting on a sampler whose requests
+// the rate limiter holds returns ErrClosed when the sampler closes, and so
+// does every Next after.
+func TestSamplerNextEndsAtClose(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 4)}, "")
+	ctx := testutil.Context(t)
+	s, err := d.client().NewSampler("queue", 1, WithInFlight(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := make(chan error, 1)
+	go func() {
+		_, err := s.Next(context.Background())
+		next <- err
+	}()
+	q, _ := d.svc.Table("queue")
+	testutil.WaitUntil(t, "the sampler's request waits on the empty queue", func() bool { return q.Info().Counters.SampleWaits > 0 })
+	s.Close()
+	select {
+	case err := <-next:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("the waiting Next: %v, want ErrClosed", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Next still waits after Close")
+	}
+	if _, err := s.Next(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Next after Close: %v, want ErrClosed", err)
+	}
+}

@@ -28,6 +28,7 @@ type flow struct {
 	held         map[string]uint64 // tables applied only up to an earlier one
 	paced        int               // the service's bound on unapplied items while it paces inserts; 0: none
 	errs         []error
+	stopped      bool // the producer closed: no more acks or progress come
 }
 
 type ackedBatch struct {
@@ -149,6 +150,15 @@ func (f *flow) wake() {
 	f.notifyLocked()
 }
 
+// stop ends the waits for acks and progress once nothing reads them any
+// more: those still waiting return ErrClosed rather than wait for ever.
+func (f *flow) stop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stopped = true
+	f.notifyLocked()
+}
+
 func (f *flow) addError(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -165,10 +175,16 @@ func (f *flow) takeErrors() error {
 	return err
 }
 
-// waitFor blocks until cond holds (checked under the lock) or ctx ends.
+// waitFor blocks until cond holds (checked under the lock), ctx ends or
+// the flow stops.
 func (f *flow) waitFor(ctx context.Context, cond func() bool, what func() error) error {
 	f.mu.Lock()
 	for !cond() {
+		if f.stopped {
+			err := what()
+			f.mu.Unlock()
+			return fmt.Errorf("%w: %w", err, ErrClosed)
+		}
 		ch := f.waitChanLocked()
 		f.mu.Unlock()
 		select {
@@ -188,7 +204,7 @@ func (f *flow) waitFor(ctx context.Context, cond func() bool, what func() error)
 // waitAcked waits until every published message is acknowledged or failed.
 func (f *flow) waitAcked(ctx context.Context) error {
 	return f.waitFor(ctx, func() bool { return f.inFlight == 0 }, func() error {
-		return fmt.Errorf("broker: %d messages still awaiting JetStream's ack", f.inFlight)
+		return fmt.Errorf("%w: %d messages still awaiting JetStream's ack", ErrNotApplied, f.inFlight)
 	})
 }
 

@@ -1264,6 +1264,7 @@ func (p *Producer) Close(ctx context.Context) error {
 	}
 	p.cancel()
 	<-p.notesDone
+	p.flow.stop()
 	errs = append(errs, p.flow.takeErrors())
 	return errors.Join(errs...)
 }

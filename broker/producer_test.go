@@ -74,6 +74,43 @@ func TestCloseNotStuckBehindWaitingAppend(t *testing.T) {
 	}
 }
 
+// TestFlushWaitingAtCloseEndsWithIt: a Flush waiting for items a table's
+// rate limiter holds ends with ErrClosed once the producer closes, since
+// no progress comes after that, rather than wait for ever.
+func TestFlushWaitingAtCloseEndsWithIt(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 1)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0))
+	for i := range int64(2) {
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "queue", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, _ := d.svc.Table("queue")
+	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	flushed := make(chan error, 1)
+	go func() { flushed <- p.Flush(context.Background()) }()
+	testutil.WaitUntil(t, "the flush waits for the held item", func() bool {
+		p.flow.mu.Lock()
+		defer p.flow.mu.Unlock()
+		return p.flow.changed != nil
+	})
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-flushed:
+		if !errors.Is(err, ErrClosed) || !errors.Is(err, ErrNotApplied) {
+			t.Fatalf("the waiting flush: %v, want ErrClosed and ErrNotApplied", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the flush still waits after Close returned")
+	}
+}
+
 // TestProducerIDsUnguessable: ids are 128 random bits, and what the service
 // publishes names a producer only by its notice token.
 func TestProducerIDsUnguessable(t *testing.T) {
