@@ -421,6 +421,17 @@ func (c *Client) mutate(ctx context.Context, table string, m *wire.Mutation) err
 	if table == "" {
 		return fmt.Errorf("%w: empty table name", ErrInvalidMessage)
 	}
+	// A mutation is durable once published: none goes out from a closed
+	// client, nor for a caller that already gave up.
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("broker: mutation for table %q not sent: %w", table, context.Cause(ctx))
+	}
 	m.Table = table
 	if _, ok := c.known.Load(table); !ok {
 		if _, err := c.Info(ctx, table); err != nil {

@@ -189,3 +189,24 @@ func TestSamplerNextEndsAtClose(t *testing.T) {
 		t.Fatalf("Next after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestNoMutationFromAClosedClient: a mutation is durable once published,
+// so a closed client refuses it at once (ErrClosed, and not ErrNotApplied,
+// which would say it went out).
+func TestNoMutationFromAClosedClient(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	ctx := testutil.Context(t)
+	c := d.client()
+	if err := c.Delete(ctx, "t", 1); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	for name, call := range map[string]func() error{
+		"Delete":           func() error { return c.Delete(ctx, "t", 2) },
+		"SetPolicyVersion": func() error { return c.SetPolicyVersion(ctx, "t", 3) },
+	} {
+		if err := call(); !errors.Is(err, ErrClosed) || errors.Is(err, ErrNotApplied) {
+			t.Errorf("%s after Close: %v, want ErrClosed alone", name, err)
+		}
+	}
+}
