@@ -1262,6 +1262,9 @@ func (p *Producer) Close(ctx context.Context) error {
 	for _, s := range p.subs {
 		errs = append(errs, s.Unsubscribe())
 	}
+	// The JetStream context's ack subscription and its connection
+	// listener are this producer's: the connection outlives it.
+	p.js.CleanupPublisher()
 	p.cancel()
 	<-p.notesDone
 	p.flow.stop()

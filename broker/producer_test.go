@@ -111,6 +111,38 @@ func TestFlushWaitingAtCloseEndsWithIt(t *testing.T) {
 	}
 }
 
+// TestClosedProducersLeaveNoSubscriptions: a producer closed on a
+// connection that goes on leaves none of its subscriptions there, its
+// JetStream context's included. (The first request on a connection opens
+// the connection's own reply subscription, which stays.)
+func TestClosedProducersLeaveNoSubscriptions(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	ctx := testutil.Context(t)
+	nc := d.connect()
+	before := -1
+	for i := range int64(4) {
+		if i == 1 {
+			before = nc.NumSubscriptions()
+		}
+		p, err := NewProducer(ctx, nc, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := nc.NumSubscriptions(); after != before {
+		t.Fatalf("%d subscriptions after three more producers opened and closed, %d before", after, before)
+	}
+}
+
 // TestProducerIDsUnguessable: ids are 128 random bits, and what the service
 // publishes names a producer only by its notice token.
 func TestProducerIDsUnguessable(t *testing.T) {
