@@ -227,6 +227,10 @@ type Producer struct {
 	// settles messages in order.
 	settled atomic.Uint64
 	linger  *time.Timer
+	// lingering: a batch's linger time passed and onLinger waits for room
+	// in the window; it publishes what is staged then, so no new timer
+	// starts meanwhile.
+	lingering bool
 
 	acks     chan *inFlight // the ack loop takes them in publish order; room for every place in the window
 	abort    chan struct{}  // closed when Close gives up on retries
@@ -809,7 +813,7 @@ func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
 		if p.batch.items() > 0 || (force && len(p.release) > 0) {
 			errs = append(errs, p.publishLocked(ctx, false))
 		}
-	case p.batch.items() > 0 && p.linger == nil:
+	case p.batch.items() > 0 && p.linger == nil && !p.lingering:
 		p.linger = time.AfterFunc(p.o.linger, p.onLinger)
 	}
 	return errors.Join(errs...)
@@ -829,25 +833,30 @@ func (it *pendingItem) ready() bool {
 // the window without holding the producer's lock, so callers that honour
 // their own contexts are never stuck behind it.
 func (p *Producer) onLinger() {
+	p.mu.Lock()
+	p.linger = nil
+	p.lingering = true
+	defer func() {
+		p.lingering = false
+		p.mu.Unlock()
+	}()
 	for {
-		p.mu.Lock()
-		p.linger = nil
 		if p.closing || p.batch.items() == 0 {
-			p.mu.Unlock()
 			return
 		}
 		ok, changed := p.flow.tryAcquire(p.batch.items())
 		if ok {
 			p.sendBatchLocked(false)
-			p.mu.Unlock()
 			return
 		}
 		p.mu.Unlock()
 		select {
 		case <-changed:
 		case <-p.lifetime.Done():
+			p.mu.Lock()
 			return
 		}
+		p.mu.Lock()
 	}
 }
 

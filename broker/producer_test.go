@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -140,6 +141,55 @@ func TestClosedProducersLeaveNoSubscriptions(t *testing.T) {
 	}
 	if after := nc.NumSubscriptions(); after != before {
 		t.Fatalf("%d subscriptions after three more producers opened and closed, %d before", after, before)
+	}
+}
+
+// TestLingerWaitsForRoomOnce: while a lingered batch waits for room in a
+// full window, items staged behind it start no timers of their own, so
+// no goroutine piles up per linger time: the one waiting publishes them
+// all when room comes.
+func TestLingerWaitsForRoomOnce(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 1)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(time.Millisecond), WithMaxUnapplied(1))
+	add := func(i int64) {
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "queue", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idle := func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.linger == nil
+	}
+	add(0)
+	testutil.WaitUntil(t, "the first item published", idle)
+	add(1)
+	q, _ := d.svc.Table("queue")
+	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	base := runtime.NumGoroutine()
+	for i := int64(2); i < 42; i++ {
+		add(i)
+		testutil.WaitUntil(t, "no linger timer pending", idle)
+	}
+	if n := runtime.NumGoroutine() - base; n > 20 {
+		t.Fatalf("%d more goroutines after 40 items staged behind a full window", n)
+	}
+	c := d.client()
+	for want := range int64(42) {
+		s, err := c.Sample(ctx, "queue", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ids(t, s[0]); got[0] != want {
+			t.Fatalf("sample %d: id %d", want, got[0])
+		}
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
