@@ -28,6 +28,12 @@ var (
 	ErrHistory        = protocol.ErrHistory
 	ErrNotApplied     = protocol.ErrNotApplied
 	ErrServer         = protocol.ErrServer
+	// ErrNotStored reports a producer's message that JetStream never
+	// stored (no ack within WithRetryFor, a message too large, the
+	// producer closed first, a forged dedupe id): its items are lost.
+	// ErrRejected and ErrNotStored together cover every loss a producer
+	// reports.
+	ErrNotStored = protocol.ErrNotStored
 	// ErrResourceExhausted reports a limit reached: a message, item or
 	// reply over one of the service's limits, too many producers, or no
 	// free request slot.

@@ -376,6 +376,7 @@ func (b *batch) bytes() int {
 type inFlight struct {
 	msg       *nats.Msg
 	fut       jetstream.PubAckFuture
+	err       error // why the first attempt failed at once, when it did
 	items     int
 	tables    []string  // the tables its items are for
 	seq       uint64    // producer sequence
@@ -1010,7 +1011,7 @@ func (p *Producer) sendBatchLocked(end bool) {
 	rec := &inFlight{msg: m, items: n, tables: b.tables, seq: p.seq, published: time.Now()}
 	// A failed first attempt is left to the ack loop, which retries in
 	// publish order.
-	rec.fut, _ = p.js.PublishMsgAsync(m)
+	rec.fut, rec.err = p.js.PublishMsgAsync(m)
 	p.acks <- rec
 }
 
@@ -1038,7 +1039,7 @@ func (p *Producer) ackLoop() {
 func (p *Producer) await(rec *inFlight) (uint64, error) {
 	deadline := rec.published.Add(p.o.retryFor)
 	backoff := 50 * time.Millisecond
-	var lastErr error
+	lastErr := rec.err
 	retried := false
 	for {
 		if rec.fut != nil {
@@ -1050,22 +1051,22 @@ func (p *Producer) await(rec *inFlight) (uint64, error) {
 					// and this message was dropped in its place.
 					p.o.logger.Error("reprise producer: JetStream took a message this producer never sent for its own; its dedupe id was forged or reused",
 						"producer", protocol.NoticeToken(p.id), "sequence", rec.seq)
-					return 0, fmt.Errorf("%w: message %d (%d items) not stored: JetStream reports a duplicate of a message this producer never sent (a forged or reused dedupe id)", ErrRejected, rec.seq, rec.items)
+					return 0, fmt.Errorf("%w: %w: message %d (%d items): JetStream reports a duplicate of a message this producer never sent (a forged or reused dedupe id)", ErrRejected, ErrNotStored, rec.seq, rec.items)
 				}
 				return ack.Sequence, nil
 			case lastErr = <-rec.fut.Err():
 			case <-p.abort:
-				return 0, fmt.Errorf("broker: message %d (%d items) not acknowledged before the producer closed", rec.seq, rec.items)
+				return 0, fmt.Errorf("%w: message %d (%d items) not acknowledged before the producer closed (%w)", ErrNotStored, rec.seq, rec.items, ErrClosed)
 			}
 		}
 		if !retryablePublishError(lastErr) || time.Now().After(deadline) {
 			p.o.logger.Warn("reprise producer: publish failed", "producer", protocol.NoticeToken(p.id), "sequence", rec.seq, "items", rec.items, "error", lastErr)
-			return 0, fmt.Errorf("broker: message %d (%d items) not stored: %w", rec.seq, rec.items, lastErr)
+			return 0, fmt.Errorf("%w: message %d (%d items): %w", ErrNotStored, rec.seq, rec.items, lastErr)
 		}
 		select {
 		case <-time.After(backoff):
 		case <-p.abort:
-			return 0, fmt.Errorf("broker: message %d (%d items) not stored: producer closed while retrying: %w", rec.seq, rec.items, lastErr)
+			return 0, fmt.Errorf("%w: message %d (%d items): the producer closed while retrying (%w): %w", ErrNotStored, rec.seq, rec.items, ErrClosed, lastErr)
 		}
 		backoff = min(2*backoff, time.Second)
 		retried = true

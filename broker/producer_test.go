@@ -193,6 +193,33 @@ func TestLingerWaitsForRoomOnce(t *testing.T) {
 	}
 }
 
+// TestMessageGivenUpIsNotStored: a message JetStream does not store within
+// the producer's retry time (its stream is gone) is reported as lost,
+// ErrNotStored wrapping the last failure, not as a flush that is late.
+func TestMessageGivenUpIsNotStored(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0), WithRetryFor(300*time.Millisecond))
+	d.stopService() // which would end on its stream's loss
+	js, err := jetstream.New(d.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, p.subj.Stream()); err != nil {
+		t.Fatal(err)
+	}
+	err = p.Append(ctx, Step{"id": Int64s(nil, []int64{1})})
+	if err == nil {
+		err = p.CreateItem(ctx, "t", 1, LastStep("id"))
+	}
+	if err == nil {
+		err = p.Flush(ctx)
+	}
+	if !errors.Is(err, ErrNotStored) || errors.Is(err, ErrNotApplied) || !strings.Contains(err.Error(), "message 1 (1 items)") {
+		t.Fatalf("a message to a deleted stream: %v, want ErrNotStored naming message 1", err)
+	}
+}
+
 // TestProducerIDsUnguessable: ids are 128 random bits, and what the service
 // publishes names a producer only by its notice token.
 func TestProducerIDsUnguessable(t *testing.T) {

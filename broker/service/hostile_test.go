@@ -128,8 +128,8 @@ func TestForgedDedupeIDsFailFlush(t *testing.T) {
 	if err == nil {
 		err = p.Flush(ctx)
 	}
-	if !errors.Is(err, protocol.ErrRejected) || !strings.Contains(err.Error(), "never sent") {
-		t.Fatalf("producer calls after forged dedupe ids = %v, want protocol.ErrRejected naming a duplicate never sent", err)
+	if !errors.Is(err, protocol.ErrRejected) || !errors.Is(err, broker.ErrNotStored) || !strings.Contains(err.Error(), "never sent") {
+		t.Fatalf("producer calls after forged dedupe ids = %v, want ErrRejected and ErrNotStored naming a duplicate never sent", err)
 	}
 }
 
