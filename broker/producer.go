@@ -1001,10 +1001,19 @@ func (p *Producer) sendBatchLocked(end bool) {
 		b.msg = p.nextBuilder()
 	}
 	n := b.msg.Items()
-	data := b.msg.Finish(p.seq, p.release, end, p.settled.Load()+1, uint32(p.o.maxInFlight), p.notice)
+	// Releases that came while the batch waited for the window may not
+	// all fit beside it: the rest go with the next message, since a chunk
+	// is no less released later, while a message over the server's max
+	// payload would lose its items.
+	release := p.release
+	if room := (p.maxPayload - 1024 - b.msg.Size()) / 10; len(release) > max(room, 0) && !end {
+		release, p.release = release[:max(room, 0)], release[max(room, 0):]
+	} else {
+		p.release = nil
+	}
+	data := b.msg.Finish(p.seq, release, end, p.settled.Load()+1, uint32(p.o.maxInFlight), p.notice)
 	p.lastMessage = len(data)
 	p.batch = batch{}
-	p.release = nil
 	m := nats.NewMsg(p.subj.Insert())
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, p.id+"-"+strconv.FormatUint(p.seq, 10))

@@ -220,6 +220,75 @@ func TestMessageGivenUpIsNotStored(t *testing.T) {
 	}
 }
 
+// TestReleasesWaitingBesideAFullBatchNeverOverflowIt: chunks released
+// while a batch near the server's max payload waits for the window go
+// with a later message when they do not fit beside it, rather than push
+// the message over the max payload, which would lose its items.
+func TestReleasesWaitingBesideAFullBatchNeverOverflowIt(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 1000), tables.QueueConfig("q", 1)}, testutil.StartEmbedded(t, 16<<10))
+	ctx := testutil.Context(t)
+	const steps = 150
+	p := d.producer(WithLinger(0), WithMaxUnapplied(1), WithHistory(steps), WithCompression(wire.Uncompressed), WithDelta(false))
+	small := func(i int64) Step { return Step{"a": Int64s(nil, []int64{i}), "b": Int64s(nil, []int64{i})} }
+	// Items on every step: their chunks are sent, so leaving the history
+	// releases them.
+	for i := range int64(steps) {
+		if err := p.Append(ctx, small(i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("a", "b")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The queue holds its second item, so the window (one unapplied item)
+	// is full.
+	for i := range int64(2) {
+		if err := p.Append(ctx, Step{"a": Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "q", 1, LastStep("a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, _ := d.svc.Table("q")
+	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	short := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, 2*time.Millisecond)
+		t.Cleanup(cancel)
+		return c
+	}
+	big := make([]byte, 14000)
+	if err := p.Append(ctx, Step{"big": Tensor{DType: "uint8", Shape: []int64{int64(len(big))}, Data: big}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(short(), "t", 1, LastStep("big")); !errors.Is(err, ErrNotApplied) {
+		t.Fatalf("an item behind a full window: %v, want ErrNotApplied", err)
+	}
+	// Steps without items push the sent chunks out of the history while
+	// the big item's batch waits.
+	for i := range int64(steps) {
+		p.Append(short(), small(i))
+	}
+	p.mu.Lock()
+	released, batched := len(p.release), p.batch.msg.Size()
+	p.mu.Unlock()
+	if batched+10*released < 16<<10 {
+		t.Fatalf("%d releases beside a batch of %d bytes fit in a message: the test shows nothing", released, batched)
+	}
+	c := d.client()
+	for range 2 {
+		if _, err := c.Sample(ctx, "q", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if info, err := c.Info(ctx, "t"); err != nil || info.Tables[0].Size != steps+1 {
+		t.Fatalf("table t: %+v, %v; want %d items", info, err, steps+1)
+	}
+}
+
 // TestProducerIDsUnguessable: ids are 128 random bits, and what the service
 // publishes names a producer only by its notice token.
 func TestProducerIDsUnguessable(t *testing.T) {

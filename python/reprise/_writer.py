@@ -1077,12 +1077,20 @@ class _Producer:
         seq = self.seq
         self.unsettled.append(seq)
         n = len(self.batch_items)
+        # Releases that came while the batch waited for the window may not
+        # all fit beside it: the rest go with the next message, since a
+        # chunk is no less released later, while a message over the
+        # server's max payload would lose its items.
+        release, self.release = self.release, []
+        room = max(0, (self.max_payload - 1024 - self.batch_bytes) // 10)
+        if not end and len(release) > room:
+            release, self.release = release[:room], release[room:]
         data = encode_insert_batch_fields(
-            self.id, seq, self.batch_chunks, self.batch_items, self.release, end, self.unsettled[0], self.o.max_in_flight,
+            self.id, seq, self.batch_chunks, self.batch_items, release, end, self.unsettled[0], self.o.max_in_flight,
             self.notice,
         )
         tables = frozenset(self.batch_tables)
-        self.batch_chunks, self.batch_items, self.batch_bytes, self.release = [], [], 0, []
+        self.batch_chunks, self.batch_items, self.batch_bytes = [], [], 0
         self.batch_tables = set()
         self.lingered = False
         self.unacked_items += n

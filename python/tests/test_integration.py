@@ -714,6 +714,42 @@ def test_linger_waits_its_time_and_for_room(reprised_factory: Any) -> None:
             wait_for("the fifth item in its table", lambda: c.server_info(timeout=5)["held"].num_inserts == 5)
 
 
+def test_releases_beside_a_waiting_batch_never_overflow_it(reprised_factory: Any) -> None:
+    """Chunks released while a batch near the server's max payload waits
+    for the window go with a later message when they do not fit beside
+    it, rather than push the message over the max payload, which would
+    lose its items."""
+    r = reprised_factory(
+        "tables:\n  - {name: t, max_size: 1000}\n  - {name: q, max_size: 1, rate_limiter: {preset: queue}}\n",
+        ["--max-payload", "16384"],
+    )
+    steps = 150
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(steps, linger=3600.0, batch_items=2, max_unapplied=1, compression="none")
+        # Items on every step: their chunks are sent, so leaving the
+        # history releases them.
+        for i in range(steps):
+            w.append({"a": np.int64(i), "b": np.int64(i)})
+            w.create_item("t", 1.0, {"a": w.history["a"][-1], "b": w.history["b"][-1]})
+        # The queue holds the second item of this message, so the window
+        # (one unapplied item) stays full.
+        for i in range(2):
+            w.append({"a": np.int64(i)})
+            w.create_item("q", 1.0, {"a": w.history["a"][-1]})
+        w.append({"big": np.zeros(14000, np.uint8)})
+        w.create_item("t", 1.0, {"big": w.history["big"][-1]})  # staged: one of two
+        # Steps without items push the sent chunks out of the history.
+        for i in range(steps):
+            w.append({"a": np.int64(i), "b": np.int64(i)})
+        p = w._p
+        assert p.batch_bytes + 10 * len(p.release) > 16384, "the releases fit beside the batch: the test shows nothing"
+        got = [int(s.data["a"]) for _ in range(2) for s in c.sample("q", 1, timeout=30)]
+        assert got == [0, 1]
+        w.flush(timeout=30)
+        assert c.server_info(timeout=5)["t"].current_size == steps + 1
+        w.close()
+
+
 def test_staleness_bound(reprised_factory: Any) -> None:
     """Items carry their writer's policy version; a learner raises the
     table's version; with max_staleness 1 the items two versions behind are
