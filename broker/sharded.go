@@ -686,16 +686,22 @@ func (c *ShardedClient) awaitItems(ctx context.Context, table string) ([]shardSt
 	defer cancel()
 	pause := 5 * time.Millisecond
 	var states []shardState
+	down := func() string {
+		var msg string
+		for i, s := range states {
+			if s.down != nil {
+				msg += fmt.Sprintf("; shard %d (prefix %q) does not answer: %v", i, c.prefixes[i], s.down)
+			}
+		}
+		return msg
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			msg := fmt.Sprintf("no shard of table %q held an item: %v", table, ctx.Err())
-			for i, s := range states {
-				if s.down != nil {
-					msg += fmt.Sprintf("; shard %d (prefix %q) does not answer: %v", i, c.prefixes[i], s.down)
-				}
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil, fmt.Errorf("broker: waiting for an item of table %q: %w", table, context.Cause(ctx))
 			}
-			return nil, &StatusError{Code: CodeRateLimited, Message: msg}
+			return nil, &StatusError{Code: CodeRateLimited, Message: fmt.Sprintf("no shard of table %q held an item: %v%s", table, ctx.Err(), down())}
 		case <-time.After(pause):
 		}
 		var err error
@@ -707,6 +713,11 @@ func (c *ShardedClient) awaitItems(ctx context.Context, table string) ([]shardSt
 		}
 		if _, ok := shardShares(states); ok {
 			return states, nil
+		}
+		// With no shard answering, there is nothing to wait for: fail as
+		// a Client does when its service is gone.
+		if !slices.ContainsFunc(states, func(s shardState) bool { return s.down == nil }) {
+			return nil, fmt.Errorf("%w: no shard of table %q answers%s", ErrServer, table, down())
 		}
 		pause = min(2*pause, 100*time.Millisecond)
 	}

@@ -493,6 +493,40 @@ func TestShardedSampleSkipsADownShard(t *testing.T) {
 	})
 }
 
+// TestShardedSampleWithEveryShardDown: with no shard answering there is no
+// item to wait for, so a sample fails with ErrServer naming the shards, as
+// a Client's does when its service is gone, rather than wait out its
+// deadline and blame the rate limiter; and a caller that cancels its wait
+// for items gets its cancellation back.
+func TestShardedSampleWithEveryShardDown(t *testing.T) {
+	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 100)}, 2)
+	c := shardedClient(t, ds, prefixesOf(ds))
+	ctx := testutil.Context(t)
+	cancelled, cancel := context.WithCancel(ctx)
+	time.AfterFunc(50*time.Millisecond, cancel) // while it waits for the empty table
+	if _, err := c.Sample(cancelled, "t", 1); !errors.Is(err, context.Canceled) || errors.Is(err, ErrRateLimited) {
+		t.Fatalf("a cancelled wait for items: %v, want context.Canceled", err)
+	}
+	fillShard(t, ds, 0, ones(2)...)
+	if _, err := c.Sample(ctx, "t", 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ds {
+		d.stopService()
+	}
+	// The first call after the stop may draw from shard 0 and report it;
+	// the next ones know both down.
+	if _, err := c.Sample(ctx, "t", 1); !errors.Is(err, ErrServer) {
+		t.Fatalf("sampling as the shards stop: %v, want ErrServer", err)
+	}
+	for range 2 {
+		_, err := c.Sample(ctx, "t", 1)
+		if !errors.Is(err, ErrServer) || errors.Is(err, ErrRateLimited) || !strings.Contains(err.Error(), `no shard of table "t" answers`) || !strings.Contains(err.Error(), `shard 1 (prefix "shard1")`) {
+			t.Fatalf("sampling with every shard down: %v, want ErrServer naming the shards", err)
+		}
+	}
+}
+
 // TestShardedSampler: a sharded client's sampler prefetches batches drawn
 // from every shard.
 func TestShardedSampler(t *testing.T) {

@@ -552,16 +552,19 @@ class ShardedClient:
         start = _now()
         until = deadline if deadline is not None else start + EMPTY_WAIT
         backoff = 0.005
+
+        def down() -> str:
+            return "".join(
+                f"; shard {i} (prefix {self.prefixes[i]!r}) does not answer: {e.message}"
+                for i, e in enumerate(st.down)
+                if e is not None
+            )
+
         while True:
             left = until - _now()
             if left <= 0:
-                down = "".join(
-                    f"; shard {i} (prefix {self.prefixes[i]!r}) does not answer: {e.message}"
-                    for i, e in enumerate(st.down)
-                    if e is not None
-                )
                 raise errors.RateLimitedError(
-                    f"table {table!r}: no shard of the table holds items (waited {_now() - start:.3g}s){down}",
+                    f"table {table!r}: no shard of the table holds items (waited {_now() - start:.3g}s){down()}",
                     code=errors.Code.RATE_LIMITED,
                 )
             await asyncio.sleep(min(backoff, left))
@@ -570,6 +573,10 @@ class ShardedClient:
             r = shard_ratios(st.size, st.fraction, st.exponent)
             if r is not None:
                 return r
+            # With no shard answering there is nothing to wait for: fail as
+            # a Client does when its service is gone.
+            if all(e is not None for e in st.down):
+                raise errors.UnavailableError(f"table {table!r}: no shard of the table answers{down()}")
 
     async def sample(
         self, table: str, num_samples: int = 1, *, timeout: float | None = None, flexible: bool = False

@@ -538,6 +538,41 @@ def test_dead_shard_weighs_nothing_until_it_answers(reprised_factory: Any) -> No
         assert (b.info.key % 2 == 1).any() and ((b.data["x"] >= 10) == (b.info.key % 2 == 1)).all()
 
 
+def test_every_shard_down_is_unavailable(binaries: dict[str, Path], tmp_path: Path) -> None:
+    """With no shard answering there is no item to wait for: a sample fails
+    with UnavailableError naming the shards, as a Client's does when its
+    service is gone, rather than wait out its timeout and blame the rate
+    limiter. The shards serve on a third reprised's NATS server, which
+    stays up."""
+    made: list[Reprised] = []
+
+    def make(tables: str, extra: list[str], **kwargs: Any) -> Reprised:
+        d = tmp_path / f"r{len(made)}"
+        d.mkdir()
+        r = Reprised(binaries["reprised"], d, tables, extra, **kwargs)
+        made.append(r)
+        r.start()
+        return r
+
+    try:
+        host = make(TABLES, [], prefix="host")
+        s0 = make(TABLES, ["--shard", "0/2"], prefix="s0", nats=host.url)
+        s1 = make(TABLES, ["--shard", "1/2"], prefix="s1", nats=host.url)
+        with reprise.ShardedClient(host.url, PREFIXES) as c:
+            fill(c.shard(0), "replay", range(5))
+            assert len(c.sample_batch("replay", 4, timeout=10)) == 4
+            s0.kill9()
+            s1.kill9()
+            with pytest.raises(reprise.UnavailableError):
+                c.sample_batch("replay", 4, timeout=30)  # may name the shard it drew
+            for _ in range(2):
+                with pytest.raises(reprise.UnavailableError, match="no shard of the table answers.*shard 1 \\(prefix 's1'\\)"):
+                    c.sample_batch("replay", 4, timeout=30)
+    finally:
+        for r in reversed(made):
+            r.kill9()
+
+
 def test_async_sharded_client(shards: list[Reprised]) -> None:
     async def main() -> None:
         async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
