@@ -231,6 +231,10 @@ type Producer struct {
 	// in the window; it publishes what is staged then, so no new timer
 	// starts meanwhile.
 	lingering bool
+	// added is closed when a call finishes adding an item to the batch;
+	// made only when someone waits (EndEpisode, for an item another call
+	// adds).
+	added chan struct{}
 
 	acks     chan *inFlight // the ack loop takes them in publish order; room for every place in the window
 	abort    chan struct{}  // closed when Close gives up on retries
@@ -796,6 +800,10 @@ func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
 		it.adding = true
 		err := p.addToBatchLocked(ctx, it)
 		it.adding = false
+		if p.added != nil {
+			close(p.added)
+			p.added = nil
+		}
 		if errors.Is(err, ErrNotApplied) || errors.Is(err, ErrClosed) {
 			return errors.Join(append(errs, err)...)
 		}
@@ -1213,10 +1221,30 @@ func (p *Producer) endEpisode(ctx context.Context) (ended bool, err error) {
 // applies a message's items before its releases, and a message of its own
 // for the releases would cost a stream write per episode.
 func (p *Producer) publishEndLocked(ctx context.Context) (ended bool, err error) {
-	if len(p.pending) > 0 {
-		// Items another call is still adding: publish them first.
-		if err := p.advanceLocked(ctx, true); err != nil {
-			return false, err
+	// Items another call is still adding: publish them first. One that the
+	// other call is adding, waiting for room in the window, builds its
+	// columns from the episode's chunks when it gets the room, so the
+	// episode must not end before.
+	for len(p.pending) > 0 {
+		if !p.pending[0].adding {
+			if err := p.advanceLocked(ctx, true); err != nil {
+				return false, err
+			}
+			if len(p.pending) == 0 || !p.pending[0].adding {
+				break
+			}
+		}
+		if p.added == nil {
+			p.added = make(chan struct{})
+		}
+		added := p.added
+		p.mu.Unlock()
+		select {
+		case <-added:
+			p.mu.Lock()
+		case <-ctx.Done():
+			p.mu.Lock()
+			return false, p.flow.notApplied(ctx.Err())
 		}
 	}
 	p.endEpisodeLocked()

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -286,6 +287,95 @@ func TestReleasesWaitingBesideAFullBatchNeverOverflowIt(t *testing.T) {
 	}
 	if info, err := c.Info(ctx, "t"); err != nil || info.Tables[0].Size != steps+1 {
 		t.Fatalf("table t: %+v, %v; want %d items", info, err, steps+1)
+	}
+}
+
+// TestEndEpisodeWaitsForAnItemBeingAdded: an EndEpisode that comes while
+// another call adds an item (waiting for room in the window, since the
+// item does not fit beside the batch) lets that item be built from the
+// episode's chunks first: ended under it, the item went out with no steps.
+func TestEndEpisodeWaitsForAnItemBeingAdded(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10), tables.QueueConfig("q", 1)}, testutil.StartEmbedded(t, 16<<10))
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(time.Hour), WithMaxUnapplied(1), WithCompression(wire.Uncompressed), WithDelta(false))
+	bytesOf := func(v byte) Step {
+		return Step{"x": Tensor{DType: "uint8", Shape: []int64{8000}, Data: bytes.Repeat([]byte{v}, 8000)}}
+	}
+	// The queue holds its second item, so the window stays full.
+	for i := range int64(2) {
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "q", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+		wait := 10 * time.Second
+		if i == 1 {
+			wait = 300 * time.Millisecond
+		}
+		fctx, cancel := context.WithTimeout(ctx, wait)
+		if err := p.Flush(fctx); (i == 0) != (err == nil) {
+			t.Fatalf("flush %d: %v", i, err) // the second waits for the held item
+		}
+		cancel()
+	}
+	q, _ := d.svc.Table("q")
+	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	// One item staged; the next does not fit beside it and waits for room.
+	if err := p.Append(ctx, bytesOf(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Append(ctx, bytesOf(2)); err != nil {
+		t.Fatal(err)
+	}
+	adding := make(chan error, 1)
+	go func() { adding <- p.CreateItem(ctx, "t", 1, LastStep("x")) }()
+	testutil.WaitUntil(t, "the second item waits for room", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.pending) == 1 && p.pending[0].adding
+	})
+	ended := make(chan error, 1)
+	go func() { ended <- p.EndEpisode(ctx) }()
+	testutil.WaitUntil(t, "EndEpisode waits for it", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.added != nil
+	})
+	c := d.client()
+	for range 2 {
+		if _, err := c.Sample(ctx, "q", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-adding; err != nil {
+		t.Fatalf("CreateItem: %v", err)
+	}
+	if err := <-ended; err != nil {
+		t.Fatalf("EndEpisode: %v", err)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	seen := map[byte]bool{}
+	for range 20 {
+		samples, err := c.Sample(ctx, "t", 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, smp := range samples {
+			x, ok := smp.Column("x")
+			if !ok || len(x.Data) != 8000 || !bytes.Equal(x.Data, bytes.Repeat(x.Data[:1], 8000)) {
+				t.Fatalf("item %d: column x %v, want 8000 equal bytes", smp.Info.Key, x.Shape)
+			}
+			seen[x.Data[0]] = true
+		}
+	}
+	if !seen[1] || !seen[2] || len(seen) != 2 {
+		t.Fatalf("items of steps %v, want 1 and 2", seen)
 	}
 }
 
