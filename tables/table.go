@@ -622,9 +622,11 @@ type State struct {
 	Weight Weight
 }
 
-// AppendSamples waits until at least least samples are allowed, then takes
-// as many as the rate limiter allows, up to most, and appends them to dst:
-// Sample is (nil, n, n) and SampleFlexible (nil, 1, n). A caller that
+// AppendSamples takes as many samples as the rate limiter allows, up to
+// most, and appends them to dst; while it has fewer than least, it waits
+// and takes more (the samples taken stay taken, counted and, at
+// max_times_sampled, removed). Sample is (nil, n, n) and SampleFlexible
+// (nil, 1, n). A caller that
 // samples again and again passes the slice it used last time, cleared, so
 // that a batch of samples allocates nothing. It also returns the table's
 // state once the last samples were taken, read under the same lock, so that

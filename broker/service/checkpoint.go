@@ -759,7 +759,7 @@ func (s *Service) reconcile(t *tables.Table, got, want tables.Config) {
 		}
 	}
 	if got.Sampler != want.Sampler || got.Remover != want.Remover || got.MaxSize != want.MaxSize || !slices.EqualFunc(got.Signature, want.Signature, columnSpecEqual) {
-		s.log.Warn("reprise service: the config changes a restored table's sampler, remover, max size or signature; the checkpoint's are kept (reset the table to apply the config's)",
+		s.log.Warn("reprise service: the config changes a restored table's sampler, remover, max size or signature; the checkpoint's are kept, and a reset keeps them too: only a service started without the checkpoint builds the table from the config",
 			"table", got.Name, "sampler", got.Sampler.String(), "remover", got.Remover.String(), "max_size", got.MaxSize)
 	}
 }
