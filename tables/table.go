@@ -800,7 +800,9 @@ func (t *Table) Delete(keys ...uint64) (missing []uint64) {
 }
 
 // Reset removes every item, giving back their chunk references, and zeroes
-// the limiter's counters. The table's Counters keep counting.
+// the limiter's counters and the policy version: a new run's actors start
+// from version 0 again, and with a staleness bound they would otherwise
+// have every insert dropped as stale. The table's Counters keep counting.
 func (t *Table) Reset() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -813,6 +815,7 @@ func (t *Table) Reset() {
 	t.remover.clear()
 	t.lim.Reset()
 	t.largestItem.Store(0)
+	t.version = 0
 	t.versions = newVersionIndex(t.cfg.MaxStaleness != nil)
 	clear(t.episodes)
 	t.layouts.clear()

@@ -73,6 +73,26 @@ func TestStalenessBound(t *testing.T) {
 	}
 }
 
+// TestResetStartsVersionsAgain: a reset table is at policy version 0, so
+// a new run whose actors count versions from 0 again is not dropped as
+// stale by a bound of the old run's versions.
+func TestResetStartsVersionsAgain(t *testing.T) {
+	s := NewChunkStore()
+	putChunk(s, 1, 1, 8)
+	cfg := config("t", selectors.KindUniform, selectors.KindFifo, 100, limiter.MinSize(1))
+	cfg.MaxStaleness = staleness(0)
+	tb := mustNew(t, cfg, s)
+	tb.SetPolicyVersion(5)
+	tb.Reset()
+	mustInsert(t, tb, versioned(1, 0))
+	if info := tb.Info(); info.Size != 1 || info.PolicyVersion != 0 || info.Counters.StaleEvictions != 0 {
+		t.Fatalf("after a reset, an insert of version 0: size %d, policy version %d, %d stale; want 1, 0, 0", info.Size, info.PolicyVersion, info.Counters.StaleEvictions)
+	}
+	if !tb.SetPolicyVersion(1) {
+		t.Fatal("raising the version after a reset reported no change")
+	}
+}
+
 // TestStalenessOnPolicy: max_staleness 0 keeps only the current version:
 // a FIFO table sampled once per item drops what the learner did not take
 // before it moved on, and serves the new version's items in order.
