@@ -340,6 +340,11 @@ func TestSampleSlotsShared(t *testing.T) {
 func TestReplyBytesBounded(t *testing.T) {
 	limits := DefaultLimits()
 	limits.MaxReplyBytes = 1000
+	bad := limits
+	if err := bad.validate(); !errors.Is(err, protocol.ErrInvalidOption) || !strings.Contains(err.Error(), "below max item bytes") {
+		t.Fatalf("a reply bound below the item bound: %v, want ErrInvalidOption: an item that large could never be sampled", err)
+	}
+	limits.MaxItemBytes = 1000
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithLimits(limits)}})
 	ctx := testutil.Context(t)
 	p := d.producer()

@@ -28,8 +28,10 @@ type Limits struct {
 	// share.
 	MaxItemBytes int64
 	// MaxReplyBytes bounds the bytes one sample reply may expand to. A
-	// request for more items than fit at the table's largest item size is
-	// refused before anything is sampled.
+	// request for more items than fit at the size of the largest item the
+	// table took since its last reset (held or not) is refused before
+	// anything is sampled. At least MaxItemBytes, so that any item can be
+	// sampled.
 	MaxReplyBytes int64
 	// MaxMutationOps bounds the priority updates and deletes of one
 	// mutation message.
@@ -108,6 +110,9 @@ func (l Limits) validate() error {
 	}
 	if l.MaxChunkBytes > wire.MaxChunkRawSize {
 		return fmt.Errorf("%w: limits: max chunk bytes %d exceeds the wire's %d", protocol.ErrInvalidOption, l.MaxChunkBytes, int64(wire.MaxChunkRawSize))
+	}
+	if l.MaxReplyBytes < l.MaxItemBytes {
+		return fmt.Errorf("%w: limits: max reply bytes %d is below max item bytes %d: an item that large could never be sampled", protocol.ErrInvalidOption, l.MaxReplyBytes, l.MaxItemBytes)
 	}
 	if l.MaxProducerWindow > protocol.MaxProducerWindow {
 		return fmt.Errorf("%w: limits: max producer window %d exceeds %d", protocol.ErrInvalidOption, l.MaxProducerWindow, protocol.MaxProducerWindow)
