@@ -40,14 +40,15 @@ func SampleToInsertRatio(spi float64, minSize int64, errorBuffer float64) (Confi
 	}
 	offset := spi * float64(minSize)
 	c := Config{SamplesPerInsert: spi, MinSize: minSize, MinDiff: offset - errorBuffer, MaxDiff: offset + errorBuffer}
-	if err := c.Validate(); err != nil {
-		return Config{}, err
-	}
 	// A narrower window lets inserts and samples block each other forever
-	// when several clients of each kind race for it.
-	if need := 2 * math.Max(1, spi); 2*errorBuffer < need {
+	// when several clients of each kind race for it (Validate finds a
+	// stall only for narrower ones still).
+	if need := 2 * math.Max(1, spi); spi > 0 && !math.IsInf(spi, 0) && 2*errorBuffer < need {
 		return Config{}, fmt.Errorf("%w: error buffer %v is too small for samples_per_insert %v: need 2*error_buffer >= 2*max(1, samples_per_insert) = %v, or inserts and samples can block each other forever",
 			ErrInvalidConfig, errorBuffer, spi, need)
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
 	}
 	return c, nil
 }
@@ -84,8 +85,52 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: once min_size (%d) items are inserted neither a sample (needs min_diff <= %v) nor another insert (needs max_diff >= %v) is allowed",
 			ErrInvalidConfig, c.MinSize, c.SamplesPerInsert*float64(c.MinSize)-1, c.SamplesPerInsert*(float64(c.MinSize)+1))
 	}
+	if at, ok := c.stall(); ok {
+		return fmt.Errorf("%w: max_diff - min_diff (%v) is too narrow for samples_per_insert %v: samples can bring inserts*samples_per_insert - samples to %v, where neither a sample (needs it >= min_diff + 1) nor an insert (needs it <= max_diff - samples_per_insert) is allowed; max_diff - min_diff >= samples_per_insert + 1 never stalls",
+			ErrInvalidConfig, c.MaxDiff-c.MinDiff, c.SamplesPerInsert, at)
+	}
 	return nil
 }
+
+// stall finds a difference d = inserts*SamplesPerInsert - samples the
+// limiter can reach once MinSize items are inserted where neither a sample
+// (d-1 >= MinDiff) nor an insert (d+spi <= MaxDiff) is allowed: a table
+// stuck for good. Samples take 1 off d and inserts add spi, so learners
+// sampling at full speed bring d into [MinDiff, MinDiff+1), and the values
+// it takes there, as inserts go on, are MinDiff + frac(a*spi - MinDiff) for
+// a = 0, 1, 2...: with spi = p/q in lowest terms, q a small power of two,
+// MinDiff + g + j/q for every j < q, g = -MinDiff mod 1/q; with a larger
+// denominator (spi = 0.1 is not 1/10 in binary) they come as close to
+// MinDiff+1 as one likes. An insert from there needs d <= MaxDiff - spi.
+func (c Config) stall() (float64, bool) {
+	if math.IsInf(c.MinDiff, 0) || math.IsInf(c.MaxDiff, 0) {
+		return 0, false
+	}
+	spi := c.SamplesPerInsert
+	room := c.MaxDiff - c.MinDiff - spi // how far above MinDiff an insert is still allowed
+	if room >= 1 {
+		return 0, false
+	}
+	q := 1.0
+	for q <= maxDenominator && spi*q != math.Trunc(spi*q) {
+		q *= 2
+	}
+	if q > maxDenominator {
+		return c.MinDiff + math.Max(room, 0) + (1-math.Max(room, 0))/2, true
+	}
+	g := math.Mod(-c.MinDiff, 1/q)
+	if g < 0 {
+		g += 1 / q
+	}
+	if highest := g + (q-1)/q; highest > room {
+		return c.MinDiff + highest, true
+	}
+	return 0, false
+}
+
+// maxDenominator is the largest denominator of samples_per_insert that
+// stall reads exactly; past it the differences are as good as dense.
+const maxDenominator = 1 << 20
 
 // configJSON spells infinite bounds as strings: JSON has no infinity.
 type configJSON struct {

@@ -3,7 +3,9 @@ package limiter
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -63,6 +65,9 @@ func TestValidateRejects(t *testing.T) {
 		{"min_diff above spi*min_size", validate(Config{1, 2, 3, 10}), "min_diff (3) > samples_per_insert*min_size (2)"},
 		{"min_diff +inf", validate(Config{1, 2, inf, inf}), "min_diff (+Inf) > samples_per_insert*min_size (2)"},
 		{"stalls at min_size", validate(Config{1, 1, 1, 1}), "once min_size (1) items are inserted neither a sample (needs min_diff <= 0) nor another insert (needs max_diff >= 2) is allowed"},
+		{"stalls once sampled", validate(Config{1, 1, 0, 0}), "max_diff - min_diff (0) is too narrow for samples_per_insert 1: samples can bring inserts*samples_per_insert - samples to 0"},
+		{"stalls at half steps", validate(Config{1.5, 1, 0, 1.5}), "max_diff - min_diff (1.5) is too narrow for samples_per_insert 1.5: samples can bring inserts*samples_per_insert - samples to 0.5"},
+		{"stalls for a spi of no small denominator", validate(Config{0.1, 10, 0, 1.05}), "max_diff - min_diff (1.05) is too narrow for samples_per_insert 0.1"},
 		{"ratio buffer too small", ratio(2, 10, 1.5), "error buffer 1.5 is too small for samples_per_insert 2: need 2*error_buffer >= 2*max(1, samples_per_insert) = 4"},
 		{"ratio buffer too small spi<1", ratio(0.5, 1, 0.9), "error buffer 0.9 is too small for samples_per_insert 0.5: need 2*error_buffer >= 2*max(1, samples_per_insert) = 2"},
 		{"ratio buffer negative", ratio(1, 1, -1), "error buffer must be finite and >= 0, got -1"},
@@ -92,6 +97,71 @@ func TestValidateAccepts(t *testing.T) {
 			t.Errorf("Validate(%+v) = %v", c, err)
 		}
 	}
+}
+
+// TestValidateMatchesWalks: for configs of small dyadic parameters,
+// Validate refuses a config as stalling exactly when learners that sample
+// whenever they may, with actors inserting otherwise, bring the limiter to
+// a state that allows neither; and from no config it accepts do random
+// walks of allowed inserts and samples (fixed seeds) reach such a state.
+func TestValidateMatchesWalks(t *testing.T) {
+	stuck := func(s *State) bool { return !s.canSample(1) && !s.canInsert(1) }
+	rng := rand.New(rand.NewPCG(7, 11))
+	checked, refused := 0, 0
+	for _, spi := range []float64{0.25, 0.5, 1, 1.5, 2, 3} {
+		for _, minSize := range []int64{1, 2, 3} {
+			for _, minDiff := range []float64{-2, -1, -0.5, 0, 0.5, 1} {
+				for _, width := range []float64{0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 2.5, 3, 3.5, 4} {
+					c := Config{SamplesPerInsert: spi, MinSize: minSize, MinDiff: minDiff, MaxDiff: minDiff + width}
+					err := c.Validate()
+					if err != nil && !strings.Contains(err.Error(), "too narrow") {
+						continue // refused for another reason
+					}
+					checked++
+					greedy := &State{Config: c}
+					stalled := false
+					for range 4000 {
+						switch {
+						case greedy.canSample(1):
+							greedy.Samples++
+						case greedy.canInsert(1):
+							greedy.Inserts++
+						default:
+							stalled = true
+						}
+						if stalled {
+							break
+						}
+					}
+					name := fmt.Sprintf("%+v", c)
+					if stalled != (err != nil) {
+						t.Errorf("%s: Validate = %v, a learner-first walk stalled: %v", name, err, stalled)
+					}
+					if err != nil {
+						refused++
+						continue
+					}
+					for range 5 {
+						s := &State{Config: c}
+						for range 2000 {
+							if stuck(s) {
+								t.Fatalf("%s: accepted, but a random walk stalled at %+v", name, *s)
+							}
+							if s.canSample(1) && (!s.canInsert(1) || rng.IntN(2) == 0) {
+								s.Samples++
+							} else {
+								s.Inserts++
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	if refused == 0 || refused == checked {
+		t.Fatalf("%d of %d configs refused as stalling: the grid shows nothing", refused, checked)
+	}
+	t.Logf("%d configs walked, %d refused as stalling", checked, refused)
 }
 
 func TestConfigJSON(t *testing.T) {

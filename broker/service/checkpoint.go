@@ -620,6 +620,14 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 				"table", name, "items", len(tc.Items))
 			continue
 		}
+		if err := snap.Config.Limiter.Validate(); err != nil {
+			// A checkpoint of an earlier release may hold a rate limiter
+			// this one refuses (one that can stall its table for good):
+			// the config file's, which wins on restore anyway, takes its
+			// place rather than the table being lost.
+			s.log.Warn("reprise service: the checkpoint's rate limiter is refused; the config file's takes its place", "table", name, "error", err)
+			snap.Config.Limiter = want.Limiter
+		}
 		snap.Items = make([]tables.ItemSnapshot, len(tc.Items))
 		for i, it := range tc.Items {
 			snap.Items[i] = tables.ItemSnapshot{

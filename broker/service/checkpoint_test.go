@@ -3,6 +3,7 @@ package service
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -296,6 +297,50 @@ func TestConfigOverridesCheckpoint(t *testing.T) {
 	}
 	if _, ok := svc.Table("heap"); ok {
 		t.Fatal("table dropped from the config was restored")
+	}
+}
+
+// TestRestoreReplacesARefusedLimiter: a checkpoint whose table has a rate
+// limiter this release refuses (one that can stall the table, accepted by
+// earlier ones) restores the table and its counters, with the config
+// file's limiter in its place.
+func TestRestoreReplacesARefusedLimiter(t *testing.T) {
+	cfg := testutil.UniformTable("t", 10)
+	nc, err := nats.Connect(testutil.StartEmbedded(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	svc, err := New(nc, []tables.Config{cfg}, WithLogger(testutil.QuietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := cfg
+	old.Limiter = limiter.Config{SamplesPerInsert: 1, MinSize: 1, MinDiff: 0, MaxDiff: 0}
+	if old.Limiter.Validate() == nil {
+		t.Fatal("the old limiter is accepted: the test shows nothing")
+	}
+	cfgJSON, err := json.Marshal(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limJSON, err := json.Marshal(limiter.State{Config: old.Limiter, Inserts: 2, Samples: 1, Deletes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := &wire.Checkpoint{Version: checkpointVersion, Tables: []*wire.TableCheckpoint{{
+		ConfigJson: cfgJSON, LimiterJson: limJSON, CountersJson: []byte(`{}`),
+	}}}
+	if err := svc.restore(cp); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	tb, ok := svc.Table("t")
+	if !ok {
+		t.Fatal("table t not restored")
+	}
+	info := tb.Info()
+	if info.Limiter.Config != cfg.Limiter || info.Limiter.Inserts != 2 || info.Limiter.Samples != 1 || info.Limiter.Deletes != 2 {
+		t.Fatalf("restored limiter %+v; want the config's, with the checkpoint's 2 inserts, 1 sample and 2 deletes", info.Limiter)
 	}
 }
 
