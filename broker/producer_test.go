@@ -76,6 +76,23 @@ func TestCloseNotStuckBehindWaitingAppend(t *testing.T) {
 	}
 }
 
+// holdInQueue creates two one-step items (column col) for table, a queue
+// of one item, and waits until its rate limiter holds the second.
+func holdInQueue(t *testing.T, d *deployment, p *Producer, table, col string) {
+	t.Helper()
+	ctx := testutil.Context(t)
+	for i := range int64(2) {
+		if err := p.Append(ctx, Step{col: Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, table, 1, LastStep(col)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, _ := d.svc.Table(table)
+	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+}
+
 // TestFlushWaitingAtCloseEndsWithIt: a Flush waiting for items a table's
 // rate limiter holds ends with ErrClosed once the producer closes, since
 // no progress comes after that, rather than wait for ever.
@@ -83,16 +100,7 @@ func TestFlushWaitingAtCloseEndsWithIt(t *testing.T) {
 	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 1)}, "")
 	ctx := testutil.Context(t)
 	p := d.producer(WithLinger(0))
-	for i := range int64(2) {
-		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.CreateItem(ctx, "queue", 1, LastStep("id")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	q, _ := d.svc.Table("queue")
-	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	holdInQueue(t, d, p, "queue", "id")
 	flushed := make(chan error, 1)
 	go func() { flushed <- p.Flush(context.Background()) }()
 	testutil.WaitUntil(t, "the flush waits for the held item", func() bool {
@@ -243,16 +251,7 @@ func TestReleasesWaitingBesideAFullBatchNeverOverflowIt(t *testing.T) {
 	}
 	// The queue holds its second item, so the window (one unapplied item)
 	// is full.
-	for i := range int64(2) {
-		if err := p.Append(ctx, Step{"a": Int64s(nil, []int64{i})}); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.CreateItem(ctx, "q", 1, LastStep("a")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	q, _ := d.svc.Table("q")
-	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	holdInQueue(t, d, p, "q", "a")
 	short := func() context.Context {
 		c, cancel := context.WithTimeout(ctx, 2*time.Millisecond)
 		t.Cleanup(cancel)

@@ -17,6 +17,17 @@ func versioned(key uint64, version int64) Item {
 
 func staleness(k int64) *int64 { return &k }
 
+// boundedTable is a uniform table of up to 100 items, with max_staleness
+// k, whose items may use chunk 1.
+func boundedTable(t *testing.T, k int64) *Table {
+	t.Helper()
+	s := NewChunkStore()
+	putChunk(s, 1, 1, 8)
+	cfg := config("t", selectors.KindUniform, selectors.KindFifo, 100, limiter.MinSize(1))
+	cfg.MaxStaleness = staleness(k)
+	return mustNew(t, cfg, s)
+}
+
 func keysOf(tb *Table) []uint64 {
 	var keys []uint64
 	for _, it := range tb.List(0, 1<<20) {
@@ -29,11 +40,7 @@ func keysOf(tb *Table) []uint64 {
 // than MaxStaleness versions behind, counts them apart and as deletes for
 // the limiter, drops stale inserts, and ignores a lower version.
 func TestStalenessBound(t *testing.T) {
-	s := NewChunkStore()
-	putChunk(s, 1, 1, 8)
-	cfg := config("t", selectors.KindUniform, selectors.KindFifo, 100, limiter.MinSize(1))
-	cfg.MaxStaleness = staleness(1)
-	tb := mustNew(t, cfg, s)
+	tb := boundedTable(t, 1)
 	for key, version := range []int64{0, 1, 2, 0, 1} {
 		mustInsert(t, tb, versioned(uint64(key+1), version))
 	}
@@ -77,11 +84,7 @@ func TestStalenessBound(t *testing.T) {
 // a new run whose actors count versions from 0 again is not dropped as
 // stale by a bound of the old run's versions.
 func TestResetStartsVersionsAgain(t *testing.T) {
-	s := NewChunkStore()
-	putChunk(s, 1, 1, 8)
-	cfg := config("t", selectors.KindUniform, selectors.KindFifo, 100, limiter.MinSize(1))
-	cfg.MaxStaleness = staleness(0)
-	tb := mustNew(t, cfg, s)
+	tb := boundedTable(t, 0)
 	tb.SetPolicyVersion(5)
 	tb.Reset()
 	mustInsert(t, tb, versioned(1, 0))
