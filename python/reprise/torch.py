@@ -18,6 +18,7 @@ non_blocking=True)``, so a CUDA copy overlaps the next batch's decoding.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
@@ -124,6 +125,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         self.client_options = dict(client_options or {})
         self.prefixes = list(prefixes) if prefixes is not None else None
         self._client: Client | ShardedClient | None = None
+        self._client_pid = 0
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get a copy without the connection: each makes
@@ -134,11 +136,17 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
 
     def client(self) -> Client | ShardedClient:
         """This process's client (made on first use)."""
-        if self._client is None:
+        # A DataLoader worker forked after the main process made its client
+        # (update_priorities in the training loop) has a copy of it whose
+        # event-loop thread did not survive the fork, and which shares the
+        # parent's socket: the worker makes its own, and leaves the copy
+        # alone rather than close what is the parent's.
+        if self._client is None or self._client_pid != os.getpid():
             if self.prefixes is not None:
                 self._client = ShardedClient(self.server_address, self.prefixes, **self.client_options)
             else:
                 self._client = Client(self.server_address, **self.client_options)
+            self._client_pid = os.getpid()
         return self._client
 
     def __iter__(self) -> Generator[TensorBatch, None, None]:
@@ -157,9 +165,9 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         self.client().update_priorities(self.table, keys, priorities)
 
     def close(self) -> None:
-        if self._client is not None:
+        if self._client is not None and self._client_pid == os.getpid():
             self._client.close()
-            self._client = None
+        self._client = None
 
 
 def _can_pin() -> bool:

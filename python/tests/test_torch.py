@@ -51,6 +51,34 @@ def test_replay_dataset(server: Reprised) -> None:
     ds.close()
 
 
+def test_forked_workers_make_their_own_clients(server: Reprised) -> None:
+    """DataLoader workers forked after the main process made its client
+    (update_priorities in the training loop) each make their own: the
+    copy they inherit has no event-loop thread and shares the parent's
+    socket. A worker that used it waited for ever."""
+    with reprise.Client(server.url) as c:
+        c.reset("dtypes")
+        with c.trajectory_writer(2) as w:
+            for t in range(10):
+                w.append({"obs": np.full((2, 2), t, np.float32), "a": np.int64(t)})
+                if t:
+                    w.create_item("dtypes", 1.0, {"obs": w.history["obs"][-2:], "a": w.history["a"][-1]})
+            w.wait_applied(timeout=30)
+    ds = rt.ReplayDataset(server.url, "dtypes", batch_size=4, timeout=30)
+    first = next(iter(ds))
+    ds.update_priorities(first.info["key"], torch.ones(4))  # the main process's client
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60
+    )
+    for _ in range(2):  # a new iterator forks new workers
+        for i, b in enumerate(loader):
+            assert b.data["a"].shape == (4,)
+            ds.update_priorities(b.info["key"], torch.ones(4))
+            if i == 3:
+                break
+    ds.close()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_replay_dataset_on_cuda(server: Reprised) -> None:
     """Batches reach the GPU through pinned memory, hold what was inserted
