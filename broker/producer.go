@@ -1014,8 +1014,8 @@ func (p *Producer) sendBatchLocked(end bool) {
 	// is no less released later, while a message over the server's max
 	// payload would lose its items.
 	release := p.release
-	if room := (p.maxPayload - 1024 - b.msg.Size()) / 10; len(release) > max(room, 0) && !end {
-		release, p.release = release[:max(room, 0)], release[max(room, 0):]
+	if room := max(0, (p.maxPayload-1024-b.msg.Size())/10); len(release) > room && !end {
+		release, p.release = release[:room], release[room:]
 	} else {
 		p.release = nil
 	}
@@ -1225,14 +1225,14 @@ func (p *Producer) publishEndLocked(ctx context.Context) (ended bool, err error)
 	// other call is adding, waiting for room in the window, builds its
 	// columns from the episode's chunks when it gets the room, so the
 	// episode must not end before.
-	for len(p.pending) > 0 {
-		if !p.pending[0].adding {
+	for {
+		if len(p.pending) > 0 && !p.pending[0].adding {
 			if err := p.advanceLocked(ctx, true); err != nil {
 				return false, err
 			}
-			if len(p.pending) == 0 || !p.pending[0].adding {
-				break
-			}
+		}
+		if len(p.pending) == 0 || !p.pending[0].adding {
+			break
 		}
 		if p.added == nil {
 			p.added = make(chan struct{})

@@ -28,8 +28,10 @@ def test_to_tensor_shares_memory_and_keeps_bfloat16() -> None:
     assert rt.to_tensor(np.array([1, 2], np.uint16)).tolist() == [1, 2]
 
 
-def test_replay_dataset(server: Reprised) -> None:
-    with reprise.Client(server.url) as c:
+def fill_dtypes(url: str) -> None:
+    """Nine items in table dtypes: two steps of obs (2x2, filled with the
+    step), the last step's a."""
+    with reprise.Client(url) as c:
         c.reset("dtypes")
         with c.trajectory_writer(2) as w:
             for t in range(10):
@@ -37,6 +39,10 @@ def test_replay_dataset(server: Reprised) -> None:
                 if t:
                     w.create_item("dtypes", 1.0, {"obs": w.history["obs"][-2:], "a": w.history["a"][-1]})
             w.wait_applied(timeout=30)
+
+
+def test_replay_dataset(server: Reprised) -> None:
+    fill_dtypes(server.url)
     pin = torch.cuda.is_available()
     ds = rt.ReplayDataset(server.url, "dtypes", batch_size=16, prefetch=2, device="cpu", pin_memory=pin)
     loader = torch.utils.data.DataLoader(ds, batch_size=None)
@@ -56,14 +62,7 @@ def test_forked_workers_make_their_own_clients(server: Reprised) -> None:
     (update_priorities in the training loop) each make their own: the
     copy they inherit has no event-loop thread and shares the parent's
     socket. A worker that used it waited for ever."""
-    with reprise.Client(server.url) as c:
-        c.reset("dtypes")
-        with c.trajectory_writer(2) as w:
-            for t in range(10):
-                w.append({"obs": np.full((2, 2), t, np.float32), "a": np.int64(t)})
-                if t:
-                    w.create_item("dtypes", 1.0, {"obs": w.history["obs"][-2:], "a": w.history["a"][-1]})
-            w.wait_applied(timeout=30)
+    fill_dtypes(server.url)
     ds = rt.ReplayDataset(server.url, "dtypes", batch_size=4, timeout=30)
     first = next(iter(ds))
     ds.update_priorities(first.info["key"], torch.ones(4))  # the main process's client
