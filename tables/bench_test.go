@@ -90,3 +90,32 @@ func BenchmarkSampleBatches(b *testing.B) {
 	})
 	b.ReportMetric(float64(b.N)*batch/b.Elapsed().Seconds(), "items/s")
 }
+
+// BenchmarkSampleLocked measures the part of a batch of 256 draws from a
+// uniform table that holds the table's lock, alone: with many learners on
+// one table that part runs one batch at a time, so it bounds them all.
+func BenchmarkSampleLocked(b *testing.B) {
+	for _, size := range []int{10_000, 500_000} {
+		b.Run(fmt.Sprintf("table=%d", size), func(b *testing.B) {
+			const batch = 256
+			store := NewChunkStore()
+			tb := mustNew(b, config("uniform", selectors.KindUniform, selectors.KindFifo, int64(size), limiter.MinSize(1)), store)
+			ctx := context.Background()
+			for k := range uint64(size) {
+				putChunk(store, ChunkKey(k+1), 1, 400)
+				if err := tb.Insert(ctx, newItem(k+1, 1, ChunkKey(k+1))); err != nil {
+					b.Fatal(err)
+				}
+			}
+			dst := make([]Sample, 0, batch)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				tb.mu.Lock()
+				dst, _ = tb.sampleManyLocked(dst[:0], batch, false)
+				tb.mu.Unlock()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/item")
+		})
+	}
+}

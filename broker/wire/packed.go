@@ -421,9 +421,16 @@ func (p *packer) appendUniform(b []byte, first *tables.Sample) []byte {
 // gather finds the distinct chunks, formats and names of samples, and
 // counts their columns and slices.
 func (p *packer) gather(samples []tables.Sample) error {
+	// The chunks' headers are read here, all at once, so that their cache
+	// misses overlap: the table draws without reading them, to hold its
+	// lock, which every learner of the table waits on, for less time.
 	refs := 0
+	var sum uint64
 	for i := range samples {
 		refs += len(samples[i].Chunks)
+		for _, ch := range samples[i].Chunks {
+			sum += uint64(ch.Key)
+		}
 		p.columns += len(samples[i].Layout)
 		for j := range samples[i].Layout {
 			p.slices += len(samples[i].Layout[j].Slices)
@@ -452,7 +459,6 @@ func (p *packer) gather(samples []tables.Sample) error {
 	}
 	// Read one after the other, the headers would take their cache misses
 	// in turn.
-	var sum uint64
 	for _, ch := range stored {
 		sum += touchLines(ch.Data)
 	}
