@@ -58,6 +58,10 @@ type RecoveryResult struct {
 	// Skipped lists checkpoints that could not be used, with the reason.
 	Skipped  []string
 	Duration time.Duration
+	// kept are the skipped checkpoints not found damaged, with the reason:
+	// a cause outside them (the store, the tables' config) may have failed
+	// them, and the stream may no longer hold what they cover.
+	kept []string
 }
 
 // captured is the state copied on the apply goroutine. It is immutable, so
@@ -514,7 +518,15 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 	}
 	for i := len(names) - 1; i >= 0; i-- {
 		name := names[i]
-		cp, err := s.loadCheckpoint(ctx, name)
+		// A store that cannot answer in time (a bucket electing its leader)
+		// is waited for: the checkpoint is fine, and the stream may hold
+		// nothing older.
+		var cp *wire.Checkpoint
+		err := retryJS(ctx, s.log, "checkpoint "+name, func(ctx context.Context) error {
+			var err error
+			cp, err = s.loadCheckpoint(ctx, name)
+			return err
+		})
 		if err == nil {
 			err = s.restore(cp)
 		}
@@ -530,6 +542,8 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 				if err := s.o.checkpoints.Delete(ctx, name); err != nil {
 					s.log.Warn("reprise service: deleting damaged checkpoint", "name", name, "error", err)
 				}
+			} else {
+				res.kept = append(res.kept, res.Skipped[len(res.Skipped)-1])
 			}
 			continue
 		}

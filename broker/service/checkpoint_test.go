@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -226,6 +228,86 @@ func TestCorruptCheckpointFallsBack(t *testing.T) {
 	if !slices.Equal(names, []string{older.Name, next.Name}) {
 		t.Fatalf("checkpoints %v, want [%s %s]", names, older.Name, next.Name)
 	}
+}
+
+// failingLoads is a checkpoint store whose next loads fail with err.
+type failingLoads struct {
+	*FileCheckpoints
+	fails atomic.Int32
+	err   error
+}
+
+func (f *failingLoads) Load(ctx context.Context, name string) (io.ReadCloser, error) {
+	if f.fails.Add(-1) >= 0 {
+		return nil, fmt.Errorf("loading checkpoint %s: %w", name, f.err)
+	}
+	return f.FileCheckpoints.Load(ctx, name)
+}
+
+// trimmedDeployment has 100 items in a checkpoint, which trimmed the stream
+// below it, and 10 after it, in table "uniform"; its service is stopped.
+func trimmedDeployment(t *testing.T) (*deployment, *FileCheckpoints, []tables.Config) {
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := checkpointTables(1000)
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithCheckpoints(fc), WithoutFinalCheckpoint()}})
+	p := d.producer()
+	fill(t, p, 0, 100, "uniform")
+	if _, err := d.svc.Checkpoint(testutil.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, p, 100, 10, "uniform")
+	d.stop()
+	return d, fc, cfgs
+}
+
+// TestRecoveryWaitsForCheckpointStore: a checkpoint store that does not
+// answer in time at start (a bucket electing its leader) is waited for. The
+// service used to skip the checkpoint for it and start empty, over a stream
+// trimmed below that checkpoint: 10 of 110 items.
+func TestRecoveryWaitsForCheckpointStore(t *testing.T) {
+	d, fc, cfgs := trimmedDeployment(t)
+	slow := &failingLoads{FileCheckpoints: fc, err: nats.ErrTimeout}
+	slow.fails.Store(2)
+	var rep RecoveryResult
+	svc, _ := d.startService(cfgs, WithCheckpoints(slow), WithRecoveryReport(func(r RecoveryResult) { rep = r }))
+	if rep.Checkpoint == "" || len(rep.Skipped) > 0 {
+		t.Fatalf("recovery %+v, want the checkpoint loaded once the store answers", rep)
+	}
+	tb, _ := svc.Table("uniform")
+	testutil.WaitUntil(t, "the tail is replayed", func() bool { return tb.Size() == 110 })
+}
+
+// TestRecoveryRefusesToLoseTrimmedMessages: a checkpoint that cannot be
+// loaded for a cause outside it stops the start where the stream no longer
+// holds what it covers, and is kept; once the cause is gone, the next start
+// recovers everything. Starting without it lost the trimmed items, and the
+// next checkpoints deleted it.
+func TestRecoveryRefusesToLoseTrimmedMessages(t *testing.T) {
+	d, fc, cfgs := trimmedDeployment(t)
+	ctx := testutil.Context(t)
+	names, err := fc.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	denied := &failingLoads{FileCheckpoints: fc, err: os.ErrPermission}
+	denied.fails.Store(1)
+	svc, err := New(d.connect(), cfgs, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithCheckpoints(denied))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = svc.Run(ctx)
+	if !errors.Is(err, broker.ErrStreamLost) || !strings.Contains(err.Error(), names[0]) || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("Run: %v, want ErrStreamLost naming the checkpoint %s and why it failed", err, names[0])
+	}
+	if after, err := fc.List(ctx); err != nil || !slices.Equal(after, names) {
+		t.Fatalf("checkpoints %v (%v), want %v kept", after, err, names)
+	}
+	svc2, _ := d.startService(cfgs, WithCheckpoints(fc))
+	tb, _ := svc2.Table("uniform")
+	testutil.WaitUntil(t, "the tail is replayed", func() bool { return tb.Size() == 110 })
 }
 
 // TestTrimmingBoundsStream: with a checkpoint after every batch of inserts,

@@ -540,11 +540,12 @@ func (s *Service) Run(parent context.Context) error {
 	}
 	s.stream = stream
 	s.dupWindow = stream.CachedInfo().Config.Duplicates
-	if err := s.recoverAtStart(ctx); err != nil {
+	kept, err := s.recoverAtStart(ctx)
+	if err != nil {
 		return err
 	}
 	start := s.progress.get() + 1
-	if err := s.checkStreamCovers(ctx, start); err != nil {
+	if err := s.checkStreamCovers(ctx, start, kept); err != nil {
 		return err
 	}
 	reader := newStreamReader(stream, s.subj.Data(), start, s.o.pullBytes, s.log, s.streamGap)
@@ -617,8 +618,9 @@ func (s *Service) Run(parent context.Context) error {
 }
 
 // recoverAtStart loads the newest usable checkpoint and applies the
-// messages it had held back, then reports what it did.
-func (s *Service) recoverAtStart(ctx context.Context) error {
+// messages it had held back, then reports what it did. It returns the
+// checkpoints it skipped without finding them damaged (RecoveryResult.kept).
+func (s *Service) recoverAtStart(ctx context.Context) ([]string, error) {
 	if s.o.objectStore && s.o.checkpoints == nil {
 		var cs *ObjectStoreCheckpoints
 		err := retryJS(ctx, s.log, "the checkpoint bucket", func(ctx context.Context) error {
@@ -627,16 +629,16 @@ func (s *Service) recoverAtStart(ctx context.Context) error {
 			return err
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		s.o.checkpoints = cs
 	}
 	if s.o.checkpoints == nil {
-		return nil
+		return nil, nil
 	}
 	res, err := s.recover(ctx)
 	if err != nil {
-		return fmt.Errorf("broker: recovery: %w", err)
+		return nil, fmt.Errorf("broker: recovery: %w", err)
 	}
 	if res.Checkpoint == "" && len(res.Skipped) > 0 {
 		s.log.Error("reprise service: no usable checkpoint; replaying the stream from its start (anything trimmed from it is lost)", "skipped", len(res.Skipped))
@@ -645,13 +647,16 @@ func (s *Service) recoverAtStart(ctx context.Context) error {
 	if s.o.recovered != nil {
 		s.o.recovered(res)
 	}
-	return nil
+	return res.kept, nil
 }
 
 // checkStreamCovers reports, loudly, messages recovery needs that the
 // stream no longer has: discarded by its limits, purged, or lost with a
-// stream that was recreated.
-func (s *Service) checkStreamCovers(ctx context.Context, start uint64) error {
+// stream that was recreated. Where a checkpoint that recovery skipped, but
+// kept, would have covered them, it refuses to start: serving would lose
+// them, and the checkpoints written next would trim the one that holds
+// them.
+func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []string) error {
 	info, err := s.stream.Info(ctx)
 	if err != nil {
 		s.log.Warn("reprise service: reading the stream's state", "error", err)
@@ -666,6 +671,9 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64) error {
 		s.log.Error("reprise service: the stream ends before the checkpoint: it was deleted and recreated. The checkpoints hold everything applied up to their sequence; to serve from them and drop the new stream's messages, purge the new stream past the checkpoint's sequence; to start over from the new stream, move the checkpoints away",
 			"stream_last", st.LastSeq, "checkpoint_applied", start-1)
 		return fmt.Errorf("%w: %s ends at sequence %d, before the checkpoint's %d", protocol.ErrStreamLost, s.subj.Stream(), st.LastSeq, start-1)
+	case st.FirstSeq > start && len(kept) > 0:
+		return fmt.Errorf("%w: the stream holds messages from sequence %d on, and recovery needs them from %d: they are in a checkpoint it could not load (%s); remove its cause and start again, or move that checkpoint away to start without what only it holds",
+			protocol.ErrStreamLost, st.FirstSeq, start, strings.Join(kept, "; "))
 	case st.Msgs > 0 && st.FirstSeq > start:
 		s.log.Error("reprise service: the stream no longer holds messages recovery needs (stream limits, or a purge); they are lost",
 			"missing_from", start, "missing_to", st.FirstSeq-1)
