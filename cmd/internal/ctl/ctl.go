@@ -198,9 +198,14 @@ func (t *target) explain(ctx context.Context, err error) error {
 	if cause := context.Cause(ctx); errors.Is(cause, nats.ErrPermissionViolation) {
 		return fmt.Errorf("the NATS server refused this user: %w (its role does not allow it; reprisectl permissions shows what each role may do)", cause)
 	}
+	// A service that answered with a failure is there: the advice to
+	// start one below would send the operator after the wrong cause.
+	var answered *broker.StatusError
 	switch {
 	case errors.Is(err, broker.ErrUnknownTable):
 		return fmt.Errorf("%w (reprisectl info lists the tables)", err)
+	case errors.As(err, &answered):
+		return fmt.Errorf("the table service on prefix %q answered: %w", t.prefix, err)
 	case (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, broker.ErrServer)) && len(t.shards) > 1:
 		return fmt.Errorf("a shard's table service did not answer (prefixes %q at %s): %w\nStart one per shard with: go run ./cmd/reprised --nats URL --prefix PREFIX --shard INDEX/COUNT (or check --nats and --prefix)", t.shards, t.conn.URL, err)
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, broker.ErrServer):

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -193,6 +195,28 @@ func TestInfoAndReset(t *testing.T) {
 	}
 	if _, _, err := ctl(t, append([]string{"reset", "nope"}, common...)...); !errors.Is(err, broker.ErrUnknownTable) {
 		t.Errorf("reset of an unknown table: %v", err)
+	}
+}
+
+// TestServiceFailureIsNotNoService: a table service that answers with a
+// failure (here its checkpoint directory became a file) is reported as
+// having answered, with its reason. reprisectl used to say that no service
+// answered, and to start one.
+func TestServiceFailureIsNotNoService(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "checkpoints")
+	url := startReprised(t, "--listen", "127.0.0.1:-1", "--store", t.TempDir(), "--prefix", "ctl.cpf", "--log-level", "error", "--checkpoint-dir", dir, "--checkpoint-every", "0s")
+	insert(t, url, "ctl.cpf", "replay", 3)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Before reprised stops, so that its last checkpoint has a place.
+	t.Cleanup(func() { os.Remove(dir); os.Mkdir(dir, 0o755) })
+	_, _, err := ctl(t, "checkpoint", "--nats", url, "--prefix", "ctl.cpf")
+	if err == nil || !strings.Contains(err.Error(), `the table service on prefix "ctl.cpf" answered`) || !strings.Contains(err.Error(), "not a directory") || strings.Contains(err.Error(), "Start one") {
+		t.Fatalf("checkpoint into a file: %v, want the service's answer", err)
 	}
 }
 
