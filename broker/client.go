@@ -772,13 +772,16 @@ func (c *Client) Checkpoint(ctx context.Context) (*CheckpointInfo, error) {
 }
 
 // Items returns the metadata of up to limit items of table, in insertion
-// order, after the first offset.
+// order, after the first offset. A page whose reply would take more than
+// the service's limits.max_reply_bytes, or 64 MiB, fails with
+// ErrResourceExhausted: ask for fewer.
 func (c *Client) Items(ctx context.Context, table string, offset int64, limit int32) (*ItemList, error) {
 	return c.items(ctx, &wire.ItemsRequest{Table: table, Offset: offset, Limit: limit})
 }
 
 // Get returns the metadata of the items of table with the given keys, in
-// the order asked, skipping keys the table does not hold.
+// the order asked, skipping keys the table does not hold. Its reply is
+// bounded as Items'.
 func (c *Client) Get(ctx context.Context, table string, keys ...uint64) (*ItemList, error) {
 	if len(keys) == 0 {
 		return nil, fmt.Errorf("%w: Get needs at least one key", ErrInvalidMessage)

@@ -924,17 +924,30 @@ func (t *Table) List(offset, limit int) []Item {
 	if limit < 1 {
 		return nil
 	}
+	var out []Item
+	t.Range(offset, func(it Item) bool {
+		out = append(out, it)
+		return len(out) < limit
+	})
+	return out
+}
+
+// Range calls f with the items in insertion order, skipping the first
+// offset, until f returns false: a caller can stop at a budget of its own
+// having built no more. f runs under the table's lock, so it must not call
+// the table, and holds back its inserts and samples while it runs.
+func (t *Table) Range(offset int, f func(Item) bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.head
 	for i := 0; i < offset && e != nil; i++ {
 		e = t.linked(e.next)
 	}
-	var out []Item
-	for ; e != nil && len(out) < limit; e = t.linked(e.next) {
-		out = append(out, e.item())
+	for ; e != nil; e = t.linked(e.next) {
+		if !f(e.item()) {
+			return
+		}
 	}
-	return out
 }
 
 func (e *entry) item() Item {

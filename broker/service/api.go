@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -467,6 +468,16 @@ func (s *Service) handleCheckpoint(ctx context.Context, r micro.Request) {
 // maxListItems bounds one page of ItemsRequest.
 const maxListItems = 10_000
 
+// maxItemsReplyBytes bounds an items reply, below limits.max_reply_bytes.
+// Its items' slices are bounded only by limits.max_slices_per_item each,
+// and keys may repeat: without it, one request of 10,000 keys could make
+// the service build gigabytes.
+const maxItemsReplyBytes = 64 << 20
+
+// itemsGroup is how many keys an items request looks up at a time, so
+// that it stops at maxItemsReplyBytes having built little more.
+const itemsGroup = 64
+
 // handleItems lists item metadata: the keys asked for, or a page.
 func (s *Service) handleItems(r micro.Request) {
 	var req wire.ItemsRequest
@@ -483,16 +494,35 @@ func (s *Service) handleItems(r micro.Request) {
 		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("items request: at most %d keys, limit in [0, %d], offset >= 0", maxListItems, maxListItems))
 		return
 	}
-	var items []tables.Item
-	if len(req.Keys) > 0 {
-		items = t.Get(req.Keys...)
-	} else {
-		items = t.List(int(req.Offset), int(req.Limit))
-	}
-	resp := &wire.ItemsResponse{Status: &wire.Status{}, TableSize: t.Size(), Items: make([]*wire.ItemInfo, len(items))}
-	for i, it := range items {
-		resp.Items[i] = &wire.ItemInfo{Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
+	resp := &wire.ItemsResponse{Status: &wire.Status{}, TableSize: t.Size()}
+	size, most := 0, min(maxItemsReplyBytes, int(s.o.limits.MaxReplyBytes))
+	add := func(it tables.Item) bool {
+		info := &wire.ItemInfo{Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
 			InsertedAtUnixNano: it.InsertedAt.UnixNano(), Columns: wire.FromTableColumns(it.Trajectory), PolicyVersion: it.PolicyVersion}
+		if size += proto.Size(info); size > most {
+			return false
+		}
+		resp.Items = append(resp.Items, info)
+		return true
+	}
+	fits := true
+	if len(req.Keys) > 0 {
+		for keys := req.Keys; len(keys) > 0 && fits; keys = keys[min(len(keys), itemsGroup):] {
+			for _, it := range t.Get(keys[:min(len(keys), itemsGroup)]...) {
+				if fits = add(it); !fits {
+					break
+				}
+			}
+		}
+	} else if req.Limit > 0 {
+		t.Range(int(min(req.Offset, math.MaxInt32)), func(it tables.Item) bool {
+			fits = add(it)
+			return fits && len(resp.Items) < int(req.Limit)
+		})
+	}
+	if !fits {
+		s.respondStatus(r, protocol.CodeResourceExhausted, fmt.Sprintf("table %q: the items asked for take more than %d bytes to describe, past the first %d of them: ask for fewer", req.Table, most, len(resp.Items)))
+		return
 	}
 	data, _ := proto.Marshal(resp)
 	s.respondParts(r, data)

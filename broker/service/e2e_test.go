@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -761,6 +762,52 @@ func TestItems(t *testing.T) {
 	}
 	if _, err := c.Items(ctx, "t", 0, 1_000_000); !errors.Is(err, protocol.ErrInvalidMessage) {
 		t.Fatalf("oversized page: %v, want protocol.ErrInvalidMessage", err)
+	}
+}
+
+// TestItemsReplyBounded: an items request whose reply would take more than
+// limits.max_reply_bytes is refused, by keys (one long item asked for
+// 10,000 times, 150 MB of reply) and by page (15 MB), having built little;
+// a smaller one of the same items is served. The service used to build and
+// send it all.
+func TestItemsReplyBounded(t *testing.T) {
+	limits := DefaultLimits()
+	limits.MaxItemBytes, limits.MaxReplyBytes = 1<<20, 4<<20
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10_000)}, deployOptions{service: []Option{WithLimits(limits)}})
+	ctx := testutil.Context(t)
+	const steps = 1024
+	p := d.producer(broker.WithChunkLength(1), broker.WithHistory(steps))
+	for i := range int64(steps) {
+		if err := p.Append(ctx, broker.Step{"id": broker.Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 1024 items of 1024 slices each: about 15 kB apiece to describe.
+	for range steps {
+		if err := p.CreateItem(ctx, "t", 1, broker.Last(steps, "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := d.client()
+	first, err := c.Items(ctx, "t", 0, 100)
+	if err != nil || len(first.Items) != 100 || len(first.Items[0].Trajectory[0].Slices) != steps {
+		t.Fatalf("a page of 100: %v, %v", first, err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err = c.Get(ctx, "t", slices.Repeat([]uint64{first.Items[0].Key}, maxListItems)...)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, protocol.ErrResourceExhausted) || !strings.Contains(err.Error(), "ask for fewer") {
+		t.Fatalf("10,000 keys of a long item: %v, want ErrResourceExhausted", err)
+	}
+	if built := after.TotalAlloc - before.TotalAlloc; built > 64<<20 {
+		t.Errorf("refusing it allocated %d MiB", built>>20)
+	}
+	if _, err := c.Items(ctx, "t", 0, maxListItems); !errors.Is(err, protocol.ErrResourceExhausted) {
+		t.Fatalf("a page of every long item: %v, want ErrResourceExhausted", err)
 	}
 }
 

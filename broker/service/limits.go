@@ -31,7 +31,8 @@ type Limits struct {
 	// request for more items than fit at the size of the largest item the
 	// table took since its last reset (held or not) is refused before
 	// anything is sampled. At least MaxItemBytes, so that any item can be
-	// sampled.
+	// sampled. It also bounds an items reply's bytes, which never take
+	// more than 64 MiB.
 	MaxReplyBytes int64
 	// MaxMutationOps bounds the priority updates and deletes of one
 	// mutation message.
