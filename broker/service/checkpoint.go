@@ -58,11 +58,23 @@ type RecoveryResult struct {
 	// Skipped lists checkpoints that could not be used, with the reason.
 	Skipped  []string
 	Duration time.Duration
-	// kept are the skipped checkpoints not found damaged, with the reason:
-	// a cause outside them (the store, the tables' config) may have failed
-	// them, and the stream may no longer hold what they cover.
-	kept []string
+	// kept are the skipped checkpoints not found damaged: a cause outside
+	// them (the store, the tables' config) may have failed them, and the
+	// stream may no longer hold what they cover.
+	kept []keptCheckpoint
 }
+
+// keptCheckpoint is a checkpoint recovery skipped but did not delete.
+type keptCheckpoint struct {
+	applied uint64 // the last stream sequence it holds
+	why     string // its name and the error that skipped it
+}
+
+// checkpointLoadPatience is how long recovery waits for one checkpoint
+// that the store does not give in time before it skips it: a bucket
+// elects its leader in seconds, and an object whose parts are gone times
+// out whenever it is read. A variable, so that tests wait less.
+var checkpointLoadPatience = 2 * time.Minute
 
 // captured is the state copied on the apply goroutine. It is immutable, so
 // encoding and writing it can happen anywhere.
@@ -522,9 +534,13 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 		// is waited for: the checkpoint is fine, and the stream may hold
 		// nothing older.
 		var cp *wire.Checkpoint
+		began := time.Now()
 		err := retryJS(ctx, s.log, "checkpoint "+name, func(ctx context.Context) error {
 			var err error
-			cp, err = s.loadCheckpoint(ctx, name)
+			if cp, err = s.loadCheckpoint(ctx, name); err != nil && time.Since(began) >= checkpointLoadPatience {
+				// Not wrapped, so that retryJS takes it as final.
+				return fmt.Errorf("no answer in %v: %v", checkpointLoadPatience, err)
+			}
 			return err
 		})
 		if err == nil {
@@ -542,8 +558,8 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 				if err := s.o.checkpoints.Delete(ctx, name); err != nil {
 					s.log.Warn("reprise service: deleting damaged checkpoint", "name", name, "error", err)
 				}
-			} else {
-				res.kept = append(res.kept, res.Skipped[len(res.Skipped)-1])
+			} else if _, applied, ok := parseCheckpointName(name); ok {
+				res.kept = append(res.kept, keptCheckpoint{applied: applied, why: res.Skipped[len(res.Skipped)-1]})
 			}
 			continue
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -280,6 +281,27 @@ func TestRecoveryWaitsForCheckpointStore(t *testing.T) {
 	testutil.WaitUntil(t, "the tail is replayed", func() bool { return tb.Size() == 110 })
 }
 
+// TestStopWhileRecoveryWaits: a service stopped while it waits for its
+// checkpoint store at start returns nil, as after any shutdown through its
+// context. It returned "recovery: context canceled".
+func TestStopWhileRecoveryWaits(t *testing.T) {
+	d, fc, cfgs := trimmedDeployment(t)
+	slow := &failingLoads{FileCheckpoints: fc, err: nats.ErrTimeout}
+	slow.fails.Store(math.MaxInt32)
+	svc, err := New(d.connect(), cfgs, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithCheckpoints(slow))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(testutil.Context(t))
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	testutil.WaitUntil(t, "recovery tries the checkpoint again", func() bool { return slow.fails.Load() < math.MaxInt32-1 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run after a shutdown during recovery: %v, want nil", err)
+	}
+}
+
 // TestRecoveryRefusesToLoseTrimmedMessages: a checkpoint that cannot be
 // loaded for a cause outside it stops the start where the stream no longer
 // holds what it covers, and is kept; once the cause is gone, the next start
@@ -308,6 +330,95 @@ func TestRecoveryRefusesToLoseTrimmedMessages(t *testing.T) {
 	svc2, _ := d.startService(cfgs, WithCheckpoints(fc))
 	tb, _ := svc2.Table("uniform")
 	testutil.WaitUntil(t, "the tail is replayed", func() bool { return tb.Size() == 110 })
+}
+
+// oneFails is a checkpoint store whose loads of one checkpoint fail.
+type oneFails struct {
+	*FileCheckpoints
+	name string
+	err  error
+}
+
+func (f *oneFails) Load(ctx context.Context, name string) (io.ReadCloser, error) {
+	if name == f.name {
+		return nil, fmt.Errorf("loading checkpoint %s: %w", name, f.err)
+	}
+	return f.FileCheckpoints.Load(ctx, name)
+}
+
+// TestRecoveryStartsPastKeptCheckpointsBelowTheGap: a checkpoint that
+// fails to load, and holds nothing the stream lacks, does not stop the
+// start. Here it sorts first (a newer epoch) but applied less than the one
+// recovery falls back to, and the stream lost messages after both.
+func TestRecoveryStartsPastKeptCheckpointsBelowTheGap(t *testing.T) {
+	d, fc, cfgs := trimmedDeployment(t)
+	ctx := testutil.Context(t)
+	names, err := fc.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := names[len(names)-1]
+	_, applied, _ := parseCheckpointName(good)
+	r, err := fc.Load(ctx, good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := io.ReadAll(r)
+	r.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	low := checkpointName(1, applied-1)
+	if err := fc.Save(ctx, low, bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(d.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, d.svc.subj.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSequence(applied+2)); err != nil {
+		t.Fatal(err)
+	}
+	var rep RecoveryResult
+	svc, _ := d.startService(cfgs, WithCheckpoints(&oneFails{FileCheckpoints: fc, name: low, err: os.ErrPermission}),
+		WithRecoveryReport(func(r RecoveryResult) { rep = r }))
+	if rep.Checkpoint != good || len(rep.Skipped) != 1 {
+		t.Fatalf("recovery %+v, want %s after skipping %s", rep, good, low)
+	}
+	if tb, _ := svc.Table("uniform"); tb.Size() < 100 {
+		t.Fatalf("%d items, want the checkpoint's 100 at least", tb.Size())
+	}
+}
+
+// TestRecoveryGivesUpOnCheckpointThatNeverLoads: a checkpoint whose load
+// times out every time (an object whose parts are gone) is skipped once
+// checkpointLoadPatience has passed, for the previous one, which the stream
+// still covers: every item comes back. Recovery used to wait on it forever.
+func TestRecoveryGivesUpOnCheckpointThatNeverLoads(t *testing.T) {
+	patience := checkpointLoadPatience
+	checkpointLoadPatience = 300 * time.Millisecond
+	t.Cleanup(func() { checkpointLoadPatience = patience })
+	d, fc, cfgs := trimmedDeployment(t)
+	ctx := testutil.Context(t)
+	svc, stop := d.startService(cfgs, WithCheckpoints(fc), WithoutFinalCheckpoint())
+	fill(t, d.producer(), 200, 5, "uniform")
+	newest, err := svc.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	var rep RecoveryResult
+	svc2, _ := d.startService(cfgs, WithCheckpoints(&oneFails{FileCheckpoints: fc, name: newest.Name, err: nats.ErrTimeout}),
+		WithRecoveryReport(func(r RecoveryResult) { rep = r }))
+	if rep.Checkpoint == "" || rep.Checkpoint == newest.Name || len(rep.Skipped) != 1 {
+		t.Fatalf("recovery %+v, want the checkpoint before %s", rep, newest.Name)
+	}
+	tb, _ := svc2.Table("uniform")
+	testutil.WaitUntil(t, "the tail is replayed", func() bool { return tb.Size() == 115 })
 }
 
 // TestTrimmingBoundsStream: with a checkpoint after every batch of inserts,

@@ -536,13 +536,13 @@ func (s *Service) Run(parent context.Context) error {
 	defer lose(nil)
 	stream, err := ensureStream(ctx, s.js, s.subj, s.o.stream, s.log)
 	if err != nil {
-		return err
+		return stoppedOr(parent, err)
 	}
 	s.stream = stream
 	s.dupWindow = stream.CachedInfo().Config.Duplicates
 	kept, err := s.recoverAtStart(ctx)
 	if err != nil {
-		return err
+		return stoppedOr(parent, err)
 	}
 	start := s.progress.get() + 1
 	if err := s.checkStreamCovers(ctx, start, kept); err != nil {
@@ -617,10 +617,20 @@ func (s *Service) Run(parent context.Context) error {
 	return errors.Join(err, stopErr, cpErr)
 }
 
+// stoppedOr is err, or nil where it came of a shutdown through ctx: a
+// service stopped while it waits for JetStream at start has nothing to
+// report.
+func stoppedOr(ctx context.Context, err error) error {
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return nil
+	}
+	return err
+}
+
 // recoverAtStart loads the newest usable checkpoint and applies the
 // messages it had held back, then reports what it did. It returns the
 // checkpoints it skipped without finding them damaged (RecoveryResult.kept).
-func (s *Service) recoverAtStart(ctx context.Context) ([]string, error) {
+func (s *Service) recoverAtStart(ctx context.Context) ([]keptCheckpoint, error) {
 	if s.o.objectStore && s.o.checkpoints == nil {
 		var cs *ObjectStoreCheckpoints
 		err := retryJS(ctx, s.log, "the checkpoint bucket", func(ctx context.Context) error {
@@ -653,16 +663,21 @@ func (s *Service) recoverAtStart(ctx context.Context) ([]string, error) {
 // checkStreamCovers reports, loudly, messages recovery needs that the
 // stream no longer has: discarded by its limits, purged, or lost with a
 // stream that was recreated. Where a checkpoint that recovery skipped, but
-// kept, would have covered them, it refuses to start: serving would lose
-// them, and the checkpoints written next would trim the one that holds
-// them.
-func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []string) error {
+// kept, holds some of them, it refuses to start: serving would lose them,
+// and the checkpoints written next would trim the one that holds them.
+func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []keptCheckpoint) error {
 	info, err := s.stream.Info(ctx)
 	if err != nil {
 		s.log.Warn("reprise service: reading the stream's state", "error", err)
 		return nil
 	}
 	st := info.State
+	var holding []string // kept checkpoints with messages from start on
+	for _, k := range kept {
+		if k.applied >= start {
+			holding = append(holding, k.why)
+		}
+	}
 	switch {
 	case st.LastSeq+1 < start:
 		// Its sequence numbers start again below the checkpoint's: applying
@@ -671,9 +686,9 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []st
 		s.log.Error("reprise service: the stream ends before the checkpoint: it was deleted and recreated. The checkpoints hold everything applied up to their sequence; to serve from them and drop the new stream's messages, purge the new stream past the checkpoint's sequence; to start over from the new stream, move the checkpoints away",
 			"stream_last", st.LastSeq, "checkpoint_applied", start-1)
 		return fmt.Errorf("%w: %s ends at sequence %d, before the checkpoint's %d", protocol.ErrStreamLost, s.subj.Stream(), st.LastSeq, start-1)
-	case st.FirstSeq > start && len(kept) > 0:
+	case st.FirstSeq > start && len(holding) > 0:
 		return fmt.Errorf("%w: the stream holds messages from sequence %d on, and recovery needs them from %d: they are in a checkpoint it could not load (%s); remove its cause and start again, or move that checkpoint away to start without what only it holds",
-			protocol.ErrStreamLost, st.FirstSeq, start, strings.Join(kept, "; "))
+			protocol.ErrStreamLost, st.FirstSeq, start, strings.Join(holding, "; "))
 	case st.Msgs > 0 && st.FirstSeq > start:
 		s.log.Error("reprise service: the stream no longer holds messages recovery needs (stream limits, or a purge); they are lost",
 			"missing_from", start, "missing_to", st.FirstSeq-1)
