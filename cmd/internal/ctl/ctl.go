@@ -199,19 +199,28 @@ func (t *target) explain(ctx context.Context, err error) error {
 		return fmt.Errorf("the NATS server refused this user: %w (its role does not allow it; reprisectl permissions shows what each role may do)", cause)
 	}
 	// A service that answered with a failure is there: the advice to
-	// start one below would send the operator after the wrong cause.
+	// start one below would send the operator after the wrong cause. A
+	// shard that did not answer still gets it, whatever the others said.
 	var answered *broker.StatusError
 	switch {
 	case errors.Is(err, broker.ErrUnknownTable):
 		return fmt.Errorf("%w (reprisectl info lists the tables)", err)
+	case errors.Is(err, context.DeadlineExceeded) && len(t.shards) > 1:
+		return t.noShard(err)
 	case errors.As(err, &answered):
 		return fmt.Errorf("the table service on prefix %q answered: %w", t.prefix, err)
-	case (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, broker.ErrServer)) && len(t.shards) > 1:
-		return fmt.Errorf("a shard's table service did not answer (prefixes %q at %s): %w\nStart one per shard with: go run ./cmd/reprised --nats URL --prefix PREFIX --shard INDEX/COUNT (or check --nats and --prefix)", t.shards, t.conn.URL, err)
+	case errors.Is(err, broker.ErrServer) && len(t.shards) > 1:
+		return t.noShard(err)
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, broker.ErrServer):
 		return fmt.Errorf("no table service answered on prefix %q at %s: %w\nStart one with: go run ./cmd/reprised (or check --nats and --prefix)", t.prefix, t.conn.URL, err)
 	}
 	return err
+}
+
+// noShard says that a shard's table service did not answer, and how to
+// start one.
+func (t *target) noShard(err error) error {
+	return fmt.Errorf("a shard's table service did not answer (prefixes %q at %s): %w\nStart one per shard with: go run ./cmd/reprised --nats URL --prefix PREFIX --shard INDEX/COUNT (or check --nats and --prefix)", t.shards, t.conn.URL, err)
 }
 
 // newFlagSet makes a command's flag set with help that starts with what
