@@ -12,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -170,6 +171,34 @@ func readSeed(path string) (nkeys.KeyPair, string, error) {
 	return kp, pub, nil
 }
 
+// Redact returns urls, a comma-separated list of NATS server URLs, fit to
+// print: a password in one, or a token (a user name alone), is replaced by
+// "xxxxx". A URL that does not parse is replaced whole, since nothing says
+// where its secret would be.
+func Redact(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, part := range parts {
+		u, err := url.Parse(strings.TrimSpace(part))
+		switch {
+		case err != nil && strings.Contains(part, "@"):
+			parts[i] = "(a URL that does not parse)"
+		case err != nil || u.User == nil:
+		case hasPassword(u.User):
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			parts[i] = u.String()
+		default:
+			u.User = url.User("xxxxx")
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+func hasPassword(u *url.Userinfo) bool {
+	_, ok := u.Password()
+	return ok
+}
+
 // Connect connects to c.URL, with an error that says what to check.
 func (c Config) Connect(name string, extra ...nats.Option) (*nats.Conn, error) {
 	opts, err := c.Options(name)
@@ -187,7 +216,7 @@ func (c Config) Connect(name string, extra ...nats.Option) (*nats.Conn, error) {
 		case errors.Is(err, nats.ErrNoServers) && c.URL == DefaultURL:
 			hint = "start one with: go run ./cmd/reprised"
 		}
-		return nil, fmt.Errorf("connecting to NATS at %s: %w (%s)", c.URL, err, hint)
+		return nil, fmt.Errorf("connecting to NATS at %s: %w (%s)", Redact(c.URL), err, hint)
 	}
 	return nc, nil
 }

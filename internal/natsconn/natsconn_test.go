@@ -176,3 +176,18 @@ func TestRegisterAuth(t *testing.T) {
 		t.Errorf("parsed %+v, want %+v", c, want)
 	}
 }
+
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://127.0.0.1:4222":                        "nats://127.0.0.1:4222",
+		"nats://svc:S3cret@10.0.0.1:4222":              "nats://svc:xxxxx@10.0.0.1:4222",
+		"nats://T0ken@10.0.0.1:4222":                   "nats://xxxxx@10.0.0.1:4222",
+		"nats://a:1@h1:4222,nats://h2:4222,tls://k@h3": "nats://a:xxxxx@h1:4222,nats://h2:4222,tls://xxxxx@h3",
+		"127.0.0.1:4222":                               "127.0.0.1:4222",
+		"nats://a:b c@h%zz":                            "(a URL that does not parse)",
+	} {
+		if got := Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nkeys"
@@ -152,8 +153,16 @@ func (u User) Check() error {
 	case u.Nkey != "" && (u.Name != "" || u.Password != ""):
 		return errors.New("give an nkey, or a name and a password, not both")
 	case u.Nkey != "":
-		if !nkeys.IsValidPublicUserKey(u.Nkey) {
+		switch {
+		case nkeys.IsValidPublicUserKey(u.Nkey):
+		case strings.HasPrefix(u.Nkey, "S"):
+			// Not printed: it is a seed, or looks like one, and a seed is
+			// the secret.
+			return errors.New("this is an nkey seed, the secret that stays with the client: give its public key (it starts with U; nk -inkey SEEDFILE -pubout prints it)")
+		case strings.HasPrefix(u.Nkey, "U"):
 			return fmt.Errorf("%q is not the public key of a user nkey (it starts with U; the seed, SU..., stays with the client)", u.Nkey)
+		default:
+			return errors.New("not the public key of a user nkey (it starts with U; the seed, SU..., stays with the client)")
 		}
 	case u.Name == "":
 		return errors.New("give a name and a password, or an nkey")

@@ -31,20 +31,23 @@ func Parse(name string, data []byte) (Config, error) {
 	p := &parser{file: name}
 	cfg := Default()
 	var tablesNode *yaml.Node
-	var serverKeys map[string]*yaml.Node
+	var serverKeys, streamKeys map[string]*yaml.Node
 	var usersNode *yaml.Node
 	p.mapping(root, "", []field{
 		{"server", func(n *yaml.Node, key string) {
 			serverKeys = p.mapping(n, key, append(serverFields(p, &cfg.Server), field{"users", p.node(&usersNode)}))
 		}},
 		{"log", func(n *yaml.Node, key string) { p.mapping(n, key, logFields(p, &cfg.Log)) }},
-		{"stream", func(n *yaml.Node, key string) { p.mapping(n, key, streamFields(p, &cfg)) }},
+		{"stream", func(n *yaml.Node, key string) { streamKeys = p.mapping(n, key, streamFields(p, &cfg)) }},
 		{"service", func(n *yaml.Node, key string) { p.mapping(n, key, serviceFields(p, &cfg.Service)) }},
 		{"checkpoint", func(n *yaml.Node, key string) { p.mapping(n, key, checkpointFields(p, &cfg.Checkpoint)) }},
 		{"limits", func(n *yaml.Node, key string) { p.mapping(n, key, limitsFields(p, &cfg.Limits)) }},
 		{"tables", p.node(&tablesNode)},
 	})
 	p.checkServer(cfg.Server, serverKeys)
+	if n := streamKeys["replicas"]; n != nil && cfg.Stream.Replicas > 1 && cfg.Server.Embedded() {
+		p.failf(n, "stream.replicas", "the embedded server is one node, which keeps one copy: set 1, or server.nats to a cluster")
+	}
 	if usersNode != nil {
 		cfg.Users = p.userList(usersNode, "server.users")
 	}
@@ -178,6 +181,10 @@ func (p *parser) checkServer(s Server, keys map[string]*yaml.Node) {
 			p.failf(n, "server."+k, "configures the connection to an external server: set server.nats too, or remove it")
 		}
 	}
+	if n := keys["nats_wait"]; n != nil && s.Embedded() && s.NATSWait != 0 {
+		p.failf(n, "server.nats_wait", "waits for an external server: set server.nats too, or remove it")
+	}
+	p.checkAuth(s, keys)
 	if (s.TLSCert == "") != (s.TLSKey == "") {
 		n := keys["tls_cert"]
 		if n == nil {
@@ -197,6 +204,36 @@ func (p *parser) checkServer(s Server, keys map[string]*yaml.Node) {
 	}
 	if n := keys["listen_tls_verify"]; n != nil && s.ListenTLSVerify && s.ListenTLSCert == "" {
 		p.failf(n, "server.listen_tls_verify", "verifying client certificates needs TLS: set listen_tls_cert and listen_tls_key")
+	}
+}
+
+// checkAuth reports the connection settings natsconn.Config.Check would
+// refuse, by their keys here, so that an error names the line to fix. A
+// user without a password may get it from $NATS_PASSWORD.
+func (p *parser) checkAuth(s Server, keys map[string]*yaml.Node) {
+	if s.Embedded() {
+		return
+	}
+	if n := keys["password"]; n != nil && s.User == "" {
+		p.failf(n, "server.password", "a password needs server.user")
+	}
+	var ways []string
+	for _, k := range []string{"user", "nkey", "creds"} {
+		if keys[k] == nil {
+			continue
+		}
+		if ways = append(ways, "server."+k); len(ways) == 2 {
+			p.failf(keys[k], "server."+k, "%s and %s are different ways to authenticate: give one", ways[0], ways[1])
+		}
+	}
+	if n := keys["inbox_prefix"]; n != nil {
+		if strings.ContainsAny(s.InboxPrefix, "*> \t") || strings.HasPrefix(s.InboxPrefix, ".") || strings.HasSuffix(s.InboxPrefix, ".") {
+			p.failf(n, "server.inbox_prefix", "want a subject without wildcards or spaces, not starting or ending in a dot")
+		}
+	} else if n := keys["user"]; n != nil {
+		if err := broker.CheckUser(s.User); err != nil {
+			p.failf(n, "server.user", "%v (or set server.inbox_prefix)", err)
+		}
 	}
 }
 

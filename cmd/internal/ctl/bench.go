@@ -18,6 +18,7 @@ import (
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
 	"github.com/reprise-rl/reprise/internal/load"
+	"github.com/reprise-rl/reprise/internal/natsconn"
 )
 
 const benchAbout = `Loads a table the way actors and learners do, in the spirit of the Reverb
@@ -332,7 +333,7 @@ type opReport struct {
 
 func (o benchOptions) report(r load.BenchResult) benchReport {
 	rep := benchReport{
-		Mode: o.mode, URL: o.conn.URL, Prefix: o.prefix, Shards: len(o.shards), Sharded: o.sharded, Table: o.table, Clients: o.clients,
+		Mode: o.mode, URL: natsconn.Redact(o.conn.URL), Prefix: o.prefix, Shards: len(o.shards), Sharded: o.sharded, Table: o.table, Clients: o.clients,
 		Batch: o.batch, Learners: o.learners, SampleBatch: o.sampleBatch, InFlight: o.inFlight, Compression: o.compression,
 		WarmupSec: o.warmup.Seconds(), DurationSec: r.Total.Seconds,
 		Items: r.Total.Items, ItemsPerSec: r.Total.ItemsPerSec, BytesPerSec: r.Total.BytesPerSec, Latency: r.Total.Latency,

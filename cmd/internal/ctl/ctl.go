@@ -212,7 +212,7 @@ func (t *target) explain(ctx context.Context, err error) error {
 	case errors.Is(err, broker.ErrServer) && len(t.shards) > 1:
 		return t.noShard(err)
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, broker.ErrServer):
-		return fmt.Errorf("no table service answered on prefix %q at %s: %w\nStart one with: go run ./cmd/reprised (or check --nats and --prefix)", t.prefix, t.conn.URL, err)
+		return fmt.Errorf("no table service answered on prefix %q at %s: %w\nStart one with: go run ./cmd/reprised (or check --nats and --prefix)", t.prefix, natsconn.Redact(t.conn.URL), err)
 	}
 	return err
 }
@@ -220,7 +220,7 @@ func (t *target) explain(ctx context.Context, err error) error {
 // noShard says that a shard's table service did not answer, and how to
 // start one.
 func (t *target) noShard(err error) error {
-	return fmt.Errorf("a shard's table service did not answer (prefixes %q at %s): %w\nStart one per shard with: go run ./cmd/reprised --nats URL --prefix PREFIX --shard INDEX/COUNT (or check --nats and --prefix)", t.shards, t.conn.URL, err)
+	return fmt.Errorf("a shard's table service did not answer (prefixes %q at %s): %w\nStart one per shard with: go run ./cmd/reprised --nats URL --prefix PREFIX --shard INDEX/COUNT (or check --nats and --prefix)", t.shards, natsconn.Redact(t.conn.URL), err)
 }
 
 // newFlagSet makes a command's flag set with help that starts with what

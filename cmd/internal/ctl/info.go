@@ -13,6 +13,7 @@ import (
 
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
+	"github.com/reprise-rl/reprise/internal/natsconn"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -110,7 +111,7 @@ func runInfo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return t.explain(rctx, err)
 	}
-	return writeInfo(stdout, newInfoReport(t.conn.URL, t.prefix, resp), asJSON)
+	return writeInfo(stdout, newInfoReport(natsconn.Redact(t.conn.URL), t.prefix, resp), asJSON)
 }
 
 func writeInfo(w io.Writer, rep infoReport, asJSON bool) error {
@@ -139,9 +140,9 @@ func shardedInfoReport(ctx context.Context, t *target, table string) (infoReport
 	if err != nil {
 		return infoReport{}, t.explain(rctx, err)
 	}
-	rep := newInfoReport(t.conn.URL, strings.Join(t.shards, ","), &info.Info)
+	rep := newInfoReport(natsconn.Redact(t.conn.URL), strings.Join(t.shards, ","), &info.Info)
 	for i, s := range info.Shards {
-		rep.Shards = append(rep.Shards, newInfoReport(t.conn.URL, t.shards[i], s))
+		rep.Shards = append(rep.Shards, newInfoReport(natsconn.Redact(t.conn.URL), t.shards[i], s))
 	}
 	return rep, nil
 }

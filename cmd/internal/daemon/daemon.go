@@ -106,19 +106,27 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	}
 	def := config.Default()
 	var (
-		file  string
-		conn  natsconn.Config
-		s     = def.Server
-		lg    = def.Log
-		users []config.User
+		file string
+		conn natsconn.Config
+		s    = def.Server
+		lg   = def.Log
 	)
 	fs.StringVar(&file, "config", "", "YAML configuration `file` with the tables and settings (see reprise.example.yaml)")
 	fs.StringVar(&conn.URL, "nats", "", "`URL` of an external NATS server with JetStream (comma-separated for a cluster); without it reprised starts an embedded server")
 	natsWait := fs.Duration("nats-wait", 0, "how long to wait at startup for the external NATS server and its JetStream (`duration`; 0 waits until stopped)")
 	conn.RegisterAuth(fs)
 	fs.Func("listen", "`HOST:PORT` where the embedded server accepts clients (port -1: any free port; beyond loopback it needs users, --listen-tls-verify or --allow-unauthenticated) (default "+config.DefaultListen+")", checked(&s.Listen, config.CheckListen))
-	fs.Func("embedded-user", "let `ROLE:NAME:PASSWORD` connect to the embedded server (role actor, learner, admin or service; the password plain or bcrypt-hashed); repeat for more users; replaces the config file's users", embeddedUser(&users, false))
-	fs.Func("embedded-nkey", "let the nkey `ROLE:PUBLIC_KEY` connect to the embedded server; repeatable, with --embedded-user too", embeddedUser(&users, true))
+	// Checked once parsed, not by the flag package, which would print the
+	// value, password and all, with its error.
+	var userArgs []userArg
+	fs.Func("embedded-user", "let `ROLE:NAME:PASSWORD` connect to the embedded server (role actor, learner, admin or service; the password plain or bcrypt-hashed); repeat for more users; replaces the config file's users", func(v string) error {
+		userArgs = append(userArgs, userArg{v, false})
+		return nil
+	})
+	fs.Func("embedded-nkey", "let the nkey `ROLE:PUBLIC_KEY` connect to the embedded server; repeatable, with --embedded-user too", func(v string) error {
+		userArgs = append(userArgs, userArg{v, true})
+		return nil
+	})
 	fs.StringVar(&s.ListenTLSCert, "listen-tls-cert", "", "certificate `file` of the embedded server: clients connect over TLS (with --listen-tls-key)")
 	fs.StringVar(&s.ListenTLSKey, "listen-tls-key", "", "private key `file` of --listen-tls-cert")
 	fs.StringVar(&s.ListenTLSCA, "listen-tls-ca", "", "CA certificate `file` that clients' certificates must be signed by (with --listen-tls-verify)")
@@ -150,6 +158,10 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	if fs.NArg() > 0 {
 		return config.Config{}, cli.Usagef("unexpected argument %q: reprised takes only flags (see --help)", fs.Arg(0))
 	}
+	users, err := embeddedUsers(userArgs)
+	if err != nil {
+		return config.Config{}, err
+	}
 	set := make(map[string]bool)
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
@@ -171,6 +183,11 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 			return config.Config{}, cli.Usagef("--nats-wait %v is negative: give a duration such as 1m, or 0 to wait until stopped", *natsWait)
 		}
 		cfg.Server.NATSWait = *natsWait
+	}
+	if set["user"] || set["nkey"] || set["creds"] {
+		// A way to authenticate given by flag replaces the file's, which
+		// would otherwise be a second one.
+		cfg.Server.User, cfg.Server.Password, cfg.Server.Nkey, cfg.Server.Creds = "", "", "", ""
 	}
 	override("creds", &cfg.Server.Creds, conn.Creds)
 	override("tls-ca", &cfg.Server.TLSCA, conn.TLSCA)
@@ -218,16 +235,20 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 
 	for _, name := range []string{"listen", "store", "max-payload", "sync-always", "embedded-user", "embedded-nkey", "listen-tls-cert", "listen-tls-key", "listen-tls-ca", "listen-tls-verify", "allow-unauthenticated"} {
 		if set[name] && !cfg.Server.Embedded() {
-			return config.Config{}, cli.Usagef("--%s configures the embedded server, but NATS is external (%s): drop --%s", name, cfg.Server.NATS, name)
+			return config.Config{}, cli.Usagef("--%s configures the embedded server, but NATS is external (%s): drop --%s", name, natsconn.Redact(cfg.Server.NATS), name)
 		}
 	}
-	for _, name := range []string{"creds", "tls-ca", "tls-cert", "tls-key", "user", "password", "nkey", "inbox-prefix"} {
-		if set[name] && cfg.Server.Embedded() {
+	for _, name := range []string{"nats-wait", "creds", "tls-ca", "tls-cert", "tls-key", "user", "password", "nkey", "inbox-prefix"} {
+		if set[name] && cfg.Server.Embedded() && (name != "nats-wait" || *natsWait != 0) {
 			return config.Config{}, cli.Usagef("--%s is for connecting to an external server: add --nats URL", name)
 		}
 	}
 	if cfg.Server.Store == "" {
 		return config.Config{}, cli.Usagef("--store is empty: give a directory such as ./reprise-data")
+	}
+	if cfg.Server.Embedded() && cfg.Stream.Replicas > 1 {
+		// The file's check cannot see --nats "".
+		return config.Config{}, cli.Usagef("stream.replicas is %d, but the embedded server is one node, which keeps one copy: set 1, or --nats URL of a cluster", cfg.Stream.Replicas)
 	}
 	if cfg.Server.Embedded() {
 		// Settings for an external server that a file set and --nats ""
@@ -249,32 +270,43 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	return cfg, nil
 }
 
-// embeddedUser parses --embedded-user ROLE:NAME:PASSWORD, or with nkey
-// --embedded-nkey ROLE:PUBLIC_KEY, into users.
-func embeddedUser(users *[]config.User, nkey bool) func(string) error {
-	return func(v string) error {
+// userArg is one --embedded-user or --embedded-nkey value.
+type userArg struct {
+	value string
+	nkey  bool
+}
+
+// embeddedUsers parses --embedded-user ROLE:NAME:PASSWORD and
+// --embedded-nkey ROLE:PUBLIC_KEY values, in order. Its errors show a user
+// by role and name, never by password or key.
+func embeddedUsers(args []userArg) ([]config.User, error) {
+	var users []config.User
+	for _, a := range args {
 		var u config.User
-		if nkey {
-			role, key, _ := strings.Cut(v, ":")
+		flagName, shown := "--embedded-user", ""
+		if a.nkey {
+			role, key, _ := strings.Cut(a.value, ":")
 			u = config.User{Role: broker.Role(role), Nkey: key}
+			flagName, shown = "--embedded-nkey", role+":..."
 		} else {
-			parts := strings.SplitN(v, ":", 3)
+			parts := strings.SplitN(a.value, ":", 3)
 			for len(parts) < 3 {
 				parts = append(parts, "")
 			}
 			u = config.User{Role: broker.Role(parts[0]), Name: parts[1], Password: parts[2]}
+			shown = parts[0] + ":" + parts[1] + ":..."
 		}
 		if err := u.Check(); err != nil {
-			return err
+			return nil, cli.Usagef("%s %s: %v", flagName, shown, err)
 		}
-		for _, other := range *users {
+		for _, other := range users {
 			if other.ID() == u.ID() {
-				return fmt.Errorf("user %s given twice", u.ID())
+				return nil, cli.Usagef("%s %s: user %s given twice", flagName, shown, u.ID())
 			}
 		}
-		*users = append(*users, u)
-		return nil
+		users = append(users, u)
 	}
+	return users, nil
 }
 
 // checkListenTLS checks the embedded server's TLS settings, which flags
@@ -336,7 +368,7 @@ type daemon struct {
 	replies     []*nats.Conn
 	metrics     *http.Server
 	metricsDone chan struct{}
-	url         string
+	url         string // NATS's, with any password or token redacted
 }
 
 func (d *daemon) run(ctx context.Context) error {
@@ -437,7 +469,11 @@ func (d *daemon) connect(ctx context.Context) error {
 			return cli.Usagef("--listen %s reaches beyond this machine, and no client would need to authenticate: anyone who reaches the port could read, change and delete everything. Add users (--embedded-user, --embedded-nkey, or server.users in the config), or client certificates (--listen-tls-verify), or listen on 127.0.0.1; --allow-unauthenticated accepts the risk", s.Listen)
 		}
 		if err != nil {
-			return fmt.Errorf("starting the embedded NATS server on %s (store %s): %w (is another reprised or NATS server using the port? pick another with --listen)", s.Listen, s.Store, err)
+			hint := ""
+			if strings.Contains(err.Error(), "address already in use") {
+				hint = " (another reprised or NATS server uses the port: pick another with --listen)"
+			}
+			return fmt.Errorf("starting the embedded NATS server on %s (store %s): %w%s", s.Listen, s.Store, err, hint)
 		}
 		d.srv = srv
 		d.url = srv.ClientURL()
@@ -475,23 +511,26 @@ func (d *daemon) connect(ctx context.Context) error {
 			}),
 		)
 	}
-	err := d.waitFor(ctx, "the NATS server at "+s.NATS, func() (bool, error) {
+	// The URL as printed: it may hold a password or a token.
+	shown := natsconn.Redact(s.NATS)
+	err := d.waitFor(ctx, "the NATS server at "+shown, func() (bool, error) {
 		nc, err := dial("reprised")
 		d.nc = nc
-		// Refused credentials will not change by waiting.
-		return errors.Is(err, nats.ErrAuthorization), err
+		// Refused credentials will not change by waiting, nor will a seed
+		// file that holds no seed. One that is missing may be mounted late.
+		return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, natsconn.ErrInvalid), err
 	})
 	if err != nil {
 		return err
 	}
-	d.url = s.NATS
+	d.url = shown
 	if d.rc, err = dial("reprised requests"); err != nil {
-		return fmt.Errorf("connecting to the NATS server at %s: %w", s.NATS, err)
+		return fmt.Errorf("connecting to the NATS server at %s: %w", shown, err)
 	}
 	if err := d.dialReplies(dial); err != nil {
-		return fmt.Errorf("connecting to the NATS server at %s: %w", s.NATS, err)
+		return fmt.Errorf("connecting to the NATS server at %s: %w", shown, err)
 	}
-	return d.waitFor(ctx, "JetStream at "+s.NATS, func() (bool, error) { return checkJetStream(ctx, d.nc, s.NATS) })
+	return d.waitFor(ctx, "JetStream at "+shown, func() (bool, error) { return checkJetStream(ctx, d.nc, shown) })
 }
 
 // dialReplies opens the connections that carry sample replies beside the

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/service"
@@ -340,6 +341,16 @@ func TestPortInUse(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr.String(), "pick another with --listen") {
 		t.Errorf("exit status %d, stderr %q: want 1 and a hint about --listen", code, stderr.String())
 	}
+	// A store that is a file is not the port's fault.
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stderr.Reset()
+	code = Main(testCtx(t), []string{"--listen", "127.0.0.1:-1", "--store", file}, io.Discard, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "not a directory") || strings.Contains(stderr.String(), "--listen)") {
+		t.Errorf("store a file: exit status %d, stderr %q: want 1 and the store's reason alone", code, stderr.String())
+	}
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -370,7 +381,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--embedded-user", "actor:alice"}, `user "alice" has no password`},
 		{[]string{"--embedded-user", "actor:a.b:p"}, "without dots"},
 		{[]string{"--embedded-user", "actor:a:p", "--embedded-user", "admin:a:q"}, "user a given twice"},
-		{[]string{"--embedded-nkey", "learner:SUAB"}, "not the public key of a user nkey"},
+		{[]string{"--embedded-nkey", "learner:SUAB"}, "this is an nkey seed"},
+		{[]string{"--embedded-nkey", "learner:UXYZ"}, `"UXYZ" is not the public key of a user nkey`},
+		{[]string{"--nats-wait", "5s"}, "--nats-wait is for connecting to an external server"},
+		{[]string{"--nats", "nats://x:4222", "--user", "a", "--password", "p", "--nkey", "a.nk", "--creds", "c"}, "--nkey and --creds are different ways to authenticate"},
 		{[]string{"--listen-tls-cert", "c.pem"}, "--listen-tls-cert and --listen-tls-key go together"},
 		{[]string{"--listen-tls-cert", "c.pem", "--listen-tls-key", "k.pem", "--listen-tls-ca", "ca.pem"}, "add --listen-tls-verify"},
 		{[]string{"--listen-tls-verify"}, "--listen-tls-verify needs TLS"},
@@ -388,6 +402,107 @@ func TestUsageErrors(t *testing.T) {
 		if code := Main(testCtx(t), tt.args, io.Discard, &stderr); code != 2 {
 			t.Errorf("Main(%q) exit status %d, want 2", tt.args, code)
 		}
+	}
+}
+
+// TestSecretsNotPrinted: a password or an nkey seed given on the command
+// line, in a config file or in the --nats URL never reaches reprised's
+// output, whether it is refused or used. The flag package printed refused
+// --embedded-user values whole, a seed given for a public key was quoted,
+// and the URL's password was in the log and the ready banner.
+func TestSecretsNotPrinted(t *testing.T) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secret = "S3cretPW"
+	cfg := filepath.Join(t.TempDir(), "r.yaml")
+	if err := os.WriteFile(cfg, []byte("server:\n  users:\n    - {nkey: "+string(seed)+", role: learner}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"--embedded-user", "actr:alice:" + secret},
+		{"--embedded-user", "actor:bad name:" + secret},
+		{"--embedded-user", "actor:alice:x1", "--embedded-user", "actor:alice:" + secret},
+		{"--embedded-nkey", "learner:" + string(seed)},
+		{"--config", cfg},
+		{"--nats", "nats://svc:" + secret + "@127.0.0.1:1", "--nats-wait", "300ms"},
+		{"--nats", "nats://" + secret + "@127.0.0.1:1", "--nats-wait", "300ms"},
+	} {
+		var stderr bytes.Buffer
+		if code := Main(testCtx(t), args, io.Discard, &stderr); code == 0 {
+			t.Errorf("%q: exit status 0", args)
+		}
+		if out := stderr.String(); strings.Contains(out, secret) || strings.Contains(out, string(seed)) {
+			t.Errorf("%q: the secret is in its output:\n%s", args, out)
+		}
+	}
+	srv := natstest.Start(t, natstest.WithConfig(`authorization { users = [ {user: svc, password: `+secret+`} ] }`, nats.UserInfo("svc", secret)))
+	r := start(t, "--nats", strings.Replace(srv.URL(), "nats://", "nats://svc:"+secret+"@", 1))
+	r.stop()
+	if out := r.stdout.String() + r.stderr.String(); strings.Contains(out, secret) || !strings.Contains(out, "nats://svc:xxxxx@") {
+		t.Errorf("serving: the password is in the output, or the server is not named:\n%s", out)
+	}
+}
+
+// TestConnectionSettingsOfFile: the file's connection settings are checked
+// where they are, by key and line, and a way to authenticate given by flag
+// replaces the file's. They were reported as flags nobody gave, and a flag
+// added a second way.
+func TestConnectionSettingsOfFile(t *testing.T) {
+	dir := t.TempDir()
+	for key, text := range map[string]string{
+		"server.password":     "server:\n  nats: nats://127.0.0.1:1\n  password: pw\n",
+		"server.inbox_prefix": "server:\n  nats: nats://127.0.0.1:1\n  inbox_prefix: \"a.*\"\n",
+		"server.nkey":         "server:\n  nats: nats://127.0.0.1:1\n  user: svc\n  password: pw\n  nkey: s.nk\n",
+		"server.nats_wait":    "server:\n  nats_wait: 5s\n",
+		"stream.replicas":     "stream:\n  replicas: 3\n",
+	} {
+		cfg := filepath.Join(dir, strings.ReplaceAll(key, ".", "-")+".yaml")
+		if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var stderr bytes.Buffer
+		if code := Main(testCtx(t), []string{"--config", cfg}, io.Discard, &stderr); code != 1 || !strings.Contains(stderr.String(), cfg+":") || !strings.Contains(stderr.String(), key+":") {
+			t.Errorf("%s: exit status %d, %q: want the file, line and key", key, code, stderr.String())
+		}
+	}
+	// The file's way to authenticate gives way to --creds: what is left to
+	// fail is reading the credentials, not two ways at once.
+	cfg := filepath.Join(dir, "user.yaml")
+	if err := os.WriteFile(cfg, []byte("server:\n  nats: nats://127.0.0.1:1\n  user: svc\n  password: pw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := Run(testCtx(t), []string{"--config", cfg, "--creds", filepath.Join(dir, "missing.creds"), "--nats-wait", "200ms"}, io.Discard, io.Discard)
+	if err == nil || strings.Contains(err.Error(), "different ways to authenticate") {
+		t.Errorf("--creds over a file's user: %v", err)
+	}
+	// With --nats "" the embedded server would get the file's replicas.
+	ext := filepath.Join(dir, "ext.yaml")
+	if err := os.WriteFile(ext, []byte("server:\n  nats: nats://127.0.0.1:1\nstream:\n  replicas: 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Run(testCtx(t), []string{"--config", ext, "--nats", ""}, io.Discard, io.Discard); !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), "stream.replicas is 3") {
+		t.Errorf("replicas 3 on the embedded server: %v", err)
+	}
+}
+
+// TestBadSeedFileDoesNotWait: a --nkey file that holds no seed ends the
+// start at once, with the reason; reprised used to wait on it as if for
+// the server, until stopped, and then exit 0.
+func TestBadSeedFileDoesNotWait(t *testing.T) {
+	srv := natstest.Start(t)
+	bad := filepath.Join(t.TempDir(), "bad.nk")
+	if err := os.WriteFile(bad, []byte("garbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	if code := Main(testCtx(t), []string{"--nats", srv.URL(), "--nkey", bad}, io.Discard, &stderr); code != 1 || !strings.Contains(stderr.String(), "holds no user nkey seed") {
+		t.Errorf("exit status %d, %q: want 1 and the reason", code, stderr.String())
 	}
 }
 
