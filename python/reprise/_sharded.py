@@ -29,7 +29,7 @@ from ._info import CheckpointInfo, TableInfo
 from ._proto import reprise_pb2 as pb
 from ._sample import BatchInfo, ReplaySample, SampleBatch
 from ._writer import MAX_SHARDS, History, TrajectoryColumn, WriterOptions, with_message
-from .aio import AsyncTrajectoryWriter, Client, _deadline, _left, priority_arrays
+from .aio import AsyncTrajectoryWriter, Client, _deadline, _left, cancelled_by_close, priority_arrays
 
 T = TypeVar("T")
 
@@ -749,6 +749,8 @@ class AsyncShardedSampler:
         self._retry_for = retry_unavailable_for
         self._tasks: collections.deque[asyncio.Task[_Draw]] = collections.deque()
         self._closed = False
+        # The call __anext__ awaits, which aclose cancels too.
+        self._current: asyncio.Task[_Draw] | None = None
         # Since when batches have come short of a failing shard.
         self._short_since: float | None = None
 
@@ -767,10 +769,16 @@ class AsyncShardedSampler:
             if self._closed:
                 raise StopAsyncIteration
             self._fill()
-            task = self._tasks.popleft()
+            task = self._current = self._tasks.popleft()
             try:
                 batch = merge_batch(await task)
                 self._short_since = None
+            except asyncio.CancelledError:
+                if cancelled_by_close(self._closed):
+                    raise StopAsyncIteration from None
+                raise
+            except errors.ClosedError:
+                raise StopAsyncIteration from None  # the client closed
             except errors.RateLimitedError as e:
                 if e.partial is None or not len(e.partial):
                     if timeout is None:
@@ -795,6 +803,8 @@ class AsyncShardedSampler:
                 else:
                     await self.aclose()
                     raise StopAsyncIteration from None
+            finally:
+                self._current = None
             # Replaced before the caller trains on it, as in the sync sampler.
             self._fill()
             return batch
@@ -807,6 +817,8 @@ class AsyncShardedSampler:
         for t in self._tasks:
             t.cancel()
         self._tasks.clear()
+        if self._current is not None:
+            self._current.cancel()
 
     async def __aenter__(self) -> AsyncShardedSampler:
         return self

@@ -562,6 +562,8 @@ class AsyncSampler:
         self._retry_for = retry_unavailable_for
         self._tasks: collections.deque[asyncio.Task[bytes]] = collections.deque()
         self._closed = False
+        # The request next_raw awaits, which aclose cancels too.
+        self._current: asyncio.Task[bytes] | None = None
 
     def _issue(self) -> None:
         t, n, timeout, flexible = self._args
@@ -577,9 +579,15 @@ class AsyncSampler:
                 raise StopAsyncIteration
             while len(self._tasks) < self._prefetch:
                 self._issue()
-            task = self._tasks.popleft()
+            task = self._current = self._tasks.popleft()
             try:
                 data = await task
+            except asyncio.CancelledError:
+                if cancelled_by_close(self._closed):
+                    raise StopAsyncIteration from None
+                raise
+            except errors.ClosedError:
+                raise StopAsyncIteration from None  # the client closed
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
                 if isinstance(e, errors.DeadlineExceededError) and self._args[2] is not None:
                     await self.aclose()
@@ -591,6 +599,8 @@ class AsyncSampler:
                 await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, 1.0)
                 continue
+            finally:
+                self._current = None
             # A reply that lands after aclose is still handed out: its
             # items were drawn, and a queue would lose them.
             if not self._closed:
@@ -620,13 +630,15 @@ class AsyncSampler:
                 await asyncio.sleep(0.05)
 
     async def aclose(self) -> None:
-        """Cancels the requests in flight. The service drew their items,
-        which are lost: with a queue table use prefetch=1, which loses at
-        most one batch."""
+        """Cancels the requests in flight, the one another task awaits too
+        (its iteration ends). The service drew their items, which are lost:
+        with a queue table use prefetch=1, which loses at most one batch."""
         self._closed = True
         for t in self._tasks:
             t.cancel()
         self._tasks.clear()
+        if self._current is not None:
+            self._current.cancel()
 
     async def __aenter__(self) -> AsyncSampler:
         return self
@@ -857,6 +869,16 @@ class AsyncTrajectoryWriter:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def cancelled_by_close(closed: bool) -> bool:
+    """Whether a CancelledError out of a sampler's await came of its
+    ``aclose`` from another task, which ends the iteration, rather than of
+    the awaiting task's own cancellation, which goes on up."""
+    if not closed:
+        return False
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python 3.11 and later
+    return not (callable(cancelling) and cancelling())
 
 
 def _now() -> float:

@@ -43,6 +43,12 @@ class _LoopThread:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
+        # A task left pending would leave whoever waits on its future
+        # (a sampler's thread) waiting for good: cancelled, it tells them.
+        tasks = asyncio.all_tasks(self.loop)
+        for t in tasks:
+            t.cancel()
+        self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         self.loop.close()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
@@ -340,13 +346,16 @@ class Sampler:
         # flight the service has work meanwhile, and the loop's thread,
         # busy reading their replies, is better left to it.
         self._waiting = False
-        # _futs, _closed and _waiting are shared with the loop thread.
+        # The request next_raw waits on, which close cancels too.
+        self._current: concurrent.futures.Future[bytes] | None = None
+        # _futs, _closed, _waiting and _current are shared with the loop
+        # thread, and with a thread that closes.
         self._lock = threading.Lock()
 
     def _fill(self) -> None:
         """Sends requests until prefetch are not yet taken, unless closed
         (the caller holds _lock)."""
-        while not self._closed and len(self._futs) < self._prefetch:
+        while not self._closed and not self._c._closed and len(self._futs) < self._prefetch:
             self._futs.append(self._c._lt.submit(self._request()))
 
     async def _request(self) -> bytes:
@@ -371,10 +380,14 @@ class Sampler:
                 self._fill()
                 if not self._futs:
                     raise StopIteration  # closed by another thread
-                fut = self._futs.popleft()
+                fut = self._current = self._futs.popleft()
                 self._waiting = self._prefetch == 1
             try:
                 data = fut.result()
+            except (concurrent.futures.CancelledError, errors.ClosedError):
+                if self._closed or self._c._closed:
+                    raise StopIteration from None  # closed by another thread
+                raise
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
                 if isinstance(e, errors.DeadlineExceededError) and self._args[2] is not None:
                     self.close()
@@ -389,6 +402,7 @@ class Sampler:
             finally:
                 with self._lock:
                     self._waiting = False
+                    self._current = None
             with self._lock:
                 self._fill()  # unless the loop replaced the reply already
             return data
@@ -416,10 +430,13 @@ class Sampler:
                 time.sleep(0.05)
 
     def close(self) -> None:
-        """Cancels the requests in flight."""
+        """Cancels the requests in flight, the one an iterating thread waits
+        on too: its iteration ends."""
         with self._lock:
             self._closed = True
             futs, self._futs = self._futs, collections.deque()
+            if self._current is not None:
+                futs.append(self._current)
         for f in futs:
             f.cancel()
 
@@ -763,12 +780,13 @@ class ShardedClient:
         connection."""
         if self._closed:
             return
+        # First, so that a sampler whose call the closing cancels ends.
+        self._closed = True
         for c in self._shards:
             try:
                 c.close()
             except errors.RepriseError as e:
                 log.warning("reprise: closing shard %s: %s", c.prefix, e)
-        self._closed = True
         try:
             self._lt.call(self._aclient.close(), 30)
         finally:
@@ -904,7 +922,10 @@ class ShardedSampler:
         self._retry_for = retry_unavailable_for
         self._futs: collections.deque[concurrent.futures.Future[_sharded._Draw]] = collections.deque()
         self._closed = False
-        # _futs and _closed, as close may come from another thread.
+        # The call __next__ waits on, which close cancels too.
+        self._current: concurrent.futures.Future[_sharded._Draw] | None = None
+        # _futs, _closed and _current, as close may come from another
+        # thread.
         self._lock = threading.Lock()
         # Since when batches have come short of a failing shard.
         self._short_since: float | None = None
@@ -915,7 +936,7 @@ class ShardedSampler:
     def _fill(self) -> None:
         """Sends calls until prefetch are not yet taken, unless closed (the
         caller holds _lock)."""
-        while not self._closed and len(self._futs) < self._prefetch:
+        while not self._closed and not self._c._closed and len(self._futs) < self._prefetch:
             self._futs.append(self._c._lt.submit(self._c._aclient._draw(*self._args)))
 
     def __next__(self) -> SampleBatch:
@@ -927,10 +948,16 @@ class ShardedSampler:
                 if self._closed or self._c._closed:
                     raise StopIteration
                 self._fill()
-                fut = self._futs.popleft()
+                if not self._futs:
+                    raise StopIteration  # the client closed meanwhile
+                fut = self._current = self._futs.popleft()
             try:
                 batch = _sharded.merge_batch(fut.result())
                 self._short_since = None
+            except (concurrent.futures.CancelledError, errors.ClosedError):
+                if self._closed or self._c._closed:
+                    raise StopIteration from None  # closed by another thread
+                raise
             except errors.RateLimitedError as e:
                 if e.partial is None or not len(e.partial):
                     if timeout is None:
@@ -955,6 +982,9 @@ class ShardedSampler:
                 else:
                     self.close()
                     raise StopIteration from None
+            finally:
+                with self._lock:
+                    self._current = None
             # The call that replaces this batch goes out before the caller
             # trains on it, or with prefetch 1 the shards would idle
             # through every training step.
@@ -963,10 +993,13 @@ class ShardedSampler:
             return batch
 
     def close(self) -> None:
-        """Cancels the calls in flight."""
+        """Cancels the calls in flight, the one an iterating thread waits on
+        too: its iteration ends."""
         with self._lock:
             self._closed = True
             futs, self._futs = self._futs, collections.deque()
+            if self._current is not None:
+                futs.append(self._current)
         for f in futs:
             f.cancel()
 

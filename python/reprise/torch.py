@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
@@ -126,13 +127,28 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         self.prefixes = list(prefixes) if prefixes is not None else None
         self._client: Client | ShardedClient | None = None
         self._client_pid = 0
+        # Guards _client: two threads starting on the dataset at once (an
+        # iterating thread, the training loop's update_priorities) would
+        # each make a client, and close only one.
+        self._lock: threading.Lock | None = None
+        self._lock_pid = 0
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get a copy without the connection: each makes
         # its own.
         state = self.__dict__.copy()
         state["_client"] = None
+        state["_lock"], state["_lock_pid"] = None, 0
         return state
+
+    def _guard(self) -> threading.Lock:
+        """This process's lock for _client. A fork copies a lock that
+        another thread may hold, and would hold for good in the child,
+        where only the forking thread goes on: a new process makes its
+        own."""
+        if self._lock is None or self._lock_pid != os.getpid():
+            self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        return self._lock
 
     def client(self) -> Client | ShardedClient:
         """This process's client (made on first use)."""
@@ -141,13 +157,14 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         # event-loop thread did not survive the fork, and which shares the
         # parent's socket: the worker makes its own, and leaves the copy
         # alone rather than close what is the parent's.
-        if self._client is None or self._client_pid != os.getpid():
-            if self.prefixes is not None:
-                self._client = ShardedClient(self.server_address, self.prefixes, **self.client_options)
-            else:
-                self._client = Client(self.server_address, **self.client_options)
-            self._client_pid = os.getpid()
-        return self._client
+        with self._guard():
+            if self._client is None or self._client_pid != os.getpid():
+                if self.prefixes is not None:
+                    self._client = ShardedClient(self.server_address, self.prefixes, **self.client_options)
+                else:
+                    self._client = Client(self.server_address, **self.client_options)
+                self._client_pid = os.getpid()
+            return self._client
 
     def __iter__(self) -> Generator[TensorBatch, None, None]:
         c = self.client()
@@ -165,9 +182,12 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         self.client().update_priorities(self.table, keys, priorities)
 
     def close(self) -> None:
-        if self._client is not None and self._client_pid == os.getpid():
-            self._client.close()
-        self._client = None
+        """Closes this process's client: iterations in other threads end."""
+        with self._guard():
+            c, self._client = self._client, None
+            ours = self._client_pid == os.getpid()
+        if c is not None and ours:
+            c.close()
 
 
 def _can_pin() -> bool:

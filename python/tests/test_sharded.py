@@ -631,3 +631,73 @@ def test_torch_dataset_over_shards(sc: reprise.ShardedClient, shards: list[Repri
         assert seen == {0, 1}
     finally:
         ds.close()
+
+
+def _next_in_thread(it: Any) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def body() -> None:
+        try:
+            next(it)
+            out.append("batch")
+        except StopIteration:
+            out.append("stop")
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            out.append(e)
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t, out
+
+
+@pytest.mark.parametrize("table", ["replay", "limited"])
+def test_sharded_sampler_close_from_another_thread(sc: reprise.ShardedClient, table: str) -> None:
+    """close() ends a next() that waits on an empty table: the call it
+    waits on is cancelled too. It waited out the sample wait."""
+    sc.reset(table)
+    s = sc.sampler(table, 4)
+    t, out = _next_in_thread(s)
+    wait_for("next() waits on its call", lambda: s._current is not None)
+    s.close()
+    t.join(20)
+    assert out == ["stop"]
+
+
+def test_sharded_client_close_while_iterating(shards: list[Reprised]) -> None:
+    """A sharded client closed while a sampler waits on an empty table ends
+    the sampler's iteration. Its draw was left pending in the closed event
+    loop, and the iterating thread waited for good."""
+    c = reprise.ShardedClient(shards[0].url, PREFIXES)
+    c.reset("replay")
+    s = c.sampler("replay", 4)
+    t, out = _next_in_thread(s)
+    wait_for("next() waits on its call", lambda: s._current is not None)
+    c.close()
+    t.join(20)
+    assert out == ["stop"]
+
+
+def test_async_sharded_sampler_aclose_from_another_task(shards: list[Reprised]) -> None:
+    """aclose() from another task ends the waiting __anext__ with
+    StopAsyncIteration."""
+
+    async def main() -> Any:
+        async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
+            await c.reset("replay")
+            s = c.sampler("replay", 4)
+
+            async def one() -> str:
+                try:
+                    await s.__anext__()
+                    return "batch"
+                except StopAsyncIteration:
+                    return "stop"
+
+            task = asyncio.ensure_future(one())
+            while s._current is None:
+                await asyncio.sleep(0.01)
+            await s.aclose()
+            done, _ = await asyncio.wait([task], timeout=20)
+            return task.result() if done else "still waiting"
+
+    assert asyncio.run(main()) == "stop"

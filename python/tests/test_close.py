@@ -1,0 +1,152 @@
+"""Closing a sampler, a client or a dataset while another thread or task
+waits on it: the wait ends, as the end of the iteration, and nothing is
+left running."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import reprise
+import reprise.aio
+from conftest import Reprised, wait_for
+
+
+def frame_of(thread: threading.Thread, function: str) -> Any:
+    """The frame of a call of function on thread's stack now, or None."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None and frame.f_code.co_name != function:
+        frame = frame.f_back
+    return frame
+
+
+def waiting_in(thread: threading.Thread, function: str) -> bool:
+    """Whether thread's stack holds a call of function now."""
+    return frame_of(thread, function) is not None
+
+
+def next_in_thread(it: Any) -> tuple[threading.Thread, list[Any]]:
+    """Starts next(it) on a thread; its list gets "batch", "stop" or the
+    exception."""
+    out: list[Any] = []
+
+    def body() -> None:
+        try:
+            next(it)
+            out.append("batch")
+        except StopIteration:
+            out.append("stop")
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            out.append(e)
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_sampler_close_from_another_thread(server: Reprised) -> None:
+    """close() cancels the request next() waits on: next() stops at once.
+    It used to wait out the service's sample wait (a minute)."""
+    with reprise.Client(server.url) as c:
+        c.reset("limited")
+        s = c.sampler("limited", 4)
+        t, out = next_in_thread(s)
+        wait_for("next() waits on its request", lambda: s._current is not None)
+        s.close()
+        t.join(20)
+        assert out == ["stop"]
+
+
+def test_client_close_while_sampler_retries(server: Reprised) -> None:
+    """A sampler waiting out an absent service stops when its client
+    closes. It raised RuntimeError('Event loop is closed')."""
+    c = reprise.Client(server.url, prefix="nosuch")
+    s = c.sampler("dtypes", 4)
+    t, out = next_in_thread(s)
+    # next_raw's since is set once a request found no service.
+    wait_for("the sampler retries", lambda: (f := frame_of(t, "next_raw")) is not None and f.f_locals.get("since") is not None)
+    c.close()
+    t.join(20)
+    assert out == ["stop"]
+
+
+def test_async_sampler_aclose_from_another_task(server: Reprised) -> None:
+    """aclose() from another task ends the waiting __anext__ with
+    StopAsyncIteration, not CancelledError, and not after a minute."""
+
+    async def main() -> Any:
+        async with reprise.aio.Client(server.url) as c:
+            await c.reset("limited")
+            s = c.sampler("limited", 4)
+
+            async def one() -> str:
+                try:
+                    await s.__anext__()
+                    return "batch"
+                except StopAsyncIteration:
+                    return "stop"
+
+            task = asyncio.ensure_future(one())
+            while s._current is None:
+                await asyncio.sleep(0.01)
+            await s.aclose()
+            done, _ = await asyncio.wait([task], timeout=20)
+            return task.result() if done else "still waiting"
+
+    assert asyncio.run(main()) == "stop"
+
+
+torch = pytest.importorskip("torch")
+import reprise.torch as rt  # noqa: E402
+
+
+def loop_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("reprise-")}
+
+
+def test_dataset_close_while_iterating(server: Reprised) -> None:
+    """ds.close() from another thread ends a for loop over the dataset
+    that waits for a batch. It raised ClosedError, or not, by timing."""
+    with reprise.Client(server.url) as c:
+        c.reset("limited")
+    ds = rt.ReplayDataset(server.url, "limited", batch_size=4)
+    it = iter(ds)
+    t, out = next_in_thread(it)
+    wait_for("the loop waits for a batch", lambda: waiting_in(t, "next_raw") and waiting_in(t, "result"))
+    ds.close()
+    t.join(20)
+    assert out == ["stop"]
+
+
+def test_dataset_makes_one_client(server: Reprised) -> None:
+    """Two threads starting on one dataset at once share one client, which
+    close() closes: no event-loop thread is left behind."""
+    with reprise.Client(server.url) as c:
+        c.reset("dtypes")
+        with c.trajectory_writer(1) as w:
+            for i in range(8):
+                w.append({"obs": np.full((2,), i, np.float32)})
+                w.create_item("dtypes", 1.0, {"obs": w.history["obs"][-1]})
+            w.wait_applied(timeout=30)
+    before = loop_threads()
+    ds = rt.ReplayDataset(server.url, "dtypes", batch_size=4, timeout=10)
+    start = threading.Barrier(2)
+    clients: list[Any] = []
+
+    def one() -> None:
+        start.wait()
+        clients.append(ds.client())
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert len(clients) == 2 and clients[0] is clients[1]
+    ds.close()
+    wait_for("the client's threads end", lambda: not {t for t in loop_threads() - before if t.is_alive()})
