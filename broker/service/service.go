@@ -395,11 +395,15 @@ type Service struct {
 	// replies counts the replies sent over WithReplyConns's connections,
 	// to take them in turn.
 	replies atomic.Uint64
-	js      jetstream.JetStream
-	subj    protocol.Subjects
-	o       serviceOptions
-	log     *slog.Logger
-	store   *tables.ChunkStore
+	// missedTrim is set once the stream lacked messages a checkpoint
+	// holds (streamGap): the tables lack them too, and a checkpoint of
+	// them, the newest, would be recovered from instead of that one.
+	missedTrim atomic.Bool
+	js         jetstream.JetStream
+	subj       protocol.Subjects
+	o          serviceOptions
+	log        *slog.Logger
+	store      *tables.ChunkStore
 	// Fixed once Run has recovered: read without a lock afterwards.
 	tables  map[string]*tables.Table
 	names   []string
@@ -576,7 +580,7 @@ func (s *Service) Run(parent context.Context) error {
 			stopErr = stop()
 		})
 	} else {
-		bg.Go(func() { s.lead(actx) })
+		bg.Go(func() { s.lead(actx, lose) })
 	}
 	// On actx, not ctx: the apply loop can end on its own (the connection
 	// closed for good), and Run must then return.
@@ -595,7 +599,7 @@ func (s *Service) Run(parent context.Context) error {
 	stopActing()
 	bg.Wait()
 	var cpErr error
-	if s.o.checkpoints != nil && s.o.finalCheckpoint && s.mayAct() {
+	if s.o.checkpoints != nil && s.o.finalCheckpoint && s.mayAct() && !s.missedTrim.Load() {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		_, cpErr = s.write(wctx, s.capture())
 		cancel()
@@ -697,16 +701,50 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []ke
 }
 
 // streamGap is told of stream messages gone before the service read them.
-// The active service goes on (they are lost to it, as to recovery). A
-// standby that fell behind the active one's trim stops, with an error, so
-// that its supervisor restarts it: recovery from the newest checkpoint
-// covers what it missed.
+// Where a checkpoint holds them (the stream was trimmed below it), the
+// service stops, with an error, so that its supervisor restarts it:
+// recovery from the newest checkpoint covers what it missed. That is a
+// standby that fell behind the active one's trim, or one that did and
+// then took over: going on, it would serve without them, and its own
+// checkpoints would trim away the one that holds them. Messages that only
+// the stream's limits dropped are lost to recovery too: the service goes
+// on without them.
 func (s *Service) streamGap(from, to uint64) error {
 	s.log.Error("reprise service: stream messages were gone before this service read them (purged, or dropped by the stream's limits)", "from", from, "to", to)
 	if s.lease != nil && !s.mayAct() {
 		return fmt.Errorf("%w: this standby fell behind the stream's trim (messages %d to %d are gone); restart it to recover from the newest checkpoint", protocol.ErrStreamLost, from, to)
 	}
+	if name := s.checkpointHolding(from); name != "" {
+		s.missedTrim.Store(true)
+		return fmt.Errorf("%w: stream messages %d to %d were trimmed below checkpoint %s, which holds them and which this service did not load (it fell behind the trim before it took over); restart it to recover from that checkpoint", protocol.ErrStreamLost, from, to, name)
+	}
 	return nil
+}
+
+// checkpointHolding names a stored checkpoint that holds stream message
+// seq, or is "" when none does, or the store cannot say.
+func (s *Service) checkpointHolding(seq uint64) string {
+	if s.o.checkpoints == nil {
+		return "" // without checkpoints nothing trims the stream
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var names []string
+	err := retryJS(ctx, s.log, "the checkpoint store's list", func(ctx context.Context) error {
+		var err error
+		names, err = s.o.checkpoints.List(ctx)
+		return err
+	})
+	if err != nil {
+		s.log.Error("reprise service: listing checkpoints after a gap in the stream", "error", err)
+		return ""
+	}
+	for _, name := range names {
+		if _, applied, ok := parseCheckpointName(name); ok && applied >= seq {
+			return name
+		}
+	}
+	return ""
 }
 
 // checkCheckpointStore recreates a deleted checkpoint bucket or directory,

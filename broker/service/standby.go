@@ -3,8 +3,11 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
+
+	"github.com/reprise-rl/reprise/broker/internal/protocol"
 )
 
 // Standby services. With WithStandby, every service of a prefix applies the
@@ -65,7 +68,7 @@ func (s *Service) activate(parent context.Context) (stop func() error, err error
 // lead takes the lease whenever it is free and acts while it holds it,
 // until ctx ends. It leaves the lease held at the end, so that the final
 // checkpoint can be written under it; Run releases it.
-func (s *Service) lead(ctx context.Context) {
+func (s *Service) lead(ctx context.Context, lose context.CancelCauseFunc) {
 	poll := time.NewTicker(s.lease.pollEvery())
 	defer poll.Stop()
 	var lastErr string
@@ -82,7 +85,7 @@ func (s *Service) lead(ctx context.Context) {
 			}
 		case ok:
 			lastErr = ""
-			s.holdLease(ctx)
+			s.holdLease(ctx, lose)
 			if ctx.Err() != nil {
 				return
 			}
@@ -97,7 +100,7 @@ func (s *Service) lead(ctx context.Context) {
 
 // holdLease acts while the lease is held: it renews the lease, and stops
 // the active role's work as soon as the lease is lost.
-func (s *Service) holdLease(ctx context.Context) {
+func (s *Service) holdLease(ctx context.Context, lose context.CancelCauseFunc) {
 	// The first renewal is due a period after the lease was taken, whatever
 	// taking the active role costs.
 	renew := time.NewTicker(s.lease.renewEvery())
@@ -111,6 +114,16 @@ func (s *Service) holdLease(ctx context.Context) {
 	s.log.Info("reprise service: holding the lease; catching up with the stream", "id", s.lease.id, "epoch", epoch, "applied", s.progress.get())
 	took := time.Now()
 	s.catchUp(ctx)
+	if err := s.checkNotBehindTrim(ctx); err != nil {
+		// Serving, it would lack what the checkpoint holds, and its own
+		// checkpoints would trim that one away: restarted, it recovers
+		// from it.
+		s.missedTrim.Store(true)
+		s.log.Error("reprise service: giving the lease up and stopping", "error", err)
+		s.releaseLease(ctx)
+		lose(err)
+		return
+	}
 	stop, err := s.activate(ctx)
 	if err != nil {
 		s.log.Error("reprise service: starting the active role; giving the lease up", "error", err)
@@ -174,6 +187,26 @@ func (s *Service) catchUp(ctx context.Context) {
 	if err := s.progress.waitFor(ctx, info.State.LastSeq); err != nil {
 		s.log.Warn("reprise service: serving before the tables caught up with the stream", "applied", s.progress.get(), "stream_last", info.State.LastSeq)
 	}
+}
+
+// checkNotBehindTrim reports a service about to take the active role whose
+// tables lack stream messages that the stream no longer has and a
+// checkpoint holds: a standby whose reader fell behind the former active
+// service's trim (a rate limiter held its inserts, say) and has not reached
+// the gap yet.
+func (s *Service) checkNotBehindTrim(ctx context.Context) error {
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		return nil // the reader still stops at the gap (streamGap)
+	}
+	next := s.progress.get() + 1
+	if info.State.FirstSeq <= next {
+		return nil
+	}
+	if name := s.checkpointHolding(next); name != "" {
+		return fmt.Errorf("%w: the stream holds messages from sequence %d on, this service applied them up to %d, and checkpoint %s holds the rest; restart it to recover from that checkpoint", protocol.ErrStreamLost, info.State.FirstSeq, next-1, name)
+	}
+	return nil
 }
 
 // takeEpoch sets the epoch of the checkpoints this service writes while it

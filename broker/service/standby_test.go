@@ -254,3 +254,122 @@ func TestStandbyLapseWhileServing(t *testing.T) {
 		t.Fatalf("sample answered %v %q (headers %v), want one refusal by %s that withholds the answer", resp.GetStatus().GetCode(), msg, first.Header, a.id)
 	}
 }
+
+// TestStandbyBehindTrimDoesNotServeWithoutIt: a standby whose rate limiter
+// held its inserts (no learner samples a standby) falls behind, and the
+// active service checkpoints, trims the stream past it and stops. The
+// standby must not serve without what only the checkpoint holds: it stops
+// (ErrStreamLost) and, restarted, recovers every acknowledged item. It used
+// to take over, skip the trimmed messages with a log line, and serve 760
+// of 2000 items; its checkpoints then trimmed the one that held the rest.
+func TestStandbyBehindTrimDoesNotServeWithoutIt(t *testing.T) {
+	q := testutil.TableConfig("q", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 10000, limiter.Queue(8))
+	cfgs := []tables.Config{q}
+	limits := DefaultLimits()
+	limits.MaxPendingItems = 4
+	opts := []Option{WithStandby(3 * time.Second), WithObjectStoreCheckpoints(), WithPullBytes(16 << 10), WithLimits(limits)}
+	d := deploy(t, cfgs, deployOptions{service: opts})
+	a := d.svc
+	b, err := New(d.connect(), cfgs, append([]Option{WithPrefix(d.prefix), WithLogger(testutil.QuietLogger())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	bDone := make(chan error, 1)
+	go func() { bDone <- b.Run(bctx) }()
+	nc := d.connect()
+	testutil.WaitUntil(t, "the first service answers", func() bool { return answerer(t, nc, d) == a.id })
+
+	ctx := testutil.Context(t)
+	c := d.client()
+	learning, stopLearner := context.WithCancel(ctx)
+	learner := make(chan struct{})
+	go func() { // samples the active service, so that its queue moves
+		defer close(learner)
+		for learning.Err() == nil {
+			sctx, cancel := context.WithTimeout(learning, 300*time.Millisecond)
+			_, _ = c.Sample(sctx, "q", 8, broker.Flexible())
+			cancel()
+		}
+	}()
+	const items = 2000
+	p := d.producer()
+	for i := range int64(items) {
+		if err := p.Append(ctx, step(i, 64)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "q", 1, broker.LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+		if i%10 == 9 {
+			if err := p.EndEpisode(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopLearner()
+	<-learner
+	if b.Applied() >= a.Applied()/2 {
+		t.Skipf("the standby did not fall behind (applied %d of %d): nothing to check", b.Applied(), a.Applied())
+	}
+	for range 2 { // the second trims the stream past the standby
+		if _, err := c.Checkpoint(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.stop()
+
+	size := func() int64 {
+		info, err := c.Info(ctx, "q")
+		if err != nil {
+			return -1
+		}
+		return info.Tables[0].Size
+	}
+	var stopped error
+	testutil.WaitUntil(t, "the standby stops, or serves every item", func() bool {
+		select {
+		case stopped = <-bDone:
+			return true
+		default:
+			return answerer(t, nc, d) == b.id && size() == items
+		}
+	})
+	if stopped == nil {
+		return // its reader had read past the trim before it: nothing was missing
+	}
+	if !errors.Is(stopped, protocol.ErrStreamLost) {
+		t.Fatalf("the standby stopped with %v, want ErrStreamLost", stopped)
+	}
+	t.Logf("the standby stopped: %v", stopped)
+	d.startService(cfgs, opts...)
+	testutil.WaitUntil(t, "the restarted service holds every item", func() bool { return size() == items })
+}
+
+// TestGapBelowCheckpointStopsActive: the active service's reader finding
+// stream messages gone that a checkpoint holds stops it, and it writes no
+// checkpoint of the tables that lack them; messages only the stream's
+// limits dropped (beyond every checkpoint) are lost to it, and it goes on.
+func TestGapBelowCheckpointStopsActive(t *testing.T) {
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := deploy(t, checkpointTables(1000), deployOptions{service: []Option{WithCheckpoints(fc), WithoutFinalCheckpoint()}})
+	fill(t, d.producer(), 0, 10, "uniform")
+	svc := d.svc
+	cp, err := svc.Checkpoint(testutil.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.streamGap(cp.Applied+1, cp.Applied+10); err != nil || svc.missedTrim.Load() {
+		t.Fatalf("a gap past every checkpoint: %v, missed a trim %v; want the service to go on", err, svc.missedTrim.Load())
+	}
+	if err := svc.streamGap(cp.Applied, cp.Applied+10); !errors.Is(err, protocol.ErrStreamLost) || !strings.Contains(err.Error(), cp.Name) || !svc.missedTrim.Load() {
+		t.Fatalf("a gap below checkpoint %s: %v, missed a trim %v; want ErrStreamLost naming it", cp.Name, err, svc.missedTrim.Load())
+	}
+}
