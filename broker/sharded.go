@@ -259,6 +259,10 @@ type ShardedClient struct {
 
 	mu     sync.Mutex
 	tables map[string][]shardState // per table, per shard; made once the shards agree
+	// like is, per table, how the first shard to answer configures it:
+	// a shard that was down when the table was first used is checked
+	// against it when it answers.
+	like map[string]*TableInfo
 }
 
 // shardState is what a client knows of a table on one shard.
@@ -269,6 +273,9 @@ type shardState struct {
 	// down is why the shard's service did not answer; it weighs 0 until
 	// it answers again.
 	down error
+	// unchecked is a shard that has not answered since the table was
+	// first used: its place and its table are checked when it does.
+	unchecked bool
 }
 
 // maxWeightExponent bounds a weight's exponent as a client takes it: far
@@ -306,7 +313,7 @@ func NewShardedClient(nc *nats.Conn, prefixes []string, opts ...ClientOption) (*
 	if err := checkShardPrefixes(prefixes, opts); err != nil {
 		return nil, err
 	}
-	c := &ShardedClient{prefixes: slices.Clone(prefixes), tables: make(map[string][]shardState)}
+	c := &ShardedClient{prefixes: slices.Clone(prefixes), tables: make(map[string][]shardState), like: make(map[string]*TableInfo)}
 	for i, prefix := range prefixes {
 		cl, err := NewClient(nc, append(slices.Clip(opts), WithPrefix(prefix))...)
 		if err != nil {
@@ -539,6 +546,9 @@ func (c *ShardedClient) learn(table string, i int, st shardState) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	known := c.tables[table]
+	if st.down != nil {
+		st.unchecked = known[i].unchecked // until it answers
+	}
 	switch was := known[i].down; {
 	case was == nil && st.down != nil:
 		c.shards[i].o.logger.Warn("reprise: a shard does not answer; sampling the others until it does", "table", table, "shard", i, "prefix", c.prefixes[i], "error", st.down)
@@ -586,7 +596,10 @@ func (c *ShardedClient) checked(ctx context.Context, table string) error {
 }
 
 // checkShards asks every shard for table and checks that each is the shard
-// its place says and configures the table as shard 0 does.
+// its place says and configures the table as the others do. A shard whose
+// service does not answer is marked down, and checked once it answers, so
+// that a learner started while a shard is down samples the others, as one
+// started before does; with no shard answering it fails.
 func (c *ShardedClient) checkShards(ctx context.Context, table string) ([]shardState, error) {
 	if table == "" {
 		return nil, fmt.Errorf("%w: empty table name", ErrInvalidMessage)
@@ -594,7 +607,14 @@ func (c *ShardedClient) checkShards(ctx context.Context, table string) ([]shardS
 	infos := make([]*TableInfo, len(c.shards))
 	states := make([]shardState, len(c.shards))
 	err := eachShard(c.all(), c.prefixes, func(i int) error {
-		info, ti, err := c.tableInfo(ctx, i, table)
+		// A shard that hangs (paused, stuck) is down too, for a while.
+		ictx, cancel := context.WithTimeout(ctx, shardInfoTimeout)
+		defer cancel()
+		info, ti, err := c.tableInfo(ictx, i, table)
+		if ctx.Err() == nil && (shardDown(err) || errors.Is(err, context.DeadlineExceeded)) {
+			states[i] = shardState{at: time.Now(), down: err, unchecked: true}
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -608,17 +628,37 @@ func (c *ShardedClient) checkShards(ctx context.Context, table string) ([]shardS
 	if err != nil {
 		return nil, err
 	}
-	for i, ti := range infos[1:] {
-		want := infos[0]
-		if ti.Sampler != want.Sampler || ti.Remover != want.Remover || !slices.EqualFunc(ti.Signature, want.Signature, sameColumnSpec) {
-			return nil, fmt.Errorf("%w: table %q differs between shards: sampler %s, remover %s, signature %v on shard 0 (prefix %q); %s, %s, %v on shard %d (prefix %q)",
-				ErrInvalidOption, table, want.Sampler, want.Remover, want.Signature, c.prefixes[0], ti.Sampler, ti.Remover, ti.Signature, i+1, c.prefixes[i+1])
+	var like *TableInfo
+	var down []error
+	for i, ti := range infos {
+		switch {
+		case ti == nil:
+			down = append(down, fmt.Errorf("shard %d (prefix %q): %w", i, c.prefixes[i], states[i].down))
+		case like == nil:
+			like = ti
+		default:
+			if err := c.sameTable(table, like, ti, i); err != nil {
+				return nil, err
+			}
 		}
+	}
+	if like == nil {
+		return nil, errors.Join(down...)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.tables[table] = states
+	c.tables[table], c.like[table] = states, like
 	return slices.Clone(states), nil
+}
+
+// sameTable checks that shard i configures table as like says the others
+// do.
+func (c *ShardedClient) sameTable(table string, like, ti *TableInfo, i int) error {
+	if ti.Sampler != like.Sampler || ti.Remover != like.Remover || !slices.EqualFunc(ti.Signature, like.Signature, sameColumnSpec) {
+		return fmt.Errorf("%w: table %q differs between shards: sampler %s, remover %s, signature %v on the others; %s, %s, %v on shard %d (prefix %q)",
+			ErrInvalidOption, table, like.Sampler, like.Remover, like.Signature, ti.Sampler, ti.Remover, ti.Signature, i, c.prefixes[i])
+	}
+	return nil
 }
 
 func sameColumnSpec(a, b tables.ColumnSpec) bool {
@@ -633,13 +673,16 @@ func (c *ShardedClient) refresh(ctx context.Context, table string, shards []int)
 		// A shard that hangs (paused, stuck) is down too, for a while.
 		ictx, cancel := context.WithTimeout(ctx, shardInfoTimeout)
 		defer cancel()
-		_, ti, err := c.tableInfo(ictx, i, table)
+		info, ti, err := c.tableInfo(ictx, i, table)
 		switch {
 		case ctx.Err() == nil && (shardDown(err) || errors.Is(err, context.DeadlineExceeded)):
 			fresh[i] = shardState{at: time.Now(), down: err}
 		case err != nil:
 			return err
 		default:
+			if err := c.checkLate(table, i, info, ti); err != nil {
+				return err
+			}
 			fresh[i] = reported(ti.Size, ti.Weight, time.Now())
 		}
 		return nil
@@ -653,6 +696,21 @@ func (c *ShardedClient) refresh(ctx context.Context, table string, shards []int)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.tables[table]), nil
+}
+
+// checkLate checks a shard that answers for the first time since the
+// table was first used, as checkShards checked the others.
+func (c *ShardedClient) checkLate(table string, i int, info *Info, ti *TableInfo) error {
+	c.mu.Lock()
+	unchecked, like := c.tables[table][i].unchecked, c.like[table]
+	c.mu.Unlock()
+	if !unchecked {
+		return nil
+	}
+	if err := checkShardPlace(info.ShardIndex, info.ShardCount, i, len(c.shards)); err != nil {
+		return err
+	}
+	return c.sameTable(table, like, ti, i)
 }
 
 // shardInfoTimeout bounds a shard's answer to the info a client refreshes

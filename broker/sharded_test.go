@@ -493,6 +493,52 @@ func TestShardedSampleSkipsADownShard(t *testing.T) {
 	})
 }
 
+// TestShardedClientStartedWhileAShardIsDown: a learner started (or
+// restarted) while a shard is down samples the others, as one started
+// before does, and the shard once it is back, checked then: a shard that
+// comes back as another shard's place is refused. Every call of such a
+// client used to fail until the shard came back.
+func TestShardedClientStartedWhileAShardIsDown(t *testing.T) {
+	cfgs := []tables.Config{testutil.UniformTable("t", 100)}
+	ds := deployShards(t, cfgs, 2)
+	fillShard(t, ds, 0, ones(10)...)
+	fillShard(t, ds, 1, ones(30)...)
+	ds[1].stopService()
+	ctx := testutil.Context(t)
+	c := shardedClient(t, ds, prefixesOf(ds))
+	samples, err := c.Sample(ctx, "t", 50)
+	if err != nil {
+		t.Fatalf("a client started while shard 1 is down: %v", err)
+	}
+	for _, s := range samples {
+		if s.Info.Key%2 != 0 || math.Abs(s.Info.Probability*10-1) > 1e-12 {
+			t.Fatalf("while shard 1 is down: key %d, probability %v; want shard 0's, 1/10", s.Info.Key, s.Info.Probability)
+		}
+	}
+	deployPrefix(t, cfgs, ds[1].url, ds[1].prefix, service.WithShard(service.Shard{Index: 1, Count: 2}))
+	testutil.WaitUntil(t, "samples from shard 1 once it is back", func() bool {
+		samples, err := c.Sample(ctx, "t", 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(samples, func(s Sample) bool { return s.Info.Key%2 == 1 && math.Abs(s.Info.Probability*40-1) < 1e-12 })
+	})
+
+	// Started while "shard1" is down, checked when it answers as shard 0.
+	wrong := deployShards(t, cfgs, 2)
+	fillShard(t, wrong, 0, ones(2)...)
+	wrong[1].stopService()
+	c2 := shardedClient(t, wrong, prefixesOf(wrong))
+	if _, err := c2.Sample(ctx, "t", 1); err != nil {
+		t.Fatal(err)
+	}
+	deployPrefix(t, cfgs, wrong[1].url, wrong[1].prefix, service.WithShard(service.Shard{Index: 0, Count: 2}))
+	testutil.WaitUntil(t, "the misplaced shard is refused", func() bool {
+		_, err := c2.Sample(ctx, "t", 1)
+		return errors.Is(err, ErrInvalidOption) && strings.Contains(err.Error(), `shard 1 (prefix "shard1")`)
+	})
+}
+
 // TestShardedSampleWithEveryShardDown: with no shard answering there is no
 // item to wait for, so a sample fails with ErrServer naming the shards, as
 // a Client's does when its service is gone, rather than wait out its
@@ -603,7 +649,14 @@ func TestShardedClientSurvivesMalformedInfo(t *testing.T) {
 	// check or the malformed reply does, never a panic.
 	c := shardedClient(t, ds, []string{ds[0].prefix, "evil"})
 	ctx := testutil.Context(t)
-	if _, err := c.Sample(ctx, "t", 1); err == nil || !strings.Contains(err.Error(), `shard 1 (prefix "evil")`) || !errors.Is(err, ErrServer) {
-		t.Errorf("sampling with a shard whose info lists no table: %v, want ErrServer naming it", err)
+	// A malformed reply counts as the shard's service being down, so the
+	// order check is what fails here.
+	if _, err := c.Sample(ctx, "t", 1); err == nil || !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "give the prefixes in shard order") {
+		t.Errorf("sampling with a shard whose info lists no table: %v, want the order check's error", err)
+	}
+	// Alone, its malformed reply is the error.
+	alone := shardedClient(t, ds, []string{"evil"})
+	if _, err := alone.Sample(ctx, "t", 1); err == nil || !strings.Contains(err.Error(), `shard 0 (prefix "evil")`) || !errors.Is(err, ErrServer) {
+		t.Errorf("sampling a table whose one shard's info lists no table: %v, want ErrServer naming it", err)
 	}
 }

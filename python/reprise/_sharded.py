@@ -142,6 +142,12 @@ class _TableState:
         self.at = np.full(n, -np.inf)
         self.gen = np.zeros(n, dtype=np.int64)
         self.down: list[errors.RepriseError | None] = [None] * n
+        # Shards that have not answered since the table was first used:
+        # their place and table are checked when they do.
+        self.unchecked = [False] * n
+        # The first shard to answer and how it configures the table (its
+        # wire TableInfo), which a late shard must match.
+        self.like: tuple[int, Any] | None = None
 
     def learn(self, i: int, gen: int, size: int, fraction: float, exponent: int) -> None:
         if self.gen[i] != gen:
@@ -406,47 +412,75 @@ class ShardedClient:
                 "give every shard's prefix, in shard order"
             )
 
-    def _check_same(self, table: str, infos: Sequence[Any]) -> None:
-        """Raises unless every shard's table (wire TableInfos, by shard) has
-        shard 0's sampler, remover and signature."""
-        for i, t in enumerate(infos[1:], 1):
+    def _check_same(self, table: str, infos: Sequence[tuple[int, Any]]) -> None:
+        """Raises unless every shard's table ((shard, wire TableInfo) pairs)
+        has the first one's sampler, remover and signature."""
+        first, like = infos[0]
+        for i, t in infos[1:]:
             for what in ("sampler", "remover", "signature"):
-                a, b = _describe(infos[0], what), _describe(t, what)
+                a, b = _describe(like, what), _describe(t, what)
                 if a != b:
                     raise errors.InvalidArgumentError(
-                        f"table {table!r}: shard 0 (prefix {self.prefixes[0]!r}) has {what} {a}, shard {i} "
+                        f"table {table!r}: shard {first} (prefix {self.prefixes[first]!r}) has {what} {a}, shard {i} "
                         f"(prefix {self.prefixes[i]!r}) has {b}: a table's shards need the same sampler, remover "
                         "and signature"
                     )
 
     def _learn_info(self, table: str, infos: Sequence[Any]) -> _TableState:
+        """Records every shard's info of table, checked alike."""
         st = self._states.get(table)
         if st is None:
             st = self._states[table] = _TableState(table, self.prefixes)
+        if st.like is None:
+            st.like = (0, infos[0])
         for i, t in enumerate(infos):
+            st.unchecked[i] = False
             st.learn(i, int(st.gen[i]), t.size, t.weight_fraction, t.weight_exponent)
         return st
 
     async def _table(self, table: str, timeout: float | None) -> _TableState:
         """The table's state. On its first use every shard is asked for the
         table's info: each must be the shard its prefix's place says, and
-        serve the table as shard 0 does."""
+        serve the table as the others do. A shard whose service does not
+        answer is marked down, and checked once it answers, so that a
+        learner started while a shard is down samples the others; with no
+        shard answering it raises."""
         st = self._states.get(table)
         if st is not None:
             return st
         if not table:
             raise errors.InvalidArgumentError("empty table name")
-        resps = await self._on_shards({i: c._info(timeout, table) for i, c in enumerate(self._shards)})
-        for i, r in resps.items():
+        calls = [c._info(min(timeout, _INFO_TIMEOUT) if timeout is not None else _INFO_TIMEOUT, table) for c in self._shards]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        infos: list[Any] = []
+        downs: list[tuple[int, errors.RepriseError]] = []
+        for i, r in enumerate(results):
+            if isinstance(r, errors.RepriseError) and is_down(r):
+                downs.append((i, on_shard(r, i, self.prefixes[i])))
+                infos.append(None)
+                continue
+            if isinstance(r, errors.RepriseError):
+                raise on_shard(r, i, self.prefixes[i])
+            if isinstance(r, BaseException):
+                raise r
             self._check_placement(i, r)
-        infos = []
-        for i in range(len(self._shards)):
             try:
-                infos.append(one_table(resps[i], table))
+                infos.append(one_table(r, table))
             except errors.RepriseError as e:
                 raise on_shard(e, i, self.prefixes[i]) from None
-        self._check_same(table, infos)
-        return self._learn_info(table, infos)
+        answered = [(i, t) for i, t in enumerate(infos) if t is not None]
+        if not answered:
+            raise downs[0][1]
+        self._check_same(table, answered)
+        st = self._states[table] = _TableState(table, self.prefixes)
+        st.like = answered[0]
+        for i, t in enumerate(infos):
+            if t is not None:
+                st.learn(i, int(st.gen[i]), t.size, t.weight_fraction, t.weight_exponent)
+        for i, why in downs:
+            st.unchecked[i] = True
+            st.fail(i, int(st.gen[i]), why)
+        return st
 
     async def _table_soft(self, table: str) -> None:
         """_table for a writer: when the shards cannot be asked now it goes
@@ -492,6 +526,9 @@ class ShardedClient:
         except errors.ProtocolError as e:
             st.fail(i, gen, e)
             return
+        if st.unchecked[i] and st.like is not None:
+            self._check_same(table, [st.like, (i, t)])
+            st.unchecked[i] = False
         st.learn(i, gen, t.size, t.weight_fraction, t.weight_exponent)
 
     @staticmethod
@@ -691,7 +728,7 @@ class ShardedClient:
                     "every shard of a table needs the same tables"
                 )
             infos = [tables[name] for tables in per]
-            self._check_same(name, infos)
+            self._check_same(name, list(enumerate(infos)))
             self._learn_info(name, infos)
             out[name] = _info.aggregate_tables([_info.table_info(t) for t in infos])
         return out

@@ -573,6 +573,55 @@ def test_every_shard_down_is_unavailable(binaries: dict[str, Path], tmp_path: Pa
             r.kill9()
 
 
+def test_client_started_while_a_shard_is_down(binaries: dict[str, Path], tmp_path: Path) -> None:
+    """A learner started while a shard is down samples the others, and the
+    shard once it is back, checked then: one that comes back as another
+    shard's place is refused. Every call of such a client used to fail
+    until the shard came back."""
+    made: list[Reprised] = []
+
+    def make(tables: str, extra: list[str], **kwargs: Any) -> Reprised:
+        d = tmp_path / f"r{len(made)}"
+        d.mkdir()
+        r = Reprised(binaries["reprised"], d, tables, extra, **kwargs)
+        made.append(r)
+        r.start()
+        return r
+
+    try:
+        host = make(TABLES, [], prefix="host")
+        make(TABLES, ["--shard", "0/2"], prefix="s0", nats=host.url)
+        s1 = make(TABLES, ["--shard", "1/2"], prefix="s1", nats=host.url)
+        with reprise.ShardedClient(host.url, PREFIXES) as c:
+            c.reset("uniform")
+            fill(c.shard(0), "uniform", range(10))
+            fill(c.shard(1), "uniform", range(100, 130))
+        s1.kill9()
+        with reprise.ShardedClient(host.url, PREFIXES) as c:
+            b = c.sample_batch("uniform", 50, timeout=10)
+            assert set((b.info.key % 2).tolist()) == {0}
+            np.testing.assert_allclose(b.info.probability, 1 / 10)
+            make(TABLES, ["--shard", "1/2"], prefix="s1", nats=host.url)
+            wait_for("samples from shard 1 once it is back",
+                     lambda: 1 in (c.sample_batch("uniform", 50, timeout=10).info.key % 2).tolist())
+            made[-1].kill9()
+        with reprise.ShardedClient(host.url, PREFIXES) as c:
+            c.sample_batch("uniform", 1, timeout=10)
+            make(TABLES, ["--shard", "0/2"], prefix="s1", nats=host.url)  # the wrong place
+
+            def refused() -> bool:
+                try:
+                    c.sample_batch("uniform", 1, timeout=10)
+                except reprise.InvalidArgumentError as e:
+                    return "expected shard 1/2" in str(e)
+                return False
+
+            wait_for("the misplaced shard is refused", refused)
+    finally:
+        for r in reversed(made):
+            r.kill9()
+
+
 def test_async_sharded_client(shards: list[Reprised]) -> None:
     async def main() -> None:
         async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
