@@ -29,7 +29,7 @@ from ._info import CheckpointInfo, TableInfo
 from ._proto import reprise_pb2 as pb
 from ._sample import BatchInfo, ReplaySample, SampleBatch
 from ._writer import MAX_SHARDS, History, TrajectoryColumn, WriterOptions, with_message
-from .aio import AsyncTrajectoryWriter, Client, _deadline, _left, cancelled_by_close, priority_arrays
+from .aio import AsyncTrajectoryWriter, Client, _deadline, _left, ends_iteration, priority_arrays
 
 T = TypeVar("T")
 
@@ -810,12 +810,10 @@ class AsyncShardedSampler:
             try:
                 batch = merge_batch(await task)
                 self._short_since = None
-            except asyncio.CancelledError:
-                if cancelled_by_close(self._closed):
+            except (asyncio.CancelledError, errors.ClosedError) as e:
+                if ends_iteration(e, self._closed):
                     raise StopAsyncIteration from None
                 raise
-            except errors.ClosedError:
-                raise StopAsyncIteration from None  # the client closed
             except errors.RateLimitedError as e:
                 if e.partial is None or not len(e.partial):
                     if timeout is None:

@@ -582,12 +582,10 @@ class AsyncSampler:
             task = self._current = self._tasks.popleft()
             try:
                 data = await task
-            except asyncio.CancelledError:
-                if cancelled_by_close(self._closed):
+            except (asyncio.CancelledError, errors.ClosedError) as e:
+                if ends_iteration(e, self._closed):
                     raise StopAsyncIteration from None
                 raise
-            except errors.ClosedError:
-                raise StopAsyncIteration from None  # the client closed
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
                 if isinstance(e, errors.DeadlineExceededError) and self._args[2] is not None:
                     await self.aclose()
@@ -871,10 +869,13 @@ class AsyncTrajectoryWriter:
         await self.close()
 
 
-def cancelled_by_close(closed: bool) -> bool:
-    """Whether a CancelledError out of a sampler's await came of its
-    ``aclose`` from another task, which ends the iteration, rather than of
-    the awaiting task's own cancellation, which goes on up."""
+def ends_iteration(e: BaseException, closed: bool) -> bool:
+    """Whether e, out of a sampler's await of its request, ends the
+    iteration: the client closed (ClosedError), or the sampler's
+    ``aclose`` from another task cancelled the request, rather than the
+    awaiting task's own cancellation, which goes on up."""
+    if isinstance(e, errors.ClosedError):
+        return True
     if not closed:
         return False
     cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python 3.11 and later

@@ -7,12 +7,14 @@ Set REPRISE_BIN_DIR to a directory holding prebuilt ``reprised`` and
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -211,3 +213,53 @@ def gohelper(binaries: dict[str, Path], *args: str, timeout: float = 120) -> str
     if r.returncode != 0:
         pytest.fail(f"gohelper {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return r.stdout
+
+
+async def aclose_while_waiting(s: Any) -> str:
+    """Awaits ``s.__anext__()`` in a task, calls ``s.aclose()`` once the
+    task waits on a request, and says how the task ended: "batch",
+    "stop", or "still waiting" 20 s on."""
+
+    async def one() -> str:
+        try:
+            await s.__anext__()
+            return "batch"
+        except StopAsyncIteration:
+            return "stop"
+
+    task = asyncio.ensure_future(one())
+    while s._current is None:
+        await asyncio.sleep(0.01)
+    await s.aclose()
+    done, _ = await asyncio.wait([task], timeout=20)
+    return task.result() if done else "still waiting"
+
+
+def next_in_thread(it: Any) -> tuple[threading.Thread, list[Any]]:
+    """Starts next(it) on a thread; its list gets "batch", "stop" or the
+    exception."""
+    out: list[Any] = []
+
+    def body() -> None:
+        try:
+            next(it)
+            out.append("batch")
+        except StopIteration:
+            out.append("stop")
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            out.append(e)
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t, out
+
+
+def close_while_waiting(s: Any, close: Callable[[], Any]) -> list[Any]:
+    """Calls next(s) on a thread, then close() once it waits on a request
+    (s._current); returns how next ended (next_in_thread's list), 20 s on
+    at most."""
+    t, out = next_in_thread(s)
+    wait_for("next() waits on its request", lambda: s._current is not None)
+    close()
+    t.join(20)
+    return out

@@ -14,7 +14,7 @@ import pytest
 
 import reprise
 import reprise.aio
-from conftest import Reprised, wait_for
+from conftest import Reprised, aclose_while_waiting, close_while_waiting, next_in_thread, wait_for
 
 
 def frame_of(thread: threading.Thread, function: str) -> Any:
@@ -30,36 +30,13 @@ def waiting_in(thread: threading.Thread, function: str) -> bool:
     return frame_of(thread, function) is not None
 
 
-def next_in_thread(it: Any) -> tuple[threading.Thread, list[Any]]:
-    """Starts next(it) on a thread; its list gets "batch", "stop" or the
-    exception."""
-    out: list[Any] = []
-
-    def body() -> None:
-        try:
-            next(it)
-            out.append("batch")
-        except StopIteration:
-            out.append("stop")
-        except BaseException as e:  # noqa: BLE001 - the test reports it
-            out.append(e)
-
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, out
-
-
 def test_sampler_close_from_another_thread(server: Reprised) -> None:
     """close() cancels the request next() waits on: next() stops at once.
     It used to wait out the service's sample wait (a minute)."""
     with reprise.Client(server.url) as c:
         c.reset("limited")
         s = c.sampler("limited", 4)
-        t, out = next_in_thread(s)
-        wait_for("next() waits on its request", lambda: s._current is not None)
-        s.close()
-        t.join(20)
-        assert out == ["stop"]
+        assert close_while_waiting(s, s.close) == ["stop"]
 
 
 def test_client_close_while_sampler_retries(server: Reprised) -> None:
@@ -82,21 +59,7 @@ def test_async_sampler_aclose_from_another_task(server: Reprised) -> None:
     async def main() -> Any:
         async with reprise.aio.Client(server.url) as c:
             await c.reset("limited")
-            s = c.sampler("limited", 4)
-
-            async def one() -> str:
-                try:
-                    await s.__anext__()
-                    return "batch"
-                except StopAsyncIteration:
-                    return "stop"
-
-            task = asyncio.ensure_future(one())
-            while s._current is None:
-                await asyncio.sleep(0.01)
-            await s.aclose()
-            done, _ = await asyncio.wait([task], timeout=20)
-            return task.result() if done else "still waiting"
+            return await aclose_while_waiting(c.sampler("limited", 4))
 
     assert asyncio.run(main()) == "stop"
 

@@ -13,7 +13,7 @@ import contextlib
 import math
 import random
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ import pytest
 
 import reprise
 import reprise.aio
-from conftest import Reprised, wait_for
+from conftest import Reprised, aclose_while_waiting, close_while_waiting, wait_for
 from reprise import _info, _sharded
 from reprise._proto import reprise_pb2 as pb
 from reprise._writer import _Producer
@@ -538,12 +538,10 @@ def test_dead_shard_weighs_nothing_until_it_answers(reprised_factory: Any) -> No
         assert (b.info.key % 2 == 1).any() and ((b.data["x"] >= 10) == (b.info.key % 2 == 1)).all()
 
 
-def test_every_shard_down_is_unavailable(binaries: dict[str, Path], tmp_path: Path) -> None:
-    """With no shard answering there is no item to wait for: a sample fails
-    with UnavailableError naming the shards, as a Client's does when its
-    service is gone, rather than wait out its timeout and blame the rate
-    limiter. The shards serve on a third reprised's NATS server, which
-    stays up."""
+@contextlib.contextmanager
+def own_reprised(binaries: dict[str, Path], tmp_path: Path) -> Iterator[Callable[..., Reprised]]:
+    """make(tables, extra, **kwargs) starts a reprised of a test's own, each
+    in a folder of tmp_path; every one is killed at the end."""
     made: list[Reprised] = []
 
     def make(tables: str, extra: list[str], **kwargs: Any) -> Reprised:
@@ -555,6 +553,19 @@ def test_every_shard_down_is_unavailable(binaries: dict[str, Path], tmp_path: Pa
         return r
 
     try:
+        yield make
+    finally:
+        for r in reversed(made):
+            r.kill9()
+
+
+def test_every_shard_down_is_unavailable(binaries: dict[str, Path], tmp_path: Path) -> None:
+    """With no shard answering there is no item to wait for: a sample fails
+    with UnavailableError naming the shards, as a Client's does when its
+    service is gone, rather than wait out its timeout and blame the rate
+    limiter. The shards serve on a third reprised's NATS server, which
+    stays up."""
+    with own_reprised(binaries, tmp_path) as make:
         host = make(TABLES, [], prefix="host")
         s0 = make(TABLES, ["--shard", "0/2"], prefix="s0", nats=host.url)
         s1 = make(TABLES, ["--shard", "1/2"], prefix="s1", nats=host.url)
@@ -568,9 +579,6 @@ def test_every_shard_down_is_unavailable(binaries: dict[str, Path], tmp_path: Pa
             for _ in range(2):
                 with pytest.raises(reprise.UnavailableError, match="no shard of the table answers.*shard 1 \\(prefix 's1'\\)"):
                     c.sample_batch("replay", 4, timeout=30)
-    finally:
-        for r in reversed(made):
-            r.kill9()
 
 
 def test_client_started_while_a_shard_is_down(binaries: dict[str, Path], tmp_path: Path) -> None:
@@ -578,17 +586,7 @@ def test_client_started_while_a_shard_is_down(binaries: dict[str, Path], tmp_pat
     shard once it is back, checked then: one that comes back as another
     shard's place is refused. Every call of such a client used to fail
     until the shard came back."""
-    made: list[Reprised] = []
-
-    def make(tables: str, extra: list[str], **kwargs: Any) -> Reprised:
-        d = tmp_path / f"r{len(made)}"
-        d.mkdir()
-        r = Reprised(binaries["reprised"], d, tables, extra, **kwargs)
-        made.append(r)
-        r.start()
-        return r
-
-    try:
+    with own_reprised(binaries, tmp_path) as make:
         host = make(TABLES, [], prefix="host")
         make(TABLES, ["--shard", "0/2"], prefix="s0", nats=host.url)
         s1 = make(TABLES, ["--shard", "1/2"], prefix="s1", nats=host.url)
@@ -601,10 +599,10 @@ def test_client_started_while_a_shard_is_down(binaries: dict[str, Path], tmp_pat
             b = c.sample_batch("uniform", 50, timeout=10)
             assert set((b.info.key % 2).tolist()) == {0}
             np.testing.assert_allclose(b.info.probability, 1 / 10)
-            make(TABLES, ["--shard", "1/2"], prefix="s1", nats=host.url)
+            back = make(TABLES, ["--shard", "1/2"], prefix="s1", nats=host.url)
             wait_for("samples from shard 1 once it is back",
                      lambda: 1 in (c.sample_batch("uniform", 50, timeout=10).info.key % 2).tolist())
-            made[-1].kill9()
+            back.kill9()
         with reprise.ShardedClient(host.url, PREFIXES) as c:
             c.sample_batch("uniform", 1, timeout=10)
             make(TABLES, ["--shard", "0/2"], prefix="s1", nats=host.url)  # the wrong place
@@ -617,9 +615,6 @@ def test_client_started_while_a_shard_is_down(binaries: dict[str, Path], tmp_pat
                 return False
 
             wait_for("the misplaced shard is refused", refused)
-    finally:
-        for r in reversed(made):
-            r.kill9()
 
 
 def test_async_sharded_client(shards: list[Reprised]) -> None:
@@ -682,34 +677,13 @@ def test_torch_dataset_over_shards(sc: reprise.ShardedClient, shards: list[Repri
         ds.close()
 
 
-def _next_in_thread(it: Any) -> tuple[threading.Thread, list[Any]]:
-    out: list[Any] = []
-
-    def body() -> None:
-        try:
-            next(it)
-            out.append("batch")
-        except StopIteration:
-            out.append("stop")
-        except BaseException as e:  # noqa: BLE001 - the test reports it
-            out.append(e)
-
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, out
-
-
 @pytest.mark.parametrize("table", ["replay", "limited"])
 def test_sharded_sampler_close_from_another_thread(sc: reprise.ShardedClient, table: str) -> None:
     """close() ends a next() that waits on an empty table: the call it
     waits on is cancelled too. It waited out the sample wait."""
     sc.reset(table)
     s = sc.sampler(table, 4)
-    t, out = _next_in_thread(s)
-    wait_for("next() waits on its call", lambda: s._current is not None)
-    s.close()
-    t.join(20)
-    assert out == ["stop"]
+    assert close_while_waiting(s, s.close) == ["stop"]
 
 
 def test_sharded_client_close_while_iterating(shards: list[Reprised]) -> None:
@@ -718,12 +692,7 @@ def test_sharded_client_close_while_iterating(shards: list[Reprised]) -> None:
     loop, and the iterating thread waited for good."""
     c = reprise.ShardedClient(shards[0].url, PREFIXES)
     c.reset("replay")
-    s = c.sampler("replay", 4)
-    t, out = _next_in_thread(s)
-    wait_for("next() waits on its call", lambda: s._current is not None)
-    c.close()
-    t.join(20)
-    assert out == ["stop"]
+    assert close_while_waiting(c.sampler("replay", 4), c.close) == ["stop"]
 
 
 def test_async_sharded_sampler_aclose_from_another_task(shards: list[Reprised]) -> None:
@@ -733,20 +702,6 @@ def test_async_sharded_sampler_aclose_from_another_task(shards: list[Reprised]) 
     async def main() -> Any:
         async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
             await c.reset("replay")
-            s = c.sampler("replay", 4)
-
-            async def one() -> str:
-                try:
-                    await s.__anext__()
-                    return "batch"
-                except StopAsyncIteration:
-                    return "stop"
-
-            task = asyncio.ensure_future(one())
-            while s._current is None:
-                await asyncio.sleep(0.01)
-            await s.aclose()
-            done, _ = await asyncio.wait([task], timeout=20)
-            return task.result() if done else "still waiting"
+            return await aclose_while_waiting(c.sampler("replay", 4))
 
     assert asyncio.run(main()) == "stop"
