@@ -31,23 +31,20 @@ func Parse(name string, data []byte) (Config, error) {
 	p := &parser{file: name}
 	cfg := Default()
 	var tablesNode *yaml.Node
-	var serverKeys, streamKeys map[string]*yaml.Node
+	var serverKeys map[string]*yaml.Node
 	var usersNode *yaml.Node
 	p.mapping(root, "", []field{
 		{"server", func(n *yaml.Node, key string) {
 			serverKeys = p.mapping(n, key, append(serverFields(p, &cfg.Server), field{"users", p.node(&usersNode)}))
 		}},
 		{"log", func(n *yaml.Node, key string) { p.mapping(n, key, logFields(p, &cfg.Log)) }},
-		{"stream", func(n *yaml.Node, key string) { streamKeys = p.mapping(n, key, streamFields(p, &cfg)) }},
+		{"stream", func(n *yaml.Node, key string) { p.mapping(n, key, streamFields(p, &cfg)) }},
 		{"service", func(n *yaml.Node, key string) { p.mapping(n, key, serviceFields(p, &cfg.Service)) }},
 		{"checkpoint", func(n *yaml.Node, key string) { p.mapping(n, key, checkpointFields(p, &cfg.Checkpoint)) }},
 		{"limits", func(n *yaml.Node, key string) { p.mapping(n, key, limitsFields(p, &cfg.Limits)) }},
 		{"tables", p.node(&tablesNode)},
 	})
 	p.checkServer(cfg.Server, serverKeys)
-	if n := streamKeys["replicas"]; n != nil && cfg.Stream.Replicas > 1 && cfg.Server.Embedded() {
-		p.failf(n, "stream.replicas", "the embedded server is one node, which keeps one copy: set 1, or server.nats to a cluster")
-	}
 	if usersNode != nil {
 		cfg.Users = p.userList(usersNode, "server.users")
 	}
@@ -180,9 +177,6 @@ func (p *parser) checkServer(s Server, keys map[string]*yaml.Node) {
 		if n := keys[k]; n != nil && s.Embedded() {
 			p.failf(n, "server."+k, "configures the connection to an external server: set server.nats too, or remove it")
 		}
-	}
-	if n := keys["nats_wait"]; n != nil && s.Embedded() && s.NATSWait != 0 {
-		p.failf(n, "server.nats_wait", "waits for an external server: set server.nats too, or remove it")
 	}
 	p.checkAuth(s, keys)
 	if (s.TLSCert == "") != (s.TLSKey == "") {

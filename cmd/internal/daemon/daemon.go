@@ -238,17 +238,21 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 			return config.Config{}, cli.Usagef("--%s configures the embedded server, but NATS is external (%s): drop --%s", name, natsconn.Redact(cfg.Server.NATS), name)
 		}
 	}
-	for _, name := range []string{"nats-wait", "creds", "tls-ca", "tls-cert", "tls-key", "user", "password", "nkey", "inbox-prefix"} {
-		if set[name] && cfg.Server.Embedded() && (name != "nats-wait" || *natsWait != 0) {
+	for _, name := range []string{"creds", "tls-ca", "tls-cert", "tls-key", "user", "password", "nkey", "inbox-prefix"} {
+		if set[name] && cfg.Server.Embedded() {
 			return config.Config{}, cli.Usagef("--%s is for connecting to an external server: add --nats URL", name)
 		}
 	}
 	if cfg.Server.Store == "" {
 		return config.Config{}, cli.Usagef("--store is empty: give a directory such as ./reprise-data")
 	}
+	// Checked here, not in the file: --nats may name the server the file
+	// leaves out (examples/deploy), or turn it off.
 	if cfg.Server.Embedded() && cfg.Stream.Replicas > 1 {
-		// The file's check cannot see --nats "".
 		return config.Config{}, cli.Usagef("stream.replicas is %d, but the embedded server is one node, which keeps one copy: set 1, or --nats URL of a cluster", cfg.Stream.Replicas)
+	}
+	if cfg.Server.Embedded() && cfg.Server.NATSWait != 0 {
+		return config.Config{}, cli.Usagef("server.nats_wait or --nats-wait is %v, which waits for an external server: add --nats URL, or drop it", cfg.Server.NATSWait)
 	}
 	if cfg.Server.Embedded() {
 		// Settings for an external server that a file set and --nats ""

@@ -383,7 +383,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--embedded-user", "actor:a:p", "--embedded-user", "admin:a:q"}, "user a given twice"},
 		{[]string{"--embedded-nkey", "learner:SUAB"}, "this is an nkey seed"},
 		{[]string{"--embedded-nkey", "learner:UXYZ"}, `"UXYZ" is not the public key of a user nkey`},
-		{[]string{"--nats-wait", "5s"}, "--nats-wait is for connecting to an external server"},
+		{[]string{"--nats-wait", "5s"}, "server.nats_wait or --nats-wait is 5s, which waits for an external server"},
 		{[]string{"--nats", "nats://x:4222", "--user", "a", "--password", "p", "--nkey", "a.nk", "--creds", "c"}, "--nkey and --creds are different ways to authenticate"},
 		{[]string{"--listen-tls-cert", "c.pem"}, "--listen-tls-cert and --listen-tls-key go together"},
 		{[]string{"--listen-tls-cert", "c.pem", "--listen-tls-key", "k.pem", "--listen-tls-ca", "ca.pem"}, "add --listen-tls-verify"},
@@ -459,8 +459,6 @@ func TestConnectionSettingsOfFile(t *testing.T) {
 		"server.password":     "server:\n  nats: nats://127.0.0.1:1\n  password: pw\n",
 		"server.inbox_prefix": "server:\n  nats: nats://127.0.0.1:1\n  inbox_prefix: \"a.*\"\n",
 		"server.nkey":         "server:\n  nats: nats://127.0.0.1:1\n  user: svc\n  password: pw\n  nkey: s.nk\n",
-		"server.nats_wait":    "server:\n  nats_wait: 5s\n",
-		"stream.replicas":     "stream:\n  replicas: 3\n",
 	} {
 		cfg := filepath.Join(dir, strings.ReplaceAll(key, ".", "-")+".yaml")
 		if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
@@ -481,13 +479,26 @@ func TestConnectionSettingsOfFile(t *testing.T) {
 	if err == nil || strings.Contains(err.Error(), "different ways to authenticate") {
 		t.Errorf("--creds over a file's user: %v", err)
 	}
-	// With --nats "" the embedded server would get the file's replicas.
-	ext := filepath.Join(dir, "ext.yaml")
-	if err := os.WriteFile(ext, []byte("server:\n  nats: nats://127.0.0.1:1\nstream:\n  replicas: 3\n"), 0o600); err != nil {
+	// A file's replicas and nats_wait need an external server, which --nats
+	// may give (examples/deploy) or take away.
+	cluster := filepath.Join(dir, "cluster.yaml")
+	if err := os.WriteFile(cluster, []byte("server:\n  nats_wait: 5m\nstream:\n  replicas: 3\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := Run(testCtx(t), []string{"--config", ext, "--nats", ""}, io.Discard, io.Discard); !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), "stream.replicas is 3") {
-		t.Errorf("replicas 3 on the embedded server: %v", err)
+	if _, err := parseArgs([]string{"--config", cluster, "--nats", "nats://127.0.0.1:1"}, io.Discard); err != nil {
+		t.Errorf("replicas 3 and nats_wait with --nats: %v", err)
+	}
+	for _, args := range [][]string{{"--config", cluster}, {"--config", cluster, "--nats", ""}} {
+		if _, err := parseArgs(args, io.Discard); !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), "stream.replicas is 3") {
+			t.Errorf("%q: %v, want a usage error naming stream.replicas", args, err)
+		}
+	}
+	wait := filepath.Join(dir, "wait.yaml")
+	if err := os.WriteFile(wait, []byte("server:\n  nats_wait: 5m\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parseArgs([]string{"--config", wait}, io.Discard); !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), "server.nats_wait or --nats-wait is 5m0s") {
+		t.Errorf("nats_wait with the embedded server: %v, want a usage error naming it", err)
 	}
 }
 
