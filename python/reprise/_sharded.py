@@ -352,6 +352,7 @@ class ShardedClient:
         # Info requests in flight, by (table, shard, generation): concurrent
         # draws wait for the same one.
         self._refreshing: dict[tuple[str, int, int], asyncio.Task[None]] = {}
+        self._closed = False  # set by close, for good
 
     @property
     def num_shards(self) -> int:
@@ -378,6 +379,7 @@ class ShardedClient:
 
     async def close(self) -> None:
         """Closes every shard's client (and the writers made by them)."""
+        self._closed = True
         for t in list(self._refreshing.values()):
             t.cancel()
         await self._on_shards({i: c.close() for i, c in enumerate(self._shards)})
@@ -811,7 +813,8 @@ class AsyncShardedSampler:
                 batch = merge_batch(await task)
                 self._short_since = None
             except (asyncio.CancelledError, errors.ClosedError) as e:
-                if ends_iteration(e, self._closed):
+                if ends_iteration(e, self._closed or self._c._closed):
+                    await self.aclose()
                     raise StopAsyncIteration from None
                 raise
             except errors.RateLimitedError as e:
@@ -850,7 +853,8 @@ class AsyncShardedSampler:
         one batch."""
         self._closed = True
         for t in self._tasks:
-            t.cancel()
+            if not t.cancel() and not t.cancelled():
+                t.exception()  # failed as the client closed: taken, not logged as lost
         self._tasks.clear()
         if self._current is not None:
             self._current.cancel()

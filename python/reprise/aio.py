@@ -212,6 +212,8 @@ class Client:
         )
         self.subjects = Subjects(prefix)
         self._nc: Any = None
+        # Set by close, for good: a client never connected is not closed.
+        self._closed = False
         self._req: Requester | None = None
         self._signatures: dict[str, tuple[Any, ...]] = {}
         self._insert_writer: AsyncTrajectoryWriter | None = None
@@ -266,6 +268,7 @@ class Client:
     async def close(self) -> None:
         """Closes the writers this client made (flushing them), then the
         connection."""
+        self._closed = True
         if self._nc is None:
             return
         for w in list(self._writers):
@@ -583,7 +586,8 @@ class AsyncSampler:
             try:
                 data = await task
             except (asyncio.CancelledError, errors.ClosedError) as e:
-                if ends_iteration(e, self._closed):
+                if ends_iteration(e, self._closed or self._c._closed):
+                    await self.aclose()
                     raise StopAsyncIteration from None
                 raise
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
@@ -633,7 +637,8 @@ class AsyncSampler:
         with a queue table use prefetch=1, which loses at most one batch."""
         self._closed = True
         for t in self._tasks:
-            t.cancel()
+            if not t.cancel() and not t.cancelled():
+                t.exception()  # failed as the client closed: taken, not logged as lost
         self._tasks.clear()
         if self._current is not None:
             self._current.cancel()
@@ -871,13 +876,15 @@ class AsyncTrajectoryWriter:
 
 def ends_iteration(e: BaseException, closed: bool) -> bool:
     """Whether e, out of a sampler's await of its request, ends the
-    iteration: the client closed (ClosedError), or the sampler's
-    ``aclose`` from another task cancelled the request, rather than the
-    awaiting task's own cancellation, which goes on up."""
-    if isinstance(e, errors.ClosedError):
-        return True
+    iteration, given whether the sampler or its client was closed: a
+    ClosedError of a closed client does (one never connected raises it
+    too, and must be told), and so does the cancellation of the request by
+    ``aclose`` from another task, rather than the awaiting task's own,
+    which goes on up."""
     if not closed:
         return False
+    if isinstance(e, errors.ClosedError):
+        return True
     cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python 3.11 and later
     return not (callable(cancelling) and cancelling())
 

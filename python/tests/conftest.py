@@ -215,10 +215,10 @@ def gohelper(binaries: dict[str, Path], *args: str, timeout: float = 120) -> str
     return r.stdout
 
 
-async def aclose_while_waiting(s: Any) -> str:
-    """Awaits ``s.__anext__()`` in a task, calls ``s.aclose()`` once the
-    task waits on a request, and says how the task ended: "batch",
-    "stop", or "still waiting" 20 s on."""
+async def aclose_while_waiting(s: Any, close: Callable[[], Any] | None = None) -> str:
+    """Awaits ``s.__anext__()`` in a task, awaits ``close()`` (by default
+    ``s.aclose()``) once the task waits on a request, and says how the task
+    ended: "batch", "stop", or "still waiting" 20 s on."""
 
     async def one() -> str:
         try:
@@ -230,7 +230,7 @@ async def aclose_while_waiting(s: Any) -> str:
     task = asyncio.ensure_future(one())
     while s._current is None:
         await asyncio.sleep(0.01)
-    await s.aclose()
+    await (close or s.aclose)()
     done, _ = await asyncio.wait([task], timeout=20)
     return task.result() if done else "still waiting"
 

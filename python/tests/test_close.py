@@ -113,3 +113,26 @@ def test_dataset_makes_one_client(server: Reprised) -> None:
     assert len(clients) == 2 and clients[0] is clients[1]
     ds.close()
     wait_for("the client's threads end", lambda: not {t for t in loop_threads() - before if t.is_alive()})
+
+
+def test_async_sampler_of_unconnected_client_raises() -> None:
+    """A client never connected is not a closed one: its sampler raises
+    ClosedError saying so, rather than end as if the table ran dry."""
+
+    async def main() -> list[Any]:
+        c = reprise.aio.Client("nats://127.0.0.1:1")
+        return [b async for b in c.sampler("t", 4)]
+
+    with pytest.raises(reprise.ClosedError, match="not connected"):
+        asyncio.run(main())
+
+
+def test_async_client_close_ends_sampler(server: Reprised) -> None:
+    """An async client closed while its sampler waits ends the iteration."""
+
+    async def main() -> str:
+        c = await reprise.aio.Client(server.url).connect()
+        await c.reset("limited")
+        return await aclose_while_waiting(c.sampler("limited", 4), c.close)
+
+    assert asyncio.run(main()) == "stop"
