@@ -251,7 +251,8 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	if cfg.Server.Embedded() && cfg.Stream.Replicas > 1 {
 		return config.Config{}, cli.Usagef("stream.replicas is %d, but the embedded server is one node, which keeps one copy: set 1, or --nats URL of a cluster", cfg.Stream.Replicas)
 	}
-	if cfg.Server.Embedded() && cfg.Server.NATSWait != 0 {
+	// A file's nats_wait goes with its server, which --nats "" turns off.
+	if cfg.Server.Embedded() && cfg.Server.NATSWait != 0 && (set["nats-wait"] || !set["nats"]) {
 		return config.Config{}, cli.Usagef("server.nats_wait or --nats-wait is %v, which waits for an external server: add --nats URL, or drop it", cfg.Server.NATSWait)
 	}
 	if cfg.Server.Embedded() {
@@ -259,6 +260,7 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 		// turned off.
 		cfg.Server.Creds, cfg.Server.TLSCA, cfg.Server.TLSCert, cfg.Server.TLSKey = "", "", "", ""
 		cfg.Server.User, cfg.Server.Password, cfg.Server.Nkey, cfg.Server.InboxPrefix = "", "", "", ""
+		cfg.Server.NATSWait = 0
 		if err := checkListenTLS(cfg.Server); err != nil {
 			return config.Config{}, err
 		}

@@ -500,6 +500,14 @@ func TestConnectionSettingsOfFile(t *testing.T) {
 	if _, err := parseArgs([]string{"--config", wait}, io.Discard); !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), "server.nats_wait or --nats-wait is 5m0s") {
 		t.Errorf("nats_wait with the embedded server: %v, want a usage error naming it", err)
 	}
+	// --nats "" turns a file's server off, and its nats_wait with it.
+	ext := filepath.Join(dir, "ext.yaml")
+	if err := os.WriteFile(ext, []byte("server:\n  nats: nats://10.0.0.1:4222\n  nats_wait: 1m\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err := parseArgs([]string{"--config", ext, "--nats", ""}, io.Discard); err != nil || cfg.Server.NATSWait != 0 {
+		t.Errorf("a file's server and nats_wait turned off by --nats \"\": %v, nats_wait %v", err, cfg.Server.NATSWait)
+	}
 }
 
 // TestBadSeedFileDoesNotWait: a --nkey file that holds no seed ends the
