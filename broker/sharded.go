@@ -607,12 +607,9 @@ func (c *ShardedClient) checkShards(ctx context.Context, table string) ([]shardS
 	infos := make([]*TableInfo, len(c.shards))
 	states := make([]shardState, len(c.shards))
 	err := eachShard(c.all(), c.prefixes, func(i int) error {
-		// A shard that hangs (paused, stuck) is down too, for a while.
-		ictx, cancel := context.WithTimeout(ctx, shardInfoTimeout)
-		defer cancel()
-		info, ti, err := c.tableInfo(ictx, i, table)
-		if ctx.Err() == nil && (shardDown(err) || errors.Is(err, context.DeadlineExceeded)) {
-			states[i] = shardState{at: time.Now(), down: err, unchecked: true}
+		info, ti, down, err := c.askShard(ctx, i, table)
+		if down != nil {
+			states[i] = shardState{at: time.Now(), down: down, unchecked: true}
 			return nil
 		}
 		if err != nil {
@@ -670,13 +667,10 @@ func sameColumnSpec(a, b tables.ColumnSpec) bool {
 func (c *ShardedClient) refresh(ctx context.Context, table string, shards []int) ([]shardState, error) {
 	fresh := make([]shardState, len(c.shards))
 	err := eachShard(shards, c.prefixes, func(i int) error {
-		// A shard that hangs (paused, stuck) is down too, for a while.
-		ictx, cancel := context.WithTimeout(ctx, shardInfoTimeout)
-		defer cancel()
-		info, ti, err := c.tableInfo(ictx, i, table)
+		info, ti, down, err := c.askShard(ctx, i, table)
 		switch {
-		case ctx.Err() == nil && (shardDown(err) || errors.Is(err, context.DeadlineExceeded)):
-			fresh[i] = shardState{at: time.Now(), down: err}
+		case down != nil:
+			fresh[i] = shardState{at: time.Now(), down: down}
 		case err != nil:
 			return err
 		default:
@@ -696,6 +690,19 @@ func (c *ShardedClient) refresh(ctx context.Context, table string, shards []int)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.tables[table]), nil
+}
+
+// askShard asks shard i for table's info. down is why its service did not
+// answer, within shardInfoTimeout (a shard that hangs, paused or stuck, is
+// down too, for a while); err is any other failure.
+func (c *ShardedClient) askShard(ctx context.Context, i int, table string) (info *Info, ti *TableInfo, down, err error) {
+	ictx, cancel := context.WithTimeout(ctx, shardInfoTimeout)
+	defer cancel()
+	info, ti, err = c.tableInfo(ictx, i, table)
+	if ctx.Err() == nil && (shardDown(err) || errors.Is(err, context.DeadlineExceeded)) {
+		return nil, nil, err, nil
+	}
+	return info, ti, nil, err
 }
 
 // checkLate checks a shard that answers for the first time since the

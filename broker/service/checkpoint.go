@@ -595,7 +595,8 @@ func (s *Service) loadCheckpoint(ctx context.Context, name string) (*wire.Checkp
 }
 
 // listForRecovery lists the checkpoints, trying again while the store
-// cannot answer in time (a cluster electing the bucket's leader).
+// cannot answer in time (a cluster electing the bucket's leader): at
+// start, and when a gap in the stream asks whether one holds what is gone.
 func (s *Service) listForRecovery(ctx context.Context) ([]string, error) {
 	var names []string
 	err := retryJS(ctx, s.log, "the checkpoint store's list", func(ctx context.Context) error {

@@ -729,12 +729,7 @@ func (s *Service) checkpointHolding(seq uint64) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var names []string
-	err := retryJS(ctx, s.log, "the checkpoint store's list", func(ctx context.Context) error {
-		var err error
-		names, err = s.o.checkpoints.List(ctx)
-		return err
-	})
+	names, err := s.listForRecovery(ctx)
 	if err != nil {
 		s.log.Error("reprise service: listing checkpoints after a gap in the stream", "error", err)
 		return ""

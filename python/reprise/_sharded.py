@@ -452,8 +452,9 @@ class ShardedClient:
             return st
         if not table:
             raise errors.InvalidArgumentError("empty table name")
-        calls = [c._info(min(timeout, _INFO_TIMEOUT) if timeout is not None else _INFO_TIMEOUT, table) for c in self._shards]
-        results = await asyncio.gather(*calls, return_exceptions=True)
+        # A shard slower than _INFO_TIMEOUT is down for now, as in _fetch.
+        wait = _INFO_TIMEOUT if timeout is None else min(timeout, _INFO_TIMEOUT)
+        results = await asyncio.gather(*(c._info(wait, table) for c in self._shards), return_exceptions=True)
         infos: list[Any] = []
         downs: list[tuple[int, errors.RepriseError]] = []
         for i, r in enumerate(results):
