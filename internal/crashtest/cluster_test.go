@@ -18,6 +18,7 @@ import (
 const (
 	streamName       = "REPRISE_REPRISE"
 	checkpointStream = "OBJ_REPRISE_REPRISE_CHECKPOINTS" // the object store bucket's stream
+	leaseStream      = "KV_REPRISE_REPRISE_LEASE"        // the lease bucket's stream
 )
 
 // TestClusterNodeKill: reprised against a three-node NATS cluster, with
@@ -39,25 +40,66 @@ func TestClusterNodeKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: three nats-server processes killed and restarted, 15 to 30 s")
 	}
-	cluster := natstest.StartCluster(t, 3)
-	url := cluster.URL()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cr := startClusterRun(ctx, t, 1, 11, []string{streamName, checkpointStream})
+
+	var killed string // the node the last round killed
+	for _, k := range []nodeKill{
+		{"the stream leader", streamName, func(ci *jetstream.ClusterInfo) string { return ci.Leader }},
+		{"a stream follower", streamName, func(ci *jetstream.ClusterInfo) string {
+			// Not the node killed before, so that each round kills another.
+			if ci.Replicas[0].Name == killed {
+				return ci.Replicas[1].Name
+			}
+			return ci.Replicas[0].Name
+		}},
+	} {
+		killed = cr.killNode(ctx, t, k)
+	}
+	cr.finish(ctx, t)
+}
+
+// clusterRun is reprised on a three-node cluster under the load of
+// startLoad.
+type clusterRun struct {
+	cluster *natstest.Cluster
+	url     string
+	rs      []*reprised
+	js      jetstream.JetStream
+	c       *broker.Client
+	l       *ledger
+	stop    func() // stops the load
+}
+
+// startClusterRun starts a three-node cluster and n reprised on it (with
+// --standby when n > 1), with the stream and so the buckets at three
+// replicas; it waits until each of streams exists with three replicas,
+// starts the load and returns once 300 inserts are acknowledged.
+func startClusterRun(ctx context.Context, t *testing.T, n int, seed uint64, streams []string) *clusterRun {
+	t.Helper()
+	cr := &clusterRun{cluster: natstest.StartCluster(t, 3)}
+	cr.url = cr.cluster.URL()
 	cfg := filepath.Join(t.TempDir(), "reprise.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("stream:\n  replicas: 3\ntables:\n  - name: %s\n    max_size: 10000000\n", table)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := startReprised(t, "--config", cfg, "--nats", url, "--checkpoint-every", "500ms")
-
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := readyClient(t, url)
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
+	args := []string{"--config", cfg, "--nats", cr.url, "--checkpoint-every", "500ms"}
+	if n > 1 {
+		args = append(args, "--standby")
+	}
+	for range n {
+		cr.rs = append(cr.rs, startReprised(t, args...))
+	}
+	cr.c = readyClient(t, cr.url)
+	var err error
+	if cr.js, err = jetstream.New(connect(t, cr.url)); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{streamName, checkpointStream} {
+	for _, name := range streams {
 		var replicas int
 		waitFor(t, name+" exists", func() bool {
-			info, err := streamInfo(ctx, js, name)
+			info, err := streamInfo(ctx, cr.js, name)
 			if err == nil {
 				replicas = info.Config.Replicas
 			}
@@ -70,59 +112,62 @@ func TestClusterNodeKill(t *testing.T) {
 
 	// Calls wait as long as a user's would, so that the pauses measured
 	// are the cluster's and the client's, not the test's.
-	l, stop := startLoad(ctx, t, url, c, 11, time.Minute)
-	waitFor(t, "inserts acknowledged before the first kill", func() bool { return l.ackedCount() >= 300 })
+	cr.l, cr.stop = startLoad(ctx, t, cr.url, cr.c, seed, time.Minute)
+	waitFor(t, "inserts acknowledged before the first kill", func() bool { return cr.l.ackedCount() >= 300 })
+	return cr
+}
 
-	var killed string // the node the last round killed
-	for _, victim := range []struct {
-		what string
-		pick func(*jetstream.ClusterInfo) string
-	}{
-		{"the stream leader", func(ci *jetstream.ClusterInfo) string { return ci.Leader }},
-		{"a stream follower", func(ci *jetstream.ClusterInfo) string {
-			// Not the node killed before, so that each round kills another.
-			if ci.Replicas[0].Name == killed {
-				return ci.Replicas[1].Name
-			}
-			return ci.Replicas[0].Name
-		}},
-	} {
-		var name string
-		waitFor(t, "the stream has a leader and two current followers", func() bool {
-			info, err := streamInfo(ctx, js, streamName)
-			if err != nil || !allCurrent(info.Cluster) {
-				return false
-			}
-			name = victim.pick(info.Cluster)
-			return true
-		})
-		node := cluster.Node(name)
-		if node == nil {
-			t.Fatalf("no node named %q", name)
-		}
-		before := l.ackedCount()
-		killed = name
-		killedAt := time.Now()
-		node.Kill()
-		waitAcked(ctx, t, r, l, c, js, "inserts acknowledged with "+name+" down", before+300)
-		gap, resumed := l.stall(killedAt)
-		t.Logf("killed %s (%s): longest pause between acknowledged inserts %v, inserts flowing again %v after the kill",
-			victim.what, name, gap.Round(time.Millisecond), resumed.Round(time.Millisecond))
-		node.Restart(t)
-		waitFor(t, name+" caught up", func() bool {
-			info, err := streamInfo(ctx, js, streamName)
-			return err == nil && allCurrent(info.Cluster)
-		})
-		before = l.ackedCount()
-		waitAcked(ctx, t, r, l, c, js, "inserts acknowledged after "+name+" is back", before+100)
+// nodeKill is a round of a cluster test: the node pick names among the
+// replicas of stream is killed.
+type nodeKill struct {
+	what   string // the node's role, for the log
+	stream string
+	pick   func(*jetstream.ClusterInfo) string
+}
+
+// killNode plays round k once the stream and k's stream each have a
+// leader and two current followers: it kills the node with SIGKILL, waits
+// for 300 inserts acknowledged while it is down, restarts it, and waits
+// until it caught up and 100 more are acknowledged. It logs the pause and
+// returns the node's name.
+func (cr *clusterRun) killNode(ctx context.Context, t *testing.T, k nodeKill) string {
+	t.Helper()
+	streams := []string{streamName}
+	if k.stream != streamName {
+		streams = append(streams, k.stream)
 	}
-	stop()
+	var cis []*jetstream.ClusterInfo
+	current := func() bool { cis = currentClusters(ctx, cr.js, streams...); return cis != nil }
+	waitFor(t, "the streams have a leader and two current followers", current)
+	name := k.pick(cis[len(cis)-1])
+	node := cr.cluster.Node(name)
+	if node == nil {
+		t.Fatalf("no node named %q", name)
+	}
+	before := cr.l.ackedCount()
+	killedAt := time.Now()
+	node.Kill()
+	cr.waitAcked(ctx, t, "inserts acknowledged with "+name+" down", before+300)
+	gap, resumed := cr.l.stall(killedAt)
+	t.Logf("killed %s (%s): longest pause between acknowledged inserts %v, inserts flowing again %v after the kill",
+		k.what, name, gap.Round(time.Millisecond), resumed.Round(time.Millisecond))
+	node.Restart(t)
+	waitFor(t, name+" caught up", current)
+	before = cr.l.ackedCount()
+	cr.waitAcked(ctx, t, "inserts acknowledged after "+name+" is back", before+100)
+	return name
+}
 
+// finish stops the load and checks the table against what was
+// acknowledged.
+func (cr *clusterRun) finish(ctx context.Context, t *testing.T) {
+	t.Helper()
+	cr.stop()
 	// Everything acknowledged is in the stream; wait until the service has
 	// applied all of it.
-	waitStreamApplied(ctx, t, js, c)
-	verify(t, l, c)
-	if _, err := c.Sample(ctx, table, 4); err != nil {
+	waitStreamApplied(ctx, t, cr.js, cr.c)
+	verify(t, cr.l, cr.c)
+	if _, err := cr.c.Sample(ctx, table, 4); err != nil {
 		t.Fatalf("sampling after the kills: %v", err)
 	}
 }
@@ -172,6 +217,20 @@ func allCurrent(ci *jetstream.ClusterInfo) bool {
 	return true
 }
 
+// currentClusters returns the cluster of each named stream if each has a
+// leader and two current followers, nil if one has not.
+func currentClusters(ctx context.Context, js jetstream.JetStream, names ...string) []*jetstream.ClusterInfo {
+	var cis []*jetstream.ClusterInfo
+	for _, name := range names {
+		info, err := streamInfo(ctx, js, name)
+		if err != nil || !allCurrent(info.Cluster) {
+			return nil
+		}
+		cis = append(cis, info.Cluster)
+	}
+	return cis
+}
+
 // stall measures the pause in acknowledged inserts a kill at killed
 // caused: the longest gap between successive acknowledgments from the last
 // one before the kill on, and when the acknowledgment that ended it came,
@@ -196,8 +255,9 @@ func (l *ledger) stall(killed time.Time) (gap, resumed time.Duration) {
 // waitAcked waits until n inserts are acknowledged; if they are not in
 // time it says where they stopped: in the stream, or before the service
 // applied them.
-func waitAcked(ctx context.Context, t *testing.T, r *reprised, l *ledger, c *broker.Client, js jetstream.JetStream, what string, n int) {
+func (cr *clusterRun) waitAcked(ctx context.Context, t *testing.T, what string, n int) {
 	t.Helper()
+	l, c, js := cr.l, cr.c, cr.js
 	deadline := time.Now().Add(2 * time.Minute)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -222,9 +282,12 @@ func waitAcked(ctx context.Context, t *testing.T, r *reprised, l *ledger, c *bro
 				t.Logf("service info: %v", err)
 			}
 			// Where reprised waits: SIGQUIT makes the Go runtime write every
-			// goroutine's stack into its output, which the test logs.
-			r.cmd.Process.Signal(syscall.SIGQUIT)
-			r.cmd.Wait()
+			// goroutine's stack into its output, which the test logs (one
+			// killed and not restarted yet is skipped: Signal fails).
+			for _, r := range cr.rs {
+				r.cmd.Process.Signal(syscall.SIGQUIT)
+				r.cmd.Wait()
+			}
 			t.Fatalf("timed out waiting for %s: %d of %d", what, l.ackedCount(), n)
 		}
 		<-tick.C

@@ -87,6 +87,18 @@ func activeAndStandby(t *testing.T, nc *nats.Conn, rs []*reprised) (active, stan
 	return nil, nil
 }
 
+// killActive kills the active one of rs with SIGKILL and waits until the
+// standby answers. It returns them, when the kill was, and how long after
+// it the standby answered.
+func killActive(t *testing.T, nc *nats.Conn, rs []*reprised) (active, standby *reprised, killed time.Time, answered time.Duration) {
+	t.Helper()
+	active, standby = activeAndStandby(t, nc, rs)
+	killed = time.Now()
+	active.kill()
+	waitFor(t, "the standby answers", func() bool { return answeringPID(nc) == standby.cmd.Process.Pid })
+	return active, standby, killed, time.Since(killed)
+}
+
 // TestStandbyTakesOverFromKilledActive: two reprised for one prefix, two
 // producers inserting and a learner sampling, updating and deleting; the
 // active one is killed with SIGKILL. The standby serves, with every
@@ -99,11 +111,7 @@ func TestStandbyTakesOverFromKilledActive(t *testing.T) {
 	url, rs := standbyPair(t)
 	nc := connect(t, url)
 	run(t, url, func() {
-		active, standby := activeAndStandby(t, nc, rs)
-		killed := time.Now()
-		active.kill()
-		waitFor(t, "the standby answers", func() bool { return answeringPID(nc) == standby.cmd.Process.Pid })
-		answered := time.Since(killed)
+		_, _, killed, answered := killActive(t, nc, rs)
 		c, err := broker.NewClient(nc)
 		if err != nil {
 			t.Fatal(err)
