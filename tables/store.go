@@ -30,10 +30,15 @@ type ChunkStore struct {
 	slots []*storedChunk
 	free  []int32
 	// formats holds one Format per distinct format of the stored chunks,
-	// by formatKey, with the number of chunks that have it; formatKey is
-	// the scratch buffer its keys are built in.
+	// by formatKey, with the number of chunks that have it; owners finds
+	// it from the store's Format, so that dropping a chunk builds no key;
+	// formatKey is the scratch buffer keys are built in.
 	formats   map[string]*storedFormat
+	owners    map[*Format]*storedFormat
 	formatKey []byte
+	// last is the Format interned last: a message's chunks share a few
+	// formats, so most find theirs by comparing with it, without a key.
+	last *storedFormat
 }
 
 // storedChunk is 64 bytes, the size class it is allocated in: with refs
@@ -50,6 +55,7 @@ type storedChunk struct {
 
 type storedFormat struct {
 	format Format
+	key    string
 	chunks int64
 }
 
@@ -59,7 +65,7 @@ const maxRefs = math.MaxInt32
 
 // NewChunkStore returns an empty store.
 func NewChunkStore() *ChunkStore {
-	s := &ChunkStore{formats: make(map[string]*storedFormat)}
+	s := &ChunkStore{formats: make(map[string]*storedFormat), owners: make(map[*Format]*storedFormat)}
 	s.chunks = newKeyIndex(slotKeys{s})
 	return s
 }
@@ -92,6 +98,22 @@ func (s *ChunkStore) Put(c *Chunk) *Chunk {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.putLocked(c)
+}
+
+// PutAll is Put of each of cs in turn, under one hold of the store's lock:
+// a producer's message brings dozens of chunks.
+func (s *ChunkStore) PutAll(cs []*Chunk) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range cs {
+		if c != nil {
+			s.putLocked(c)
+		}
+	}
+}
+
+func (s *ChunkStore) putLocked(c *Chunk) *Chunk {
 	if sc, ok := s.lookupLocked(c.Key); ok {
 		sc.refs++
 		return &sc.chunk
@@ -224,24 +246,40 @@ func (s *ChunkStore) internLocked(f *Format) *Format {
 	if f == nil {
 		f = &Format{}
 	}
-	s.formatKey = appendFormatKey(s.formatKey[:0], f)
-	if sf, ok := s.formats[string(s.formatKey)]; ok {
+	if sf := s.last; sf != nil && sf.format.equal(f) {
 		sf.chunks++
 		return &sf.format
 	}
-	sf := &storedFormat{format: Format{DType: f.DType, Shape: slices.Clone(f.Shape), StepBytes: f.StepBytes, DataAt: f.DataAt, Delta: f.Delta}, chunks: 1}
-	s.formats[string(s.formatKey)] = sf
+	s.formatKey = appendFormatKey(s.formatKey[:0], f)
+	sf, ok := s.formats[string(s.formatKey)]
+	if ok {
+		sf.chunks++
+	} else {
+		sf = &storedFormat{format: Format{DType: f.DType, Shape: slices.Clone(f.Shape), StepBytes: f.StepBytes, DataAt: f.DataAt, Delta: f.Delta}, key: string(s.formatKey), chunks: 1}
+		s.formats[sf.key] = sf
+		s.owners[&sf.format] = sf
+	}
+	s.last = sf
 	return &sf.format
 }
 
 // dropFormatLocked counts one chunk of the store's Format f fewer, and
 // forgets f with its last chunk.
 func (s *ChunkStore) dropFormatLocked(f *Format) {
-	s.formatKey = appendFormatKey(s.formatKey[:0], f)
-	sf := s.formats[string(s.formatKey)]
-	if sf.chunks--; sf.chunks == 0 {
-		delete(s.formats, string(s.formatKey))
+	sf := s.owners[f]
+	if sf.chunks--; sf.chunks > 0 {
+		return
 	}
+	delete(s.formats, sf.key)
+	delete(s.owners, f)
+	if sf == s.last {
+		s.last = nil
+	}
+}
+
+// equal says whether f and g have the same fields, as their keys would.
+func (f *Format) equal(g *Format) bool {
+	return f.DType == g.DType && f.StepBytes == g.StepBytes && f.DataAt == g.DataAt && f.Delta == g.Delta && slices.Equal(f.Shape, g.Shape)
 }
 
 // appendFormatKey appends f's fields in a form that tells every two

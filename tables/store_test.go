@@ -176,6 +176,37 @@ func TestChunkStoreSharesFormats(t *testing.T) {
 	}
 }
 
+// TestChunkStoreFormatsPutInTurn: chunks put one after another, as a
+// message's are, with one Format the caller changes between them, or
+// whose last chunk went between them, get the store's Format of what the
+// caller's says at each Put.
+func TestChunkStoreFormatsPutInTurn(t *testing.T) {
+	s := NewChunkStore()
+	mine := &Format{DType: "float32", Shape: []int64{2}, StepBytes: 8}
+	s.PutAll([]*Chunk{{Key: 1, Format: mine, Length: 1}, nil, {Key: 2, Format: mine, Length: 1}})
+	mine.Shape[0], mine.StepBytes = 3, 12
+	s.PutAll([]*Chunk{{Key: 3, Format: mine, Length: 1}})
+	one, _ := s.Get(1)
+	two, _ := s.Get(2)
+	three, _ := s.Get(3)
+	if one.Format != two.Format || one.Shape[0] != 2 || three.Format == one.Format || three.Shape[0] != 3 || three.StepBytes != 12 {
+		t.Fatalf("formats %+v, %+v, %+v; want float32[2] twice, shared, then float32[3]", *one.Format, *two.Format, *three.Format)
+	}
+	if err := s.Release(3); err != nil {
+		t.Fatal(err)
+	}
+	again := s.Put(&Chunk{Key: 4, Format: mine, Length: 1})
+	if again.Shape[0] != 3 || len(s.formats) != 2 || len(s.owners) != 2 || s.owners[again.Format] == nil {
+		t.Fatalf("a format put again after its last chunk went: %+v, %d formats, %d owners", *again.Format, len(s.formats), len(s.owners))
+	}
+	if err := s.Release(1, 2, 4); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.formats)+len(s.owners) != 0 || s.last != nil {
+		t.Fatalf("an empty store holds %d formats, %d owners, last %v", len(s.formats), len(s.owners), s.last)
+	}
+}
+
 func TestChunkStoreEpochWraps(t *testing.T) {
 	s := NewChunkStore()
 	putChunk(s, 1, 4, 8)

@@ -410,10 +410,13 @@ func (s *Service) applyBatch(ctx context.Context, id string, ps *producerState, 
 			if _, dup := ps.chunks[rc.key]; dup {
 				continue
 			}
-			// The reference Put takes is the producer's hold.
-			s.store.Put(&rc.chunk)
+			// The reference the store takes is the producer's hold.
 			s.hold(id, ps, rc.key, chunkHold{order: b.streamSeq<<16 | uint64(i), bytes: int64(len(rc.chunk.Data))})
+			s.puts = append(s.puts, &b.chunks[i].chunk)
 		}
+		s.store.PutAll(s.puts)
+		clear(s.puts)
+		s.puts = s.puts[:0]
 		s.shedHeldChunks()
 	}
 	for ; b.done < len(b.items); b.done++ {

@@ -424,6 +424,7 @@ type Service struct {
 	watcher   *watcher                 // set by the apply loop
 	dupWindow time.Duration            // the stream's, read at start
 	keys      []uint64                 // prefetch's and release's scratch
+	puts      []*tables.Chunk          // applyBatch's scratch: a message's chunks to store
 
 	slots     *requestSlots
 	handlers  sync.WaitGroup
