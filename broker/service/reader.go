@@ -47,8 +47,7 @@ type streamReader struct {
 	pullBytes int
 	log       *slog.Logger
 
-	next   uint64 // stream sequence of the next message to hand out
-	handed bool   // a message was handed out
+	next uint64 // stream sequence of the next message to hand out
 	// gap is told of messages the stream no longer held when they were to
 	// be read (purged, or dropped by its limits); an error from it ends
 	// the reading.
@@ -183,14 +182,12 @@ func (r *streamReader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgM
 		if meta.Sequence.Stream < r.next {
 			continue // handed out already
 		}
-		// Before the first message, a gap is what recovery already
-		// reported (checkStreamCovers).
-		if meta.Sequence.Stream > r.next && r.handed && r.gap != nil {
+		if meta.Sequence.Stream > r.next && r.gap != nil {
 			if err := r.gap(r.next, meta.Sequence.Stream-1); err != nil {
 				return nil, nil, err
 			}
 		}
-		r.next, r.handed = meta.Sequence.Stream+1, true
+		r.next = meta.Sequence.Stream + 1
 		return m, meta, nil
 	}
 }

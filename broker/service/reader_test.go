@@ -102,4 +102,12 @@ func TestReaderReportsPurgedMessages(t *testing.T) {
 	if len(gaps) != 1 || gaps[0] != [2]uint64{4, 7} {
 		t.Fatalf("gaps %v, want [4 7]", gaps)
 	}
+	// So are messages purged before a reader's first one: the purge may
+	// come after whoever set where it starts looked at the stream.
+	gaps = nil
+	first := newStreamReader(st, "r.>", 2, 1<<20, testutil.QuietLogger(), r.gap)
+	defer first.close()
+	if got := readSeqs(t, first, 1); got[0] != 8 || len(gaps) != 1 || gaps[0] != [2]uint64{2, 7} {
+		t.Fatalf("a reader from 2 read %v first and reported gaps %v; want 8, after [2 7]", got, gaps)
+	}
 }

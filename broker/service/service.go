@@ -545,24 +545,28 @@ func (s *Service) Run(parent context.Context) error {
 	}
 	s.stream = stream
 	s.dupWindow = stream.CachedInfo().Config.Duplicates
+	// Before recovery: while a standby waits for the lease bucket (a
+	// cluster electing its leader), the active service goes on trimming
+	// the stream, and the checkpoint to recover from is the newest after
+	// the wait.
+	if s.o.standby {
+		s.lease, err = openLease(ctx, s.js, s.subj.LeaseBucket(), s.o.stream.Replicas, s.o.leaseTTL, s.id, s.log)
+		if err != nil {
+			return stoppedOr(parent, err)
+		}
+	}
 	kept, err := s.recoverAtStart(ctx)
 	if err != nil {
 		return stoppedOr(parent, err)
 	}
-	start := s.progress.get() + 1
-	if err := s.checkStreamCovers(ctx, start, kept); err != nil {
+	start, err := s.checkStreamCovers(ctx, s.progress.get()+1, kept)
+	if err != nil {
 		return err
 	}
 	reader := newStreamReader(stream, s.subj.Data(), start, s.o.pullBytes, s.log, s.streamGap)
 	defer reader.close()
 	if err := reader.open(ctx); err != nil {
 		return fmt.Errorf("broker: consumer on %s: %w", s.subj.Stream(), err)
-	}
-	if s.o.standby {
-		s.lease, err = openLease(ctx, s.js, s.subj.LeaseBucket(), s.o.stream.Replicas, s.o.leaseTTL, s.id, s.log)
-		if err != nil {
-			return err
-		}
 	}
 
 	// The active role: for the whole run without standby, while the lease
@@ -670,11 +674,14 @@ func (s *Service) recoverAtStart(ctx context.Context) ([]keptCheckpoint, error) 
 // stream that was recreated. Where a checkpoint that recovery skipped, but
 // kept, holds some of them, it refuses to start: serving would lose them,
 // and the checkpoints written next would trim the one that holds them.
-func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []keptCheckpoint) error {
+// Other missing messages are a gap in the stream (streamGap), reported
+// here rather than by the reader. It returns the sequence to read the
+// stream from: start, or the first one the stream holds past such a gap.
+func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []keptCheckpoint) (uint64, error) {
 	info, err := s.stream.Info(ctx)
 	if err != nil {
 		s.log.Warn("reprise service: reading the stream's state", "error", err)
-		return nil
+		return start, nil // the reader reports a gap at its first message
 	}
 	st := info.State
 	var holding []string // kept checkpoints with messages from start on
@@ -690,15 +697,17 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []ke
 		// would purge it.
 		s.log.Error("reprise service: the stream ends before the checkpoint: it was deleted and recreated. The checkpoints hold everything applied up to their sequence; to serve from them and drop the new stream's messages, purge the new stream past the checkpoint's sequence; to start over from the new stream, move the checkpoints away",
 			"stream_last", st.LastSeq, "checkpoint_applied", start-1)
-		return fmt.Errorf("%w: %s ends at sequence %d, before the checkpoint's %d", protocol.ErrStreamLost, s.subj.Stream(), st.LastSeq, start-1)
+		return 0, fmt.Errorf("%w: %s ends at sequence %d, before the checkpoint's %d", protocol.ErrStreamLost, s.subj.Stream(), st.LastSeq, start-1)
 	case st.FirstSeq > start && len(holding) > 0:
-		return fmt.Errorf("%w: the stream holds messages from sequence %d on, and recovery needs them from %d: they are in a checkpoint it could not load (%s); remove its cause and start again, or move that checkpoint away to start without what only it holds",
+		return 0, fmt.Errorf("%w: the stream holds messages from sequence %d on, and recovery needs them from %d: they are in a checkpoint it could not load (%s); remove its cause and start again, or move that checkpoint away to start without what only it holds",
 			protocol.ErrStreamLost, st.FirstSeq, start, strings.Join(holding, "; "))
-	case st.Msgs > 0 && st.FirstSeq > start:
-		s.log.Error("reprise service: the stream no longer holds messages recovery needs (stream limits, or a purge); they are lost",
-			"missing_from", start, "missing_to", st.FirstSeq-1)
+	case st.FirstSeq > start:
+		if err := s.streamGap(start, st.FirstSeq-1); err != nil {
+			return 0, err
+		}
+		return st.FirstSeq, nil
 	}
-	return nil
+	return start, nil
 }
 
 // streamGap is told of stream messages gone before the service read them.

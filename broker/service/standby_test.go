@@ -350,6 +350,70 @@ func TestStandbyBehindTrimDoesNotServeWithoutIt(t *testing.T) {
 	testutil.WaitUntil(t, "the restarted service holds every item", func() bool { return size() == items })
 }
 
+// TestStandbyTrimmedWhileStartingStops: while a standby starts (on a
+// cluster it can wait seconds for the lease bucket), the active service
+// checkpoints and trims the stream past the checkpoint the standby
+// recovered from. The standby must stop (ErrStreamLost), to be restarted
+// from the newer checkpoint, rather than read on from the first message
+// left: it used to, since a gap before the reader's first message went
+// unreported, and then took over without what the newer checkpoint held.
+func TestStandbyTrimmedWhileStartingStops(t *testing.T) {
+	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
+	opts := []Option{WithStandby(time.Second), WithObjectStoreCheckpoints()}
+	d := deploy(t, cfgs, deployOptions{service: opts})
+	ctx := testutil.Context(t)
+	c := d.client()
+	p := d.producer()
+	fill(t, p, 0, 10, "t")
+	if _, err := c.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recovered := make(chan RecoveryResult, 1)
+	trimmed := make(chan struct{})
+	hold := WithRecoveryReport(func(r RecoveryResult) {
+		recovered <- r
+		<-trimmed
+	})
+	b, err := New(d.connect(), cfgs, append([]Option{WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), hold}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	bDone := make(chan error, 1)
+	go func() { bDone <- b.Run(bctx) }()
+	var res RecoveryResult
+	select {
+	case res = <-recovered:
+	case <-time.After(time.Minute):
+		t.Fatal("the standby did not recover within a minute")
+	}
+
+	// The stream is trimmed below the older of the two newest checkpoints.
+	for i := range int64(3) {
+		fill(t, p, 10+10*i, 10, "t")
+		if _, err := c.Checkpoint(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := d.svc.stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.FirstSeq <= res.Applied+1 {
+		t.Fatalf("the stream holds messages from %d on, the standby needs them from %d: not trimmed past it", info.State.FirstSeq, res.Applied+1)
+	}
+	close(trimmed)
+	select {
+	case err := <-bDone:
+		if !errors.Is(err, protocol.ErrStreamLost) {
+			t.Fatalf("the standby stopped with %v, want ErrStreamLost", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the standby runs on, from stream message %d, without messages %d to %d that a checkpoint holds", info.State.FirstSeq, res.Applied+1, info.State.FirstSeq-1)
+	}
+}
+
 // TestGapBelowCheckpointStopsActive: the active service's reader finding
 // stream messages gone that a checkpoint holds stops it, and it writes no
 // checkpoint of the tables that lack them; messages only the stream's

@@ -285,8 +285,7 @@ func (cr *clusterRun) waitAcked(ctx context.Context, t *testing.T, what string, 
 			// goroutine's stack into its output, which the test logs (one
 			// killed and not restarted yet is skipped: Signal fails).
 			for _, r := range cr.rs {
-				r.cmd.Process.Signal(syscall.SIGQUIT)
-				r.cmd.Wait()
+				r.stop(syscall.SIGQUIT, time.Minute)
 			}
 			t.Fatalf("timed out waiting for %s: %d of %d", what, l.ackedCount(), n)
 		}

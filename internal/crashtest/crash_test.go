@@ -45,13 +45,23 @@ func binary(t *testing.T, name string) string {
 	return programs.Path(t, name)
 }
 
-// reprised is a running reprised process.
+// reprised is a running reprised process. A goroutine of its own reaps
+// it, so that a test can wait for it with a deadline; a supervised one is
+// started again whenever it exits without the test stopping it, as
+// systemd's Restart=always would.
 type reprised struct {
 	t    *testing.T
 	bin  string
 	args []string
-	cmd  *exec.Cmd
 	out  *syncbuf.Buffer
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	exited   chan struct{} // closed once cmd has exited and been reaped
+	err      error         // cmd's exit, once exited
+	restart  bool          // supervised
+	stopping bool          // the test stops it: no restart
+	restarts int
 }
 
 func startReprised(t *testing.T, args ...string) *reprised {
@@ -59,10 +69,7 @@ func startReprised(t *testing.T, args ...string) *reprised {
 	r := &reprised{t: t, bin: binary(t, "reprised"), args: args, out: &syncbuf.Buffer{}}
 	r.start()
 	t.Cleanup(func() {
-		if r.cmd.ProcessState == nil {
-			r.cmd.Process.Kill()
-			r.cmd.Wait()
-		}
+		r.stop(syscall.SIGKILL, time.Minute)
 		if t.Failed() {
 			t.Logf("reprised output:\n%s", r.out.String())
 		}
@@ -70,20 +77,108 @@ func startReprised(t *testing.T, args ...string) *reprised {
 	return r
 }
 
+// supervise has r started again whenever it exits on its own.
+func (r *reprised) supervise() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.restart = true
+}
+
 // start starts the process again with the same arguments (so on the same
 // store and port).
 func (r *reprised) start() {
-	r.cmd = exec.Command(r.bin, r.args...)
-	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
-	if err := r.cmd.Start(); err != nil {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopping = false
+	if err := r.launchLocked(); err != nil {
 		r.t.Fatalf("starting reprised: %v", err)
 	}
 }
 
+func (r *reprised) launchLocked() error {
+	cmd := exec.Command(r.bin, r.args...)
+	cmd.Stdout, cmd.Stderr = r.out, r.out
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	r.cmd, r.exited = cmd, exited
+	go func() {
+		err := cmd.Wait()
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.err = err
+		close(exited)
+		if !r.restart || r.stopping {
+			return
+		}
+		// Said in its output, which the test shows when it fails; the test
+		// may have ended, so not through t.
+		fmt.Fprintf(r.out, "--- crashtest: reprised (pid %d) exited (%v); starting it again\n", cmd.Process.Pid, err)
+		r.restarts++
+		if err := r.launchLocked(); err != nil {
+			fmt.Fprintf(r.out, "--- crashtest: starting reprised again: %v\n", err)
+		}
+	}()
+	return nil
+}
+
 // kill sends SIGKILL and reaps the process.
 func (r *reprised) kill() {
-	r.cmd.Process.Signal(syscall.SIGKILL)
-	r.cmd.Wait()
+	r.stop(syscall.SIGKILL, time.Minute)
+}
+
+// stop sends sig and waits, at most within, for the process to exit,
+// without a restart. It returns how the process exited, which is nil for
+// exit status 0.
+func (r *reprised) stop(sig syscall.Signal, within time.Duration) error {
+	r.mu.Lock()
+	r.stopping = true
+	cmd, exited := r.cmd, r.exited
+	r.mu.Unlock()
+	cmd.Process.Signal(sig)
+	select {
+	case <-exited:
+	case <-time.After(within):
+		return fmt.Errorf("reprised (pid %d) still running %v after %v", cmd.Process.Pid, within, sig)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// pid is the process id of the current process.
+func (r *reprised) pid() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cmd.Process.Pid
+}
+
+// signal sends sig to the current process.
+func (r *reprised) signal(sig syscall.Signal) error {
+	r.mu.Lock()
+	cmd := r.cmd
+	r.mu.Unlock()
+	return cmd.Process.Signal(sig)
+}
+
+// ended says whether the current process exited, and how.
+func (r *reprised) ended() (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-r.exited:
+		return true, r.err
+	default:
+		return false, nil
+	}
+}
+
+// restarted is how often supervision started the process again.
+func (r *reprised) restarted() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.restarts
 }
 
 func freePort(t *testing.T) string {

@@ -92,8 +92,8 @@ func TestExtremePrioritiesNoCrashLoop(t *testing.T) {
 		return true
 	})
 	check("running")
-	if r.cmd.ProcessState != nil {
-		t.Fatalf("reprised exited: %v", r.cmd.ProcessState)
+	if ended, err := r.ended(); ended {
+		t.Fatalf("reprised exited: %v", err)
 	}
 	r.kill()
 	r.start()

@@ -79,7 +79,7 @@ func activeAndStandby(t *testing.T, nc *nats.Conn, rs []*reprised) (active, stan
 	var pid int
 	waitFor(t, "one reprised answers", func() bool { pid = answeringPID(nc); return pid > 0 })
 	for i, r := range rs {
-		if r.cmd.Process.Pid == pid {
+		if r.pid() == pid {
 			return r, rs[1-i]
 		}
 	}
@@ -95,7 +95,7 @@ func killActive(t *testing.T, nc *nats.Conn, rs []*reprised) (active, standby *r
 	active, standby = activeAndStandby(t, nc, rs)
 	killed = time.Now()
 	active.kill()
-	waitFor(t, "the standby answers", func() bool { return answeringPID(nc) == standby.cmd.Process.Pid })
+	waitFor(t, "the standby answers", func() bool { return answeringPID(nc) == standby.pid() })
 	return active, standby, killed, time.Since(killed)
 }
 
@@ -146,13 +146,13 @@ func TestStandbyPausedActiveStaysFenced(t *testing.T) {
 
 	paused, standby := activeAndStandby(t, nc, rs)
 	pausedAt := time.Now()
-	if err := paused.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := paused.signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	// The paused one is continued however the test ends, so that it can be
 	// killed and reaped.
-	defer paused.cmd.Process.Signal(syscall.SIGCONT)
-	waitFor(t, "the standby answers", func() bool { return answeringPID(nc) == standby.cmd.Process.Pid })
+	defer paused.signal(syscall.SIGCONT)
+	waitFor(t, "the standby answers", func() bool { return answeringPID(nc) == standby.pid() })
 	t.Logf("active reprised paused: the standby answered %v after SIGSTOP", time.Since(pausedAt).Round(time.Millisecond))
 	before := l.ackedCount()
 	waitFor(t, "inserts acknowledged by the new active one", func() bool { return l.ackedCount() >= before+200 })
@@ -229,7 +229,7 @@ func TestStandbyPausedActiveStaysFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := paused.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := paused.signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	continued := time.Now()
@@ -242,15 +242,15 @@ func TestStandbyPausedActiveStaysFenced(t *testing.T) {
 		}
 		answers[answeringPID(nc)]++
 	}
-	if n := answers[paused.cmd.Process.Pid]; n > 0 {
+	if n := answers[paused.pid()]; n > 0 {
 		t.Errorf("the paused reprised answered %d info requests after SIGCONT (answers by pid: %v)", n, answers)
 	}
 	repliedMu.Lock()
-	if n := repliedBy[paused.cmd.Process.Pid]; n > 0 {
+	if n := repliedBy[paused.pid()]; n > 0 {
 		t.Errorf("the paused reprised answered %d of the requests sent while it was paused (answers by pid: %v)", n, repliedBy)
 	}
 	t.Logf("after SIGCONT: info answers by pid %v, to requests sent during the pause %v (negative: refusals; new active %d, paused %d)",
-		answers, repliedBy, standby.cmd.Process.Pid, paused.cmd.Process.Pid)
+		answers, repliedBy, standby.pid(), paused.pid())
 	repliedMu.Unlock()
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
