@@ -711,45 +711,56 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []ke
 }
 
 // streamGap is told of stream messages gone before the service read them.
-// Where a checkpoint holds them (the stream was trimmed below it), the
-// service stops, with an error, so that its supervisor restarts it:
-// recovery from the newest checkpoint covers what it missed. That is a
-// standby that fell behind the active one's trim, or one that did and
-// then took over: going on, it would serve without them, and its own
-// checkpoints would trim away the one that holds them. Messages that only
-// the stream's limits dropped are lost to recovery too: the service goes
-// on without them.
+// Where the checkpoint a restart would recover from holds them (the stream
+// was trimmed below it), the service stops, with an error, so that its
+// supervisor restarts it and recovery covers what it missed. That is a
+// standby that fell behind the active one's trim, before it took over or
+// after, or while it started: going on, it would serve without them, and
+// its own checkpoints would trim away the one that holds them. A standby
+// stops too when the checkpoint store cannot say. Messages that only the
+// stream's limits (or a purge) dropped are lost to recovery too: the
+// service goes on without them, since a restart would meet the same gap.
 func (s *Service) streamGap(from, to uint64) error {
 	s.log.Error("reprise service: stream messages were gone before this service read them (purged, or dropped by the stream's limits)", "from", from, "to", to)
-	if s.lease != nil && !s.mayAct() {
-		return fmt.Errorf("%w: this standby fell behind the stream's trim (messages %d to %d are gone); restart it to recover from the newest checkpoint", protocol.ErrStreamLost, from, to)
-	}
-	if name := s.checkpointHolding(from); name != "" {
+	name, err := s.checkpointHolding(from)
+	standby := s.lease != nil && !s.mayAct()
+	switch {
+	case name != "" && standby:
+		s.missedTrim.Store(true)
+		return fmt.Errorf("%w: this standby fell behind the stream's trim (messages %d to %d are gone, and checkpoint %s holds them); restart it to recover from that checkpoint", protocol.ErrStreamLost, from, to, name)
+	case name != "":
 		s.missedTrim.Store(true)
 		return fmt.Errorf("%w: stream messages %d to %d were trimmed below checkpoint %s, which holds them and which this service did not load (it fell behind the trim before it took over); restart it to recover from that checkpoint", protocol.ErrStreamLost, from, to, name)
+	case err != nil && standby:
+		return fmt.Errorf("%w: this standby may have fallen behind the stream's trim (messages %d to %d are gone) and the checkpoint store cannot say (%v); restart it to recover from the newest checkpoint", protocol.ErrStreamLost, from, to, err)
 	}
 	return nil
 }
 
-// checkpointHolding names a stored checkpoint that holds stream message
-// seq, or is "" when none does, or the store cannot say.
-func (s *Service) checkpointHolding(seq uint64) string {
+// checkpointHolding names the checkpoint a restart would recover from, the
+// newest, if it holds stream message seq; it is "" when that one does not
+// (an older one with more messages would not be loaded), or when there is
+// no checkpoint, and err when the store cannot say.
+func (s *Service) checkpointHolding(seq uint64) (string, error) {
 	if s.o.checkpoints == nil {
-		return "" // without checkpoints nothing trims the stream
+		return "", nil // without checkpoints nothing trims the stream
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	names, err := s.listForRecovery(ctx)
 	if err != nil {
 		s.log.Error("reprise service: listing checkpoints after a gap in the stream", "error", err)
-		return ""
+		return "", err
 	}
-	for _, name := range names {
-		if _, applied, ok := parseCheckpointName(name); ok && applied >= seq {
-			return name
+	for i := len(names) - 1; i >= 0; i-- {
+		if _, applied, ok := parseCheckpointName(names[i]); ok {
+			if applied >= seq {
+				return names[i], nil
+			}
+			return "", nil
 		}
 	}
-	return ""
+	return "", nil
 }
 
 // checkCheckpointStore recreates a deleted checkpoint bucket or directory,

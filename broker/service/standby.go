@@ -203,7 +203,7 @@ func (s *Service) checkNotBehindTrim(ctx context.Context) error {
 	if info.State.FirstSeq <= next {
 		return nil
 	}
-	if name := s.checkpointHolding(next); name != "" {
+	if name, _ := s.checkpointHolding(next); name != "" {
 		return fmt.Errorf("%w: the stream holds messages from sequence %d on, this service applied them up to %d, and checkpoint %s holds the rest; restart it to recover from that checkpoint", protocol.ErrStreamLost, info.State.FirstSeq, next-1, name)
 	}
 	return nil

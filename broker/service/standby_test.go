@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -411,6 +413,60 @@ func TestStandbyTrimmedWhileStartingStops(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("the standby runs on, from stream message %d, without messages %d to %d that a checkpoint holds", info.State.FirstSeq, res.Applied+1, info.State.FirstSeq-1)
+	}
+}
+
+// TestStandbyStartsPastMessagesNoCheckpointHolds: every service of a
+// prefix stopped without a final checkpoint (kill -9), and the stream lost
+// what came after the newest checkpoint (its limits, or a purge) before
+// one started again. No restart can bring those messages back, so a
+// standby starts without them, as a service without --standby does; it
+// used to stop with ErrStreamLost at every start, and nobody served.
+func TestStandbyStartsPastMessagesNoCheckpointHolds(t *testing.T) {
+	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
+	opts := []Option{WithStandby(time.Second), WithObjectStoreCheckpoints(), WithoutFinalCheckpoint()}
+	d := deploy(t, cfgs, deployOptions{service: opts})
+	ctx := testutil.Context(t)
+	c := d.client()
+	p := d.producer()
+	fill(t, p, 0, 10, "t")
+	if _, err := c.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, p, 10, 10, "t")
+	d.stop()
+	if err := d.svc.stream.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.startService(cfgs, opts...) // fails the test if Run returns
+	testutil.WaitUntil(t, "the standby serves the checkpoint's items", func() bool {
+		info, err := c.Info(ctx, "t")
+		return err == nil && info.Tables[0].Size == 10
+	})
+}
+
+// TestGapHeldOnlyByAnOlderEpochGoesOn: a gap in the stream stops the
+// service only where the checkpoint a restart would load, the newest,
+// holds the missing messages. An older epoch's checkpoint may reach
+// further (a former active service's, written late); a restart would not
+// load it, and would stop at the same gap again, for good.
+func TestGapHeldOnlyByAnOlderEpochGoesOn(t *testing.T) {
+	dir := t.TempDir()
+	fc, err := NewFileCheckpoints(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := deploy(t, checkpointTables(1000), deployOptions{service: []Option{WithCheckpoints(fc), WithoutFinalCheckpoint()}})
+	for _, name := range []string{checkpointName(1, 50), checkpointName(2, 20)} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.svc.streamGap(30, 40); err != nil || d.svc.missedTrim.Load() {
+		t.Fatalf("a gap only an older epoch's checkpoint holds: %v, missed a trim %v; want the service to go on", err, d.svc.missedTrim.Load())
+	}
+	if err := d.svc.streamGap(10, 40); !errors.Is(err, protocol.ErrStreamLost) || !strings.Contains(err.Error(), checkpointName(2, 20)) {
+		t.Fatalf("a gap the newest checkpoint holds: %v; want ErrStreamLost naming it", err)
 	}
 }
 

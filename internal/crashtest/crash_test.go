@@ -107,8 +107,11 @@ func (r *reprised) launchLocked() error {
 		err := cmd.Wait()
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		r.err = err
 		close(exited)
+		if r.cmd != cmd {
+			return // one the test gave up waiting for: another runs
+		}
+		r.err = err
 		if !r.restart || r.stopping {
 			return
 		}
@@ -116,16 +119,31 @@ func (r *reprised) launchLocked() error {
 		// may have ended, so not through t.
 		fmt.Fprintf(r.out, "--- crashtest: reprised (pid %d) exited (%v); starting it again\n", cmd.Process.Pid, err)
 		r.restarts++
-		if err := r.launchLocked(); err != nil {
-			fmt.Fprintf(r.out, "--- crashtest: starting reprised again: %v\n", err)
-		}
+		time.AfterFunc(restartDelay, func() {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.stopping || r.cmd != cmd {
+				return
+			}
+			if err := r.launchLocked(); err != nil {
+				fmt.Fprintf(r.out, "--- crashtest: starting reprised again: %v\n", err)
+			}
+		})
 	}()
 	return nil
 }
 
+// restartDelay is how long supervision waits before it starts an exited
+// reprised again, as systemd's RestartSec does: one that exits at once
+// does not take the machine's cores.
+const restartDelay = 200 * time.Millisecond
+
 // kill sends SIGKILL and reaps the process.
 func (r *reprised) kill() {
 	r.stop(syscall.SIGKILL, time.Minute)
+	if ended, _ := r.ended(); !ended {
+		r.t.Fatalf("reprised (pid %d) still running a minute after SIGKILL", r.pid())
+	}
 }
 
 // stop sends sig and waits, at most within, for the process to exit,
