@@ -331,17 +331,30 @@ type checkpointReader struct {
 // Size is the file's length in bytes.
 func (r *checkpointReader) Size() int64 { return r.size }
 
+// Read fills p as far as the checkpoint goes. nats.go's object store keeps
+// each Read as one message of the object: reading a piece at a time (a
+// chunk's header, then its data) stored two messages a chunk, 130 times as
+// many as its chunk size asks, and the server's buffers for them swung the
+// embedded server's memory by hundreds of MB.
 func (r *checkpointReader) Read(p []byte) (int, error) {
-	for len(r.cur) == 0 {
-		if !r.advance() {
-			return 0, io.EOF
+	n := 0
+	for n < len(p) {
+		if len(r.cur) == 0 {
+			if !r.advance() {
+				break
+			}
+			continue
 		}
+		m := copy(p[n:], r.cur)
+		if r.hashed {
+			r.hash.Write(r.cur[:m])
+		}
+		r.cur = r.cur[m:]
+		n += m
 	}
-	n := copy(p, r.cur)
-	if r.hashed {
-		r.hash.Write(r.cur[:n])
+	if n == 0 && len(p) > 0 {
+		return 0, io.EOF
 	}
-	r.cur = r.cur[n:]
 	return n, nil
 }
 

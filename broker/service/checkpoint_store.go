@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -225,29 +226,63 @@ const objectListTimeout = 10 * time.Second
 func (s *ObjectStoreCheckpoints) List(ctx context.Context) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, objectListTimeout)
 	defer cancel()
-	infos, err := s.store().List(ctx)
+	infos, err := s.store().List(ctx, jetstream.ListObjectsShowDeleted())
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("broker: listing checkpoints: %w", err)
 	}
-	var names []string
+	var names, deleted []string
 	for _, in := range infos {
-		if strings.HasPrefix(in.Name, checkpointPrefix) && !in.Deleted {
+		switch {
+		case !strings.HasPrefix(in.Name, checkpointPrefix):
+		case in.Deleted:
+			deleted = append(deleted, in.Name)
+		default:
 			names = append(names, in.Name)
+		}
+	}
+	// Markers left by deletes that did not purge theirs (a failure, or an
+	// older version), a few at a time.
+	for _, name := range deleted[:min(len(deleted), markersPurgedPerList)] {
+		if s.forget(ctx, name) != nil {
+			break
 		}
 	}
 	slices.Sort(names)
 	return names, nil
 }
 
+// markersPurgedPerList bounds the delete markers one listing purges: more
+// than a checkpoint leaves, so that they go, and few enough for the
+// listing to stay quick.
+const markersPurgedPerList = 16
+
 // Delete removes a checkpoint.
 func (s *ObjectStoreCheckpoints) Delete(ctx context.Context, name string) error {
 	if err := s.store().Delete(ctx, name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 		return fmt.Errorf("broker: deleting checkpoint %s: %w", name, err)
 	}
+	if err := s.forget(ctx, name); err != nil {
+		return fmt.Errorf("broker: deleting checkpoint %s: purging its delete marker: %w", name, err)
+	}
 	return nil
+}
+
+// forget purges the marker that nats.go's Delete leaves under a deleted
+// object's name. Every checkpoint has a name of its own, so the markers
+// piled up, one a checkpoint, forever, each one read by every listing (16
+// ms for 1,000 of them, 560 ms for 50,000, 35 days of one a minute). The
+// subject is the object store's (ADR-20): the bucket's meta subject and
+// the name in URL-safe base64.
+func (s *ObjectStoreCheckpoints) forget(ctx context.Context, name string) error {
+	bucket := s.config.Bucket
+	st, err := s.js.Stream(ctx, "OBJ_"+bucket)
+	if err != nil {
+		return err
+	}
+	return st.Purge(ctx, jetstream.WithPurgeSubject("$O."+bucket+".M."+base64.URLEncoding.EncodeToString([]byte(name))))
 }
 
 // FileCheckpoints keeps checkpoints as files in a directory.

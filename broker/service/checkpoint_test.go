@@ -652,8 +652,19 @@ func TestObjectStoreCheckpoints(t *testing.T) {
 	ctx := testutil.Context(t)
 	p := d.producer()
 	fill(t, p, 0, 200, "uniform", "heap")
-	if _, err := d.svc.Checkpoint(ctx); err != nil {
+	res, err := d.svc.Checkpoint(ctx)
+	if err != nil {
 		t.Fatal(err)
+	}
+	// Stored in messages of the chunk size asked, not one a piece of the
+	// file (a chunk's header, its data): 400 pieces here.
+	cs := d.svc.o.checkpoints.(*ObjectStoreCheckpoints)
+	info, err := cs.store().GetInfo(ctx, res.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := info.Size/objectChunkSize + 1; uint64(info.Chunks) > want {
+		t.Errorf("a checkpoint of %d bytes stored in %d messages, want at most %d of %d bytes", info.Size, info.Chunks, want, objectChunkSize)
 	}
 	want := stateOf(t, d.svc, "heap")
 	d.stop()
@@ -663,6 +674,61 @@ func TestObjectStoreCheckpoints(t *testing.T) {
 		t.Fatalf("recovery %+v, want a checkpoint with 400 items", rep)
 	}
 	sameState(t, "heap", stateOf(t, svc, "heap"), want)
+}
+
+// TestCheckpointsLeaveNoDeleteMarkers: the object store keeps a marker
+// under the name of each object deleted, and each checkpoint has a name of
+// its own; the service purges them, so that what the bucket holds, and
+// what every listing reads, stays as many objects as are kept, however
+// long it runs. Markers it did not purge (an older version's) go a few at
+// a listing.
+func TestCheckpointsLeaveNoDeleteMarkers(t *testing.T) {
+	d := deploy(t, checkpointTables(1000), deployOptions{service: []Option{WithObjectStoreCheckpoints(), WithoutFinalCheckpoint()}})
+	ctx := testutil.Context(t)
+	p := d.producer()
+	for i := range int64(6) {
+		fill(t, p, 10*i, 10, "uniform")
+		if _, err := d.svc.Checkpoint(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs := d.svc.o.checkpoints.(*ObjectStoreCheckpoints)
+	bucket := cs.config.Bucket
+	metaSubjects := func() int {
+		st, err := d.svc.js.Stream(ctx, "OBJ_"+bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter("$O."+bucket+".M.>"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(info.State.Subjects)
+	}
+	names, err := cs.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := metaSubjects(); len(names) != d.svc.o.checkpointKeep || n != len(names) {
+		t.Fatalf("after 6 checkpoints: %d listed, %d names in the bucket; want %d of each", len(names), n, d.svc.o.checkpointKeep)
+	}
+	for i := range 20 { // as an older version deleted them
+		name := checkpointName(0, uint64(1000+i)) // none of the service's
+		if _, err := cs.store().PutBytes(ctx, name, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if err := cs.store().Delete(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if _, err := cs.List(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := metaSubjects(); n != len(names) {
+		t.Fatalf("20 markers and two listings later the bucket holds %d names, want %d", n, len(names))
+	}
 }
 
 // TestCheckpointFileStreams: the checkpoint file is read out piece by
