@@ -431,6 +431,11 @@ func (s *Service) write(ctx context.Context, c *captured) (CheckpointResult, err
 	if res.Name < s.lastName {
 		return res, fmt.Errorf("%w: a newer checkpoint (%s) is already written", protocol.ErrServer, s.lastName)
 	}
+	if s.missedTrim.Load() {
+		// Its tables lack what a checkpoint holds: written, this one would
+		// be the newest, and recovery would load it instead.
+		return res, fmt.Errorf("%w: the tables lack stream messages that were trimmed below a checkpoint; the service is stopping to recover from it", protocol.ErrServer)
+	}
 	file, err := c.encode()
 	if err != nil {
 		return res, err

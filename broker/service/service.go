@@ -563,7 +563,15 @@ func (s *Service) Run(parent context.Context) error {
 	if err != nil {
 		return err
 	}
-	reader := newStreamReader(stream, s.subj.Data(), start, s.o.pullBytes, s.log, s.streamGap)
+	// A gap that stops the service ends the run at once: the apply loop
+	// may be waiting on a rate limiter, far behind the reader.
+	reader := newStreamReader(stream, s.subj.Data(), start, s.o.pullBytes, s.log, func(from, to uint64) error {
+		err := s.streamGap(from, to)
+		if err != nil {
+			lose(err)
+		}
+		return err
+	})
 	defer reader.close()
 	if err := reader.open(ctx); err != nil {
 		return fmt.Errorf("broker: consumer on %s: %w", s.subj.Stream(), err)
@@ -606,7 +614,9 @@ func (s *Service) Run(parent context.Context) error {
 	var cpErr error
 	if s.o.checkpoints != nil && s.o.finalCheckpoint && s.mayAct() && !s.missedTrim.Load() {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		stopRenewing := s.keepLease(wctx)
 		_, cpErr = s.write(wctx, s.capture())
+		stopRenewing()
 		cancel()
 		if cpErr != nil {
 			cpErr = fmt.Errorf("broker: final checkpoint: %w", cpErr)
@@ -722,8 +732,12 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []ke
 // service goes on without them, since a restart would meet the same gap.
 func (s *Service) streamGap(from, to uint64) error {
 	s.log.Error("reprise service: stream messages were gone before this service read them (purged, or dropped by the stream's limits)", "from", from, "to", to)
-	name, err := s.checkpointHolding(from)
+	// Before the listing, which may take long enough for the lease to be
+	// taken meanwhile.
 	standby := s.lease != nil && !s.mayAct()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name, err := s.checkpointHolding(ctx, from)
 	switch {
 	case name != "" && standby:
 		s.missedTrim.Store(true)
@@ -741,12 +755,10 @@ func (s *Service) streamGap(from, to uint64) error {
 // newest, if it holds stream message seq; it is "" when that one does not
 // (an older one with more messages would not be loaded), or when there is
 // no checkpoint, and err when the store cannot say.
-func (s *Service) checkpointHolding(seq uint64) (string, error) {
+func (s *Service) checkpointHolding(ctx context.Context, seq uint64) (string, error) {
 	if s.o.checkpoints == nil {
 		return "", nil // without checkpoints nothing trims the stream
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	names, err := s.listForRecovery(ctx)
 	if err != nil {
 		s.log.Error("reprise service: listing checkpoints after a gap in the stream", "error", err)

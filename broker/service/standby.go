@@ -114,7 +114,7 @@ func (s *Service) holdLease(ctx context.Context, lose context.CancelCauseFunc) {
 	s.log.Info("reprise service: holding the lease; catching up with the stream", "id", s.lease.id, "epoch", epoch, "applied", s.progress.get())
 	took := time.Now()
 	s.catchUp(ctx)
-	if err := s.checkNotBehindTrim(ctx); err != nil {
+	if err := s.checkNotBehindTrim(ctx); errors.Is(err, protocol.ErrStreamLost) {
 		// Serving, it would lack what the checkpoint holds, and its own
 		// checkpoints would trim that one away: restarted, it recovers
 		// from it.
@@ -122,6 +122,12 @@ func (s *Service) holdLease(ctx context.Context, lose context.CancelCauseFunc) {
 		s.log.Error("reprise service: giving the lease up and stopping", "error", err)
 		s.releaseLease(ctx)
 		lose(err)
+		return
+	} else if err != nil {
+		// Unchecked, it might serve behind the trim; it tries again at
+		// its next turn.
+		s.log.Warn("reprise service: giving the lease up: cannot tell whether the stream was trimmed past this service", "error", err)
+		s.releaseLease(ctx)
 		return
 	}
 	stop, err := s.activate(ctx)
@@ -163,6 +169,37 @@ func (s *Service) holdLease(ctx context.Context, lose context.CancelCauseFunc) {
 	}
 }
 
+// keepLease renews a held lease, at once and then every renewal period,
+// until stop is called: the final checkpoint is written under it once
+// holdLease has stopped renewing, and that of large tables takes longer
+// than the half TTL or so left of the lease then.
+func (s *Service) keepLease(ctx context.Context) (stop func()) {
+	if s.lease == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		renew := time.NewTicker(s.lease.renewEvery())
+		defer renew.Stop()
+		for s.lease.held() {
+			if err := s.lease.renew(ctx); errors.Is(err, errLeaseLost) {
+				s.lease.drop()
+				return
+			}
+			select {
+			case <-renew.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+	})
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
 func (s *Service) releaseLease(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.lease.renewEvery())
 	defer cancel()
@@ -191,19 +228,27 @@ func (s *Service) catchUp(ctx context.Context) {
 
 // checkNotBehindTrim reports a service about to take the active role whose
 // tables lack stream messages that the stream no longer has and a
-// checkpoint holds: a standby whose reader fell behind the former active
-// service's trim (a rate limiter held its inserts, say) and has not reached
-// the gap yet.
+// checkpoint holds (ErrStreamLost): a standby whose reader fell behind the
+// former active service's trim (a rate limiter held its inserts, say) and
+// has not reached the gap yet. It returns another error when it cannot
+// tell: the stream's state or the checkpoints could not be read in time.
 func (s *Service) checkNotBehindTrim(ctx context.Context) error {
+	// Within the first renewal period, which the lease is held for.
+	ctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery()/2)
+	defer cancel()
 	info, err := s.stream.Info(ctx)
 	if err != nil {
-		return nil // the reader still stops at the gap (streamGap)
+		return fmt.Errorf("reading the stream's state: %w", err)
 	}
 	next := s.progress.get() + 1
 	if info.State.FirstSeq <= next {
 		return nil
 	}
-	if name, _ := s.checkpointHolding(next); name != "" {
+	name, err := s.checkpointHolding(ctx, next)
+	if err != nil {
+		return err
+	}
+	if name != "" {
 		return fmt.Errorf("%w: the stream holds messages from sequence %d on, this service applied them up to %d, and checkpoint %s holds the rest; restart it to recover from that checkpoint", protocol.ErrStreamLost, info.State.FirstSeq, next-1, name)
 	}
 	return nil

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -17,6 +18,8 @@ import (
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
 	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/embeddednats"
+	"github.com/reprise-rl/reprise/internal/syncbuf"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -265,39 +268,146 @@ func TestStandbyLapseWhileServing(t *testing.T) {
 // to take over, skip the trimmed messages with a log line, and serve 760
 // of 2000 items; its checkpoints then trimmed the one that held the rest.
 func TestStandbyBehindTrimDoesNotServeWithoutIt(t *testing.T) {
+	bt := standbyBehindTrim(t, "", nil)
+	d, b, c := bt.d, bt.b, bt.c
+	ctx := testutil.Context(t)
+	size := func() int64 {
+		info, err := c.Info(ctx, "q")
+		if err != nil {
+			return -1
+		}
+		return info.Tables[0].Size
+	}
+	var stopped error
+	testutil.WaitUntil(t, "the standby stops, or serves every item", func() bool {
+		select {
+		case <-bt.exited:
+			stopped = bt.err
+			return true
+		default:
+			return answerer(t, bt.nc, d) == b.id && size() == behindTrimItems
+		}
+	})
+	if stopped == nil {
+		return // its reader had read past the trim before it: nothing was missing
+	}
+	if !errors.Is(stopped, protocol.ErrStreamLost) {
+		t.Fatalf("the standby stopped with %v, want ErrStreamLost", stopped)
+	}
+	t.Logf("the standby stopped: %v", stopped)
+	d.startService(bt.cfgs, bt.opts...)
+	testutil.WaitUntil(t, "the restarted service holds every item", func() bool { return size() == behindTrimItems })
+}
+
+// TestStandbyBehindTrimThatCannotCheckDoesNotServe: as the test above, but
+// the standby may not read the stream's state (on a cluster, a stream
+// electing its leader answers no one, and that is when active services
+// lose their lease). It took the failed read for "not behind" and served;
+// a checkpoint it wrote then became the newest, without the trimmed
+// messages, and they were lost for good. It must give the lease up.
+func TestStandbyBehindTrimThatCannotCheckDoesNotServe(t *testing.T) {
+	url := testutil.StartEmbedded(t, 0,
+		embeddednats.WithUser("a", "pa", embeddednats.Permissions{}),
+		embeddednats.WithUser("b", "pb", embeddednats.Permissions{Publish: embeddednats.SubjectPermissions{Deny: []string{"$JS.API.STREAM.INFO.REPRISE_TEST"}}}))
+	var logB syncbuf.Buffer
+	bt := standbyBehindTrim(t, url, slog.New(slog.NewTextHandler(&logB, nil)))
+	testutil.WaitUntil(t, "the standby gives the lease up, or stops", func() bool {
+		if got := answerer(t, bt.nc, bt.d); got == bt.b.id {
+			t.Fatal("the standby serves, unable to tell whether it is behind the trim")
+		}
+		select {
+		case <-bt.exited:
+			if !errors.Is(bt.err, protocol.ErrStreamLost) {
+				t.Fatalf("the standby stopped with %v, want ErrStreamLost", bt.err)
+			}
+			return true
+		default:
+			return strings.Contains(logB.String(), "giving the lease up")
+		}
+	})
+}
+
+// behindTrimItems is what standbyBehindTrim's producer inserts.
+const behindTrimItems = 2000
+
+// behindTrim is an active service that trimmed the stream past a standby
+// that fell behind, and then stopped.
+type behindTrim struct {
+	d      *deployment
+	b      *Service
+	exited chan struct{} // closed once b's Run returned err
+	err    error
+	c      *broker.Client
+	nc     *nats.Conn
+	cfgs   []tables.Config
+	opts   []Option
+}
+
+// standbyBehindTrim starts an active service and a standby whose rate
+// limiter holds its inserts (a standby sees no samples), on the server at
+// url (an embedded one if empty; users a and b, the standby's, with
+// passwords pa and pb, if not), inserts behindTrimItems items, has the
+// active one checkpoint twice, trimming the stream past the standby, and
+// stops it. It skips the test if the standby did not fall behind.
+func standbyBehindTrim(t *testing.T, url string, logB *slog.Logger) *behindTrim {
+	t.Helper()
 	q := testutil.TableConfig("q", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 10000, limiter.Queue(8))
-	cfgs := []tables.Config{q}
+	bt := &behindTrim{cfgs: []tables.Config{q}}
 	limits := DefaultLimits()
 	limits.MaxPendingItems = 4
-	opts := []Option{WithStandby(3 * time.Second), WithObjectStoreCheckpoints(), WithPullBytes(16 << 10), WithLimits(limits)}
-	d := deploy(t, cfgs, deployOptions{service: opts})
+	bt.opts = []Option{WithStandby(3 * time.Second), WithObjectStoreCheckpoints(), WithPullBytes(16 << 10), WithLimits(limits)}
+	var ncB *nats.Conn
+	if url == "" {
+		bt.d = deploy(t, bt.cfgs, deployOptions{service: bt.opts})
+		ncB = bt.d.connect()
+	} else {
+		bt.d = deploy(t, bt.cfgs, deployOptions{url: strings.Replace(url, "nats://", "nats://a:pa@", 1), service: bt.opts})
+		var err error
+		if ncB, err = nats.Connect(strings.Replace(url, "nats://", "nats://b:pb@", 1)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ncB.Close)
+	}
+	if logB == nil {
+		logB = testutil.QuietLogger()
+	}
+	d := bt.d
 	a := d.svc
-	b, err := New(d.connect(), cfgs, append([]Option{WithPrefix(d.prefix), WithLogger(testutil.QuietLogger())}, opts...)...)
+	b, err := New(ncB, bt.cfgs, append([]Option{WithPrefix(d.prefix), WithLogger(logB)}, bt.opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	bctx, stopB := context.WithCancel(context.Background())
-	defer stopB()
-	bDone := make(chan error, 1)
-	go func() { bDone <- b.Run(bctx) }()
-	nc := d.connect()
-	testutil.WaitUntil(t, "the first service answers", func() bool { return answerer(t, nc, d) == a.id })
+	bt.b, bt.exited = b, make(chan struct{})
+	go func() {
+		defer close(bt.exited)
+		bt.err = b.Run(bctx)
+	}()
+	t.Cleanup(func() {
+		stopB()
+		select {
+		case <-bt.exited:
+		case <-time.After(30 * time.Second):
+			t.Error("the standby did not stop within 30 s")
+		}
+	})
+	bt.nc = d.connect()
+	testutil.WaitUntil(t, "the first service answers", func() bool { return answerer(t, bt.nc, d) == a.id })
 
 	ctx := testutil.Context(t)
-	c := d.client()
+	bt.c = d.client()
 	learning, stopLearner := context.WithCancel(ctx)
 	learner := make(chan struct{})
 	go func() { // samples the active service, so that its queue moves
 		defer close(learner)
 		for learning.Err() == nil {
 			sctx, cancel := context.WithTimeout(learning, 300*time.Millisecond)
-			_, _ = c.Sample(sctx, "q", 8, broker.Flexible())
+			_, _ = bt.c.Sample(sctx, "q", 8, broker.Flexible())
 			cancel()
 		}
 	}()
-	const items = 2000
 	p := d.producer()
-	for i := range int64(items) {
+	for i := range int64(behindTrimItems) {
 		if err := p.Append(ctx, step(i, 64)); err != nil {
 			t.Fatal(err)
 		}
@@ -319,37 +429,12 @@ func TestStandbyBehindTrimDoesNotServeWithoutIt(t *testing.T) {
 		t.Skipf("the standby did not fall behind (applied %d of %d): nothing to check", b.Applied(), a.Applied())
 	}
 	for range 2 { // the second trims the stream past the standby
-		if _, err := c.Checkpoint(ctx); err != nil {
+		if _, err := bt.c.Checkpoint(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
 	d.stop()
-
-	size := func() int64 {
-		info, err := c.Info(ctx, "q")
-		if err != nil {
-			return -1
-		}
-		return info.Tables[0].Size
-	}
-	var stopped error
-	testutil.WaitUntil(t, "the standby stops, or serves every item", func() bool {
-		select {
-		case stopped = <-bDone:
-			return true
-		default:
-			return answerer(t, nc, d) == b.id && size() == items
-		}
-	})
-	if stopped == nil {
-		return // its reader had read past the trim before it: nothing was missing
-	}
-	if !errors.Is(stopped, protocol.ErrStreamLost) {
-		t.Fatalf("the standby stopped with %v, want ErrStreamLost", stopped)
-	}
-	t.Logf("the standby stopped: %v", stopped)
-	d.startService(cfgs, opts...)
-	testutil.WaitUntil(t, "the restarted service holds every item", func() bool { return size() == items })
+	return bt
 }
 
 // TestStandbyTrimmedWhileStartingStops: while a standby starts (on a
@@ -467,6 +552,25 @@ func TestGapHeldOnlyByAnOlderEpochGoesOn(t *testing.T) {
 	}
 	if err := d.svc.streamGap(10, 40); !errors.Is(err, protocol.ErrStreamLost) || !strings.Contains(err.Error(), checkpointName(2, 20)) {
 		t.Fatalf("a gap the newest checkpoint holds: %v; want ErrStreamLost naming it", err)
+	}
+}
+
+// TestFinalCheckpointOutlastsTheLease: an active service stopped gracefully
+// writes its final checkpoint under its lease, which nothing renewed once
+// the active role's work stopped: copying large tables took longer than
+// what was left of it (here, 100,000 items against a TTL of 150 ms; with
+// the default 3 s, a few million items), the write found the lease lapsed,
+// and Run failed ("not the active service") with nobody else about.
+func TestFinalCheckpointOutlastsTheLease(t *testing.T) {
+	const n = 100_000
+	cfgs := []tables.Config{testutil.UniformTable("t", n)}
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(150 * time.Millisecond), WithObjectStoreCheckpoints()}})
+	fill(t, d.producer(), 0, n, "t")
+	var final RecoveryResult
+	d.stop() // fails the test if Run returns an error
+	d.startService(cfgs, WithObjectStoreCheckpoints(), WithRecoveryReport(func(r RecoveryResult) { final = r }))
+	if final.Items != n {
+		t.Fatalf("recovered %+v after the graceful stop, want the final checkpoint's %d items", final, n)
 	}
 }
 
