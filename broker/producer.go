@@ -190,6 +190,7 @@ type Producer struct {
 	subs       []*nats.Subscription
 	notes      chan *nats.Msg
 	notesDone  chan struct{}
+	connClosed chan nats.Status // the connection's close, for readNotes
 
 	mu      sync.Mutex
 	closing bool // Close has started: no new steps or items
@@ -449,6 +450,7 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 		p.subs = append(p.subs, sub)
 	}
 	p.notesDone = make(chan struct{})
+	p.connClosed = nc.StatusChanged(nats.CLOSED)
 	go p.readNotes()
 	started = true
 	go p.ackLoop()
@@ -465,9 +467,14 @@ func (p *Producer) ID() string { return p.id }
 func (p *Producer) NoticeToken() string { return protocol.NoticeToken(p.id) }
 
 // readNotes handles the service's progress and rejection messages until
-// Close unsubscribes and stops it.
+// Close unsubscribes and stops it, or the connection is closed for good:
+// then nothing can be published or acknowledged any more, and it closes
+// the producer, whose goroutines would otherwise wait for acks and notices
+// that cannot come (an actor that closes its connection without closing
+// its producer, or loses it).
 func (p *Producer) readNotes() {
 	defer close(p.notesDone)
+	closed := p.connClosed
 	for {
 		select {
 		case m := <-p.notes:
@@ -476,6 +483,17 @@ func (p *Producer) readNotes() {
 			} else {
 				p.onRejected(m)
 			}
+		case <-closed:
+			if !p.nc.IsClosed() {
+				closed = nil // Close removed the listener: the lifetime ends next
+				continue
+			}
+			// Close waits for this goroutine; with its context done it
+			// gives up on the acks at once.
+			done, cancel := context.WithCancel(context.Background())
+			cancel()
+			go p.Close(done)
+			return
 		case <-p.lifetime.Done():
 			return
 		}
@@ -1312,6 +1330,7 @@ func (p *Producer) Close(ctx context.Context) error {
 	// The JetStream context's ack subscription and its connection
 	// listener are this producer's: the connection outlives it.
 	p.js.CleanupPublisher()
+	p.nc.RemoveStatusListener(p.connClosed)
 	p.cancel()
 	<-p.notesDone
 	p.flow.stop()

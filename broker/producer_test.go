@@ -153,6 +153,45 @@ func TestClosedProducersLeaveNoSubscriptions(t *testing.T) {
 	}
 }
 
+// TestProducerEndsWithItsConnection: an actor that closes its connection
+// without closing its producer (or loses it for good) leaves none of the
+// producer's goroutines behind; they waited for acks and notices that
+// could not come, two an actor, in a soak test's driver. Its calls then
+// fail with ErrClosed.
+func TestProducerEndsWithItsConnection(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, "")
+	ctx := testutil.Context(t)
+	nc := d.connect()
+	p, err := NewProducer(ctx, nc, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range int64(10) {
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	ended := func(c <-chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	testutil.WaitUntil(t, "the producer's goroutines end", func() bool { return ended(p.ackDone) && ended(p.notesDone) })
+	if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{10})}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Append on a producer whose connection closed: %v, want ErrClosed", err)
+	}
+}
+
 // TestLingerWaitsForRoomOnce: while a lingered batch waits for room in a
 // full window, items staged behind it start no timers of their own, so
 // no goroutine piles up per linger time: the one waiting publishes them
