@@ -731,6 +731,40 @@ func TestCheckpointsLeaveNoDeleteMarkers(t *testing.T) {
 	}
 }
 
+// TestIdleServiceWritesNoPeriodicCheckpoints: a period in which nothing
+// was applied or sampled writes no checkpoint; one after an insert or a
+// sample does.
+func TestIdleServiceWritesNoPeriodicCheckpoints(t *testing.T) {
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := deploy(t, checkpointTables(100), deployOptions{service: []Option{WithCheckpoints(fc), WithoutFinalCheckpoint()}})
+	ctx := testutil.Context(t)
+	p := d.producer()
+	c := d.client()
+	fill(t, p, 0, 10, "uniform")
+	var mark stateMark
+	var wrote []bool
+	tick := func() {
+		var w bool
+		mark, w = d.svc.periodicCheckpoint(ctx, mark)
+		wrote = append(wrote, w)
+	}
+	tick()
+	tick() // idle
+	if _, err := c.Sample(ctx, "uniform", 2); err != nil {
+		t.Fatal(err)
+	}
+	tick()
+	tick() // idle
+	fill(t, p, 10, 1, "uniform")
+	tick()
+	if want := []bool{true, false, true, false, true}; !slices.Equal(wrote, want) {
+		t.Fatalf("periods wrote checkpoints %v, want %v (after: inserts, nothing, a sample, nothing, an insert)", wrote, want)
+	}
+}
+
 // TestCheckpointFileStreams: the checkpoint file is read out piece by
 // piece, the tables' chunks as they are held: the same bytes whatever the
 // reads' sizes, as long as Size says, decoding to every chunk and item,

@@ -831,16 +831,55 @@ func (s *Service) watchStream(ctx context.Context, lose context.CancelCauseFunc)
 func (s *Service) checkpointPeriodically(ctx context.Context) {
 	t := time.NewTicker(s.o.checkpointEvery)
 	defer t.Stop()
+	var last stateMark
 	for {
 		select {
 		case <-t.C:
-			if _, err := s.Checkpoint(ctx); err != nil && ctx.Err() == nil {
-				s.log.Error("reprise service: periodic checkpoint", "error", err)
-			}
+			last, _ = s.periodicCheckpoint(ctx, last)
 		case <-ctx.Done():
 			return
 		}
 	}
+}
+
+// periodicCheckpoint writes a checkpoint unless nothing changed since the
+// one it wrote last (at last): an idle service stored the same tables
+// again at every period, each copy replicated, its old one deleted. It
+// returns the mark of what it wrote, read before the state is copied, so
+// that a change meanwhile makes the next one write again, and whether it
+// wrote.
+func (s *Service) periodicCheckpoint(ctx context.Context, last stateMark) (stateMark, bool) {
+	now := s.stateMark()
+	if now.same(last) {
+		return last, false
+	}
+	if _, err := s.Checkpoint(ctx); err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("reprise service: periodic checkpoint", "error", err)
+		}
+		return last, false
+	}
+	return now, true
+}
+
+// stateMark changes whenever the tables may have: with every stream
+// message applied, and with every sample, which changes times sampled and
+// the rate limiters outside the stream (the tables' counts say so).
+type stateMark struct {
+	applied uint64
+	counts  []tables.Counters // by s.names; nil: no mark
+}
+
+func (s *Service) stateMark() stateMark {
+	m := stateMark{applied: s.progress.get(), counts: make([]tables.Counters, len(s.names))}
+	for i, name := range s.names {
+		m.counts[i] = s.tables[name].Counters()
+	}
+	return m
+}
+
+func (m stateMark) same(o stateMark) bool {
+	return m.counts != nil && o.counts != nil && m.applied == o.applied && slices.Equal(m.counts, o.counts)
 }
 
 // rateLimitedLog lets through a burst of log lines, then one a second, so a
