@@ -437,6 +437,20 @@ func standbyBehindTrim(t *testing.T, url string, logB *slog.Logger) *behindTrim 
 	return bt
 }
 
+// checkpointed deploys a service with opts and one uniform table, "t"
+// (cfgs), inserts 10 items and checkpoints them.
+func checkpointed(t *testing.T, opts ...Option) (d *deployment, cfgs []tables.Config, c *broker.Client, p *broker.Producer) {
+	t.Helper()
+	cfgs = []tables.Config{testutil.UniformTable("t", 1000)}
+	d = deploy(t, cfgs, deployOptions{service: opts})
+	c, p = d.client(), d.producer()
+	fill(t, p, 0, 10, "t")
+	if _, err := c.Checkpoint(testutil.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	return d, cfgs, c, p
+}
+
 // TestStandbyTrimmedWhileStartingStops: while a standby starts (on a
 // cluster it can wait seconds for the lease bucket), the active service
 // checkpoints and trims the stream past the checkpoint the standby
@@ -445,16 +459,9 @@ func standbyBehindTrim(t *testing.T, url string, logB *slog.Logger) *behindTrim 
 // left: it used to, since a gap before the reader's first message went
 // unreported, and then took over without what the newer checkpoint held.
 func TestStandbyTrimmedWhileStartingStops(t *testing.T) {
-	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
 	opts := []Option{WithStandby(time.Second), WithObjectStoreCheckpoints()}
-	d := deploy(t, cfgs, deployOptions{service: opts})
+	d, cfgs, c, p := checkpointed(t, opts...)
 	ctx := testutil.Context(t)
-	c := d.client()
-	p := d.producer()
-	fill(t, p, 0, 10, "t")
-	if _, err := c.Checkpoint(ctx); err != nil {
-		t.Fatal(err)
-	}
 	recovered := make(chan RecoveryResult, 1)
 	trimmed := make(chan struct{})
 	hold := WithRecoveryReport(func(r RecoveryResult) {
@@ -508,16 +515,9 @@ func TestStandbyTrimmedWhileStartingStops(t *testing.T) {
 // standby starts without them, as a service without --standby does; it
 // used to stop with ErrStreamLost at every start, and nobody served.
 func TestStandbyStartsPastMessagesNoCheckpointHolds(t *testing.T) {
-	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
 	opts := []Option{WithStandby(time.Second), WithObjectStoreCheckpoints(), WithoutFinalCheckpoint()}
-	d := deploy(t, cfgs, deployOptions{service: opts})
+	d, cfgs, c, p := checkpointed(t, opts...)
 	ctx := testutil.Context(t)
-	c := d.client()
-	p := d.producer()
-	fill(t, p, 0, 10, "t")
-	if _, err := c.Checkpoint(ctx); err != nil {
-		t.Fatal(err)
-	}
 	fill(t, p, 10, 10, "t")
 	d.stop()
 	if err := d.svc.stream.Purge(ctx); err != nil {
