@@ -88,6 +88,13 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: subscribing to replies: %w", err)
 	}
+	// No reply comes once the connection is closed for good: a call
+	// waiting for one waited out its deadline (a minute and more).
+	c.sub.SetClosedHandler(func(string) {
+		if nc.IsClosed() {
+			c.failPending(fmt.Errorf("broker: %w", nats.ErrConnectionClosed))
+		}
+	})
 	c.progressSub, err = nc.Subscribe(subj.Applied(), c.applied.onProgress)
 	if err != nil {
 		c.sub.Unsubscribe()
@@ -102,13 +109,20 @@ func (c *Client) Close() error {
 	c.applied.close()
 	c.mu.Lock()
 	c.closed = true
+	c.mu.Unlock()
+	c.failPending(ErrClosed)
+	return err
+}
+
+// failPending ends every call waiting for its reply with err.
+func (c *Client) failPending(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for id, cl := range c.pending {
-		cl.err = ErrClosed
+		cl.err = err
 		close(cl.done)
 		delete(c.pending, id)
 	}
-	c.mu.Unlock()
-	return err
 }
 
 func (c *Client) onReply(m *nats.Msg) {
@@ -693,6 +707,19 @@ func startPrefetch[T any](o samplerOptions, fetch func(context.Context) (T, erro
 				v, err := fetch(rctx)
 				rcancel()
 				if ctx.Err() != nil {
+					return
+				}
+				if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, ErrClosed) {
+					// No later request can succeed, and nobody may read
+					// (a learner that dropped its sampler with its
+					// connection): the sampler ends itself, Next hands
+					// out what came, then ErrClosed.
+					select {
+					case s.results <- prefetched[T]{v, err}:
+					default:
+					}
+					s.once.Do(func() { close(s.closed) })
+					cancel()
 					return
 				}
 				select {

@@ -190,6 +190,62 @@ func TestSamplerNextEndsAtClose(t *testing.T) {
 	}
 }
 
+// TestCallsEndWithTheirConnection: a connection closed for good ends the
+// calls waiting for their replies at once, with an error that says so: a
+// sample held by the rate limiter waited out its deadline (70 s), and a
+// call whose deadline is the caller's, as long as that. A
+// sampler on it ends itself: Next says why, then ErrClosed, and its
+// requests stop (a learner that dropped its sampler with its connection
+// left them blocked, two a sampler, in a soak test's driver).
+func TestCallsEndWithTheirConnection(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 4)}, "")
+	ctx := testutil.Context(t)
+	nc := d.connect()
+	c, err := NewClient(nc, WithPrefix(d.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.NewSampler("queue", 1, WithInFlight(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sampled := make(chan error, 1)
+	go func() {
+		_, err := c.Sample(context.Background(), "queue", 1)
+		sampled <- err
+	}()
+	q, _ := d.svc.Table("queue")
+	testutil.WaitUntil(t, "the requests wait on the empty queue", func() bool { return q.Info().Counters.SampleWaits >= 3 })
+	nc.Close()
+	select {
+	case err := <-sampled:
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("the waiting Sample: %v, want nats.ErrConnectionClosed", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Sample still waits after its connection closed")
+	}
+	for {
+		_, err := s.Next(ctx)
+		if errors.Is(err, ErrClosed) {
+			break
+		}
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("Next after the connection closed: %v, want nats.ErrConnectionClosed, then ErrClosed", err)
+		}
+	}
+	stopped := make(chan struct{})
+	go func() {
+		s.p.wg.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		t.Fatal("the sampler's requests go on after its connection closed")
+	}
+}
+
 // TestNoMutationFromAClosedClient: a mutation is durable once published,
 // so a closed client refuses it at once (ErrClosed, and not ErrNotApplied,
 // which would say it went out).
