@@ -191,6 +191,11 @@ type Producer struct {
 	notes      chan *nats.Msg
 	notesDone  chan struct{}
 	connClosed chan nats.Status // the connection's close, for readNotes
+	// selfClosed is closed once the producer closed itself, its
+	// connection being closed (readNotes), and selfCloseErr is what that
+	// Close returned: what it lost, for the user's Close to report.
+	selfClosed   chan struct{}
+	selfCloseErr error
 
 	mu      sync.Mutex
 	closing bool // Close has started: no new steps or items
@@ -439,18 +444,20 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 	// progress that covers it.
 	p.notes = make(chan *nats.Msg, 256)
 	p.notice = nc.NewInbox()
+	// Before the subscriptions, so that a close after them is seen.
+	p.connClosed = nc.StatusChanged(nats.CLOSED)
 	for _, subject := range []string{subj.Applied(), p.notice} {
 		sub, err := nc.ChanSubscribe(subject, p.notes)
 		if err != nil {
 			for _, s := range p.subs {
 				s.Unsubscribe()
 			}
+			nc.RemoveStatusListener(p.connClosed)
 			return nil, fmt.Errorf("broker: subscribe %s: %w", subject, err)
 		}
 		p.subs = append(p.subs, sub)
 	}
 	p.notesDone = make(chan struct{})
-	p.connClosed = nc.StatusChanged(nats.CLOSED)
 	go p.readNotes()
 	started = true
 	go p.ackLoop()
@@ -492,7 +499,14 @@ func (p *Producer) readNotes() {
 			// gives up on the acks at once.
 			done, cancel := context.WithCancel(context.Background())
 			cancel()
-			go p.Close(done)
+			selfClosed := make(chan struct{})
+			p.mu.Lock()
+			p.selfClosed = selfClosed
+			p.mu.Unlock()
+			go func() {
+				defer close(selfClosed)
+				p.selfCloseErr = p.Close(done)
+			}()
 			return
 		case <-p.lifetime.Done():
 			return
@@ -1297,8 +1311,23 @@ func (p *Producer) endEpisodeLocked() {
 func (p *Producer) Close(ctx context.Context) error {
 	p.mu.Lock()
 	if p.closing {
+		selfClosed := p.selfClosed
 		p.mu.Unlock()
-		return ErrClosed
+		if selfClosed == nil {
+			return ErrClosed
+		}
+		// It closed itself with its connection: what it lost is reported
+		// to the first Close of the user's.
+		select {
+		case <-selfClosed:
+		case <-ctx.Done():
+			return fmt.Errorf("broker: closing producer: %w", ctx.Err())
+		}
+		p.mu.Lock()
+		err := p.selfCloseErr
+		p.selfCloseErr = nil
+		p.mu.Unlock()
+		return errors.Join(fmt.Errorf("%w: its connection was closed", ErrClosed), err)
 	}
 	p.closing = true
 	var errs []error

@@ -157,25 +157,27 @@ func TestClosedProducersLeaveNoSubscriptions(t *testing.T) {
 // without closing its producer (or loses it for good) leaves none of the
 // producer's goroutines behind; they waited for acks and notices that
 // could not come, two an actor, in a soak test's driver. Its calls then
-// fail with ErrClosed.
+// fail with ErrClosed, and its Close says what was lost.
 func TestProducerEndsWithItsConnection(t *testing.T) {
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, "")
 	ctx := testutil.Context(t)
 	nc := d.connect()
-	p, err := NewProducer(ctx, nc, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()))
+	p, err := NewProducer(ctx, nc, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithBatch(1000, 1<<20), WithLinger(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range int64(10) {
+	for i := range int64(20) {
+		if i == 10 { // the first 10 stored; the rest staged in a batch
+			if err := p.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := p.Flush(ctx); err != nil {
-		t.Fatal(err)
 	}
 	nc.Close()
 	ended := func(c <-chan struct{}) bool {
@@ -187,8 +189,11 @@ func TestProducerEndsWithItsConnection(t *testing.T) {
 		}
 	}
 	testutil.WaitUntil(t, "the producer's goroutines end", func() bool { return ended(p.ackDone) && ended(p.notesDone) })
-	if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{10})}); !errors.Is(err, ErrClosed) {
+	if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{20})}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Append on a producer whose connection closed: %v, want ErrClosed", err)
+	}
+	if err := p.Close(ctx); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrNotStored) {
+		t.Fatalf("Close of a producer whose connection closed with 10 items staged: %v, want ErrClosed and ErrNotStored", err)
 	}
 }
 

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -264,9 +265,9 @@ func (s *ObjectStoreCheckpoints) Delete(ctx context.Context, name string) error 
 	if err := s.store().Delete(ctx, name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 		return fmt.Errorf("broker: deleting checkpoint %s: %w", name, err)
 	}
-	if err := s.forget(ctx, name); err != nil {
-		return fmt.Errorf("broker: deleting checkpoint %s: purging its delete marker: %w", name, err)
-	}
+	// A marker left now is purged by a later listing: the checkpoint is
+	// gone either way, and a failure here would stop the stream's trim.
+	_ = s.forget(ctx, name)
 	return nil
 }
 
@@ -275,14 +276,29 @@ func (s *ObjectStoreCheckpoints) Delete(ctx context.Context, name string) error 
 // piled up, one a checkpoint, forever, each one read by every listing (16
 // ms for 1,000 of them, 560 ms for 50,000, 35 days of one a minute). The
 // subject is the object store's (ADR-20): the bucket's meta subject and
-// the name in URL-safe base64.
+// the name in URL-safe base64. Only the marker and what came before it go:
+// a checkpoint written again under the name meanwhile stays.
 func (s *ObjectStoreCheckpoints) forget(ctx context.Context, name string) error {
 	bucket := s.config.Bucket
 	st, err := s.js.Stream(ctx, "OBJ_"+bucket)
 	if err != nil {
 		return err
 	}
-	return st.Purge(ctx, jetstream.WithPurgeSubject("$O."+bucket+".M."+base64.URLEncoding.EncodeToString([]byte(name))))
+	subject := "$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))
+	m, err := st.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var meta struct {
+		Deleted bool `json:"deleted"`
+	}
+	if json.Unmarshal(m.Data, &meta) != nil || !meta.Deleted {
+		return nil // a checkpoint's, written again under the name
+	}
+	return st.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(m.Sequence+1))
 }
 
 // FileCheckpoints keeps checkpoints as files in a directory.

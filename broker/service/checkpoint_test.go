@@ -729,6 +729,22 @@ func TestCheckpointsLeaveNoDeleteMarkers(t *testing.T) {
 	if n := metaSubjects(); n != len(names) {
 		t.Fatalf("20 markers and two listings later the bucket holds %d names, want %d", n, len(names))
 	}
+	// A name written again after its delete, before the marker was
+	// purged, is a checkpoint: it stays.
+	again := checkpointName(0, 2000)
+	for _, step := range []func() error{
+		func() error { _, err := cs.store().PutBytes(ctx, again, []byte("x")); return err },
+		func() error { return cs.store().Delete(ctx, again) },
+		func() error { _, err := cs.store().PutBytes(ctx, again, []byte("y")); return err },
+		func() error { return cs.forget(ctx, again) },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, err := cs.store().GetBytes(ctx, again); err != nil || string(b) != "y" {
+		t.Fatalf("a checkpoint written again after its delete, once its marker was purged: %q, %v", b, err)
+	}
 }
 
 // TestIdleServiceWritesNoPeriodicCheckpoints: a period in which nothing

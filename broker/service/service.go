@@ -746,6 +746,8 @@ func (s *Service) streamGap(from, to uint64) error {
 		s.missedTrim.Store(true)
 		return fmt.Errorf("%w: stream messages %d to %d were trimmed below checkpoint %s, which holds them and which this service did not load (it fell behind the trim before it took over); restart it to recover from that checkpoint", protocol.ErrStreamLost, from, to, name)
 	case err != nil && standby:
+		// Should it take the lease meanwhile, its tables may lack them.
+		s.missedTrim.Store(true)
 		return fmt.Errorf("%w: this standby may have fallen behind the stream's trim (messages %d to %d are gone) and the checkpoint store cannot say (%v); restart it to recover from the newest checkpoint", protocol.ErrStreamLost, from, to, err)
 	}
 	return nil
@@ -873,7 +875,11 @@ type stateMark struct {
 func (s *Service) stateMark() stateMark {
 	m := stateMark{applied: s.progress.get(), counts: make([]tables.Counters, len(s.names))}
 	for i, name := range s.names {
-		m.counts[i] = s.tables[name].Counters()
+		c := s.tables[name].Counters()
+		// A learner waiting on a rate limiter that no actor feeds counts
+		// its waits, and changes nothing.
+		c.SampleWaits, c.InsertWaits = 0, 0
+		m.counts[i] = c
 	}
 	return m
 }
