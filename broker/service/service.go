@@ -740,17 +740,18 @@ func (s *Service) streamGap(from, to uint64) error {
 	name, err := s.checkpointHolding(ctx, from)
 	switch {
 	case name != "" && standby:
-		s.missedTrim.Store(true)
-		return fmt.Errorf("%w: this standby fell behind the stream's trim (messages %d to %d are gone, and checkpoint %s holds them); restart it to recover from that checkpoint", protocol.ErrStreamLost, from, to, name)
+		err = fmt.Errorf("%w: this standby fell behind the stream's trim (messages %d to %d are gone, and checkpoint %s holds them); restart it to recover from that checkpoint", protocol.ErrStreamLost, from, to, name)
 	case name != "":
-		s.missedTrim.Store(true)
-		return fmt.Errorf("%w: stream messages %d to %d were trimmed below checkpoint %s, which holds them and which this service did not load (it fell behind the trim before it took over); restart it to recover from that checkpoint", protocol.ErrStreamLost, from, to, name)
+		err = fmt.Errorf("%w: stream messages %d to %d were trimmed below checkpoint %s, which holds them and which this service did not load (it fell behind the trim before it took over); restart it to recover from that checkpoint", protocol.ErrStreamLost, from, to, name)
 	case err != nil && standby:
-		// Should it take the lease meanwhile, its tables may lack them.
-		s.missedTrim.Store(true)
-		return fmt.Errorf("%w: this standby may have fallen behind the stream's trim (messages %d to %d are gone) and the checkpoint store cannot say (%v); restart it to recover from the newest checkpoint", protocol.ErrStreamLost, from, to, err)
+		err = fmt.Errorf("%w: this standby may have fallen behind the stream's trim (messages %d to %d are gone) and the checkpoint store cannot say (%v); restart it to recover from the newest checkpoint", protocol.ErrStreamLost, from, to, err)
+	default:
+		return nil
 	}
-	return nil
+	// Its tables lack what it stops for: no checkpoint of them, should it
+	// even take the lease before it stops.
+	s.missedTrim.Store(true)
+	return err
 }
 
 // checkpointHolding names the checkpoint a restart would recover from, the
