@@ -327,6 +327,14 @@ func TestRecoveryRefusesToLoseTrimmedMessages(t *testing.T) {
 	if after, err := fc.List(ctx); err != nil || !slices.Equal(after, names) {
 		t.Fatalf("checkpoints %v (%v), want %v kept", after, err, names)
 	}
+	// A run that ended at start ends waits on its tables too: this one
+	// waits for an item.
+	failed, _ := svc.Table("uniform")
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := failed.Sample(sctx, 1); !errors.Is(err, tables.ErrClosed) {
+		t.Fatalf("Sample on a table of a run that failed at start: %v, want ErrClosed", err)
+	}
 	svc2, _ := d.startService(cfgs, WithCheckpoints(fc))
 	tb, _ := svc2.Table("uniform")
 	testutil.WaitUntil(t, "the tail is replayed", func() bool { return tb.Size() == 110 })

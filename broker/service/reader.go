@@ -51,7 +51,7 @@ type streamReader struct {
 	// gap is told of messages the stream no longer held when they were to
 	// be read (purged, or dropped by its limits); an error from it ends
 	// the reading.
-	gap       func(from, to uint64) error
+	gap       func(ctx context.Context, from, to uint64) error
 	cons      jetstream.Consumer
 	msgs      jetstream.MessagesContext
 	delivered uint64 // consumer sequence of the last message read from cons
@@ -61,7 +61,7 @@ type streamReader struct {
 	deletes sync.WaitGroup
 }
 
-func newStreamReader(stream jetstream.Stream, filter string, from uint64, pullBytes int, log *slog.Logger, gap func(from, to uint64) error) *streamReader {
+func newStreamReader(stream jetstream.Stream, filter string, from uint64, pullBytes int, log *slog.Logger, gap func(ctx context.Context, from, to uint64) error) *streamReader {
 	return &streamReader{stream: stream, filter: filter, next: max(from, 1), pullBytes: pullBytes, log: log, gap: gap}
 }
 
@@ -183,7 +183,7 @@ func (r *streamReader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgM
 			continue // handed out already
 		}
 		if meta.Sequence.Stream > r.next && r.gap != nil {
-			if err := r.gap(r.next, meta.Sequence.Stream-1); err != nil {
+			if err := r.gap(ctx, r.next, meta.Sequence.Stream-1); err != nil {
 				return nil, nil, err
 			}
 		}

@@ -86,7 +86,7 @@ func TestReaderReplacesALostConsumer(t *testing.T) {
 func TestReaderReportsPurgedMessages(t *testing.T) {
 	st, _ := readerStream(t, 10)
 	var gaps [][2]uint64
-	r := newStreamReader(st, "r.>", 1, 1<<20, testutil.QuietLogger(), func(from, to uint64) error {
+	r := newStreamReader(st, "r.>", 1, 1<<20, testutil.QuietLogger(), func(_ context.Context, from, to uint64) error {
 		gaps = append(gaps, [2]uint64{from, to})
 		return nil
 	})

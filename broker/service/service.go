@@ -535,6 +535,13 @@ func (s *Service) Run(parent context.Context) error {
 		return fmt.Errorf("%w: Run called twice", protocol.ErrInvalidOption)
 	}
 	defer s.stopApply()
+	// Waits on the tables end with the run, however it ends; the items
+	// stay for a final look.
+	defer func() {
+		for _, t := range s.tables {
+			t.Close()
+		}
+	}()
 	// The stream's disappearance ends the run as the parent's end would,
 	// with protocol.ErrStreamLost as the cause.
 	ctx, lose := context.WithCancelCause(parent)
@@ -561,13 +568,13 @@ func (s *Service) Run(parent context.Context) error {
 	}
 	start, err := s.checkStreamCovers(ctx, s.progress.get()+1, kept)
 	if err != nil {
-		return err
+		return stoppedOr(parent, err)
 	}
 	// A gap that stops the service ends the run at once: the apply loop
 	// may be waiting on a rate limiter, far behind the reader.
-	reader := newStreamReader(stream, s.subj.Data(), start, s.o.pullBytes, s.log, func(from, to uint64) error {
-		err := s.streamGap(from, to)
-		if err != nil {
+	reader := newStreamReader(stream, s.subj.Data(), start, s.o.pullBytes, s.log, func(ctx context.Context, from, to uint64) error {
+		err := s.streamGap(ctx, from, to)
+		if errors.Is(err, protocol.ErrStreamLost) {
 			lose(err)
 		}
 		return err
@@ -624,9 +631,6 @@ func (s *Service) Run(parent context.Context) error {
 	}
 	if s.lease != nil {
 		s.releaseLease(ctx)
-	}
-	for _, t := range s.tables {
-		t.Close()
 	}
 	if cause := context.Cause(ctx); errors.Is(cause, protocol.ErrStreamLost) {
 		err = cause
@@ -712,13 +716,17 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []ke
 		return 0, fmt.Errorf("%w: the stream holds messages from sequence %d on, and recovery needs them from %d: they are in a checkpoint it could not load (%s); remove its cause and start again, or move that checkpoint away to start without what only it holds",
 			protocol.ErrStreamLost, st.FirstSeq, start, strings.Join(holding, "; "))
 	case st.FirstSeq > start:
-		if err := s.streamGap(start, st.FirstSeq-1); err != nil {
+		if err := s.streamGap(ctx, start, st.FirstSeq-1); err != nil {
 			return 0, err
 		}
 		return st.FirstSeq, nil
 	}
 	return start, nil
 }
+
+// gapListingTimeout bounds the checkpoint listing that decides what a gap
+// in the stream means: a store that cannot answer by then cannot say.
+const gapListingTimeout = 30 * time.Second
 
 // streamGap is told of stream messages gone before the service read them.
 // Where the checkpoint a restart would recover from holds them (the stream
@@ -730,14 +738,19 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []ke
 // stops too when the checkpoint store cannot say. Messages that only the
 // stream's limits (or a purge) dropped are lost to recovery too: the
 // service goes on without them, since a restart would meet the same gap.
-func (s *Service) streamGap(from, to uint64) error {
+// It returns ctx's error if ctx ends first: the service is stopping, and
+// reads no further.
+func (s *Service) streamGap(ctx context.Context, from, to uint64) error {
 	s.log.Error("reprise service: stream messages were gone before this service read them (purged, or dropped by the stream's limits)", "from", from, "to", to)
 	// Before the listing, which may take long enough for the lease to be
 	// taken meanwhile.
 	standby := s.lease != nil && !s.mayAct()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	lctx, cancel := context.WithTimeout(ctx, gapListingTimeout)
 	defer cancel()
-	name, err := s.checkpointHolding(ctx, from)
+	name, err := s.checkpointHolding(lctx, from)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
 	switch {
 	case name != "" && standby:
 		err = fmt.Errorf("%w: this standby fell behind the stream's trim (messages %d to %d are gone, and checkpoint %s holds them); restart it to recover from that checkpoint", protocol.ErrStreamLost, from, to, name)

@@ -23,6 +23,12 @@ import (
 // the service that answered (its lease value).
 const HeaderService = "Reprise-Service"
 
+// takeoverCheckTimeout bounds each question a service that took the lease
+// asks the cluster before it acts (the checkpoints' epochs, the stream's
+// trim); it renews the lease while it waits. One that gets no answer gives
+// the lease up and asks again at its next turn.
+const takeoverCheckTimeout = 10 * time.Second
+
 // mayAct says whether the service may act for the prefix now: always
 // without standby, while it holds the lease with it.
 func (s *Service) mayAct() bool { return s.lease == nil || s.lease.held() }
@@ -101,35 +107,50 @@ func (s *Service) lead(ctx context.Context, lose context.CancelCauseFunc) {
 // holdLease acts while the lease is held: it renews the lease, and stops
 // the active role's work as soon as the lease is lost.
 func (s *Service) holdLease(ctx context.Context, lose context.CancelCauseFunc) {
-	// The first renewal is due a period after the lease was taken, whatever
-	// taking the active role costs.
-	renew := time.NewTicker(s.lease.renewEvery())
-	defer renew.Stop()
-	epoch, err := s.takeEpoch(ctx)
-	if err != nil {
-		s.log.Error("reprise service: listing checkpoints before taking the active role; giving the lease up", "error", err)
+	took := time.Now()
+	// Taking the active role asks the cluster what may take longer than a
+	// renewal period, a slow or electing one above all: the lease is
+	// renewed meanwhile.
+	stopRenewing := s.keepLease(ctx)
+	epoch, listErr := s.takeEpoch(ctx)
+	var trimErr error
+	if listErr == nil {
+		s.log.Info("reprise service: holding the lease; catching up with the stream", "id", s.lease.id, "epoch", epoch, "applied", s.progress.get())
+		s.catchUp(ctx)
+		trimErr = s.checkNotBehindTrim(ctx)
+	}
+	stopRenewing()
+	switch {
+	case ctx.Err() != nil:
+		// Unchecked, its tables may lack what the trim took: no final
+		// checkpoint of them under the lease.
 		s.releaseLease(ctx)
 		return
-	}
-	s.log.Info("reprise service: holding the lease; catching up with the stream", "id", s.lease.id, "epoch", epoch, "applied", s.progress.get())
-	took := time.Now()
-	s.catchUp(ctx)
-	if err := s.checkNotBehindTrim(ctx); errors.Is(err, protocol.ErrStreamLost) {
+	case listErr != nil:
+		s.log.Error("reprise service: listing checkpoints before taking the active role; giving the lease up", "error", listErr)
+		s.releaseLease(ctx)
+		return
+	case errors.Is(trimErr, protocol.ErrStreamLost):
 		// Serving, it would lack what the checkpoint holds, and its own
 		// checkpoints would trim that one away: restarted, it recovers
 		// from it.
 		s.missedTrim.Store(true)
-		s.log.Error("reprise service: giving the lease up and stopping", "error", err)
+		s.log.Error("reprise service: giving the lease up and stopping", "error", trimErr)
 		s.releaseLease(ctx)
-		lose(err)
+		lose(trimErr)
 		return
-	} else if err != nil {
+	case trimErr != nil:
 		// Unchecked, it might serve behind the trim; it tries again at
 		// its next turn.
-		s.log.Warn("reprise service: giving the lease up: cannot tell whether the stream was trimmed past this service", "error", err)
+		s.log.Warn("reprise service: giving the lease up: cannot tell whether the stream was trimmed past this service", "error", trimErr)
 		s.releaseLease(ctx)
 		return
+	case !s.lease.held():
+		s.log.Warn("reprise service: lost the lease while taking the active role; standing by", "id", s.lease.id, "epoch", epoch)
+		return
 	}
+	renew := time.NewTicker(s.lease.renewEvery())
+	defer renew.Stop()
 	stop, err := s.activate(ctx)
 	if err != nil {
 		s.log.Error("reprise service: starting the active role; giving the lease up", "error", err)
@@ -233,8 +254,7 @@ func (s *Service) catchUp(ctx context.Context) {
 // has not reached the gap yet. It returns another error when it cannot
 // tell: the stream's state or the checkpoints could not be read in time.
 func (s *Service) checkNotBehindTrim(ctx context.Context) error {
-	// Within the first renewal period, which the lease is held for.
-	ctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery()/2)
+	ctx, cancel := context.WithTimeout(ctx, takeoverCheckTimeout)
 	defer cancel()
 	info, err := s.stream.Info(ctx)
 	if err != nil {
@@ -260,8 +280,7 @@ func (s *Service) checkNotBehindTrim(ctx context.Context) error {
 func (s *Service) takeEpoch(ctx context.Context) (uint64, error) {
 	epoch := s.lease.epoch.Load()
 	if s.o.checkpoints != nil {
-		// Before the first renewal is due.
-		ctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery()/2)
+		ctx, cancel := context.WithTimeout(ctx, takeoverCheckTimeout)
 		defer cancel()
 		names, err := s.o.checkpoints.List(ctx)
 		if err != nil {

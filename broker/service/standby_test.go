@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -547,10 +548,10 @@ func TestGapHeldOnlyByAnOlderEpochGoesOn(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := d.svc.streamGap(30, 40); err != nil || d.svc.missedTrim.Load() {
+	if err := d.svc.streamGap(t.Context(), 30, 40); err != nil || d.svc.missedTrim.Load() {
 		t.Fatalf("a gap only an older epoch's checkpoint holds: %v, missed a trim %v; want the service to go on", err, d.svc.missedTrim.Load())
 	}
-	if err := d.svc.streamGap(10, 40); !errors.Is(err, protocol.ErrStreamLost) || !strings.Contains(err.Error(), checkpointName(2, 20)) {
+	if err := d.svc.streamGap(t.Context(), 10, 40); !errors.Is(err, protocol.ErrStreamLost) || !strings.Contains(err.Error(), checkpointName(2, 20)) {
 		t.Fatalf("a gap the newest checkpoint holds: %v; want ErrStreamLost naming it", err)
 	}
 }
@@ -590,10 +591,118 @@ func TestGapBelowCheckpointStopsActive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := svc.streamGap(cp.Applied+1, cp.Applied+10); err != nil || svc.missedTrim.Load() {
+	if err := svc.streamGap(t.Context(), cp.Applied+1, cp.Applied+10); err != nil || svc.missedTrim.Load() {
 		t.Fatalf("a gap past every checkpoint: %v, missed a trim %v; want the service to go on", err, svc.missedTrim.Load())
 	}
-	if err := svc.streamGap(cp.Applied, cp.Applied+10); !errors.Is(err, protocol.ErrStreamLost) || !strings.Contains(err.Error(), cp.Name) || !svc.missedTrim.Load() {
+	if err := svc.streamGap(t.Context(), cp.Applied, cp.Applied+10); !errors.Is(err, protocol.ErrStreamLost) || !strings.Contains(err.Error(), cp.Name) || !svc.missedTrim.Load() {
 		t.Fatalf("a gap below checkpoint %s: %v, missed a trim %v; want ErrStreamLost naming it", cp.Name, err, svc.missedTrim.Load())
+	}
+}
+
+// TestStopWhileAGapIsChecked: a service stopped while it asks its
+// checkpoint store what a gap in the stream means stops at once, and
+// returns nil as after any shutdown. The listing ran on a context of its
+// own, so a store that did not answer held the shutdown for 30 s.
+func TestStopWhileAGapIsChecked(t *testing.T) {
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := checkpointTables(1000)
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithCheckpoints(fc), WithoutFinalCheckpoint()}})
+	fill(t, d.producer(), 0, 10, "uniform")
+	d.stop()
+	if err := d.svc.stream.Purge(testutil.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	// Recovery lists the store first; the gap's listing is the second.
+	stuck := &stuckListing{FileCheckpoints: fc, after: 1, listing: make(chan struct{})}
+	svc, err := New(d.connect(), cfgs, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithCheckpoints(stuck))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(testutil.Context(t))
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	select {
+	case <-stuck.listing:
+	case err := <-done:
+		t.Fatalf("Run returned %v before the gap was checked", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gap at the stream's start was not checked within 10 s")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after a shutdown while checking a gap: %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10 s of its context ending while the gap's listing waited")
+	}
+}
+
+// stuckListing is a checkpoint store whose listings, after the first
+// after, never answer: they wait for their context to end.
+type stuckListing struct {
+	*FileCheckpoints
+	after   int32
+	calls   atomic.Int32
+	listing chan struct{} // closed when the first stuck listing starts
+}
+
+func (s *stuckListing) List(ctx context.Context) ([]string, error) {
+	call := s.calls.Add(1)
+	if call <= s.after {
+		return s.FileCheckpoints.List(ctx)
+	}
+	if call == s.after+1 {
+		close(s.listing)
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestSlowTakeoverChecksStillTakeOver: a standby that takes the lease asks
+// its checkpoint store for the epochs before it serves. A store that takes
+// longer than a renewal period to answer (a slow or electing cluster) used
+// to run past the check's deadline, a sixth of the TTL: the standby gave
+// the lease up and asked again, for good, and nobody served. It now renews
+// the lease while it waits.
+func TestSlowTakeoverChecksStillTakeOver(t *testing.T) {
+	const ttl = time.Second
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(ttl), WithCheckpoints(fc)}})
+	fill(t, d.producer(), 0, 10, "t")
+	// Past the whole TTL: the lease would lapse unrenewed.
+	slow := &slowListing{FileCheckpoints: fc, delay: 3 * ttl / 2}
+	b, _ := d.startService(cfgs, WithStandby(ttl), WithCheckpoints(slow))
+	nc := d.connect()
+	if got := answerer(t, nc, d); got != d.svc.id {
+		t.Fatalf("answered by %q, want the first service %q", got, d.svc.id)
+	}
+	d.stop()
+	testutil.WaitUntil(t, "the standby answers", func() bool { return answerer(t, nc, d) == b.id })
+}
+
+// slowListing is a checkpoint store that answers a listing only after
+// delay.
+type slowListing struct {
+	*FileCheckpoints
+	delay time.Duration
+}
+
+func (s *slowListing) List(ctx context.Context) ([]string, error) {
+	t := time.NewTimer(s.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return s.FileCheckpoints.List(ctx)
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }
