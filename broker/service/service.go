@@ -738,8 +738,9 @@ const gapListingTimeout = 30 * time.Second
 // stops too when the checkpoint store cannot say. Messages that only the
 // stream's limits (or a purge) dropped are lost to recovery too: the
 // service goes on without them, since a restart would meet the same gap.
-// It returns ctx's error if ctx ends first: the service is stopping, and
-// reads no further.
+// It returns ctx's error if ctx ends first: the service is stopping, reads
+// no further, and writes no final checkpoint unless the store said that
+// none holds the missing messages.
 func (s *Service) streamGap(ctx context.Context, from, to uint64) error {
 	s.log.Error("reprise service: stream messages were gone before this service read them (purged, or dropped by the stream's limits)", "from", from, "to", to)
 	// Before the listing, which may take long enough for the lease to be
@@ -749,6 +750,11 @@ func (s *Service) streamGap(ctx context.Context, from, to uint64) error {
 	defer cancel()
 	name, err := s.checkpointHolding(lctx, from)
 	if ctx.Err() != nil {
+		if name != "" || err != nil {
+			// Stopping, with tables that lack what a checkpoint holds, or
+			// may: no final checkpoint of them.
+			s.missedTrim.Store(true)
+		}
 		return ctx.Err()
 	}
 	switch {

@@ -82,6 +82,10 @@ func (s *Service) lead(ctx context.Context, lose context.CancelCauseFunc) {
 		ok, err := s.lease.acquire(ctx)
 		switch {
 		case ctx.Err() != nil:
+			if ok {
+				// Taken as the service stops: its tables went unchecked.
+				s.releaseLease(ctx)
+			}
 			return
 		case err != nil:
 			// Logged once per kind of error: a standby asks twice a TTL.
@@ -145,7 +149,15 @@ func (s *Service) holdLease(ctx context.Context, lose context.CancelCauseFunc) {
 		s.log.Warn("reprise service: giving the lease up: cannot tell whether the stream was trimmed past this service", "error", trimErr)
 		s.releaseLease(ctx)
 		return
-	case !s.lease.held():
+	}
+	// Stopping the renewals may have cut one short, and the loop's first
+	// is a period away.
+	if s.lease.held() {
+		if err := s.lease.renew(ctx); err != nil && !errors.Is(err, errLeaseLost) {
+			s.log.Warn("reprise service: renewing the lease", "error", err)
+		}
+	}
+	if !s.lease.held() {
 		s.log.Warn("reprise service: lost the lease while taking the active role; standing by", "id", s.lease.id, "epoch", epoch)
 		return
 	}
