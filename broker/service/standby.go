@@ -72,8 +72,8 @@ func (s *Service) activate(parent context.Context) (stop func() error, err error
 }
 
 // lead takes the lease whenever it is free and acts while it holds it,
-// until ctx ends. It leaves the lease held at the end, so that the final
-// checkpoint can be written under it; Run releases it.
+// until ctx ends. It leaves a lease it acted under held at the end, so
+// that the final checkpoint can be written under it; Run releases it.
 func (s *Service) lead(ctx context.Context, lose context.CancelCauseFunc) {
 	poll := time.NewTicker(s.lease.pollEvery())
 	defer poll.Stop()
