@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
 )
 
@@ -23,11 +25,29 @@ import (
 // the service that answered (its lease value).
 const HeaderService = "Reprise-Service"
 
-// takeoverCheckTimeout bounds each question a service that took the lease
-// asks the cluster before it acts (the checkpoints' epochs, the stream's
-// trim); it renews the lease while it waits. One that gets no answer gives
-// the lease up and asks again at its next turn.
-const takeoverCheckTimeout = 10 * time.Second
+// A service that took the lease asks the cluster some questions before it
+// acts (the checkpoints' epochs, the stream's trim), and renews the lease
+// while it waits. A question the cluster dropped while it elected a leader
+// would go unanswered until its deadline: each try has takeoverAttempt,
+// and the question is asked again until takeoverCheckTimeout has passed.
+// A service that gets no answer by then gives the lease up and asks again
+// at its next turn.
+const (
+	takeoverAttempt      = 3 * time.Second
+	takeoverCheckTimeout = 10 * time.Second
+)
+
+// askBeforeActing calls f until it succeeds, fails for good, or
+// takeoverCheckTimeout passes, each try bounded by takeoverAttempt.
+func (s *Service) askBeforeActing(ctx context.Context, what string, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, takeoverCheckTimeout)
+	defer cancel()
+	return retryJS(ctx, s.log, what, func(ctx context.Context) error {
+		actx, cancel := context.WithTimeout(ctx, takeoverAttempt)
+		defer cancel()
+		return f(actx)
+	})
+}
 
 // mayAct says whether the service may act for the prefix now: always
 // without standby, while it holds the lease with it.
@@ -266,9 +286,11 @@ func (s *Service) catchUp(ctx context.Context) {
 // has not reached the gap yet. It returns another error when it cannot
 // tell: the stream's state or the checkpoints could not be read in time.
 func (s *Service) checkNotBehindTrim(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, takeoverCheckTimeout)
-	defer cancel()
-	info, err := s.stream.Info(ctx)
+	var info *jetstream.StreamInfo
+	err := s.askBeforeActing(ctx, "the stream's state", func(ctx context.Context) (err error) {
+		info, err = s.stream.Info(ctx)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("reading the stream's state: %w", err)
 	}
@@ -276,7 +298,11 @@ func (s *Service) checkNotBehindTrim(ctx context.Context) error {
 	if info.State.FirstSeq <= next {
 		return nil
 	}
-	name, err := s.checkpointHolding(ctx, next)
+	var name string
+	err = s.askBeforeActing(ctx, "the checkpoints", func(ctx context.Context) (err error) {
+		name, err = s.checkpointHolding(ctx, next)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -292,9 +318,11 @@ func (s *Service) checkNotBehindTrim(ctx context.Context) error {
 func (s *Service) takeEpoch(ctx context.Context) (uint64, error) {
 	epoch := s.lease.epoch.Load()
 	if s.o.checkpoints != nil {
-		ctx, cancel := context.WithTimeout(ctx, takeoverCheckTimeout)
-		defer cancel()
-		names, err := s.o.checkpoints.List(ctx)
+		var names []string
+		err := s.askBeforeActing(ctx, "the checkpoints", func(ctx context.Context) (err error) {
+			names, err = s.o.checkpoints.List(ctx)
+			return err
+		})
 		if err != nil {
 			return 0, err
 		}

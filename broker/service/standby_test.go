@@ -717,3 +717,50 @@ func (s *slowListing) List(ctx context.Context) ([]string, error) {
 		return nil, ctx.Err()
 	}
 }
+
+// TestTakeoverAsksAgainAfterADroppedCall: a question a standby asks before
+// it acts that the cluster drops (a call taken while it elects a leader)
+// is asked again after a few seconds, rather than waited out to the
+// check's deadline and the lease given up: a cluster soak paused inserts
+// 15.6 s so, 10 s of them waiting for one stream info.
+func TestTakeoverAsksAgainAfterADroppedCall(t *testing.T) {
+	const ttl = time.Second
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(ttl), WithCheckpoints(fc)}})
+	fill(t, d.producer(), 0, 10, "t")
+	// Recovery lists first; the standby's listing of the epochs when it
+	// takes the lease is the second.
+	dropped := &droppedListing{FileCheckpoints: fc, drop: 2}
+	var logB syncbuf.Buffer
+	b, _ := d.startService(cfgs, WithStandby(ttl), WithCheckpoints(dropped), WithLogger(slog.New(slog.NewTextHandler(&logB, nil))))
+	testutil.WaitUntil(t, "the standby applied the items", func() bool { return b.Applied() >= d.svc.Applied() })
+	d.stop()
+	nc := d.connect()
+	testutil.WaitUntil(t, "the standby answers", func() bool { return answerer(t, nc, d) == b.id })
+	if dropped.calls.Load() < 3 {
+		t.Fatalf("%d listings, want the dropped one asked again", dropped.calls.Load())
+	}
+	if strings.Contains(logB.String(), "giving the lease up") {
+		t.Fatalf("the standby gave the lease up over one dropped call:\n%s", logB.String())
+	}
+}
+
+// droppedListing is a checkpoint store that never answers the listing
+// numbered drop (from 1): it waits for its context to end.
+type droppedListing struct {
+	*FileCheckpoints
+	drop  int32
+	calls atomic.Int32
+}
+
+func (s *droppedListing) List(ctx context.Context) ([]string, error) {
+	if s.calls.Add(1) == s.drop {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.FileCheckpoints.List(ctx)
+}
