@@ -28,7 +28,11 @@ type flow struct {
 	held         map[string]uint64 // tables applied only up to an earlier one
 	paced        int               // the service's bound on unapplied items while it paces inserts; 0: none
 	errs         []error
-	stopped      bool // the producer closed: no more acks or progress come
+	// failures counts the messages that could not be published, ever: a
+	// call that waited for them learns of their loss even where another
+	// call took their errors.
+	failures uint64
+	stopped  bool // the producer closed: no more acks or progress come
 }
 
 type ackedBatch struct {
@@ -117,7 +121,36 @@ func (f *flow) fail(n int, err error) {
 	f.inFlight--
 	f.unackedItems -= n
 	f.errs = append(f.errs, err)
+	f.failures++
 	f.notifyLocked()
+}
+
+// failureMark is where a call that waits for messages starts counting
+// their failures (withLost).
+func (f *flow) failureMark() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failures
+}
+
+// withLost is err, the outcome of a call that waited until every message
+// published was acknowledged or failed, with the loss of those that failed
+// since mark added where err does not report one: another call took their
+// errors (a concurrent Flush or Close, or the producer's own Close when its
+// connection closed), and the waiting call would otherwise return nil for
+// items that were never stored.
+func (f *flow) withLost(err error, mark uint64) error {
+	f.mu.Lock()
+	lost, stopped := f.failures-mark, f.stopped
+	f.mu.Unlock()
+	if lost == 0 || errors.Is(err, ErrNotStored) {
+		return err
+	}
+	lostErr := fmt.Errorf("%w: %d of this producer's messages were not stored while this call waited (another call on this producer reports why)", ErrNotStored, lost)
+	if stopped {
+		lostErr = fmt.Errorf("%w: %w", lostErr, ErrClosed)
+	}
+	return errors.Join(err, lostErr)
 }
 
 // setApplied records the service's progress: applied, but for the tables

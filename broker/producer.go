@@ -1150,10 +1150,18 @@ func retryablePublishError(err error) bool {
 // WithReturnOnStore it returns once JetStream has stored them, which makes
 // them durable. It returns the errors seen since the last call.
 func (p *Producer) Flush(ctx context.Context) error {
-	if !p.o.returnOnStore {
-		return p.WaitApplied(ctx)
+	return p.flush(ctx, p.flow.failureMark())
+}
+
+// flush is Flush, reporting the messages lost since mark.
+func (p *Producer) flush(ctx context.Context, mark uint64) error {
+	var err error
+	if p.o.returnOnStore {
+		err = p.flushStored(ctx)
+	} else {
+		err = p.waitApplied(ctx)
 	}
-	return p.flushStored(ctx)
+	return p.flow.withLost(err, mark)
 }
 
 // flushStored publishes everything and waits until JetStream stored it.
@@ -1197,6 +1205,11 @@ func (p *Producer) sealOpenLocked() error {
 // the items it waits until the limiter lets them in or ctx ends. It is what
 // Flush does unless WithReturnOnStore.
 func (p *Producer) WaitApplied(ctx context.Context) error {
+	mark := p.flow.failureMark()
+	return p.flow.withLost(p.waitApplied(ctx), mark)
+}
+
+func (p *Producer) waitApplied(ctx context.Context) error {
 	if err := p.flushStored(ctx); err != nil {
 		return err
 	}
@@ -1228,6 +1241,7 @@ func (p *Producer) EndEpisode(ctx context.Context) error {
 // does unless publishing its items failed, even when waiting for them
 // fails.
 func (p *Producer) endEpisode(ctx context.Context) (ended bool, err error) {
+	mark := p.flow.failureMark()
 	p.mu.Lock()
 	if p.closing {
 		p.mu.Unlock()
@@ -1245,7 +1259,7 @@ func (p *Producer) endEpisode(ctx context.Context) (ended bool, err error) {
 		return ended, err
 	}
 	// Everything is published: this only waits.
-	return true, p.Flush(ctx)
+	return true, p.flush(ctx, mark)
 }
 
 // publishEndLocked ends the episode and publishes its last items with the
@@ -1309,6 +1323,7 @@ func (p *Producer) endEpisodeLocked() {
 // it holds for this producer, waits for the acks and stops. When ctx ends
 // first, messages still being retried are reported lost.
 func (p *Producer) Close(ctx context.Context) error {
+	mark := p.flow.failureMark()
 	p.mu.Lock()
 	if p.closing {
 		selfClosed := p.selfClosed
@@ -1364,5 +1379,5 @@ func (p *Producer) Close(ctx context.Context) error {
 	<-p.notesDone
 	p.flow.stop()
 	errs = append(errs, p.flow.takeErrors())
-	return errors.Join(errs...)
+	return p.flow.withLost(errors.Join(errs...), mark)
 }

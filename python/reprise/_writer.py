@@ -726,6 +726,10 @@ class _Producer:
         # none, only max_unapplied.
         self.paced = 0
         self.errors: list[errors.RepriseError] = []
+        # Messages that could not be published, ever: a call that waited for
+        # them learns of their loss even where another call took their
+        # errors.
+        self.failures = 0
         # Table to (its signature as the client holds it, compiled).
         self._signatures: dict[str, tuple[Sequence[Any], list[_Spec]]] = {}
         # The linger timer is set; a batch whose linger time passed waits
@@ -1144,6 +1148,7 @@ class _Producer:
             self.unacked_items -= rec.items
             if err is not None:
                 self.errors.append(err)
+                self.failures += 1
             elif stream_seq is not None and rec.items > 0 and not self._applied_locked(stream_seq, rec.tables):
                 self.acked.append((stream_seq, rec.items, rec.tables))
                 self.acked_items += rec.items
@@ -1187,6 +1192,20 @@ class _Producer:
             return None
         errs, self.errors = self.errors, []
         return _join(errs)
+
+    def waited_errors_locked(self, mark: int) -> errors.RepriseError | None:
+        """The errors of a call that waited for its messages since failures
+        was mark: those not yet taken, or, where another call on the writer
+        took them (close, or a flush on another thread), a NotStoredError
+        for the messages that failed meanwhile, so that the call does not
+        return as if items never stored were."""
+        err = self.take_errors_locked()
+        lost = self.failures - mark
+        if err is not None or lost == 0:
+            return err
+        return errors.NotStoredError(
+            f"{lost} of this writer's messages were not stored while this call waited (another call on this writer reports why)"
+        )
 
     def flushed_locked(self, n: int) -> bool:
         """Whether at most n items are still to be done as flush counts

@@ -777,23 +777,30 @@ class AsyncTrajectoryWriter:
     ) -> None:
         """Publishes everything and waits until it is applied (see
         :meth:`reprise.TrajectoryWriter.flush`)."""
-        deadline = _deadline(timeout, timeout_ms)
+        assert self._p is not None
+        await self._flush(block_until_num_items, _deadline(timeout, timeout_ms), self._p.failures)
+
+    async def _flush(self, block_until_num_items: int, deadline: float | None, mark: int) -> None:
         await self._advance(True, deadline)
-        await self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush")
+        await self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush", mark)
 
     async def wait_applied(self, timeout: float | None = None) -> None:
         """Flushes, then waits until the service applied every item."""
+        assert self._p is not None
         deadline = _deadline(timeout, None)
-        await self.flush(timeout=_left(deadline))
-        await self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied")
+        mark = self._p.failures
+        await self._flush(0, deadline, mark)
+        await self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied", mark)
 
-    async def _wait(self, cond: Any, deadline: float | None, what: str) -> None:
+    async def _wait(self, cond: Any, deadline: float | None, what: str, mark: int) -> None:
+        """Waits until cond holds; raises the errors seen, and the loss of
+        messages that failed since mark (the writer's failures then)."""
         p = self._p
         assert p is not None
         while True:
             with p.mu:
                 if cond(p):
-                    err = p.take_errors_locked()
+                    err = p.waited_errors_locked(mark)
                     if err is not None:
                         raise err
                     return
@@ -821,11 +828,12 @@ class AsyncTrajectoryWriter:
         p = self._p
         assert p is not None
         deadline = _deadline(timeout, timeout_ms)
+        mark = p.failures
         await self._advance(True, deadline)
         with p.mu:
             p.end_episode_locked()
             self._partial = {}
-        await self._wait(lambda p: p.flushed_locked(0), deadline, "end_episode")
+        await self._wait(lambda p: p.flushed_locked(0), deadline, "end_episode", mark)
 
     async def close(self, timeout: float | None = 60.0) -> None:
         """Flushes, tells the service to release this writer's chunks and
@@ -836,6 +844,7 @@ class AsyncTrajectoryWriter:
         self._closed = True
         self._c._writers.discard(self)
         deadline = _deadline(timeout, None)
+        mark = p.failures
         first: errors.RepriseError | None = None
         try:
             await self._advance(True, deadline)
@@ -861,7 +870,7 @@ class AsyncTrajectoryWriter:
             p.closed = True
         await t.close(_left(deadline))
         with p.mu:
-            err = p.take_errors_locked()
+            err = p.waited_errors_locked(mark)
         if first is not None:
             raise first
         if err is not None:

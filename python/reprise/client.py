@@ -609,18 +609,23 @@ class TrajectoryWriter:
         waits only until JetStream stored them (durable). ``timeout``
         (seconds) or ``timeout_ms`` bounds the wait (DeadlineExceededError;
         the items keep being retried)."""
-        deadline = _aio._deadline(timeout, timeout_ms)
+        self._flush(block_until_num_items, _aio._deadline(timeout, timeout_ms), self._p.failures)
+
+    def _flush(self, block_until_num_items: int, deadline: float | None, mark: int) -> None:
         self._advance(True, deadline)
-        self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush")
+        self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush", mark)
 
     def wait_applied(self, timeout: float | None = None) -> None:
         """Flushes, then waits until the table service applied every item of
         this writer (or rejected it, which raises)."""
         deadline = _aio._deadline(timeout, None)
-        self.flush(timeout=_aio._left(deadline))
-        self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied")
+        mark = self._p.failures
+        self._flush(0, deadline, mark)
+        self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied", mark)
 
-    def _wait(self, cond: Any, deadline: float | None, what: str) -> None:
+    def _wait(self, cond: Any, deadline: float | None, what: str, mark: int) -> None:
+        """Waits until cond holds; raises the errors seen, and the loss of
+        messages that failed since mark (the writer's failures then)."""
         p = self._p
         with p.mu:
             while not cond(p):
@@ -628,7 +633,7 @@ class TrajectoryWriter:
                 if deadline is not None and now >= deadline:
                     raise errors.DeadlineExceededError(f"writer {what}: timed out: {p.describe_wait_locked()}")
                 p.cond.wait(1.0 if deadline is None else min(1.0, deadline - now))
-            err = p.take_errors_locked()
+            err = p.waited_errors_locked(mark)
         if err is not None:
             raise err
 
@@ -650,11 +655,12 @@ class TrajectoryWriter:
         the timeout). (``clear_buffers`` is accepted for Reverb
         compatibility; buffers are always cleared.)"""
         deadline = _aio._deadline(timeout, timeout_ms)
+        mark = self._p.failures
         self._advance(True, deadline)
         with self._p.mu:
             self._p.end_episode_locked()
         self._partial = {}
-        self._wait(lambda p: p.flushed_locked(0), deadline, "end_episode")
+        self._wait(lambda p: p.flushed_locked(0), deadline, "end_episode", mark)
 
     def close(self, timeout: float | None = 60.0) -> None:
         """Flushes, tells the service it may drop this writer's chunks, waits
@@ -665,6 +671,7 @@ class TrajectoryWriter:
         self._c._writers.discard(self)
         p = self._p
         deadline = _aio._deadline(timeout, None)
+        mark = p.failures
         first: errors.RepriseError | None = None
         try:
             self._advance(True, deadline)
@@ -689,7 +696,7 @@ class TrajectoryWriter:
         left = _aio._left(deadline)
         self._c._lt.call(self._t.close(left))
         with p.mu:
-            err = p.take_errors_locked()
+            err = p.waited_errors_locked(mark)
         if first is not None:
             raise first
         if err is not None:

@@ -252,3 +252,54 @@ def test_a_writer_closed_before_its_acks_gives_up_at_its_timeout(server: Reprise
         loop.run_until_complete(nc.close())
         loop.close()
 
+
+def test_a_flush_waiting_when_close_gives_up_raises(server: Reprised) -> None:
+    """A flush waiting for acks on one thread while close gives the
+    messages up on another raises NotStoredError. close took the messages'
+    errors, and the flush, finding every message settled and no error
+    left, returned as if its items were stored (the Go producer did so
+    when its connection closed, and a cluster soak lost acknowledged
+    inserts)."""
+    import threading
+    import time
+
+    import nats
+
+    async def swallow(m: Any) -> None:
+        pass
+
+    async def subscribed() -> Any:
+        nc = await nats.connect(server.url)
+        await nc.subscribe("mute.data.insert", cb=swallow)
+        await nc.flush()
+        return nc
+
+    loop = asyncio.new_event_loop()
+    nc = loop.run_until_complete(subscribed())
+    try:
+        with reprise.Client(server.url, prefix="mute") as c:
+            w = c.trajectory_writer(1, validate_signatures=False, ack_timeout=60, return_on_store=True)
+            w.append({"x": np.int64(1)})
+            w.create_item("t", 1.0, {"x": w.history["x"][-1]})
+            flushed: list[BaseException | None] = []
+
+            def flush() -> None:
+                try:
+                    w.flush(timeout=30)
+                    flushed.append(None)
+                except BaseException as e:  # noqa: BLE001 - handed to the test
+                    flushed.append(e)
+
+            t = threading.Thread(target=flush)
+            t.start()
+            deadline = time.monotonic() + 30
+            while not w._p.unsettled:
+                assert time.monotonic() < deadline, "the flush did not publish"
+                time.sleep(0.005)
+            with pytest.raises(reprise.NotStoredError):
+                w.close(timeout=0.2)
+            t.join(30)
+            assert flushed and isinstance(flushed[0], reprise.NotStoredError), flushed
+    finally:
+        loop.run_until_complete(nc.close())
+        loop.close()
