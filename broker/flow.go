@@ -28,11 +28,13 @@ type flow struct {
 	held         map[string]uint64 // tables applied only up to an earlier one
 	paced        int               // the service's bound on unapplied items while it paces inserts; 0: none
 	errs         []error
-	// failures counts the messages that could not be published, ever: a
-	// call that waited for them learns of their loss even where another
-	// call took their errors.
-	failures uint64
-	stopped  bool // the producer closed: no more acks or progress come
+	// failedItems counts the items of the messages that could not be
+	// published, ever, and untakenFailed those whose errors are still in
+	// errs: a call that waited for them learns of their loss even where
+	// another call took their errors.
+	failedItems   uint64
+	untakenFailed uint64
+	stopped       bool // the producer closed: no more acks or progress come
 }
 
 type ackedBatch struct {
@@ -121,32 +123,33 @@ func (f *flow) fail(n int, err error) {
 	f.inFlight--
 	f.unackedItems -= n
 	f.errs = append(f.errs, err)
-	f.failures++
+	f.failedItems += uint64(n)
+	f.untakenFailed += uint64(n)
 	f.notifyLocked()
 }
 
-// failureMark is where a call that waits for messages starts counting
-// their failures (withLost).
+// failureMark is where a call that waits for messages starts counting the
+// items lost (withLost).
 func (f *flow) failureMark() uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.failures
+	return f.failedItems
 }
 
-// withLost is err, the outcome of a call that waited until every message
-// published was acknowledged or failed, with the loss of those that failed
-// since mark added where err does not report one: another call took their
-// errors (a concurrent Flush or Close, or the producer's own Close when its
-// connection closed), and the waiting call would otherwise return nil for
-// items that were never stored.
+// withLost is err, the outcome of a call that waited for the messages
+// published, with the items lost since mark added where another call took
+// their errors (a concurrent Flush or Close, or the producer's own Close
+// when its connection closed) and err does not report a loss: the waiting
+// call would otherwise return nil for items that were never stored. Errors
+// still untaken are left to the next call, which reports them.
 func (f *flow) withLost(err error, mark uint64) error {
 	f.mu.Lock()
-	lost, stopped := f.failures-mark, f.stopped
+	since, untaken, stopped := f.failedItems-mark, f.untakenFailed, f.stopped
 	f.mu.Unlock()
-	if lost == 0 || errors.Is(err, ErrNotStored) {
+	if since <= untaken || errors.Is(err, ErrNotStored) {
 		return err
 	}
-	lostErr := fmt.Errorf("%w: %d of this producer's messages were not stored while this call waited (another call on this producer reports why)", ErrNotStored, lost)
+	lostErr := fmt.Errorf("%w: %d of this producer's items were not stored while this call waited (another call on this producer reported why)", ErrNotStored, since-untaken)
 	if stopped {
 		lostErr = fmt.Errorf("%w: %w", lostErr, ErrClosed)
 	}
@@ -204,7 +207,7 @@ func (f *flow) takeErrors() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	err := errors.Join(f.errs...)
-	f.errs = nil
+	f.errs, f.untakenFailed = nil, 0
 	return err
 }
 

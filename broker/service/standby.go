@@ -27,24 +27,25 @@ const HeaderService = "Reprise-Service"
 
 // A service that took the lease asks the cluster some questions before it
 // acts (the checkpoints' epochs, the stream's trim), and renews the lease
-// while it waits. A question the cluster dropped while it elected a leader
-// would go unanswered until its deadline: each try has takeoverAttempt,
-// and the question is asked again until takeoverCheckTimeout has passed.
-// A service that gets no answer by then gives the lease up and asks again
+// while it waits, for up to takeoverCheckTimeout in all. A question the
+// cluster dropped while it elected a leader would go unanswered until its
+// deadline, so it is asked again, each try allowed twice as long as the
+// one before, from takeoverFirstAttempt: a dropped call costs a couple of
+// seconds, and a slow cluster still gets tries long enough to answer. A
+// service that gets no answer in time gives the lease up and asks again
 // at its next turn.
 const (
-	takeoverAttempt      = 3 * time.Second
+	takeoverFirstAttempt = 2 * time.Second
 	takeoverCheckTimeout = 10 * time.Second
 )
 
-// askBeforeActing calls f until it succeeds, fails for good, or
-// takeoverCheckTimeout passes, each try bounded by takeoverAttempt.
+// askBeforeActing calls f until it succeeds, fails for good, or ctx ends.
 func (s *Service) askBeforeActing(ctx context.Context, what string, f func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, takeoverCheckTimeout)
-	defer cancel()
+	attempt := takeoverFirstAttempt
 	return retryJS(ctx, s.log, what, func(ctx context.Context) error {
-		actx, cancel := context.WithTimeout(ctx, takeoverAttempt)
+		actx, cancel := context.WithTimeout(ctx, attempt)
 		defer cancel()
+		attempt *= 2
 		return f(actx)
 	})
 }
@@ -136,13 +137,15 @@ func (s *Service) holdLease(ctx context.Context, lose context.CancelCauseFunc) {
 	// renewal period, a slow or electing one above all: the lease is
 	// renewed meanwhile.
 	stopRenewing := s.keepLease(ctx)
-	epoch, listErr := s.takeEpoch(ctx)
+	checks, endChecks := context.WithTimeout(ctx, takeoverCheckTimeout)
+	epoch, listErr := s.takeEpoch(checks)
 	var trimErr error
 	if listErr == nil {
 		s.log.Info("reprise service: holding the lease; catching up with the stream", "id", s.lease.id, "epoch", epoch, "applied", s.progress.get())
-		s.catchUp(ctx)
-		trimErr = s.checkNotBehindTrim(ctx)
+		s.catchUp(checks)
+		trimErr = s.checkNotBehindTrim(checks)
 	}
+	endChecks()
 	stopRenewing()
 	switch {
 	case ctx.Err() != nil:

@@ -726,10 +726,12 @@ class _Producer:
         # none, only max_unapplied.
         self.paced = 0
         self.errors: list[errors.RepriseError] = []
-        # Messages that could not be published, ever: a call that waited for
+        # Items of the messages that could not be published, ever, and of
+        # those whose errors are still in errors: a call that waited for
         # them learns of their loss even where another call took their
         # errors.
-        self.failures = 0
+        self.failed_items = 0
+        self.untaken_failed_items = 0
         # Table to (its signature as the client holds it, compiled).
         self._signatures: dict[str, tuple[Sequence[Any], list[_Spec]]] = {}
         # The linger timer is set; a batch whose linger time passed waits
@@ -1148,7 +1150,8 @@ class _Producer:
             self.unacked_items -= rec.items
             if err is not None:
                 self.errors.append(err)
-                self.failures += 1
+                self.failed_items += rec.items
+                self.untaken_failed_items += rec.items
             elif stream_seq is not None and rec.items > 0 and not self._applied_locked(stream_seq, rec.tables):
                 self.acked.append((stream_seq, rec.items, rec.tables))
                 self.acked_items += rec.items
@@ -1191,21 +1194,24 @@ class _Producer:
         if not self.errors:
             return None
         errs, self.errors = self.errors, []
+        self.untaken_failed_items = 0
         return _join(errs)
 
     def waited_errors_locked(self, mark: int) -> errors.RepriseError | None:
-        """The errors of a call that waited for its messages since failures
-        was mark: those not yet taken, or, where another call on the writer
-        took them (close, or a flush on another thread), a NotStoredError
-        for the messages that failed meanwhile, so that the call does not
-        return as if items never stored were."""
+        """The errors of a call that waited for its messages since
+        failed_items was mark, with a NotStoredError for the items lost
+        meanwhile whose errors another call on the writer took (close, or a
+        flush on another thread), unless those errors report a loss: the
+        call must not return as if items never stored were."""
+        lost = self.failed_items - mark - self.untaken_failed_items
         err = self.take_errors_locked()
-        lost = self.failures - mark
-        if err is not None or lost == 0:
+        if lost <= 0 or isinstance(err, errors.NotStoredError):
             return err
-        return errors.NotStoredError(
-            f"{lost} of this writer's messages were not stored while this call waited (another call on this writer reports why)"
+        lost_err = errors.NotStoredError(
+            f"{lost} of this writer's items were not stored while this call waited "
+            "(another call on this writer reported why)"
         )
+        return lost_err if err is None else _join([err, lost_err])
 
     def flushed_locked(self, n: int) -> bool:
         """Whether at most n items are still to be done as flush counts

@@ -34,6 +34,7 @@ from ._writer import (
     TrajectoryColumn,
     WriterOptions,
     _Blocked,
+    _join,
     _Producer,
     _Transport,
     check_item,
@@ -778,7 +779,7 @@ class AsyncTrajectoryWriter:
         """Publishes everything and waits until it is applied (see
         :meth:`reprise.TrajectoryWriter.flush`)."""
         assert self._p is not None
-        await self._flush(block_until_num_items, _deadline(timeout, timeout_ms), self._p.failures)
+        await self._flush(block_until_num_items, _deadline(timeout, timeout_ms), self._p.failed_items)
 
     async def _flush(self, block_until_num_items: int, deadline: float | None, mark: int) -> None:
         await self._advance(True, deadline)
@@ -788,13 +789,13 @@ class AsyncTrajectoryWriter:
         """Flushes, then waits until the service applied every item."""
         assert self._p is not None
         deadline = _deadline(timeout, None)
-        mark = self._p.failures
+        mark = self._p.failed_items
         await self._flush(0, deadline, mark)
         await self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied", mark)
 
     async def _wait(self, cond: Any, deadline: float | None, what: str, mark: int) -> None:
         """Waits until cond holds; raises the errors seen, and the loss of
-        messages that failed since mark (the writer's failures then)."""
+        the items lost since mark (the writer's failed_items then)."""
         p = self._p
         assert p is not None
         while True:
@@ -828,7 +829,7 @@ class AsyncTrajectoryWriter:
         p = self._p
         assert p is not None
         deadline = _deadline(timeout, timeout_ms)
-        mark = p.failures
+        mark = p.failed_items
         await self._advance(True, deadline)
         with p.mu:
             p.end_episode_locked()
@@ -844,7 +845,7 @@ class AsyncTrajectoryWriter:
         self._closed = True
         self._c._writers.discard(self)
         deadline = _deadline(timeout, None)
-        mark = p.failures
+        mark = p.failed_items
         first: errors.RepriseError | None = None
         try:
             await self._advance(True, deadline)
@@ -872,7 +873,7 @@ class AsyncTrajectoryWriter:
         with p.mu:
             err = p.waited_errors_locked(mark)
         if first is not None:
-            raise first
+            raise first if err is None else _join([first, err])
         if err is not None:
             raise err
 

@@ -26,7 +26,7 @@ from . import aio as _aio
 from . import _sharded  # after aio, which imports it last
 from ._info import CheckpointInfo, TableInfo
 from ._sample import ReplaySample, SampleBatch
-from ._writer import History, TrajectoryColumn, WriterOptions, _Blocked, _Producer, _Transport, check_item
+from ._writer import History, TrajectoryColumn, WriterOptions, _Blocked, _join, _Producer, _Transport, check_item
 
 log = logging.getLogger("reprise")
 T = TypeVar("T")
@@ -609,7 +609,7 @@ class TrajectoryWriter:
         waits only until JetStream stored them (durable). ``timeout``
         (seconds) or ``timeout_ms`` bounds the wait (DeadlineExceededError;
         the items keep being retried)."""
-        self._flush(block_until_num_items, _aio._deadline(timeout, timeout_ms), self._p.failures)
+        self._flush(block_until_num_items, _aio._deadline(timeout, timeout_ms), self._p.failed_items)
 
     def _flush(self, block_until_num_items: int, deadline: float | None, mark: int) -> None:
         self._advance(True, deadline)
@@ -619,13 +619,13 @@ class TrajectoryWriter:
         """Flushes, then waits until the table service applied every item of
         this writer (or rejected it, which raises)."""
         deadline = _aio._deadline(timeout, None)
-        mark = self._p.failures
+        mark = self._p.failed_items
         self._flush(0, deadline, mark)
         self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied", mark)
 
     def _wait(self, cond: Any, deadline: float | None, what: str, mark: int) -> None:
         """Waits until cond holds; raises the errors seen, and the loss of
-        messages that failed since mark (the writer's failures then)."""
+        the items lost since mark (the writer's failed_items then)."""
         p = self._p
         with p.mu:
             while not cond(p):
@@ -655,7 +655,7 @@ class TrajectoryWriter:
         the timeout). (``clear_buffers`` is accepted for Reverb
         compatibility; buffers are always cleared.)"""
         deadline = _aio._deadline(timeout, timeout_ms)
-        mark = self._p.failures
+        mark = self._p.failed_items
         self._advance(True, deadline)
         with self._p.mu:
             self._p.end_episode_locked()
@@ -671,7 +671,7 @@ class TrajectoryWriter:
         self._c._writers.discard(self)
         p = self._p
         deadline = _aio._deadline(timeout, None)
-        mark = p.failures
+        mark = p.failed_items
         first: errors.RepriseError | None = None
         try:
             self._advance(True, deadline)
@@ -698,7 +698,7 @@ class TrajectoryWriter:
         with p.mu:
             err = p.waited_errors_locked(mark)
         if first is not None:
-            raise first
+            raise first if err is None else _join([first, err])
         if err is not None:
             raise err
 

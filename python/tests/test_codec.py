@@ -606,3 +606,40 @@ def test_joined_errors_keep_every_loss_and_message() -> None:
     e = _join([reprise.UnavailableError(f"down {i}") for i in range(8)])
     assert type(e) is reprise.UnavailableError and e.message.endswith("down 4; and 3 more")
 
+
+
+def test_a_waiting_call_reports_items_lost_to_another_calls_errors() -> None:
+    """A call that waited for messages (flush, end_episode, close) reports
+    the items lost meanwhile even where another call took their errors;
+    not a lost message without items (a release of chunks), nor a loss
+    whose error is still there for the next call, which reports it."""
+    from reprise._writer import _Record, not_stored_error
+
+    p, _ = producer()
+
+    def fail(seq: int, items: int) -> None:
+        p.unsettled.append(seq)
+        p.unacked_items += items
+        p.on_settled(_Record(seq, b"", {}, items), None, not_stored_error(reprise.ClosedError("closed"), seq, items))
+
+    with p.mu:
+        mark = p.failed_items
+    fail(1, 0)  # a release: nothing lost
+    with p.mu:
+        assert p.take_errors_locked() is not None  # another call takes it
+        assert p.waited_errors_locked(mark) is None
+        mark = p.failed_items
+    fail(2, 5)
+    with p.mu:
+        taken = p.take_errors_locked()  # another call takes it
+        assert isinstance(taken, reprise.NotStoredError)
+        e = p.waited_errors_locked(mark)
+        assert isinstance(e, reprise.NotStoredError) and "5 of this writer's items" in e.message
+        mark = p.failed_items
+    fail(3, 2)
+    with p.mu:
+        # This call's own errors report the loss, and the next call does
+        # not again.
+        e = p.waited_errors_locked(mark)
+        assert isinstance(e, reprise.NotStoredError) and "message 3 (2 items)" in e.message
+        assert p.waited_errors_locked(p.failed_items) is None
