@@ -218,35 +218,16 @@ func TestFlushFailsWhenItsConnectionCloses(t *testing.T) {
 	})
 	t.Cleanup(func() { _ = down() })
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, srv.ClientURL())
-	nc := d.connect()
-	p, err := NewProducer(ctx, nc, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithBatch(1000, 1<<20), WithLinger(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range int64(10) {
-		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
+	err = closedDuringFlush(t, d, func() {
+		// No ack can come now: the message waits in the connection's
+		// reconnect buffer. (The service goes first, while it can stop
+		// cleanly.)
+		d.stopService()
+		if err := down(); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// No ack can come now: the message waits in the connection's
-	// reconnect buffer. (The service goes first, while it can stop
-	// cleanly.)
-	d.stopService()
-	if err := down(); err != nil {
-		t.Fatal(err)
-	}
-	flushed := make(chan error, 1)
-	go func() { flushed <- p.Flush(ctx) }()
-	testutil.WaitUntil(t, "Flush published and waits for the ack", func() bool {
-		p.flow.mu.Lock()
-		defer p.flow.mu.Unlock()
-		return p.flow.inFlight > 0 && p.flow.changed != nil
-	})
-	nc.Close()
-	if err := <-flushed; !errors.Is(err, ErrNotStored) {
+	}, func(f *flow) bool { return f.inFlight > 0 })
+	if !errors.Is(err, ErrNotStored) {
 		t.Fatalf("Flush whose connection closed before JetStream acknowledged its message: %v, want ErrNotStored", err)
 	}
 }
@@ -259,8 +240,19 @@ func TestFlushFailsWhenItsConnectionCloses(t *testing.T) {
 // resends lost items to insert them twice.
 func TestFlushOfStoredItemsReportsNoLoss(t *testing.T) {
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, "")
+	err := closedDuringFlush(t, d, d.stopService, // JetStream stores; nobody applies
+		func(f *flow) bool { return f.inFlight == 0 && f.ackedItems == 10 })
+	if !errors.Is(err, ErrClosed) || errors.Is(err, ErrNotStored) {
+		t.Fatalf("Flush of stored items whose connection closed: %v, want ErrClosed and not ErrNotStored", err)
+	}
+}
+
+// closedDuringFlush stages 10 items on a producer of a connection of its
+// own, calls before, and flushes them; it closes the connection once the
+// Flush waits and waiting holds, and returns what the Flush returned.
+func closedDuringFlush(t *testing.T, d *deployment, before func(), waiting func(*flow) bool) error {
+	t.Helper()
 	ctx := testutil.Context(t)
-	d.stopService() // JetStream stores; nobody applies
 	nc := d.connect()
 	p, err := NewProducer(ctx, nc, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithBatch(1000, 1<<20), WithLinger(time.Hour))
 	if err != nil {
@@ -274,17 +266,16 @@ func TestFlushOfStoredItemsReportsNoLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	before()
 	flushed := make(chan error, 1)
 	go func() { flushed <- p.Flush(ctx) }()
-	testutil.WaitUntil(t, "JetStream stored the items, and Flush waits for the service", func() bool {
+	testutil.WaitUntil(t, "Flush waits", func() bool {
 		p.flow.mu.Lock()
 		defer p.flow.mu.Unlock()
-		return p.flow.inFlight == 0 && p.flow.ackedItems == 10 && p.flow.changed != nil
+		return p.flow.changed != nil && waiting(p.flow)
 	})
 	nc.Close()
-	if err := <-flushed; !errors.Is(err, ErrClosed) || errors.Is(err, ErrNotStored) {
-		t.Fatalf("Flush of stored items whose connection closed: %v, want ErrClosed and not ErrNotStored", err)
-	}
+	return <-flushed
 }
 
 // TestLingerWaitsForRoomOnce: while a lingered batch waits for room in a

@@ -679,6 +679,17 @@ func (s *stuckListing) List(ctx context.Context) ([]string, error) {
 // the lease while it waits.
 func TestSlowTakeoverChecksStillTakeOver(t *testing.T) {
 	const ttl = time.Second
+	// Past the whole TTL: the lease would lapse unrenewed.
+	takeOverThrough(t, ttl, func(fc *FileCheckpoints) CheckpointStore {
+		return &slowListing{FileCheckpoints: fc, delay: 3 * ttl / 2}
+	})
+}
+
+// takeOverThrough has a standby whose checkpoint store is wrap's, with
+// lease TTL ttl, take over from an active service once that one stops
+// gracefully, and returns the standby.
+func takeOverThrough(t *testing.T, ttl time.Duration, wrap func(*FileCheckpoints) CheckpointStore, extra ...Option) *Service {
+	t.Helper()
 	fc, err := NewFileCheckpoints(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -686,9 +697,7 @@ func TestSlowTakeoverChecksStillTakeOver(t *testing.T) {
 	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
 	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(ttl), WithCheckpoints(fc)}})
 	fill(t, d.producer(), 0, 10, "t")
-	// Past the whole TTL: the lease would lapse unrenewed.
-	slow := &slowListing{FileCheckpoints: fc, delay: 3 * ttl / 2}
-	b, _ := d.startService(cfgs, WithStandby(ttl), WithCheckpoints(slow))
+	b, _ := d.startService(cfgs, append([]Option{WithStandby(ttl), WithCheckpoints(wrap(fc))}, extra...)...)
 	nc := d.connect()
 	if got := answerer(t, nc, d); got != d.svc.id {
 		t.Fatalf("answered by %q, want the first service %q", got, d.svc.id)
@@ -698,6 +707,7 @@ func TestSlowTakeoverChecksStillTakeOver(t *testing.T) {
 	testutil.WaitUntil(t, "the standby applied the items", func() bool { return b.Applied() >= d.svc.Applied() })
 	d.stop()
 	testutil.WaitUntil(t, "the standby answers", func() bool { return answerer(t, nc, d) == b.id })
+	return b
 }
 
 // slowListing is a checkpoint store that answers a listing only after
@@ -724,23 +734,14 @@ func (s *slowListing) List(ctx context.Context) ([]string, error) {
 // check's deadline and the lease given up: a cluster soak paused inserts
 // 15.6 s so, 10 s of them waiting for one stream info.
 func TestTakeoverAsksAgainAfterADroppedCall(t *testing.T) {
-	const ttl = time.Second
-	fc, err := NewFileCheckpoints(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
-	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(ttl), WithCheckpoints(fc)}})
-	fill(t, d.producer(), 0, 10, "t")
 	// Recovery lists first; the standby's listing of the epochs when it
 	// takes the lease is the second.
-	dropped := &droppedListing{FileCheckpoints: fc, drop: 2}
+	var dropped *droppedListing
 	var logB syncbuf.Buffer
-	b, _ := d.startService(cfgs, WithStandby(ttl), WithCheckpoints(dropped), WithLogger(slog.New(slog.NewTextHandler(&logB, nil))))
-	testutil.WaitUntil(t, "the standby applied the items", func() bool { return b.Applied() >= d.svc.Applied() })
-	d.stop()
-	nc := d.connect()
-	testutil.WaitUntil(t, "the standby answers", func() bool { return answerer(t, nc, d) == b.id })
+	takeOverThrough(t, time.Second, func(fc *FileCheckpoints) CheckpointStore {
+		dropped = &droppedListing{FileCheckpoints: fc, drop: 2}
+		return dropped
+	}, WithLogger(slog.New(slog.NewTextHandler(&logB, nil))))
 	if dropped.calls.Load() < 3 {
 		t.Fatalf("%d listings, want the dropped one asked again", dropped.calls.Load())
 	}

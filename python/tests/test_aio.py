@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -217,13 +219,11 @@ def test_a_sampler_closed_while_it_waits_sends_nothing_more(server: Reprised) ->
     asyncio.run(main())
 
 
-def test_a_writer_closed_before_its_acks_gives_up_at_its_timeout(server: Reprised) -> None:
-    """close(timeout) fails the acks it still waits for once its timeout
-    passes, as lost messages, instead of letting each run out the
-    writer's ack_timeout. A subscriber that swallows the inserts stands in
-    for a JetStream that never answers."""
-    import time
-
+@contextlib.contextmanager
+def unacknowledged_writer(server: Reprised) -> Iterator[reprise.TrajectoryWriter]:
+    """A writer on prefix "mute" with one item created, whose messages
+    JetStream never acknowledges: a subscriber that swallows the inserts
+    stands in for it."""
     import nats
 
     async def swallow(m: Any) -> None:
@@ -242,15 +242,25 @@ def test_a_writer_closed_before_its_acks_gives_up_at_its_timeout(server: Reprise
             w = c.trajectory_writer(1, validate_signatures=False, ack_timeout=60, return_on_store=True)
             w.append({"x": np.int64(1)})
             w.create_item("t", 1.0, {"x": w.history["x"][-1]})
-            start = time.monotonic()
-            with pytest.raises(reprise.NotStoredError) as e:
-                w.close(timeout=0.5)
-            assert time.monotonic() - start < 30, "close waited out the ack timeout"
-            assert isinstance(e.value, reprise.ClosedError)
-            assert "message 1 (1 items) not stored: not acknowledged by JetStream before the writer closed" in e.value.message
+            yield w
     finally:
         loop.run_until_complete(nc.close())
         loop.close()
+
+
+def test_a_writer_closed_before_its_acks_gives_up_at_its_timeout(server: Reprised) -> None:
+    """close(timeout) fails the acks it still waits for once its timeout
+    passes, as lost messages, instead of letting each run out the
+    writer's ack_timeout."""
+    import time
+
+    with unacknowledged_writer(server) as w:
+        start = time.monotonic()
+        with pytest.raises(reprise.NotStoredError) as e:
+            w.close(timeout=0.5)
+        assert time.monotonic() - start < 30, "close waited out the ack timeout"
+        assert isinstance(e.value, reprise.ClosedError)
+        assert "message 1 (1 items) not stored: not acknowledged by JetStream before the writer closed" in e.value.message
 
 
 def test_a_flush_waiting_when_close_gives_up_raises(server: Reprised) -> None:
@@ -263,43 +273,23 @@ def test_a_flush_waiting_when_close_gives_up_raises(server: Reprised) -> None:
     import threading
     import time
 
-    import nats
+    with unacknowledged_writer(server) as w:
+        flushed: list[BaseException | None] = []
 
-    async def swallow(m: Any) -> None:
-        pass
+        def flush() -> None:
+            try:
+                w.flush(timeout=30)
+                flushed.append(None)
+            except BaseException as e:  # noqa: BLE001 - handed to the test
+                flushed.append(e)
 
-    async def subscribed() -> Any:
-        nc = await nats.connect(server.url)
-        await nc.subscribe("mute.data.insert", cb=swallow)
-        await nc.flush()
-        return nc
-
-    loop = asyncio.new_event_loop()
-    nc = loop.run_until_complete(subscribed())
-    try:
-        with reprise.Client(server.url, prefix="mute") as c:
-            w = c.trajectory_writer(1, validate_signatures=False, ack_timeout=60, return_on_store=True)
-            w.append({"x": np.int64(1)})
-            w.create_item("t", 1.0, {"x": w.history["x"][-1]})
-            flushed: list[BaseException | None] = []
-
-            def flush() -> None:
-                try:
-                    w.flush(timeout=30)
-                    flushed.append(None)
-                except BaseException as e:  # noqa: BLE001 - handed to the test
-                    flushed.append(e)
-
-            t = threading.Thread(target=flush)
-            t.start()
-            deadline = time.monotonic() + 30
-            while not w._p.unsettled:
-                assert time.monotonic() < deadline, "the flush did not publish"
-                time.sleep(0.005)
-            with pytest.raises(reprise.NotStoredError):
-                w.close(timeout=0.2)
-            t.join(30)
-            assert flushed and isinstance(flushed[0], reprise.NotStoredError), flushed
-    finally:
-        loop.run_until_complete(nc.close())
-        loop.close()
+        t = threading.Thread(target=flush)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not w._p.unsettled:
+            assert time.monotonic() < deadline, "the flush did not publish"
+            time.sleep(0.005)
+        with pytest.raises(reprise.NotStoredError):
+            w.close(timeout=0.2)
+        t.join(30)
+        assert flushed and isinstance(flushed[0], reprise.NotStoredError), flushed
