@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,7 +50,10 @@ type lease struct {
 	base   time.Time    // origin of until, on the monotonic clock
 	until  atomic.Int64 // time after base up to which the lease is held; 0: not held
 	epoch  atomic.Uint64
-	rev    uint64 // revision of the last write; owned by the goroutine that acquires and renews
+	// writes orders the lease's writes: the goroutine that holds the
+	// lease renews it while the final checkpoint's renewals start.
+	writes sync.Mutex
+	rev    uint64 // revision of the last write
 }
 
 // serviceID names this process in the lease and in its replies: host,
@@ -124,6 +128,8 @@ func (l *lease) wrote(sent time.Duration, rev uint64) {
 
 // acquire takes the lease if it is free.
 func (l *lease) acquire(ctx context.Context) (bool, error) {
+	l.writes.Lock()
+	defer l.writes.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, l.renewEvery())
 	defer cancel()
 	sent := time.Since(l.base)
@@ -143,6 +149,8 @@ func (l *lease) acquire(ctx context.Context) (bool, error) {
 // lapsed, another error if the server could not be asked (the lease may
 // still be held).
 func (l *lease) renew(ctx context.Context) error {
+	l.writes.Lock()
+	defer l.writes.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, l.renewEvery())
 	defer cancel()
 	for retried := false; ; retried = true {
@@ -178,6 +186,8 @@ func (l *lease) drop() { l.until.Store(0) }
 // release gives the lease up at once, so that a standby need not wait for
 // it to lapse.
 func (l *lease) release(ctx context.Context) error {
+	l.writes.Lock()
+	defer l.writes.Unlock()
 	held := l.held()
 	l.drop()
 	if !held {

@@ -615,20 +615,23 @@ func (s *Service) Run(parent context.Context) error {
 	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.Stream(), "start_sequence", start, "standby", s.lease != nil)
 
 	err = s.applyLoop(ctx, reader)
+	// The lease is renewed from here until the final checkpoint is
+	// written: stopping the active role's work can take longer than what
+	// is left of it.
+	wctx, endWrite := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer endWrite()
+	stopRenewing := s.keepLease(wctx)
 	s.stopApply()
 	stopActing()
 	bg.Wait()
 	var cpErr error
 	if s.o.checkpoints != nil && s.o.finalCheckpoint && s.mayAct() && !s.missedTrim.Load() {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		stopRenewing := s.keepLease(wctx)
 		_, cpErr = s.write(wctx, s.capture())
-		stopRenewing()
-		cancel()
 		if cpErr != nil {
 			cpErr = fmt.Errorf("broker: final checkpoint: %w", cpErr)
 		}
 	}
+	stopRenewing()
 	if s.lease != nil {
 		s.releaseLease(ctx)
 	}

@@ -226,9 +226,12 @@ func (s *Service) holdLease(ctx context.Context, lose context.CancelCauseFunc) {
 }
 
 // keepLease renews a held lease, at once and then every renewal period,
-// until stop is called: the final checkpoint is written under it once
-// holdLease has stopped renewing, and that of large tables takes longer
-// than the half TTL or so left of the lease then.
+// until stop is called: while a service that took the lease asks the
+// cluster what it must know before it acts, and from the end of the run's
+// apply loop until its final checkpoint is written, since stopping the
+// active role's work (a periodic checkpoint in progress, say) and writing
+// that of large tables take longer than what is left of the lease. Lease
+// writes are ordered, so it may renew beside holdLease.
 func (s *Service) keepLease(ctx context.Context) (stop func()) {
 	if s.lease == nil {
 		return func() {}

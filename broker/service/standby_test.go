@@ -3,6 +3,8 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -573,6 +575,49 @@ func TestFinalCheckpointOutlastsTheLease(t *testing.T) {
 	if final.Items != n {
 		t.Fatalf("recovered %+v after the graceful stop, want the final checkpoint's %d items", final, n)
 	}
+}
+
+// TestLeaseOutlastsStoppingTheActiveRole: stopping the active role's work
+// waits for a periodic checkpoint being written, which a slow store can
+// make last longer than the lease; the lease was renewed only from the
+// final checkpoint on, found lapsed by then, and Run failed ("not the
+// active service") with nobody else about. (CI met it with a TTL of
+// 150 ms and 100,000 items under the race detector.)
+func TestLeaseOutlastsStoppingTheActiveRole(t *testing.T) {
+	const ttl = 150 * time.Millisecond
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &slowSaves{FileCheckpoints: fc, delay: 3 * ttl, saving: make(chan struct{}, 1)}
+	cfgs := []tables.Config{testutil.UniformTable("t", 100)}
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(ttl), WithCheckpoints(store), WithCheckpointEvery(10 * time.Millisecond)}})
+	p := d.producer()
+	fill(t, p, 0, 10, "t")
+	<-store.saving // a periodic checkpoint of 10 items is being written
+	fill(t, p, 10, 10, "t")
+	d.stop() // fails the test if Run returns an error
+	names, err := fc.List(testutil.Context(t))
+	if err != nil || len(names) == 0 || !strings.HasSuffix(names[len(names)-1], fmt.Sprintf("%020d", d.svc.Applied())) {
+		t.Fatalf("checkpoints %v (%v) after the graceful stop, want the final one, at %d", names, err, d.svc.Applied())
+	}
+}
+
+// slowSaves is a checkpoint store whose saves take delay, whatever their
+// context says, as a file system's do; it tells saving of each.
+type slowSaves struct {
+	*FileCheckpoints
+	delay  time.Duration
+	saving chan struct{}
+}
+
+func (s *slowSaves) Save(ctx context.Context, name string, r io.Reader) error {
+	select {
+	case s.saving <- struct{}{}:
+	default:
+	}
+	time.Sleep(s.delay)
+	return s.FileCheckpoints.Save(ctx, name, r)
 }
 
 // TestGapBelowCheckpointStopsActive: the active service's reader finding
