@@ -1153,7 +1153,7 @@ func (p *Producer) Flush(ctx context.Context) error {
 	return p.flush(ctx, p.flow.failureMark())
 }
 
-// flush is Flush, reporting the messages lost since mark.
+// flush is Flush, reporting the items lost since mark.
 func (p *Producer) flush(ctx context.Context, mark uint64) error {
 	var err error
 	if p.o.returnOnStore {
