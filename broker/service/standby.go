@@ -243,8 +243,7 @@ func (s *Service) keepLease(ctx context.Context) (stop func()) {
 		defer renew.Stop()
 		for s.lease.held() {
 			if err := s.lease.renew(ctx); errors.Is(err, errLeaseLost) {
-				s.lease.drop()
-				return
+				return // renew dropped it
 			}
 			select {
 			case <-renew.C:
