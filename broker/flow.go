@@ -31,10 +31,13 @@ type flow struct {
 	// failedItems counts the items of the messages that could not be
 	// published, ever, and untakenFailed those whose errors are still in
 	// errs: a call that waited for them learns of their loss even where
-	// another call took their errors.
-	failedItems   uint64
-	untakenFailed uint64
-	stopped       bool // the producer closed: no more acks or progress come
+	// another call took their errors. rejections and untakenRejections
+	// count the service's rejections the same way.
+	failedItems       uint64
+	untakenFailed     uint64
+	rejections        uint64
+	untakenRejections uint64
+	stopped           bool // the producer closed: no more acks or progress come
 }
 
 type ackedBatch struct {
@@ -129,31 +132,43 @@ func (f *flow) fail(n int, err error) {
 }
 
 // failureMark is where a call that waits for messages starts counting the
-// items lost (withLost).
-func (f *flow) failureMark() uint64 {
+// items lost and the rejections (withLost).
+type failureMark struct{ failedItems, rejections uint64 }
+
+func (f *flow) failureMark() failureMark {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.failedItems
+	return failureMark{f.failedItems, f.rejections}
 }
 
 // withLost is err, the outcome of a call that waited for the messages
-// published, with the items lost since mark added where another call took
-// their errors (a concurrent Flush or Close, or the producer's own Close
-// when its connection closed) and err does not report a loss: the waiting
-// call would otherwise return nil for items that were never stored. Errors
-// still untaken are left to the next call, which reports them.
-func (f *flow) withLost(err error, mark uint64) error {
+// published, with the items lost and the rejections since mark added where
+// another call took their errors (a concurrent Flush or Close, or the
+// producer's own Close when its connection closed) and err does not report
+// them: the waiting call would otherwise return nil for items that never
+// reached their tables. Errors still untaken are left to the next call,
+// which reports them.
+func (f *flow) withLost(err error, mark failureMark) error {
 	f.mu.Lock()
-	since, untaken, stopped := f.failedItems-mark, f.untakenFailed, f.stopped
+	lost, untakenLost := f.failedItems-mark.failedItems, f.untakenFailed
+	rejected, untakenRejected := f.rejections-mark.rejections, f.untakenRejections
+	stopped := f.stopped
 	f.mu.Unlock()
-	if since <= untaken || errors.Is(err, ErrNotStored) {
+	errs := []error{err}
+	if lost > untakenLost && !errors.Is(err, ErrNotStored) {
+		lostErr := fmt.Errorf("%w: %d of this producer's items were not stored while this call waited (another call on this producer reported why)", ErrNotStored, lost-untakenLost)
+		if stopped {
+			lostErr = fmt.Errorf("%w: %w", lostErr, ErrClosed)
+		}
+		errs = append(errs, lostErr)
+	}
+	if rejected > untakenRejected && !errors.Is(err, ErrRejected) {
+		errs = append(errs, fmt.Errorf("%w: the service sent %d rejections while this call waited (another call on this producer reported them)", ErrRejected, rejected-untakenRejected))
+	}
+	if len(errs) == 1 {
 		return err
 	}
-	lostErr := fmt.Errorf("%w: %d of this producer's items were not stored while this call waited (another call on this producer reported why)", ErrNotStored, since-untaken)
-	if stopped {
-		lostErr = fmt.Errorf("%w: %w", lostErr, ErrClosed)
-	}
-	return errors.Join(err, lostErr)
+	return errors.Join(errs...)
 }
 
 // setApplied records the service's progress: applied, but for the tables
@@ -195,10 +210,13 @@ func (f *flow) stop() {
 	f.notifyLocked()
 }
 
-func (f *flow) addError(err error) {
+// reject records a rejection by the service.
+func (f *flow) reject(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.errs = append(f.errs, err)
+	f.rejections++
+	f.untakenRejections++
 	f.notifyLocked()
 }
 
@@ -207,7 +225,7 @@ func (f *flow) takeErrors() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	err := errors.Join(f.errs...)
-	f.errs, f.untakenFailed = nil, 0
+	f.errs, f.untakenFailed, f.untakenRejections = nil, 0, 0
 	return err
 }
 

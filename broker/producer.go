@@ -538,7 +538,7 @@ func (p *Producer) onRejected(m *nats.Msg) {
 	if r.ItemKey != 0 {
 		what = fmt.Sprintf("item %d for table %q", r.ItemKey, r.Table)
 	}
-	p.flow.addError(fmt.Errorf("%w: %s of message %d: %w", ErrRejected, what, r.Sequence, &StatusError{Code: Code(r.Code), Message: r.Message}))
+	p.flow.reject(fmt.Errorf("%w: %s of message %d: %w", ErrRejected, what, r.Sequence, &StatusError{Code: Code(r.Code), Message: r.Message}))
 }
 
 // Append adds one step to the current episode. Every column keeps the dtype
@@ -1153,8 +1153,8 @@ func (p *Producer) Flush(ctx context.Context) error {
 	return p.flush(ctx, p.flow.failureMark())
 }
 
-// flush is Flush, reporting the items lost since mark.
-func (p *Producer) flush(ctx context.Context, mark uint64) error {
+// flush is Flush, reporting the items lost and the rejections since mark.
+func (p *Producer) flush(ctx context.Context, mark failureMark) error {
 	var err error
 	if p.o.returnOnStore {
 		err = p.flushStored(ctx)

@@ -542,6 +542,56 @@ func TestErrorsCarryCodes(t *testing.T) {
 	}
 }
 
+// TestWaitReportsRejectionsAnotherCallTook: a WaitApplied that waits while
+// the service rejects an item reports the rejection even where another call
+// on the producer took its error first; it returned nil before, as if the
+// item were in its table.
+func TestWaitReportsRejectionsAnotherCallTook(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 1)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithBatch(1, 1<<20), WithLinger(time.Hour)) // each item its own message, published at once
+	add := func(i int64, table string) {
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, table, 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, _ := d.svc.Table("queue")
+	add(0, "queue")
+	testutil.WaitUntil(t, "the queue is full", func() bool { return q.Info().Size == 1 })
+	add(1, "queue")
+	testutil.WaitUntil(t, "the second insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	waited := make(chan error, 1)
+	go func() { waited <- p.WaitApplied(ctx) }()
+	testutil.WaitUntil(t, "WaitApplied waits", func() bool {
+		p.flow.mu.Lock()
+		defer p.flow.mu.Unlock()
+		return p.flow.changed != nil
+	})
+	add(2, "nope")
+	testutil.WaitUntil(t, "the service rejects the item", func() bool {
+		p.flow.mu.Lock()
+		defer p.flow.mu.Unlock()
+		return p.flow.rejections == 1
+	})
+	short, cancel := context.WithTimeout(ctx, time.Millisecond)
+	defer cancel()
+	if err := p.WaitApplied(short); !errors.Is(err, ErrRejected) {
+		t.Fatalf("the second WaitApplied: %v, want the rejection", err)
+	}
+	if _, err := d.client().Sample(ctx, "queue", 1); err != nil { // makes room for the held insert
+		t.Fatal(err)
+	}
+	if err := <-waited; !errors.Is(err, ErrRejected) {
+		t.Fatalf("WaitApplied during which an item was rejected: %v, want ErrRejected", err)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatalf("Close: %v (the rejection was reported)", err)
+	}
+}
+
 // TestCloseEndsMutationWaits: a mutation waiting for the service to apply
 // it fails with ErrClosed when the client closes, as every call in
 // progress does.

@@ -729,9 +729,11 @@ class _Producer:
         # Items of the messages that could not be published, ever, and of
         # those whose errors are still in errors: a call that waited for
         # them learns of their loss even where another call took their
-        # errors.
+        # errors. The service's rejections are counted the same way.
         self.failed_items = 0
         self.untaken_failed_items = 0
+        self.rejections = 0
+        self.untaken_rejections = 0
         # Table to (its signature as the client holds it, compiled).
         self._signatures: dict[str, tuple[Sequence[Any], list[_Spec]]] = {}
         # The linger timer is set; a batch whose linger time passed waits
@@ -1185,7 +1187,17 @@ class _Producer:
                 self._publish_lingered_locked()
             self.notify_locked()
 
-    def on_rejected(self, err: errors.RepriseError) -> None:
+    def on_rejected(self, err: errors.RejectedError) -> None:
+        """A rejection by the service."""
+        with self.mu:
+            self.errors.append(err)
+            self.rejections += 1
+            self.untaken_rejections += 1
+            self.notify_locked()
+
+    def on_error(self, err: errors.RepriseError) -> None:
+        """An error for the writer's next call that is neither a loss nor a
+        rejection (a refused permission)."""
         with self.mu:
             self.errors.append(err)
             self.notify_locked()
@@ -1194,24 +1206,37 @@ class _Producer:
         if not self.errors:
             return None
         errs, self.errors = self.errors, []
-        self.untaken_failed_items = 0
+        self.untaken_failed_items = self.untaken_rejections = 0
         return _join(errs)
 
-    def waited_errors_locked(self, mark: int) -> errors.RepriseError | None:
+    def failure_mark(self) -> tuple[int, int]:
+        """Where a call that waits for its messages starts counting the
+        items lost and the rejections (waited_errors_locked)."""
+        with self.mu:
+            return self.failed_items, self.rejections
+
+    def waited_errors_locked(self, mark: tuple[int, int]) -> errors.RepriseError | None:
         """The errors of a call that waited for its messages since
-        failed_items was mark, with a NotStoredError for the items lost
-        meanwhile whose errors another call on the writer took (close, or a
-        flush on another thread), unless those errors report a loss: the
-        call must not return as if items never stored were."""
-        lost = self.failed_items - mark - self.untaken_failed_items
-        err = self.take_errors_locked()
-        if lost <= 0 or isinstance(err, errors.NotStoredError):
-            return err
-        lost_err = errors.NotStoredError(
-            f"{lost} of this writer's items were not stored while this call waited "
-            "(another call on this writer reported why)"
-        )
-        return lost_err if err is None else _join([err, lost_err])
+        failure_mark gave mark, with a NotStoredError for the items lost
+        and a RejectedError for the rejections meanwhile whose errors
+        another call on the writer took (close, or a flush on another
+        thread), unless its own errors report them: the call must not
+        return as if items that never reached their tables did."""
+        lost = self.failed_items - mark[0] - self.untaken_failed_items
+        refused = self.rejections - mark[1] - self.untaken_rejections
+        errs, self.errors = self.errors, []
+        self.untaken_failed_items = self.untaken_rejections = 0
+        if lost > 0 and not any(isinstance(e, errors.NotStoredError) for e in errs):
+            errs.append(errors.NotStoredError(
+                f"{lost} of this writer's items were not stored while this call waited "
+                "(another call on this writer reported why)"
+            ))
+        if refused > 0 and not any(isinstance(e, errors.RejectedError) for e in errs):
+            errs.append(errors.RejectedError(
+                f"the service sent {refused} rejections while this call waited "
+                "(another call on this writer reported them)"
+            ))
+        return _join(errs) if errs else None
 
     def flushed_locked(self, n: int) -> bool:
         """Whether at most n items are still to be done as flush counts
@@ -1345,7 +1370,7 @@ class _Transport:
             if rec.future is not None and not rec.future.done():
                 rec.future.set_exception(err)
         assert self.p is not None
-        self.p.on_rejected(err)
+        self.p.on_error(err)
 
     def submit(self, rec: _Record) -> None:
         """Thread-safe: queue a record for publishing, in order."""

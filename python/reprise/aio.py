@@ -779,9 +779,9 @@ class AsyncTrajectoryWriter:
         """Publishes everything and waits until it is applied (see
         :meth:`reprise.TrajectoryWriter.flush`)."""
         assert self._p is not None
-        await self._flush(block_until_num_items, _deadline(timeout, timeout_ms), self._p.failed_items)
+        await self._flush(block_until_num_items, _deadline(timeout, timeout_ms), self._p.failure_mark())
 
-    async def _flush(self, block_until_num_items: int, deadline: float | None, mark: int) -> None:
+    async def _flush(self, block_until_num_items: int, deadline: float | None, mark: tuple[int, int]) -> None:
         await self._advance(True, deadline)
         await self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush", mark)
 
@@ -789,13 +789,14 @@ class AsyncTrajectoryWriter:
         """Flushes, then waits until the service applied every item."""
         assert self._p is not None
         deadline = _deadline(timeout, None)
-        mark = self._p.failed_items
+        mark = self._p.failure_mark()
         await self._flush(0, deadline, mark)
         await self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied", mark)
 
-    async def _wait(self, cond: Any, deadline: float | None, what: str, mark: int) -> None:
+    async def _wait(self, cond: Any, deadline: float | None, what: str, mark: tuple[int, int]) -> None:
         """Waits until cond holds; raises the errors seen, and the loss of
-        the items lost since mark (the writer's failed_items then)."""
+        the items lost and the rejections since mark (the writer's
+        failure_mark then)."""
         p = self._p
         assert p is not None
         while True:
@@ -829,7 +830,7 @@ class AsyncTrajectoryWriter:
         p = self._p
         assert p is not None
         deadline = _deadline(timeout, timeout_ms)
-        mark = p.failed_items
+        mark = p.failure_mark()
         await self._advance(True, deadline)
         with p.mu:
             p.end_episode_locked()
@@ -845,7 +846,7 @@ class AsyncTrajectoryWriter:
         self._closed = True
         self._c._writers.discard(self)
         deadline = _deadline(timeout, None)
-        mark = p.failed_items
+        mark = p.failure_mark()
         first: errors.RepriseError | None = None
         try:
             await self._advance(True, deadline)

@@ -609,9 +609,9 @@ class TrajectoryWriter:
         waits only until JetStream stored them (durable). ``timeout``
         (seconds) or ``timeout_ms`` bounds the wait (DeadlineExceededError;
         the items keep being retried)."""
-        self._flush(block_until_num_items, _aio._deadline(timeout, timeout_ms), self._p.failed_items)
+        self._flush(block_until_num_items, _aio._deadline(timeout, timeout_ms), self._p.failure_mark())
 
-    def _flush(self, block_until_num_items: int, deadline: float | None, mark: int) -> None:
+    def _flush(self, block_until_num_items: int, deadline: float | None, mark: tuple[int, int]) -> None:
         self._advance(True, deadline)
         self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush", mark)
 
@@ -619,13 +619,14 @@ class TrajectoryWriter:
         """Flushes, then waits until the table service applied every item of
         this writer (or rejected it, which raises)."""
         deadline = _aio._deadline(timeout, None)
-        mark = self._p.failed_items
+        mark = self._p.failure_mark()
         self._flush(0, deadline, mark)
         self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied", mark)
 
-    def _wait(self, cond: Any, deadline: float | None, what: str, mark: int) -> None:
+    def _wait(self, cond: Any, deadline: float | None, what: str, mark: tuple[int, int]) -> None:
         """Waits until cond holds; raises the errors seen, and the loss of
-        the items lost since mark (the writer's failed_items then)."""
+        the items lost and the rejections since mark (the writer's
+        failure_mark then)."""
         p = self._p
         with p.mu:
             while not cond(p):
@@ -655,7 +656,7 @@ class TrajectoryWriter:
         the timeout). (``clear_buffers`` is accepted for Reverb
         compatibility; buffers are always cleared.)"""
         deadline = _aio._deadline(timeout, timeout_ms)
-        mark = self._p.failed_items
+        mark = self._p.failure_mark()
         self._advance(True, deadline)
         with self._p.mu:
             self._p.end_episode_locked()
@@ -671,7 +672,7 @@ class TrajectoryWriter:
         self._c._writers.discard(self)
         p = self._p
         deadline = _aio._deadline(timeout, None)
-        mark = p.failed_items
+        mark = p.failure_mark()
         first: errors.RepriseError | None = None
         try:
             self._advance(True, deadline)

@@ -623,23 +623,55 @@ def test_a_waiting_call_reports_items_lost_to_another_calls_errors() -> None:
         p.on_settled(_Record(seq, b"", {}, items), None, not_stored_error(reprise.ClosedError("closed"), seq, items))
 
     with p.mu:
-        mark = p.failed_items
+        mark = (p.failed_items, p.rejections)
     fail(1, 0)  # a release: nothing lost
     with p.mu:
         assert p.take_errors_locked() is not None  # another call takes it
         assert p.waited_errors_locked(mark) is None
-        mark = p.failed_items
+        mark = (p.failed_items, p.rejections)
     fail(2, 5)
     with p.mu:
         taken = p.take_errors_locked()  # another call takes it
         assert isinstance(taken, reprise.NotStoredError)
         e = p.waited_errors_locked(mark)
         assert isinstance(e, reprise.NotStoredError) and "5 of this writer's items" in e.message
-        mark = p.failed_items
+        mark = (p.failed_items, p.rejections)
     fail(3, 2)
     with p.mu:
         # This call's own errors report the loss, and the next call does
         # not again.
         e = p.waited_errors_locked(mark)
         assert isinstance(e, reprise.NotStoredError) and "message 3 (2 items)" in e.message
-        assert p.waited_errors_locked(p.failed_items) is None
+        assert p.waited_errors_locked((p.failed_items, p.rejections)) is None
+
+
+def test_a_waiting_call_reports_rejections_another_call_took() -> None:
+    """A call that waited while the service rejected items raises a
+    RejectedError even where another call took the rejections' errors; not
+    for rejections from before it began, nor twice for those it raises
+    itself, nor for an error that is no rejection."""
+    from reprise._writer import rejection_error
+
+    p, _ = producer()
+
+    def reject(key: int) -> None:
+        p.on_rejected(rejection_error(pb.Rejection(sequence=4, item_key=key, table="t", code=reprise.Code.NOT_FOUND, message="unknown table")))
+
+    reject(1)  # before the call
+    mark = p.failure_mark()
+    reject(2)
+    reject(3)
+    with p.mu:
+        assert isinstance(p.take_errors_locked(), reprise.RejectedError)  # another call takes them
+        e = p.waited_errors_locked(mark)
+        assert isinstance(e, reprise.RejectedError) and "2 rejections" in e.message
+    mark = p.failure_mark()
+    reject(4)
+    with p.mu:
+        e = p.waited_errors_locked(mark)  # its own, raised as it is and once
+        assert isinstance(e, reprise.RejectedError) and e.item_key == 4 and len(e.rejections) == 1
+    mark = p.failure_mark()
+    p.on_error(reprise.PermissionDeniedError("denied", operation="subscribe", subject="x"))
+    with p.mu:
+        p.take_errors_locked()
+        assert p.waited_errors_locked(mark) is None

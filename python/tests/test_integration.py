@@ -614,6 +614,47 @@ tables:
         r.kill9()
 
 
+def test_a_wait_raises_rejections_another_call_took(reprised_factory: Any) -> None:
+    """wait_applied on one thread raises the rejection of an item that the
+    service refused while it waited, even where a call on another thread
+    (create_item) raised that rejection first; it returned as if the item
+    were in its table."""
+    r = reprised_factory(
+        "tables:\n  - {name: held, max_size: 1, rate_limiter: {preset: queue}}\n  - {name: t, max_size: 10}\n"
+    )
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(1, linger=0.0, batch_items=1, validate_signatures=False)
+        p = w._p
+
+        def add(i: int, table: str) -> None:
+            w.append({"x": np.int64(i)})
+            w.create_item(table, 1.0, {"x": w.history["x"][-1]})
+
+        add(0, "held")
+        wait_for("the queue is full", lambda: c.server_info(timeout=5)["held"].current_size == 1)
+        add(1, "held")  # held by the queue
+        waited: list[BaseException | None] = []
+
+        def wait() -> None:
+            try:
+                w.wait_applied(timeout=30)
+                waited.append(None)
+            except BaseException as e:  # noqa: BLE001 - handed to the test
+                waited.append(e)
+
+        th = threading.Thread(target=wait)
+        th.start()
+        wait_for("wait_applied waits", lambda: len(p.cond._waiters) > 0)  # type: ignore[attr-defined]
+        add(2, "nosuch")
+        wait_for("the rejection", lambda: p.rejections == 1)
+        with pytest.raises(reprise.RejectedError, match="nosuch"):
+            add(3, "t")  # raises the earlier message's rejection
+        assert [int(s.data["x"]) for s in c.sample("held", 1, timeout=30)] == [0]  # makes room
+        th.join(30)
+        assert len(waited) == 1 and isinstance(waited[0], reprise.RejectedError), waited
+        w.close()
+
+
 def test_end_episode_ends_it_even_when_the_wait_fails(reprised_factory: Any) -> None:
     """end_episode publishes the items and starts a new episode before it
     waits, as the Go producer does: a wait that times out (a rate limiter
