@@ -146,7 +146,7 @@ func RolePermissions(role Role, prefix, user string) (Permissions, error) {
 		p.Subscribe.Deny = []string{api}
 	case RoleService:
 		p.Publish.Allow = slices.Concat(
-			[]string{subj.Reset(), subj.Applied(), subj.Info(), accountInfoAPI},
+			[]string{subj.Reset(), subj.Applied(), subj.Info(), subj.Standby(), accountInfoAPI},
 			streamAPI(stream), streamAPI(objects), streamAPI(lease),
 			consumerReplies(stream), consumerReplies(objects),
 			[]string{objectStoreSubjects(subj.CheckpointBucket()), kvSubjects(subj.LeaseBucket()), anyInbox})

@@ -318,7 +318,9 @@ func WithRecoveryReport(f func(RecoveryResult)) Option {
 // replicated like the stream, whose entries expire after ttl) answers
 // requests, publishes progress, writes checkpoints and trims the stream.
 // When it stops renewing the lease (killed, paused, cut off), another takes
-// over within about ttl plus ttl/6. A ttl of 0 means DefaultLeaseTTL; an
+// over within about ttl plus ttl/6. One stopped gracefully hands over to
+// a standby that answers it without writing its final checkpoint, when
+// periodic checkpoints are on. A ttl of 0 means DefaultLeaseTTL; an
 // existing bucket's TTL wins. Every service of the prefix must use it.
 func WithStandby(ttl time.Duration) Option {
 	return serviceOption(func(o *serviceOptions) error {
@@ -614,7 +616,17 @@ func (s *Service) Run(parent context.Context) error {
 	}
 	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.Stream(), "start_sequence", start, "standby", s.lease != nil)
 
+	var standbyCalls *nats.Subscription
+	if s.lease != nil {
+		if standbyCalls, err = s.nc.Subscribe(s.subj.Standby(), s.answerStandbyCall); err != nil {
+			return fmt.Errorf("broker: subscribing to %s: %w", s.subj.Standby(), err)
+		}
+	}
 	err = s.applyLoop(ctx, reader)
+	if standbyCalls != nil {
+		// A stopping service is no one to hand over to.
+		_ = standbyCalls.Unsubscribe()
+	}
 	// The lease is renewed from here until the final checkpoint is
 	// written: stopping the active role's work can take longer than what
 	// is left of it.
@@ -626,9 +638,13 @@ func (s *Service) Run(parent context.Context) error {
 	bg.Wait()
 	var cpErr error
 	if s.o.checkpoints != nil && s.o.finalCheckpoint && s.mayAct() && !s.missedTrim.Load() {
-		_, cpErr = s.write(wctx, s.capture())
-		if cpErr != nil {
-			cpErr = fmt.Errorf("broker: final checkpoint: %w", cpErr)
+		if standby, ok := s.standbyToTakeOver(wctx); ok {
+			s.log.Info("reprise service: a standby takes over; no final checkpoint", "standby", standby, "applied_sequence", s.progress.get())
+		} else {
+			_, cpErr = s.write(wctx, s.capture())
+			if cpErr != nil {
+				cpErr = fmt.Errorf("broker: final checkpoint: %w", cpErr)
+			}
 		}
 	}
 	stopRenewing()

@@ -2,11 +2,13 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
@@ -256,6 +258,59 @@ func (s *Service) keepLease(ctx context.Context) (stop func()) {
 		cancel()
 		wg.Wait()
 	}
+}
+
+// A stopping active service with a standby beside it hands over without
+// its final checkpoint: writing one holds the lease, and so every
+// producer's applied progress, for as long as copying the tables takes
+// (21.7 s for 310 MB in a cluster soak), while the standby already holds
+// the tables. Nothing is lost by it: the stream keeps every message since
+// the last periodic checkpoint, as after a kill. Without periodic
+// checkpoints the final ones are the only ones, and are always written.
+// standbyCallTimeout bounds the question: a standby answers in
+// milliseconds, and with none the server says at once that no one
+// listens.
+const standbyCallTimeout = time.Second
+
+// standbyReply is a standby's answer on protocol.Subjects.Standby.
+type standbyReply struct {
+	Service         string `json:"service"`
+	AppliedSequence uint64 `json:"applied_sequence"`
+}
+
+// standbyToTakeOver says which standby service, if any, will take the
+// lease once this active one releases it.
+func (s *Service) standbyToTakeOver(ctx context.Context) (string, bool) {
+	if s.lease == nil || s.o.checkpointEvery <= 0 {
+		return "", false
+	}
+	ctx, cancel := context.WithTimeout(ctx, standbyCallTimeout)
+	defer cancel()
+	m, err := s.nc.RequestWithContext(ctx, s.subj.Standby(), nil)
+	if err != nil {
+		if !errors.Is(err, nats.ErrNoResponders) {
+			s.log.Warn("reprise service: asking for a standby to take over", "error", err)
+		}
+		return "", false
+	}
+	var r standbyReply
+	if json.Unmarshal(m.Data, &r) != nil || r.Service == "" || r.Service == s.id {
+		return "", false
+	}
+	return r.Service, true
+}
+
+// answerStandbyCall tells a stopping active service that this standby
+// follows the stream and will take the lease.
+func (s *Service) answerStandbyCall(m *nats.Msg) {
+	if s.mayAct() {
+		return // the active service, or one taking over
+	}
+	data, err := json.Marshal(standbyReply{Service: s.id, AppliedSequence: s.progress.get()})
+	if err != nil {
+		return
+	}
+	_ = m.Respond(data)
 }
 
 func (s *Service) releaseLease(ctx context.Context) {

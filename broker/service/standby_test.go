@@ -603,6 +603,46 @@ func TestLeaseOutlastsStoppingTheActiveRole(t *testing.T) {
 	}
 }
 
+// TestStopHandsOverToAStandby: an active service stopped gracefully with a
+// standby beside it releases the lease without writing a final checkpoint,
+// which would hold every producer's progress for as long as copying the
+// tables takes; the standby takes over with every item, and the stream,
+// untrimmed, still holds what the last checkpoint does not. The last
+// service to stop, with no standby left, writes its final checkpoint.
+func TestStopHandsOverToAStandby(t *testing.T) {
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := []tables.Config{testutil.UniformTable("t", 100)}
+	opts := []Option{WithStandby(time.Second), WithCheckpoints(fc), WithCheckpointEvery(time.Hour)}
+	d := deploy(t, cfgs, deployOptions{service: opts})
+	a := d.svc
+	b, stopB := d.startService(cfgs, opts...)
+	fill(t, d.producer(), 0, 20, "t")
+	testutil.WaitUntil(t, "the standby applied the stream", func() bool { return b.Applied() >= a.Applied() })
+	nc := d.connect()
+	d.stop()
+	names, err := fc.List(testutil.Context(t))
+	if err != nil || len(names) != 0 {
+		t.Fatalf("checkpoints %v (%v) after a stop beside a standby, want none", names, err)
+	}
+	testutil.WaitUntil(t, "the standby answers", func() bool { return answerer(t, nc, d) == b.id })
+	if size := b.tables["t"].Size(); size != 20 {
+		t.Fatalf("the standby holds %d items, want 20", size)
+	}
+	info, err := b.stream.Info(testutil.Context(t))
+	if err != nil || info.State.FirstSeq != 1 {
+		t.Fatalf("stream %+v (%v) after the hand-over, want it untrimmed", info.State, err)
+	}
+	stopB()
+	var final RecoveryResult
+	d.startService(cfgs, WithCheckpoints(fc), WithRecoveryReport(func(r RecoveryResult) { final = r }))
+	if final.Items != 20 {
+		t.Fatalf("recovered %+v after the last service's stop, want its final checkpoint's 20 items", final)
+	}
+}
+
 // slowSaves is a checkpoint store whose saves take delay, whatever their
 // context says, as a file system's do; it tells saving of each.
 type slowSaves struct {

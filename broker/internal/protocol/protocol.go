@@ -80,6 +80,11 @@ func (s Subjects) ResetAPI() string   { return s.APIGroup() + ".reset" }
 func (s Subjects) Checkpoint() string { return s.APIGroup() + ".checkpoint" }
 func (s Subjects) Items() string      { return s.APIGroup() + ".items" }
 
+// Standby is where an active service that stops asks whether a standby
+// service of the prefix is there to take over (only services may publish
+// or subscribe to it).
+func (s Subjects) Standby() string { return s.APIGroup() + ".standby" }
+
 // Owns reports whether subject lies under the prefix.
 func (s Subjects) Owns(subject string) bool { return strings.HasPrefix(subject, s.Prefix+".") }
 
