@@ -128,6 +128,28 @@ func TestStandbyTakesOverFromKilledActive(t *testing.T) {
 	})
 }
 
+// TestStandbyTakesOverFromStoppedActive: as above, with the active one
+// stopped gracefully (SIGTERM) instead: it exits 0, hands over without a
+// final checkpoint (a standby answered it), and the standby serves with
+// every acknowledged insert exactly once and every acknowledged mutation.
+func TestStandbyTakesOverFromStoppedActive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds reprised and nats-server, runs two reprised and stops one")
+	}
+	url, rs := standbyPair(t)
+	nc := connect(t, url)
+	run(t, url, func() {
+		active, standby := activeAndStandby(t, nc, rs)
+		stopped := time.Now()
+		stopCleanly(t, active)
+		waitFor(t, "the standby answers", func() bool { return answeringPID(nc) == standby.pid() })
+		t.Logf("active reprised stopped: the standby answered %v after SIGTERM", time.Since(stopped).Round(time.Millisecond))
+		if out := active.out.String(); !strings.Contains(out, "a standby takes over; no final checkpoint") {
+			t.Fatalf("the stopped reprised did not hand over to the standby:\n%s", out)
+		}
+	})
+}
+
 // TestStandbyPausedActiveStaysFenced: the active reprised is stopped with
 // SIGSTOP until the standby has taken over, then continued with SIGCONT.
 // From then on it must not act for the prefix beside the new active one:
