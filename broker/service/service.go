@@ -320,7 +320,8 @@ func WithRecoveryReport(f func(RecoveryResult)) Option {
 // When it stops renewing the lease (killed, paused, cut off), another takes
 // over within about ttl plus ttl/6. One stopped gracefully hands over to
 // a standby that answers it without writing its final checkpoint, when
-// periodic checkpoints are on. A ttl of 0 means DefaultLeaseTTL; an
+// periodic checkpoints are on, and writes it after all where no standby
+// serves. A ttl of 0 means DefaultLeaseTTL; an
 // existing bucket's TTL wins. Every service of the prefix must use it.
 func WithStandby(ttl time.Duration) Option {
 	return serviceOption(func(o *serviceOptions) error {
@@ -586,6 +587,16 @@ func (s *Service) Run(parent context.Context) error {
 		return fmt.Errorf("broker: consumer on %s: %w", s.subj.Stream(), err)
 	}
 
+	stopAnswering := func() {}
+	if s.lease != nil {
+		calls, err := s.nc.Subscribe(s.subj.Standby(), s.answerStandbyCall)
+		if err != nil {
+			return fmt.Errorf("broker: subscribing to %s: %w", s.subj.Standby(), err)
+		}
+		stopAnswering = sync.OnceFunc(func() { _ = calls.Unsubscribe() })
+		defer stopAnswering()
+	}
+
 	// The active role: for the whole run without standby, while the lease
 	// is held with it.
 	actx, stopActing := context.WithCancel(ctx)
@@ -616,17 +627,13 @@ func (s *Service) Run(parent context.Context) error {
 	}
 	s.log.Info("reprise service running", "tables", s.names, "stream", s.subj.Stream(), "start_sequence", start, "standby", s.lease != nil)
 
-	var standbyCalls *nats.Subscription
-	if s.lease != nil {
-		if standbyCalls, err = s.nc.Subscribe(s.subj.Standby(), s.answerStandbyCall); err != nil {
-			return fmt.Errorf("broker: subscribing to %s: %w", s.subj.Standby(), err)
-		}
-	}
 	err = s.applyLoop(ctx, reader)
-	if standbyCalls != nil {
-		// A stopping service is no one to hand over to.
-		_ = standbyCalls.Unsubscribe()
-	}
+	// A stopping service is no one to hand over to.
+	stopAnswering()
+	// A hand-over leaves the newest state to the stream and the standby:
+	// only for a shutdown, never where the stream is lost or the run
+	// failed, when the final checkpoint is all that holds it.
+	mayHandOver := parent.Err() != nil && !errors.Is(context.Cause(ctx), protocol.ErrStreamLost) && (err == nil || errors.Is(err, ctx.Err()))
 	// The lease is renewed from here until the final checkpoint is
 	// written: stopping the active role's work can take longer than what
 	// is left of it.
@@ -638,9 +645,15 @@ func (s *Service) Run(parent context.Context) error {
 	bg.Wait()
 	var cpErr error
 	if s.o.checkpoints != nil && s.o.finalCheckpoint && s.mayAct() && !s.missedTrim.Load() {
-		if standby, ok := s.standbyToTakeOver(wctx); ok {
-			s.log.Info("reprise service: a standby takes over; no final checkpoint", "standby", standby, "applied_sequence", s.progress.get())
-		} else {
+		handedOver := false
+		if mayHandOver {
+			if standby, ok := s.standbyToTakeOver(wctx); ok {
+				stopRenewing()
+				handedOver, cpErr = s.handOver(wctx, standby)
+				stopRenewing = s.keepLease(wctx)
+			}
+		}
+		if !handedOver && cpErr == nil && s.mayAct() {
 			_, cpErr = s.write(wctx, s.capture())
 			if cpErr != nil {
 				cpErr = fmt.Errorf("broker: final checkpoint: %w", cpErr)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
 )
@@ -267,6 +268,12 @@ func (s *Service) keepLease(ctx context.Context) (stop func()) {
 // the tables. Nothing is lost by it: the stream keeps every message since
 // the last periodic checkpoint, as after a kill. Without periodic
 // checkpoints the final ones are the only ones, and are always written.
+// The stopping service waits until the standby serves; where none does
+// (the standby was stopped too, or cannot take over), it takes the lease
+// back and writes the final checkpoint after all, so that stopping every
+// service at once leaves the newest state in a checkpoint, not only in
+// the stream, whose limits may drop it.
+//
 // standbyCallTimeout bounds the question: a standby answers in
 // milliseconds, and with none the server says at once that no one
 // listens.
@@ -278,8 +285,8 @@ type standbyReply struct {
 	AppliedSequence uint64 `json:"applied_sequence"`
 }
 
-// standbyToTakeOver says which standby service, if any, will take the
-// lease once this active one releases it.
+// standbyToTakeOver says which standby service, if any, answers that it
+// will take the lease once this active one releases it.
 func (s *Service) standbyToTakeOver(ctx context.Context) (string, bool) {
 	if s.lease == nil || s.o.checkpointEvery <= 0 {
 		return "", false
@@ -298,6 +305,105 @@ func (s *Service) standbyToTakeOver(ctx context.Context) (string, bool) {
 		return "", false
 	}
 	return r.Service, true
+}
+
+// handOver releases the lease and waits until another service serves the
+// prefix: answers an info request, which a standby does only once it took
+// the lease, checked the stream and caught up with it. If the lease stays
+// free for a TTL, or nobody serves within a take-over's longest time, it
+// takes the lease back and reports whether the final checkpoint must be
+// skipped all the same (handedOver: another service was active meanwhile
+// and wrote a checkpoint of a newer epoch). It fails when it can do
+// neither: then nobody wrote the final checkpoint and nobody serves.
+func (s *Service) handOver(ctx context.Context, standby string) (handedOver bool, err error) {
+	s.releaseLease(ctx)
+	wait, cancel := context.WithTimeout(ctx, 2*s.lease.ttl+takeoverCheckTimeout)
+	defer cancel()
+	// The standby tries to take the lease every pollEvery: look a few
+	// times as often, so that stopping takes little longer than the
+	// take-over.
+	poll := time.NewTicker(s.lease.pollEvery() / 4)
+	defer poll.Stop()
+	freeSince := time.Now()
+	for {
+		if by := s.servingService(wait); by != "" {
+			s.log.Info("reprise service: a standby took over; no final checkpoint", "standby", by, "answered", standby, "applied_sequence", s.progress.get())
+			return true, nil
+		}
+		holder, err := s.leaseHolder(wait)
+		switch {
+		case err != nil: // cannot tell
+		case holder != "":
+			freeSince = time.Now()
+		case time.Since(freeSince) >= s.lease.ttl:
+			if ok, err := s.lease.acquire(ctx); err == nil && ok {
+				return s.tookBack(ctx, standby)
+			}
+			freeSince = time.Now()
+		}
+		select {
+		case <-poll.C:
+		case <-wait.Done():
+			if ok, err := s.lease.acquire(ctx); err == nil && ok {
+				return s.tookBack(ctx, standby)
+			}
+			return false, fmt.Errorf("broker: no final checkpoint: the standby %s answered that it would take over, but no service served within %v, and the lease could not be taken back", standby, 2*s.lease.ttl+takeoverCheckTimeout)
+		}
+	}
+}
+
+// tookBack decides, once a stopping service has taken the lease back
+// after a hand-over that did not happen, whether it may still write its
+// final checkpoint: not where another service was active meanwhile and
+// wrote a checkpoint of a newer epoch, which recovery ranks above one of
+// this service's epoch, and whose needs this service's trim would not see.
+func (s *Service) tookBack(ctx context.Context, standby string) (handedOver bool, err error) {
+	var names []string
+	err = s.askBeforeActing(ctx, "the checkpoints", func(ctx context.Context) (err error) {
+		names, err = s.o.checkpoints.List(ctx)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("broker: no final checkpoint: listing the checkpoints after taking the lease back: %w", err)
+	}
+	for _, name := range names {
+		if e, _, ok := parseCheckpointName(name); ok && e > s.epoch.Load() {
+			s.log.Info("reprise service: another service was active since the lease was released; no final checkpoint", "answered", standby, "its_checkpoint", name)
+			return true, nil
+		}
+	}
+	s.log.Warn("reprise service: the standby that answered did not take over; writing the final checkpoint", "answered", standby)
+	return false, nil
+}
+
+// servingService is the service that answers an info request for the
+// prefix now, if another than this one ("" if none).
+func (s *Service) servingService(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, s.lease.pollEvery()/2)
+	defer cancel()
+	m, err := s.nc.RequestWithContext(ctx, s.subj.Info(), nil)
+	if err != nil || m.Header.Get(micro.ErrorCodeHeader) != "" {
+		return ""
+	}
+	if by := m.Header.Get(HeaderService); by != s.id {
+		return by
+	}
+	return ""
+}
+
+// leaseHolder is the service that holds the lease by the bucket ("" if
+// none).
+func (s *Service) leaseHolder(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery())
+	defer cancel()
+	e, err := s.lease.kv.Get(ctx, leaseKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return string(e.Value()), nil
 }
 
 // answerStandbyCall tells a stopping active service that this standby

@@ -9,12 +9,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
 
@@ -621,25 +623,157 @@ func TestStopHandsOverToAStandby(t *testing.T) {
 	b, stopB := d.startService(cfgs, opts...)
 	fill(t, d.producer(), 0, 20, "t")
 	testutil.WaitUntil(t, "the standby applied the stream", func() bool { return b.Applied() >= a.Applied() })
-	nc := d.connect()
-	d.stop()
+	d.stop() // returns once the standby serves
+	if !b.mayAct() {
+		t.Fatal("the stopped service returned before the standby served")
+	}
 	names, err := fc.List(testutil.Context(t))
 	if err != nil || len(names) != 0 {
 		t.Fatalf("checkpoints %v (%v) after a stop beside a standby, want none", names, err)
 	}
-	testutil.WaitUntil(t, "the standby answers", func() bool { return answerer(t, nc, d) == b.id })
 	if size := b.tables["t"].Size(); size != 20 {
 		t.Fatalf("the standby holds %d items, want 20", size)
-	}
-	info, err := b.stream.Info(testutil.Context(t))
-	if err != nil || info.State.FirstSeq != 1 {
-		t.Fatalf("stream %+v (%v) after the hand-over, want it untrimmed", info.State, err)
 	}
 	stopB()
 	var final RecoveryResult
 	d.startService(cfgs, WithCheckpoints(fc), WithRecoveryReport(func(r RecoveryResult) { final = r }))
 	if final.Items != 20 {
 		t.Fatalf("recovered %+v after the last service's stop, want its final checkpoint's 20 items", final)
+	}
+}
+
+// TestStopWritesTheFinalCheckpointWhenNoStandbyTakesOver: a standby that
+// answers the stopping service but never serves (it was stopped too, or
+// cannot take over) leaves the newest state to the final checkpoint after
+// all: the stopping service takes the lease back and writes it, rather
+// than leave what it applied since the last checkpoint only in the
+// stream, whose limits may drop it before any service runs again. Not
+// where another service wrote a checkpoint of a newer epoch meanwhile:
+// recovery ranks that one higher, and a trim by the older epoch would not
+// see what it needs.
+func TestStopWritesTheFinalCheckpointWhenNoStandbyTakesOver(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		takesLease bool // the ghost takes the lease and lets it lapse
+		newerEpoch bool // and writes a checkpoint of a newer epoch
+	}{
+		{name: "never takes the lease"},
+		{name: "takes the lease and never serves", takesLease: true},
+		{name: "was active meanwhile", takesLease: true, newerEpoch: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fc, err := NewFileCheckpoints(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfgs := []tables.Config{testutil.UniformTable("t", 100)}
+			d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(time.Second), WithCheckpoints(fc), WithCheckpointEvery(time.Hour)}})
+			a := d.svc
+			ctx := testutil.Context(t)
+			ghostCheckpoint := checkpointName(a.epoch.Load()+1, 1)
+			var answered atomic.Int32
+			ghosted := make(chan error, 1)
+			nc := d.connect()
+			ghost, err := nc.Subscribe(a.subj.Standby(), func(m *nats.Msg) {
+				if answered.Add(1) > 1 {
+					return
+				}
+				m.Respond([]byte(`{"service":"ghost","applied_sequence":1}`))
+				if !tc.takesLease {
+					ghosted <- nil
+					return
+				}
+				go func() {
+					ghosted <- func() error {
+						// Once the stopping service releases the lease.
+						for {
+							if _, err := a.lease.kv.Create(ctx, leaseKey, []byte("ghost")); err == nil {
+								break
+							}
+							select {
+							case <-ctx.Done():
+								return ctx.Err()
+							case <-time.After(10 * time.Millisecond):
+							}
+						}
+						if tc.newerEpoch {
+							return fc.Save(ctx, ghostCheckpoint, strings.NewReader("the ghost's tables"))
+						}
+						return nil
+					}()
+				}()
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ghost.Unsubscribe()
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			fill(t, d.producer(), 0, 10, "t")
+			d.stop() // fails the test if Run returns an error
+			if err := <-ghosted; err != nil {
+				t.Fatalf("the ghost: %v", err)
+			}
+			names, err := fc.List(ctx)
+			want := []string{checkpointName(a.epoch.Load(), a.Applied())}
+			if tc.newerEpoch {
+				want = []string{ghostCheckpoint}
+			}
+			if err != nil || !slices.Equal(names, want) {
+				t.Fatalf("checkpoints %v (%v) after a stop that no standby took over, want %v", names, err, want)
+			}
+			if holder, err := a.leaseHolder(ctx); err != nil || holder != "" {
+				t.Fatalf("the lease is held by %q (%v) after the stop, want it released", holder, err)
+			}
+		})
+	}
+}
+
+// TestStreamLostWritesTheFinalCheckpointBesideAStandby: a service that
+// stops because its stream was deleted writes its final checkpoint even
+// with a standby beside it: the checkpoint is then all that holds what it
+// applied since the last one, and the standby cannot take over without
+// the stream.
+func TestStreamLostWritesTheFinalCheckpointBesideAStandby(t *testing.T) {
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := []tables.Config{testutil.UniformTable("t", 100)}
+	opts := []Option{WithStandby(time.Second), WithCheckpoints(fc), WithCheckpointEvery(time.Hour)}
+	d := deploy(t, cfgs, deployOptions{service: opts})
+	ctx := testutil.Context(t)
+	run := func() (*Service, <-chan error) {
+		svc, err := New(d.connect(), cfgs, append([]Option{WithPrefix(d.prefix), WithLogger(testutil.QuietLogger())}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- svc.Run(ctx) }()
+		return svc, done
+	}
+	d.stop() // the deployment's service is not the one under test: it would fail the test as the stream goes
+	a, aDone := run()
+	testutil.WaitUntil(t, "the first service serves", a.mayAct)
+	b, bDone := run()
+	fill(t, d.producer(), 0, 10, "t")
+	testutil.WaitUntil(t, "the standby applied the stream", func() bool { return b.Applied() >= a.Applied() })
+	js, err := jetstream.New(d.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, a.subj.Stream()); err != nil {
+		t.Fatal(err)
+	}
+	for name, done := range map[string]<-chan error{"active": aDone, "standby": bDone} {
+		if err := <-done; !errors.Is(err, protocol.ErrStreamLost) {
+			t.Fatalf("the %s service's Run: %v, want ErrStreamLost", name, err)
+		}
+	}
+	names, err := fc.List(ctx)
+	if err != nil || !slices.Contains(names, checkpointName(a.epoch.Load(), a.Applied())) {
+		t.Fatalf("checkpoints %v (%v) after the stream was lost, want the final one at %d", names, err, a.Applied())
 	}
 }
 

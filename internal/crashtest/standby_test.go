@@ -144,7 +144,7 @@ func TestStandbyTakesOverFromStoppedActive(t *testing.T) {
 		stopCleanly(t, active)
 		waitFor(t, "the standby answers", func() bool { return answeringPID(nc) == standby.pid() })
 		t.Logf("active reprised stopped: the standby answered %v after SIGTERM", time.Since(stopped).Round(time.Millisecond))
-		if out := active.out.String(); !strings.Contains(out, "a standby takes over; no final checkpoint") {
+		if out := active.out.String(); !strings.Contains(out, "a standby took over; no final checkpoint") {
 			t.Fatalf("the stopped reprised did not hand over to the standby:\n%s", out)
 		}
 	})
