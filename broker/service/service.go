@@ -637,7 +637,11 @@ func (s *Service) Run(parent context.Context) error {
 	// The lease is renewed from here until the final checkpoint is
 	// written: stopping the active role's work can take longer than what
 	// is left of it.
-	wctx, endWrite := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	budget := time.Minute
+	if s.lease != nil {
+		budget += standbyCallTimeout + s.handOverTimeout()
+	}
+	wctx, endWrite := context.WithTimeout(context.WithoutCancel(ctx), budget)
 	defer endWrite()
 	stopRenewing := s.keepLease(wctx)
 	s.stopApply()
@@ -647,13 +651,9 @@ func (s *Service) Run(parent context.Context) error {
 	if s.o.checkpoints != nil && s.o.finalCheckpoint && s.mayAct() && !s.missedTrim.Load() {
 		handedOver := false
 		if mayHandOver {
-			if standby, ok := s.standbyToTakeOver(wctx); ok {
-				stopRenewing()
-				handedOver, cpErr = s.handOver(wctx, standby)
-				stopRenewing = s.keepLease(wctx)
-			}
+			handedOver, stopRenewing, cpErr = s.tryHandOver(wctx, stopRenewing)
 		}
-		if !handedOver && cpErr == nil && s.mayAct() {
+		if !handedOver && cpErr == nil {
 			_, cpErr = s.write(wctx, s.capture())
 			if cpErr != nil {
 				cpErr = fmt.Errorf("broker: final checkpoint: %w", cpErr)

@@ -287,9 +287,9 @@ type standbyReply struct {
 
 // standbyToTakeOver says which standby service, if any, answers that it
 // will take the lease once this active one releases it.
-func (s *Service) standbyToTakeOver(ctx context.Context) (string, bool) {
+func (s *Service) standbyToTakeOver(ctx context.Context) (standbyReply, bool) {
 	if s.lease == nil || s.o.checkpointEvery <= 0 {
-		return "", false
+		return standbyReply{}, false
 	}
 	ctx, cancel := context.WithTimeout(ctx, standbyCallTimeout)
 	defer cancel()
@@ -298,26 +298,51 @@ func (s *Service) standbyToTakeOver(ctx context.Context) (string, bool) {
 		if !errors.Is(err, nats.ErrNoResponders) {
 			s.log.Warn("reprise service: asking for a standby to take over", "error", err)
 		}
-		return "", false
+		return standbyReply{}, false
 	}
 	var r standbyReply
 	if json.Unmarshal(m.Data, &r) != nil || r.Service == "" || r.Service == s.id {
-		return "", false
+		return standbyReply{}, false
 	}
-	return r.Service, true
+	return r, true
 }
+
+// tryHandOver hands over to a standby that answers, if one does. It takes
+// the lease's renewals, stopRenewing, and returns the function that stops
+// those it runs from then on: none once the lease is released, new ones
+// once it is taken back. handedOver false with no error: write the final
+// checkpoint, under the lease held.
+func (s *Service) tryHandOver(ctx context.Context, stopRenewing func()) (handedOver bool, renewing func(), err error) {
+	answer, ok := s.standbyToTakeOver(ctx)
+	if !ok {
+		return false, stopRenewing, nil
+	}
+	standby := answer.Service
+	s.log.Info("reprise service: handing over to a standby", "standby", standby, "standby_applied_sequence", answer.AppliedSequence, "applied_sequence", s.progress.get())
+	stopRenewing()
+	holds, err := s.handOver(ctx, standby)
+	if err != nil || !holds {
+		return err == nil, func() {}, err
+	}
+	renewing = s.keepLease(ctx)
+	handedOver, err = s.tookBack(ctx, standby)
+	return handedOver, renewing, err
+}
+
+// handOverTimeout is the longest a stopping service waits for a standby
+// to serve: the standby takes the lease within a TTL of its release, asks
+// its take-over questions, and waits up to TTL/3 to catch up.
+func (s *Service) handOverTimeout() time.Duration { return 2*s.lease.ttl + takeoverCheckTimeout }
 
 // handOver releases the lease and waits until another service serves the
 // prefix: answers an info request, which a standby does only once it took
-// the lease, checked the stream and caught up with it. If the lease stays
-// free for a TTL, or nobody serves within a take-over's longest time, it
-// takes the lease back and reports whether the final checkpoint must be
-// skipped all the same (handedOver: another service was active meanwhile
-// and wrote a checkpoint of a newer epoch). It fails when it can do
-// neither: then nobody wrote the final checkpoint and nobody serves.
-func (s *Service) handOver(ctx context.Context, standby string) (handedOver bool, err error) {
+// the lease and asked its take-over questions. It takes the lease back
+// (holds) if the lease stays free for a TTL, or nobody serves within
+// handOverTimeout and the lease is free then; it fails when it can do
+// neither: nobody serves, and nobody wrote a final checkpoint.
+func (s *Service) handOver(ctx context.Context, standby string) (holds bool, err error) {
 	s.releaseLease(ctx)
-	wait, cancel := context.WithTimeout(ctx, 2*s.lease.ttl+takeoverCheckTimeout)
+	wait, cancel := context.WithTimeout(ctx, s.handOverTimeout())
 	defer cancel()
 	// The standby tries to take the lease every pollEvery: look a few
 	// times as often, so that stopping takes little longer than the
@@ -326,9 +351,8 @@ func (s *Service) handOver(ctx context.Context, standby string) (handedOver bool
 	defer poll.Stop()
 	freeSince := time.Now()
 	for {
-		if by := s.servingService(wait); by != "" {
-			s.log.Info("reprise service: a standby took over; no final checkpoint", "standby", by, "answered", standby, "applied_sequence", s.progress.get())
-			return true, nil
+		if s.servedByAnother(wait, standby) {
+			return false, nil
 		}
 		holder, err := s.leaseHolder(wait)
 		switch {
@@ -337,26 +361,49 @@ func (s *Service) handOver(ctx context.Context, standby string) (handedOver bool
 			freeSince = time.Now()
 		case time.Since(freeSince) >= s.lease.ttl:
 			if ok, err := s.lease.acquire(ctx); err == nil && ok {
-				return s.tookBack(ctx, standby)
+				return true, nil
 			}
 			freeSince = time.Now()
 		}
 		select {
 		case <-poll.C:
 		case <-wait.Done():
-			if ok, err := s.lease.acquire(ctx); err == nil && ok {
-				return s.tookBack(ctx, standby)
+			// A last, longer look: the standby may be serving, its
+			// answers slow.
+			if s.servedByAnother(ctx, standby) {
+				return false, nil
 			}
-			return false, fmt.Errorf("broker: no final checkpoint: the standby %s answered that it would take over, but no service served within %v, and the lease could not be taken back", standby, 2*s.lease.ttl+takeoverCheckTimeout)
+			if ok, err := s.lease.acquire(ctx); err == nil && ok {
+				return true, nil
+			}
+			return false, fmt.Errorf("broker: no final checkpoint: the standby %s answered that it would take over, but no service served within %v, and the lease could not be taken back", standby, s.handOverTimeout())
 		}
 	}
 }
 
+// servedByAnother says whether another service serves the prefix now, and
+// logs the hand-over if so.
+func (s *Service) servedByAnother(ctx context.Context, standby string) bool {
+	ctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery())
+	defer cancel()
+	m, err := s.nc.RequestWithContext(ctx, s.subj.Info(), nil)
+	if err != nil || m.Header.Get(micro.ErrorCodeHeader) != "" {
+		return false
+	}
+	by := m.Header.Get(HeaderService)
+	if by == "" || by == s.id {
+		return false
+	}
+	s.log.Info("reprise service: a standby took over; no final checkpoint", "standby", by, "answered", standby, "applied_sequence", s.progress.get())
+	return true
+}
+
 // tookBack decides, once a stopping service has taken the lease back
-// after a hand-over that did not happen, whether it may still write its
-// final checkpoint: not where another service was active meanwhile and
+// after a hand-over that did not happen, whether to skip its final
+// checkpoint all the same: where another service was active meanwhile and
 // wrote a checkpoint of a newer epoch, which recovery ranks above one of
-// this service's epoch, and whose needs this service's trim would not see.
+// this service's epoch, and whose needs this service's trim would not
+// see.
 func (s *Service) tookBack(ctx context.Context, standby string) (handedOver bool, err error) {
 	var names []string
 	err = s.askBeforeActing(ctx, "the checkpoints", func(ctx context.Context) (err error) {
@@ -374,21 +421,6 @@ func (s *Service) tookBack(ctx context.Context, standby string) (handedOver bool
 	}
 	s.log.Warn("reprise service: the standby that answered did not take over; writing the final checkpoint", "answered", standby)
 	return false, nil
-}
-
-// servingService is the service that answers an info request for the
-// prefix now, if another than this one ("" if none).
-func (s *Service) servingService(ctx context.Context) string {
-	ctx, cancel := context.WithTimeout(ctx, s.lease.pollEvery()/2)
-	defer cancel()
-	m, err := s.nc.RequestWithContext(ctx, s.subj.Info(), nil)
-	if err != nil || m.Header.Get(micro.ErrorCodeHeader) != "" {
-		return ""
-	}
-	if by := m.Header.Get(HeaderService); by != s.id {
-		return by
-	}
-	return ""
 }
 
 // leaseHolder is the service that holds the lease by the bucket ("" if
