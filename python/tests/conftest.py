@@ -44,6 +44,23 @@ tables:
 """
 
 
+def in_thread(call: Callable[[], None]) -> tuple[threading.Thread, list[BaseException | None]]:
+    """Starts call on a thread of its own; the list gets what it raised,
+    or None once it returned."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome.append(e)
+
+    th = threading.Thread(target=run)
+    th.start()
+    return th, outcome
+
+
 def wait_for(what: str, cond: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02) -> Any:
     """Polls cond until it returns a true value or timeout passes (then
     fails the test saying what it waited for)."""

@@ -12,7 +12,7 @@ import pytest
 
 import reprise
 import reprise.aio
-from conftest import Reprised
+from conftest import Reprised, in_thread
 
 
 def test_async_writer_sampler_and_calls(server: Reprised) -> None:
@@ -270,21 +270,10 @@ def test_a_flush_waiting_when_close_gives_up_raises(server: Reprised) -> None:
     left, returned as if its items were stored (the Go producer did so
     when its connection closed, and a cluster soak lost acknowledged
     inserts)."""
-    import threading
     import time
 
     with unacknowledged_writer(server) as w:
-        flushed: list[BaseException | None] = []
-
-        def flush() -> None:
-            try:
-                w.flush(timeout=30)
-                flushed.append(None)
-            except BaseException as e:  # noqa: BLE001 - handed to the test
-                flushed.append(e)
-
-        t = threading.Thread(target=flush)
-        t.start()
+        t, flushed = in_thread(lambda: w.flush(timeout=30))
         deadline = time.monotonic() + 30
         while not w._p.unsettled:
             assert time.monotonic() < deadline, "the flush did not publish"

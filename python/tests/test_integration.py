@@ -16,7 +16,7 @@ import pytest
 import reprise
 from reprise import _codec
 
-from conftest import Reprised, gohelper, wait_for
+from conftest import Reprised, gohelper, in_thread, wait_for
 
 
 def table_size(c: reprise.Client, table: str) -> int:
@@ -633,17 +633,7 @@ def test_a_wait_raises_rejections_another_call_took(reprised_factory: Any) -> No
         add(0, "held")
         wait_for("the queue is full", lambda: c.server_info(timeout=5)["held"].current_size == 1)
         add(1, "held")  # held by the queue
-        waited: list[BaseException | None] = []
-
-        def wait() -> None:
-            try:
-                w.wait_applied(timeout=30)
-                waited.append(None)
-            except BaseException as e:  # noqa: BLE001 - handed to the test
-                waited.append(e)
-
-        th = threading.Thread(target=wait)
-        th.start()
+        th, waited = in_thread(lambda: w.wait_applied(timeout=30))
         wait_for("wait_applied waits", lambda: len(p.cond._waiters) > 0)  # type: ignore[attr-defined]
         add(2, "nosuch")
         wait_for("the rejection", lambda: p.rejections == 1)
