@@ -321,8 +321,8 @@ func WithRecoveryReport(f func(RecoveryResult)) Option {
 // over within about ttl plus ttl/6. One stopped gracefully hands over to
 // a standby that answers it without writing its final checkpoint, when
 // periodic checkpoints are on, and writes it after all where no standby
-// serves. A ttl of 0 means DefaultLeaseTTL; an
-// existing bucket's TTL wins. Every service of the prefix must use it.
+// serves. A ttl of 0 means DefaultLeaseTTL; an existing bucket's TTL
+// wins. Every service of the prefix must use it.
 func WithStandby(ttl time.Duration) Option {
 	return serviceOption(func(o *serviceOptions) error {
 		if ttl < 0 {
