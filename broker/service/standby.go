@@ -405,19 +405,13 @@ func (s *Service) servedByAnother(ctx context.Context, standby string) bool {
 // this service's epoch, and whose needs this service's trim would not
 // see.
 func (s *Service) tookBack(ctx context.Context, standby string) (handedOver bool, err error) {
-	var names []string
-	err = s.askBeforeActing(ctx, "the checkpoints", func(ctx context.Context) (err error) {
-		names, err = s.o.checkpoints.List(ctx)
-		return err
-	})
+	newest, err := s.newestCheckpointEpoch(ctx)
 	if err != nil {
 		return false, fmt.Errorf("broker: no final checkpoint: listing the checkpoints after taking the lease back: %w", err)
 	}
-	for _, name := range names {
-		if e, _, ok := parseCheckpointName(name); ok && e > s.epoch.Load() {
-			s.log.Info("reprise service: another service was active since the lease was released; no final checkpoint", "answered", standby, "its_checkpoint", name)
-			return true, nil
-		}
+	if newest > s.epoch.Load() {
+		s.log.Info("reprise service: another service was active since the lease was released; no final checkpoint", "answered", standby, "its_epoch", newest)
+		return true, nil
 	}
 	s.log.Warn("reprise service: the standby that answered did not take over; writing the final checkpoint", "answered", standby)
 	return false, nil
@@ -516,20 +510,32 @@ func (s *Service) checkNotBehindTrim(ctx context.Context) error {
 func (s *Service) takeEpoch(ctx context.Context) (uint64, error) {
 	epoch := s.lease.epoch.Load()
 	if s.o.checkpoints != nil {
-		var names []string
-		err := s.askBeforeActing(ctx, "the checkpoints", func(ctx context.Context) (err error) {
-			names, err = s.o.checkpoints.List(ctx)
-			return err
-		})
+		newest, err := s.newestCheckpointEpoch(ctx)
 		if err != nil {
 			return 0, err
 		}
-		for _, name := range names {
-			if e, _, ok := parseCheckpointName(name); ok && e >= epoch {
-				epoch = e + 1
-			}
-		}
+		epoch = max(epoch, newest+1)
 	}
 	s.epoch.Store(epoch)
 	return epoch, nil
+}
+
+// newestCheckpointEpoch is the highest epoch among the stored checkpoints
+// (0 if none).
+func (s *Service) newestCheckpointEpoch(ctx context.Context) (uint64, error) {
+	var names []string
+	err := s.askBeforeActing(ctx, "the checkpoints", func(ctx context.Context) (err error) {
+		names, err = s.o.checkpoints.List(ctx)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	var newest uint64
+	for _, name := range names {
+		if e, _, ok := parseCheckpointName(name); ok {
+			newest = max(newest, e)
+		}
+	}
+	return newest, nil
 }
