@@ -173,7 +173,9 @@ func (c *Client) request(ctx context.Context, subject string, req proto.Message)
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("broker: not sending to %s: %w", subject, context.Cause(ctx))
 	}
-	id := strconv.FormatUint(c.nextID.Add(1), 36)
+	// In hex, a call's token never spells "applied": the service answers
+	// no reply subject shaped like one of a prefix's own.
+	id := strconv.FormatUint(c.nextID.Add(1), 16)
 	cl := &call{subject: subject, done: make(chan struct{})}
 	c.mu.Lock()
 	if c.closed {

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,14 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 	}
 	for _, e := range endpoints {
 		h := func(r micro.Request) {
+			// Refused before the request is acted on: a sample would take
+			// its items for a caller that gets no answer.
+			if why := answerSubjectError(r.Reply()); why != "" || s.subj.Owns(r.Reply()) {
+				if s.rejectLog.allow() {
+					s.log.Warn("reprise service: ignoring a request whose reply subject the service must not publish on", "endpoint", e.name, "reply", fmt.Sprintf("%.128q", r.Reply()), "reason", cmp.Or(why, "under the prefix"))
+				}
+				return
+			}
 			if !s.mayAct() {
 				s.refuseInactive(s.rc, r, "; try again: the active one answers")
 				return

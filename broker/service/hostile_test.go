@@ -494,3 +494,93 @@ func TestNoticeSubjectUnderPrefixIgnored(t *testing.T) {
 		}
 	}
 }
+
+// TestRepliesNeverLandOnServiceSubjects: NATS checks a client's rights on
+// the subject it sends to, not on the reply subject it names, and the
+// service may publish where clients may not. A request whose reply subject
+// is a stream subject, the progress subject, a request subject (of this
+// prefix or of another shard's) or a $ subject is not acted on and gets no
+// answer: an info reply published on the reset subject would be stored and
+// decode as a reset of every table.
+func TestRepliesNeverLandOnServiceSubjects(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100), tables.QueueConfig("q", 10), testutil.UniformTable("spare", 10)}, deployOptions{})
+	p := d.producer()
+	insertSteps(t, p, 0, 10, 2)
+	insertStepsInto(t, p, "q", 10, 12, 2)
+	c := d.client()
+	subj := d.svc.subj
+	forbidden := []string{subj.Reset(), subj.Insert(), subj.Applied(), subj.Info(), subj.Standby(), "shard1.data.reset", "shard1.applied", "shard1.api.sample",
+		"$KV." + subj.LeaseBucket() + ".lease", "$O." + subj.CheckpointBucket() + ".M.x"}
+	spy := d.connect()
+	landed := make(chan *nats.Msg, 1024)
+	for _, s := range forbidden {
+		if s == subj.Applied() {
+			continue // the service's progress goes there
+		}
+		if _, err := spy.ChanSubscribe(s, landed); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc := d.connect()
+	ctx := testutil.Context(t)
+	// Each endpoint serves its requests in order, and one refused is
+	// refused before the next is served: the answer to a request sent
+	// after the hostile ones on the same endpoint proves they were seen.
+	probes := []struct {
+		endpoint, hostile string
+		req, probe        proto.Message
+	}{
+		{subj.Info(), "info", &wire.TableRequest{}, &wire.TableRequest{Table: "spare"}},
+		{subj.Sample(), "sample", &wire.SampleRequest{Table: "q", NumSamples: 2}, &wire.SampleRequest{Table: "t", NumSamples: 1, Packed: true}},
+		{subj.ResetAPI(), "reset", &wire.ResetRequest{}, &wire.ResetRequest{Table: "spare"}},
+		{subj.Items(), "items", &wire.ItemsRequest{Table: "t", Limit: 10}, &wire.ItemsRequest{Table: "spare", Limit: 1}},
+	}
+	for _, pr := range probes {
+		for _, reply := range forbidden {
+			if err := nc.PublishRequest(pr.endpoint, reply, mustMarshal(t, pr.req)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := nc.RequestWithContext(ctx, pr.endpoint, mustMarshal(t, pr.probe)); err != nil {
+			t.Fatalf("%s: the request sent after the hostile ones: %v", pr.hostile, err)
+		}
+	}
+	// Anything that reached the stream was applied once a later insert
+	// is.
+	insertStepsInto(t, p, "spare", 20, 21, 2)
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for len(landed) > 0 {
+		// The requests themselves name a reply; what the service
+		// publishes does not.
+		if m := <-landed; m.Reply == "" {
+			t.Fatalf("the service published %d bytes on %s, a reply subject a client named", len(m.Data), m.Subject)
+		}
+	}
+	if got := tableSize(t, c, "t"); got != 10 {
+		t.Errorf("table t holds %d items, want its 10", got)
+	}
+	if got := tableSize(t, c, "q"); got != 2 {
+		t.Errorf("queue q holds %d items, want its 2: a sample whose answer could not go out took them", got)
+	}
+}
+
+// TestAnswerSubjects: inboxes, the Go client's and nats-py's with a
+// custom prefix included, are answered; a Reprise subject of any prefix,
+// or a $ subject, is not.
+func TestAnswerSubjects(t *testing.T) {
+	for _, ok := range []string{"_INBOX.abc123", "_INBOX.abc123.ff", "_INBOX.alice.abc123.1a", "myorg.api.abc123", "myorg.data.abc123.7", "applied.x"} {
+		if why := answerSubjectError(ok); why != "" {
+			t.Errorf("%s refused: %s", ok, why)
+		}
+	}
+	for _, bad := range []string{"$JS.API.INFO", "$KV.B.k", "p.data.insert", "a.b.data.reset", "x.data.mutate", "p.applied", "p.api.sample", "q.api.standby", "q.api.reset"} {
+		if answerSubjectError(bad) == "" {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}

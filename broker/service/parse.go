@@ -214,7 +214,7 @@ const maxNoticeSubjectLen = 256
 
 // checkNoticeSubject accepts an empty subject (no notices) or a literal one
 // the service may publish to: dot-separated tokens of printable characters
-// without wildcards, and not a $ subject (the server's own APIs).
+// without wildcards, and none that answerSubjectError refuses.
 func checkNoticeSubject(s string) error {
 	if s == "" {
 		return nil
@@ -225,8 +225,8 @@ func checkNoticeSubject(s string) error {
 	if len(s) > maxNoticeSubjectLen {
 		return bad(fmt.Sprintf("%d bytes, over %d", len(s), maxNoticeSubjectLen))
 	}
-	if s[0] == '$' {
-		return bad("a $ subject is the server's")
+	if why := answerSubjectError(s); why != "" {
+		return bad(why)
 	}
 	for tok := range strings.SplitSeq(s, ".") {
 		switch {
@@ -243,6 +243,40 @@ func checkNoticeSubject(s string) error {
 	}
 	return nil
 }
+
+// answerSubjectError says why the service must not publish a client's
+// answer (a reply, a rejection notice) on subject, a subject the client
+// chose, or returns "". NATS checks what a client may publish on the
+// subject it sends to, never on the reply subject it names, and the
+// service may publish where clients may not: its stream's reset subject
+// and its progress; with a service user that shards share, every shard's;
+// and JetStream's API and the buckets of the lease and the checkpoints.
+// An answer there would be taken for the service's own message: an info
+// reply on a reset subject decodes as a reset of every table. Clients
+// answer to inboxes, whose last token is random or a call's number in
+// hex, and never has a Reprise subject's shape.
+func answerSubjectError(subject string) string {
+	if strings.HasPrefix(subject, "$") {
+		return "a $ subject is the server's"
+	}
+	for _, suffix := range reprisePaths {
+		if strings.HasSuffix(subject, suffix) {
+			return "the shape of a Reprise subject, not of an inbox"
+		}
+	}
+	return ""
+}
+
+// reprisePaths are what follows the prefix in every subject of a prefix
+// that the service, or a client, publishes to.
+var reprisePaths = func() []string {
+	s := protocol.Subjects{Prefix: "p"}
+	var out []string
+	for _, subject := range []string{s.Insert(), s.Mutate(), s.Reset(), s.Applied(), s.Sample(), s.Info(), s.ResetAPI(), s.Checkpoint(), s.Items(), s.Standby()} {
+		out = append(out, strings.TrimPrefix(subject, s.Prefix))
+	}
+	return out
+}()
 
 // readItem reads an encoded Item into the table's form, or marks it for
 // rejection when it is over a limit; an item that is not a valid Item is an
