@@ -316,7 +316,8 @@ class Requester:
         watch_after: float = 0.0,
     ) -> bytes:
         """Sends data and returns the whole reply, joined from its parts.
-        Raises DeadlineExceededError when timeout (seconds) passes first.
+        Raises DeadlineExceededError when timeout (seconds) passes first,
+        without sending when it is not above 0.
         Once watch_after seconds pass without the reply, watch() starts and
         runs until the reply comes; what it raises fails the call (a check
         that the service still listens). The call's deadline and watch are
@@ -324,6 +325,11 @@ class Requester:
         as nearly all are, costs the loop no more than its reply."""
         if self._denied is not None:
             raise self._denied
+        # The service acts on a request whatever becomes of its caller: a
+        # sample takes its items, a reset empties the table. One whose
+        # caller has no time left for the reply is not sent (as in Go).
+        if timeout is not None and timeout <= 0:
+            raise errors.DeadlineExceededError(f"not sending to {subject}: no time left for the reply")
         loop = asyncio.get_running_loop()
         token = format(next(self._ids), "x")
         fut: asyncio.Future[list[bytes]] = loop.create_future()

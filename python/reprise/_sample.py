@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
@@ -680,8 +680,14 @@ def decode_samples(resp: _Response) -> list[ReplaySample]:
         return [ReplaySample(SampleInfo._make(f), {}) for f in zip(*fields)]
     return [
         ReplaySample(SampleInfo._make(f), dict(zip(names, row)))
-        for f, row in zip(zip(*fields), zip(*batch.data.values()))
+        for f, row in zip(zip(*fields), zip(*map(_rows, batch.data.values())))
     ]
+
+
+def _rows(a: np.ndarray) -> Iterable[np.ndarray]:
+    """The rows of a batch's column as arrays: iterating a column of scalar
+    steps would give numpy scalars, which are not arrays."""
+    return a if a.ndim > 1 else [a[i, ...] for i in range(len(a))]
 
 
 def _items(lay: _Layout) -> list[ReplaySample]:
@@ -720,7 +726,7 @@ def _items(lay: _Layout) -> list[ReplaySample]:
             name = names[k]
             if name in data:
                 raise errors.ProtocolError(f"item {i} has column {name!r} twice")
-            data[name] = a[0] if squeeze[k] else a
+            data[name] = a[0, ...] if squeeze[k] else a
         k0 += ncols
         out.append(ReplaySample(infos[i], data))
     return out

@@ -781,23 +781,7 @@ class _Producer:
             if c is not None and type(value) is np.ndarray and value.dtype is c.dtype and value.shape == c.shape:
                 cells.append((name, value, c))  # the common case, checked
                 continue
-            if not isinstance(name, str) or not name:
-                raise errors.InvalidArgumentError(f"column names are non-empty strings, got {name!r}")
-            a = np.asarray(value)
-            if a.dtype.byteorder == ">":
-                a = a.astype(a.dtype.newbyteorder("<"))
-            if c is None:
-                try:
-                    _codec.dtype_name(a.dtype)
-                except errors.InvalidArgumentError as e:
-                    raise errors.InvalidArgumentError(f"column {name!r}: {e.message}") from None
-            elif a.dtype != c.dtype or a.shape != c.shape:
-                have = _codec._NAME_OF.get(a.dtype, str(a.dtype))
-                raise errors.SignatureMismatchError(
-                    f"column {name!r}: step {self.episode_steps} has {have}{list(a.shape)}, "
-                    f"earlier steps have {c.wire}{list(c.shape)}"
-                )
-            cells.append((name, a, c))
+            cells.append((name, self.cell_locked(name, value), c))
         step_no = self.episode_steps
         chunk_length = self.o.chunk_length
         if chunk_length == 1:
@@ -820,6 +804,42 @@ class _Producer:
         self.episode_steps += 1
         if self.episode_steps > self.o.num_keep_alive_refs:
             self._trim_locked()
+
+    def cell_locked(self, name: Any, value: Any) -> np.ndarray:
+        """value as the array a step of column name holds, little-endian,
+        checked against the column's earlier steps."""
+        if not isinstance(name, str) or not name:
+            raise errors.InvalidArgumentError(f"column names are non-empty strings, got {name!r}")
+        a = np.asarray(value)
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        c = self.columns.get(name)
+        if c is None:
+            try:
+                _codec.dtype_name(a.dtype)
+            except errors.InvalidArgumentError as e:
+                raise errors.InvalidArgumentError(f"column {name!r}: {e.message}") from None
+        elif a.dtype != c.dtype or a.shape != c.shape:
+            have = _codec._NAME_OF.get(a.dtype, str(a.dtype))
+            raise errors.SignatureMismatchError(
+                f"column {name!r}: step {self.episode_steps} has {have}{list(a.shape)}, "
+                f"earlier steps have {c.wire}{list(c.shape)}"
+            )
+        return a
+
+    def partial_step_locked(self, partial: Mapping[str, np.ndarray], step: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The open step's columns, partial, with step's added: each cell
+        checked now and copied, since the caller may reuse its arrays
+        before the step is finished."""
+        if self.closing:
+            raise errors.ClosedError("writer closed")
+        merged = dict(partial)
+        for name, value in step.items():
+            if name in merged:
+                raise errors.InvalidArgumentError(f"column {name!r} was already given for this step")
+            a = self.cell_locked(name, value)
+            merged[name] = a.copy() if a is value or not a.flags.owndata else a
+        return merged
 
     def _seal_open_locked(self, c: _Column) -> None:
         steps, c.open = c.open, []

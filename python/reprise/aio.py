@@ -89,19 +89,40 @@ def mutation_messages(
         raise errors.InvalidArgumentError("empty table name")
     ops: list[pb.MutationOp] = []
     for k in deletes or ():
-        ops.append(pb.MutationOp(key=int(k), delete=True))
+        ops.append(pb.MutationOp(key=_key(k), delete=True))
     for k, p in (updates or {}).items():
-        ops.append(pb.MutationOp(key=int(k), priority=_codec.check_finite_priority(p, f"key {int(k)}")))
+        ops.append(pb.MutationOp(key=_key(k), priority=_codec.check_finite_priority(p, f"key {int(k)}")))
     per_msg = max(1, (max_payload - 1024 - len(table)) // 24)
     return [
         pb.Mutation(table=table, ops=ops[i : i + per_msg]).SerializeToString() for i in range(0, len(ops), per_msg)
     ] or []
 
 
+def _key(k: Any) -> int:
+    """k as an item key, which the wire holds as a uint64."""
+    try:
+        key = int(k)
+    except (TypeError, ValueError):
+        raise errors.InvalidArgumentError(f"key {k!r} is not an integer") from None
+    if not 0 <= key < 1 << 64:
+        raise errors.InvalidArgumentError(f"key {key}: keys are 0 to 2**64-1")
+    return key
+
+
 def priority_arrays(keys: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
     """keys (uint64) and priorities (float64) as flat arrays, checked: the
     same length, every priority finite and >= 0."""
-    k = np.asarray(keys, dtype=np.uint64).ravel()
+    # An array of signed integers would be cast, negative ones wrapped;
+    # Python ints are checked by the conversion itself (through float64,
+    # large ones would lose their low bits).
+    if getattr(getattr(keys, "dtype", None), "kind", "") == "i":
+        signed = np.asarray(keys)
+        if (signed < 0).any():
+            raise errors.InvalidArgumentError(f"key {int(signed[signed < 0][0])}: keys are 0 to 2**64-1")
+    try:
+        k = np.asarray(keys, dtype=np.uint64).ravel()
+    except (OverflowError, TypeError, ValueError) as e:
+        raise errors.InvalidArgumentError(f"keys: not all are 0 to 2**64-1 ({e})") from None
     p = np.asarray(priorities, dtype=np.float64).ravel()
     if k.shape != p.shape:
         raise errors.InvalidArgumentError(f"{k.size} keys and {p.size} priorities")
@@ -662,6 +683,7 @@ class AsyncTrajectoryWriter:
         self._t: _Transport | None = None
         self._partial: dict[str, Any] = {}
         self._closed = False
+        self._closing = False  # a close is under way, not cancelled
 
     async def _start(self) -> None:
         nc = self._c.nats
@@ -728,18 +750,18 @@ class AsyncTrajectoryWriter:
         """Appends a step (see :meth:`reprise.TrajectoryWriter.append`)."""
         p = self._p
         assert p is not None
-        if partial_step or self._partial:
+        if partial_step:
+            with p.mu:
+                self._partial = p.partial_step_locked(self._partial, step)
+            return
+        if self._partial:
             for k in step:
                 if k in self._partial:
                     raise errors.InvalidArgumentError(f"column {k!r} was already given for this step")
-            merged = {**self._partial, **step}
-            if partial_step:
-                self._partial = merged
-                return
-            self._partial = {}
-            step = merged
+            step = {**self._partial, **step}
         with p.mu:
             p.append_locked(step)
+            self._partial = {}
             # With nothing pending, nothing waits for the chunks this step
             # sealed.
             if not p.pending or p.try_advance_locked():
@@ -841,11 +863,21 @@ class AsyncTrajectoryWriter:
         """Flushes, tells the service to release this writer's chunks and
         stops. Messages not acknowledged within ``timeout`` are reported."""
         p, t = self._p, self._t
-        if self._closed or p is None or t is None:
+        if p is None or t is None or self not in self._c._writers:
             return
-        self._closed = True
-        self._c._writers.discard(self)
-        deadline = _deadline(timeout, None)
+        if self._closed:
+            if not self._closing:
+                # An earlier close was cancelled before its transport
+                # stopped: stop it now, without waiting for what it held.
+                await self._stop(p, t, 0)
+            return
+        self._closed = self._closing = True
+        try:
+            await self._close(p, t, _deadline(timeout, None))
+        finally:
+            self._closing = False
+
+    async def _close(self, p: _Producer, t: _Transport, deadline: float | None) -> None:
         mark = p.failure_mark()
         first: errors.RepriseError | None = None
         try:
@@ -867,16 +899,22 @@ class AsyncTrajectoryWriter:
                     pass
         except errors.RepriseError as e:
             first = e
-        with p.mu:
-            p.closing = True
-            p.closed = True
-        await t.close(_left(deadline))
+        await self._stop(p, t, _left(deadline))
         with p.mu:
             err = p.waited_errors_locked(mark)
         if first is not None:
             raise first if err is None else _join([first, err])
         if err is not None:
             raise err
+
+    async def _stop(self, p: _Producer, t: _Transport, timeout: float | None) -> None:
+        """Stops the transport; until it has stopped, the client keeps the
+        writer, so that its close stops what a cancelled close left."""
+        with p.mu:
+            p.closing = True
+            p.closed = True
+        await t.close(timeout)
+        self._c._writers.discard(self)
 
     async def __aenter__(self) -> AsyncTrajectoryWriter:
         return self

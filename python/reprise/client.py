@@ -543,23 +543,24 @@ class TrajectoryWriter:
         """Appends one step: column name to array, numpy scalar or Python
         scalar (Python floats become float64, ints int64). With
         ``partial_step`` the step stays open for more columns until an
-        append without it. A column missing from a step has no cell there.
-        Blocks while the window is full."""
+        append without it; its columns are checked and copied at the call.
+        A column missing from a step has no cell there. Blocks while the
+        window is full."""
         if self._closed:
             raise errors.ClosedError("writer closed")
-        if partial_step or self._partial:
+        p = self._p
+        if partial_step:
+            with p.mu:
+                self._partial = p.partial_step_locked(self._partial, step)
+            return
+        if self._partial:
             for k in step:
                 if k in self._partial:
                     raise errors.InvalidArgumentError(f"column {k!r} was already given for this step")
-            merged = {**self._partial, **step}
-            if partial_step:
-                self._partial = merged
-                return
-            self._partial = {}
-            step = merged
-        p = self._p
+            step = {**self._partial, **step}
         with p.mu:
             p.append_locked(step)
+            self._partial = {}
             # With nothing pending, nothing waits for the chunks this step
             # sealed.
             if not p.pending or p.try_advance_locked():

@@ -178,7 +178,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         if isinstance(keys, torch.Tensor):
             keys = keys.detach().cpu().numpy().view(np.uint64)
         if isinstance(priorities, torch.Tensor):
-            priorities = priorities.detach().float().cpu().numpy()
+            priorities = priorities.detach().double().cpu().numpy()  # priorities travel as float64
         self.client().update_priorities(self.table, keys, priorities)
 
     def close(self) -> None:

@@ -136,3 +136,42 @@ def test_async_client_close_ends_sampler(server: Reprised) -> None:
         return await aclose_while_waiting(c.sampler("limited", 4), c.close)
 
     assert asyncio.run(main()) == "stop"
+
+
+def test_a_cancelled_writer_close_is_finished_by_the_next(server: Reprised) -> None:
+    """A writer's close cancelled while it waits for JetStream (here, by
+    wait_for's timeout) leaves its transport to the next close of the
+    writer, or of its client: nothing of it runs after them."""
+    import nats
+
+    async def swallow(m: Any) -> None:
+        pass
+
+    async def transport_tasks() -> list[str]:
+        me = asyncio.current_task()
+        return [repr(t.get_coro()) for t in asyncio.all_tasks() if t is not me and "_Transport" in repr(t.get_coro())]
+
+    async def main(close_writer_again: bool) -> list[str]:
+        mute = await nats.connect(server.url)
+        await mute.subscribe("mute.data.insert", cb=swallow)  # nothing is acked
+        await mute.flush()
+        c = await reprise.aio.connect(server.url, prefix="mute")
+        w = await c.trajectory_writer(1, validate_signatures=False, max_in_flight=1, linger=30.0)
+        await w.append({"x": np.int64(1)})
+        await w.create_item("t", 1.0, {"x": w.history["x"][-1]})
+        with pytest.raises(reprise.DeadlineExceededError):
+            await w.flush(timeout=0.3)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(w.close(timeout=30), 0.3)
+        assert await transport_tasks(), "the cancelled close stopped the transport itself"
+        if close_writer_again:
+            await w.close()
+            left = await transport_tasks()
+        await c.close()
+        if not close_writer_again:
+            left = await transport_tasks()
+        await mute.close()
+        return left
+
+    for again in (True, False):
+        assert asyncio.run(main(again)) == [], f"tasks still running after close (writer closed again: {again})"

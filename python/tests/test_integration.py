@@ -156,6 +156,48 @@ def test_python_to_python_every_dtype(client: reprise.Client) -> None:
             assert s.data[n].tobytes() == np.stack([steps[k - 1][n], steps[k][n]]).tobytes()
 
 
+def test_a_partial_step_is_checked_and_copied_when_given(client: reprise.Client) -> None:
+    """An env may refill its observation buffer before it finishes the
+    step, and a bad cell is reported where it was given; a finishing
+    append that fails keeps the step's earlier columns for the retry."""
+    client.reset("dtypes")
+    obs = np.zeros(3, dtype=np.float32)
+    with client.trajectory_writer(2) as w:
+        w.append({"obs": obs}, partial_step=True)
+        obs[:] = 7.0
+        with pytest.raises(reprise.InvalidArgumentError, match="'note'"):
+            w.append({"note": "left"}, partial_step=True)
+        with pytest.raises(reprise.InvalidArgumentError, match="'obs' was already given"):
+            w.append({"obs": obs}, partial_step=True)
+        with pytest.raises(reprise.InvalidArgumentError, match="'act'"):
+            w.append({"act": "left"})
+        w.append({"act": np.int64(1)})
+        w.append({"obs": obs, "act": np.int64(2)})
+        w.create_item("dtypes", 1.0, {"obs": w.history["obs"][-2:], "act": w.history["act"][-2:]})
+        w.wait_applied(timeout=30)
+    b = client.sample_batch("dtypes", 1, timeout=5)
+    np.testing.assert_array_equal(b.data["obs"][0], [[0, 0, 0], [7, 7, 7]])
+    np.testing.assert_array_equal(b.data["act"][0], [1, 2])
+
+
+def test_a_squeezed_scalar_column_is_a_0d_array(client: reprise.Client) -> None:
+    """sample() maps columns to arrays, a squeezed column of scalar steps
+    included, whether the reply's items stack into a batch or not."""
+    client.reset("dtypes")
+    with client.trajectory_writer(2) as w:
+        for k in range(2):
+            w.append({"k": np.int64(k)})
+        w.create_item("dtypes", 1.0, {"k": w.history["k"][-1]})
+        w.wait_applied(timeout=30)
+        for s in client.sample("dtypes", 4, timeout=5):
+            assert isinstance(s.data["k"], np.ndarray) and s.data["k"].shape == () and int(s.data["k"]) == 1
+        w.create_item("dtypes", 1.0, {"k": w.history["k"][-2:]})  # items of two layouts: decoded one by one
+        w.wait_applied(timeout=30)
+    squeezed = [s.data["k"] for s in client.sample("dtypes", 32, timeout=5) if s.data["k"].shape == ()]
+    assert squeezed, "no squeezed item among 32 samples of 2"
+    assert all(isinstance(k, np.ndarray) and int(k) == 1 for k in squeezed)
+
+
 def test_signature_mismatch_before_sending(client: reprise.Client) -> None:
     before = client.server_info()["sig"].num_inserts
     with client.trajectory_writer(3) as w:
@@ -253,6 +295,18 @@ def test_unknown_table_and_bad_arguments(client: reprise.Client) -> None:
         client.mutate_priorities("replay", {1: float("nan")})
     with pytest.raises(reprise.InvalidArgumentError):
         client.update_priorities("replay", [1, 2], [0.5])
+    # Keys are uint64 on the wire: one outside is named, not a numpy or
+    # protobuf error.
+    for call in (
+        lambda: client.mutate_priorities("replay", {-1: 1.0}),
+        lambda: client.mutate_priorities("replay", {1 << 64: 1.0}),
+        lambda: client.mutate_priorities("replay", deletes=[-1]),
+        lambda: client.update_priorities("replay", [-1], [1.0]),
+        lambda: client.update_priorities("replay", np.array([3, -2]), [1.0, 1.0]),
+        lambda: client.update_priorities("replay", [1 << 64], [1.0]),
+    ):
+        with pytest.raises(reprise.InvalidArgumentError, match="2\\*\\*64-1"):
+            call()
 
 
 def test_priorities_deletes_reset_info_checkpoint(client: reprise.Client) -> None:
@@ -315,6 +369,30 @@ tables:
         assert got == list(range(6)), "a queue returns every item once, in order"
         w.wait_applied(timeout=10)
         w.close()
+
+
+def test_a_call_with_no_time_left_sends_nothing(reprised_factory: Any) -> None:
+    """The service acts on a request whatever becomes of its caller: a
+    sample with timeout 0 that was sent would take a queue's items, and the
+    call could not wait for them. As in Go, it is not sent."""
+    tables = """
+tables:
+  - {name: q, max_size: 100, sampler: fifo, remover: fifo, max_times_sampled: 1}
+"""
+    r = reprised_factory(tables)
+    with reprise.Client(r.url) as c:
+        with c.trajectory_writer(1) as w:
+            for i in range(4):
+                w.append({"x": np.int64(i)})
+                w.create_item("q", 1.0, {"x": w.history["x"][-1]})
+            w.wait_applied(timeout=30)
+        for call in (lambda: c.sample_batch("q", 2, timeout=0), lambda: list(c.sample("q", 2, timeout=0)),
+                     lambda: c.reset("q", timeout=0), lambda: c.reset("q", timeout=-1)):
+            with pytest.raises(reprise.DeadlineExceededError, match="not sending"):
+                call()
+        assert table_size(c, "q") == 4
+        got = c.sample_batch("q", 4, timeout=10).data["x"].tolist()
+        assert got == [0, 1, 2, 3]
 
 
 def test_retries_never_insert_twice(reprised_factory: Any) -> None:
