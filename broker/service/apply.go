@@ -217,8 +217,13 @@ func (s *Service) apply(ctx context.Context, m *streamMsg) error {
 	switch m.subject {
 	case s.subj.Insert():
 		if m.err != nil {
-			s.reject(noticeTo{}, m.seq, 0, "", codeOf(m.err), m.err.Error())
-			return nil
+			to, sequence, tomb := refusedBatch(m.data, &s.o.limits)
+			s.reject(to, sequence, 0, "", codeOf(m.err), fmt.Sprintf("stream message %d: %v", m.seq, m.err))
+			if tomb == nil {
+				return nil
+			}
+			tomb.storedAt = m.at
+			return s.applyInsert(ctx, tomb, m.seq)
 		}
 		m.insert.storedAt, m.insert.raw = m.at, m.data
 		return s.applyInsert(ctx, m.insert, m.seq)

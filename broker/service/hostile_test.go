@@ -584,3 +584,56 @@ func TestAnswerSubjects(t *testing.T) {
 		}
 	}
 }
+
+// TestARefusedMessageTellsItsProducer: a message refused whole, here for
+// exceeding a limit of the service's that the producer's options do not,
+// is reported to its producer, whose wait fails with ErrRejected rather
+// than take the service's progress past it for its items applied; its
+// later messages apply without waiting for it.
+func TestARefusedMessageTellsItsProducer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		limits func(*Limits)
+		opts   []broker.ProducerOption
+		why    string
+	}{
+		{"items", func(l *Limits) { l.MaxItemsPerMessage = 4 }, []broker.ProducerOption{broker.WithBatch(8, 1<<20), broker.WithLinger(time.Hour)}, "max_items_per_message"},
+		{"window", func(l *Limits) { l.MaxProducerWindow = 8 }, nil, "max_producer_window"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			limits := DefaultLimits()
+			tc.limits(&limits)
+			d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithLimits(limits)}})
+			ctx := testutil.Context(t)
+			p := d.producer(tc.opts...)
+			insert := func(from, to int64) {
+				for i := from; i < to; i++ {
+					if err := p.Append(ctx, step(i, 2)); err != nil {
+						t.Fatal(err)
+					}
+					if err := p.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			insert(0, 8)
+			err := p.WaitApplied(ctx)
+			if !errors.Is(err, broker.ErrRejected) || !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("WaitApplied = %v, want ErrRejected naming %s", err, tc.why)
+			}
+			if tc.name == "window" {
+				return // every message of this producer is refused
+			}
+			insert(8, 11)
+			if err := p.Flush(ctx); err != nil {
+				t.Fatalf("Flush of the next message: %v", err)
+			}
+			if err := p.WaitApplied(ctx); err != nil {
+				t.Fatalf("WaitApplied of the next message: %v", err)
+			}
+			if got := tableSize(t, d.client(), "t"); got != 3 {
+				t.Fatalf("table holds %d items, want the next message's 3", got)
+			}
+		})
+	}
+}

@@ -185,24 +185,92 @@ func readInsertBatch(b []byte, l *Limits, chunks *chunkParser) (*insertBatch, er
 			b = b[n:]
 		}
 	}
-	if out.producerID == "" || len(out.producerID) > maxProducerIDLen {
-		return nil, fmt.Errorf("%w: insert batch producer id of %d bytes (want 1 to %d)", protocol.ErrInvalidMessage, len(out.producerID), maxProducerIDLen)
-	}
-	if err := checkNoticeSubject(out.notice); err != nil {
+	if err := checkSender(out); err != nil {
 		return nil, err
 	}
-	// A producer never has more than window messages unsettled, so its
-	// sequence lies in [window_start, window_start+window); a sequence
-	// outside is forged or corrupt, and must not make the service wait.
-	switch {
-	case out.sequence == 0:
-		return nil, fmt.Errorf("%w: insert batch sequence 0 (producers number their messages from 1)", protocol.ErrInvalidMessage)
-	case out.window == 0 || out.window > uint64(l.MaxProducerWindow):
-		return nil, fmt.Errorf("%w: insert batch window %d (want 1 to %d, limits.max_producer_window; the producer's WithMaxInFlight)", protocol.ErrInvalidMessage, out.window, l.MaxProducerWindow)
-	case out.windowStart == 0 || out.sequence < out.windowStart || out.sequence-out.windowStart >= out.window:
-		return nil, fmt.Errorf("%w: insert batch sequence %d outside its window [%d, %d+%d)", protocol.ErrInvalidMessage, out.sequence, out.windowStart, out.windowStart, out.window)
+	if err := checkSequence(out, l); err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// checkSender checks what names an insert message's producer: its id and
+// where its rejections go.
+func checkSender(b *insertBatch) error {
+	if b.producerID == "" || len(b.producerID) > maxProducerIDLen {
+		return fmt.Errorf("%w: insert batch producer id of %d bytes (want 1 to %d)", protocol.ErrInvalidMessage, len(b.producerID), maxProducerIDLen)
+	}
+	return checkNoticeSubject(b.notice)
+}
+
+// checkSequence checks an insert message's place in its producer's
+// sequence. A producer never has more than window messages unsettled, so
+// its sequence lies in [window_start, window_start+window); a sequence
+// outside is forged or corrupt, and must not make the service wait.
+func checkSequence(b *insertBatch, l *Limits) error {
+	switch {
+	case b.sequence == 0:
+		return fmt.Errorf("%w: insert batch sequence 0 (producers number their messages from 1)", protocol.ErrInvalidMessage)
+	case b.window == 0 || b.window > uint64(l.MaxProducerWindow):
+		return fmt.Errorf("%w: insert batch window %d (want 1 to %d, limits.max_producer_window; the producer's WithMaxInFlight)", protocol.ErrInvalidMessage, b.window, l.MaxProducerWindow)
+	case b.windowStart == 0 || b.sequence < b.windowStart || b.sequence-b.windowStart >= b.window:
+		return fmt.Errorf("%w: insert batch sequence %d outside its window [%d, %d+%d)", protocol.ErrInvalidMessage, b.sequence, b.windowStart, b.windowStart, b.window)
+	}
+	return nil
+}
+
+// refusedBatch reads what an insert message that the service refuses whole
+// says of its producer, skipping the rest: where the rejection goes, and,
+// when its place in the producer's sequence is sound, a tombstone that
+// keeps that place, so that the producer's later messages apply in order
+// without waiting for this one. Unless told, a producer whose messages
+// exceed the service's limits (more items than max_items_per_message, a
+// larger window than max_producer_window) would see the service's
+// progress pass them and take them for applied.
+func refusedBatch(b []byte, l *Limits) (to noticeTo, sequence uint64, tomb *insertBatch) {
+	var h insertBatch
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			break
+		}
+		b = b[n:]
+		var v uint64
+		var bs []byte
+		switch typ {
+		case protowire.VarintType:
+			v, n = protowire.ConsumeVarint(b)
+		case protowire.BytesType:
+			bs, n = protowire.ConsumeBytes(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			break
+		}
+		b = b[n:]
+		switch {
+		case num == wire.FieldBatchProducer && typ == protowire.BytesType:
+			h.producerID = string(bs)
+		case num == wire.FieldBatchNotice && typ == protowire.BytesType:
+			h.notice = string(bs)
+		case num == wire.FieldBatchSequence && typ == protowire.VarintType:
+			h.sequence = v
+		case num == wire.FieldBatchWinStart && typ == protowire.VarintType:
+			h.windowStart = v
+		case num == wire.FieldBatchWindow && typ == protowire.VarintType:
+			h.window = v
+		}
+	}
+	if checkSender(&h) != nil {
+		return noticeTo{}, 0, nil
+	}
+	to = noticeTo{h.producerID, h.notice}
+	if checkSequence(&h, l) != nil {
+		return to, h.sequence, nil
+	}
+	h.toTombstone()
+	return to, h.sequence, &h
 }
 
 // maxProducerIDLen bounds a producer id (ours are 32 hex digits).
