@@ -29,7 +29,8 @@ type flow struct {
 	paced        int               // the service's bound on unapplied items while it paces inserts; 0: none
 	errs         []error
 	// failedItems counts the items of the messages that could not be
-	// published, ever, and untakenFailed those whose errors are still in
+	// published, ever, and of those Close gave up on before publishing
+	// them, and untakenFailed those whose errors are still in
 	// errs: a call that waited for them learns of their loss even where
 	// another call took their errors. rejections and untakenRejections
 	// count the service's rejections the same way.
@@ -125,6 +126,17 @@ func (f *flow) fail(n int, err error) {
 	defer f.mu.Unlock()
 	f.inFlight--
 	f.unackedItems -= n
+	f.loseLocked(n, err)
+}
+
+// lose records n items the producer gave up on before publishing them.
+func (f *flow) lose(n int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.loseLocked(n, err)
+}
+
+func (f *flow) loseLocked(n int, err error) {
 	f.errs = append(f.errs, err)
 	f.failedItems += uint64(n)
 	f.untakenFailed += uint64(n)

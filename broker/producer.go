@@ -1321,7 +1321,8 @@ func (p *Producer) endEpisodeLocked() {
 
 // Close publishes what is left, tells the service it may drop every chunk
 // it holds for this producer, waits for the acks and stops. When ctx ends
-// first, messages still being retried are reported lost.
+// first, messages still being retried, and items it could not publish for
+// lack of room in the window, are reported lost (ErrNotStored).
 func (p *Producer) Close(ctx context.Context) error {
 	mark := p.flow.failureMark()
 	p.mu.Lock()
@@ -1350,6 +1351,12 @@ func (p *Producer) Close(ctx context.Context) error {
 	if len(p.pending) == 0 && p.batch.items() == 0 {
 		p.endEpisodeLocked()
 		errs = append(errs, p.publishLocked(ctx, true))
+	}
+	// Nothing is published once closed is set: the items still staged
+	// are lost, and a caller that counts its losses by ErrNotStored (as
+	// for a message given up) must see them.
+	if lost := len(p.pending) + p.batch.items(); lost > 0 {
+		p.flow.lose(lost, fmt.Errorf("%w: %d items never published: the producer closed first (%w)", ErrNotStored, lost, ErrClosed))
 	}
 	p.closed = true
 	// Callers waiting for room in the window see closed and give up.

@@ -123,6 +123,44 @@ func TestFlushWaitingAtCloseEndsWithIt(t *testing.T) {
 	}
 }
 
+// stageBehindHeldItem stages item i for "queue" in a batch that waits for
+// room in the window, which holdInQueue filled (WithMaxUnapplied(1)).
+func stageBehindHeldItem(t *testing.T, p *Producer, i int64) {
+	t.Helper()
+	ctx := testutil.Context(t)
+	if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := p.CreateItem(short, "queue", 1, LastStep("id")); !errors.Is(err, ErrNotApplied) {
+		t.Fatalf("CreateItem behind a full window: %v, want ErrNotApplied", err)
+	}
+}
+
+// TestCloseReportsStagedItemsNotStored: an item still staged when Close
+// gives up waiting for room in the window is never published, and Close
+// reports it with ErrNotStored, counted as lost for the calls waiting
+// beside it. It reported only ErrNotApplied, for the items published
+// before, so a caller counting its losses by ErrNotStored and ErrRejected
+// saw none.
+func TestCloseReportsStagedItemsNotStored(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 1)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0), WithMaxUnapplied(1))
+	holdInQueue(t, d, p, "queue", "id")
+	stageBehindHeldItem(t, p, 2)
+	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	err := p.Close(cctx)
+	if !errors.Is(err, ErrNotStored) || !errors.Is(err, ErrNotApplied) {
+		t.Fatalf("Close that gave up on a staged item: %v, want ErrNotStored (and ErrNotApplied for the held one)", err)
+	}
+	if lost := p.flow.failureMark().failedItems; lost != 1 {
+		t.Fatalf("%d items counted lost, want 1", lost)
+	}
+}
+
 // TestClosedProducersLeaveNoSubscriptions: a producer closed on a
 // connection that goes on leaves none of its subscriptions there, its
 // JetStream context's included. (The first request on a connection opens
