@@ -191,6 +191,10 @@ type Producer struct {
 	notes      chan *nats.Msg
 	notesDone  chan struct{}
 	connClosed chan nats.Status // the connection's close, for readNotes
+	// connLost is closed by readNotes once the connection is closed for
+	// good: no room in the window and no ack can come any more, so a
+	// Close under way stops waiting for them.
+	connLost chan struct{}
 	// selfClosed is closed once the producer closed itself, its
 	// connection being closed (readNotes), and selfCloseErr is what that
 	// Close returned: what it lost, for the user's Close to report.
@@ -431,6 +435,7 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 		spare:      make(chan []byte, spareMessages),
 		abort:      make(chan struct{}),
 		ackDone:    make(chan struct{}),
+		connLost:   make(chan struct{}),
 	}
 	p.lifetime, p.cancel = context.WithCancel(context.Background())
 	started := false
@@ -495,17 +500,24 @@ func (p *Producer) readNotes() {
 				closed = nil // Close removed the listener: the lifetime ends next
 				continue
 			}
-			// Close waits for this goroutine; with its context done it
-			// gives up on the acks at once.
-			done, cancel := context.WithCancel(context.Background())
-			cancel()
-			selfClosed := make(chan struct{})
+			close(p.connLost)
 			p.mu.Lock()
+			if p.closing {
+				// The user's Close is under way: connLost ends its
+				// waits, and it reports what was lost.
+				p.mu.Unlock()
+				return
+			}
+			mark := p.flow.failureMark()
+			p.closing = true
+			selfClosed := make(chan struct{})
 			p.selfClosed = selfClosed
 			p.mu.Unlock()
+			// close waits for this goroutine to end, so it runs on its
+			// own; connLost ends its other waits.
 			go func() {
 				defer close(selfClosed)
-				p.selfCloseErr = p.Close(done)
+				p.selfCloseErr = p.close(context.Background(), mark)
 			}()
 			return
 		case <-p.lifetime.Done():
@@ -1025,6 +1037,9 @@ func (p *Producer) publishLocked(ctx context.Context, end bool) error {
 		case <-ctx.Done():
 			p.mu.Lock()
 			return p.flow.notApplied(ctx.Err())
+		case <-p.connLost:
+			p.mu.Lock()
+			return p.flow.notApplied(fmt.Errorf("%w: its connection was closed: %w", ErrClosed, nats.ErrConnectionClosed))
 		}
 	}
 }
@@ -1322,7 +1337,9 @@ func (p *Producer) endEpisodeLocked() {
 // Close publishes what is left, tells the service it may drop every chunk
 // it holds for this producer, waits for the acks and stops. When ctx ends
 // first, messages still being retried, and items it could not publish for
-// lack of room in the window, are reported lost (ErrNotStored).
+// lack of room in the window, are reported lost (ErrNotStored); so are they
+// when the connection is closed for good while Close waits, which then
+// returns ErrClosed.
 func (p *Producer) Close(ctx context.Context) error {
 	mark := p.flow.failureMark()
 	p.mu.Lock()
@@ -1346,6 +1363,14 @@ func (p *Producer) Close(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("%w: its connection was closed", ErrClosed), err)
 	}
 	p.closing = true
+	p.mu.Unlock()
+	return p.close(ctx, mark)
+}
+
+// close is Close for whoever set closing: the user's Close, or readNotes
+// when the connection closed first. It reports the items lost since mark.
+func (p *Producer) close(ctx context.Context, mark failureMark) error {
+	p.mu.Lock()
 	var errs []error
 	errs = append(errs, p.flushLocked(ctx))
 	if len(p.pending) == 0 && p.batch.items() == 0 {
@@ -1370,6 +1395,9 @@ func (p *Producer) Close(ctx context.Context) error {
 
 	select {
 	case <-p.ackDone:
+	case <-p.connLost:
+		close(p.abort)
+		<-p.ackDone
 	case <-ctx.Done():
 		close(p.abort)
 		<-p.ackDone

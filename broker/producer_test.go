@@ -161,6 +161,49 @@ func TestCloseReportsStagedItemsNotStored(t *testing.T) {
 	}
 }
 
+// TestCloseWaitingForTheWindowEndsWithItsConnection: a Close waiting for
+// room in the window, with no deadline, returns once the producer's
+// connection is closed for good, since no room can come then: with
+// ErrClosed, and ErrNotStored for the item it could not publish, and none
+// of the producer's goroutines left. The producer closing itself with its
+// connection found this Close under way and left it, and the ack loop,
+// waiting for ever.
+func TestCloseWaitingForTheWindowEndsWithItsConnection(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("queue", 1)}, "")
+	ctx := testutil.Context(t)
+	nc := d.connect()
+	p, err := NewProducer(ctx, nc, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithLinger(0), WithMaxUnapplied(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	holdInQueue(t, d, p, "queue", "id")
+	stageBehindHeldItem(t, p, 2)
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close(context.Background()) }()
+	// Close releases the lock only to wait for the window.
+	testutil.WaitUntil(t, "Close waits for the window", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.closing && !p.closed
+	})
+	nc.Close()
+	select {
+	case err := <-closed:
+		if !errors.Is(err, ErrClosed) || !errors.Is(err, ErrNotStored) {
+			t.Fatalf("Close whose connection closed while it waited with an item staged: %v, want ErrClosed and ErrNotStored", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close still waits for the window after its connection closed")
+	}
+	for name, done := range map[string]chan struct{}{"ack loop": p.ackDone, "notes reader": p.notesDone} {
+		select {
+		case <-done:
+		default:
+			t.Errorf("the producer's %s runs on after Close returned", name)
+		}
+	}
+}
+
 // TestClosedProducersLeaveNoSubscriptions: a producer closed on a
 // connection that goes on leaves none of its subscriptions there, its
 // JetStream context's included. (The first request on a connection opens
