@@ -88,11 +88,14 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: subscribing to replies: %w", err)
 	}
-	// No reply comes once the connection is closed for good: a call
-	// waiting for one waited out its deadline (a minute and more).
+	// No reply comes once the connection is closed for good, nor any
+	// progress: a call waiting for one waited out its deadline (a minute
+	// and more), or for ever.
 	c.sub.SetClosedHandler(func(string) {
 		if nc.IsClosed() {
-			c.failPending(fmt.Errorf("broker: %w", nats.ErrConnectionClosed))
+			err := fmt.Errorf("broker: %w", nats.ErrConnectionClosed)
+			c.failPending(err)
+			c.applied.close(err)
 		}
 	})
 	c.progressSub, err = nc.Subscribe(subj.Applied(), c.applied.onProgress)
@@ -106,7 +109,7 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) (*Client, error) {
 // Close stops the client. Calls in progress fail with ErrClosed.
 func (c *Client) Close() error {
 	err := errors.Join(c.sub.Unsubscribe(), c.progressSub.Unsubscribe())
-	c.applied.close()
+	c.applied.close(ErrClosed)
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
@@ -417,7 +420,10 @@ func newSample(info tables.SampleInfo, cols []NamedTensor) Sample {
 // It goes through the stream like inserts, so it is durable and applied in
 // order with the inserts around it; it returns once the service applied it
 // (a sample or Get after it sees it), or with WithReturnOnStore once
-// JetStream stored it. Keys that are not in the table are skipped.
+// JetStream stored it. Keys that are not in the table are skipped. A
+// connection closed for good while it waits ends the wait with
+// ErrNotApplied and nats.ErrConnectionClosed: the mutation is stored, and
+// the service applies it all the same.
 func (c *Client) Mutate(ctx context.Context, table string, muts ...tables.Mutation) error {
 	m := &wire.Mutation{Ops: make([]*wire.MutationOp, len(muts))}
 	for i, mu := range muts {
@@ -477,14 +483,17 @@ type appliedWatch struct {
 	mu      sync.Mutex
 	seq     uint64
 	changed chan struct{} // closed at the next change; made only when someone waits
-	closed  bool
+	err     error         // why no progress comes any more
 }
 
-// close makes every wait, current and later, fail with ErrClosed.
-func (w *appliedWatch) close() {
+// close makes every wait, current and later, fail with err, or with the
+// error of an earlier close.
+func (w *appliedWatch) close(err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.closed = true
+	if w.err == nil {
+		w.err = err
+	}
 	if w.changed != nil {
 		close(w.changed)
 		w.changed = nil
@@ -515,9 +524,10 @@ func (w *appliedWatch) waitFor(ctx context.Context, seq uint64) error {
 			w.mu.Unlock()
 			return nil
 		}
-		if w.closed {
+		if w.err != nil {
+			err := w.err
 			w.mu.Unlock()
-			return ErrClosed
+			return err
 		}
 		if w.changed == nil {
 			w.changed = make(chan struct{})

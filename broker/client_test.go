@@ -246,6 +246,41 @@ func TestCallsEndWithTheirConnection(t *testing.T) {
 	}
 }
 
+// TestMutationWaitEndsWithItsConnection: a mutation JetStream stored,
+// waiting for the service to apply it, ends once its connection is closed
+// for good, as the calls waiting for replies do, since no progress can
+// come then; it waited for ever. It says the mutation is not known to be
+// applied (ErrNotApplied), not that it is lost: the stream holds it.
+func TestMutationWaitEndsWithItsConnection(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	ctx := testutil.Context(t)
+	nc := d.connect()
+	c, err := NewClient(nc, WithPrefix(d.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, "t", 1); err != nil { // learns the table
+		t.Fatal(err)
+	}
+	d.stopService() // the stream stays: the next delete is stored, never applied
+	done := make(chan error, 1)
+	go func() { done <- c.Delete(context.Background(), "t", 2) }()
+	testutil.WaitUntil(t, "the delete waits for the service", func() bool {
+		c.applied.mu.Lock()
+		defer c.applied.mu.Unlock()
+		return c.applied.changed != nil
+	})
+	nc.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, nats.ErrConnectionClosed) || !errors.Is(err, ErrNotApplied) {
+			t.Fatalf("the waiting Delete: %v, want nats.ErrConnectionClosed and ErrNotApplied", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Delete still waits after its connection closed")
+	}
+}
+
 // TestNoMutationFromAClosedClient: a mutation is durable once published,
 // so a closed client refuses it at once (ErrClosed, and not ErrNotApplied,
 // which would say it went out).
