@@ -629,12 +629,16 @@ def not_stored_error(err: errors.RepriseError, seq: int, items: int) -> errors.N
     """The error of a message given up on: both a NotStoredError and the
     class of its last failure (so ``except DeadlineExceededError`` still
     sees a message that got no ack in time)."""
-    base = type(err)
+    cls = _not_stored_class(type(err))
+    return cls(f"message {seq} ({items} items) not stored: {err.message}", code=err.code, sequence=seq, items=items)
+
+
+def _not_stored_class(base: type[errors.RepriseError]) -> type[errors.NotStoredError]:
     cls = _NOT_STORED_CLASSES.get(base)
     if cls is None:
         cls = type("NotStored" + base.__name__, (errors.NotStoredError, base), {})
         _NOT_STORED_CLASSES[base] = cls
-    return cls(f"message {seq} ({items} items) not stored: {err.message}", code=err.code, sequence=seq, items=items)
+    return cls
 
 
 def with_message(e: _E, message: str) -> _E:
@@ -1205,6 +1209,21 @@ class _Producer:
             self.acked = kept
             if self.lingered:
                 self._publish_lingered_locked()
+            self.notify_locked()
+
+    def close_locked(self) -> None:
+        """Nothing is published once closed: the items still staged are
+        lost, and counted as a message given up is (NotStoredError), so
+        that a caller counting its losses sees them (as in Go)."""
+        self.closing = self.closed = True
+        staged = len(self.batch_items) + len(self.pending)
+        if staged:
+            closed = _not_stored_class(errors.ClosedError)
+            self.errors.append(closed(f"{staged} items never published: the writer closed first", items=staged))
+            self.batch_chunks, self.batch_items, self.batch_bytes = [], [], 0
+            self.pending.clear()
+            self.failed_items += staged
+            self.untaken_failed_items += staged
             self.notify_locked()
 
     def on_rejected(self, err: errors.RejectedError) -> None:

@@ -911,8 +911,7 @@ class AsyncTrajectoryWriter:
         """Stops the transport; until it has stopped, the client keeps the
         writer, so that its close stops what a cancelled close left."""
         with p.mu:
-            p.closing = True
-            p.closed = True
+            p.close_locked()
         await t.close(timeout)
         self._c._writers.discard(self)
 

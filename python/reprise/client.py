@@ -693,8 +693,7 @@ class TrajectoryWriter:
         except errors.RepriseError as e:
             first = e
         with p.mu:
-            p.closing = True
-            p.closed = True
+            p.close_locked()
         left = _aio._left(deadline)
         self._c._lt.call(self._t.close(left))
         with p.mu:

@@ -371,6 +371,34 @@ tables:
         w.close()
 
 
+def test_close_reports_the_staged_items_it_gives_up_on(reprised_factory: Any) -> None:
+    """A close that runs out of time while the window is full (an item held
+    by a full queue) drops the items still staged, and says so with a
+    NotStoredError, as for a message given up: except (RejectedError,
+    NotStoredError) catches every loss."""
+    tables = """
+tables:
+  - name: queue
+    max_size: 1
+    rate_limiter: {preset: queue}
+"""
+    r = reprised_factory(tables)
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(1, max_unapplied=1, batch_items=10, linger=30.0)
+        for i in range(2):
+            w.append({"x": np.int64(i)})
+            w.create_item("queue", 1.0, {"x": w.history["x"][-1]})
+            if i == 0:
+                w.wait_applied(timeout=30)
+        with pytest.raises(reprise.DeadlineExceededError):
+            w.wait_applied(timeout=0.5)  # item 1 is held: the window is full
+        w.append({"x": np.int64(2)})
+        w.create_item("queue", 1.0, {"x": w.history["x"][-1]})  # staged
+        with pytest.raises(reprise.NotStoredError, match="1 items never published") as e:
+            w.close(timeout=0.5)
+        assert isinstance(e.value, reprise.ClosedError)
+
+
 def test_a_call_with_no_time_left_sends_nothing(reprised_factory: Any) -> None:
     """The service acts on a request whatever becomes of its caller: a
     sample with timeout 0 that was sent would take a queue's items, and the
