@@ -180,6 +180,49 @@ func (s *ChunkStore) Retain(keys ...ChunkKey) error {
 	return nil
 }
 
+// RetainItem takes one reference to each distinct chunk an item's
+// trajectory names, for an item that waits before its table takes it, and
+// returns their keys in order of first use and their total size. If a chunk
+// is missing it takes none and returns an error wrapping ErrChunkMissing
+// that names the first missing chunk's column and slice. Unlike Retain of
+// the item's keys, it dedupes them in one pass (by the chunks' marks), and
+// stops at the first missing chunk: an item of many slices costs the
+// caller no more than its table's own check would.
+func (s *ChunkStore) RetainItem(traj []Column) (keys []ChunkKey, bytes int64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextEpochLocked()
+	distinct := s.scratch[:0]
+	defer func() {
+		clear(distinct)
+		s.scratch = distinct[:0]
+	}()
+	for ci := range traj {
+		col := &traj[ci]
+		for si, sl := range col.Slices {
+			sc, ok := s.lookupLocked(sl.Chunk)
+			if !ok {
+				return nil, 0, fmt.Errorf("%w: chunk %d (column %q, slice %d)", ErrChunkMissing, sl.Chunk, col.Name, si)
+			}
+			if sc.mark == s.epoch {
+				continue
+			}
+			sc.mark = s.epoch
+			if sc.refs >= maxRefs {
+				return nil, 0, fmt.Errorf("%w: chunk %d already has %d references, the most it can take", ErrInvalidArgument, sc.chunk.Key, sc.refs)
+			}
+			distinct = append(distinct, sc)
+		}
+	}
+	keys = make([]ChunkKey, len(distinct))
+	for i, sc := range distinct {
+		sc.refs++
+		keys[i] = sc.chunk.Key
+		bytes += int64(len(sc.chunk.Data))
+	}
+	return keys, bytes, nil
+}
+
 // Release gives back one reference to each key (a key listed twice is
 // released twice) and drops the chunks whose last reference goes. Keys the
 // store does not hold are skipped and reported in an error wrapping
@@ -327,9 +370,9 @@ func (s *ChunkStore) acquire(traj []Column, sig Signature) ([]*Chunk, int64, err
 	return out, decoded, err
 }
 
-// collectLocked does acquire's checks and gathers the distinct chunks and the
-// bytes the item's steps decode to.
-func (s *ChunkStore) collectLocked(traj []Column, sig Signature) (distinct []*storedChunk, decoded int64, err error) {
+// nextEpochLocked starts a new epoch of marks, in which no chunk is marked
+// yet.
+func (s *ChunkStore) nextEpochLocked() {
 	if s.epoch++; s.epoch == 0 {
 		// Marks of the epoch before the wrap would read as current.
 		for _, sc := range s.slots {
@@ -339,6 +382,12 @@ func (s *ChunkStore) collectLocked(traj []Column, sig Signature) (distinct []*st
 		}
 		s.epoch = 1
 	}
+}
+
+// collectLocked does acquire's checks and gathers the distinct chunks and the
+// bytes the item's steps decode to.
+func (s *ChunkStore) collectLocked(traj []Column, sig Signature) (distinct []*storedChunk, decoded int64, err error) {
+	s.nextEpochLocked()
 	distinct = s.scratch[:0]
 	for ci := range traj {
 		col := &traj[ci]

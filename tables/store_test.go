@@ -63,6 +63,34 @@ func TestChunkStoreRetainIsAllOrNothing(t *testing.T) {
 	}
 }
 
+func TestChunkStoreRetainItemHoldsEachDistinctChunkOnce(t *testing.T) {
+	s := NewChunkStore()
+	putChunk(s, 1, 4, 10)
+	putChunk(s, 2, 4, 30)
+	keys, bytes, err := s.RetainItem([]Column{col("a", 2, 1, 2), col("b", 1, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 2 || keys[0] != 2 || keys[1] != 1 || bytes != 40 {
+		t.Fatalf("RetainItem = %v, %d bytes; want chunks 2, 1 in order of first use, 40 bytes", keys, bytes)
+	}
+	if refs(s, 1) != 2 || refs(s, 2) != 2 {
+		t.Fatalf("refs after RetainItem = %d, %d; want 2, 2: one more each, however often the item names them", refs(s, 1), refs(s, 2))
+	}
+	_, _, err = s.RetainItem([]Column{col("a", 1, 2), col("b", 2, 9, 1)})
+	wantErr(t, err, []error{ErrChunkMissing}, "chunk 9", `column "b"`, "slice 1")
+	if refs(s, 1) != 2 || refs(s, 2) != 2 {
+		t.Fatalf("a failed RetainItem took references: %d, %d", refs(s, 1), refs(s, 2))
+	}
+	sc, _ := s.lookupLocked(1)
+	sc.refs = maxRefs
+	_, _, err = s.RetainItem([]Column{col("a", 2, 1)})
+	wantErr(t, err, []error{ErrInvalidArgument}, "chunk 1", "references")
+	if refs(s, 2) != 2 {
+		t.Fatalf("a refused RetainItem took a reference to chunk 2: %d", refs(s, 2))
+	}
+}
+
 func TestChunkStoreReleaseUnknownKey(t *testing.T) {
 	s := NewChunkStore()
 	putChunk(s, 1, 1, 1)

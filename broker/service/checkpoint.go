@@ -766,13 +766,9 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 				to: noticeTo{producer: pi.ProducerId, subject: pi.NoticeSubject}, sequence: pi.Sequence,
 			},
 		}
-		p.chunks = chunkKeys(p.item.Trajectory)
-		if err := store.Retain(p.chunks...); err != nil {
+		var err error
+		if p.chunks, p.bytes, err = store.RetainItem(p.item.Trajectory); err != nil {
 			return fail(fmt.Errorf("waiting item %d of table %q: %w", p.item.Key, pi.Item.Table, err))
-		}
-		for _, k := range p.chunks {
-			ch, _ := store.Get(k)
-			p.bytes += int64(len(ch.Data))
 		}
 		q.push(p)
 	}

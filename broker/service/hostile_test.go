@@ -637,3 +637,52 @@ func TestARefusedMessageTellsItsProducer(t *testing.T) {
 		})
 	}
 }
+
+// TestQueuedItemOfMissingChunksRefusedAtItsFirstSlice: an item that joins
+// a table's queue of waiting items has its chunks found and held in one
+// pass that stops at the first missing one. An item of
+// limits.max_slices_per_item slices of distinct missing chunks used to
+// have its keys deduped pairwise first, holding up every table's inserts;
+// now it is refused, naming the first slice's chunk, and the message's
+// item for another table lands.
+func TestQueuedItemOfMissingChunksRefusedAtItsFirstSlice(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("held", 2), testutil.UniformTable("free", 100)}, deployOptions{})
+	inbox, notes := notices(t, d)
+	const producer = "queuedqueuedqueuedqueuedqueuedqu"
+	var chunks []*wire.Chunk
+	var items []*wire.Item
+	for i := range uint64(3) {
+		ch := int64Chunk(t, 100+i, int64(i))
+		chunks = append(chunks, ch)
+		items = append(items, oneStepItem(i+1, "held", ch.Key))
+	}
+	publishBatch(t, d, &wire.InsertBatch{ProducerId: producer, Sequence: 1, WindowStart: 1, Window: 8, NoticeSubject: inbox, Chunks: chunks, Items: items}, "")
+	testutil.WaitUntil(t, "the third item waits", func() bool { return d.svc.pendingLen("held") == 1 })
+
+	wide := &wire.Item{Key: 10, Table: "held", Priority: 1, Columns: []*wire.TrajectoryColumn{{Name: "x"}}}
+	for i := range DefaultLimits().MaxSlicesPerItem {
+		wide.Columns[0].Slices = append(wide.Columns[0].Slices, &wire.ColumnSlice{ChunkKey: uint64(1_000_000 + i), Length: 1})
+	}
+	free := int64Chunk(t, 999, 999)
+	ack := publishBatch(t, d, &wire.InsertBatch{ProducerId: producer, Sequence: 2, WindowStart: 2, Window: 8, NoticeSubject: inbox,
+		Chunks: []*wire.Chunk{free}, Items: []*wire.Item{wide, oneStepItem(11, "free", free.Key)}}, "")
+	testutil.WaitUntil(t, "the message is applied", func() bool { return d.svc.Applied() >= ack.Sequence })
+	var r *wire.Rejection
+	deadline := time.After(time.Minute)
+	for r == nil || r.ItemKey != wide.Key {
+		select {
+		case r = <-notes:
+		case <-deadline:
+			t.Fatal("the item of missing chunks was not refused")
+		}
+	}
+	if want := wire.Code(codeOf(tables.ErrChunkMissing)); r.Code != want || !strings.Contains(r.Message, `chunk 1000000 (column "x", slice 0)`) {
+		t.Errorf("refusal %v %q, want %v naming chunk 1000000 of column \"x\", slice 0", r.Code, r.Message, want)
+	}
+	if n := d.svc.pendingLen("held"); n != 1 {
+		t.Errorf("held table's queue holds %d items, want the 1 that waited before", n)
+	}
+	if n := tableSize(t, d.client(), "free"); n != 1 {
+		t.Errorf("free table holds %d items, want the message's other item", n)
+	}
+}

@@ -119,41 +119,6 @@ type watcher struct {
 	wg   sync.WaitGroup
 }
 
-// chunkKeys are the distinct chunks a trajectory references.
-func chunkKeys(traj []tables.Column) []uint64 {
-	var keys []uint64
-	for _, c := range traj {
-		for _, sl := range c.Slices {
-			found := false
-			for _, k := range keys {
-				if k == sl.Chunk {
-					found = true
-					break
-				}
-			}
-			if !found {
-				keys = append(keys, sl.Chunk)
-			}
-		}
-	}
-	return keys
-}
-
-// retain takes a hold on an item's chunks for as long as it waits.
-func (s *Service) retain(p *pendingItem) error {
-	p.chunks = chunkKeys(p.item.Trajectory)
-	if err := s.store.Retain(p.chunks...); err != nil {
-		return err
-	}
-	p.bytes = 0
-	for _, k := range p.chunks {
-		if ch, ok := s.store.Get(k); ok {
-			p.bytes += int64(len(ch.Data))
-		}
-	}
-	return nil
-}
-
 // noteHeld publishes how far table is applied: up to before its lowest
 // waiting item, or entirely.
 func (s *Service) noteHeld(table string, q *pendingQueue) {
@@ -297,7 +262,9 @@ func (s *Service) insertNow(ctx context.Context, t *tables.Table, item tables.It
 		held = true
 		if p == nil {
 			p = &pendingItem{item: item, arrival: from}
-			if err := s.retain(p); err != nil {
+			var err error
+			// It holds its chunks for as long as it waits.
+			if p.chunks, p.bytes, err = s.store.RetainItem(item.Trajectory); err != nil {
 				s.reject(from.to, from.sequence, item.Key, table, codeOf(err), fmt.Sprintf("table %q: item %d: %v", table, item.Key, err))
 				return nil
 			}
