@@ -907,12 +907,22 @@ func (t *Table) raiseLargest(n int64) {
 // Get returns the items with the given keys, in the order asked, skipping
 // keys the table does not hold.
 func (t *Table) Get(keys ...uint64) []Item {
+	var out []Item
+	for _, v := range t.View(keys...) {
+		out = append(out, v.Item())
+	}
+	return out
+}
+
+// View is Get with the items as the table holds them, which costs nothing
+// per slice: an encoder of a reply of items of many slices reads these.
+func (t *Table) View(keys ...uint64) []ItemView {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var out []Item
+	var out []ItemView
 	for _, k := range keys {
 		if e, ok := t.lookup(k); ok {
-			out = append(out, e.item())
+			out = append(out, e.view())
 		}
 	}
 	return out
@@ -925,8 +935,8 @@ func (t *Table) List(offset, limit int) []Item {
 		return nil
 	}
 	var out []Item
-	t.Range(offset, func(it Item) bool {
-		out = append(out, it)
+	t.Range(offset, func(it ItemView) bool {
+		out = append(out, it.Item())
 		return len(out) < limit
 	})
 	return out
@@ -936,7 +946,7 @@ func (t *Table) List(offset, limit int) []Item {
 // offset, until f returns false: a caller can stop at a budget of its own
 // having built no more. f runs under the table's lock, so it must not call
 // the table, and holds back its inserts and samples while it runs.
-func (t *Table) Range(offset int, f func(Item) bool) {
+func (t *Table) Range(offset int, f func(ItemView) bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.head
@@ -944,21 +954,21 @@ func (t *Table) Range(offset int, f func(Item) bool) {
 		e = t.linked(e.next)
 	}
 	for ; e != nil; e = t.linked(e.next) {
-		if !f(e.item()) {
+		if !f(e.view()) {
 			return
 		}
 	}
 }
 
-func (e *entry) item() Item {
-	return Item{
-		Key:          e.key,
-		Priority:     e.priority,
-		TimesSampled: e.timesSampled,
-		InsertedAt:   time.Unix(0, e.insertedAt).UTC(),
-		Trajectory:   e.layout.Trajectory(e.chunks),
-
+func (e *entry) view() ItemView {
+	return ItemView{
+		Key:           e.key,
+		Priority:      e.priority,
+		TimesSampled:  e.timesSampled,
+		InsertedAt:    time.Unix(0, e.insertedAt).UTC(),
 		PolicyVersion: e.version,
+		Layout:        e.layout.Layout,
+		Chunks:        e.chunks,
 	}
 }
 

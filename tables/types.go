@@ -112,6 +112,26 @@ type Item struct {
 	PolicyVersion int64
 }
 
+// ItemView is an item as its table holds it: its trajectory is Layout
+// over Chunks, as a Sample's is, where an Item's is built for it. Nobody
+// may modify what it holds.
+type ItemView struct {
+	Key           uint64
+	Priority      float64
+	TimesSampled  int32
+	InsertedAt    time.Time
+	PolicyVersion int64
+	Layout        Layout
+	Chunks        []*Chunk
+}
+
+// Item is v with its trajectory built. It allocates: encoders read Layout
+// and Chunks instead.
+func (v *ItemView) Item() Item {
+	return Item{Key: v.Key, Priority: v.Priority, TimesSampled: v.TimesSampled, InsertedAt: v.InsertedAt,
+		Trajectory: v.Layout.Trajectory(v.Chunks), PolicyVersion: v.PolicyVersion}
+}
+
 // ColumnSpec is one column of a table signature. A shape entry of -1 matches
 // any size on that axis.
 type ColumnSpec struct {

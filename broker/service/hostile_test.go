@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -684,5 +686,41 @@ func TestQueuedItemOfMissingChunksRefusedAtItsFirstSlice(t *testing.T) {
 	}
 	if n := tableSize(t, d.client(), "free"); n != 1 {
 		t.Errorf("free table holds %d items, want the message's other item", n)
+	}
+}
+
+// TestItemsRequestSizedBeforeAnythingIsBuilt: an items request is sized
+// from the items as the table holds them before any of its reply is
+// built. Asking 10,000 times for an item of limits.max_slices_per_item
+// slices is refused having allocated a fraction of the reply bound; it
+// used to build generated messages of ten times the bytes they would take
+// in the reply, over 900 MiB, before it compared their size with the
+// bound. A request that fits is served whole.
+func TestItemsRequestSizedBeforeAnythingIsBuilt(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{})
+	n := DefaultLimits().MaxSlicesPerItem
+	col := &wire.TrajectoryColumn{Name: "x"}
+	for range n {
+		col.Slices = append(col.Slices, &wire.ColumnSlice{ChunkKey: 7, Length: 1})
+	}
+	ch := int64Chunk(t, 7, 7)
+	ack := publishBatch(t, d, &wire.InsertBatch{ProducerId: "itemsitemsitemsitemsitemsitemsit", Sequence: 1, WindowStart: 1, Window: 1,
+		Chunks: []*wire.Chunk{ch}, Items: []*wire.Item{{Key: 1, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{col}}}}, "")
+	testutil.WaitUntil(t, "the item lands", func() bool { return d.svc.Applied() >= ack.Sequence })
+	c := d.client()
+	ctx := testutil.Context(t)
+	got, err := c.Get(ctx, "t", 1, 1)
+	if err != nil || len(got.Items) != 2 || len(got.Items[1].Trajectory) != 1 || len(got.Items[1].Trajectory[0].Slices) != n {
+		t.Fatalf("two keys of the item: %v, %v; want it twice, with its %d slices", got, err, n)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err = c.Get(ctx, "t", slices.Repeat([]uint64{1}, maxListItems)...)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, protocol.ErrResourceExhausted) || !strings.Contains(err.Error(), "ask for fewer") {
+		t.Fatalf("%d keys of the item: %v, want ErrResourceExhausted", maxListItems, err)
+	}
+	if built := after.TotalAlloc - before.TotalAlloc; built > maxItemsReplyBytes/4 {
+		t.Errorf("refusing it allocated %d MiB, against a reply bound of %d MiB", built>>20, maxItemsReplyBytes>>20)
 	}
 }
