@@ -154,7 +154,7 @@ func (t *Table) restoreItems(items []ItemSnapshot) error {
 		if err != nil {
 			return fmt.Errorf("item %d: %w", it.Key, err)
 		}
-		t.raiseLargest(decoded)
+		t.raiseLargest(decoded, itemParts(it.Trajectory, chunks))
 		t.holdLocked(chunks)
 		e := t.newEntry()
 		*e = entry{key: it.Key, priority: it.Priority, insertedAt: it.InsertedAt.UnixNano(), seq: it.Seq, timesSampled: it.TimesSampled,

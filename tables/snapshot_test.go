@@ -269,3 +269,29 @@ func TestSnapshotChunksOnceAcrossTables(t *testing.T) {
 		t.Fatalf("snapshot chunks %+v", snap.Chunks)
 	}
 }
+
+// TestLargestItemParts: a table keeps the most parts an item has (columns,
+// slices, distinct chunks, bytes of column names) through a snapshot, and
+// forgets it on Reset.
+func TestLargestItemParts(t *testing.T) {
+	store := NewChunkStore()
+	putChunk(store, 1, 1, 1)
+	putChunk(store, 2, 1, 1)
+	tb := mustNew(t, config("t", selectors.KindUniform, selectors.KindFifo, 10, limiter.MinSize(1)), store)
+	mustInsert(t, tb, newItem(1, 1, 1, 2, 1)) // 1 column, 3 slices, 2 chunks, 3 bytes of name
+	mustInsert(t, tb, newItem(2, 1, 1))
+	if got := tb.LargestItemParts(); got != 9 {
+		t.Fatalf("LargestItemParts = %d, want 9", got)
+	}
+	restored, err := NewFromSnapshot(tb.Snapshot(), store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := restored.LargestItemParts(); got != 9 {
+		t.Fatalf("restored LargestItemParts = %d, want 9", got)
+	}
+	restored.Reset()
+	if got := restored.LargestItemParts(); got != 0 {
+		t.Fatalf("LargestItemParts after Reset = %d, want 0", got)
+	}
+}

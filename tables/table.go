@@ -58,7 +58,12 @@ type Table struct {
 	// It is written under mu and read without it: a service checks it before
 	// every sample request, and taking the lock for it cost learners a wait
 	// behind every insert in the lock's queue.
-	largestItem  atomic.Int64
+	largestItem atomic.Int64
+	// largestParts is the most parts an item inserted since the last Reset
+	// has (itemParts), read like largestItem: a reply spends a bounded number
+	// of bytes on each part of each item it carries, beside the bytes its
+	// steps decode to.
+	largestParts atomic.Int64
 	maxItemBytes int64
 	counters     Counters
 	closed       bool
@@ -443,7 +448,7 @@ func (t *Table) TryInsert(item Item, retry bool) (inserted bool, changed <-chan 
 		}
 		return false, changed, nil
 	}
-	t.raiseLargest(decoded)
+	t.raiseLargest(decoded, itemParts(item.Trajectory, chunks))
 	t.insertLocked(item.Key, item.Priority, item.PolicyVersion, at.UnixNano(), t.layouts.intern(item.Trajectory, chunks), chunks)
 	return true, nil, nil
 }
@@ -817,6 +822,7 @@ func (t *Table) Reset() {
 	t.remover.clear()
 	t.lim.Reset()
 	t.largestItem.Store(0)
+	t.largestParts.Store(0)
 	t.version = 0
 	t.versions = newVersionIndex(t.cfg.MaxStaleness != nil)
 	clear(t.episodes)
@@ -897,11 +903,33 @@ func (t *Table) LargestItemBytes() int64 {
 	return t.largestItem.Load()
 }
 
-// raiseLargest records an item of n bytes; called under mu, the only writer.
-func (t *Table) raiseLargest(n int64) {
+// LargestItemParts is the most parts an item inserted since the last
+// Reset has: its columns, its slices, its distinct chunks and the bytes of
+// its column names. A reply describes each item by these, at a bounded cost
+// apiece, however few bytes its steps decode to.
+func (t *Table) LargestItemParts() int64 {
+	return t.largestParts.Load()
+}
+
+// raiseLargest records an item of n bytes and parts parts; called under
+// mu, the only writer.
+func (t *Table) raiseLargest(n, parts int64) {
 	if n > t.largestItem.Load() {
 		t.largestItem.Store(n)
 	}
+	if parts > t.largestParts.Load() {
+		t.largestParts.Store(parts)
+	}
+}
+
+// itemParts counts the parts of an item of traj over chunks, its distinct
+// chunks (see LargestItemParts).
+func itemParts(traj []Column, chunks []*Chunk) int64 {
+	n := int64(len(traj) + len(chunks))
+	for i := range traj {
+		n += int64(len(traj[i].Slices) + len(traj[i].Name))
+	}
+	return n
 }
 
 // Get returns the items with the given keys, in the order asked, skipping

@@ -253,9 +253,12 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	}
 	// Refused before anything is sampled: a sample counts against the
 	// limiter and max_times_sampled whether or not it reaches the learner.
-	if largest := t.LargestItemBytes(); largest > 0 && int64(req.NumSamples) > s.o.limits.MaxReplyBytes/largest {
-		s.respondStatus(r, protocol.CodeResourceExhausted, fmt.Sprintf("table %q: %d items of up to %d bytes may decode to more than %d bytes (limits.max_reply_bytes): ask for at most %d",
-			req.Table, req.NumSamples, largest, s.o.limits.MaxReplyBytes, s.o.limits.MaxReplyBytes/largest))
+	// An item takes the bytes it decodes to and the records that describe
+	// it, which an item of many slices of empty steps is all made of. One
+	// item is always served: any item may be sampled.
+	if per := t.LargestItemBytes() + wire.SampleItemBytes + wire.SamplePartBytes*t.LargestItemParts(); int64(req.NumSamples) > max(1, s.o.limits.MaxReplyBytes/per) {
+		s.respondStatus(r, protocol.CodeResourceExhausted, fmt.Sprintf("table %q: %d items of up to %d bytes, with the records that describe them, may take more than %d bytes (limits.max_reply_bytes): ask for at most %d",
+			req.Table, req.NumSamples, per, s.o.limits.MaxReplyBytes, max(1, s.o.limits.MaxReplyBytes/per)))
 		return
 	}
 	wait := s.o.maxSampleWait
@@ -306,7 +309,7 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		*buf, err = wire.AppendPackedSampleResponse((*buf)[:0], req.Layout, wire.Code(status), msg, samples, after)
 		if err != nil {
 			// The store holds only chunks that decoded when they came in.
-			responseBuffers.Put(buf)
+			s.putResponseBuffer(buf)
 			code, items = protocol.CodeInternal, 0
 			s.log.Error("reprise service: packing a sample", "table", req.Table, "error", err)
 			s.respondStatus(r, protocol.CodeInternal, fmt.Sprintf("table %q: %v", req.Table, err))
@@ -318,7 +321,16 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	}
 	s.respondParts(r, *buf)
 	// Respond copied the bytes into the connection's buffer.
-	responseBuffers.Put(buf)
+	s.putResponseBuffer(buf)
+}
+
+// putResponseBuffer keeps buf for a later reply unless it outgrew
+// limits.max_reply_bytes: a reply larger than that is an outlier, whose
+// buffer would hold its memory while the pool keeps it.
+func (s *Service) putResponseBuffer(buf *[]byte) {
+	if int64(cap(*buf)) <= s.o.limits.MaxReplyBytes {
+		responseBuffers.Put(buf)
+	}
 }
 
 // responseBuffers keeps sample response buffers between requests: a batch

@@ -338,7 +338,8 @@ func TestSampleSlotsShared(t *testing.T) {
 }
 
 // TestReplyBytesBounded: a request whose items could decode to more than
-// the reply bound is refused before anything is sampled.
+// the reply bound, with the records that describe them, is refused before
+// anything is sampled.
 func TestReplyBytesBounded(t *testing.T) {
 	limits := DefaultLimits()
 	limits.MaxReplyBytes = 1000
@@ -346,11 +347,12 @@ func TestReplyBytesBounded(t *testing.T) {
 	if err := bad.validate(); !errors.Is(err, protocol.ErrInvalidOption) || !strings.Contains(err.Error(), "below max item bytes") {
 		t.Fatalf("a reply bound below the item bound: %v, want ErrInvalidOption: an item that large could never be sampled", err)
 	}
-	limits.MaxItemBytes = 1000
+	// Items of 10,000 bytes, and a dozen parts of at most 55 bytes: 10 fit.
+	limits.MaxItemBytes, limits.MaxReplyBytes = 20_000, 110_000
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithLimits(limits)}})
 	ctx := testutil.Context(t)
 	p := d.producer()
-	insertSteps(t, p, 0, 10, 23) // 100 bytes a step
+	insertSteps(t, p, 0, 10, 2498) // 10,000 bytes a step
 	c := d.client()
 	if _, err := c.Sample(ctx, "t", 11); !errors.Is(err, protocol.ErrResourceExhausted) || !strings.Contains(err.Error(), "ask for at most 10") {
 		t.Fatalf("sample of 11 = %v, want protocol.ErrResourceExhausted saying at most 10", err)
@@ -722,5 +724,93 @@ func TestItemsRequestSizedBeforeAnythingIsBuilt(t *testing.T) {
 	}
 	if built := after.TotalAlloc - before.TotalAlloc; built > maxItemsReplyBytes/4 {
 		t.Errorf("refusing it allocated %d MiB, against a reply bound of %d MiB", built>>20, maxItemsReplyBytes>>20)
+	}
+}
+
+// sampleReplyBytes sends a packed sample request for n items of table and
+// returns the bytes of every part of its reply, and its status when the
+// reply is one message.
+func sampleReplyBytes(t *testing.T, d *deployment, table string, n int32) (int, *wire.Status) {
+	t.Helper()
+	nc := d.connect()
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := mustMarshal(t, &wire.SampleRequest{Table: table, NumSamples: n, Packed: true, TimeoutMs: 10_000})
+	if err := nc.PublishRequest(d.svc.subj.Sample(), inbox, req); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for i := 0; ; i++ {
+		m, err := sub.NextMsg(time.Minute)
+		if err != nil {
+			t.Fatalf("part %d of the reply: %v", i, err)
+		}
+		total += len(m.Data)
+		parts := m.Header.Get(protocol.HeaderParts)
+		if parts == "" {
+			var resp wire.SampleResponse
+			if err := proto.Unmarshal(m.Data, &resp); err != nil {
+				t.Fatal(err)
+			}
+			return total, resp.Status
+		}
+		if np, _ := strconv.Atoi(parts); i == np-1 {
+			return total, nil
+		}
+	}
+}
+
+// TestSampleReplyOfManySlicesWithinLimit: limits.max_reply_bytes bounds
+// the records that describe a reply's items as well as the bytes their
+// steps decode to. Items of max_slices_per_item one-step slices of one
+// chunk decode to 16 KiB and took 200 KiB of records each; items of
+// zero-byte steps decode to nothing, and no bound applied at all: a
+// request made a reply 12 and 96 times the limit. Now such a request is
+// refused, saying how many fit, and that many make a reply within it.
+func TestSampleReplyOfManySlicesWithinLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		shape []int64
+		data  []uint8
+		n     int32
+	}{
+		{"one-byte steps", nil, []uint8{1}, 64},
+		{"zero-byte steps", []int64{0}, nil, 512},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			limits := DefaultLimits()
+			limits.MaxItemBytes, limits.MaxReplyBytes = 1<<20, 1<<20
+			d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithLimits(limits)}})
+			ch, err := wire.EncodeChunk(7, []*wire.Tensor{wire.Uint8s(tc.shape, tc.data)}, wire.ChunkOptions{Codec: wire.Uncompressed})
+			if err != nil {
+				t.Fatal(err)
+			}
+			col := &wire.TrajectoryColumn{Name: "x"}
+			for range limits.MaxSlicesPerItem {
+				col.Slices = append(col.Slices, &wire.ColumnSlice{ChunkKey: 7, Length: 1})
+			}
+			ack := publishBatch(t, d, &wire.InsertBatch{ProducerId: "slicesslicesslicesslicesslicessl", Sequence: 1, WindowStart: 1, Window: 1,
+				Chunks: []*wire.Chunk{ch}, Items: []*wire.Item{{Key: 1, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{col}}}}, "")
+			testutil.WaitUntil(t, "the item lands", func() bool { return d.svc.Applied() >= ack.Sequence })
+			_, status := sampleReplyBytes(t, d, "t", tc.n)
+			if status.GetCode() != wire.Code_CODE_RESOURCE_EXHAUSTED || !strings.Contains(status.GetMessage(), "limits.max_reply_bytes") {
+				t.Fatalf("a sample of %d: %v, want %v naming limits.max_reply_bytes", tc.n, status, wire.Code_CODE_RESOURCE_EXHAUSTED)
+			}
+			_, most, ok := strings.Cut(status.GetMessage(), "ask for at most ")
+			fit, err := strconv.Atoi(most)
+			if !ok || err != nil || fit < 1 || fit >= int(tc.n) {
+				t.Fatalf("refusal %q: want it to say how many fit, from 1 to %d", status.GetMessage(), tc.n-1)
+			}
+			got, status := sampleReplyBytes(t, d, "t", int32(fit))
+			if status.GetCode() != wire.Code_CODE_OK {
+				t.Fatalf("a sample of the %d that fit: %v", fit, status)
+			}
+			if int64(got) > limits.MaxReplyBytes {
+				t.Errorf("a sample of %d made a reply of %d bytes, over limits.max_reply_bytes (%d)", fit, got, limits.MaxReplyBytes)
+			}
+		})
 	}
 }

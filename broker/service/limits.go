@@ -27,12 +27,13 @@ type Limits struct {
 	// decodes it: its steps times their size, however few chunks they
 	// share.
 	MaxItemBytes int64
-	// MaxReplyBytes bounds the bytes one sample reply may expand to. A
-	// request for more items than fit at the size of the largest item the
-	// table took since its last reset (held or not) is refused before
-	// anything is sampled. At least MaxItemBytes, so that any item can be
-	// sampled. It also bounds an items reply's bytes, which never take
-	// more than 64 MiB.
+	// MaxReplyBytes bounds the bytes one sample reply may expand to: what
+	// its items decode to, and the records that describe them (a few dozen
+	// bytes for each column, slice and chunk of an item). A request for more
+	// items than fit at the size of the largest item the table took since
+	// its last reset (held or not) is refused before anything is sampled;
+	// one item is always served. At least MaxItemBytes. It also bounds an
+	// items reply's bytes, which never take more than 64 MiB.
 	MaxReplyBytes int64
 	// MaxMutationOps bounds the priority updates and deletes of one
 	// mutation message.

@@ -26,6 +26,18 @@ const (
 	packedAlign       = 8
 )
 
+// SampleItemBytes and SamplePartBytes bound what a sample reply, in any
+// layout, spends describing an item beside its chunks' bytes: on the item
+// itself (a packed info record, or an unpacked item with every field at
+// its longest) and on each of its parts (tables.Table.LargestItemParts),
+// the widest of which is a packed chunk record with its payload's padding.
+// An item of many slices of empty steps decodes to nothing, yet takes a
+// reply of a dozen bytes or more a slice.
+const (
+	SampleItemBytes = 80
+	SamplePartBytes = packedChunkSize + packedAlign - 1
+)
+
 // compactFlag is the bit of a compact info's column count that says the
 // sample was rate limited, and of a compact column's slice count that says
 // it is squeezed; the counts are the other 31 bits.

@@ -872,3 +872,45 @@ func TestDecodeCompactFlags(t *testing.T) {
 		t.Fatalf("decoded\n%+v\nwant\n%+v", got.Samples, want)
 	}
 }
+
+// TestSampleReplyWithinItsBound: a sample reply, in every layout, takes
+// no more than its chunks' bytes, what an empty reply takes, and
+// SampleItemBytes and SamplePartBytes for each item and each of its parts,
+// counted as tables.Table.LargestItemParts counts them.
+func TestSampleReplyWithinItsBound(t *testing.T) {
+	rng := rand.New(rand.NewPCG(23, 24))
+	for trial := range 300 {
+		samples := sampledFixture(t, rng)
+		if trial%2 == 0 {
+			samples = uniformFixture(t, rng)
+		}
+		after := randomTableState(rng)
+		bound := 0
+		seen := map[uint64]bool{}
+		for i := range samples {
+			smp := &samples[i]
+			parts := len(smp.Layout) + len(smp.Chunks)
+			for _, c := range smp.Layout {
+				parts += len(c.Slices) + len(c.Name)
+			}
+			bound += SampleItemBytes + SamplePartBytes*parts
+			for _, ch := range smp.Chunks {
+				if !seen[ch.Key] {
+					seen[ch.Key] = true
+					bound += len(ch.Data)
+				}
+			}
+		}
+		replies := map[string][2][]byte{
+			"unpacked": {AppendSampleResponse(nil, Code_CODE_PARTIAL, "partial", samples, after), AppendSampleResponse(nil, Code_CODE_PARTIAL, "partial", nil, after)},
+		}
+		for _, layout := range []PackedLayout{PackedLayout_PACKED_LAYOUT_WIDE, PackedLayout_PACKED_LAYOUT_COMPACT, PackedLayout_PACKED_LAYOUT_UNIFORM} {
+			replies[layout.String()] = [2][]byte{packLayout(t, layout, Code_CODE_PARTIAL, "partial", samples, after), packLayout(t, layout, Code_CODE_PARTIAL, "partial", nil, after)}
+		}
+		for name, r := range replies {
+			if len(r[0]) > len(r[1])+bound {
+				t.Fatalf("trial %d %s: a reply of %d items takes %d bytes, over the bound of %d", trial, name, len(samples), len(r[0]), len(r[1])+bound)
+			}
+		}
+	}
+}
