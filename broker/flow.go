@@ -39,12 +39,19 @@ type flow struct {
 	rejections        uint64
 	untakenRejections uint64
 	stopped           bool // the producer closed: no more acks or progress come
+	// gapFills counts the gap fills (Producer.fillGap) sent and not yet
+	// applied: the messages they free are in their tables only once they
+	// are, though the service's progress passed those messages earlier.
+	gapFills int
 }
 
 type ackedBatch struct {
 	seq    uint64
 	items  int
 	tables []string // the tables its items are for
+	// gapFill: the batch is a gap fill, and tables are those of the
+	// messages it frees.
+	gapFill bool
 }
 
 // appliedLocked reports whether the service applied every item of b.
@@ -113,7 +120,7 @@ func (f *flow) ack(seq uint64, n int, tables []string) {
 	defer f.mu.Unlock()
 	f.inFlight--
 	f.unackedItems -= n
-	if b := (ackedBatch{seq, n, tables}); n > 0 && !f.appliedLocked(b) {
+	if b := (ackedBatch{seq: seq, items: n, tables: tables}); n > 0 && !f.appliedLocked(b) {
 		f.acked = append(f.acked, b)
 		f.ackedItems += n
 	}
@@ -127,6 +134,41 @@ func (f *flow) fail(n int, err error) {
 	f.inFlight--
 	f.unackedItems -= n
 	f.loseLocked(n, err)
+}
+
+// replace records that a message of n items could not be published and
+// that a gap fill took its place in the window, in one step: a wait for
+// the window to empty must not end between the two.
+func (f *flow) replace(n int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.unackedItems -= n
+	f.gapFills++
+	f.loseLocked(n, err)
+}
+
+// ackGapFill records that JetStream stored a gap fill at seq, freeing
+// messages for tables.
+func (f *flow) ackGapFill(seq uint64, tables []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inFlight--
+	if b := (ackedBatch{seq: seq, tables: tables, gapFill: true}); f.appliedLocked(b) {
+		f.gapFills--
+	} else {
+		f.acked = append(f.acked, b)
+	}
+	f.notifyLocked()
+}
+
+// dropGapFill records that a gap fill could not be published and that none
+// takes its place: no message waits for it. It lost no items.
+func (f *flow) dropGapFill() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inFlight--
+	f.gapFills--
+	f.notifyLocked()
 }
 
 // lose records n items the producer gave up on before publishing them.
@@ -198,6 +240,9 @@ func (f *flow) setApplied(applied uint64, held map[string]uint64, paced int) {
 	for _, b := range f.acked {
 		if f.appliedLocked(b) {
 			f.ackedItems -= b.items
+			if b.gapFill {
+				f.gapFills--
+			}
 		} else {
 			kept = append(kept, b)
 		}
@@ -274,9 +319,11 @@ func (f *flow) waitAcked(ctx context.Context) error {
 	})
 }
 
-// waitApplied waits until the service applied every acknowledged item.
+// waitApplied waits until the service applied every acknowledged item,
+// and every gap fill: the service's progress passes a message held behind
+// one given up on before it applies it.
 func (f *flow) waitApplied(ctx context.Context) error {
-	return f.waitFor(ctx, func() bool { return f.unappliedLocked() == 0 }, func() error {
-		return fmt.Errorf("%w: %d items not applied (applied sequence %d)", ErrNotApplied, f.unappliedLocked(), f.applied)
+	return f.waitFor(ctx, func() bool { return f.unappliedLocked() == 0 && f.gapFills == 0 }, func() error {
+		return fmt.Errorf("%w: %d items not applied, %d messages given up on still holding later ones in the service (applied sequence %d)", ErrNotApplied, f.unappliedLocked(), f.gapFills, f.applied)
 	})
 }

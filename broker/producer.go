@@ -395,6 +395,9 @@ type inFlight struct {
 	tables    []string  // the tables its items are for
 	seq       uint64    // producer sequence
 	published time.Time // first attempt; retries stop retryFor after it
+	// fills is set on a gap fill (fillGap): the message given up on whose
+	// place it took, or took from a gap fill given up on before it.
+	fills uint64
 }
 
 // NewProducer connects a producer to a deployment through nc. If the table
@@ -1069,14 +1072,50 @@ func (p *Producer) sendBatchLocked(end bool) {
 	data := b.msg.Finish(p.seq, release, end, p.settled.Load()+1, uint32(p.o.maxInFlight), p.notice)
 	p.lastMessage = len(data)
 	p.batch = batch{}
+	p.sendLocked(&inFlight{items: n, tables: b.tables}, data)
+}
+
+// sendLocked publishes data as message p.seq, which rec is the record of,
+// and hands rec to the ack loop.
+func (p *Producer) sendLocked(rec *inFlight, data []byte) {
 	m := nats.NewMsg(p.subj.Insert())
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, p.id+"-"+strconv.FormatUint(p.seq, 10))
-	rec := &inFlight{msg: m, items: n, tables: b.tables, seq: p.seq, published: time.Now()}
+	rec.msg, rec.seq, rec.published = m, p.seq, time.Now()
 	// A failed first attempt is left to the ack loop, which retries in
 	// publish order.
 	rec.fut, rec.err = p.js.PublishMsgAsync(m)
 	p.acks <- rec
+}
+
+// fillGap sends a gap fill in the place of failed, a message given up on,
+// when the service may hold later messages behind it: those sent before it
+// failed state a window start at or below it, and the service applies them
+// only once a message states a later one. The gap fill, a message of no
+// items, states it at once rather than at the producer's next message,
+// which may never come. It takes failed's place in the window, so that the
+// window never looks empty before it is sent, and in p.acks, which has
+// room for every place. held says whether a message JetStream stored
+// already may wait for failed (or for the message it stands in for). It
+// returns the gap fill, or nil when none is needed or none can be sent.
+func (p *Producer) fillGap(failed *inFlight, held bool) *inFlight {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// Close closes p.acks once closed is set; nothing is stored once the
+	// connection is closed for good.
+	if p.closed || p.nc.IsClosed() || (p.seq <= failed.seq && !held) {
+		return nil
+	}
+	p.seq++
+	rec := &inFlight{fills: failed.seq}
+	if failed.fills != 0 {
+		rec.fills, rec.tables = failed.fills, failed.tables
+	}
+	// The staged batch stays: its items hold no place in the window. So do
+	// the releases, which its items may still need.
+	data := wire.NewBatchBuilder(p.id, 0).Finish(p.seq, nil, false, p.settled.Load()+1, uint32(p.o.maxInFlight), p.notice)
+	p.sendLocked(rec, data)
+	return rec
 }
 
 // ackLoop awaits JetStream's acks in publish order and retries failed
@@ -1084,16 +1123,55 @@ func (p *Producer) sendBatchLocked(end bool) {
 // ack never inserts twice.
 func (p *Producer) ackLoop() {
 	defer close(p.ackDone)
+	var (
+		stored uint64      // the latest message JetStream stored
+		fills  []*inFlight // gap fills sent and not yet settled, in order
+	)
 	for rec := range p.acks {
 		streamSeq, err := p.await(rec)
 		// Settled before the window has room for the next message, which
 		// states the window it was sent in.
 		p.settled.Store(rec.seq)
-		if err != nil {
-			p.flow.fail(rec.items, err)
-		} else {
+		if rec.fills != 0 {
+			fills = fills[1:]
+		}
+		if err == nil {
+			stored = rec.seq
+			// The service may hold rec until the gap fills after it apply:
+			// a wait for them waits for rec's tables too.
+			for _, f := range fills {
+				if f.fills < rec.seq {
+					for _, t := range rec.tables {
+						if !slices.Contains(f.tables, t) {
+							f.tables = append(f.tables, t)
+						}
+					}
+				}
+			}
 			p.recycle(rec)
-			p.flow.ack(streamSeq, rec.items, rec.tables)
+			if rec.fills != 0 {
+				p.flow.ackGapFill(streamSeq, rec.tables)
+			} else {
+				p.flow.ack(streamSeq, rec.items, rec.tables)
+			}
+			continue
+		}
+		// A gap fill given up on leaves held what it would have freed.
+		from := rec.seq
+		if rec.fills != 0 {
+			from = rec.fills
+		}
+		fill := p.fillGap(rec, stored > from)
+		switch {
+		case fill != nil:
+			fills = append(fills, fill)
+			if rec.fills == 0 {
+				p.flow.replace(rec.items, err)
+			}
+		case rec.fills != 0:
+			p.flow.dropGapFill()
+		default:
+			p.flow.fail(rec.items, err)
 		}
 	}
 }

@@ -435,6 +435,61 @@ func TestMessageGivenUpIsNotStored(t *testing.T) {
 	}
 }
 
+// TestAGivenUpMessageHoldsNoLaterOneBack: message N is refused by
+// JetStream for good (over the stream's max message size) after message
+// N+1, stored, went out stating a window that includes N. The service
+// holds N+1 until a message states a later window start, and its progress
+// passes N+1 meanwhile; once the producer reports N lost, a wait for
+// application still returns only when N+1's item is in its table, though
+// the producer sends nothing more.
+func TestAGivenUpMessageHoldsNoLaterOneBack(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, testutil.StartEmbedded(t, 16<<10))
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(time.Hour), WithChunkLength(2), WithCompression(wire.Uncompressed), WithDelta(false))
+	js, err := jetstream.New(d.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, p.subj.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.MaxMsgSize = 9000
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// Item N takes column a (10 kB, over the stream's max message size),
+	// item N+1 column b (7 kB). Both wait for their 2-step chunks until
+	// Flush, which sends them as two messages back to back: together they
+	// exceed the server's max payload.
+	s := Step{
+		"a": Tensor{DType: "uint8", Shape: []int64{10000}, Data: make([]byte, 10000)},
+		"b": Tensor{DType: "uint8", Shape: []int64{7000}, Data: make([]byte, 7000)},
+	}
+	if err := p.Append(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	for _, col := range []string{"a", "b"} {
+		if err := p.CreateItem(ctx, "t", 1, LastStep(col)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); !errors.Is(err, ErrNotStored) || !strings.Contains(err.Error(), "message 1 (1 items)") {
+		t.Fatalf("Flush: %v, want ErrNotStored for message 1", err)
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatalf("WaitApplied: %v", err)
+	}
+	q, _ := d.svc.Table("t")
+	if size := q.Info().Size; size != 1 {
+		t.Fatalf("WaitApplied returned with %d items in the table, want message 2's", size)
+	}
+	if lost := p.flow.failureMark().failedItems; lost != 1 {
+		t.Fatalf("%d items reported lost, want message 1's only", lost)
+	}
+}
+
 // TestReleasesWaitingBesideAFullBatchNeverOverflowIt: chunks released
 // while a batch near the server's max payload waits for the window go
 // with a later message when they do not fit beside it, rather than push

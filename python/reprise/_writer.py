@@ -577,16 +577,25 @@ class _Pending:
 class _Record:
     """One published message, until it is settled."""
 
-    __slots__ = ("seq", "data", "headers", "items", "tables", "first_sent", "attempts", "future", "sent_at", "settled")
+    __slots__ = (
+        "seq", "data", "headers", "items", "tables", "fills", "first_sent", "attempts", "future", "sent_at", "settled",
+    )
 
     def __init__(
-        self, seq: int, data: bytes, headers: dict[str, str], items: int, tables: frozenset[str] = frozenset()
+        self, seq: int, data: bytes, headers: dict[str, str], items: int, tables: frozenset[str] = frozenset(),
+        fills: int = 0,
     ) -> None:
         self.seq = seq
         self.data = data
         self.headers = headers
         self.items = items
-        self.tables = tables  # the tables its items are for
+        # The tables its items are for; a gap fill's: those of the messages
+        # it frees.
+        self.tables = tables
+        # Set on a gap fill (_Producer._fill_gap_locked): the message given
+        # up on whose place it took, or took from a gap fill given up on
+        # before it.
+        self.fills = fills
         self.first_sent = 0.0
         self.sent_at = 0.0
         self.attempts = 0
@@ -718,9 +727,19 @@ class _Producer:
         # yet known to be applied.
         self.unsettled: collections.deque[int] = collections.deque()
         self.unacked_items = 0
-        # (stream sequence, items, tables) of messages JetStream stored and
-        # the service has not applied yet.
-        self.acked: list[tuple[int, int, frozenset[str]]] = []
+        # (stream sequence, items, tables, gap fill) of messages JetStream
+        # stored and the service has not applied yet.
+        self.acked: list[tuple[int, int, frozenset[str], bool]] = []
+        # Gap fills sent and not yet applied: the messages they free are in
+        # their tables only once they are, though the service's progress
+        # passed those messages earlier.
+        self.gap_fills = 0
+        # The latest message JetStream stored.
+        self.stored = 0
+        # (sequence, tables) of the messages with items from the lowest
+        # unsettled one on, for a gap fill to wait for the tables of the
+        # messages it frees.
+        self.sent_tables: collections.deque[tuple[int, frozenset[str]]] = collections.deque()
         # Tables whose items the service applied only up to a sequence before
         # `applied`: their rate limiters hold items in their queues.
         self.held: dict[str, int] = {}
@@ -1126,7 +1145,41 @@ class _Producer:
         self.batch_tables = set()
         self.lingered = False
         self.unacked_items += n
+        if tables:
+            self.sent_tables.append((seq, tables))
         self._submit(_Record(seq, data, {MSG_ID_HEADER: msg_id(self.id, seq)}, n, tables))
+
+    def _fill_gap_locked(self, failed: _Record) -> bool:
+        """Sends a gap fill in the place of failed, a message given up on,
+        when the service may hold later messages behind it: those sent
+        before it failed state a window start at or below it, and the
+        service applies them only once a message states a later one. The
+        gap fill, a message of no items, states it at once rather than at
+        the writer's next message, which may never come. It takes failed's
+        place in the window in the same hold of the lock, so that the
+        window never looks empty before it is sent. Whether it sent one."""
+        fills = failed.fills or failed.seq
+        # A message stored after the one failed stands in for may wait
+        # for it, even with nothing sent since.
+        if self.closed or (self.seq <= failed.seq and self.stored <= fills):
+            return False
+        tables = set(failed.tables)
+        for seq, t in self.sent_tables:
+            if seq > failed.seq:
+                tables |= t
+        self.seq += 1
+        seq = self.seq
+        self.unsettled.append(seq)
+        # The staged batch stays: its items hold no place in the window. So
+        # do the releases, which its items may still need.
+        data = encode_insert_batch_fields(
+            self.id, seq, [], [], [], False, self.unsettled[0], self.o.max_in_flight, self.notice,
+        )
+        fill = _Record(seq, data, {MSG_ID_HEADER: msg_id(self.id, seq)}, 0, frozenset(tables), fills)
+        if tables:
+            self.sent_tables.append((seq, fill.tables))
+        self._submit(fill)
+        return True
 
     def on_linger(self) -> None:
         """The linger time passed (the timer, on the event loop)."""
@@ -1175,12 +1228,28 @@ class _Producer:
                 pass
             self.unacked_items -= rec.items
             if err is not None:
-                self.errors.append(err)
-                self.failed_items += rec.items
-                self.untaken_failed_items += rec.items
-            elif stream_seq is not None and rec.items > 0 and not self._applied_locked(stream_seq, rec.tables):
-                self.acked.append((stream_seq, rec.items, rec.tables))
-                self.acked_items += rec.items
+                # Nothing is stored once the writer or its connection closed.
+                filled = not isinstance(err, errors.ClosedError) and self._fill_gap_locked(rec)
+                if not rec.fills:
+                    if filled:
+                        self.gap_fills += 1
+                    self.errors.append(err)
+                    self.failed_items += rec.items
+                    self.untaken_failed_items += rec.items
+                elif not filled:
+                    self.gap_fills -= 1  # it lost no items
+            elif stream_seq is not None:
+                self.stored = max(self.stored, rec.seq)
+                if rec.fills and self._applied_locked(stream_seq, rec.tables):
+                    self.gap_fills -= 1
+                elif rec.fills or (rec.items > 0 and not self._applied_locked(stream_seq, rec.tables)):
+                    self.acked.append((stream_seq, rec.items, rec.tables, bool(rec.fills)))
+                    self.acked_items += rec.items
+            elif rec.fills:
+                self.gap_fills -= 1  # its publish was denied, as every later one is
+            lowest = self.unsettled[0] if self.unsettled else self.seq + 1
+            while self.sent_tables and self.sent_tables[0][0] <= lowest:
+                self.sent_tables.popleft()
             if self.lingered:
                 self._publish_lingered_locked()
             self.notify_locked()
@@ -1201,11 +1270,14 @@ class _Producer:
                 return  # published before what we have
             self.applied, self.held, self.paced = applied, held, paced
             kept = []
-            for s, n, tables in self.acked:
+            for b in self.acked:
+                s, n, tables, gap_fill = b
                 if self._applied_locked(s, tables):
                     self.acked_items -= n
+                    if gap_fill:
+                        self.gap_fills -= 1
                 else:
-                    kept.append((s, n, tables))
+                    kept.append(b)
             self.acked = kept
             if self.lingered:
                 self._publish_lingered_locked()
@@ -1280,17 +1352,28 @@ class _Producer:
     def flushed_locked(self, n: int) -> bool:
         """Whether at most n items are still to be done as flush counts
         them: not yet applied by the service (not yet stored by JetStream
-        with return_on_store), staged items included."""
+        with return_on_store), staged items included; with n 0, no message
+        awaiting JetStream either, nor (unless return_on_store) one held in
+        the service behind one given up on."""
         left = self.in_flight_items_locked() + (0 if self.o.return_on_store else self.acked_items)
-        return left <= n and (n > 0 or not self.unsettled)
+        return left <= n and (n > 0 or (not self.unsettled and (self.o.return_on_store or not self.gap_fills)))
+
+    def all_applied_locked(self) -> bool:
+        """Whether the service applied every item this writer published:
+        none awaits its ack or application, and no message waits in the
+        service behind one given up on (a gap fill not yet applied)."""
+        return self.unacked_items + self.acked_items == 0 and not self.gap_fills
 
     def in_flight_items_locked(self) -> int:
         staged = len(self.batch_items) + len(self.pending)
         return self.unacked_items + staged
 
     def describe_wait_locked(self) -> str:
+        held = ""
+        if self.gap_fills:
+            held = f"{self.gap_fills} messages given up on still holding later ones in the service, "
         return (
-            f"{self.unacked_items + self.acked_items} items published but not applied, "
+            f"{self.unacked_items + self.acked_items} items published but not applied, {held}"
             f"{len(self.unsettled)} messages awaiting JetStream (is the table service running? "
             "is a table's rate limiter holding inserts?)"
         )

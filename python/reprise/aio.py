@@ -813,7 +813,7 @@ class AsyncTrajectoryWriter:
         deadline = _deadline(timeout, None)
         mark = self._p.failure_mark()
         await self._flush(0, deadline, mark)
-        await self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied", mark)
+        await self._wait(lambda p: p.all_applied_locked(), deadline, "wait_applied", mark)
 
     async def _wait(self, cond: Any, deadline: float | None, what: str, mark: tuple[int, int]) -> None:
         """Waits until cond holds; raises the errors seen, and the loss of

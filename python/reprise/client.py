@@ -622,7 +622,7 @@ class TrajectoryWriter:
         deadline = _aio._deadline(timeout, None)
         mark = self._p.failure_mark()
         self._flush(0, deadline, mark)
-        self._wait(lambda p: p.unacked_items + p.acked_items == 0, deadline, "wait_applied", mark)
+        self._wait(lambda p: p.all_applied_locked(), deadline, "wait_applied", mark)
 
     def _wait(self, cond: Any, deadline: float | None, what: str, mark: tuple[int, int]) -> None:
         """Waits until cond holds; raises the errors seen, and the loss of

@@ -887,6 +887,39 @@ def test_releases_beside_a_waiting_batch_never_overflow_it(reprised_factory: Any
         w.close()
 
 
+def test_a_given_up_message_holds_no_later_one_back(reprised_factory: Any) -> None:
+    """Message N is refused by JetStream for good (over the stream's max
+    message size) after message N+1, stored, went out stating a window that
+    includes N. The service holds N+1 until a message states a later window
+    start, and its progress passes N+1 meanwhile; once the writer reports
+    N lost, its waits still return only when N+1's item is in its table,
+    though the writer sends nothing more."""
+    r = reprised_factory("tables:\n  - {name: t, max_size: 100}\n", ["--max-payload", "16384"])
+    with reprise.Client(r.url) as c:
+
+        async def lower_max_msg_size() -> None:
+            js = c._aclient.nats.jetstream()
+            cfg = (await js.stream_info("REPRISE_" + r.prefix.upper())).config
+            cfg.max_msg_size = 9000
+            await js.update_stream(cfg)
+
+        c._lt.call(lower_max_msg_size())
+        w = c.trajectory_writer(2, chunk_length=2, linger=3600.0, compression="none", delta=False)
+        # Item N takes column a (10 kB, over the stream's max message size),
+        # item N+1 column b (7 kB). Both wait for their 2-step chunks until
+        # flush, which sends them as two messages back to back: together
+        # they exceed the server's max payload.
+        w.append({"a": np.zeros(10000, np.uint8), "b": np.zeros(7000, np.uint8)})
+        w.create_item("t", 1.0, {"a": w.history["a"][-1]})
+        w.create_item("t", 1.0, {"b": w.history["b"][-1]})
+        with pytest.raises(reprise.NotStoredError, match="message 1 \\(1 items\\)"):
+            w.flush(timeout=30)
+        assert table_size(c, "t") == 1, "flush returned before message 2's item was in its table"
+        w.wait_applied(timeout=30)
+        assert table_size(c, "t") == 1
+        w.close()
+
+
 def test_staleness_bound(reprised_factory: Any) -> None:
     """Items carry their writer's policy version; a learner raises the
     table's version; with max_staleness 1 the items two versions behind are
