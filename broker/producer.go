@@ -490,18 +490,31 @@ func (p *Producer) NoticeToken() string { return protocol.NoticeToken(p.id) }
 func (p *Producer) readNotes() {
 	defer close(p.notesDone)
 	closed := p.connClosed
+	note := func(m *nats.Msg) {
+		if m.Subject == p.subj.Applied() {
+			p.onApplied(m)
+		} else {
+			p.onRejected(m)
+		}
+	}
 	for {
 		select {
 		case m := <-p.notes:
-			if m.Subject == p.subj.Applied() {
-				p.onApplied(m)
-			} else {
-				p.onRejected(m)
-			}
+			note(m)
 		case <-closed:
 			if !p.nc.IsClosed() {
 				closed = nil // Close removed the listener: the lifetime ends next
 				continue
+			}
+			// Rejections that arrived before the close count: select
+			// picks among ready cases at random.
+			for drained := false; !drained; {
+				select {
+				case m := <-p.notes:
+					note(m)
+				default:
+					drained = true
+				}
 			}
 			close(p.connLost)
 			p.mu.Lock()
@@ -1156,12 +1169,18 @@ func (p *Producer) ackLoop() {
 			}
 			continue
 		}
-		// A gap fill given up on leaves held what it would have freed.
-		from := rec.seq
+		// A gap fill given up on leaves held what it would have freed. It
+		// is replaced only when it was retried for retryFor: one refused
+		// at once (a stream that takes nothing) would be refused again at
+		// once, for ever.
+		from, refused := rec.seq, false
 		if rec.fills != 0 {
-			from = rec.fills
+			from, refused = rec.fills, time.Since(rec.published) < p.o.retryFor
 		}
-		fill := p.fillGap(rec, stored > from)
+		var fill *inFlight
+		if !refused {
+			fill = p.fillGap(rec, stored > from)
+		}
 		switch {
 		case fill != nil:
 			fills = append(fills, fill)

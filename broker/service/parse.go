@@ -222,8 +222,9 @@ func checkSequence(b *insertBatch, l *Limits) error {
 // refusedBatch reads what an insert message that the service refuses whole
 // says of its producer, skipping the rest: where the rejection goes, and,
 // when its place in the producer's sequence is sound, a tombstone that
-// keeps that place, so that the producer's later messages apply in order
-// without waiting for this one. Unless told, a producer whose messages
+// keeps that place and the message's chunk releases and end, so that the
+// producer's later messages apply in order without waiting for this one
+// and the chunks it let go of are not held for it. Unless told, a producer whose messages
 // exceed the service's limits (more items than max_items_per_message, a
 // larger window than max_producer_window) would see the service's
 // progress pass them and take them for applied.
@@ -235,6 +236,13 @@ func refusedBatch(b []byte, l *Limits) (to noticeTo, sequence uint64, tomb *inse
 			break
 		}
 		b = b[n:]
+		if num == wire.FieldBatchRelease {
+			var err error
+			if h.release, b, err = wire.ConsumeUint64s(b, typ, h.release); err != nil {
+				break
+			}
+			continue
+		}
 		var v uint64
 		var bs []byte
 		switch typ {
@@ -260,6 +268,8 @@ func refusedBatch(b []byte, l *Limits) (to noticeTo, sequence uint64, tomb *inse
 			h.windowStart = v
 		case num == wire.FieldBatchWindow && typ == protowire.VarintType:
 			h.window = v
+		case num == wire.FieldBatchEnd && typ == protowire.VarintType:
+			h.end = v != 0
 		}
 	}
 	if checkSender(&h) != nil {

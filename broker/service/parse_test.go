@@ -434,3 +434,35 @@ func TestParseItemsOverLimits(t *testing.T) {
 		t.Errorf("item 3 changed when item 1 grew: %+v", got)
 	}
 }
+
+// TestRefusedBatchKeepsItsPlaceAndReleases: what the service keeps of a
+// message it refuses whole (here, over max_items_per_message): where the
+// rejection goes, and a tombstone with its place in the producer's
+// sequence, its chunk releases and its end; nothing when the message does
+// not name its producer, and no tombstone when its sequence is unsound.
+func TestRefusedBatchKeepsItsPlaceAndReleases(t *testing.T) {
+	limits := DefaultLimits()
+	limits.MaxItemsPerMessage = 1
+	items := []*wire.Item{{Key: 1, Table: "t", Priority: 1}, {Key: 2, Table: "t", Priority: 1}}
+	m := &wire.InsertBatch{ProducerId: "p", Sequence: 3, WindowStart: 2, Window: 4, NoticeSubject: "_INBOX.x",
+		Items: items, ReleaseChunkKeys: []uint64{11, 12}, EndOfStream: true}
+	data := mustMarshal(t, m)
+	if _, err := parseInsertBatch(data, &limits); !errors.Is(err, protocol.ErrResourceExhausted) {
+		t.Fatalf("parse: %v, want the message refused whole", err)
+	}
+	to, seq, tomb := refusedBatch(data, &limits)
+	if to != (noticeTo{"p", "_INBOX.x"}) || seq != 3 || tomb == nil {
+		t.Fatalf("refusedBatch = %+v, %d, %v; want the producer told of message 3, and a tombstone", to, seq, tomb)
+	}
+	if tomb.sequence != 3 || tomb.windowStart != 2 || tomb.window != 4 || !slices.Equal(tomb.release, []uint64{11, 12}) || !tomb.end || len(tomb.items)+len(tomb.chunks) != 0 {
+		t.Errorf("tombstone %+v: want sequence 3 in window [2, 2+4), releases [11 12], the end, and nothing else", tomb)
+	}
+	m.Window = 1 // sequence 3 lies outside [2, 2+1)
+	if to, _, tomb := refusedBatch(mustMarshal(t, m), &limits); to.producer != "p" || tomb != nil {
+		t.Errorf("unsound sequence: told %+v, tombstone %v; want the producer told, no tombstone", to, tomb)
+	}
+	m.ProducerId = ""
+	if to, _, tomb := refusedBatch(mustMarshal(t, m), &limits); to != (noticeTo{}) || tomb != nil {
+		t.Errorf("no producer: told %+v, tombstone %v; want neither", to, tomb)
+	}
+}

@@ -438,6 +438,11 @@ func (s *Service) answerStandbyCall(m *nats.Msg) {
 	if s.mayAct() {
 		return // the active service, or one taking over
 	}
+	// Only services may ask, but shards may share a service user, whose
+	// rights reach every shard's lease bucket: see answerSubjectError.
+	if answerSubjectError(m.Reply) != "" || s.subj.Owns(m.Reply) {
+		return
+	}
 	data, err := json.Marshal(standbyReply{Service: s.id, AppliedSequence: s.progress.get()})
 	if err != nil {
 		return

@@ -23,6 +23,7 @@ import random
 import secrets
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -860,8 +861,9 @@ class _Producer:
         for name, value in step.items():
             if name in merged:
                 raise errors.InvalidArgumentError(f"column {name!r} was already given for this step")
-            a = self.cell_locked(name, value)
-            merged[name] = a.copy() if a is value or not a.flags.owndata else a
+            # Copied whatever value is: an object's __array__ may give an
+            # array that it owns and the caller refills.
+            merged[name] = np.array(self.cell_locked(name, value), copy=True)
         return merged
 
     def _seal_open_locked(self, c: _Column) -> None:
@@ -1229,7 +1231,12 @@ class _Producer:
             self.unacked_items -= rec.items
             if err is not None:
                 # Nothing is stored once the writer or its connection closed.
-                filled = not isinstance(err, errors.ClosedError) and self._fill_gap_locked(rec)
+                # A gap fill given up on is replaced only when it was
+                # retried for retry_for: one refused at once (a stream that
+                # takes nothing) would be refused again at once, for ever.
+                # (first_sent is the event loop's time: time.monotonic.)
+                refused = bool(rec.fills) and time.monotonic() - rec.first_sent < self.o.retry_for
+                filled = not refused and not isinstance(err, errors.ClosedError) and self._fill_gap_locked(rec)
                 if not rec.fills:
                     if filled:
                         self.gap_fills += 1
@@ -1646,7 +1653,10 @@ class _Transport:
     async def close(self, timeout: float | None) -> None:
         """Waits for every queued message to settle (resends stop when
         timeout passes), then unsubscribes."""
-        self._queue.put_nowait(None)
+        # After what submit queued before, through the loop: an async
+        # writer's close submits its end message from the loop itself, and
+        # a stop put first would leave it unsent.
+        self.loop.call_soon(self._queue.put_nowait, None)
         done = asyncio.gather(*self._tasks)
         try:
             await asyncio.wait_for(asyncio.shield(done), timeout)

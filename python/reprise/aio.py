@@ -112,13 +112,15 @@ def _key(k: Any) -> int:
 def priority_arrays(keys: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
     """keys (uint64) and priorities (float64) as flat arrays, checked: the
     same length, every priority finite and >= 0."""
-    # An array of signed integers would be cast, negative ones wrapped;
-    # Python ints are checked by the conversion itself (through float64,
-    # large ones would lose their low bits).
-    if getattr(getattr(keys, "dtype", None), "kind", "") == "i":
-        signed = np.asarray(keys)
-        if (signed < 0).any():
-            raise errors.InvalidArgumentError(f"key {int(signed[signed < 0][0])}: keys are 0 to 2**64-1")
+    # A cast to uint64 wraps negative keys and truncates fractions (numpy 1
+    # does so for lists of Python ints too): the sign and the fraction are
+    # checked first, on the keys as they are (large ints there may have
+    # become floats, which keep both).
+    raw = np.asarray(keys)
+    if raw.dtype.kind in "if" and raw.size:
+        bad = (raw < 0) | (raw != np.floor(raw)) if raw.dtype.kind == "f" else raw < 0
+        if bad.any():
+            raise errors.InvalidArgumentError(f"key {raw[bad].ravel()[0]}: keys are integers from 0 to 2**64-1")
     try:
         k = np.asarray(keys, dtype=np.uint64).ravel()
     except (OverflowError, TypeError, ValueError) as e:
@@ -684,6 +686,7 @@ class AsyncTrajectoryWriter:
         self._partial: dict[str, Any] = {}
         self._closed = False
         self._closing = False  # a close is under way, not cancelled
+        self._close_mark = (0, 0)  # the writer's failure_mark as its close began
 
     async def _start(self) -> None:
         nc = self._c.nats
@@ -868,17 +871,23 @@ class AsyncTrajectoryWriter:
         if self._closed:
             if not self._closing:
                 # An earlier close was cancelled before its transport
-                # stopped: stop it now, without waiting for what it held.
-                await self._stop(p, t, 0)
+                # stopped: stop it now, and report what was lost since
+                # that close began.
+                await self._stop(p, t, _left(_deadline(timeout, None)))
+                with p.mu:
+                    err = p.waited_errors_locked(self._close_mark)
+                if err is not None:
+                    raise err
             return
         self._closed = self._closing = True
+        self._close_mark = p.failure_mark()
         try:
             await self._close(p, t, _deadline(timeout, None))
         finally:
             self._closing = False
 
     async def _close(self, p: _Producer, t: _Transport, deadline: float | None) -> None:
-        mark = p.failure_mark()
+        mark = self._close_mark
         first: errors.RepriseError | None = None
         try:
             await self._advance(True, deadline)

@@ -481,6 +481,8 @@ class TrajectoryWriter:
         self.options = opts
         self._partial: dict[str, Any] = {}
         self._closed = False
+        self._closing = False  # a close is under way, not interrupted
+        self._close_mark = (0, 0)  # the writer's failure_mark as its close began
         lt = client._lt
 
         async def start() -> tuple[_Producer, _Transport]:
@@ -667,13 +669,39 @@ class TrajectoryWriter:
     def close(self, timeout: float | None = 60.0) -> None:
         """Flushes, tells the service it may drop this writer's chunks, waits
         for the acks (up to ``timeout``) and stops."""
-        if self._closed:
-            return
-        self._closed = True
-        self._c._writers.discard(self)
         p = self._p
+        if self not in self._c._writers:
+            return
         deadline = _aio._deadline(timeout, None)
-        mark = p.failure_mark()
+        if self._closed:
+            if not self._closing:
+                # An earlier close was interrupted (KeyboardInterrupt) before
+                # its transport stopped: stop it now, and report what was
+                # lost since that close began.
+                self._stop(deadline)
+                with p.mu:
+                    err = p.waited_errors_locked(self._close_mark)
+                if err is not None:
+                    raise err
+            return
+        self._closed = self._closing = True
+        self._close_mark = p.failure_mark()
+        try:
+            self._close(deadline)
+        finally:
+            self._closing = False
+
+    def _stop(self, deadline: float | None) -> None:
+        """Stops the transport; until it has stopped, the client keeps the
+        writer, so that its close stops what an interrupted close left."""
+        with self._p.mu:
+            self._p.close_locked()
+        self._c._lt.call(self._t.close(_aio._left(deadline)))
+        self._c._writers.discard(self)
+
+    def _close(self, deadline: float | None) -> None:
+        p = self._p
+        mark = self._close_mark
         first: errors.RepriseError | None = None
         try:
             self._advance(True, deadline)
@@ -692,10 +720,7 @@ class TrajectoryWriter:
                         p.cond.wait(1.0 if deadline is None else min(1.0, deadline - now))
         except errors.RepriseError as e:
             first = e
-        with p.mu:
-            p.close_locked()
-        left = _aio._left(deadline)
-        self._c._lt.call(self._t.close(left))
+        self._stop(deadline)
         with p.mu:
             err = p.waited_errors_locked(mark)
         if first is not None:

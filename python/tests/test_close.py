@@ -141,7 +141,8 @@ def test_async_client_close_ends_sampler(server: Reprised) -> None:
 def test_a_cancelled_writer_close_is_finished_by_the_next(server: Reprised) -> None:
     """A writer's close cancelled while it waits for JetStream (here, by
     wait_for's timeout) leaves its transport to the next close of the
-    writer, or of its client: nothing of it runs after them."""
+    writer, which reports what was lost, or of its client: nothing of it
+    runs after them."""
     import nats
 
     async def swallow(m: Any) -> None:
@@ -156,7 +157,7 @@ def test_a_cancelled_writer_close_is_finished_by_the_next(server: Reprised) -> N
         await mute.subscribe("mute.data.insert", cb=swallow)  # nothing is acked
         await mute.flush()
         c = await reprise.aio.connect(server.url, prefix="mute")
-        w = await c.trajectory_writer(1, validate_signatures=False, max_in_flight=1, linger=30.0)
+        w = await c.trajectory_writer(1, validate_signatures=False, max_in_flight=1, linger=30.0, retry_for=2.0)
         await w.append({"x": np.int64(1)})
         await w.create_item("t", 1.0, {"x": w.history["x"][-1]})
         with pytest.raises(reprise.DeadlineExceededError):
@@ -165,7 +166,8 @@ def test_a_cancelled_writer_close_is_finished_by_the_next(server: Reprised) -> N
             await asyncio.wait_for(w.close(timeout=30), 0.3)
         assert await transport_tasks(), "the cancelled close stopped the transport itself"
         if close_writer_again:
-            await w.close()
+            with pytest.raises(reprise.NotStoredError):
+                await w.close(timeout=0.5)  # the message never acked is lost, and said so
             left = await transport_tasks()
         await c.close()
         if not close_writer_again:
@@ -175,3 +177,24 @@ def test_a_cancelled_writer_close_is_finished_by_the_next(server: Reprised) -> N
 
     for again in (True, False):
         assert asyncio.run(main(again)) == [], f"tasks still running after close (writer closed again: {again})"
+
+
+def test_an_async_writer_close_sends_its_end_message(server: Reprised) -> None:
+    """An async writer's close sends the message that tells the service it
+    may drop the writer's chunks, and waits for its ack: submitted from the
+    loop, it used to queue behind the transport's stop and never leave."""
+
+    async def main() -> tuple[int, list[int]]:
+        c = await reprise.aio.connect(server.url)
+        w = await c.trajectory_writer(1)
+        await w.append({"x": np.int64(1)})
+        await w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
+        await w.flush()
+        p = w._p
+        assert p is not None
+        await w.close()
+        await c.close()
+        return p.seq, list(p.unsettled)
+
+    sent, unsettled = asyncio.run(main())
+    assert (sent, unsettled) == (2, []), f"{sent} messages sent, {unsettled} never acknowledged: want the item's and the end's, both settled"

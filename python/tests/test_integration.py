@@ -304,6 +304,7 @@ def test_unknown_table_and_bad_arguments(client: reprise.Client) -> None:
         lambda: client.update_priorities("replay", [-1], [1.0]),
         lambda: client.update_priorities("replay", np.array([3, -2]), [1.0, 1.0]),
         lambda: client.update_priorities("replay", [1 << 64], [1.0]),
+        lambda: client.update_priorities("replay", [1.5], [1.0]),
     ):
         with pytest.raises(reprise.InvalidArgumentError, match="2\\*\\*64-1"):
             call()
