@@ -762,7 +762,9 @@ func TestStreamLostWritesTheFinalCheckpointBesideAStandby(t *testing.T) {
 	}
 	d.stop() // the deployment's service is not the one under test: it would fail the test as the stream goes
 	a, aDone := run()
-	testutil.WaitUntil(t, "the first service serves", a.mayAct)
+	// Asked, not read: Run sets what mayAct reads as it starts.
+	nc := d.connect()
+	testutil.WaitUntil(t, "the first service serves", func() bool { return answerer(t, nc, d) == a.id })
 	b, bDone := run()
 	fill(t, d.producer(), 0, 10, "t")
 	testutil.WaitUntil(t, "the standby applied the stream", func() bool { return b.Applied() >= a.Applied() })
