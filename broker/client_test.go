@@ -246,23 +246,15 @@ func TestCallsEndWithTheirConnection(t *testing.T) {
 	}
 }
 
-// TestMutationWaitEndsWithItsConnection: a mutation JetStream stored,
-// waiting for the service to apply it, ends once its connection is closed
-// for good, as the calls waiting for replies do, since no progress can
-// come then; it waited for ever. It says the mutation is not known to be
-// applied (ErrNotApplied), not that it is lost: the stream holds it.
-func TestMutationWaitEndsWithItsConnection(t *testing.T) {
-	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
-	ctx := testutil.Context(t)
-	nc := d.connect()
-	c, err := NewClient(nc, WithPrefix(d.prefix))
-	if err != nil {
+// deleteWaitingForTheService starts a Delete on c of a table "t" that the
+// deployment's service, stopped first, never applies (the stream keeps
+// it), and returns its outcome once it waits for the service.
+func deleteWaitingForTheService(t *testing.T, d *deployment, c *Client) <-chan error {
+	t.Helper()
+	if err := c.Delete(testutil.Context(t), "t", 1); err != nil { // learns the table
 		t.Fatal(err)
 	}
-	if err := c.Delete(ctx, "t", 1); err != nil { // learns the table
-		t.Fatal(err)
-	}
-	d.stopService() // the stream stays: the next delete is stored, never applied
+	d.stopService()
 	done := make(chan error, 1)
 	go func() { done <- c.Delete(context.Background(), "t", 2) }()
 	testutil.WaitUntil(t, "the delete waits for the service", func() bool {
@@ -270,6 +262,22 @@ func TestMutationWaitEndsWithItsConnection(t *testing.T) {
 		defer c.applied.mu.Unlock()
 		return c.applied.changed != nil
 	})
+	return done
+}
+
+// TestMutationWaitEndsWithItsConnection: a mutation JetStream stored,
+// waiting for the service to apply it, ends once its connection is closed
+// for good, as the calls waiting for replies do, since no progress can
+// come then; it waited for ever. It says the mutation is not known to be
+// applied (ErrNotApplied), not that it is lost: the stream holds it.
+func TestMutationWaitEndsWithItsConnection(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	nc := d.connect()
+	c, err := NewClient(nc, WithPrefix(d.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := deleteWaitingForTheService(t, d, c)
 	nc.Close()
 	select {
 	case err := <-done:

@@ -742,18 +742,7 @@ func TestWaitReportsRejectionsAnotherCallTook(t *testing.T) {
 func TestCloseEndsMutationWaits(t *testing.T) {
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
 	c := d.client()
-	ctx := testutil.Context(t)
-	if err := c.Delete(ctx, "t", 1); err != nil { // learns the table
-		t.Fatal(err)
-	}
-	d.stopService() // the stream stays: the next delete is stored, never applied
-	done := make(chan error, 1)
-	go func() { done <- c.Delete(context.Background(), "t", 2) }()
-	testutil.WaitUntil(t, "the delete waits for the service", func() bool {
-		c.applied.mu.Lock()
-		defer c.applied.mu.Unlock()
-		return c.applied.changed != nil
-	})
+	done := deleteWaitingForTheService(t, d, c)
 	c.Close()
 	if err := <-done; !errors.Is(err, ErrClosed) {
 		t.Fatalf("Delete after Close = %v, want ErrClosed", err)

@@ -26,21 +26,7 @@ func TestAppendItemsResponse(t *testing.T) {
 		var items []tables.ItemView
 		want := &ItemsResponse{Status: &Status{}, TableSize: []int64{0, 1, math.MaxInt64}[rng.IntN(3)]}
 		for range rng.IntN(5) {
-			var traj []tables.Column
-			var used []*tables.Chunk
-			for c := range rng.IntN(3) {
-				col := tables.Column{Name: []string{"", "obs", "a"}[c], Squeeze: rng.IntN(2) == 0}
-				for range rng.IntN(3) {
-					ch := chunks[rng.IntN(len(chunks))]
-					used = append(used, ch)
-					col.Slices = append(col.Slices, tables.Slice{Chunk: ch.Key, Offset: int32(rng.IntN(3)), Length: int32(rng.IntN(4))})
-				}
-				traj = append(traj, col)
-			}
-			layout, err := tables.NewLayout(traj, used)
-			if err != nil {
-				t.Fatal(err)
-			}
+			layout, used := randomLayout(t, rng, chunks)
 			it := tables.ItemView{
 				Key: rng.Uint64() >> rng.UintN(64), Priority: []float64{0, math.Copysign(0, -1), 3.5, 1e300}[rng.IntN(4)],
 				TimesSampled: int32(rng.IntN(3)), InsertedAt: time.Unix(0, []int64{0, -5, 1_700_000_000_000_000_000}[rng.IntN(3)]),
@@ -48,7 +34,7 @@ func TestAppendItemsResponse(t *testing.T) {
 			}
 			items = append(items, it)
 			want.Items = append(want.Items, &ItemInfo{Key: it.Key, Priority: it.Priority, TimesSampled: it.TimesSampled,
-				InsertedAtUnixNano: it.InsertedAt.UnixNano(), Columns: FromTableColumns(traj), PolicyVersion: it.PolicyVersion})
+				InsertedAtUnixNano: it.InsertedAt.UnixNano(), Columns: FromTableColumns(layout.Trajectory(used)), PolicyVersion: it.PolicyVersion})
 		}
 		got := AppendItemsResponse([]byte("prefix"), want.TableSize, items)
 		ref, err := proto.MarshalOptions{Deterministic: true}.Marshal(want)

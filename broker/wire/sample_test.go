@@ -33,6 +33,29 @@ func referenceSampleResponse(code Code, msg string, samples []tables.Sample, aft
 	return resp
 }
 
+// randomLayout is a layout of up to two columns of up to two slices each
+// over chunks, named "", "obs" or "a" and squeezed or not at random, and
+// the chunks it uses, repeats included.
+func randomLayout(t *testing.T, rng *rand.Rand, chunks []*tables.Chunk) (tables.Layout, []*tables.Chunk) {
+	t.Helper()
+	var traj []tables.Column
+	var used []*tables.Chunk
+	for c := range rng.IntN(3) {
+		col := tables.Column{Name: []string{"", "obs", "a"}[c], Squeeze: rng.IntN(2) == 0}
+		for range rng.IntN(3) {
+			ch := chunks[rng.IntN(len(chunks))]
+			used = append(used, ch)
+			col.Slices = append(col.Slices, tables.Slice{Chunk: ch.Key, Offset: int32(rng.IntN(3)), Length: int32(rng.IntN(4))})
+		}
+		traj = append(traj, col)
+	}
+	layout, err := tables.NewLayout(traj, used)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return layout, used
+}
+
 // TestAppendSampleResponse: the hand-written encoder and the generated code
 // agree, on random samples with edge values (zeros, negative times, huge
 // keys, shared chunks), to the byte once decoded.
@@ -45,21 +68,7 @@ func TestAppendSampleResponse(t *testing.T) {
 	for trial := range 200 {
 		var samples []tables.Sample
 		for range rng.IntN(5) {
-			var traj []tables.Column
-			var used []*tables.Chunk
-			for c := range rng.IntN(3) {
-				col := tables.Column{Name: []string{"", "obs", "a"}[c], Squeeze: rng.IntN(2) == 0}
-				for range rng.IntN(3) {
-					ch := chunks[rng.IntN(len(chunks))]
-					used = append(used, ch)
-					col.Slices = append(col.Slices, tables.Slice{Chunk: ch.Key, Offset: int32(rng.IntN(3)), Length: int32(rng.IntN(4))})
-				}
-				traj = append(traj, col)
-			}
-			layout, err := tables.NewLayout(traj, used)
-			if err != nil {
-				t.Fatal(err)
-			}
+			layout, used := randomLayout(t, rng, chunks)
 			samples = append(samples, tables.Sample{
 				Info: tables.SampleInfo{
 					Key: rng.Uint64() >> rng.UintN(64), Probability: []float64{0, 1, 0.25, math.SmallestNonzeroFloat64}[rng.IntN(4)],
