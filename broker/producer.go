@@ -1260,7 +1260,8 @@ func retryablePublishError(err error) bool {
 // sees them, as after Reverb's flush. Under a rate limiter that holds the
 // items it waits until the limiter lets them in or ctx ends. With
 // WithReturnOnStore it returns once JetStream has stored them, which makes
-// them durable. It returns the errors seen since the last call.
+// them durable. It returns the errors seen since the last call, once what
+// was not lost is applied.
 func (p *Producer) Flush(ctx context.Context) error {
 	return p.flush(ctx, p.flow.failureMark())
 }
@@ -1278,6 +1279,15 @@ func (p *Producer) flush(ctx context.Context, mark failureMark) error {
 
 // flushStored publishes everything and waits until JetStream stored it.
 func (p *Producer) flushStored(ctx context.Context) error {
+	if err := p.publishAcked(ctx); err != nil {
+		return err
+	}
+	return p.flow.takeErrors()
+}
+
+// publishAcked publishes everything and waits for JetStream's acks, leaving
+// the losses and rejections seen for the caller to take.
+func (p *Producer) publishAcked(ctx context.Context) error {
 	p.mu.Lock()
 	if p.closing {
 		p.mu.Unlock()
@@ -1288,10 +1298,7 @@ func (p *Producer) flushStored(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := p.flow.waitAcked(ctx); err != nil {
-		return err
-	}
-	return p.flow.takeErrors()
+	return p.flow.waitAcked(ctx)
 }
 
 func (p *Producer) flushLocked(ctx context.Context) error {
@@ -1322,13 +1329,13 @@ func (p *Producer) WaitApplied(ctx context.Context) error {
 }
 
 func (p *Producer) waitApplied(ctx context.Context) error {
-	if err := p.flushStored(ctx); err != nil {
+	if err := p.publishAcked(ctx); err != nil {
 		return err
 	}
-	if err := p.flow.waitApplied(ctx); err != nil {
-		return err
-	}
-	return p.flow.takeErrors()
+	// Losses and rejections are reported once the rest is applied: on
+	// return, whatever was not lost is in its tables (as in Python).
+	err := p.flow.waitApplied(ctx)
+	return errors.Join(p.flow.takeErrors(), err)
 }
 
 // SetPolicyVersion sets the version of the policy that produces the steps
