@@ -1169,17 +1169,17 @@ func (p *Producer) ackLoop() {
 			}
 			continue
 		}
-		// A gap fill given up on leaves held what it would have freed. It
-		// is replaced only when it was retried for retryFor: one refused
-		// at once (a stream that takes nothing) would be refused again at
-		// once, for ever.
-		from, refused := rec.seq, false
-		if rec.fills != 0 {
-			from, refused = rec.fills, time.Since(rec.published) < p.o.retryFor
-		}
+		// A gap fill given up on is replaced only while a message JetStream
+		// stored may be held behind what it stood in for: gap fills sent
+		// after it would otherwise keep each other going for as long as
+		// JetStream takes nothing. And only when it was retried for
+		// retryFor: one refused at once would be refused again at once.
 		var fill *inFlight
-		if !refused {
-			fill = p.fillGap(rec, stored > from)
+		switch {
+		case rec.fills == 0:
+			fill = p.fillGap(rec, stored > rec.seq)
+		case stored > rec.fills && time.Since(rec.published) >= p.o.retryFor:
+			fill = p.fillGap(rec, true)
 		}
 		switch {
 		case fill != nil:
@@ -1279,10 +1279,8 @@ func (p *Producer) flush(ctx context.Context, mark failureMark) error {
 
 // flushStored publishes everything and waits until JetStream stored it.
 func (p *Producer) flushStored(ctx context.Context) error {
-	if err := p.publishAcked(ctx); err != nil {
-		return err
-	}
-	return p.flow.takeErrors()
+	err := p.publishAcked(ctx)
+	return errors.Join(p.flow.takeErrors(), err)
 }
 
 // publishAcked publishes everything and waits for JetStream's acks, leaving
@@ -1329,12 +1327,13 @@ func (p *Producer) WaitApplied(ctx context.Context) error {
 }
 
 func (p *Producer) waitApplied(ctx context.Context) error {
-	if err := p.publishAcked(ctx); err != nil {
-		return err
-	}
 	// Losses and rejections are reported once the rest is applied: on
-	// return, whatever was not lost is in its tables (as in Python).
-	err := p.flow.waitApplied(ctx)
+	// return, whatever was not lost is in its tables (as in Python), or
+	// the wait ended, and then they are reported with why.
+	err := p.publishAcked(ctx)
+	if err == nil {
+		err = p.flow.waitApplied(ctx)
+	}
 	return errors.Join(p.flow.takeErrors(), err)
 }
 

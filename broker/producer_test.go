@@ -435,6 +435,39 @@ func TestMessageGivenUpIsNotStored(t *testing.T) {
 	}
 }
 
+// TestMessagesGivenUpInAnOutageEndTheFlush: when JetStream takes nothing
+// for longer than retryFor, every message in flight is given up on; no
+// message was stored, so none waits in the service behind them, and the
+// gap fills sent meanwhile are not replaced once they fail too: Flush
+// reports the loss. (Gap fills sent after one another kept each other
+// going for as long as JetStream took nothing, and Flush waited out its
+// context.)
+func TestMessagesGivenUpInAnOutageEndTheFlush(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(time.Hour), WithBatch(1, 1<<20), WithRetryFor(300*time.Millisecond))
+	d.stopService() // which would end on its stream's loss
+	js, err := jetstream.New(d.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, p.subj.Stream()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range int64(2) { // two messages of one item
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = p.Flush(ctx)
+	if !errors.Is(err, ErrNotStored) || errors.Is(err, ErrNotApplied) || !strings.Contains(err.Error(), "message 1 (1 items)") || !strings.Contains(err.Error(), "message 2 (1 items)") {
+		t.Fatalf("Flush through an outage: %v, want ErrNotStored naming messages 1 and 2", err)
+	}
+}
+
 // TestAGivenUpMessageHoldsNoLaterOneBack: message N is refused by
 // JetStream for good (over the stream's max message size) after message
 // N+1, stored, went out stating a window that includes N. The service

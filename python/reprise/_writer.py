@@ -1161,9 +1161,12 @@ class _Producer:
         place in the window in the same hold of the lock, so that the
         window never looks empty before it is sent. Whether it sent one."""
         fills = failed.fills or failed.seq
-        # A message stored after the one failed stands in for may wait
-        # for it, even with nothing sent since.
-        if self.closed or (self.seq <= failed.seq and self.stored <= fills):
+        # A message stored after the one failed stands in for may wait for
+        # it, even with nothing sent since. A gap fill is replaced only for
+        # such a message: gap fills sent after one another would otherwise
+        # keep each other going for as long as JetStream takes nothing.
+        held = self.stored > fills
+        if self.closed or not held and (failed.fills or self.seq <= failed.seq):
             return False
         tables = set(failed.tables)
         for seq, t in self.sent_tables:

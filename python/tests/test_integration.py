@@ -304,7 +304,8 @@ def test_unknown_table_and_bad_arguments(client: reprise.Client) -> None:
         lambda: client.update_priorities("replay", [-1], [1.0]),
         lambda: client.update_priorities("replay", np.array([3, -2]), [1.0, 1.0]),
         lambda: client.update_priorities("replay", [1 << 64], [1.0]),
-        lambda: client.update_priorities("replay", [1.5], [1.0]),
+        lambda: client.update_priorities("replay", np.array([1.5]), [1.0]),
+        lambda: client.update_priorities("replay", np.array([1e30]), [1.0]),
     ):
         with pytest.raises(reprise.InvalidArgumentError, match="2\\*\\*64-1"):
             call()
@@ -470,6 +471,23 @@ def test_a_message_given_up_is_not_stored(server: Any) -> None:
         assert (e.value.sequence, e.value.items) == (1, 1)
         with pytest.raises(reprise.NotStoredError, match="message 2 \\(0 items\\)"):
             w.close()  # the release of its chunks
+
+
+def test_messages_given_up_in_an_outage_end_the_flush(server: Any) -> None:
+    """When no stream takes anything for longer than retry_for, every
+    message in flight is given up on; none was stored, so none waits in
+    the service behind them, and the gap fills sent meanwhile are not
+    replaced once they fail too: flush reports the loss rather than wait
+    out its timeout."""
+    with reprise.Client(server.url, prefix="nobody") as c:
+        w = c.trajectory_writer(1, validate_signatures=False, retry_for=0.3, batch_items=1, linger=30.0)
+        for i in range(2):
+            w.append({"x": np.int64(i)})
+            w.create_item("t", 1.0, {"x": w.history["x"][-1]})
+        with pytest.raises(reprise.NotStoredError, match="message 2 \\(1 items\\)"):
+            w.flush(timeout=30)
+        with pytest.raises(reprise.NotStoredError):
+            w.close(timeout=5)
 
 
 def test_client_reconnects_after_reprised_restarts(reprised_factory: Any) -> None:
