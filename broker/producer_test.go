@@ -408,22 +408,30 @@ func TestLingerWaitsForRoomOnce(t *testing.T) {
 	}
 }
 
-// TestMessageGivenUpIsNotStored: a message JetStream does not store within
-// the producer's retry time (its stream is gone) is reported as lost,
-// ErrNotStored wrapping the last failure, not as a flush that is late.
-func TestMessageGivenUpIsNotStored(t *testing.T) {
+// producerWithoutAStream is a producer with opts, retrying for 300 ms,
+// whose stream was deleted: JetStream stores none of its messages.
+func producerWithoutAStream(t *testing.T, opts ...ProducerOption) *Producer {
+	t.Helper()
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
-	ctx := testutil.Context(t)
-	p := d.producer(WithLinger(0), WithRetryFor(300*time.Millisecond))
+	p := d.producer(append(opts, WithRetryFor(300*time.Millisecond))...)
 	d.stopService() // which would end on its stream's loss
 	js, err := jetstream.New(d.connect())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := js.DeleteStream(ctx, p.subj.Stream()); err != nil {
+	if err := js.DeleteStream(testutil.Context(t), p.subj.Stream()); err != nil {
 		t.Fatal(err)
 	}
-	err = p.Append(ctx, Step{"id": Int64s(nil, []int64{1})})
+	return p
+}
+
+// TestMessageGivenUpIsNotStored: a message JetStream does not store within
+// the producer's retry time (its stream is gone) is reported as lost,
+// ErrNotStored wrapping the last failure, not as a flush that is late.
+func TestMessageGivenUpIsNotStored(t *testing.T) {
+	ctx := testutil.Context(t)
+	p := producerWithoutAStream(t, WithLinger(0))
+	err := p.Append(ctx, Step{"id": Int64s(nil, []int64{1})})
 	if err == nil {
 		err = p.CreateItem(ctx, "t", 1, LastStep("id"))
 	}
@@ -443,17 +451,8 @@ func TestMessageGivenUpIsNotStored(t *testing.T) {
 // going for as long as JetStream took nothing, and Flush waited out its
 // context.)
 func TestMessagesGivenUpInAnOutageEndTheFlush(t *testing.T) {
-	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
 	ctx := testutil.Context(t)
-	p := d.producer(WithLinger(time.Hour), WithBatch(1, 1<<20), WithRetryFor(300*time.Millisecond))
-	d.stopService() // which would end on its stream's loss
-	js, err := jetstream.New(d.connect())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := js.DeleteStream(ctx, p.subj.Stream()); err != nil {
-		t.Fatal(err)
-	}
+	p := producerWithoutAStream(t, WithLinger(time.Hour), WithBatch(1, 1<<20))
 	for i := range int64(2) { // two messages of one item
 		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
 			t.Fatal(err)
@@ -462,7 +461,7 @@ func TestMessagesGivenUpInAnOutageEndTheFlush(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	err = p.Flush(ctx)
+	err := p.Flush(ctx)
 	if !errors.Is(err, ErrNotStored) || errors.Is(err, ErrNotApplied) || !strings.Contains(err.Error(), "message 1 (1 items)") || !strings.Contains(err.Error(), "message 2 (1 items)") {
 		t.Fatalf("Flush through an outage: %v, want ErrNotStored naming messages 1 and 2", err)
 	}
