@@ -232,6 +232,7 @@ type Producer struct {
 	chunkData [][]byte
 	release   []uint64 // sent chunks that no item will reference again
 	seq       uint64
+	lastBatch uint64 // the latest message sent that is not a gap fill
 	// settled is the last sequence whose message, and every one before it,
 	// JetStream acknowledged or the producer gave up on. The ack loop
 	// settles messages in order.
@@ -1067,6 +1068,7 @@ func (p *Producer) sendBatchLocked(end bool) {
 		p.linger = nil
 	}
 	p.seq++
+	p.lastBatch = p.seq
 	b := p.batch
 	if b.msg == nil {
 		b.msg = p.nextBuilder()
@@ -1108,15 +1110,24 @@ func (p *Producer) sendLocked(rec *inFlight, data []byte) {
 // items, states it at once rather than at the producer's next message,
 // which may never come. It takes failed's place in the window, so that the
 // window never looks empty before it is sent, and in p.acks, which has
-// room for every place. held says whether a message JetStream stored
-// already may wait for failed (or for the message it stands in for). It
+// room for every place. stored is the latest message JetStream stored. It
 // returns the gap fill, or nil when none is needed or none can be sent.
-func (p *Producer) fillGap(failed *inFlight, held bool) *inFlight {
+func (p *Producer) fillGap(failed *inFlight, stored uint64) *inFlight {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// Needed while a message sent after failed may wait for it: one stored
+	// after what failed stands in for (even with nothing sent since), or
+	// one sent after failed that may yet be. For a gap fill, only a message
+	// that is not one counts as sent after it: gap fills sent after one
+	// another would keep each other going for as long as JetStream takes
+	// nothing.
+	from, later := failed.seq, p.seq
+	if failed.fills != 0 {
+		from, later = failed.fills, p.lastBatch
+	}
 	// Close closes p.acks once closed is set; nothing is stored once the
 	// connection is closed for good.
-	if p.closed || p.nc.IsClosed() || (p.seq <= failed.seq && !held) {
+	if p.closed || p.nc.IsClosed() || (stored <= from && later <= failed.seq) {
 		return nil
 	}
 	p.seq++
@@ -1169,17 +1180,11 @@ func (p *Producer) ackLoop() {
 			}
 			continue
 		}
-		// A gap fill given up on is replaced only while a message JetStream
-		// stored may be held behind what it stood in for: gap fills sent
-		// after it would otherwise keep each other going for as long as
-		// JetStream takes nothing. And only when it was retried for
+		// A gap fill given up on is replaced only when it was retried for
 		// retryFor: one refused at once would be refused again at once.
 		var fill *inFlight
-		switch {
-		case rec.fills == 0:
-			fill = p.fillGap(rec, stored > rec.seq)
-		case stored > rec.fills && time.Since(rec.published) >= p.o.retryFor:
-			fill = p.fillGap(rec, true)
+		if rec.fills == 0 || time.Since(rec.published) >= p.o.retryFor {
+			fill = p.fillGap(rec, stored)
 		}
 		switch {
 		case fill != nil:

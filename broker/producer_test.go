@@ -9,11 +9,13 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/embeddednats"
@@ -464,6 +466,68 @@ func TestMessagesGivenUpInAnOutageEndTheFlush(t *testing.T) {
 	err := p.Flush(ctx)
 	if !errors.Is(err, ErrNotStored) || errors.Is(err, ErrNotApplied) || !strings.Contains(err.Error(), "message 1 (1 items)") || !strings.Contains(err.Error(), "message 2 (1 items)") {
 		t.Fatalf("Flush through an outage: %v, want ErrNotStored naming messages 1 and 2", err)
+	}
+}
+
+// failingJetStream refuses the publishes of the messages fail names (by
+// the producer's sequence, from the dedupe id) with its error.
+type failingJetStream struct {
+	jetstream.JetStream
+	fail func(seq uint64) error
+}
+
+func (f failingJetStream) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	id := m.Header.Get(jetstream.MsgIDHeader)
+	seq, _ := strconv.ParseUint(id[strings.LastIndexByte(id, '-')+1:], 10, 64)
+	if err := f.fail(seq); err != nil {
+		return nil, err
+	}
+	return f.JetStream.PublishMsgAsync(m, opts...)
+}
+
+// TestAGapFillGivenUpIsReplacedForAMessageSentAfterIt: message 1 is given
+// up on after retrying, message 2 refused at once, so gap fills 3 and 4
+// take their places; gap fill 3 is given up on too, after message 5, which
+// is stored, went out stating a window that includes 3. The service holds
+// 5 until a message states a later window start: gap fill 3 is replaced,
+// though nothing stored before it was held, and Flush returns with 5's
+// item in its table. (It returned nil with the item held.)
+func TestAGapFillGivenUpIsReplacedForAMessageSentAfterIt(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(time.Hour), WithBatch(1, 1<<20), WithRetryFor(300*time.Millisecond))
+	p.js = failingJetStream{JetStream: p.js, fail: func(seq uint64) error {
+		switch seq {
+		case 1, 3:
+			return errors.New("test: no ack, for now") // retried until retryFor
+		case 2:
+			return nats.ErrMaxPayload // refused at once
+		}
+		return nil
+	}}
+	// A call returns the losses seen before it: those of messages 1 and 2.
+	insert := func(i int64) {
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil && !errors.Is(err, ErrNotStored) {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil && !errors.Is(err, ErrNotStored) {
+			t.Fatal(err)
+		}
+	}
+	insert(0)
+	insert(1)
+	testutil.WaitUntil(t, "gap fills 3 and 4 sent", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.seq >= 4
+	})
+	insert(2) // message 5
+	if err := p.Flush(ctx); err != nil && !errors.Is(err, ErrNotStored) {
+		t.Fatalf("Flush: %v", err)
+	}
+	q, _ := d.svc.Table("t")
+	if size := q.Info().Size; size != 1 {
+		t.Fatalf("Flush returned with %d items in the table, want message 5's", size)
 	}
 }
 

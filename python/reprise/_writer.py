@@ -737,6 +737,8 @@ class _Producer:
         self.gap_fills = 0
         # The latest message JetStream stored.
         self.stored = 0
+        # The latest message sent that is not a gap fill.
+        self.last_batch_seq = 0
         # (sequence, tables) of the messages with items from the lowest
         # unsettled one on, for a gap fill to wait for the tables of the
         # messages it frees.
@@ -1127,7 +1129,7 @@ class _Producer:
         if not self._room_locked(len(self.batch_items)):
             raise _Blocked
         self.seq += 1
-        seq = self.seq
+        seq = self.last_batch_seq = self.seq
         self.unsettled.append(seq)
         n = len(self.batch_items)
         # Releases that came while the batch waited for the window may not
@@ -1160,13 +1162,15 @@ class _Producer:
         the writer's next message, which may never come. It takes failed's
         place in the window in the same hold of the lock, so that the
         window never looks empty before it is sent. Whether it sent one."""
+        # Needed while a message sent after failed may wait for it: one
+        # stored after what failed stands in for (even with nothing sent
+        # since), or one sent after failed that may yet be. For a gap fill,
+        # only a message with items counts as sent after it: gap fills sent
+        # after one another would keep each other going for as long as
+        # JetStream takes nothing.
         fills = failed.fills or failed.seq
-        # A message stored after the one failed stands in for may wait for
-        # it, even with nothing sent since. A gap fill is replaced only for
-        # such a message: gap fills sent after one another would otherwise
-        # keep each other going for as long as JetStream takes nothing.
-        held = self.stored > fills
-        if self.closed or not held and (failed.fills or self.seq <= failed.seq):
+        later = self.last_batch_seq if failed.fills else self.seq
+        if self.closed or (self.stored <= fills and later <= failed.seq):
             return False
         tables = set(failed.tables)
         for seq, t in self.sent_tables:

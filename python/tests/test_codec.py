@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pytest
@@ -675,3 +677,37 @@ def test_a_waiting_call_reports_rejections_another_call_took() -> None:
     with p.mu:
         p.take_errors_locked()
         assert p.waited_errors_locked(mark) is None
+
+
+def test_gap_fills_replace_a_given_up_message_while_one_sent_after_may_wait() -> None:
+    """A message given up on is replaced by a gap fill while a message sent
+    after it may be held behind it in the service; a gap fill given up on
+    (after retry_for) is replaced while a message other than a gap fill
+    was sent after it, or one stored may be held, and not for gap fills
+    alone, which would keep each other going for as long as JetStream takes
+    nothing (Go twin: TestAGapFillGivenUpIsReplacedForAMessageSentAfterIt)."""
+    p, sent = producer(retry_for=0.3)
+
+    def one(i: int) -> None:
+        with p.mu:
+            p.append_locked({"x": np.int64(i)})
+            p.create_item_locked("t", 1.0, p.resolve_locked({"x": ColumnHistory(p, "x")[-1]}))
+            p.advance_locked(False)
+
+    def give_up(rec: Any) -> None:
+        rec.first_sent = time.monotonic() - 1.0  # retried for retry_for
+        p.on_settled(rec, None, reprise.DeadlineExceededError("no ack"))
+
+    one(0)
+    one(1)
+    assert [r.seq for r in sent] == [1, 2]
+    give_up(sent[0])  # message 2 may wait for it: gap fill 3
+    give_up(sent[1])  # gap fill 3 may: gap fill 4
+    assert [(r.seq, r.fills) for r in sent[2:]] == [(3, 1), (4, 2)]
+    one(2)  # message 5, sent while gap fill 3 is out
+    give_up(sent[2])  # message 5 may wait for it: gap fill 6
+    assert [(r.seq, r.fills) for r in sent[5:]] == [(6, 1)]
+    give_up(sent[3])  # gap fill 4: message 5 was sent after it: gap fill 7
+    give_up(sent[5])  # gap fill 6: only gap fill 7 after it, nothing stored: none
+    assert [(r.seq, r.fills) for r in sent[6:]] == [(7, 2)]
+    assert p.gap_fills == 1 and p.failed_items == 2
