@@ -112,14 +112,16 @@ def _key(k: Any) -> int:
 def priority_arrays(keys: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
     """keys (uint64) and priorities (float64) as flat arrays, checked: the
     same length, every priority finite and >= 0."""
-    # A cast of an array to uint64 wraps negative keys, truncates fractions
-    # and turns floats past its range into 0: arrays are checked first, as
-    # they are (floats hold integers exactly only up to 2**53). Python ints
-    # are checked by the conversion itself; numpy would make floats of a
-    # list of them that exceed int64.
-    raw = np.asarray(keys) if getattr(keys, "dtype", None) is not None else None
-    if raw is not None and raw.dtype.kind in "if" and raw.size:
-        bad = (raw < 0) | (raw != np.floor(raw)) | (raw > 2.0**53) if raw.dtype.kind == "f" else raw < 0
+    # A cast to uint64 wraps negative keys (numpy 1 does so for lists of
+    # Python ints too), truncates fractions and turns floats past its range
+    # into 0: the keys are checked first, as they are (floats hold integers
+    # exactly only up to 2**53). Floats are refused only in arrays: numpy
+    # makes floats of a list of Python ints that exceed int64, which the
+    # cast itself checks.
+    raw = np.asarray(keys)
+    floats = raw.dtype.kind == "f" and getattr(keys, "dtype", None) is not None
+    if (raw.dtype.kind == "i" or floats) and raw.size:
+        bad = (raw < 0) | (raw != np.floor(raw)) | (raw > 2.0**53) if floats else raw < 0
         if bad.any():
             raise errors.InvalidArgumentError(f"key {raw[bad].ravel()[0]}: keys are integers from 0 to 2**64-1")
     try:
