@@ -84,6 +84,14 @@ def producer(**kw: object) -> tuple[_Producer, list]:
     return p, sent
 
 
+def one_item(p: _Producer, i: int) -> None:
+    """Appends step i of column x and makes it an item of table t."""
+    with p.mu:
+        p.append_locked({"x": np.int64(i)})
+        p.create_item_locked("t", 1.0, p.resolve_locked({"x": ColumnHistory(p, "x")[-1]}))
+        p.advance_locked(False)
+
+
 def test_history_indexing() -> None:
     p, _ = producer()
     with p.mu:
@@ -151,15 +159,9 @@ def test_window_spans_sequences_not_counts() -> None:
     the writer even if later ones were acked."""
     p, sent = producer(max_in_flight=3)
 
-    def one(i: int) -> None:
-        with p.mu:
-            p.append_locked({"x": np.int64(i)})
-            p.create_item_locked("t", 1.0, p.resolve_locked({"x": ColumnHistory(p, "x")[-1]}))
-            p.advance_locked(False)
-
-    one(0)
-    one(1)
-    one(2)
+    one_item(p, 0)
+    one_item(p, 1)
+    one_item(p, 2)
     assert [r.seq for r in sent] == [1, 2, 3]
     # Window starts as declared: the lowest unsettled sequence.
     starts = [pb.InsertBatch.FromString(r.data).window_start for r in sent]
@@ -167,7 +169,7 @@ def test_window_spans_sequences_not_counts() -> None:
     p.on_settled(sent[1], 10, None)
     p.on_settled(sent[2], 11, None)
     with pytest.raises(_Blocked):
-        one(3)  # seq 4 is outside [1, 4)
+        one_item(p, 3)  # seq 4 is outside [1, 4)
     p.on_settled(sent[0], 9, None)
     with p.mu:
         p.advance_locked(False)
@@ -688,23 +690,17 @@ def test_gap_fills_replace_a_given_up_message_while_one_sent_after_may_wait() ->
     nothing (Go twin: TestAGapFillGivenUpIsReplacedForAMessageSentAfterIt)."""
     p, sent = producer(retry_for=0.3)
 
-    def one(i: int) -> None:
-        with p.mu:
-            p.append_locked({"x": np.int64(i)})
-            p.create_item_locked("t", 1.0, p.resolve_locked({"x": ColumnHistory(p, "x")[-1]}))
-            p.advance_locked(False)
-
     def give_up(rec: Any) -> None:
         rec.first_sent = time.monotonic() - 1.0  # retried for retry_for
         p.on_settled(rec, None, reprise.DeadlineExceededError("no ack"))
 
-    one(0)
-    one(1)
+    one_item(p, 0)
+    one_item(p, 1)
     assert [r.seq for r in sent] == [1, 2]
     give_up(sent[0])  # message 2 may wait for it: gap fill 3
     give_up(sent[1])  # gap fill 3 may: gap fill 4
     assert [(r.seq, r.fills) for r in sent[2:]] == [(3, 1), (4, 2)]
-    one(2)  # message 5, sent while gap fill 3 is out
+    one_item(p, 2)  # message 5, sent while gap fill 3 is out
     give_up(sent[2])  # message 5 may wait for it: gap fill 6
     assert [(r.seq, r.fills) for r in sent[5:]] == [(6, 1)]
     give_up(sent[3])  # gap fill 4: message 5 was sent after it: gap fill 7
