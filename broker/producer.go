@@ -188,9 +188,17 @@ type Producer struct {
 	maxPayload int
 	flow       *flow
 	subs       []*nats.Subscription
-	notes      chan *nats.Msg
-	notesDone  chan struct{}
-	connClosed chan nats.Status // the connection's close, for readNotes
+	// Progress and rejections arrive on channels of their own, which the
+	// connection fills in the order the service published: a rejection is
+	// in rejections before the progress that covers it is in progress.
+	progress   chan *nats.Msg
+	rejections chan *nats.Msg
+	rejectSub  *nats.Subscription
+	// droppedRejections is how many rejections the connection dropped,
+	// as far as readNotes reported them.
+	droppedRejections int
+	notesDone         chan struct{}
+	connClosed        chan nats.Status // the connection's close, for readNotes
 	// connLost is closed by readNotes once the connection is closed for
 	// good: no room in the window and no ack can come any more, so a
 	// Close under way stops waiting for them.
@@ -448,24 +456,32 @@ func NewProducer(ctx context.Context, nc *nats.Conn, opts ...ProducerOption) (*P
 			p.cancel()
 		}
 	}()
-	// One channel for both subjects: the connection fills it in the order
-	// the service published, so a rejection is always seen before the
-	// progress that covers it.
-	p.notes = make(chan *nats.Msg, 256)
+	// A progress message only says how far the service got, and a later
+	// one says it again: the connection may drop some when readNotes lags.
+	// A rejection must not be dropped: the service sends one for each item,
+	// chunk or message it refuses, so the channel is sized by the window
+	// (items, a chunk beside each, and messages), and a drop is reported
+	// (checkDroppedRejections).
+	p.progress = make(chan *nats.Msg, 256)
+	p.rejections = make(chan *nats.Msg, min(maxRejectionNotes, 2*o.maxUnapplied+o.maxInFlight))
 	p.notice = nc.NewInbox()
 	// Before the subscriptions, so that a close after them is seen.
 	p.connClosed = nc.StatusChanged(nats.CLOSED)
-	for _, subject := range []string{subj.Applied(), p.notice} {
-		sub, err := nc.ChanSubscribe(subject, p.notes)
+	for _, sc := range []struct {
+		subject string
+		ch      chan *nats.Msg
+	}{{subj.Applied(), p.progress}, {p.notice, p.rejections}} {
+		sub, err := nc.ChanSubscribe(sc.subject, sc.ch)
 		if err != nil {
 			for _, s := range p.subs {
 				s.Unsubscribe()
 			}
 			nc.RemoveStatusListener(p.connClosed)
-			return nil, fmt.Errorf("broker: subscribe %s: %w", subject, err)
+			return nil, fmt.Errorf("broker: subscribe %s: %w", sc.subject, err)
 		}
 		p.subs = append(p.subs, sub)
 	}
+	p.rejectSub = p.subs[1]
 	p.notesDone = make(chan struct{})
 	go p.readNotes()
 	started = true
@@ -491,32 +507,33 @@ func (p *Producer) NoticeToken() string { return protocol.NoticeToken(p.id) }
 func (p *Producer) readNotes() {
 	defer close(p.notesDone)
 	closed := p.connClosed
-	note := func(m *nats.Msg) {
-		if m.Subject == p.subj.Applied() {
-			p.onApplied(m)
-		} else {
-			p.onRejected(m)
+	// Every rejection the connection received before a progress message
+	// is in p.rejections by the time that message is read.
+	takeRejections := func() {
+		for {
+			select {
+			case m := <-p.rejections:
+				p.onRejected(m)
+			default:
+				p.checkDroppedRejections()
+				return
+			}
 		}
 	}
 	for {
 		select {
-		case m := <-p.notes:
-			note(m)
+		case m := <-p.rejections:
+			p.onRejected(m)
+		case m := <-p.progress:
+			takeRejections()
+			p.onApplied(m)
 		case <-closed:
 			if !p.nc.IsClosed() {
 				closed = nil // Close removed the listener: the lifetime ends next
 				continue
 			}
-			// Rejections that arrived before the close count: select
-			// picks among ready cases at random.
-			for drained := false; !drained; {
-				select {
-				case m := <-p.notes:
-					note(m)
-				default:
-					drained = true
-				}
-			}
+			// Rejections that arrived before the close count.
+			takeRejections()
 			close(p.connLost)
 			p.mu.Lock()
 			if p.closing {
@@ -541,6 +558,23 @@ func (p *Producer) readNotes() {
 			return
 		}
 	}
+}
+
+// maxRejectionNotes bounds the channel of a producer's rejections (8 bytes
+// each) whatever its window; a window beyond it can lose rejections only
+// when every item in it is rejected at once, and then says so.
+var maxRejectionNotes = 1 << 16
+
+// checkDroppedRejections reports rejections the connection dropped: which
+// items they were for is unknown, so every later wait fails with them.
+func (p *Producer) checkDroppedRejections() {
+	n, err := p.rejectSub.Dropped()
+	if err != nil || n <= p.droppedRejections {
+		return
+	}
+	lost := n - p.droppedRejections
+	p.droppedRejections = n
+	p.flow.reject(fmt.Errorf("%w: %d of the service's rejections of this producer's items were dropped unread (its window holds more than %d); which items they were for is unknown", ErrRejected, lost, cap(p.rejections)))
 }
 
 func (p *Producer) onApplied(m *nats.Msg) {
