@@ -3,6 +3,7 @@ package tables
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -293,5 +294,36 @@ func TestLargestItemParts(t *testing.T) {
 	restored.Reset()
 	if got := restored.LargestItemParts(); got != 0 {
 		t.Fatalf("LargestItemParts after Reset = %d, want 0", got)
+	}
+}
+
+// TestTimesSampledSaturates: an item sampled 2^31 times (a heap sampler
+// returns the same item every time, hours at full rate) reports the most an
+// int32 holds, and the table's snapshot still restores. The count wrapped
+// negative before, and NewFromSnapshot then refused the table's own state.
+func TestTimesSampledSaturates(t *testing.T) {
+	store := NewChunkStore()
+	putChunk(store, 1, 1, 8)
+	tb := mustNew(t, config("t", selectors.KindMaxHeap, selectors.KindFifo, 10, limiter.MinSize(1)), store)
+	mustInsert(t, tb, newItem(7, 1, 1))
+	// The state after 2^31-1 samples, built rather than sampled.
+	snap := tb.Snapshot()
+	snap.Items[0].TimesSampled = math.MaxInt32
+	snap.Limiter.Samples = math.MaxInt32
+	tb, err := NewFromSnapshot(snap, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		ss, err := tb.Sample(expired(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ss[0].Info.TimesSampled; got != math.MaxInt32 {
+			t.Fatalf("a sample past 2^31-1 reports times_sampled %d, want %d", got, int32(math.MaxInt32))
+		}
+	}
+	if _, err := NewFromSnapshot(tb.Snapshot(), store); err != nil {
+		t.Fatalf("the table's snapshot after it does not restore: %v", err)
 	}
 }

@@ -743,7 +743,12 @@ func (t *Table) takeLocked(s *Sample, e *entry, prob float64, size int64, waited
 	if e.timesSampled == 0 {
 		t.counters.UniqueSamples++
 	}
-	e.timesSampled++
+	// Saturates rather than wraps: 2^31 samples of one item (hours of a
+	// heap sampler that returns the same item) made it negative, and a
+	// snapshot with a negative count does not restore.
+	if e.timesSampled < math.MaxInt32 {
+		e.timesSampled++
+	}
 	t.counters.Samples++
 	*s = Sample{
 		Info: SampleInfo{
