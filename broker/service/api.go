@@ -459,6 +459,10 @@ func (s *Service) handleReset(ctx context.Context, r micro.Request) {
 		s.respondStatus(r, protocol.CodeUnavailable, fmt.Sprintf("publishing reset: %v", err))
 		return
 	}
+	select {
+	case s.resetStored <- struct{}{}:
+	default: // the apply loop has a wake-up to take already
+	}
 	if err := s.progress.waitFor(wctx, ack.Sequence); err != nil {
 		s.respondStatus(r, protocol.CodeUnavailable, fmt.Sprintf("reset stored at sequence %d but not applied yet (a rate limiter may be holding an insert before it): %v", ack.Sequence, err))
 		return

@@ -92,6 +92,7 @@ func (s *Service) applyLoop(ctx context.Context, reader *streamReader) error {
 		stop()
 		s.watcher.wg.Wait()
 	}()
+	s.applying = s.progress.get()
 	// Items waiting at the checkpoint go in as their limiters allow, and a
 	// message a full queue was holding up goes on from where it stopped.
 	for _, name := range s.names {
@@ -168,6 +169,7 @@ func (s *Service) applyLoop(ctx context.Context, reader *streamReader) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		s.applying = m.seq
 		if err := s.apply(ctx, m); err != nil {
 			return err // only ctx ends an apply early
 		}
@@ -653,8 +655,7 @@ func (s *Service) applyReset(data []byte, seq uint64) {
 	}
 	if r.Table == "" {
 		for name, t := range s.tables {
-			t.Reset()
-			s.resetPending(name)
+			s.resetTable(name, t)
 		}
 		return
 	}
@@ -663,8 +664,14 @@ func (s *Service) applyReset(data []byte, seq uint64) {
 		s.reject(noticeTo{}, seq, 0, r.Table, protocol.CodeNotFound, fmt.Sprintf("reset of unknown table %q", r.Table))
 		return
 	}
+	s.resetTable(r.Table, t)
+}
+
+func (s *Service) resetTable(name string, t *tables.Table) {
 	t.Reset()
-	s.resetPending(r.Table)
+	s.resetPending(name)
+	// Resets apply in order: a reset found ahead is this one or a later one.
+	delete(s.resetAhead, name)
 }
 
 // reject counts, logs (rate-limited) and, when the producer gave a notice

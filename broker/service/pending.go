@@ -2,10 +2,15 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
 
@@ -193,13 +198,36 @@ func (s *Service) watch(table string, q *pendingQueue, changed <-chan struct{}) 
 // limits.max_pending_bytes (an empty queue takes any item). It holds up
 // the stream meanwhile, but still lets other tables' waiting items in. It
 // returns an error only when ctx ends.
+//
+// Only a sample (or a deletion, reset or eviction of the table's waiting
+// items) makes room, and a reset of the table in the stream behind the
+// held message would never be read: while it waits it looks for one
+// (findResetAhead), on entering, when a reset is stored and every
+// resetLookPeriod, and drops the queue as that reset will.
 func (s *Service) makeRoom(ctx context.Context, table string, need int64) error {
 	q, t := s.pending[table], s.tables[table]
+	look := true
+	var every *time.Ticker
+	defer func() {
+		if every != nil {
+			every.Stop()
+		}
+	}()
 	for s.skipDropped(table, q); q.len() > 0 && (q.len() >= s.o.limits.MaxPendingItems || q.bytes+need > s.o.limits.MaxPendingBytes); s.skipDropped(table, q) {
 		ok, changed, err := t.TryInsert(q.front().item, true)
 		if ok || err != nil {
 			s.popFront(table, q, err)
 			continue
+		}
+		if look {
+			look = false
+			if s.findResetAhead(ctx, table) {
+				s.resetPending(table)
+				continue
+			}
+		}
+		if every == nil {
+			every = time.NewTicker(resetLookPeriod)
 		}
 		// A checkpoint request interrupts the wait; the state it copies
 		// has the item still waiting.
@@ -212,6 +240,10 @@ func (s *Service) makeRoom(ctx context.Context, table string, need int64) error 
 			} else {
 				s.drainPending(other)
 			}
+		case <-s.resetStored:
+			look = true
+		case <-every.C:
+			look = true
 		case <-ictx.Done():
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -220,6 +252,53 @@ func (s *Service) makeRoom(ctx context.Context, table string, need int64) error 
 		}
 	}
 	return nil
+}
+
+// resetLookPeriod is how often a full queue that holds up the stream looks
+// for a reset of its table that no request of this service's stored (a
+// standby's, or one stored before a restart).
+const resetLookPeriod = 2 * time.Second
+
+// findResetAhead reports whether the stream holds a reset of table after
+// the message being applied, and notes the first in s.resetAhead. Items
+// of the table from before it are then dropped rather than queued: the
+// reset would drop them from the queue or the table when applied, and
+// leaves the same state whether they were dropped early or not. A failed
+// lookup reports none; the next one tries again.
+func (s *Service) findResetAhead(ctx context.Context, table string) bool {
+	if _, ok := s.resetAhead[table]; ok {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, resetLookPeriod)
+	defer cancel()
+	for seq, n := s.applying+1, 0; n < maxResetsScanned; n++ {
+		m, err := s.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(s.subj.Reset()))
+		if err != nil {
+			if !errors.Is(err, jetstream.ErrMsgNotFound) && ctx.Err() == nil {
+				s.log.Warn("reprise service: looking for a reset in the stream", "table", table, "from_sequence", seq, "error", err)
+			}
+			return false
+		}
+		var r wire.ResetRequest
+		if proto.Unmarshal(m.Data, &r) == nil && (r.Table == "" || r.Table == table) {
+			s.resetAhead[table] = m.Sequence
+			s.log.Info("reprise service: a full queue held up the stream; dropping the table's items that a reset in the stream drops", "table", table, "reset_sequence", m.Sequence)
+			return true
+		}
+		seq = m.Sequence + 1
+	}
+	return false
+}
+
+// maxResetsScanned bounds one lookup: resets of other tables ahead of this
+// table's are rare.
+const maxResetsScanned = 64
+
+// resetDrops reports whether a reset found ahead (findResetAhead) drops an
+// item of table from the message at stream sequence seq.
+func (s *Service) resetDrops(table string, seq uint64) bool {
+	at, ok := s.resetAhead[table]
+	return ok && seq < at
 }
 
 // insertNow inserts an item that arrived from the stream, or queues it
@@ -231,6 +310,12 @@ func (s *Service) insertNow(ctx context.Context, t *tables.Table, item tables.It
 	var p *pendingItem // made once the item is to wait
 	held := false
 	for {
+		if s.resetDrops(table, from.streamSeq) {
+			if p != nil {
+				_ = s.store.Release(p.chunks...)
+			}
+			return nil
+		}
 		s.skipDropped(table, q)
 		if q.len() == 0 {
 			try, at := item, time.Time{}

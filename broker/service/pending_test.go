@@ -259,3 +259,55 @@ func TestQueuedItemKeepsItsChunks(t *testing.T) {
 	}
 	testutil.WaitUntil(t, "every chunk released", func() bool { return svc.store.Len() == 0 })
 }
+
+// TestResetFreesAFullQueue: a reset of a table whose full queue holds up
+// the stream is applied, and the stream goes on, though the reset lies in
+// the stream behind the held insert: the service finds it there and drops
+// the table's items before it, as applying it drops them. It waited
+// before for a sample that would never come (the reset timed out, and
+// another table's item after it never went in), and replaying the stream
+// after a restart does the same.
+func TestResetFreesAFullQueue(t *testing.T) {
+	lim := DefaultLimits()
+	lim.MaxPendingItems = 2
+	cfgs := []tables.Config{tables.QueueConfig("t", 1), tables.QueueConfig("b", 10)}
+	opts := []Option{WithLimits(lim), WithMaxSampleWait(10 * time.Second)}
+	d := deploy(t, cfgs, deployOptions{service: opts})
+	publishRaw(t, d, "p", 1, rawItem{1, "t"})                  // fills the Queue(1)
+	publishRaw(t, d, "p", 2, rawItem{2, "t"}, rawItem{3, "t"}) // fill t's queue
+	held := publishRaw(t, d, "q", 1, rawItem{4, "t"})         // holds up the stream
+	publishRaw(t, d, "r", 1, rawItem{5, "b"})
+	testutil.WaitUntil(t, "t's queue is full", func() bool { return d.svc.Applied() == held-1 && d.svc.pendingLen("t") == 2 })
+	c := d.client()
+	ctx := testutil.Context(t)
+	if err := c.Reset(ctx, "t"); err != nil {
+		t.Fatalf("Reset of the table whose full queue holds up the stream: %v", err)
+	}
+	check := func(svc *Service, when string) {
+		t.Helper()
+		if n, q := tableSize(t, c, "t"), svc.pendingLen("t"); n != 0 || q != 0 {
+			t.Fatalf("%s: t holds %d items and %d wait, want none", when, n, q)
+		}
+		if n := tableSize(t, c, "b"); n != 1 {
+			t.Fatalf("%s: b holds %d items, want its item stored after t's", when, n)
+		}
+		if _, ok := heldProgress(d, "t"); ok {
+			t.Fatalf("%s: progress still holds t back", when)
+		}
+	}
+	testutil.WaitUntil(t, "b's item applied", func() bool { return d.svc.Applied() > held+1 })
+	check(d.svc, "after the reset")
+	// t goes on taking items after the reset.
+	last := publishRaw(t, d, "q", 2, rawItem{6, "t"})
+	testutil.WaitUntil(t, "a new item of t", func() bool { return d.svc.Applied() >= last && tableSize(t, c, "t") == 1 })
+	d.stop()
+	// Replayed from the start, no request to say that a reset lies ahead.
+	svc, _ := d.startService(cfgs, opts...)
+	testutil.WaitUntil(t, "the stream replayed", func() bool { return svc.Applied() >= last })
+	if got := stateOf(t, svc, "t").order; len(got) != 1 || got[0] != 6 {
+		t.Fatalf("after replaying the stream t holds %v, want [6]", got)
+	}
+	if n := tableSize(t, c, "b"); n != 1 {
+		t.Fatalf("after replaying the stream b holds %d items, want 1", n)
+	}
+}

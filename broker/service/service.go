@@ -424,10 +424,19 @@ type Service struct {
 	holds     holdQueue
 	heldBytes int64                    // of the messages in producers' waiting sets
 	pending   map[string]*pendingQueue // per table: items its rate limiter holds
-	watcher   *watcher                 // set by the apply loop
-	dupWindow time.Duration            // the stream's, read at start
-	keys      []uint64                 // prefetch's and release's scratch
-	puts      []*tables.Chunk          // applyBatch's scratch: a message's chunks to store
+	// resetAhead maps a table whose full queue held up the stream to the
+	// stream sequence of a reset of it that is stored but not applied yet:
+	// its items from before that reset are dropped as it would drop them.
+	resetAhead map[string]uint64
+	applying   uint64          // the stream sequence of the message being applied
+	watcher    *watcher        // set by the apply loop
+	dupWindow  time.Duration   // the stream's, read at start
+	keys       []uint64        // prefetch's and release's scratch
+	puts       []*tables.Chunk // applyBatch's scratch: a message's chunks to store
+
+	// resetStored wakes an apply loop that a full queue holds up to look
+	// for a reset of its table in the stream (handleReset stored one).
+	resetStored chan struct{}
 
 	slots     *requestSlots
 	handlers  sync.WaitGroup
@@ -478,21 +487,23 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 		return nil, fmt.Errorf("broker: jetstream: %w", err)
 	}
 	s := &Service{
-		nc:        nc,
-		rc:        cmp.Or(o.requestConn, nc),
-		js:        js,
-		subj:      subj,
-		o:         o,
-		log:       o.logger.With("prefix", subj.Prefix),
-		store:     tables.NewChunkStore(),
-		tables:    make(map[string]*tables.Table, len(configs)),
-		producers: make(map[string]*producerState),
-		stalled:   make(map[string]*producerState),
-		pending:   make(map[string]*pendingQueue, len(configs)),
-		slots:     newRequestSlots(o.maxConcurrent, len(configs)),
-		configs:   make(map[string]tables.Config, len(configs)),
-		applyDone: make(chan struct{}),
-		id:        serviceID(),
+		nc:          nc,
+		rc:          cmp.Or(o.requestConn, nc),
+		js:          js,
+		subj:        subj,
+		o:           o,
+		log:         o.logger.With("prefix", subj.Prefix),
+		store:       tables.NewChunkStore(),
+		tables:      make(map[string]*tables.Table, len(configs)),
+		producers:   make(map[string]*producerState),
+		stalled:     make(map[string]*producerState),
+		pending:     make(map[string]*pendingQueue, len(configs)),
+		resetAhead:  make(map[string]uint64),
+		resetStored: make(chan struct{}, 1),
+		slots:       newRequestSlots(o.maxConcurrent, len(configs)),
+		configs:     make(map[string]tables.Config, len(configs)),
+		applyDone:   make(chan struct{}),
+		id:          serviceID(),
 	}
 	s.stopApply = sync.OnceFunc(func() { close(s.applyDone) })
 	s.progress.seq = o.startSequence - min(o.startSequence, 1)
