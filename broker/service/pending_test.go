@@ -275,7 +275,7 @@ func TestResetFreesAFullQueue(t *testing.T) {
 	d := deploy(t, cfgs, deployOptions{service: opts})
 	publishRaw(t, d, "p", 1, rawItem{1, "t"})                  // fills the Queue(1)
 	publishRaw(t, d, "p", 2, rawItem{2, "t"}, rawItem{3, "t"}) // fill t's queue
-	held := publishRaw(t, d, "q", 1, rawItem{4, "t"})         // holds up the stream
+	held := publishRaw(t, d, "q", 1, rawItem{4, "t"})          // holds up the stream
 	publishRaw(t, d, "r", 1, rawItem{5, "b"})
 	testutil.WaitUntil(t, "t's queue is full", func() bool { return d.svc.Applied() == held-1 && d.svc.pendingLen("t") == 2 })
 	c := d.client()
