@@ -814,3 +814,29 @@ func TestSampleReplyOfManySlicesWithinLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestNonUTF8SenderLeavesCheckpointsAlone: an insert message whose producer
+// id is not UTF-8 is refused, and checkpoints go on: it was taken, and
+// every later checkpoint, the final one included, failed to encode the
+// producer's record (a protobuf string), so the stream was never trimmed.
+func TestNonUTF8SenderLeavesCheckpointsAlone(t *testing.T) {
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 1000)}, deployOptions{service: []Option{WithCheckpoints(fc)}})
+	ctx := testutil.Context(t)
+	// Producer "0000000\xf00000000000", sequence 1, window start 1, window 48.
+	ack, err := d.svc.js.Publish(ctx, d.svc.subj.Insert(), []byte("\n\x120000000\xf00000000000\x10\x018\x01@0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "the message is applied", func() bool { return d.svc.Applied() >= ack.Sequence })
+	if d.svc.Rejected() != 1 {
+		t.Fatalf("%d rejections, want the message's", d.svc.Rejected())
+	}
+	insertSteps(t, d.producer(), 0, 10, 2)
+	if _, err := d.svc.Checkpoint(ctx); err != nil {
+		t.Fatalf("a checkpoint after the message: %v", err)
+	}
+}

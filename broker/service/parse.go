@@ -200,6 +200,11 @@ func checkSender(b *insertBatch) error {
 	if b.producerID == "" || len(b.producerID) > maxProducerIDLen {
 		return fmt.Errorf("%w: insert batch producer id of %d bytes (want 1 to %d)", protocol.ErrInvalidMessage, len(b.producerID), maxProducerIDLen)
 	}
+	// Both are kept in checkpoints as protobuf strings, which must be
+	// UTF-8: one that is not made every checkpoint fail to encode.
+	if !utf8.ValidString(b.producerID) {
+		return fmt.Errorf("%w: insert batch producer id %.64q is not UTF-8", protocol.ErrInvalidMessage, b.producerID)
+	}
 	return checkNoticeSubject(b.notice)
 }
 
@@ -302,6 +307,9 @@ func checkNoticeSubject(s string) error {
 	}
 	if len(s) > maxNoticeSubjectLen {
 		return bad(fmt.Sprintf("%d bytes, over %d", len(s), maxNoticeSubjectLen))
+	}
+	if !utf8.ValidString(s) {
+		return bad("not UTF-8")
 	}
 	if why := answerSubjectError(s); why != "" {
 		return bad(why)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -291,6 +292,37 @@ func TestParseNoticeSubject(t *testing.T) {
 	}
 }
 
+// TestParseRefusesNonUTF8Sender: a producer id or notice subject that is
+// not UTF-8 is refused; both are kept in checkpoints as protobuf strings,
+// which proto.Marshal refuses, so one such message made every checkpoint
+// fail (TestNonUTF8SenderLeavesCheckpointsAlone).
+func TestParseRefusesNonUTF8Sender(t *testing.T) {
+	limits := DefaultLimits()
+	for _, tc := range []struct{ producer, notice, why string }{
+		{"p\xf0", "", "producer id"},
+		{"p", "_INBOX.\xff", "notice subject"},
+	} {
+		data := protowire.AppendTag(nil, wire.FieldBatchProducer, protowire.BytesType)
+		data = protowire.AppendString(data, tc.producer)
+		for _, f := range []struct {
+			num protowire.Number
+			v   uint64
+		}{{wire.FieldBatchSequence, 1}, {wire.FieldBatchWinStart, 1}, {wire.FieldBatchWindow, 1}} {
+			data = protowire.AppendVarint(protowire.AppendTag(data, f.num, protowire.VarintType), f.v)
+		}
+		if tc.notice != "" {
+			data = protowire.AppendString(protowire.AppendTag(data, wire.FieldBatchNotice, protowire.BytesType), tc.notice)
+		}
+		_, err := parseInsertBatch(data, &limits)
+		if !errors.Is(err, protocol.ErrInvalidMessage) || !strings.Contains(err.Error(), tc.why) || !strings.Contains(err.Error(), "UTF-8") {
+			t.Errorf("%s %q: %v, want protocol.ErrInvalidMessage saying it is not UTF-8", tc.why, tc.producer+tc.notice, err)
+		}
+		if to, _, tomb := refusedBatch(data, &limits); to != (noticeTo{}) || tomb != nil {
+			t.Errorf("%s %q: the refused message is told to %+v, tombstone %v; want neither", tc.why, tc.producer+tc.notice, to, tomb)
+		}
+	}
+}
+
 // FuzzParseInsertBatch: arbitrary bytes never panic the parser, and whatever
 // it accepts has a producer id and chunks with consistent headers.
 func FuzzParseInsertBatch(f *testing.F) {
@@ -323,6 +355,10 @@ func FuzzParseInsertBatch(f *testing.F) {
 		}
 		if b.producerID == "" || b.sequence < b.windowStart || b.sequence-b.windowStart >= b.window {
 			t.Fatalf("accepted a batch without a producer id or outside its window: %+v", b)
+		}
+		// Checkpoints keep both as protobuf strings.
+		if !utf8.ValidString(b.producerID) || !utf8.ValidString(b.notice) {
+			t.Fatalf("accepted a producer id %q or notice subject %q that is not UTF-8", b.producerID, b.notice)
 		}
 		var ref wire.InsertBatch
 		if proto.Unmarshal(data, &ref) == nil {
