@@ -62,6 +62,9 @@ type RecoveryResult struct {
 	// them (the store, the tables' config) may have failed them, and the
 	// stream may no longer hold what they cover.
 	kept []keptCheckpoint
+	// streamCreated is when the stream the loaded checkpoint numbers was
+	// created; zero when unknown.
+	streamCreated time.Time
 }
 
 // keptCheckpoint is a checkpoint recovery skipped but did not delete.
@@ -81,6 +84,7 @@ var checkpointLoadPatience = 2 * time.Minute
 type captured struct {
 	applied   uint64
 	created   time.Time
+	stream    time.Time // when the stream applied numbers was created
 	lastSweep time.Time
 	tables    []tables.TableSnapshot
 	chunks    []*tables.Chunk
@@ -161,7 +165,7 @@ func (s *Service) serveCaptures() {
 // skips their stream copies as duplicates.
 func (s *Service) capture() *captured {
 	start := time.Now()
-	c := &captured{applied: s.progress.get(), created: start, lastSweep: s.lastSweep}
+	c := &captured{applied: s.progress.get(), created: start, stream: s.streamCreated, lastSweep: s.lastSweep}
 	seen := make(map[uint64]struct{})
 	for _, name := range s.names {
 		snap := s.tables[name].Snapshot()
@@ -254,6 +258,9 @@ func (c *captured) encode() (*checkpointReader, error) {
 	}
 	if !c.lastSweep.IsZero() {
 		head.LastSweepUnixNano = c.lastSweep.UnixNano()
+	}
+	if !c.stream.IsZero() {
+		head.StreamCreatedUnixNano = c.stream.UnixNano()
 	}
 	r := &checkpointReader{chunks: c.chunks, hash: sha256.New()}
 	var err error
@@ -582,6 +589,9 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 			continue
 		}
 		res.Checkpoint, res.Applied, res.Chunks = name, cp.AppliedSequence, s.store.Len()
+		if cp.StreamCreatedUnixNano != 0 {
+			res.streamCreated = time.Unix(0, cp.StreamCreatedUnixNano)
+		}
 		for _, t := range cp.Tables {
 			res.Items += int64(len(t.Items))
 		}

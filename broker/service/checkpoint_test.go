@@ -999,3 +999,79 @@ func TestCheckpointWriteStalls(t *testing.T) {
 		sameState(t, name, stateOf(t, svc, name), w)
 	}
 }
+
+// TestRecreatedStreamIsNotReadFromTheCheckpoint: a stream deleted and
+// created again numbers its messages from 1, and the service, restarted,
+// refuses to read it from the checkpoint's sequence on while it holds
+// messages below that sequence, however far it has grown: it told the
+// streams apart only while the new one ended before the checkpoint, and
+// once producers had stored past it, started there and skipped every
+// acknowledged insert below. Purged below the sequence after the
+// checkpoint's, as the error says, it is read from there.
+func TestRecreatedStreamIsNotReadFromTheCheckpoint(t *testing.T) {
+	fc, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := []tables.Config{testutil.UniformTable("t", 10_000)}
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithCheckpoints(fc)}})
+	ctx := testutil.Context(t)
+	p := d.producer(broker.WithLinger(0))
+	for i := range int64(20) {
+		insertSteps(t, p, i, i+1, 2) // a message each
+	}
+	d.stop() // the final checkpoint
+	names, err := fc.List(ctx)
+	if err != nil || len(names) == 0 {
+		t.Fatalf("checkpoints %v, %v", names, err)
+	}
+	_, applied, _ := parseCheckpointName(names[len(names)-1])
+	if err := d.svc.js.DeleteStream(ctx, d.svc.subj.Stream()); err != nil {
+		t.Fatal(err)
+	}
+	run := func() error {
+		svc, err := New(d.connect(), cfgs, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithCheckpoints(fc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return svc.Run(ctx)
+	}
+	// It creates the stream again, and stops.
+	if err := run(); !errors.Is(err, broker.ErrStreamLost) {
+		t.Fatalf("a restart after the stream was deleted: %v, want ErrStreamLost", err)
+	}
+	// Producers store in the new stream meanwhile, past the checkpoint's
+	// sequence.
+	p2 := d.producer(broker.WithLinger(0), broker.WithReturnOnStore())
+	stream, err := d.svc.js.Stream(ctx, d.svc.subj.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := int64(1000); stream.CachedInfo().State.LastSeq < applied+5; i++ {
+		if err := p2.Append(ctx, step(i, 2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p2.CreateItem(ctx, "t", 1, broker.LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+		if err := p2.Flush(ctx); err != nil { // stored: no service applies it
+			t.Fatal(err)
+		}
+		if _, err := stream.Info(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := stream.CachedInfo().State.LastSeq
+	if err := run(); !errors.Is(err, broker.ErrStreamLost) || !strings.Contains(err.Error(), "created again") {
+		t.Fatalf("a restart once the new stream passed the checkpoint's sequence %d: %v, want ErrStreamLost", applied, err)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSequence(applied+1)); err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := d.startService(cfgs, WithCheckpoints(fc))
+	testutil.WaitUntil(t, "the new stream read", func() bool { return svc.Applied() >= last })
+	tb, _ := svc.Table("t")
+	if got, want := tb.Size(), int64(20)+int64(last-applied); got != want {
+		t.Fatalf("after the purge the table holds %d items, want the checkpoint's 20 and the %d stored after its sequence", got, last-applied)
+	}
+}

@@ -412,6 +412,9 @@ type Service struct {
 	names   []string
 	configs map[string]tables.Config
 	stream  jetstream.Stream
+	// streamCreated tells the stream read from one of the same name
+	// created again (whose sequences start over) in checkpoints.
+	streamCreated time.Time
 
 	progress progress
 	stats    serviceStats
@@ -565,6 +568,7 @@ func (s *Service) Run(parent context.Context) error {
 		return stoppedOr(parent, err)
 	}
 	s.stream = stream
+	s.streamCreated = stream.CachedInfo().Created
 	s.dupWindow = stream.CachedInfo().Config.Duplicates
 	// Before recovery: while a standby waits for the lease bucket (a
 	// cluster electing its leader), the active service goes on trimming
@@ -576,11 +580,11 @@ func (s *Service) Run(parent context.Context) error {
 			return stoppedOr(parent, err)
 		}
 	}
-	kept, err := s.recoverAtStart(ctx)
+	recovered, err := s.recoverAtStart(ctx)
 	if err != nil {
 		return stoppedOr(parent, err)
 	}
-	start, err := s.checkStreamCovers(ctx, s.progress.get()+1, kept)
+	start, err := s.checkStreamCovers(ctx, s.progress.get()+1, recovered)
 	if err != nil {
 		return stoppedOr(parent, err)
 	}
@@ -696,7 +700,7 @@ func stoppedOr(ctx context.Context, err error) error {
 // recoverAtStart loads the newest usable checkpoint and applies the
 // messages it had held back, then reports what it did. It returns the
 // checkpoints it skipped without finding them damaged (RecoveryResult.kept).
-func (s *Service) recoverAtStart(ctx context.Context) ([]keptCheckpoint, error) {
+func (s *Service) recoverAtStart(ctx context.Context) (RecoveryResult, error) {
 	if s.o.objectStore && s.o.checkpoints == nil {
 		var cs *ObjectStoreCheckpoints
 		err := retryJS(ctx, s.log, "the checkpoint bucket", func(ctx context.Context) error {
@@ -705,16 +709,16 @@ func (s *Service) recoverAtStart(ctx context.Context) ([]keptCheckpoint, error) 
 			return err
 		})
 		if err != nil {
-			return nil, err
+			return RecoveryResult{}, err
 		}
 		s.o.checkpoints = cs
 	}
 	if s.o.checkpoints == nil {
-		return nil, nil
+		return RecoveryResult{}, nil
 	}
 	res, err := s.recover(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("broker: recovery: %w", err)
+		return RecoveryResult{}, fmt.Errorf("broker: recovery: %w", err)
 	}
 	if res.Checkpoint == "" && len(res.Skipped) > 0 {
 		s.log.Error("reprise service: no usable checkpoint; replaying the stream from its start (anything trimmed from it is lost)", "skipped", len(res.Skipped))
@@ -723,7 +727,7 @@ func (s *Service) recoverAtStart(ctx context.Context) ([]keptCheckpoint, error) 
 	if s.o.recovered != nil {
 		s.o.recovered(res)
 	}
-	return res.kept, nil
+	return res, nil
 }
 
 // checkStreamCovers reports, loudly, messages recovery needs that the
@@ -734,7 +738,7 @@ func (s *Service) recoverAtStart(ctx context.Context) ([]keptCheckpoint, error) 
 // Other missing messages are a gap in the stream (streamGap), reported
 // here rather than by the reader. It returns the sequence to read the
 // stream from: start, or the first one the stream holds past such a gap.
-func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []keptCheckpoint) (uint64, error) {
+func (s *Service) checkStreamCovers(ctx context.Context, start uint64, recovered RecoveryResult) (uint64, error) {
 	info, err := s.stream.Info(ctx)
 	if err != nil {
 		s.log.Warn("reprise service: reading the stream's state", "error", err)
@@ -742,19 +746,24 @@ func (s *Service) checkStreamCovers(ctx context.Context, start uint64, kept []ke
 	}
 	st := info.State
 	var holding []string // kept checkpoints with messages from start on
-	for _, k := range kept {
+	for _, k := range recovered.kept {
 		if k.applied >= start {
 			holding = append(holding, k.why)
 		}
 	}
+	// A stream created again numbers its messages from 1: those it holds
+	// below the checkpoint's sequence are not the checkpoint's, and
+	// reading it from the checkpoint on would skip them. Only a checkpoint
+	// that says which stream it numbers tells when the new one has grown
+	// past it.
+	recreated := !recovered.streamCreated.IsZero() && !recovered.streamCreated.Equal(info.Created)
 	switch {
-	case st.LastSeq+1 < start:
-		// Its sequence numbers start again below the checkpoint's: applying
-		// it from the checkpoint on would skip what it holds, and trimming
-		// would purge it.
-		s.log.Error("reprise service: the stream ends before the checkpoint: it was deleted and recreated. The checkpoints hold everything applied up to their sequence; to serve from them and drop the new stream's messages, purge the new stream past the checkpoint's sequence; to start over from the new stream, move the checkpoints away",
-			"stream_last", st.LastSeq, "checkpoint_applied", start-1)
-		return 0, fmt.Errorf("%w: %s ends at sequence %d, before the checkpoint's %d", protocol.ErrStreamLost, s.subj.Stream(), st.LastSeq, start-1)
+	case st.LastSeq+1 < start || recreated && st.Msgs > 0 && st.FirstSeq < start:
+		s.log.Error("reprise service: the stream was deleted and created again since the checkpoint: its sequence numbers start over below the checkpoint's, and reading it from there would skip what it holds. To serve the checkpoints' tables and drop the new stream's messages, purge it below the sequence after the checkpoint's; to start over from the new stream, move the checkpoints away",
+			"stream_first", st.FirstSeq, "stream_last", st.LastSeq, "stream_created", info.Created, "checkpoint_applied", start-1, "checkpoint_stream_created", recovered.streamCreated)
+		return 0, fmt.Errorf("%w: %s was created again since the checkpoint (its first sequence %d, its last %d; the checkpoint holds the former stream's up to %d)", protocol.ErrStreamLost, s.subj.Stream(), st.FirstSeq, st.LastSeq, start-1)
+	case recreated:
+		s.log.Warn("reprise service: the stream was created again since the checkpoint, and purged below the sequence after it: reading it from there", "stream_first", st.FirstSeq, "checkpoint_applied", start-1)
 	case st.FirstSeq > start && len(holding) > 0:
 		return 0, fmt.Errorf("%w: the stream holds messages from sequence %d on, and recovery needs them from %d: they are in a checkpoint it could not load (%s); remove its cause and start again, or move that checkpoint away to start without what only it holds",
 			protocol.ErrStreamLost, st.FirstSeq, start, strings.Join(holding, "; "))

@@ -2401,9 +2401,13 @@ type Checkpoint struct {
 	LastSweepUnixNano int64 `protobuf:"varint,7,opt,name=last_sweep_unix_nano,json=lastSweepUnixNano,proto3" json:"last_sweep_unix_nano,omitempty"`
 	// Items applied from the stream that their tables' rate limiters have not
 	// let in yet, per table in the order they go in.
-	Pending       []*PendingItem `protobuf:"bytes,8,rep,name=pending,proto3" json:"pending,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Pending []*PendingItem `protobuf:"bytes,8,rep,name=pending,proto3" json:"pending,omitempty"`
+	// When the stream applied_sequence numbers was created (JetStream's
+	// stream info), to tell it from a stream deleted and created again,
+	// whose sequences start over; 0 in checkpoints of older releases.
+	StreamCreatedUnixNano int64 `protobuf:"varint,9,opt,name=stream_created_unix_nano,json=streamCreatedUnixNano,proto3" json:"stream_created_unix_nano,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Checkpoint) Reset() {
@@ -2490,6 +2494,13 @@ func (x *Checkpoint) GetPending() []*PendingItem {
 		return x.Pending
 	}
 	return nil
+}
+
+func (x *Checkpoint) GetStreamCreatedUnixNano() int64 {
+	if x != nil {
+		return x.StreamCreatedUnixNano
+	}
+	return 0
 }
 
 // PendingItem is an item waiting in its table's queue for the table's rate
@@ -3494,7 +3505,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\x05items\x18\x04 \x01(\x03R\x05items\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x03R\x05bytes\x12\x19\n" +
 	"\bpause_ns\x18\x06 \x01(\x03R\apauseNs\x12\x19\n" +
-	"\bwrite_ns\x18\a \x01(\x03R\awriteNs\"\xec\x02\n" +
+	"\bwrite_ns\x18\a \x01(\x03R\awriteNs\"\xa5\x03\n" +
 	"\n" +
 	"Checkpoint\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12)\n" +
@@ -3504,7 +3515,8 @@ const file_reprise_proto_rawDesc = "" +
 	"\x06chunks\x18\x05 \x03(\fR\x06chunks\x12<\n" +
 	"\tproducers\x18\x06 \x03(\v2\x1e.reprise.v1.ProducerCheckpointR\tproducers\x12/\n" +
 	"\x14last_sweep_unix_nano\x18\a \x01(\x03R\x11lastSweepUnixNano\x121\n" +
-	"\apending\x18\b \x03(\v2\x17.reprise.v1.PendingItemR\apending\"\xef\x01\n" +
+	"\apending\x18\b \x03(\v2\x17.reprise.v1.PendingItemR\apending\x127\n" +
+	"\x18stream_created_unix_nano\x18\t \x01(\x03R\x15streamCreatedUnixNano\"\xef\x01\n" +
 	"\vPendingItem\x12$\n" +
 	"\x04item\x18\x01 \x01(\v2\x10.reprise.v1.ItemR\x04item\x12'\n" +
 	"\x0fstream_sequence\x18\x02 \x01(\x04R\x0estreamSequence\x12-\n" +

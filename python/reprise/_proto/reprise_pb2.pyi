@@ -22,13 +22,14 @@ PACKED_LAYOUT_UNIFORM: PackedLayout
 PACKED_LAYOUT_WIDE: PackedLayout
 
 class Checkpoint(_message.Message):
-    __slots__ = ["applied_sequence", "chunks", "created_unix_nano", "last_sweep_unix_nano", "pending", "producers", "tables", "version"]
+    __slots__ = ["applied_sequence", "chunks", "created_unix_nano", "last_sweep_unix_nano", "pending", "producers", "stream_created_unix_nano", "tables", "version"]
     APPLIED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     LAST_SWEEP_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_CREATED_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     applied_sequence: int
@@ -37,9 +38,10 @@ class Checkpoint(_message.Message):
     last_sweep_unix_nano: int
     pending: _containers.RepeatedCompositeFieldContainer[PendingItem]
     producers: _containers.RepeatedCompositeFieldContainer[ProducerCheckpoint]
+    stream_created_unix_nano: int
     tables: _containers.RepeatedCompositeFieldContainer[TableCheckpoint]
     version: int
-    def __init__(self, version: _Optional[int] = ..., applied_sequence: _Optional[int] = ..., created_unix_nano: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableCheckpoint, _Mapping]]] = ..., chunks: _Optional[_Iterable[bytes]] = ..., producers: _Optional[_Iterable[_Union[ProducerCheckpoint, _Mapping]]] = ..., last_sweep_unix_nano: _Optional[int] = ..., pending: _Optional[_Iterable[_Union[PendingItem, _Mapping]]] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., applied_sequence: _Optional[int] = ..., created_unix_nano: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableCheckpoint, _Mapping]]] = ..., chunks: _Optional[_Iterable[bytes]] = ..., producers: _Optional[_Iterable[_Union[ProducerCheckpoint, _Mapping]]] = ..., last_sweep_unix_nano: _Optional[int] = ..., pending: _Optional[_Iterable[_Union[PendingItem, _Mapping]]] = ..., stream_created_unix_nano: _Optional[int] = ...) -> None: ...
 
 class CheckpointFile(_message.Message):
     __slots__ = ["checkpoint", "sha256"]
