@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -386,6 +387,10 @@ func (c *ShardedClient) sample(ctx context.Context, table string, n int, o sampl
 	if err != nil {
 		return nil, err
 	}
+	if ctx.Err() != nil {
+		// No shard is asked, so none is to blame.
+		return nil, fmt.Errorf("broker: sampling table %q: no time left to ask the shards drawn: %w", table, context.Cause(ctx))
+	}
 	replies := make([]shardReply, len(c.shards))
 	eachShard(d.drawn, c.prefixes, func(i int) error {
 		r := &replies[i]
@@ -604,10 +609,14 @@ func (c *ShardedClient) checkShards(ctx context.Context, table string) ([]shardS
 	if table == "" {
 		return nil, fmt.Errorf("%w: empty table name", ErrInvalidMessage)
 	}
+	wait, err := infoWait(ctx, table)
+	if err != nil {
+		return nil, err
+	}
 	infos := make([]*TableInfo, len(c.shards))
 	states := make([]shardState, len(c.shards))
-	err := eachShard(c.all(), c.prefixes, func(i int) error {
-		info, ti, down, err := c.askShard(ctx, i, table)
+	err = eachShard(c.all(), c.prefixes, func(i int) error {
+		info, ti, down, err := c.askShard(ctx, wait, i, table)
 		if down != nil {
 			states[i] = shardState{at: time.Now(), down: down, unchecked: true}
 			return nil
@@ -665,9 +674,13 @@ func sameColumnSpec(a, b tables.ColumnSpec) bool {
 // refresh asks the given shards for table's size and weight. A shard whose
 // service does not answer is marked down; any other error is returned.
 func (c *ShardedClient) refresh(ctx context.Context, table string, shards []int) ([]shardState, error) {
+	wait, err := infoWait(ctx, table)
+	if err != nil {
+		return nil, err
+	}
 	fresh := make([]shardState, len(c.shards))
-	err := eachShard(shards, c.prefixes, func(i int) error {
-		info, ti, down, err := c.askShard(ctx, i, table)
+	err = eachShard(shards, c.prefixes, func(i int) error {
+		info, ti, down, err := c.askShard(ctx, wait, i, table)
 		switch {
 		case down != nil:
 			fresh[i] = shardState{at: time.Now(), down: down}
@@ -692,11 +705,27 @@ func (c *ShardedClient) refresh(ctx context.Context, table string, shards []int)
 	return slices.Clone(c.tables[table]), nil
 }
 
+// infoWait is how long an info request on the way to a sample may take:
+// shardInfoTimeout, and at most half of what ctx has left, the other half
+// being the sample's, so that a shard that does not answer cannot take the
+// time of the shards drawn after it. With no time left, no shard is asked
+// (and none can be found down): the error says so.
+func infoWait(ctx context.Context, table string) (time.Duration, error) {
+	wait := shardInfoTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)/2)
+	}
+	if wait <= 0 || ctx.Err() != nil {
+		return 0, fmt.Errorf("broker: no time left to ask the shards of table %q for its state: %w", table, cmp.Or(context.Cause(ctx), context.DeadlineExceeded))
+	}
+	return wait, nil
+}
+
 // askShard asks shard i for table's info. down is why its service did not
-// answer, within shardInfoTimeout (a shard that hangs, paused or stuck, is
-// down too, for a while); err is any other failure.
-func (c *ShardedClient) askShard(ctx context.Context, i int, table string) (info *Info, ti *TableInfo, down, err error) {
-	ictx, cancel := context.WithTimeout(ctx, shardInfoTimeout)
+// answer within wait (a shard that hangs, paused or stuck, is down too, for
+// a while); err is any other failure.
+func (c *ShardedClient) askShard(ctx context.Context, wait time.Duration, i int, table string) (info *Info, ti *TableInfo, down, err error) {
+	ictx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	info, ti, err = c.tableInfo(ictx, i, table)
 	if ctx.Err() == nil && (shardDown(err) || errors.Is(err, context.DeadlineExceeded)) {
@@ -721,8 +750,8 @@ func (c *ShardedClient) checkLate(table string, i int, info *Info, ti *TableInfo
 }
 
 // shardInfoTimeout bounds a shard's answer to the info a client refreshes
-// its state with; a shard slower than that counts as down until it
-// answers.
+// its state with; a shard slower than that (or than infoWait) counts as
+// down until it answers.
 const shardInfoTimeout = 2 * time.Second
 
 // tableInfo asks shard i for table's info, which must describe that table
@@ -771,7 +800,7 @@ func (c *ShardedClient) awaitItems(ctx context.Context, table string) ([]shardSt
 		}
 		var err error
 		if states, err = c.refresh(ctx, table, c.all()); err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
 				continue // reported above, with the shards' state
 			}
 			return nil, err

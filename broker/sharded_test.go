@@ -573,6 +573,70 @@ func TestShardedSampleWithEveryShardDown(t *testing.T) {
 	}
 }
 
+// hangShard makes shard d hang, as a stopped or stuck process does: NATS
+// still takes its requests (no "no responders"), and nobody answers. A
+// subscriber that never answers listens before its service stops.
+func hangShard(t testing.TB, d *deployment) {
+	t.Helper()
+	nc := d.connect()
+	if _, err := nc.Subscribe(d.prefix+".api.>", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	d.stopService()
+}
+
+// shardDownNow reports whether c counts shard i of table down.
+func shardDownNow(c *ShardedClient, table string, i int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tables[table][i].down != nil
+}
+
+// TestShardedSampleWithAShortDeadlineWhileAShardHangs: with shard 1 hung,
+// calls whose deadline is under the info requests' 2 s get shard 0's
+// items, and shard 0 is never counted down. Each call used to spend its
+// whole deadline on shard 1's info request and fail with it, so no call
+// succeeded.
+func TestShardedSampleWithAShortDeadlineWhileAShardHangs(t *testing.T) {
+	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 100)}, 2)
+	fillShard(t, ds, 0, ones(10)...)
+	fillShard(t, ds, 1, ones(10)...)
+	hangShard(t, ds[1])
+	c := shardedClient(t, ds, prefixesOf(ds))
+	evenKeys := func(what string, samples []Sample, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s while shard 1 hangs: %v", what, err)
+		}
+		for _, s := range samples {
+			if s.Info.Key%2 != 0 {
+				t.Fatalf("%s while shard 1 hangs: key %d, want shard 0's", what, s.Info.Key)
+			}
+		}
+		if shardDownNow(c, "t", 0) {
+			t.Fatalf("%s while shard 1 hangs: shard 0 counted down", what)
+		}
+	}
+	for range 3 {
+		ctx, cancel := context.WithTimeout(testutil.Context(t), 1500*time.Millisecond)
+		samples, err := c.Sample(ctx, "t", 4)
+		cancel()
+		evenKeys("a sample", samples, err)
+	}
+	s, err := c.NewSampler("t", 4, WithInFlight(1), WithRateLimitTimeout(1500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for range 5 {
+		batch, err := s.Next(testutil.Context(t))
+		evenKeys("a sampler's batch", batch, err)
+	}
+}
+
 // TestShardedSampler: a sharded client's sampler prefetches batches drawn
 // from every shard.
 func TestShardedSampler(t *testing.T) {

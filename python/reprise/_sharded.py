@@ -45,7 +45,10 @@ FRESH_FOR = 0.1
 EMPTY_WAIT = 60.0
 
 #: The longest an info request made on the way to a sample may take; a
-#: shard slower than that counts as down until it answers.
+#: shard slower than that counts as down until it answers. A call with a
+#: timeout gives it at most half of the time it has left, so that one
+#: shard that does not answer cannot take the time of the shards drawn
+#: after it.
 _INFO_TIMEOUT = 2.0
 
 #: A weight exponent a client takes: far above any a service reports
@@ -452,6 +455,9 @@ class ShardedClient:
             return st
         if not table:
             raise errors.InvalidArgumentError("empty table name")
+        if timeout is not None and timeout <= 0:
+            # Not sent: a shard is down for not answering in time it had.
+            raise errors.DeadlineExceededError(f"table {table!r}: no time left to ask the shards for it")
         # A shard slower than _INFO_TIMEOUT is down for now, as in _fetch.
         wait = _INFO_TIMEOUT if timeout is None else min(timeout, _INFO_TIMEOUT)
         results = await asyncio.gather(*(c._info(wait, table) for c in self._shards), return_exceptions=True)
@@ -496,7 +502,9 @@ class ShardedClient:
     async def _refresh(self, table: str, st: _TableState, shards: Iterable[int], timeout: float | None) -> None:
         """Asks the shards for the table's size and weight, at once. A shard
         whose service does not answer is marked down; another error is
-        raised."""
+        raised. With no time left none is asked, and none marked."""
+        if timeout is not None and timeout <= 0:
+            return
         tasks = []
         for i in shards:
             key = (table, i, int(st.gen[i]))
@@ -536,9 +544,11 @@ class ShardedClient:
 
     @staticmethod
     def _info_timeout(deadline: float | None) -> float:
+        """How long an info request on the way to a sample may take: the
+        other half of the time left is the sample's (see _INFO_TIMEOUT)."""
         if deadline is None:
             return _INFO_TIMEOUT
-        return max(0.05, min(_INFO_TIMEOUT, deadline - _now()))
+        return min(_INFO_TIMEOUT, max(0.0, deadline - _now()) / 2)
 
     # -- learner side ---------------------------------------------------------
 
@@ -559,6 +569,11 @@ class ShardedClient:
         counts = np.bincount(shard_of, minlength=n)
         asked = [int(i) for i in np.flatnonzero(counts)]
         left = _left(deadline)
+        if left == 0:
+            # No shard is asked, so none is to blame.
+            raise errors.DeadlineExceededError(
+                f"table {table!r}: the timeout ({timeout}s) passed before the shards drawn could be asked for items"
+            )
         results = await asyncio.gather(
             *(self._sample_shard(table, st, i, int(counts[i]), int(st.gen[i]), left, flexible) for i in asked),
             return_exceptions=True,

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import random
+import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
@@ -536,6 +538,51 @@ def test_dead_shard_weighs_nothing_until_it_answers(reprised_factory: Any) -> No
         assert len(b) == 200 and (b.info.table_size == 20).all()
         # Shard 1 is drawn for none of 200 positions with probability 2**-200.
         assert (b.info.key % 2 == 1).any() and ((b.data["x"] >= 10) == (b.info.key % 2 == 1)).all()
+
+
+@pytest.fixture
+def hung_shard(reprised_factory: Any) -> Iterator[tuple[Reprised, Reprised]]:
+    """Two shards holding 10 items of "replay" each (x 0-9 on shard 0, 10-19
+    on shard 1), for a test to hang shard 1 with hang(); it goes on at the
+    end."""
+    s0, s1 = start_shards(reprised_factory)
+    with reprise.ShardedClient(s0.url, PREFIXES) as c:
+        fill(c.shard(0), "replay", range(10))
+        fill(c.shard(1), "replay", range(10, 20))
+    try:
+        yield s0, s1
+    finally:
+        assert s1.proc is not None
+        s1.proc.send_signal(signal.SIGCONT)
+
+
+def hang(r: Reprised) -> None:
+    """Stops r's process (SIGSTOP), as a stuck or paused one: NATS still
+    takes its requests, and nobody answers them."""
+    assert r.proc is not None
+    r.proc.send_signal(signal.SIGSTOP)
+
+
+def test_short_timeouts_sample_while_a_shard_hangs(
+    hung_shard: tuple[Reprised, Reprised], caplog: pytest.LogCaptureFixture
+) -> None:
+    """With shard 1 hung, calls whose timeout is under the info requests' 2 s
+    get shard 0's items, and shard 0 is never said not to answer. Each call
+    used to spend its whole timeout on shard 1's info request, then send
+    shard 0's sample with no time left: DeadlineExceededError blaming shard
+    0, which was marked down. No call succeeded, and a sampler with that
+    timeout ended at once."""
+    s0, s1 = hung_shard
+    hang(s1)
+    with caplog.at_level(logging.WARNING, logger="reprise"), reprise.ShardedClient(s0.url, PREFIXES) as c:
+        for _ in range(3):
+            b = c.sample_batch("replay", 4, timeout=1.5)
+            assert len(b) == 4 and (b.info.key % 2 == 0).all()
+        with c.sampler("replay", 4, prefetch=1, timeout=1.5) as it:
+            for _ in range(5):
+                b = next(it)
+                assert len(b) == 4 and (b.info.key % 2 == 0).all()
+    assert not [r.getMessage() for r in caplog.records if "shard 0" in r.getMessage()]
 
 
 @contextlib.contextmanager
