@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -255,6 +256,10 @@ type SampleOption interface {
 
 type sampleOptions struct {
 	flexible bool
+	// hungAfter, when set, is how long a service may leave unanswered an
+	// info request that a waiting sample checks it with before it counts
+	// as gone too: a sharded client samples the other shards meanwhile.
+	hungAfter time.Duration
 }
 
 // Flexible returns as soon as at least one item is allowed, with up to the
@@ -358,7 +363,7 @@ func (c *Client) sampleRequest(ctx context.Context, table string, n int, o sampl
 	probed := make(chan struct{})
 	probe := time.AfterFunc(serviceProbeEvery, func() {
 		defer close(probed)
-		c.probeService(ctx, cancel, table)
+		c.probeService(ctx, cancel, table, o.hungAfter)
 	})
 	defer func() {
 		cancel(nil)
@@ -385,17 +390,23 @@ const serviceProbeEvery = time.Second
 // errNoService is NATS's answer to a request nobody listens for.
 var errNoService = errors.New("no table service is listening")
 
-// probeService asks for table's info every serviceProbeEvery until ctx
-// ends, and ends ctx when no service listens any more.
-func (c *Client) probeService(ctx context.Context, cancel context.CancelCauseFunc, table string) {
+// probeService asks for table's info every serviceProbeEvery and cancels
+// ctx once no table service listens, or, with hungAfter, once one leaves a
+// request unanswered that long (a service answers info at once, whatever
+// its samples wait for: one that does not hangs, stopped or stuck).
+func (c *Client) probeService(ctx context.Context, cancel context.CancelCauseFunc, table string, hungAfter time.Duration) {
 	tick := time.NewTicker(serviceProbeEvery)
 	defer tick.Stop()
 	for {
-		pctx, pcancel := context.WithTimeout(ctx, serviceProbeEvery)
+		pctx, pcancel := context.WithTimeout(ctx, cmp.Or(hungAfter, serviceProbeEvery))
 		_, err := c.Info(pctx, table)
 		pcancel()
-		if errors.Is(err, errNoService) {
+		switch {
+		case errors.Is(err, errNoService):
 			cancel(fmt.Errorf("%w: the table service stopped while the sample waited: %w", ErrServer, err))
+			return
+		case hungAfter > 0 && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			cancel(fmt.Errorf("%w: the table service left an info request unanswered for %v while the sample waited: it hangs", ErrServer, hungAfter))
 			return
 		}
 		select {

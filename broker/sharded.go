@@ -264,6 +264,19 @@ type ShardedClient struct {
 	// a shard that was down when the table was first used is checked
 	// against it when it answers.
 	like map[string]*TableInfo
+	// probing is the down shards being asked again in the background (see
+	// probeDown), and probeErr what such a probe found wrong other than
+	// the shard's being down, for the next sample to return.
+	probing  map[tableShard]bool
+	probeErr map[tableShard]error
+	bg       context.Context // the probes', ended by Close
+	stopBg   context.CancelFunc
+	probes   sync.WaitGroup
+}
+
+type tableShard struct {
+	table string
+	shard int
 }
 
 // shardState is what a client knows of a table on one shard.
@@ -314,7 +327,9 @@ func NewShardedClient(nc *nats.Conn, prefixes []string, opts ...ClientOption) (*
 	if err := checkShardPrefixes(prefixes, opts); err != nil {
 		return nil, err
 	}
-	c := &ShardedClient{prefixes: slices.Clone(prefixes), tables: make(map[string][]shardState), like: make(map[string]*TableInfo)}
+	c := &ShardedClient{prefixes: slices.Clone(prefixes), tables: make(map[string][]shardState), like: make(map[string]*TableInfo),
+		probing: make(map[tableShard]bool), probeErr: make(map[tableShard]error)}
+	c.bg, c.stopBg = context.WithCancel(context.Background())
 	for i, prefix := range prefixes {
 		cl, err := NewClient(nc, append(slices.Clip(opts), WithPrefix(prefix))...)
 		if err != nil {
@@ -335,6 +350,10 @@ func (c *ShardedClient) NumShards() int { return len(c.shards) }
 
 // Close closes every shard's client.
 func (c *ShardedClient) Close() error {
+	c.mu.Lock()
+	c.stopBg()
+	c.mu.Unlock()
+	c.probes.Wait()
 	var errs []error
 	for _, cl := range c.shards {
 		errs = append(errs, cl.Close())
@@ -354,9 +373,16 @@ func (c *ShardedClient) all() []int { return allShards(len(c.shards)) }
 // limiter. Items a shard could not give (its limiter, an error) leave their
 // places empty: the call returns the others, in order, with the error.
 //
-// A shard whose service does not answer (killed, restarting) weighs 0 until
-// it answers again, which the client checks every 100 ms: meanwhile samples
-// come from the other shards, with probabilities in the table they hold.
+// A shard whose service does not answer weighs 0 until it answers again:
+// meanwhile samples come from the other shards, with probabilities in the
+// table they hold. Not answering is having no service listening (killed,
+// restarting), failing, or leaving an info request unanswered for 2 s, or
+// half of what is left of ctx (a service answers info at once: one that
+// does not hangs, stopped or stuck). A sample that waits on a shard asks
+// it for info every second and gives up on it the same way. The client asks
+// a down shard again in the background, without a sample waiting on it:
+// 100 ms after its last answer, or after its last request ended for one
+// that hangs.
 func (c *ShardedClient) Sample(ctx context.Context, table string, n int, opts ...SampleOption) ([]Sample, error) {
 	o, err := sampleConfig(n, opts)
 	if err != nil {
@@ -387,6 +413,7 @@ func (c *ShardedClient) sample(ctx context.Context, table string, n int, o sampl
 	if err != nil {
 		return nil, err
 	}
+	o.hungAfter = shardInfoTimeout
 	if ctx.Err() != nil {
 		// No shard is asked, so none is to blame.
 		return nil, fmt.Errorf("broker: sampling table %q: no time left to ask the shards drawn: %w", table, context.Cause(ctx))
@@ -568,16 +595,14 @@ func (c *ShardedClient) learn(table string, i int, st shardState) {
 // old.
 func (c *ShardedClient) freshStates(ctx context.Context, table string) ([]shardState, error) {
 	c.mu.Lock()
-	known, ok := c.tables[table]
-	var stale []int
-	for i, s := range known {
-		if time.Since(s.at) > shardStateMaxAge {
-			stale = append(stale, i)
-		}
-	}
+	_, ok := c.tables[table]
 	c.mu.Unlock()
 	if !ok {
 		return c.checkShards(ctx, table)
+	}
+	stale, err := c.shardsToAsk(table, false)
+	if err != nil {
+		return nil, err
 	}
 	if len(stale) > 0 {
 		return c.refresh(ctx, table, stale)
@@ -585,6 +610,63 @@ func (c *ShardedClient) freshStates(ctx context.Context, table string) ([]shardS
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.tables[table]), nil
+}
+
+// shardsToAsk is the shards of table whose state a sample asks for and
+// waits on: the answering ones whose state is old (every one with all),
+// and every one when none answers, as nothing else is left to wait on.
+// Otherwise a down shard whose state is old is asked again in the
+// background (see probeDown).
+func (c *ShardedClient) shardsToAsk(table string, all bool) ([]int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	known := c.tables[table]
+	answering := slices.ContainsFunc(known, func(s shardState) bool { return s.down == nil })
+	var ask []int
+	for i, s := range known {
+		old := time.Since(s.at) > shardStateMaxAge
+		switch {
+		case s.down != nil && answering:
+			if !old {
+				continue
+			}
+			if err := c.probeDown(table, i); err != nil {
+				return nil, err
+			}
+		case all || old:
+			ask = append(ask, i)
+		}
+	}
+	return ask, nil
+}
+
+// probeDown asks down shard i for table's state again in the background,
+// one request at a time, so that no sample waits on a shard that does not
+// answer (one that hangs is so asked once per shardInfoTimeout). It returns,
+// once, what the last probe found wrong other than the shard's being down
+// (a shard back in another's place). c.mu is held.
+func (c *ShardedClient) probeDown(table string, i int) error {
+	k := tableShard{table, i}
+	if err := c.probeErr[k]; err != nil {
+		delete(c.probeErr, k)
+		return err
+	}
+	if c.probing[k] || c.bg.Err() != nil {
+		return nil
+	}
+	c.probing[k] = true
+	c.probes.Add(1)
+	go func() {
+		defer c.probes.Done()
+		_, err := c.refresh(c.bg, table, []int{i})
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.probing, k)
+		if err != nil && c.bg.Err() == nil {
+			c.probeErr[k] = err
+		}
+	}()
+	return nil
 }
 
 // checked makes sure the shards were checked for table (see checkShards),
@@ -751,7 +833,10 @@ func (c *ShardedClient) checkLate(table string, i int, info *Info, ti *TableInfo
 
 // shardInfoTimeout bounds a shard's answer to the info a client refreshes
 // its state with; a shard slower than that (or than infoWait) counts as
-// down until it answers.
+// down until it answers: a service answers info at once, whatever its
+// samples wait for, so one that does not hangs (stopped, stuck). A sample
+// waiting on a shard checks it with info requests bounded the same way
+// (sampleOptions.hungAfter), and probeDown asks a down one with it.
 const shardInfoTimeout = 2 * time.Second
 
 // tableInfo asks shard i for table's info, which must describe that table
@@ -798,8 +883,11 @@ func (c *ShardedClient) awaitItems(ctx context.Context, table string) ([]shardSt
 			return nil, &StatusError{Code: CodeRateLimited, Message: fmt.Sprintf("no shard of table %q held an item: %v%s", table, ctx.Err(), down())}
 		case <-time.After(pause):
 		}
-		var err error
-		if states, err = c.refresh(ctx, table, c.all()); err != nil {
+		ask, err := c.shardsToAsk(table, true)
+		if err != nil {
+			return nil, err
+		}
+		if states, err = c.refresh(ctx, table, ask); err != nil {
 			if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
 				continue // reported above, with the shards' state
 			}

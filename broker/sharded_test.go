@@ -637,6 +637,45 @@ func TestShardedSampleWithAShortDeadlineWhileAShardHangs(t *testing.T) {
 	}
 }
 
+// TestShardedSamplerGoesOnWhileAShardHangs: a sampler without a deadline
+// goes on handing out batches of shard 0's items once shard 1 hangs
+// mid-use, and counts shard 1 down. A draw that included shard 1 used to
+// wait for its reply for DefaultSampleWait and a margin (70 s), and once
+// it was down every draw waited for its info again, 2 s.
+func TestShardedSamplerGoesOnWhileAShardHangs(t *testing.T) {
+	ds := deployShards(t, []tables.Config{testutil.UniformTable("t", 100)}, 2)
+	fillShard(t, ds, 0, ones(10)...)
+	fillShard(t, ds, 1, ones(10)...)
+	c := shardedClient(t, ds, prefixesOf(ds))
+	s, err := c.NewSampler("t", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Next(testutil.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	hangShard(t, ds[1])
+	// Far below the 70 s that one draw used to wait.
+	ctx, cancel := context.WithTimeout(testutil.Context(t), 40*time.Second)
+	defer cancel()
+	const want = 30
+	for got := 0; got < want; {
+		batch, err := s.Next(ctx)
+		switch {
+		case ctx.Err() != nil:
+			t.Fatalf("%d of %d batches of shard 0's items while shard 1 hangs: %v", got, want, ctx.Err())
+		case err != nil && (!errors.Is(err, ErrServer) || !strings.Contains(err.Error(), `shard 1 (prefix "shard1")`)):
+			t.Fatalf("a batch while shard 1 hangs: %v, want shard 1's ErrServer", err)
+		case err == nil && len(batch) == 8 && !slices.ContainsFunc(batch, func(s Sample) bool { return s.Info.Key%2 != 0 }):
+			got++
+		}
+	}
+	if !shardDownNow(c, "t", 1) {
+		t.Error("shard 1 hangs and is not counted down")
+	}
+}
+
 // TestShardedSampler: a sharded client's sampler prefetches batches drawn
 // from every shard.
 func TestShardedSampler(t *testing.T) {

@@ -45,10 +45,13 @@ FRESH_FOR = 0.1
 EMPTY_WAIT = 60.0
 
 #: The longest an info request made on the way to a sample may take; a
-#: shard slower than that counts as down until it answers. A call with a
-#: timeout gives it at most half of the time it has left, so that one
-#: shard that does not answer cannot take the time of the shards drawn
-#: after it.
+#: shard slower than that counts as down until it answers: a service
+#: answers info at once, whatever its samples wait for, so one that does
+#: not hangs (stopped, stuck). A call with a timeout gives it at most half
+#: of the time it has left, so that one shard that does not answer cannot
+#: take the time of the shards drawn after it. A sample waiting on a shard
+#: checks it with info requests bounded the same way (hung_after), and a
+#: down shard is asked again in the background with this bound.
 _INFO_TIMEOUT = 2.0
 
 #: A weight exponent a client takes: far above any a service reports
@@ -164,7 +167,7 @@ class _TableState:
 
     def fail(self, i: int, gen: int, err: errors.RepriseError) -> None:
         """The shard's service did not answer: it weighs 0, and is asked
-        again once FRESH_FOR passed."""
+        again in the background once FRESH_FOR passed."""
         if self.gen[i] != gen:
             return
         if self.down[i] is None:
@@ -355,6 +358,10 @@ class ShardedClient:
         # Info requests in flight, by (table, shard, generation): concurrent
         # draws wait for the same one.
         self._refreshing: dict[tuple[str, int, int], asyncio.Task[None]] = {}
+        # Down shards' info requests in the background, by (table, shard):
+        # one at a time, and what one raised other than the shard's being
+        # down is the next draw's error (see _probe_down).
+        self._probes: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._closed = False  # set by close, for good
 
     @property
@@ -385,6 +392,9 @@ class ShardedClient:
         self._closed = True
         for t in list(self._refreshing.values()):
             t.cancel()
+        for t in self._probes.values():
+            if t.done() and not t.cancelled():
+                t.exception()  # nobody is left to raise it to
         await self._on_shards({i: c.close() for i, c in enumerate(self._shards)})
 
     async def __aenter__(self) -> ShardedClient:
@@ -499,19 +509,53 @@ class ShardedClient:
         except (errors.UnavailableError, errors.DeadlineExceededError):
             pass
 
+    def _ask(self, table: str, st: _TableState, i: int, timeout: float | None) -> asyncio.Task[None]:
+        """Shard i's info request for the table, the one in flight if any."""
+        key = (table, i, int(st.gen[i]))
+        t = self._refreshing.get(key)
+        if t is None:
+            t = self._refreshing[key] = asyncio.ensure_future(self._fetch(key, st, timeout))
+        return t
+
+    def _to_ask(self, table: str, st: _TableState, every: bool) -> list[int]:
+        """The shards whose state a draw asks for and waits on: the
+        answering ones whose state is stale (every one with every), and
+        every one when none answers, as nothing else is left to wait on.
+        Otherwise a down shard whose state is stale is asked again in the
+        background (see _probe_down)."""
+        stale = set(st.stale())
+        answering = any(e is None for e in st.down)
+        ask = []
+        for i in range(len(self._shards)):
+            if st.down[i] is not None and answering:
+                if i in stale:
+                    self._probe_down(table, st, i)
+            elif every or i in stale:
+                ask.append(i)
+        return ask
+
+    def _probe_down(self, table: str, st: _TableState, i: int) -> None:
+        """Asks down shard i for the table's state again without a draw
+        waiting on it, one request at a time (one that hangs is so asked
+        once per _INFO_TIMEOUT). Raises, once, what the last such request
+        raised other than the shard's being down (a shard back in another's
+        place)."""
+        last = self._probes.pop((table, i), None)
+        if last is not None and not last.done():
+            self._probes[(table, i)] = last
+            return
+        err = None if last is None or last.cancelled() else last.exception()
+        if err is not None:
+            raise err
+        self._probes[(table, i)] = self._ask(table, st, i, _INFO_TIMEOUT)
+
     async def _refresh(self, table: str, st: _TableState, shards: Iterable[int], timeout: float | None) -> None:
         """Asks the shards for the table's size and weight, at once. A shard
         whose service does not answer is marked down; another error is
         raised. With no time left none is asked, and none marked."""
         if timeout is not None and timeout <= 0:
             return
-        tasks = []
-        for i in shards:
-            key = (table, i, int(st.gen[i]))
-            t = self._refreshing.get(key)
-            if t is None:
-                t = self._refreshing[key] = asyncio.ensure_future(self._fetch(key, st, timeout))
-            tasks.append(t)
+        tasks = [self._ask(table, st, i, timeout) for i in shards]
         if not tasks:
             return
         # Shielded: a caller that gives up does not cancel what others wait for.
@@ -559,7 +603,7 @@ class ShardedClient:
             raise errors.InvalidArgumentError(f"sample size {num_samples!r}")
         deadline = _deadline(timeout, None)
         st = await self._table(table, self._info_timeout(deadline))
-        await self._refresh(table, st, st.stale(), self._info_timeout(deadline))
+        await self._refresh(table, st, self._to_ask(table, st, False), self._info_timeout(deadline))
         r = shard_ratios(st.size, st.fraction, st.exponent)
         if r is None:
             r = await self._wait_for_items(table, st, deadline)
@@ -589,7 +633,9 @@ class ShardedClient:
         self, table: str, st: _TableState, i: int, k: int, gen: int, timeout: float | None, flexible: bool
     ) -> _sample._Response:
         try:
-            resp = _sample.parse_response(await self._shards[i].sample_raw(table, k, timeout, flexible))
+            resp = _sample.parse_response(
+                await self._shards[i].sample_raw(table, k, timeout, flexible, hung_after=_INFO_TIMEOUT)
+            )
         except errors.RepriseError as e:
             if is_down(e):
                 st.fail(i, gen, e)
@@ -624,7 +670,7 @@ class ShardedClient:
                 )
             await asyncio.sleep(min(backoff, left))
             backoff = min(2 * backoff, 0.1)
-            await self._refresh(table, st, range(len(self._shards)), self._info_timeout(until))
+            await self._refresh(table, st, self._to_ask(table, st, True), self._info_timeout(until))
             r = shard_ratios(st.size, st.fraction, st.exponent)
             if r is not None:
                 return r

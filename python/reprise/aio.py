@@ -334,9 +334,15 @@ class Client:
 
     # -- learner side -------------------------------------------------------
 
-    async def sample_raw(self, table: str, num_samples: int, timeout: float | None, flexible: bool = False) -> bytes:
+    async def sample_raw(
+        self, table: str, num_samples: int, timeout: float | None, flexible: bool = False,
+        *, hung_after: float | None = None,
+    ) -> bytes:
         """Sends one sample request and returns the reply's bytes,
-        undecoded (for callers that decode elsewhere)."""
+        undecoded (for callers that decode elsewhere). With ``hung_after``,
+        a service that leaves one of the info requests a waiting sample
+        checks it with unanswered that long counts as gone too (a sharded
+        client samples the other shards meanwhile)."""
         if not isinstance(num_samples, (int, np.integer)) or not 1 <= num_samples <= 1 << 30:
             raise errors.InvalidArgumentError(f"sample size {num_samples!r}")
         timeout_ms, wait = sample_timeouts(timeout)
@@ -357,19 +363,28 @@ class Client:
             self.subjects.sample,
             req.SerializeToString(),
             wait,
-            watch=lambda: self._probe_service(table),
+            watch=lambda: self._probe_service(table, hung_after),
             watch_after=_SERVICE_PROBE_EVERY,
         )
 
-    async def _probe_service(self, table: str) -> None:
+    async def _probe_service(self, table: str, hung_after: float | None) -> None:
         """Asks for table's info every second and raises UnavailableError
-        once no table service listens."""
+        once no table service listens or, with hung_after, once one leaves
+        a request unanswered that long (a service answers info at once,
+        whatever its samples wait for: one that does not hangs, stopped or
+        stuck)."""
         req = pb.TableRequest(table=table).SerializeToString()
         while True:
             try:
-                await self._requester().request(self.subjects.info, req, _SERVICE_PROBE_EVERY)
+                await self._requester().request(self.subjects.info, req, hung_after or _SERVICE_PROBE_EVERY)
             except _conn.NoServiceError as e:
                 raise errors.UnavailableError(f"the table service stopped while the sample waited: {e.message}") from None
+            except errors.DeadlineExceededError:
+                if hung_after is not None:
+                    raise errors.UnavailableError(
+                        f"the table service left an info request unanswered for {hung_after:.3g}s while the sample "
+                        "waited: it hangs"
+                    ) from None
             except errors.RepriseError:
                 pass
             await asyncio.sleep(_SERVICE_PROBE_EVERY)

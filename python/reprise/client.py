@@ -755,10 +755,11 @@ class ShardedClient:
       this two-stage draw, exactly; ``info.table_size`` the whole table's.
       The shards' weights come with every sample reply; one learned more
       than 0.1 s ago, or before a mutation through this client, is asked
-      for again first. A shard whose service does not answer weighs 0
-      until it answers again (asked every 0.1 s): samples come from the
-      others meanwhile, with probabilities over the items they hold, and
-      the client logs the change both ways.
+      for again first. A shard whose service does not answer (none
+      listening, or an info request left unanswered for 2 s: it hangs)
+      weighs 0 until it answers again, asked in the background: samples
+      come from the others meanwhile, with probabilities over the items
+      they hold, and the client logs the change both ways.
     - priority updates and deletes go to the shard each key names;
       ``reset``, ``set_policy_version``, ``set_max_staleness`` and
       ``checkpoint`` to every shard.

@@ -585,6 +585,37 @@ def test_short_timeouts_sample_while_a_shard_hangs(
     assert not [r.getMessage() for r in caplog.records if "shard 0" in r.getMessage()]
 
 
+def test_sampler_goes_on_while_a_shard_hangs(hung_shard: tuple[Reprised, Reprised]) -> None:
+    """A sampler without a timeout (ReplayDataset's default) goes on handing
+    out batches of shard 0's items once shard 1 hangs mid-use. A draw that
+    included shard 1 used to wait for its reply for about 70 s (the probe
+    of a waiting sample only told a shard nobody listens for), and once it
+    was down every draw waited for its info again, 2 s. Go's sampler
+    waited the same (TestShardedSamplerGoesOnWhileAShardHangs)."""
+    s0, s1 = hung_shard
+    full = [0]  # batches of 8 of shard 0's items
+    with reprise.ShardedClient(s0.url, PREFIXES) as c:
+        assert len(c.sample_batch("replay", 8, timeout=10)) == 8
+        hang(s1)
+        it = c.sampler("replay", 8, prefetch=2)
+
+        def learn() -> None:
+            for b in it:
+                if len(b) == 8 and (b.info.key % 2 == 0).all():
+                    full[0] += 1
+
+        t = threading.Thread(target=learn, daemon=True)
+        t.start()
+        try:
+            # Far below the 70 s that one draw used to wait.
+            wait_for("30 batches of shard 0's items while shard 1 hangs", lambda: full[0] >= 30, timeout=40)
+        finally:
+            it.close()
+            t.join(30)
+        assert not t.is_alive()
+        assert c._aclient._states["replay"].down[1] is not None
+
+
 @contextlib.contextmanager
 def own_reprised(binaries: dict[str, Path], tmp_path: Path) -> Iterator[Callable[..., Reprised]]:
     """make(tables, extra, **kwargs) starts a reprised of a test's own, each
