@@ -29,7 +29,7 @@ from ._info import CheckpointInfo, TableInfo
 from ._proto import reprise_pb2 as pb
 from ._sample import BatchInfo, ReplaySample, SampleBatch
 from ._writer import MAX_SHARDS, History, TrajectoryColumn, WriterOptions, with_message
-from .aio import AsyncTrajectoryWriter, Client, _deadline, _left, ends_iteration, priority_arrays
+from .aio import AsyncTrajectoryWriter, Client, _deadline, _left, ends_iteration, key_array, priority_arrays
 
 T = TypeVar("T")
 
@@ -332,7 +332,7 @@ def _assemble(d: _Draw, parts: list[tuple[int, SampleBatch]], m: int, dests: lis
 def _key_array(keys: Iterable[int] | None) -> np.ndarray:
     if keys is None:
         return np.zeros(0, dtype=np.uint64)
-    return np.asarray(keys if isinstance(keys, np.ndarray) else list(keys), dtype=np.uint64).ravel()
+    return key_array(keys if isinstance(keys, np.ndarray) else list(keys))
 
 
 def _describe(t: Any, what: str) -> str:
@@ -893,16 +893,13 @@ class AsyncShardedSampler:
                     if now - self._short_since > self._retry_for:
                         raise
                     batch = e.partial
-                elif not isinstance(e, errors.DeadlineExceededError) or timeout is None:
+                else:
                     since = since or now
                     if now - since > self._retry_for:
                         raise
                     await asyncio.sleep(backoff)
                     backoff = min(2 * backoff, 1.0)
                     continue
-                else:
-                    await self.aclose()
-                    raise StopAsyncIteration from None
             finally:
                 self._current = None
             # Replaced before the caller trains on it, as in the sync sampler.

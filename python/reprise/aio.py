@@ -109,9 +109,8 @@ def _key(k: Any) -> int:
     return key
 
 
-def priority_arrays(keys: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
-    """keys (uint64) and priorities (float64) as flat arrays, checked: the
-    same length, every priority finite and >= 0."""
+def key_array(keys: Any) -> np.ndarray:
+    """keys as a flat uint64 array, checked: integers from 0 to 2**64-1."""
     # A cast to uint64 wraps negative keys (numpy 1 does so for lists of
     # Python ints too), truncates fractions and turns floats past its range
     # into 0: the keys are checked first, as they are (floats hold integers
@@ -125,9 +124,15 @@ def priority_arrays(keys: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]
         if bad.any():
             raise errors.InvalidArgumentError(f"key {raw[bad].ravel()[0]}: keys are integers from 0 to 2**64-1")
     try:
-        k = np.asarray(keys, dtype=np.uint64).ravel()
+        return np.asarray(keys, dtype=np.uint64).ravel()
     except (OverflowError, TypeError, ValueError) as e:
         raise errors.InvalidArgumentError(f"keys: not all are 0 to 2**64-1 ({e})") from None
+
+
+def priority_arrays(keys: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
+    """keys (uint64) and priorities (float64) as flat arrays, checked: the
+    same length, every key 0 to 2**64-1, every priority finite and >= 0."""
+    k = key_array(keys)
     p = np.asarray(priorities, dtype=np.float64).ravel()
     if k.shape != p.shape:
         raise errors.InvalidArgumentError(f"{k.size} keys and {p.size} priorities")
@@ -308,8 +313,11 @@ class Client:
             await self._req.stop()
         try:
             await self._nc.drain()
-        except Exception:  # noqa: BLE001 - already closed
-            await self._nc.close()
+        except Exception:  # noqa: BLE001 - already closed, or the server is gone
+            try:
+                await self._nc.close()
+            except Exception as e:  # noqa: BLE001 - a server gone resets the socket: nothing is left to send
+                log.debug("reprise: closing the connection: %r", e)
         self._nc = None
 
     async def __aenter__(self) -> Client:
@@ -632,10 +640,10 @@ class AsyncSampler:
                     await self.aclose()
                     raise StopAsyncIteration from None
                 raise
-            except (errors.UnavailableError, errors.DeadlineExceededError) as e:
-                if isinstance(e, errors.DeadlineExceededError) and self._args[2] is not None:
-                    await self.aclose()
-                    raise StopAsyncIteration from None
+            except (errors.UnavailableError, errors.DeadlineExceededError):
+                # No reply is a service gone or swamped, not a rate limiter
+                # that allowed nothing in time (RateLimitedError): waited
+                # out as such, never the end of the iteration.
                 now = loop.time()
                 since = since or now
                 if now - since > self._retry_for:

@@ -223,8 +223,9 @@ class Client:
         ``max_in_flight_samples_per_worker``. With a ``timeout``, a request
         the rate limiter does not allow in time ends the iteration (as
         Reverb's ``rate_limiter_timeout_ms`` ends a dataset); without, it
-        waits. A lost service (a restart) is waited for up to
-        ``retry_unavailable_for`` seconds. Close it (or use ``with``) to
+        waits. A lost service (a restart), or one that leaves requests
+        unanswered, is waited for up to ``retry_unavailable_for`` seconds,
+        then the error is raised. Close it (or use ``with``) to
         stop its requests. The service drew the items of every request
         sent, so those of the ``prefetch`` batches not yet taken are lost
         at close: with a queue table use ``prefetch=1``, which loses at
@@ -388,10 +389,10 @@ class Sampler:
                 if self._closed or self._c._closed:
                     raise StopIteration from None  # closed by another thread
                 raise
-            except (errors.UnavailableError, errors.DeadlineExceededError) as e:
-                if isinstance(e, errors.DeadlineExceededError) and self._args[2] is not None:
-                    self.close()
-                    raise StopIteration from None
+            except (errors.UnavailableError, errors.DeadlineExceededError):
+                # No reply is a service gone or swamped, not a rate limiter
+                # that allowed nothing in time (RateLimitedError): waited
+                # out as such, never the end of the iteration.
                 now = time.monotonic()
                 since = since or now
                 if now - since > self._retry_for:
@@ -1006,16 +1007,13 @@ class ShardedSampler:
                     if now - self._short_since > self._retry_for:
                         raise
                     batch = e.partial
-                elif not isinstance(e, errors.DeadlineExceededError) or timeout is None:
+                else:
                     since = since or now
                     if now - since > self._retry_for:
                         raise
                     time.sleep(backoff)
                     backoff = min(2 * backoff, 1.0)
                     continue
-                else:
-                    self.close()
-                    raise StopIteration from None
             finally:
                 with self._lock:
                     self._current = None

@@ -34,13 +34,21 @@ _BF16 = _codec.DTYPES["bfloat16"]
 
 
 def to_tensor(a: np.ndarray, device: torch.device | str | None = None, pin_memory: bool = False) -> torch.Tensor:
-    """A numpy array as a tensor without copying it on the host (bfloat16
-    and unsigned types torch lacks are reinterpreted or widened), pinned
-    and moved to ``device`` without blocking when asked."""
+    """A numpy array as a tensor, pinned and moved to ``device`` without
+    blocking when asked. It shares the array's memory except where torch
+    lacks a usable dtype: bfloat16 is reinterpreted; uint16 and uint32 are
+    widened to int32 and int64 (torch's own have next to no operations:
+    no arithmetic, indexing or gather); uint64 is reinterpreted as int64,
+    as keys are (``t.numpy().view(np.uint64)`` gives the values back); an
+    array in the other byte order is swapped."""
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
     if a.dtype == _BF16:
         t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    elif a.dtype in (np.uint16, np.uint32, np.uint64) and not _has_unsigned(a.dtype):
-        t = torch.from_numpy(a.astype(np.int64))
+    elif a.dtype in _WIDENED:
+        t = torch.from_numpy(a.astype(_WIDENED[a.dtype]))
+    elif a.dtype == np.uint64:
+        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int64))
     else:
         t = torch.from_numpy(np.ascontiguousarray(a))
     if pin_memory:
@@ -50,12 +58,7 @@ def to_tensor(a: np.ndarray, device: torch.device | str | None = None, pin_memor
     return t
 
 
-def _has_unsigned(dt: np.dtype) -> bool:
-    try:
-        torch.from_numpy(np.zeros(1, dt))
-        return True
-    except TypeError:
-        return False
+_WIDENED: dict[np.dtype[Any], np.dtype[Any]] = {np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64)}
 
 
 @dataclasses.dataclass(frozen=True)

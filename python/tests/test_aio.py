@@ -167,11 +167,13 @@ def test_requests_watch_and_expire_without_tasks_of_their_own(server: Reprised) 
 
 
 def test_a_sampler_closed_while_it_waits_sends_nothing_more(server: Reprised) -> None:
-    """An AsyncSampler closed during a retry's backoff, or ended by its
-    timeout, stops: it sends no request after that and leaves none in
-    flight. No service listens on the prefix, so every request fails at
-    once as unavailable and the sampler backs off and retries; a
-    subscriber that swallows sample requests makes the others time out."""
+    """An AsyncSampler closed during a retry's backoff, or after it gave up
+    on requests that got no reply, stops: it sends no request after that
+    and leaves none in flight. No service listens on the prefix, so every
+    request fails at once as unavailable and the sampler backs off and
+    retries; a subscriber that swallows sample requests makes the others
+    time out, which the sampler waits out as it does a service that is
+    gone (its timeout ends the iteration only through the rate limiter)."""
     import nats
 
     async def main() -> None:
@@ -208,9 +210,10 @@ def test_a_sampler_closed_while_it_waits_sends_nothing_more(server: Reprised) ->
         await nc.flush()
         c = await reprise.aio.connect(server.url, prefix="mute")
         try:
-            s = c.sampler("t", 4, prefetch=3, timeout=0.2)
-            with pytest.raises(StopAsyncIteration):
+            s = c.sampler("t", 4, prefetch=3, timeout=0.2, retry_unavailable_for=0.5)
+            with pytest.raises(reprise.DeadlineExceededError):
                 await asyncio.wait_for(s.next_raw(), 10)
+            await s.aclose()
             assert s._closed and not s._tasks
         finally:
             await c.close()

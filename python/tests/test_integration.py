@@ -4,6 +4,7 @@ reconnects, dedupe and kill -9."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import threading
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import reprise
-from reprise import _codec
+from reprise import _codec, aio
 
 from conftest import Reprised, gohelper, in_thread, wait_for
 
@@ -257,6 +258,45 @@ def test_rejection_reaches_the_writer(client: reprise.Client) -> None:
         with pytest.raises(reprise.RejectedError, match="unknown table"):
             w.create_item("no-such-table", 1.0, {"obs": w.history["obs"][-1:]})
             w.wait_applied(timeout=30)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_sampler_with_a_timeout_does_not_end_when_the_service_dies(reprised_factory: Any, use_async: bool) -> None:
+    """A sampler with a timeout (Reverb's rate_limiter_timeout_ms) ends
+    only when the rate limiter allows nothing in time. Once the service
+    (reprised with its NATS) was killed, the client's own deadline passed
+    too, and its iteration ended as if the table were exhausted: a
+    training loop stopped as if done. It raises once it gave up waiting."""
+    r = reprised_factory()
+    with reprise.Client(r.url) as c:
+        with c.trajectory_writer(1) as w:
+            for i in range(8):
+                w.append({"x": np.int64(i)})
+                w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
+            w.wait_applied(timeout=30)
+
+    async def drain_async() -> None:
+        async with aio.Client(r.url) as ac:
+            it = ac.sampler("replay", 2, timeout=1.0, retry_unavailable_for=2.0)
+            try:
+                await it.__anext__()
+                r.kill9()
+                with pytest.raises(reprise.RepriseError):
+                    for _ in range(1000):
+                        await it.__anext__()
+            finally:
+                await it.aclose()
+
+    if use_async:
+        asyncio.run(drain_async())
+        return
+    with reprise.Client(r.url) as c:
+        it = c.sampler("replay", 2, timeout=1.0, retry_unavailable_for=2.0)
+        next(it)
+        r.kill9()
+        with pytest.raises(reprise.RepriseError):
+            for _ in range(1000):
+                next(it)
 
 
 def test_rate_limited_sample_raises(client: reprise.Client) -> None:

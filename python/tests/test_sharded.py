@@ -442,6 +442,20 @@ def test_mutations_reach_the_shard_of_each_key(sc: reprise.ShardedClient) -> Non
     np.testing.assert_allclose(b.info.probability, [left[x] / total for x in b.data["x"].tolist()], rtol=1e-12)
 
 
+def test_sharded_mutations_refuse_keys_out_of_range(sc: reprise.ShardedClient) -> None:
+    """A key a uint64 cannot hold is refused, as by Client: cast as it
+    was, an int64 -1 became 2**64-1 and deleted or updated that key on
+    its shard, and a list's -1 raised a bare OverflowError."""
+    for call in (
+        lambda: sc.mutate_priorities("mut", deletes=np.array([-1], np.int64)),
+        lambda: sc.mutate_priorities("mut", deletes=[-1]),
+        lambda: sc.mutate_priorities("mut", updates={np.int64(-1): 1.0}),
+        lambda: sc.mutate_priorities("mut", deletes=[1 << 64]),
+    ):
+        with pytest.raises(reprise.InvalidArgumentError, match="2\\*\\*64-1"):
+            call()
+
+
 def test_server_info_sums_the_shards(sc: reprise.ShardedClient) -> None:
     sc.reset("replay")
     fill(sc.shard(0), "replay", range(3), versions=[1, 2, 3])

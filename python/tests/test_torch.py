@@ -28,6 +28,38 @@ def test_to_tensor_shares_memory_and_keeps_bfloat16() -> None:
     assert rt.to_tensor(np.array([1, 2], np.uint16)).tolist() == [1, 2]
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_unsigned_columns_come_as_usable_tensors(dtype: type) -> None:
+    """uint16 and uint32 (actions, say) are widened to signed types torch
+    computes with: from torch 2.3 on they came as torch.uint16/uint32,
+    which have no arithmetic, indexing or gather, so a learner's
+    q.gather(1, action) that worked on torch 2.2 failed."""
+    a = rt.to_tensor(np.array([0, 2, np.iinfo(dtype).max], dtype))
+    assert not a.is_floating_point() and a.dtype.is_signed
+    assert a.tolist() == [0, 2, int(np.iinfo(dtype).max)]
+    q = torch.arange(12.0).reshape(3, 4)
+    assert q.gather(1, a[:2, None].long()).ravel().tolist() == [0.0, 6.0]
+    assert (a[:2] + 1).tolist() == [1, 3]
+
+
+def test_uint64_is_reinterpreted_as_keys_are() -> None:
+    """uint64 becomes int64 with the same bits on every torch, without a
+    copy: torch before 2.3 has no uint64, and torch.uint64 after has next
+    to no operations."""
+    big = np.array([2**63 + 7, 5], np.uint64)
+    t = rt.to_tensor(big)
+    assert t.dtype == torch.int64 and t.data_ptr() == big.ctypes.data
+    np.testing.assert_array_equal(t.numpy().view(np.uint64), big)
+
+
+def test_to_tensor_takes_either_byte_order() -> None:
+    """The decoder's dtypes are little-endian by name; torch.from_numpy
+    refused an array in the byte order that is not the host's."""
+    for dt in (">f4", "<f4", ">i8", ">u4"):
+        a = np.array([1, 2, 3], dt)
+        assert rt.to_tensor(a).tolist() == [1, 2, 3]
+
+
 def fill_dtypes(url: str) -> None:
     """Nine items in table dtypes: two steps of obs (2x2, filled with the
     step), the last step's a."""
