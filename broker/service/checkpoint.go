@@ -452,6 +452,9 @@ func (s *Service) write(ctx context.Context, c *captured) (CheckpointResult, err
 		return res, err
 	}
 	s.lastCheckpoint, s.lastName = c.applied, res.Name
+	if s.lease != nil {
+		s.lease.checkpoint.Store(&res.Name) // named by the lease's next renewal
+	}
 	res.Write = time.Since(start)
 	s.log.Info("reprise service: checkpoint written", "name", res.Name, "applied", res.Applied, "items", res.Items,
 		"bytes", res.Bytes, "pause", res.Pause, "write", res.Write)

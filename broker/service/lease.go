@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,32 @@ type lease struct {
 	// lease renews it while the final checkpoint's renewals start.
 	writes sync.Mutex
 	rev    uint64 // revision of the last write
+	// checkpoint is the newest checkpoint this service wrote, which the
+	// lease's value names after the service's id (leaseValue), so that a
+	// standby can tell whether it reads the same checkpoints.
+	checkpoint atomic.Pointer[string]
+}
+
+// value is what the lease's key holds while this service holds it.
+func (l *lease) value() []byte {
+	v := l.id
+	if c := l.checkpoint.Load(); c != nil {
+		v += "\n" + *c
+	}
+	return []byte(v)
+}
+
+func leaseHolderOf(e jetstream.KeyValueEntry) string {
+	holder, _ := leaseValue(e.Value())
+	return holder
+}
+
+// leaseValue reads a lease key's value: the holder's id, then the newest
+// checkpoint it wrote, if any (a release that wrote the id alone names
+// none).
+func leaseValue(b []byte) (holder, checkpoint string) {
+	holder, checkpoint, _ = strings.Cut(string(b), "\n")
+	return holder, checkpoint
 }
 
 // serviceID names this process in the lease and in its replies: host,
@@ -133,7 +160,7 @@ func (l *lease) acquire(ctx context.Context) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.renewEvery())
 	defer cancel()
 	sent := time.Since(l.base)
-	rev, err := l.kv.Create(ctx, leaseKey, []byte(l.id))
+	rev, err := l.kv.Create(ctx, leaseKey, l.value())
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return false, nil
 	}
@@ -155,7 +182,7 @@ func (l *lease) renew(ctx context.Context) error {
 	defer cancel()
 	for retried := false; ; retried = true {
 		sent := time.Since(l.base)
-		rev, err := l.kv.Update(ctx, leaseKey, []byte(l.id), l.rev)
+		rev, err := l.kv.Update(ctx, leaseKey, l.value(), l.rev)
 		if err == nil {
 			l.wrote(sent, rev)
 			return nil
@@ -166,7 +193,7 @@ func (l *lease) renew(ctx context.Context) error {
 		// A renewal whose answer was lost moved the revision on: the key
 		// still names this service, at a revision it did not see.
 		e, gerr := l.kv.Get(ctx, leaseKey)
-		if retried || gerr != nil || string(e.Value()) != l.id {
+		if retried || gerr != nil || leaseHolderOf(e) != l.id {
 			l.drop()
 			return errLeaseLost
 		}

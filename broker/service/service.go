@@ -584,6 +584,9 @@ func (s *Service) Run(parent context.Context) error {
 	if err != nil {
 		return stoppedOr(parent, err)
 	}
+	if err := s.checkSharedCheckpoints(ctx); err != nil {
+		return stoppedOr(parent, err)
+	}
 	start, err := s.checkStreamCovers(ctx, s.progress.get()+1, recovered)
 	if err != nil {
 		return stoppedOr(parent, err)
@@ -800,6 +803,12 @@ func (s *Service) streamGap(ctx context.Context, from, to uint64) error {
 	standby := s.lease != nil && !s.mayAct()
 	lctx, cancel := context.WithTimeout(ctx, gapListingTimeout)
 	defer cancel()
+	if standby {
+		if err := s.checkSharedCheckpoints(lctx); err != nil && ctx.Err() == nil {
+			s.missedTrim.Store(true)
+			return fmt.Errorf("%w: messages %d to %d are gone: %w", protocol.ErrStreamLost, from, to, err)
+		}
+	}
 	name, err := s.checkpointHolding(lctx, from)
 	if ctx.Err() != nil {
 		if name != "" || err != nil {

@@ -429,7 +429,8 @@ func (s *Service) leaseHolder(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return string(e.Value()), nil
+	holder, _ := leaseValue(e.Value())
+	return holder, nil
 }
 
 // answerStandbyCall tells a stopping active service that this standby
@@ -543,4 +544,47 @@ func (s *Service) newestCheckpointEpoch(ctx context.Context) (uint64, error) {
 		}
 	}
 	return newest, nil
+}
+
+// sharedCheckpointWait bounds how long a standby waits for the newest
+// checkpoint the active service wrote to show in its own checkpoint store
+// (a shared file system may show a new file late).
+const sharedCheckpointWait = 10 * time.Second
+
+// checkSharedCheckpoints makes sure this standby reads the checkpoints the
+// active service writes: that one trims the stream below them, and a
+// standby that cannot read them (each machine keeping its own directory)
+// takes the trimmed messages for ones the stream's limits dropped, and
+// takes over without them. The lease names the newest checkpoint its
+// holder wrote; the standby's store must hold it, or a newer one.
+func (s *Service) checkSharedCheckpoints(ctx context.Context) error {
+	if s.lease == nil || s.o.checkpoints == nil {
+		return nil
+	}
+	deadline := time.Now().Add(sharedCheckpointWait)
+	for {
+		lctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery())
+		e, err := s.lease.kv.Get(lctx, leaseKey)
+		cancel()
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return nil // the lease's bucket cannot say now; the next check may
+		}
+		holder, newest := leaseValue(e.Value())
+		if holder == s.id || newest == "" {
+			return nil
+		}
+		names, err := s.o.checkpoints.List(ctx)
+		if err != nil || len(names) > 0 && names[len(names)-1] >= newest {
+			return nil // a store that cannot list says nothing of this
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: the active service %s wrote checkpoint %s, which this standby's checkpoint store does not hold: every service of a prefix must read the same checkpoints (the default object store, or one directory that all of them mount), since the active one trims the stream below its own", protocol.ErrInvalidOption, holder, newest)
+		}
+		if !pause(ctx, s.lease.renewEvery()) {
+			return ctx.Err()
+		}
+	}
 }

@@ -999,3 +999,46 @@ func (s *droppedListing) List(ctx context.Context) ([]string, error) {
 	}
 	return s.FileCheckpoints.List(ctx)
 }
+
+// TestStandbyThatCannotReadTheActiveCheckpointsStops: a standby whose
+// checkpoint store lacks the checkpoints the active service writes (each
+// machine with its own directory) stops at once, saying so. It used to
+// take the messages the active one trimmed below its checkpoints for ones
+// the stream's limits dropped, and took over without them. A standby that
+// shares the store starts.
+func TestStandbyThatCannotReadTheActiveCheckpointsStops(t *testing.T) {
+	shared, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(time.Second), WithCheckpoints(shared)}})
+	ctx := testutil.Context(t)
+	insertSteps(t, d.producer(), 0, 50, 2)
+	res, err := d.svc.Checkpoint(ctx) // and trims the stream below it
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "the lease names the checkpoint", func() bool {
+		e, err := d.svc.lease.kv.Get(ctx, leaseKey)
+		if err != nil {
+			return false
+		}
+		_, newest := leaseValue(e.Value())
+		return newest == res.Name
+	})
+	b, err := New(d.connect(), cfgs, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithStandby(time.Second), WithCheckpoints(own))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = b.Run(ctx)
+	if !errors.Is(err, protocol.ErrInvalidOption) || !strings.Contains(err.Error(), res.Name) {
+		t.Fatalf("a standby with its own checkpoint directory: Run = %v, want ErrInvalidOption naming %s", err, res.Name)
+	}
+	ok, _ := d.startService(cfgs, WithStandby(time.Second), WithCheckpoints(shared))
+	testutil.WaitUntil(t, "the standby that shares them follows", func() bool { return ok.Applied() >= d.svc.Applied() })
+}
