@@ -532,8 +532,18 @@ func (p *Producer) readNotes() {
 				closed = nil // Close removed the listener: the lifetime ends next
 				continue
 			}
-			// Rejections that arrived before the close count.
-			takeRejections()
+			// What arrived before the close counts: no later progress
+			// will say it again.
+			for drained := false; !drained; {
+				select {
+				case m := <-p.progress:
+					takeRejections()
+					p.onApplied(m)
+				default:
+					takeRejections()
+					drained = true
+				}
+			}
 			close(p.connLost)
 			p.mu.Lock()
 			if p.closing {

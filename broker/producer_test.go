@@ -843,6 +843,60 @@ func TestDroppedRejectionsAreReported(t *testing.T) {
 	}
 }
 
+// TestProgressBeforeTheConnectionClosedCounts: progress the connection
+// delivered before it closed counts, though no later progress comes to say
+// it again. Once rejections had a channel of their own, readNotes drained
+// only that one at the close, and took the close over a waiting progress
+// message half the time: a Flush waiting for items the service applied
+// failed with ErrNotApplied.
+func TestProgressBeforeTheConnectionClosedCounts(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, "")
+	d.stopService() // the test publishes the progress
+	pub := d.connect()
+	progress := func(p *Producer, seq uint64) {
+		data, _ := proto.Marshal(&wire.Progress{AppliedSequence: seq})
+		if err := pub.Publish(p.subj.Applied(), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for trial := range 12 {
+		p := d.producer()
+		ctx := testutil.Context(t)
+		if err := p.Append(ctx, step(1, 2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+		flushed := make(chan error, 1)
+		go func() { flushed <- p.Flush(ctx) }()
+		var seq uint64
+		testutil.WaitUntil(t, "the message stored and Flush waiting for the service", func() bool {
+			p.flow.mu.Lock()
+			defer p.flow.mu.Unlock()
+			if len(p.flow.acked) == 1 && p.flow.changed != nil {
+				seq = p.flow.acked[0].seq
+				return true
+			}
+			return false
+		})
+		// readNotes takes a first progress message and waits for the lock
+		// to apply it, while the one for the message arrives and the
+		// connection closes.
+		p.flow.mu.Lock()
+		progress(p, 0)
+		testutil.WaitUntil(t, "the first progress taken", func() bool { return len(p.progress) == 0 })
+		progress(p, seq)
+		testutil.WaitUntil(t, "the second progress delivered", func() bool { return len(p.progress) == 1 })
+		p.nc.Close()
+		p.flow.mu.Unlock()
+		<-p.notesDone
+		if err := <-flushed; errors.Is(err, ErrNotApplied) {
+			t.Fatalf("trial %d: the progress for stream message %d came before the connection closed, and Flush says: %v", trial, seq, err)
+		}
+	}
+}
+
 // TestWaitReportsRejectionsAnotherCallTook: a WaitApplied that waits while
 // the service rejects an item reports the rejection even where another call
 // on the producer took its error first; it returned nil before, as if the
