@@ -206,7 +206,7 @@ func (s *Service) watch(table string, q *pendingQueue, changed <-chan struct{}) 
 // resetLookPeriod, and drops the queue as that reset will.
 func (s *Service) makeRoom(ctx context.Context, table string, need int64) error {
 	q, t := s.pending[table], s.tables[table]
-	look := true
+	look, force := true, false
 	var every *time.Ticker
 	defer func() {
 		if every != nil {
@@ -220,11 +220,11 @@ func (s *Service) makeRoom(ctx context.Context, table string, need int64) error 
 			continue
 		}
 		if look {
-			look = false
-			if s.findResetAhead(ctx, table) {
+			if s.findResetAhead(ctx, table, force) {
 				s.resetPending(table)
 				continue
 			}
+			look, force = false, false
 		}
 		if every == nil {
 			every = time.NewTicker(resetLookPeriod)
@@ -241,7 +241,7 @@ func (s *Service) makeRoom(ctx context.Context, table string, need int64) error 
 				s.drainPending(other)
 			}
 		case <-s.resetStored:
-			look = true
+			look, force = true, true
 		case <-every.C:
 			look = true
 		case <-ictx.Done():
@@ -256,26 +256,46 @@ func (s *Service) makeRoom(ctx context.Context, table string, need int64) error 
 
 // resetLookPeriod is how often a full queue that holds up the stream looks
 // for a reset of its table that no request of this service's stored (a
-// standby's, or one stored before a restart).
+// standby's, or one stored before a restart), and bounds one lookup.
 const resetLookPeriod = 2 * time.Second
+
+// resetScan is where the lookup for a reset of a table (findResetAhead)
+// goes on from, and when it may look again unless a reset was stored.
+type resetScan struct {
+	from uint64
+	next time.Time
+}
 
 // findResetAhead reports whether the stream holds a reset of table after
 // the message being applied, and notes the first in s.resetAhead. Items
 // of the table from before it are then dropped rather than queued: the
 // reset would drop them from the queue or the table when applied, and
-// leaves the same state whether they were dropped early or not. A failed
-// lookup reports none; the next one tries again.
-func (s *Service) findResetAhead(ctx context.Context, table string) bool {
+// leaves the same state whether they were dropped early or not. A lookup
+// goes on from where the last one stopped, at most once a resetLookPeriod
+// (each item that meets the full queue would ask the stream again) unless
+// forced; a failed one reports none, and the next tries again.
+func (s *Service) findResetAhead(ctx context.Context, table string, force bool) bool {
 	if _, ok := s.resetAhead[table]; ok {
 		return true
 	}
+	scan := s.resetScans[table]
+	if scan == nil {
+		scan = &resetScan{}
+		s.resetScans[table] = scan
+	}
+	now := time.Now()
+	if !force && now.Before(scan.next) {
+		return false
+	}
+	scan.next = now.Add(resetLookPeriod)
+	scan.from = max(scan.from, s.applying+1)
 	ctx, cancel := context.WithTimeout(ctx, resetLookPeriod)
 	defer cancel()
-	for seq, n := s.applying+1, 0; n < maxResetsScanned; n++ {
-		m, err := s.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(s.subj.Reset()))
+	for {
+		m, err := s.stream.GetMsg(ctx, scan.from, jetstream.WithGetMsgSubject(s.subj.Reset()))
 		if err != nil {
 			if !errors.Is(err, jetstream.ErrMsgNotFound) && ctx.Err() == nil {
-				s.log.Warn("reprise service: looking for a reset in the stream", "table", table, "from_sequence", seq, "error", err)
+				s.log.Warn("reprise service: looking for a reset in the stream", "table", table, "from_sequence", scan.from, "error", err)
 			}
 			return false
 		}
@@ -285,14 +305,9 @@ func (s *Service) findResetAhead(ctx context.Context, table string) bool {
 			s.log.Info("reprise service: a full queue held up the stream; dropping the table's items that a reset in the stream drops", "table", table, "reset_sequence", m.Sequence)
 			return true
 		}
-		seq = m.Sequence + 1
+		scan.from = m.Sequence + 1
 	}
-	return false
 }
-
-// maxResetsScanned bounds one lookup: resets of other tables ahead of this
-// table's are rare.
-const maxResetsScanned = 64
 
 // resetDrops reports whether a reset found ahead (findResetAhead) drops an
 // item of table from the message at stream sequence seq.

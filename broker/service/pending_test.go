@@ -3,8 +3,11 @@ package service
 import (
 	"context"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
@@ -309,5 +312,61 @@ func TestResetFreesAFullQueue(t *testing.T) {
 	}
 	if n := tableSize(t, c, "b"); n != 1 {
 		t.Fatalf("after replaying the stream b holds %d items, want 1", n)
+	}
+}
+
+// TestResetFoundBehindManyOtherResets: the lookup for a reset of a table
+// whose full queue holds up the stream goes on from where the last one
+// stopped; it scanned at most 64 resets from the held message each time,
+// and one behind 64 resets of another table was never found.
+func TestResetFoundBehindManyOtherResets(t *testing.T) {
+	lim := DefaultLimits()
+	lim.MaxPendingItems = 2
+	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1), tables.QueueConfig("b", 10)},
+		deployOptions{service: []Option{WithLimits(lim), WithMaxSampleWait(10 * time.Second)}})
+	publishRaw(t, d, "p", 1, rawItem{1, "t"})
+	publishRaw(t, d, "p", 2, rawItem{2, "t"}, rawItem{3, "t"})
+	held := publishRaw(t, d, "q", 1, rawItem{4, "t"})
+	testutil.WaitUntil(t, "t's queue is full", func() bool { return d.svc.Applied() == held-1 && d.svc.pendingLen("t") == 2 })
+	ctx := testutil.Context(t)
+	for range 100 {
+		if _, err := d.svc.js.Publish(ctx, d.svc.subj.Reset(), mustMarshal(t, &wire.ResetRequest{Table: "b"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.client().Reset(ctx, "t"); err != nil {
+		t.Fatalf("Reset of t behind 100 resets of b: %v", err)
+	}
+}
+
+// TestFullQueueAsksTheStreamOnce: items that meet a full queue one after
+// another, as samples make room, do not each ask the stream for a reset
+// ahead: each did, a round trip on the apply loop (up to 2 s when the
+// stream's leader does not answer) for every item.
+func TestFullQueueAsksTheStreamOnce(t *testing.T) {
+	lim := DefaultLimits()
+	lim.MaxPendingItems = 2
+	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1)}, deployOptions{service: []Option{WithLimits(lim)}})
+	nc := d.connect()
+	var lookups atomic.Int64
+	for _, subj := range []string{"$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>"} {
+		if _, err := nc.Subscribe(subj, func(*nats.Msg) { lookups.Add(1) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	var last uint64
+	for i := range int64(n + 3) {
+		last = publishRaw(t, d, "p", uint64(i+1), rawItem{i + 1, "t"})
+	}
+	start := time.Now()
+	drainQueue(t, d.client(), "t", n)
+	testutil.WaitUntil(t, "the stream applied", func() bool { return d.svc.Applied() >= last })
+	// One a resetLookPeriod at most, and one on entering.
+	if got, most := lookups.Load(), 2+int64(time.Since(start)/resetLookPeriod); got > most {
+		t.Fatalf("%d items through the full queue asked the stream %d times, want at most %d", n, got, most)
 	}
 }

@@ -431,11 +431,12 @@ type Service struct {
 	// stream sequence of a reset of it that is stored but not applied yet:
 	// its items from before that reset are dropped as it would drop them.
 	resetAhead map[string]uint64
-	applying   uint64          // the stream sequence of the message being applied
-	watcher    *watcher        // set by the apply loop
-	dupWindow  time.Duration   // the stream's, read at start
-	keys       []uint64        // prefetch's and release's scratch
-	puts       []*tables.Chunk // applyBatch's scratch: a message's chunks to store
+	resetScans map[string]*resetScan // where findResetAhead goes on from
+	applying   uint64                // the stream sequence of the message being applied
+	watcher    *watcher              // set by the apply loop
+	dupWindow  time.Duration         // the stream's, read at start
+	keys       []uint64              // prefetch's and release's scratch
+	puts       []*tables.Chunk       // applyBatch's scratch: a message's chunks to store
 
 	// resetStored wakes an apply loop that a full queue holds up to look
 	// for a reset of its table in the stream (handleReset stored one).
@@ -502,6 +503,7 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 		stalled:     make(map[string]*producerState),
 		pending:     make(map[string]*pendingQueue, len(configs)),
 		resetAhead:  make(map[string]uint64),
+		resetScans:  make(map[string]*resetScan),
 		resetStored: make(chan struct{}, 1),
 		slots:       newRequestSlots(o.maxConcurrent, len(configs)),
 		configs:     make(map[string]tables.Config, len(configs)),
