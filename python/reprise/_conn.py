@@ -329,7 +329,7 @@ class Requester:
         # sample takes its items, a reset empties the table. One whose
         # caller has no time left for the reply is not sent (as in Go).
         if timeout is not None and timeout <= 0:
-            raise errors.DeadlineExceededError(f"not sending to {subject}: no time left for the reply")
+            raise errors._NotSentError(f"not sending to {subject}: no time left for the reply")
         loop = asyncio.get_running_loop()
         token = format(next(self._ids), "x")
         fut: asyncio.Future[list[bytes]] = loop.create_future()

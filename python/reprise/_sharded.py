@@ -467,7 +467,7 @@ class ShardedClient:
             raise errors.InvalidArgumentError("empty table name")
         if timeout is not None and timeout <= 0:
             # Not sent: a shard is down for not answering in time it had.
-            raise errors.DeadlineExceededError(f"table {table!r}: no time left to ask the shards for it")
+            raise errors._NotSentError(f"table {table!r}: no time left to ask the shards for it")
         # A shard slower than _INFO_TIMEOUT is down for now, as in _fetch.
         wait = _INFO_TIMEOUT if timeout is None else min(timeout, _INFO_TIMEOUT)
         results = await asyncio.gather(*(c._info(wait, table) for c in self._shards), return_exceptions=True)
@@ -540,6 +540,8 @@ class ShardedClient:
         once per _INFO_TIMEOUT). Raises, once, what the last such request
         raised other than the shard's being down (a shard back in another's
         place)."""
+        if self._closed:
+            return  # its failure would reach no one
         last = self._probes.pop((table, i), None)
         if last is not None and not last.done():
             self._probes[(table, i)] = last
@@ -558,11 +560,18 @@ class ShardedClient:
         tasks = [self._ask(table, st, i, timeout) for i in shards]
         if not tasks:
             return
-        # Shielded: a caller that gives up does not cancel what others wait for.
-        results = await asyncio.gather(*(asyncio.shield(t) for t in tasks), return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
+        # Shielded: a caller that gives up does not cancel what others wait
+        # for. A request in flight may be a background probe's, bounded by
+        # _INFO_TIMEOUT rather than by this call's time: it is waited for
+        # no longer than that time, and goes on.
+        waits = [asyncio.shield(t) for t in tasks]
+        done, pending = await asyncio.wait(waits, timeout=timeout)
+        for w in pending:
+            w.cancel()  # the wait, not the request
+        for w in waits:
+            err = w.exception() if w in done else None
+            if err is not None:
+                raise err
 
     async def _fetch(self, key: tuple[str, int, int], st: _TableState, timeout: float | None) -> None:
         table, i, gen = key
@@ -615,7 +624,7 @@ class ShardedClient:
         left = _left(deadline)
         if left == 0:
             # No shard is asked, so none is to blame.
-            raise errors.DeadlineExceededError(
+            raise errors._NotSentError(
                 f"table {table!r}: the timeout ({timeout}s) passed before the shards drawn could be asked for items"
             )
         results = await asyncio.gather(
@@ -886,6 +895,11 @@ class AsyncShardedSampler:
                     await self.aclose()
                     raise StopAsyncIteration from None
                 batch = e.partial  # a short batch: samples are never dropped
+            except errors._NotSentError:
+                # The timeout passed before the shards could be asked (a
+                # timeout of 0 never waits): an end, as the limiters' is.
+                await self.aclose()
+                raise StopAsyncIteration from None
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
                 now = _now()
                 if e.partial is not None and len(e.partial):

@@ -640,6 +640,11 @@ class AsyncSampler:
                     await self.aclose()
                     raise StopAsyncIteration from None
                 raise
+            except errors._NotSentError:
+                # The timeout passed before a request could go (a timeout
+                # of 0 never waits): an end, as the limiter's timeout is.
+                await self.aclose()
+                raise StopAsyncIteration from None
             except (errors.UnavailableError, errors.DeadlineExceededError):
                 # No reply is a service gone or swamped, not a rate limiter
                 # that allowed nothing in time (RateLimitedError): waited

@@ -389,6 +389,11 @@ class Sampler:
                 if self._closed or self._c._closed:
                     raise StopIteration from None  # closed by another thread
                 raise
+            except errors._NotSentError:
+                # The timeout passed before a request could go (a timeout
+                # of 0 never waits): an end, as the limiter's timeout is.
+                self.close()
+                raise StopIteration from None
             except (errors.UnavailableError, errors.DeadlineExceededError):
                 # No reply is a service gone or swamped, not a rate limiter
                 # that allowed nothing in time (RateLimitedError): waited
@@ -1000,6 +1005,11 @@ class ShardedSampler:
                     self.close()
                     raise StopIteration from None
                 batch = e.partial  # a short batch: samples are never dropped
+            except errors._NotSentError:
+                # The timeout passed before the shards could be asked (a
+                # timeout of 0 never waits): an end, as the limiters' is.
+                self.close()
+                raise StopIteration from None
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
                 now = time.monotonic()
                 if e.partial is not None and len(e.partial):

@@ -95,6 +95,12 @@ class DeadlineExceededError(RepriseError, TimeoutError):
     a :class:`NotStoredError` when it gives up)."""
 
 
+class _NotSentError(DeadlineExceededError):
+    """The caller's timeout passed before a request could be sent: nothing
+    was asked, so nothing is known of the service. A sampler with a
+    timeout ends on it, as on the rate limiter's timeout."""
+
+
 class UnavailableError(RepriseError, ConnectionError):
     """No table service answered (it is not running, is shutting down or is
     busy), or the connection was lost while waiting for a reply: the request

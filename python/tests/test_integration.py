@@ -299,6 +299,31 @@ def test_sampler_with_a_timeout_does_not_end_when_the_service_dies(reprised_fact
                 next(it)
 
 
+@pytest.mark.parametrize("use_async", [False, True])
+def test_sampler_with_timeout_zero_ends(client: reprise.Client, server: Reprised, use_async: bool) -> None:
+    """timeout=0 (Reverb's rate_limiter_timeout_ms=0) ends the iteration of
+    a table the limiter blocks: with no time left no request is sent, and
+    the sampler took that for a service without a reply, retried for
+    retry_unavailable_for, then raised."""
+    client.reset("limited")  # below its min_size: nothing is allowed
+
+    async def main() -> None:
+        async with aio.Client(server.url) as c:
+            s = c.sampler("limited", 2, timeout=0, retry_unavailable_for=1)
+            try:
+                with pytest.raises(StopAsyncIteration):
+                    await s.__anext__()
+            finally:
+                await s.aclose()
+
+    if use_async:
+        asyncio.run(main())
+        return
+    with client.sampler("limited", 2, timeout=0, retry_unavailable_for=1) as it:
+        with pytest.raises(StopIteration):
+            next(it)
+
+
 def test_rate_limited_sample_raises(client: reprise.Client) -> None:
     client.reset("limited")
     t0 = time.monotonic()

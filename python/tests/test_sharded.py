@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 import random
@@ -492,6 +493,30 @@ def test_empty_table_waits_for_items(sc: reprise.ShardedClient) -> None:
     assert len(got) == 1 and got[0].data["x"].tolist() == [7] * 4
 
 
+@pytest.mark.parametrize("use_async", [False, True])
+def test_sharded_sampler_with_timeout_zero_ends(sc: reprise.ShardedClient, shards: list[Reprised], use_async: bool) -> None:
+    """timeout=0 ends the iteration: no shard can be asked with no time
+    left, which the sampler retried as a shard without a reply, then
+    raised."""
+    sc.reset("limited")
+
+    async def main() -> None:
+        async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
+            s = c.sampler("limited", 2, timeout=0, retry_unavailable_for=1)
+            try:
+                with pytest.raises(StopAsyncIteration):
+                    await s.__anext__()
+            finally:
+                await s.aclose()
+
+    if use_async:
+        asyncio.run(main())
+        return
+    with sc.sampler("limited", 2, timeout=0, retry_unavailable_for=1) as it:
+        with pytest.raises(StopIteration):
+            next(it)
+
+
 def test_rate_limited_shard_leaves_its_positions_out(sc: reprise.ShardedClient) -> None:
     sc.reset("limited")
     fill(sc.shard(0), "limited", range(10))
@@ -649,6 +674,36 @@ def own_reprised(binaries: dict[str, Path], tmp_path: Path) -> Iterator[Callable
     finally:
         for r in reversed(made):
             r.kill9()
+
+
+def test_no_probe_fails_unretrieved_after_close(reprised_factory: Any) -> None:
+    """A draw that waits for items while a shard is down probes that shard
+    in the background; once the client closed, a probe it started then
+    failed with ClosedError that nobody retrieved ("Task exception was
+    never retrieved"). None starts after close."""
+    shards = start_shards(reprised_factory)
+    shards[1].kill9()  # down (no responders); shard 0 answers, empty
+    contexts: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: contexts.append(ctx))
+        c = reprise.aio.ShardedClient(shards[0].url, PREFIXES)
+        await c.connect()
+        await c.shard(0).reset("uniform")
+        draw = asyncio.ensure_future(c.sample_batch("uniform", 4, timeout=30))
+        while ("uniform", 1) not in c._probes:  # waits for items, probing shard 1
+            await asyncio.sleep(0.01)
+        await c.close()
+        with pytest.raises(reprise.RepriseError):
+            await draw
+        assert all(t.done() for t in c._probes.values())
+        del c, draw
+        gc.collect()
+        await asyncio.sleep(0)  # the loop's handler runs for what gc found
+        lost = [f"{x.get('message')}: {x.get('exception')!r}" for x in contexts if "never retrieved" in str(x.get("message"))]
+        assert not lost, lost
+
+    asyncio.run(main())
 
 
 def test_every_shard_down_is_unavailable(binaries: dict[str, Path], tmp_path: Path) -> None:
