@@ -312,6 +312,9 @@ func (s *Service) findResetAhead(ctx context.Context, table string, force bool) 
 // resetDrops reports whether a reset found ahead (findResetAhead) drops an
 // item of table from the message at stream sequence seq.
 func (s *Service) resetDrops(table string, seq uint64) bool {
+	if len(s.resetAhead) == 0 {
+		return false // the apply loop's case: no lookup of table for each item
+	}
 	at, ok := s.resetAhead[table]
 	return ok && seq < at
 }
