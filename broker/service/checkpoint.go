@@ -583,6 +583,7 @@ func (s *Service) recover(ctx context.Context) (RecoveryResult, error) {
 			// A damaged one would be tried first at every start, and would
 			// count among the kept ones when trimming.
 			if errors.Is(err, ErrCorruptCheckpoint) {
+				s.damaged[name] = true
 				if err := s.o.checkpoints.Delete(ctx, name); err != nil {
 					s.log.Warn("reprise service: deleting damaged checkpoint", "name", name, "error", err)
 				}

@@ -415,6 +415,9 @@ type Service struct {
 	// streamCreated tells the stream read from one of the same name
 	// created again (whose sequences start over) in checkpoints.
 	streamCreated time.Time
+	// damaged names the checkpoints recovery found damaged and deleted;
+	// written before the stream is read, read-only afterwards.
+	damaged map[string]bool
 
 	progress progress
 	stats    serviceStats
@@ -504,6 +507,7 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 		pending:     make(map[string]*pendingQueue, len(configs)),
 		resetAhead:  make(map[string]uint64),
 		resetScans:  make(map[string]*resetScan),
+		damaged:     make(map[string]bool),
 		resetStored: make(chan struct{}, 1),
 		slots:       newRequestSlots(o.maxConcurrent, len(configs)),
 		configs:     make(map[string]tables.Config, len(configs)),

@@ -573,8 +573,8 @@ func (s *Service) checkSharedCheckpoints(ctx context.Context) error {
 			return nil // the lease's bucket cannot say now; the next check may
 		}
 		holder, newest := leaseValue(e.Value())
-		if holder == s.id || newest == "" {
-			return nil
+		if holder == s.id || newest == "" || s.damaged[newest] {
+			return nil // a damaged one this service deleted was in its store
 		}
 		names, err := s.o.checkpoints.List(ctx)
 		if err != nil || len(names) > 0 && names[len(names)-1] >= newest {

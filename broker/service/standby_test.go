@@ -1042,3 +1042,48 @@ func TestStandbyThatCannotReadTheActiveCheckpointsStops(t *testing.T) {
 	ok, _ := d.startService(cfgs, WithStandby(time.Second), WithCheckpoints(shared))
 	testutil.WaitUntil(t, "the standby that shares them follows", func() bool { return ok.Applied() >= d.svc.Applied() })
 }
+
+// TestStandbyThatDeletedADamagedNewestCheckpointRuns: a standby sharing the
+// active service's checkpoints, whose recovery found the newest damaged
+// and deleted it, while the lease still names that one, goes on: it
+// stopped as if it read other checkpoints than the active service's.
+func TestStandbyThatDeletedADamagedNewestCheckpointRuns(t *testing.T) {
+	dir := t.TempDir()
+	shared, err := NewFileCheckpoints(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := []tables.Config{testutil.UniformTable("t", 1000)}
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(time.Second), WithCheckpoints(shared)}})
+	ctx := testutil.Context(t)
+	insertSteps(t, d.producer(), 0, 20, 2)
+	if _, err := d.svc.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	insertSteps(t, d.producer(), 20, 40, 2)
+	res, err := d.svc.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "the lease names the checkpoint", func() bool {
+		e, err := d.svc.lease.kv.Get(ctx, leaseKey)
+		if err != nil {
+			return false
+		}
+		_, newest := leaseValue(e.Value())
+		return newest == res.Name
+	})
+	path := filepath.Join(dir, res.Name)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := d.startService(cfgs, WithStandby(time.Second), WithCheckpoints(shared))
+	testutil.WaitUntil(t, "the standby follows the stream", func() bool { return b.Applied() >= d.svc.Applied() })
+	if !b.damaged[res.Name] {
+		t.Fatalf("the standby did not find %s damaged", res.Name)
+	}
+}
