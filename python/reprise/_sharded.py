@@ -329,6 +329,12 @@ def _assemble(d: _Draw, parts: list[tuple[int, SampleBatch]], m: int, dests: lis
     return SampleBatch(BatchInfo(**info), data)
 
 
+def _retrieve(t: asyncio.Future[Any]) -> None:
+    """Marks a task's failure as seen, for a task no one may await."""
+    if not t.cancelled():
+        t.exception()
+
+
 def _key_array(keys: Iterable[int] | None) -> np.ndarray:
     if keys is None:
         return np.zeros(0, dtype=np.uint64)
@@ -568,8 +574,15 @@ class ShardedClient:
         done, pending = await asyncio.wait(waits, timeout=timeout)
         for w in pending:
             w.cancel()  # the wait, not the request
+        for t in tasks:
+            if not t.done():
+                t.add_done_callback(_retrieve)  # its failure may reach no one now
         for w in waits:
-            err = w.exception() if w in done else None
+            if w not in done:
+                continue
+            if w.cancelled():  # its request was: only close cancels them
+                raise errors.ClosedError(f"table {table!r}: the client closed while it asked the shards")
+            err = w.exception()
             if err is not None:
                 raise err
 
