@@ -29,7 +29,7 @@ from ._info import CheckpointInfo, TableInfo
 from ._proto import reprise_pb2 as pb
 from ._sample import BatchInfo, ReplaySample, SampleBatch
 from ._writer import MAX_SHARDS, History, TrajectoryColumn, WriterOptions, with_message
-from .aio import AsyncTrajectoryWriter, Client, _deadline, _left, ends_iteration, key_array, priority_arrays
+from .aio import AsyncTrajectoryWriter, Client, _deadline, _left, check_sampler, ends_iteration, key_array, priority_arrays
 
 T = TypeVar("T")
 
@@ -864,8 +864,7 @@ class AsyncShardedSampler:
         flexible: bool,
         retry_unavailable_for: float,
     ) -> None:
-        if prefetch < 1:
-            raise errors.InvalidArgumentError(f"prefetch must be >= 1, got {prefetch}")
+        check_sampler(prefetch, timeout)
         self._c = client
         self._args = (table, batch_size, timeout, flexible)
         self._prefetch = prefetch

@@ -55,6 +55,20 @@ _SAMPLE_REPLY_MARGIN = 10.0
 _SERVICE_PROBE_EVERY = 1.0
 
 
+def check_sampler(prefetch: int, timeout: float | None) -> None:
+    """Refuses a sampler's settings that cannot work: fewer than one
+    request in flight, or a timeout that leaves no time to send one (which
+    would end the iteration before any request, however many items the
+    table holds)."""
+    if prefetch < 1:
+        raise errors.InvalidArgumentError(f"prefetch must be >= 1, got {prefetch}")
+    if timeout is not None and not timeout > 0:
+        raise errors.InvalidArgumentError(
+            f"timeout must be > 0 seconds or None (wait for the rate limiter), got {timeout}: a sampler sends no"
+            " request without time for its reply (Reverb's rate_limiter_timeout_ms=0 is a small timeout here, such as 0.05)"
+        )
+
+
 def sample_timeouts(timeout: float | None) -> tuple[int, float | None]:
     """The service's wait (timeout_ms) and the client's own wait for a
     sample request with the caller's timeout in seconds. The service gets
@@ -607,8 +621,7 @@ class AsyncSampler:
         flexible: bool,
         retry_unavailable_for: float,
     ) -> None:
-        if prefetch < 1:
-            raise errors.InvalidArgumentError(f"prefetch must be >= 1, got {prefetch}")
+        check_sampler(prefetch, timeout)
         self._c = client
         self._args = (table, batch_size, timeout, flexible)
         self._prefetch = prefetch

@@ -220,10 +220,10 @@ class Client:
     ) -> Sampler:
         """An iterator of batches (as :meth:`sample_batch`) that keeps
         ``prefetch`` requests in flight, like Reverb's
-        ``max_in_flight_samples_per_worker``. With a ``timeout``, a request
-        the rate limiter does not allow in time ends the iteration (as
-        Reverb's ``rate_limiter_timeout_ms`` ends a dataset); without, it
-        waits. A lost service (a restart), or one that leaves requests
+        ``max_in_flight_samples_per_worker``. With a ``timeout`` (seconds,
+        > 0), a request the rate limiter does not allow in time ends the
+        iteration (as Reverb's ``rate_limiter_timeout_ms`` ends a dataset);
+        without, it waits. A lost service (a restart), or one that leaves requests
         unanswered, is waited for up to ``retry_unavailable_for`` seconds,
         then the error is raised. Close it (or use ``with``) to
         stop its requests. The service drew the items of every request
@@ -331,8 +331,7 @@ class Sampler:
         flexible: bool,
         retry_unavailable_for: float,
     ) -> None:
-        if prefetch < 1:
-            raise errors.InvalidArgumentError(f"prefetch must be >= 1, got {prefetch}")
+        _aio.check_sampler(prefetch, timeout)
         self._c = client
         self._args = (table, batch_size, timeout, flexible)
         self._prefetch = prefetch
@@ -954,8 +953,7 @@ class ShardedSampler:
         flexible: bool,
         retry_unavailable_for: float,
     ) -> None:
-        if prefetch < 1:
-            raise errors.InvalidArgumentError(f"prefetch must be >= 1, got {prefetch}")
+        _aio.check_sampler(prefetch, timeout)
         self._c = client
         self._args = (table, batch_size, timeout, flexible)
         self._prefetch = prefetch

@@ -28,6 +28,7 @@ import torch
 
 from . import _codec
 from ._sample import SampleBatch
+from .aio import check_sampler
 from .client import Client, ShardedClient
 
 _BF16 = _codec.DTYPES["bfloat16"]
@@ -119,6 +120,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
         prefixes: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
+        check_sampler(prefetch, timeout)  # here, not in a DataLoader's worker
         self.server_address = server_address
         self.table = table
         self.batch_size = batch_size

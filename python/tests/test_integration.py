@@ -299,29 +299,21 @@ def test_sampler_with_a_timeout_does_not_end_when_the_service_dies(reprised_fact
                 next(it)
 
 
-@pytest.mark.parametrize("use_async", [False, True])
-def test_sampler_with_timeout_zero_ends(client: reprise.Client, server: Reprised, use_async: bool) -> None:
-    """timeout=0 (Reverb's rate_limiter_timeout_ms=0) ends the iteration of
-    a table the limiter blocks: with no time left no request is sent, and
-    the sampler took that for a service without a reply, retried for
-    retry_unavailable_for, then raised."""
-    client.reset("limited")  # below its min_size: nothing is allowed
+def test_sampler_refuses_a_timeout_without_time(client: reprise.Client, server: Reprised) -> None:
+    """A sampler's timeout of 0 or less is refused, naming it: no request is
+    sent without time for its reply, and such a sampler's iteration ended
+    before any request, however many items the table held; since the
+    samplers retried what was not sent, it raised after
+    retry_unavailable_for instead."""
+    with pytest.raises(reprise.InvalidArgumentError, match="timeout must be > 0"):
+        client.sampler("replay", 2, timeout=0)
 
     async def main() -> None:
         async with aio.Client(server.url) as c:
-            s = c.sampler("limited", 2, timeout=0, retry_unavailable_for=1)
-            try:
-                with pytest.raises(StopAsyncIteration):
-                    await s.__anext__()
-            finally:
-                await s.aclose()
+            with pytest.raises(reprise.InvalidArgumentError, match="timeout must be > 0"):
+                c.sampler("replay", 2, timeout=-1.0)
 
-    if use_async:
-        asyncio.run(main())
-        return
-    with client.sampler("limited", 2, timeout=0, retry_unavailable_for=1) as it:
-        with pytest.raises(StopIteration):
-            next(it)
+    asyncio.run(main())
 
 
 def test_rate_limited_sample_raises(client: reprise.Client) -> None:

@@ -493,28 +493,17 @@ def test_empty_table_waits_for_items(sc: reprise.ShardedClient) -> None:
     assert len(got) == 1 and got[0].data["x"].tolist() == [7] * 4
 
 
-@pytest.mark.parametrize("use_async", [False, True])
-def test_sharded_sampler_with_timeout_zero_ends(sc: reprise.ShardedClient, shards: list[Reprised], use_async: bool) -> None:
-    """timeout=0 ends the iteration: no shard can be asked with no time
-    left, which the sampler retried as a shard without a reply, then
-    raised."""
-    sc.reset("limited")
+def test_sharded_sampler_refuses_a_timeout_without_time(sc: reprise.ShardedClient, shards: list[Reprised]) -> None:
+    """As a Client's sampler: a timeout of 0 or less is refused."""
+    with pytest.raises(reprise.InvalidArgumentError, match="timeout must be > 0"):
+        sc.sampler("limited", 2, timeout=0)
 
     async def main() -> None:
         async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
-            s = c.sampler("limited", 2, timeout=0, retry_unavailable_for=1)
-            try:
-                with pytest.raises(StopAsyncIteration):
-                    await s.__anext__()
-            finally:
-                await s.aclose()
+            with pytest.raises(reprise.InvalidArgumentError, match="timeout must be > 0"):
+                c.sampler("limited", 2, timeout=0.0)
 
-    if use_async:
-        asyncio.run(main())
-        return
-    with sc.sampler("limited", 2, timeout=0, retry_unavailable_for=1) as it:
-        with pytest.raises(StopIteration):
-            next(it)
+    asyncio.run(main())
 
 
 def test_rate_limited_shard_leaves_its_positions_out(sc: reprise.ShardedClient) -> None:
