@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -546,6 +547,24 @@ func (s *Service) newestCheckpointEpoch(ctx context.Context) (uint64, error) {
 	return newest, nil
 }
 
+// holdsOrSucceeds says whether a store listing names (sorted) holds newest,
+// one written after it, or another of its epoch: only the service of that
+// epoch writes those, so the store is the one it writes to (newest itself
+// may have been deleted as damaged since, by another service).
+func holdsOrSucceeds(names []string, newest string) bool {
+	if len(names) > 0 && names[len(names)-1] >= newest {
+		return true
+	}
+	epoch, _, ok := parseCheckpointName(newest)
+	if !ok || epoch == 0 {
+		return false
+	}
+	return slices.ContainsFunc(names, func(n string) bool {
+		e, _, ok := parseCheckpointName(n)
+		return ok && e == epoch
+	})
+}
+
 // sharedCheckpointWait bounds how long a standby waits for the newest
 // checkpoint the active service wrote to show in its own checkpoint store
 // (a shared file system may show a new file late).
@@ -577,7 +596,7 @@ func (s *Service) checkSharedCheckpoints(ctx context.Context) error {
 			return nil // a damaged one this service deleted was in its store
 		}
 		names, err := s.o.checkpoints.List(ctx)
-		if err != nil || len(names) > 0 && names[len(names)-1] >= newest {
+		if err != nil || holdsOrSucceeds(names, newest) {
 			return nil // a store that cannot list says nothing of this
 		}
 		if time.Now().After(deadline) {

@@ -1081,9 +1081,22 @@ func TestStandbyThatDeletedADamagedNewestCheckpointRuns(t *testing.T) {
 	if err := os.Truncate(path, fi.Size()/2); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := d.startService(cfgs, WithStandby(time.Second), WithCheckpoints(shared))
+	b, stopB := d.startService(cfgs, WithStandby(time.Second), WithCheckpoints(shared))
 	testutil.WaitUntil(t, "the standby follows the stream", func() bool { return b.Applied() >= d.svc.Applied() })
 	if !b.damaged[res.Name] {
 		t.Fatalf("the standby did not find %s damaged", res.Name)
+	}
+	// Restarted, it finds the damaged one gone already, and the other
+	// checkpoint of the active one's epoch.
+	stopB()
+	b, err = New(d.connect(), cfgs, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithStandby(time.Second), WithCheckpoints(shared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.lease, err = openLease(ctx, b.js, b.subj.LeaseBucket(), 1, time.Second, b.id, b.log); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.checkSharedCheckpoints(ctx); err != nil {
+		t.Fatalf("the restarted standby, sharing the store: %v", err)
 	}
 }
