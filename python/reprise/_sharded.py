@@ -571,20 +571,30 @@ class ShardedClient:
         # _INFO_TIMEOUT rather than by this call's time: it is waited for
         # no longer than that time, and goes on.
         waits = [asyncio.shield(t) for t in tasks]
-        done, pending = await asyncio.wait(waits, timeout=timeout)
-        for w in pending:
-            w.cancel()  # the wait, not the request
-        for t in tasks:
-            if not t.done():
-                t.add_done_callback(_retrieve)  # its failure may reach no one now
+        try:
+            done, _ = await asyncio.wait(waits, timeout=timeout)
+        finally:
+            # Timed out or cancelled: stop waiting, not the requests, whose
+            # failures may then reach no one.
+            for w in waits:
+                if not w.done():
+                    w.cancel()
+            for t in tasks:
+                if not t.done():
+                    t.add_done_callback(_retrieve)
+        # Every failure is read, the first in shard order raised.
+        first: BaseException | None = None
         for w in waits:
             if w not in done:
                 continue
+            err: BaseException | None
             if w.cancelled():  # its request was: only close cancels them
-                raise errors.ClosedError(f"table {table!r}: the client closed while it asked the shards")
-            err = w.exception()
-            if err is not None:
-                raise err
+                err = errors.ClosedError(f"table {table!r}: the client closed while it asked the shards")
+            else:
+                err = w.exception()
+            first = first or err
+        if first is not None:
+            raise first
 
     async def _fetch(self, key: tuple[str, int, int], st: _TableState, timeout: float | None) -> None:
         table, i, gen = key

@@ -695,6 +695,43 @@ def test_no_probe_fails_unretrieved_after_close(reprised_factory: Any) -> None:
     asyncio.run(main())
 
 
+def test_a_refresh_given_up_leaves_no_failure_unseen() -> None:
+    """A draw whose caller gives up (asyncio.wait_for, a sampler's aclose)
+    while it waits for the shards' info stops waiting, not the requests: one
+    that fails afterwards was left failing unseen ("exception was never
+    retrieved")."""
+    contexts: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: contexts.append(ctx))
+        c = reprise.aio.ShardedClient("nats://127.0.0.1:1", PREFIXES)  # never connected: _info is replaced
+        started, fail = asyncio.Semaphore(0), asyncio.Event()
+
+        async def failing_info(timeout: float | None, table: str = "") -> Any:
+            started.release()
+            await fail.wait()
+            raise reprise.InvalidArgumentError("a failure that is not the shard being down")
+
+        for sh in c._shards:
+            sh._info = failing_info  # type: ignore[method-assign]
+        draw = asyncio.ensure_future(c._refresh("t", _sharded._TableState("t", tuple(c.prefixes)), [0, 1], 30.0))
+        for _ in c._shards:
+            await started.acquire()
+        draw.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await draw
+        fail.set()
+        while c._refreshing:
+            await asyncio.sleep(0.01)
+        del draw
+        gc.collect()
+        await asyncio.sleep(0)
+        lost = [f"{x.get('message')}: {x.get('exception')!r}" for x in contexts if "never retrieved" in str(x.get("message"))]
+        assert not lost, lost
+
+    asyncio.run(main())
+
+
 def test_every_shard_down_is_unavailable(binaries: dict[str, Path], tmp_path: Path) -> None:
     """With no shard answering there is no item to wait for: a sample fails
     with UnavailableError naming the shards, as a Client's does when its
