@@ -608,7 +608,7 @@ func (s *Service) Run(parent context.Context) error {
 	})
 	defer reader.close()
 	if err := reader.open(ctx); err != nil {
-		return fmt.Errorf("broker: consumer on %s: %w", s.subj.Stream(), err)
+		return stoppedOr(parent, fmt.Errorf("broker: consumer on %s: %w", s.subj.Stream(), err))
 	}
 
 	stopAnswering := func() {}
