@@ -89,6 +89,13 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: subscribing to replies: %w", err)
 	}
+	// A reply larger than nats.go's 64 MiB of pending bytes arrives in
+	// parts faster than a paused handler (a GC, a loaded learner) takes
+	// them; a part dropped fails its call. Python's client allows 1 GiB.
+	if err := c.sub.SetPendingLimits(-1, replyPendingBytes); err != nil {
+		c.sub.Unsubscribe()
+		return nil, fmt.Errorf("broker: subscribing to replies: %w", err)
+	}
 	// No reply comes once the connection is closed for good, nor any
 	// progress: a call waiting for one waited out its deadline (a minute
 	// and more), or for ever.
@@ -107,13 +114,22 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) (*Client, error) {
 	return c, nil
 }
 
-// Close stops the client. Calls in progress fail with ErrClosed.
+// replyPendingBytes bounds the reply bytes a client holds before its
+// handler takes them.
+const replyPendingBytes = 1 << 30
+
+// Close stops the client. Calls in progress fail with ErrClosed. A second
+// Close does nothing.
 func (c *Client) Close() error {
-	err := errors.Join(c.sub.Unsubscribe(), c.progressSub.Unsubscribe())
-	c.applied.close(ErrClosed)
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
 	c.closed = true
 	c.mu.Unlock()
+	err := errors.Join(c.sub.Unsubscribe(), c.progressSub.Unsubscribe())
+	c.applied.close(ErrClosed)
 	c.failPending(ErrClosed)
 	return err
 }
@@ -472,22 +488,43 @@ func (c *Client) mutate(ctx context.Context, table string, m *wire.Mutation) err
 		}
 		c.known.Store(table, struct{}{})
 	}
-	data, err := proto.Marshal(m)
-	if err != nil {
-		return fmt.Errorf("broker: encoding mutation: %w", err)
-	}
-	ack, err := c.js.Publish(ctx, c.subj.Mutate(), data)
-	if err != nil {
-		return fmt.Errorf("broker: publishing mutation for table %q: %w", table, err)
+	// Split as Python's client splits: the service refuses a mutation of
+	// more ops than its limits.max_mutation_ops, and NATS one over its max
+	// payload.
+	per := min(maxMutationOps, max(1, (int(c.nc.MaxPayload())-1024-len(table))/mutationOpBytes))
+	ops := m.Ops
+	var last uint64
+	for start := 0; start == 0 || start < len(ops); start += per {
+		m.Ops = ops[start:min(start+per, len(ops))]
+		data, err := proto.Marshal(m)
+		if err != nil {
+			return fmt.Errorf("broker: encoding mutation: %w", err)
+		}
+		ack, err := c.js.Publish(ctx, c.subj.Mutate(), data)
+		if err != nil {
+			if start > 0 {
+				return fmt.Errorf("broker: publishing mutation for table %q: its first %d of %d ops were stored, the rest not: %w", table, start, len(ops), err)
+			}
+			return fmt.Errorf("broker: publishing mutation for table %q: %w", table, err)
+		}
+		last = ack.Sequence
 	}
 	if c.o.returnOnStore {
 		return nil
 	}
-	if err := c.applied.waitFor(ctx, ack.Sequence); err != nil {
-		return fmt.Errorf("%w: mutation for table %q stored at sequence %d: %w", ErrNotApplied, table, ack.Sequence, err)
+	if err := c.applied.waitFor(ctx, last); err != nil {
+		return fmt.Errorf("%w: mutation for table %q stored up to sequence %d: %w", ErrNotApplied, table, last, err)
 	}
 	return nil
 }
+
+// maxMutationOps is the service's default limits.max_mutation_ops: a
+// mutation of more is sent in parts. mutationOpBytes bounds one encoded op
+// (key, priority, delete flag and framing).
+const (
+	maxMutationOps  = 65536
+	mutationOpBytes = 24
+)
 
 // appliedWatch follows the service's applied stream sequence.
 type appliedWatch struct {
@@ -597,8 +634,30 @@ func deleteMutations(keys []uint64) []tables.Mutation {
 	return muts
 }
 
-// Info describes every table, or only the named one.
+// How long a call waits for the service when its ctx has no deadline (the
+// Python client's defaults): a service that never answers (stopped, hung)
+// must not hold the caller for ever. Info and Items are answered at once;
+// a reset waits for the stream to reach it, a checkpoint writes every
+// table.
+const (
+	DefaultInfoWait       = 10 * time.Second
+	DefaultResetWait      = 60 * time.Second
+	DefaultCheckpointWait = 120 * time.Second
+)
+
+// withDefaultWait bounds ctx by d unless it has a deadline.
+func withDefaultWait(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// Info describes every table, or only the named one. Without a deadline in
+// ctx it waits at most DefaultInfoWait, as Items and Get do.
 func (c *Client) Info(ctx context.Context, table string) (*Info, error) {
+	ctx, cancel := withDefaultWait(ctx, DefaultInfoWait)
+	defer cancel()
 	data, err := c.request(ctx, c.subj.Info(), &wire.TableRequest{Table: table})
 	if err != nil {
 		return nil, err
@@ -614,8 +673,11 @@ func (c *Client) Info(ctx context.Context, table string) (*Info, error) {
 }
 
 // Reset empties table (every table when table is empty) and zeroes its
-// rate limiter. Like a mutation it goes through the stream.
+// rate limiter. Like a mutation it goes through the stream. Without a
+// deadline in ctx it waits at most DefaultResetWait.
 func (c *Client) Reset(ctx context.Context, table string) error {
+	ctx, cancel := withDefaultWait(ctx, DefaultResetWait)
+	defer cancel()
 	data, err := c.request(ctx, c.subj.ResetAPI(), &wire.TableRequest{Table: table})
 	if err != nil {
 		return err
@@ -687,7 +749,16 @@ func WithInFlight(n int) SamplerOption {
 // limiter (default: the service's maximum). Next then returns an error
 // matching ErrRateLimited instead of hanging.
 func WithRateLimitTimeout(d time.Duration) SamplerOption {
-	return samplerOption(func(o *samplerOptions) error { o.timeout = d; return nil })
+	return samplerOption(func(o *samplerOptions) error {
+		// Python refuses the same: a port of Reverb's
+		// rate_limiter_timeout_ms=0 meant "do not wait", and waited the
+		// service's whole minute.
+		if d <= 0 {
+			return fmt.Errorf("%w: WithRateLimitTimeout(%v): want > 0 (leave it out to wait the service's maximum)", ErrInvalidOption, d)
+		}
+		o.timeout = d
+		return nil
+	})
 }
 
 // NewSampler starts prefetching batches of size items from table, until
@@ -802,8 +873,11 @@ func (p *prefetcher[T]) close() {
 	p.wg.Wait()
 }
 
-// Checkpoint asks the service to write a checkpoint now.
+// Checkpoint asks the service to write a checkpoint now. Without a
+// deadline in ctx it waits at most DefaultCheckpointWait.
 func (c *Client) Checkpoint(ctx context.Context) (*CheckpointInfo, error) {
+	ctx, cancel := withDefaultWait(ctx, DefaultCheckpointWait)
+	defer cancel()
 	data, err := c.request(ctx, c.subj.Checkpoint(), &wire.CheckpointRequest{})
 	if err != nil {
 		return nil, err
@@ -840,6 +914,8 @@ func (c *Client) Get(ctx context.Context, table string, keys ...uint64) (*ItemLi
 }
 
 func (c *Client) items(ctx context.Context, req *wire.ItemsRequest) (*ItemList, error) {
+	ctx, cancel := withDefaultWait(ctx, DefaultInfoWait)
+	defer cancel()
 	data, err := c.request(ctx, c.subj.Items(), req)
 	if err != nil {
 		return nil, err

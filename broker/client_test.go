@@ -309,3 +309,115 @@ func TestNoMutationFromAClosedClient(t *testing.T) {
 		}
 	}
 }
+
+// TestMutationsOfManyKeysAreApplied: a mutation of more ops than the
+// service's limits.max_mutation_ops, and larger than NATS's max payload, is
+// sent in parts and applied. Delete of 100,000 keys failed with "maximum
+// payload exceeded", and one of 70,000 returned nil while the service
+// refused it whole: the items it deleted were all still there.
+func TestMutationsOfManyKeysAreApplied(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer()
+	for i := range int64(3) {
+		if err := p.Append(ctx, step(i, 4)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := d.client()
+	items, err := c.Items(ctx, "t", 0, 10)
+	if err != nil || len(items.Items) != 3 {
+		t.Fatalf("items %v, %v; want 3", items, err)
+	}
+	for _, n := range []int{70_000, 100_000} {
+		keys := make([]uint64, n)
+		for i := range keys {
+			keys[i] = uint64(1<<40 + i)
+		}
+		ups := make([]tables.PriorityUpdate, len(keys))
+		for i, k := range keys {
+			ups[i] = tables.PriorityUpdate{Key: k, Priority: 1}
+		}
+		if err := c.UpdatePriorities(ctx, "t", ups...); err != nil {
+			t.Fatalf("UpdatePriorities of %d keys: %v", n, err)
+		}
+	}
+	keys := make([]uint64, 70_000)
+	for i := range keys {
+		keys[i] = uint64(1<<40 + i)
+	}
+	for i, it := range items.Items {
+		keys[len(keys)-1-i] = it.Key // in the last part
+	}
+	if err := c.Delete(ctx, "t", keys...); err != nil {
+		t.Fatalf("Delete of %d keys: %v", len(keys), err)
+	}
+	if after, err := c.Items(ctx, "t", 0, 10); err != nil || len(after.Items) != 0 {
+		t.Fatalf("after Delete of %d keys the table holds %v (%v), want none", len(keys), after, err)
+	}
+}
+
+// TestCloseTwice: a second Close (a deferred one after an explicit one)
+// does nothing, as Python's close; it returned "nats: invalid
+// subscription".
+func TestCloseTwice(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	c := d.client()
+	for i := range 2 {
+		if err := c.Close(); err != nil {
+			t.Fatalf("Close %d: %v", i+1, err)
+		}
+	}
+}
+
+// TestSamplerRefusesANonPositiveTimeout: WithRateLimitTimeout of 0 or less
+// is refused, as Python's sampler refuses it: a port of Reverb's
+// rate_limiter_timeout_ms=0 ("do not wait") waited the service's minute.
+func TestSamplerRefusesANonPositiveTimeout(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	c := d.client()
+	for _, timeout := range []time.Duration{-time.Second, 0} {
+		s, err := c.NewSampler("t", 1, WithRateLimitTimeout(timeout))
+		if err == nil {
+			s.Close()
+		}
+		if !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("WithRateLimitTimeout(%v): %v, want ErrInvalidOption", timeout, err)
+		}
+	}
+}
+
+// TestCallsToAHungServiceEnd: Info, and a first mutation of a table (which
+// asks Info first), end on a service that never answers though their ctx
+// has no deadline: they waited for ever.
+func TestCallsToAHungServiceEnd(t *testing.T) {
+	d := &deployment{t: t, url: testutil.StartEmbedded(t, 0), prefix: "hung"}
+	stand := d.connect()
+	if _, err := stand.Subscribe("hung.api.>", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stand.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c := d.client()
+	done := make(chan error, 2)
+	go func() { _, err := c.Info(context.Background(), "t"); done <- err }()
+	go func() { done <- c.Delete(context.Background(), "t", 1) }()
+	limit := time.After(DefaultInfoWait + time.Minute) // ample: the wait is DefaultInfoWait
+	for range 2 {
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("a call to a hung service: %v, want its default wait's end", err)
+			}
+		case <-limit:
+			t.Fatal("Info or Delete of a service that never answers still waits")
+		}
+	}
+}

@@ -91,6 +91,11 @@ def parse_status_reply(cls: Any, data: bytes, what: str) -> Any:
     return resp
 
 
+#: The service's default limits.max_mutation_ops: a mutation of more ops
+#: is sent as several messages.
+MAX_MUTATION_OPS = 65536
+
+
 def mutation_messages(
     table: str,
     updates: Mapping[int, float] | None,
@@ -102,11 +107,14 @@ def mutation_messages(
     if not table:
         raise errors.InvalidArgumentError("empty table name")
     ops: list[pb.MutationOp] = []
-    for k in deletes or ():
+    for k in () if deletes is None else deletes:
         ops.append(pb.MutationOp(key=_key(k), delete=True))
     for k, p in (updates or {}).items():
         ops.append(pb.MutationOp(key=_key(k), priority=_codec.check_finite_priority(p, f"key {int(k)}")))
-    per_msg = max(1, (max_payload - 1024 - len(table)) // 24)
+    # The service refuses a mutation of more ops than its
+    # limits.max_mutation_ops (default MAX_MUTATION_OPS), NATS one over
+    # its max payload.
+    per_msg = min(MAX_MUTATION_OPS, max(1, (max_payload - 1024 - len(table)) // 24))
     return [
         pb.Mutation(table=table, ops=ops[i : i + per_msg]).SerializeToString() for i in range(0, len(ops), per_msg)
     ] or []

@@ -316,6 +316,26 @@ def test_sampler_refuses_a_timeout_without_time(client: reprise.Client, server: 
     asyncio.run(main())
 
 
+def test_a_delete_of_more_keys_than_the_service_takes_at_once(client: reprise.Client) -> None:
+    """A mutation of more ops than the service's limits.max_mutation_ops
+    (65,536) is sent in parts: at 8 MiB of max payload it went as one
+    message, which the service refused whole, and the call returned as if
+    applied."""
+    client.reset("replay")
+    with client.trajectory_writer(1) as w:
+        for i in range(3):
+            w.append({"x": np.int64(i)})
+            w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
+        w.wait_applied(timeout=30)
+    held = np.unique(client.sample_batch("replay", 64, timeout=10).info.key)
+    assert len(held) == 3
+    msgs = aio.mutation_messages("replay", None, range(70_000), 8 << 20)
+    assert len(msgs) == 2, "split at the service's limit, not only at the max payload"
+    keys = np.concatenate([np.arange(1 << 40, (1 << 40) + 70_000 - 3, dtype=np.uint64), held])
+    client.mutate_priorities("replay", deletes=keys, timeout=30)
+    assert table_size(client, "replay") == 0
+
+
 def test_rate_limited_sample_raises(client: reprise.Client) -> None:
     client.reset("limited")
     t0 = time.monotonic()
