@@ -33,7 +33,9 @@ type Limits struct {
 	// items than fit at the size of the largest item the table took since
 	// its last reset (held or not) is refused before anything is sampled;
 	// one item is always served. At least MaxItemBytes. It also bounds an
-	// items reply's bytes, which never take more than 64 MiB.
+	// items reply's bytes, which never take more than 64 MiB. Go learners
+	// refuse a reply whose items decode to more than its default,
+	// wire.MaxReplyBytes, whatever it is.
 	MaxReplyBytes int64
 	// MaxMutationOps bounds the priority updates and deletes of one
 	// mutation message.
@@ -75,7 +77,7 @@ func DefaultLimits() Limits {
 		MaxColumnsPerItem:   1024,
 		MaxSlicesPerItem:    1 << 14,
 		MaxItemBytes:        256 << 20,
-		MaxReplyBytes:       2 << 30,
+		MaxReplyBytes:       wire.MaxReplyBytes,
 		MaxMutationOps:      1 << 16,
 		MaxProducers:        100_000,
 		MaxProducerWindow:   1024,

@@ -440,34 +440,69 @@ func CheckChunkHeader(c *Chunk) (rawSize int, stepBytes int64, err error) {
 
 // decompress writes the chunk's decompressed data, exactly rawSize bytes,
 // into dst's storage, growing it only once the data has passed the checks
-// that can be made before decompressing.
+// that can be made before decompressing (checkCompressed's).
 func decompress(c *Chunk, rawSize int, dst []byte) ([]byte, error) {
+	if err := checkCompressed(c, rawSize); err != nil {
+		return nil, err
+	}
+	return decompressChecked(c, rawSize, dst)
+}
+
+// checkCompressed makes the checks of a chunk's data that need no
+// decompressing: its codec is known, and its data can decode to rawSize
+// bytes and no more (a zstd frame's declared size, an S2 block's decoded
+// length). A caller that has bounded rawSize (by MaxChunkRawSize, and by
+// what a reply may decode to) so bounds what decompressing costs.
+func checkCompressed(c *Chunk, rawSize int) error {
 	switch c.Compression {
 	case Compression_COMPRESSION_NONE, Compression_COMPRESSION_ZSTD, Compression_COMPRESSION_S2:
 	default:
-		return nil, fmt.Errorf("%w: chunk %d: unknown compression %v", ErrInvalidChunk, c.Key, c.Compression)
+		return fmt.Errorf("%w: chunk %d: unknown compression %v", ErrInvalidChunk, c.Key, c.Compression)
 	}
 	if rawSize == 0 {
 		// Encoders store no bytes for an empty chunk, whatever the codec.
 		if len(c.Data) != 0 {
-			return nil, fmt.Errorf("%w: chunk %d: raw_size is 0 but data has %d bytes", ErrInvalidChunk, c.Key, len(c.Data))
+			return fmt.Errorf("%w: chunk %d: raw_size is 0 but data has %d bytes", ErrInvalidChunk, c.Key, len(c.Data))
 		}
-		return dst[:0], nil
+		return nil
 	}
 	switch c.Compression {
 	case Compression_COMPRESSION_ZSTD:
 		if int64(rawSize) > int64(len(c.Data)/3)*zstdMaxBlockSize {
-			return nil, fmt.Errorf("%w: chunk %d: %d bytes of zstd data cannot hold raw_size %d", ErrInvalidChunk, c.Key, len(c.Data), rawSize)
+			return fmt.Errorf("%w: chunk %d: %d bytes of zstd data cannot hold raw_size %d", ErrInvalidChunk, c.Key, len(c.Data), rawSize)
 		}
 		// A frame that states its size must state the declared one: a bomb
 		// is refused before a byte is decompressed.
 		var h zstd.Header
 		if err := h.Decode(c.Data); err != nil {
-			return nil, fmt.Errorf("%w: chunk %d: zstd frame header: %v", ErrInvalidChunk, c.Key, err)
+			return fmt.Errorf("%w: chunk %d: zstd frame header: %v", ErrInvalidChunk, c.Key, err)
 		}
 		if h.HasFCS && h.FrameContentSize != uint64(rawSize) {
-			return nil, fmt.Errorf("%w: chunk %d: zstd frame declares %d bytes, raw_size is %d", ErrInvalidChunk, c.Key, h.FrameContentSize, rawSize)
+			return fmt.Errorf("%w: chunk %d: zstd frame declares %d bytes, raw_size is %d", ErrInvalidChunk, c.Key, h.FrameContentSize, rawSize)
 		}
+	case Compression_COMPRESSION_S2:
+		// S2 has no ratio to check (a run of zeros takes a few bytes a
+		// megabyte), but a block states its decoded length up front.
+		n, err := s2.DecodedLen(c.Data)
+		if err != nil {
+			return fmt.Errorf("%w: chunk %d: s2 data: %v", ErrInvalidChunk, c.Key, err)
+		}
+		if n != rawSize {
+			return fmt.Errorf("%w: chunk %d: s2 data decodes to %d bytes, raw_size is %d", ErrInvalidChunk, c.Key, n, rawSize)
+		}
+	default:
+		return checkUncompressed(c, rawSize)
+	}
+	return nil
+}
+
+// decompressChecked is decompress for a chunk that passed checkCompressed.
+func decompressChecked(c *Chunk, rawSize int, dst []byte) ([]byte, error) {
+	if rawSize == 0 {
+		return dst[:0], nil
+	}
+	switch c.Compression {
+	case Compression_COMPRESSION_ZSTD:
 		dec, err := zstdDecoder()
 		if err != nil {
 			return nil, fmt.Errorf("wire: zstd decoder: %w", err)
@@ -481,22 +516,12 @@ func decompress(c *Chunk, rawSize int, dst []byte) ([]byte, error) {
 		}
 		return raw, nil
 	case Compression_COMPRESSION_S2:
-		n, err := s2.DecodedLen(c.Data)
-		if err != nil {
-			return nil, fmt.Errorf("%w: chunk %d: s2 data: %v", ErrInvalidChunk, c.Key, err)
-		}
-		if n != rawSize {
-			return nil, fmt.Errorf("%w: chunk %d: s2 data decodes to %d bytes, raw_size is %d", ErrInvalidChunk, c.Key, n, rawSize)
-		}
 		raw, err := s2.Decode(slices.Grow(dst[:0], rawSize)[:rawSize], c.Data)
 		if err != nil {
 			return nil, fmt.Errorf("%w: chunk %d: s2 data: %v", ErrInvalidChunk, c.Key, err)
 		}
 		return raw, nil
 	default:
-		if err := checkUncompressed(c, rawSize); err != nil {
-			return nil, err
-		}
 		return append(dst[:0], c.Data...), nil
 	}
 }

@@ -45,8 +45,9 @@ type SampleReply = Reply[DecodedSample]
 // DecodeSampleResponse decodes a SampleResponse whose items are packed in
 // the compact or uniform layout (SampleRequest.packed and layout): its
 // status, the table's state after the sample, and its items with every
-// column gathered from the response's chunks, each chunk decompressed
-// once. The work is per response, not per item: the items' columns, their
+// column gathered from the response's chunks, each chunk an item uses
+// decompressed once (a reply whose items decode to more than
+// MaxReplyBytes is refused, as ErrMalformed, before it costs that). The work is per response, not per item: the items' columns, their
 // shapes and their data each live in one array, so a batch of small items
 // costs a handful of allocations. A response with items that are not
 // packed, or packed in the wide layout, comes from a service older than
@@ -85,8 +86,27 @@ func DecodeSamples[S, C any](b []byte, column func(SampledColumn) C, item func(t
 	if err := d.readItems(); err != nil {
 		return Reply[S]{}, err
 	}
-	return Reply[S]{Code: reply.Code, Message: reply.Message, After: reply.After, Samples: assemble(d, column, item)}, nil
+	samples, err := assemble(d, column, item)
+	if err != nil {
+		return Reply[S]{}, err
+	}
+	return Reply[S]{Code: reply.Code, Message: reply.Message, After: reply.After, Samples: samples}, nil
 }
+
+// MaxReplyBytes bounds what decoding one sample reply may allocate for its
+// items (DecodeSampleResponse, DecodeSamples, DecodeBatchResponse): the
+// bytes its items' columns decode to, counted before any is allocated, and
+// separately the chunks decompressed and held at once while their steps
+// are copied out. It is the service's default limits.max_reply_bytes, the
+// most a service with that default sends: a reply over it is refused as
+// malformed (ErrMalformed), so that a hostile or broken reply of a few
+// megabytes (one S2 chunk of zeros, sliced a million times) costs an error
+// rather than the learner's process. A service whose max_reply_bytes is
+// raised above it can send replies this package refuses.
+const MaxReplyBytes = 2 << 30
+
+// maxReplyBytes is MaxReplyBytes, lowered by tests.
+var maxReplyBytes int64 = MaxReplyBytes
 
 // sampleDecoder holds a response's parts while DecodeSampleResponse reads
 // them. Slices of the arenas are kept as offsets until the arenas stop
@@ -102,6 +122,13 @@ type sampleDecoder struct {
 	slices  []sampledSlice
 	// expanded holds the records a uniform reply leaves out.
 	expanded []byte
+	// size is what the items' columns decode to, bounded by maxReplyBytes;
+	// held is what the chunks decompressed and not yet done with take,
+	// bounded the same.
+	size, held int64
+	// spare is the buffer of a decompressed chunk that no slice needs any
+	// more, which the next chunk to decompress reuses if it fits.
+	spare []byte
 }
 
 // packedFields are a PackedSamples' fields, undecoded.
@@ -128,6 +155,7 @@ func (d *sampleDecoder) release() {
 	clear(d.packed.formats)
 	clear(d.packed.names)
 	d.packed = packedFields{names: d.packed.names[:0], formats: d.packed.formats[:0]}
+	d.size, d.held, d.spare = 0, 0, nil
 	decoders.Put(d)
 }
 
@@ -143,8 +171,16 @@ type sampledChunk struct {
 	dims, ndims int // step shape: dims[dims:dims+ndims]
 	steps       int64
 	stepBytes   int64
+	// data is the chunk's steps: payload's bytes where they are stored
+	// plain, or else decompressed once a slice needs them (ready), and
+	// dropped once no slice does (left).
 	data        []byte
+	ready       bool
+	payload     []byte
+	compression Compression
+	delta       bool
 	uses        int // slices of the response that select from it
+	left        int // of uses, those not yet copied out
 }
 
 type sampledItem struct {
@@ -423,7 +459,9 @@ func (d *sampleDecoder) readFormats() error {
 }
 
 // readChunks checks every chunk record against its format and the data it
-// points at, and decompresses each chunk that needs it, once.
+// points at, and the compressed ones' data as far as it can be without
+// decompressing it: a chunk is decompressed only once a slice needs it
+// (load), so a chunk no item uses costs nothing.
 func (d *sampleDecoder) readChunks() error {
 	if err := d.readFormats(); err != nil {
 		return err
@@ -453,21 +491,69 @@ func (d *sampleDecoder) readChunks() error {
 		}
 		payload := data[at : at+size : at+size]
 		at += size
+		c := sampledChunk{key: key, dtype: f.dtype, dims: f.dims, ndims: f.ndims, steps: int64(steps), stepBytes: f.stepBytes}
 		// Differences of one step are the step: its bytes are the payload's.
 		if compression != Compression_COMPRESSION_NONE || (delta && steps > 1) || len(payload) != int(want) {
-			c := &Chunk{Key: key, Dtype: f.dtype, Length: int32(steps), Compression: compression, DeltaEncoded: delta, RawSize: uint64(want), Data: payload}
-			var err error
-			if payload, err = decompress(c, int(want), nil); err != nil {
+			if err := checkCompressed(d.chunkMessage(&c, compression, payload), int(want)); err != nil {
 				return err
 			}
-			if delta {
-				deltaDecode(payload, int(f.stepBytes), dtypes[f.dtype].size)
-			}
+			c.payload, c.compression, c.delta = payload, compression, delta
+		} else {
+			c.data, c.ready = payload, true
 		}
-		d.chunks = append(d.chunks, sampledChunk{key: key, dtype: f.dtype, dims: f.dims, ndims: f.ndims,
-			steps: int64(steps), stepBytes: f.stepBytes, data: payload})
+		d.chunks = append(d.chunks, c)
 	}
 	return nil
+}
+
+// chunkMessage is what decompress needs of a chunk.
+func (d *sampleDecoder) chunkMessage(c *sampledChunk, compression Compression, payload []byte) *Chunk {
+	return &Chunk{Key: c.key, Dtype: c.dtype, Length: int32(c.steps), Compression: compression, RawSize: uint64(c.steps * c.stepBytes), Data: payload}
+}
+
+// load decompresses chunk c, unless it is stored plain or already was.
+// A chunk that is a column whole (keep) becomes that column, in a buffer
+// of its own; any other is held only until its slices are copied out
+// (done), in a buffer the next chunk may reuse, and what such chunks hold
+// at once is bounded by maxReplyBytes.
+func (d *sampleDecoder) load(c *sampledChunk, keep bool) error {
+	if c.ready {
+		return nil
+	}
+	raw := c.steps * c.stepBytes
+	var dst []byte
+	if !keep {
+		if raw > maxReplyBytes-d.held {
+			return fmt.Errorf("%w: sample response: chunk %d: decompressing its %d bytes would hold %d bytes of chunks at once, over the %d a reply may decode to",
+				ErrMalformed, c.key, raw, d.held+raw, maxReplyBytes)
+		}
+		d.held += raw
+		if int64(cap(d.spare)) >= raw {
+			dst, d.spare = d.spare, nil
+		}
+	}
+	data, err := decompressChecked(d.chunkMessage(c, c.compression, c.payload), int(raw), dst)
+	if err != nil {
+		return err
+	}
+	if c.delta {
+		deltaDecode(data, int(c.stepBytes), dtypes[c.dtype].size)
+	}
+	c.data, c.ready = data, true
+	return nil
+}
+
+// done records that one more of c's slices was copied out, and lets the
+// buffer of a decompressed chunk go once its last one is.
+func (d *sampleDecoder) done(c *sampledChunk) {
+	if c.left--; c.left > 0 || c.payload == nil {
+		return
+	}
+	d.held -= c.steps * c.stepBytes
+	if cap(c.data) > cap(d.spare) {
+		d.spare = c.data[:0]
+	}
+	c.data, c.ready = nil, false
 }
 
 func (d *sampleDecoder) stepShape(c *sampledChunk) []int64 { return d.dims[c.dims : c.dims+c.ndims] }
@@ -481,6 +567,7 @@ func (d *sampleDecoder) readItems() error {
 	d.items = slices.Grow(d.items[:0], nitems)[:nitems]
 	d.columns = slices.Grow(d.columns[:0], ncols)[:0]
 	d.slices = slices.Grow(d.slices[:0], nslices)[:0]
+	d.size = 0
 	for i := range nitems {
 		r := infos[i*compactInfoSize : (i+1)*compactInfoSize]
 		it := &d.items[i]
@@ -537,7 +624,8 @@ func readCompactInfo(r []byte) (tables.SampleInfo, uint32) {
 }
 
 // checkColumn checks that a column's slices lie within their chunks and
-// agree on dtype and step shape, and sizes it.
+// agree on dtype and step shape, and sizes it: the columns of a reply
+// together decode to at most maxReplyBytes.
 func (d *sampleDecoder) checkColumn(col *sampledColumn) error {
 	if col.nslice == 0 {
 		return fmt.Errorf("%w: column %q has no slices", ErrInvalidColumn, col.name)
@@ -565,6 +653,10 @@ func (d *sampleDecoder) checkColumn(col *sampledColumn) error {
 	if col.squeeze && col.steps != 1 {
 		return fmt.Errorf("%w: column %q is squeezed but its slices select %d steps, not 1", ErrInvalidColumn, col.name, col.steps)
 	}
+	if int64(col.size) > maxReplyBytes-d.size {
+		return fmt.Errorf("%w: sample response: column %q takes its items to more than the %d bytes a reply may decode to", ErrMalformed, col.name, maxReplyBytes)
+	}
+	d.size += int64(col.size)
 	return nil
 }
 
@@ -581,8 +673,16 @@ func (d *sampleDecoder) whole(col *sampledColumn) *sampledChunk {
 	return c
 }
 
-// assemble lays the checked columns out in their arrays.
-func assemble[S, C any](d *sampleDecoder, column func(SampledColumn) C, item func(tables.SampleInfo, []C) S) []S {
+// startCopying readies the chunks' counts of slices left to copy out.
+func (d *sampleDecoder) startCopying() {
+	for i := range d.chunks {
+		d.chunks[i].left = d.chunks[i].uses
+	}
+}
+
+// assemble lays the checked columns out in their arrays, decompressing
+// each chunk as it is first needed.
+func assemble[S, C any](d *sampleDecoder, column func(SampledColumn) C, item func(tables.SampleInfo, []C) S) ([]S, error) {
 	var dims, size int
 	for i := range d.columns {
 		col := &d.columns[i]
@@ -595,6 +695,7 @@ func assemble[S, C any](d *sampleDecoder, column func(SampledColumn) C, item fun
 			size += col.size
 		}
 	}
+	d.startCopying()
 	var (
 		out    = make([]S, len(d.items))
 		cols   = make([]C, len(d.columns))
@@ -611,13 +712,24 @@ func assemble[S, C any](d *sampleDecoder, column func(SampledColumn) C, item fun
 		shapes = append(shapes, d.stepShape(first)...)
 		sc := SampledColumn{Name: col.name, Dtype: first.dtype, Shape: shapes[start:len(shapes):len(shapes)]}
 		if c := d.whole(col); c != nil {
+			if err := d.load(c, true); err != nil {
+				return nil, err
+			}
 			sc.Data = c.data
 		} else {
 			start := len(data)
 			for _, sl := range d.slices[col.first : col.first+col.nslice] {
 				c := &d.chunks[sl.chunk]
+				if !c.ready {
+					if err := d.load(c, false); err != nil {
+						return nil, err
+					}
+				}
 				from := int64(sl.offset) * c.stepBytes
 				data = append(data, c.data[from:from+int64(sl.length)*c.stepBytes]...)
+				if c.payload != nil {
+					d.done(c)
+				}
 			}
 			sc.Data = data[start:len(data):len(data)]
 		}
@@ -627,5 +739,5 @@ func assemble[S, C any](d *sampleDecoder, column func(SampledColumn) C, item fun
 		it := &d.items[i]
 		out[i] = item(it.info, cols[it.first:it.first+it.ncol:it.first+it.ncol])
 	}
-	return out
+	return out, nil
 }

@@ -238,6 +238,7 @@ func (d *sampleDecoder) stack() (SampledBatch, error) {
 	}
 	out.Columns = make([]SampledColumn, width)
 	shapes := make([]int64, 0, dims)
+	d.startCopying()
 	for j := range width {
 		col := &d.columns[first.first+j]
 		c := &d.chunks[d.slices[col.first].chunk]
@@ -255,8 +256,16 @@ func (d *sampleDecoder) stack() (SampledBatch, error) {
 			item := &d.columns[d.items[i].first+j]
 			for _, sl := range d.slices[item.first : item.first+item.nslice] {
 				c := &d.chunks[sl.chunk]
+				if !c.ready {
+					if err := d.load(c, false); err != nil {
+						return SampledBatch{}, err
+					}
+				}
 				from := int64(sl.offset) * c.stepBytes
 				data = append(data, c.data[from:from+int64(sl.length)*c.stepBytes]...)
+				if c.payload != nil {
+					d.done(c)
+				}
 			}
 		}
 		out.Columns[j] = SampledColumn{Name: col.name, Dtype: c.dtype, Shape: shapes[start:len(shapes):len(shapes)], Data: data}
