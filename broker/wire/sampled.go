@@ -47,7 +47,8 @@ type SampleReply = Reply[DecodedSample]
 // status, the table's state after the sample, and its items with every
 // column gathered from the response's chunks, each chunk an item uses
 // decompressed once (a reply whose items decode to more than
-// MaxReplyBytes is refused, as ErrMalformed, before it costs that). The work is per response, not per item: the items' columns, their
+// MaxReplyBytes is refused, as ErrMalformed, before it costs that). The
+// work is per response, not per item: the items' columns, their
 // shapes and their data each live in one array, so a batch of small items
 // costs a handful of allocations. A response with items that are not
 // packed, or packed in the wide layout, comes from a service older than
