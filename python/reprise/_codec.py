@@ -22,6 +22,10 @@ from ._proto import reprise_pb2 as pb
 
 #: Largest decompressed chunk, in bytes (wire.MaxChunkRawSize).
 MAX_CHUNK_RAW_SIZE: Final = 256 << 20
+#: The most a sample reply's items may decode to (Go's wire.MaxReplyBytes,
+#: the service's default limits.max_reply_bytes): a larger reply is refused
+#: before it is decoded.
+MAX_REPLY_BYTES: Final = 2 << 30
 
 #: The largest output of one zstd block (RFC 8878); every block costs at
 #: least 3 bytes, which bounds what n bytes of zstd data can decode to.

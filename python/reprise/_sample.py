@@ -625,6 +625,17 @@ def _layout(p: _Packed) -> _Layout:
             _fail(mixed, lambda s: f"{slice_(s)}: the column's chunks disagree on dtype or step shape")
     if ncol and (col_squeeze & (col_steps != 1)).any():
         _fail(col_squeeze & (col_steps != 1), lambda k: f"{column(k)} is squeezed but selects {col_steps[k]} steps")
+    # What the items decode to is bounded before anything is allocated for
+    # them, as in Go: a reply of a few megabytes (a chunk sliced a million
+    # times) asked for terabytes. In float64: the sum may pass int64.
+    if ncol:
+        step_bytes = np.array([f.step_bytes for f in formats], dtype=np.float64)
+        total = float(np.dot(col_steps.astype(np.float64), step_bytes[col_format]))
+        if total > _codec.MAX_REPLY_BYTES:
+            raise errors.ProtocolError(
+                f"the items decode to {total:.0f} bytes, over the {_codec.MAX_REPLY_BYTES} a reply may "
+                "(the service's default limits.max_reply_bytes)"
+            )
     return _Layout(
         n, info, limited, ncols, names, formats,
         col_name, col_squeeze, col_nslices, col_first, col_steps, col_format, single,

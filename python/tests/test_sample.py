@@ -999,3 +999,14 @@ def test_damaged_replies_are_protocol_errors(seed: int) -> None:
             at = int(rng.integers(0, len(b)))
             b[at] ^= 1 << int(rng.integers(0, 8))
         _decodes_or_refuses(bytes(b))
+
+
+def test_a_reply_that_decodes_to_too_much_is_refused_unread() -> None:
+    """A reply of one chunk sliced 400,000 times (a few megabytes) decodes to
+    more than any reply may: it is refused before anything is allocated for
+    its items, as by Go's client; it asked numpy for terabytes."""
+    chunk = pb.Chunk(key=1, dtype="uint8", step_shape=[], length=1 << 20, raw_size=1 << 20, data=bytes(1 << 20))
+    bomb = pack([Item([Column("x", [(1, 0, 1 << 20)] * 400_000)])], [chunk]).SerializeToString()
+    for decode in (_sample.decode_batch, _sample.decode_samples):
+        with pytest.raises(reprise.ProtocolError, match="decode to"):
+            decode(_sample.parse_response(bomb))
