@@ -1023,14 +1023,7 @@ func TestStandbyThatCannotReadTheActiveCheckpointsStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitUntil(t, "the lease names the checkpoint", func() bool {
-		e, err := d.svc.lease.kv.Get(ctx, leaseKey)
-		if err != nil {
-			return false
-		}
-		_, newest := leaseValue(e.Value())
-		return newest == res.Name
-	})
+	leaseNames(t, d.svc, res.Name)
 	b, err := New(d.connect(), cfgs, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithStandby(time.Second), WithCheckpoints(own))
 	if err != nil {
 		t.Fatal(err)
@@ -1065,14 +1058,7 @@ func TestStandbyThatDeletedADamagedNewestCheckpointRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitUntil(t, "the lease names the checkpoint", func() bool {
-		e, err := d.svc.lease.kv.Get(ctx, leaseKey)
-		if err != nil {
-			return false
-		}
-		_, newest := leaseValue(e.Value())
-		return newest == res.Name
-	})
+	leaseNames(t, d.svc, res.Name)
 	path := filepath.Join(dir, res.Name)
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -1099,4 +1085,18 @@ func TestStandbyThatDeletedADamagedNewestCheckpointRuns(t *testing.T) {
 	if err := b.checkSharedCheckpoints(ctx); err != nil {
 		t.Fatalf("the restarted standby, sharing the store: %v", err)
 	}
+}
+
+// leaseNames waits until the lease svc holds names checkpoint name.
+func leaseNames(t *testing.T, svc *Service, name string) {
+	t.Helper()
+	ctx := testutil.Context(t)
+	testutil.WaitUntil(t, "the lease names checkpoint "+name, func() bool {
+		e, err := svc.lease.kv.Get(ctx, leaseKey)
+		if err != nil {
+			return false
+		}
+		_, newest := leaseValue(e.Value())
+		return newest == name
+	})
 }

@@ -20,6 +20,15 @@ from reprise import _codec, aio
 from conftest import Reprised, gohelper, in_thread, wait_for
 
 
+def write_xs(c: reprise.Client, table: str, n: int) -> None:
+    """n one-step items of column x (0 to n-1), applied."""
+    with c.trajectory_writer(1) as w:
+        for i in range(n):
+            w.append({"x": np.int64(i)})
+            w.create_item(table, 1.0, {"x": w.history["x"][-1]})
+        w.wait_applied(timeout=30)
+
+
 def table_size(c: reprise.Client, table: str) -> int:
     return c.server_info(timeout=5)[table].current_size
 
@@ -269,11 +278,7 @@ def test_sampler_with_a_timeout_does_not_end_when_the_service_dies(reprised_fact
     training loop stopped as if done. It raises once it gave up waiting."""
     r = reprised_factory()
     with reprise.Client(r.url) as c:
-        with c.trajectory_writer(1) as w:
-            for i in range(8):
-                w.append({"x": np.int64(i)})
-                w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
-            w.wait_applied(timeout=30)
+        write_xs(c, "replay", 8)
 
     async def drain_async() -> None:
         async with aio.Client(r.url) as ac:
@@ -322,11 +327,7 @@ def test_a_delete_of_more_keys_than_the_service_takes_at_once(client: reprise.Cl
     message, which the service refused whole, and the call returned as if
     applied."""
     client.reset("replay")
-    with client.trajectory_writer(1) as w:
-        for i in range(3):
-            w.append({"x": np.int64(i)})
-            w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
-        w.wait_applied(timeout=30)
+    write_xs(client, "replay", 3)
     held = np.unique(client.sample_batch("replay", 64, timeout=10).info.key)
     assert len(held) == 3
     msgs = aio.mutation_messages("replay", None, range(70_000), 8 << 20)
@@ -390,11 +391,7 @@ def test_unknown_table_and_bad_arguments(client: reprise.Client) -> None:
 
 def test_priorities_deletes_reset_info_checkpoint(client: reprise.Client) -> None:
     client.reset("replay")
-    with client.trajectory_writer(1) as w:
-        for i in range(10):
-            w.append({"x": np.int64(i)})
-            w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
-        w.wait_applied(timeout=30)
+    write_xs(client, "replay", 10)
     batch = client.sample_batch("replay", 10, timeout=5)
     keys = np.unique(batch.info.key)
     client.update_priorities("replay", keys, np.full(len(keys), 7.5))
@@ -488,11 +485,7 @@ tables:
 """
     r = reprised_factory(tables)
     with reprise.Client(r.url) as c:
-        with c.trajectory_writer(1) as w:
-            for i in range(4):
-                w.append({"x": np.int64(i)})
-                w.create_item("q", 1.0, {"x": w.history["x"][-1]})
-            w.wait_applied(timeout=30)
+        write_xs(c, "q", 4)
         for call in (lambda: c.sample_batch("q", 2, timeout=0), lambda: list(c.sample("q", 2, timeout=0)),
                      lambda: c.reset("q", timeout=0), lambda: c.reset("q", timeout=-1)):
             with pytest.raises(reprise.DeadlineExceededError, match="not sending"):
