@@ -874,7 +874,9 @@ func (p *prefetcher[T]) close() {
 }
 
 // Checkpoint asks the service to write a checkpoint now. Without a
-// deadline in ctx it waits at most DefaultCheckpointWait.
+// deadline in ctx it waits at most DefaultCheckpointWait, which a table of
+// more than about 300 MiB may take to write: give such a call a deadline
+// of its own (the service allows 30 s and 1 s a 4 MiB).
 func (c *Client) Checkpoint(ctx context.Context) (*CheckpointInfo, error) {
 	ctx, cancel := withDefaultWait(ctx, DefaultCheckpointWait)
 	defer cancel()

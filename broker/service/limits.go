@@ -33,9 +33,11 @@ type Limits struct {
 	// items than fit at the size of the largest item the table took since
 	// its last reset (held or not) is refused before anything is sampled;
 	// one item is always served. At least MaxItemBytes. It also bounds an
-	// items reply's bytes, which never take more than 64 MiB. Go learners
-	// refuse a reply whose items decode to more than its default,
-	// wire.MaxReplyBytes, whatever it is.
+	// items reply's bytes, which never take more than 64 MiB. Learners, Go
+	// and Python, refuse a reply whose items decode to more than its
+	// default, wire.MaxReplyBytes, whatever it is; Go learners also one
+	// that needs more than that of decompressed chunks held at once
+	// (items of one step of chunks of 256 MiB, each taken twice far apart).
 	MaxReplyBytes int64
 	// MaxMutationOps bounds the priority updates and deletes of one
 	// mutation message.
