@@ -35,9 +35,7 @@ type Limits struct {
 	// one item is always served. At least MaxItemBytes. It also bounds an
 	// items reply's bytes, which never take more than 64 MiB. Learners, Go
 	// and Python, refuse a reply whose items decode to more than its
-	// default, wire.MaxReplyBytes, whatever it is; Go learners also one
-	// that needs more than that of decompressed chunks held at once
-	// (items of one step of chunks of 256 MiB, each taken twice far apart).
+	// default, wire.MaxReplyBytes, whatever it is.
 	MaxReplyBytes int64
 	// MaxMutationOps bounds the priority updates and deletes of one
 	// mutation message.

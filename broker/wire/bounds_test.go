@@ -1,9 +1,12 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/klauspost/compress/s2"
@@ -16,13 +19,28 @@ import (
 // service's reply, small on the wire and huge decoded. No columns is a
 // reply of no items.
 func zerosReply(nchunks, raw int, cols ...[]sampledSlice) []byte {
-	le := binary.LittleEndian
 	enc := s2.Encode(nil, make([]byte, raw))
+	payloads := make([][]byte, nchunks)
+	for i := range payloads {
+		payloads[i] = enc
+	}
+	var items [][][]sampledSlice
+	if len(cols) > 0 {
+		items = append(items, cols)
+	}
+	return chunksReply(Compression_COMPRESSION_S2, raw, payloads, items...)
+}
+
+// chunksReply is a compact sample reply over chunks of raw uint8 steps
+// each, stored as payloads compressed with compression, of items, each a
+// list of columns (named ca, cb, ...), each a list of slices.
+func chunksReply(compression Compression, raw int, payloads [][]byte, items ...[][]sampledSlice) []byte {
+	le := binary.LittleEndian
 	var format []byte
 	format = protowire.AppendTag(format, fieldFormatDtype, protowire.BytesType)
 	format = protowire.AppendString(format, "uint8")
 	var chunks, data []byte
-	for i := range nchunks {
+	for i, enc := range payloads {
 		for len(data)%packedAlign != 0 {
 			data = append(data, 0)
 		}
@@ -30,25 +48,28 @@ func zerosReply(nchunks, raw int, cols ...[]sampledSlice) []byte {
 		le.PutUint64(r, uint64(i+1))
 		le.PutUint32(r[8:], uint32(len(enc)))
 		le.PutUint32(r[12:], uint32(raw))
-		r[20] = byte(Compression_COMPRESSION_S2)
+		r[20] = byte(compression)
 		chunks = append(chunks, r...)
 		data = append(data, enc...)
 	}
 	var infos, columns, slices []byte
-	if len(cols) > 0 {
-		infos = make([]byte, compactInfoSize)
-		le.PutUint64(infos, 1)
-		le.PutUint32(infos[44:], uint32(len(cols)))
-	}
 	var names [][]byte
-	for j, col := range cols {
-		names = append(names, []byte{'c', byte('a' + j)})
-		columns = le.AppendUint32(columns, uint32(j))
-		columns = le.AppendUint32(columns, uint32(len(col)))
-		for _, sl := range col {
-			slices = le.AppendUint32(slices, uint32(sl.chunk))
-			slices = le.AppendUint32(slices, uint32(sl.offset))
-			slices = le.AppendUint32(slices, uint32(sl.length))
+	for i, cols := range items {
+		info := make([]byte, compactInfoSize)
+		le.PutUint64(info, uint64(i+1))
+		le.PutUint32(info[44:], uint32(len(cols)))
+		infos = append(infos, info...)
+		for j, col := range cols {
+			if j == len(names) {
+				names = append(names, []byte{'c', byte('a' + j)})
+			}
+			columns = le.AppendUint32(columns, uint32(j))
+			columns = le.AppendUint32(columns, uint32(len(col)))
+			for _, sl := range col {
+				slices = le.AppendUint32(slices, uint32(sl.chunk))
+				slices = le.AppendUint32(slices, uint32(sl.offset))
+				slices = le.AppendUint32(slices, uint32(sl.length))
+			}
 		}
 	}
 	var packed []byte
@@ -136,11 +157,14 @@ func TestDecodeSampleResponseRefusesASliceBomb(t *testing.T) {
 	})
 }
 
-// TestDecodeSampleResponseBoundsTheChunksItHolds: a chunk whose slices
-// are copied out is let go, and its buffer reused by the next one, so a
-// reply of one-byte slices of many large chunks holds one at a time; one
-// that holds more than MaxReplyBytes of chunks at once (lowered here to
-// 64 MiB) is refused. Every chunk was held to the end, with no bound.
+// TestDecodeSampleResponseBoundsTheChunksItHolds: the slices of compressed
+// chunks are copied out a chunk at a time, each chunk decompressed once
+// into a buffer the next reuses, so a reply of one-byte slices of many
+// large chunks holds one at a time, whatever the order its items use them
+// in: chunks used in turn, or interleaved by columns that each take a byte
+// of every chunk. Every chunk used to be held to the end, with no bound;
+// then interleaved chunks past MaxReplyBytes (lowered here to 64 MiB) held
+// at once were refused, although the items decode to a few bytes.
 func TestDecodeSampleResponseBoundsTheChunksItHolds(t *testing.T) {
 	defer func(m int64) { maxReplyBytes = m }(maxReplyBytes)
 	maxReplyBytes = 64 << 20
@@ -151,23 +175,89 @@ func TestDecodeSampleResponseBoundsTheChunksItHolds(t *testing.T) {
 		inTurn = append(inTurn, []sampledSlice{{chunk: c, offset: 0, length: 1}, {chunk: c, offset: 1, length: 1}})
 	}
 	for s := range 2 {
-		// Columns that each take a byte of every chunk: all are held at once.
+		// Columns that each take a byte of every chunk.
 		var col []sampledSlice
 		for c := range chunks {
 			col = append(col, sampledSlice{chunk: c, offset: int32(s), length: 1})
 		}
 		interleaved = append(interleaved, col)
 	}
-	b := zerosReply(chunks, raw, inTurn...)
-	decodeBoth(t, b, func(dec string, err error, n uint64) {
-		if err != nil || n > raw+1<<20 {
-			t.Errorf("%s: chunks used in turn: err %v, allocated %d MiB, want one chunk's %d", dec, err, n>>20, raw>>20)
+	for name, cols := range map[string][][]sampledSlice{"chunks used in turn": inTurn, "chunks interleaved": interleaved} {
+		b := zerosReply(chunks, raw, cols...)
+		decodeBoth(t, b, func(dec string, err error, n uint64) {
+			if err != nil || n > raw+1<<20 {
+				t.Errorf("%s: %s: err %v, allocated %d MiB, want one chunk's %d", name, dec, err, n>>20, raw>>20)
+			}
+		})
+	}
+}
+
+// TestDecodeSampleResponseDecodesItemsThatShareChunksFarApart is the
+// review's case: four chunks of 1 MiB, and items x, y, x of two steps
+// each, x of chunks 0 and 1, y of chunks 2 and 3, with MaxReplyBytes
+// lowered to 2.5 MiB. Copied item by item, chunks 0 and 1 were held until
+// x's second copy, so y's chunks took them past the bound and the reply,
+// whose items decode to 6 bytes, was refused as malformed.
+func TestDecodeSampleResponseDecodesItemsThatShareChunksFarApart(t *testing.T) {
+	defer func(m int64) { maxReplyBytes = m }(maxReplyBytes)
+	maxReplyBytes = 5 << 19
+	const raw = 1 << 20
+	rng := rand.New(rand.NewPCG(1, 2))
+	steps := make([][]byte, 4)
+	for c := range steps {
+		steps[c] = make([]byte, raw)
+		for i := range steps[c] {
+			steps[c][i] = byte(rng.Uint32())
 		}
-	})
-	b = zerosReply(chunks, raw, interleaved...)
-	decodeBoth(t, b, func(dec string, err error, n uint64) {
-		if !errors.Is(err, ErrMalformed) || n > 2*raw+1<<20 {
-			t.Errorf("%s: %d chunks of %d MiB held at once, over %d MiB: err %v, allocated %d MiB", dec, chunks, raw>>20, maxReplyBytes>>20, err, n>>20)
+	}
+	x := [][]sampledSlice{{{chunk: 0, offset: 1000, length: 1}, {chunk: 1, offset: raw - 1, length: 1}}}
+	y := [][]sampledSlice{{{chunk: 2, offset: 0, length: 1}, {chunk: 3, offset: 777, length: 1}}}
+	want := func(cols [][]sampledSlice) []byte {
+		var b []byte
+		for _, sl := range cols[0] {
+			b = append(b, steps[sl.chunk][sl.offset:sl.offset+sl.length]...)
 		}
-	})
+		return b
+	}
+	rows := [][]byte{want(x), want(y), want(x)}
+	enc, err := zstdEncoder()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, codec := range []Compression{Compression_COMPRESSION_ZSTD, Compression_COMPRESSION_S2} {
+		payloads := make([][]byte, len(steps))
+		for c, s := range steps {
+			if codec == Compression_COMPRESSION_ZSTD {
+				payloads[c] = enc.EncodeAll(s, nil)
+			} else {
+				payloads[c] = s2.Encode(nil, s)
+			}
+		}
+		b := chunksReply(codec, raw, payloads, x, y, x)
+		reply, err := DecodeSampleResponse(bytes.Clone(b))
+		if err != nil {
+			t.Fatalf("%v: DecodeSampleResponse: %v", codec, err)
+		}
+		if len(reply.Samples) != len(rows) {
+			t.Fatalf("%v: DecodeSampleResponse: %d items, want %d", codec, len(reply.Samples), len(rows))
+		}
+		for i, s := range reply.Samples {
+			if c := s.Columns[0]; !bytes.Equal(c.Data, rows[i]) || !slices.Equal(c.Shape, []int64{2}) {
+				t.Errorf("%v: DecodeSampleResponse: item %d: shape %v, data %v, want [2], %v", codec, i, c.Shape, c.Data, rows[i])
+			}
+		}
+		batch, err := DecodeBatchResponse(bytes.Clone(b))
+		if err != nil {
+			t.Fatalf("%v: DecodeBatchResponse: %v", codec, err)
+		}
+		if c := batch.Batch.Columns[0]; !bytes.Equal(c.Data, bytes.Join(rows, nil)) || !slices.Equal(c.Shape, []int64{3, 2}) {
+			t.Errorf("%v: DecodeBatchResponse: shape %v, data %v, want [3 2], %v", codec, c.Shape, c.Data, bytes.Join(rows, nil))
+		}
+		decodeBoth(t, b, func(dec string, err error, n uint64) {
+			// One chunk decompressed at a time, into one buffer.
+			if err != nil || n > raw+raw/8 {
+				t.Errorf("%v: %s: err %v, allocated %d KiB, want about one chunk's %d", codec, dec, err, n>>10, raw>>10)
+			}
+		})
+	}
 }

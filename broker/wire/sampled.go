@@ -96,9 +96,10 @@ func DecodeSamples[S, C any](b []byte, column func(SampledColumn) C, item func(t
 
 // MaxReplyBytes bounds what decoding one sample reply may allocate for its
 // items (DecodeSampleResponse, DecodeSamples, DecodeBatchResponse): the
-// bytes its items' columns decode to, counted before any is allocated, and
-// separately the chunks decompressed and held at once while their steps
-// are copied out. It is the service's default limits.max_reply_bytes, the
+// bytes its items' columns decode to, counted before any is allocated.
+// Besides them, a decode holds at most one decompressed chunk at a time
+// (and a buffer for the next), whatever the order in which its items use
+// the chunks. It is the service's default limits.max_reply_bytes, the
 // most a service with that default sends: a reply over it is refused as
 // malformed (ErrMalformed), so that a hostile or broken reply of a few
 // megabytes (one S2 chunk of zeros, sliced a million times) costs an error
@@ -123,13 +124,22 @@ type sampleDecoder struct {
 	slices  []sampledSlice
 	// expanded holds the records a uniform reply leaves out.
 	expanded []byte
-	// size is what the items' columns decode to, bounded by maxReplyBytes;
-	// held is what the chunks decompressed and not yet done with take,
-	// bounded the same.
-	size, held int64
-	// spare is the buffer of a decompressed chunk that no slice needs any
-	// more, which the next chunk to decompress reuses if it fits.
-	spare []byte
+	// size is what the items' columns decode to, bounded by maxReplyBytes.
+	size int64
+	// While the items are laid out: outs are the arrays they are copied
+	// into, pending the copies out of compressed chunks, done a chunk at a
+	// time (copyPending), and starts and order group them by chunk.
+	outs    [][]byte
+	pending []pendingCopy
+	starts  []int
+	order   []int
+}
+
+// pendingCopy is a copy out of a compressed chunk, made once the chunk is
+// decompressed: n bytes from byte from of chunks[chunk] to outs[out][at:].
+type pendingCopy struct {
+	chunk, out  int
+	from, at, n int
 }
 
 // packedFields are a PackedSamples' fields, undecoded.
@@ -156,7 +166,8 @@ func (d *sampleDecoder) release() {
 	clear(d.packed.formats)
 	clear(d.packed.names)
 	d.packed = packedFields{names: d.packed.names[:0], formats: d.packed.formats[:0]}
-	d.size, d.held, d.spare = 0, 0, nil
+	clear(d.outs)
+	d.size, d.outs, d.pending = 0, d.outs[:0], d.pending[:0]
 	decoders.Put(d)
 }
 
@@ -172,16 +183,16 @@ type sampledChunk struct {
 	dims, ndims int // step shape: dims[dims:dims+ndims]
 	steps       int64
 	stepBytes   int64
-	// data is the chunk's steps: payload's bytes where they are stored
-	// plain, or else decompressed once a slice needs them (ready), and
-	// dropped once no slice does (left).
+	// data is the chunk's steps where they are stored plain (payload's
+	// bytes), or where the chunk is a column whole, decompressed.
+	// Otherwise its slices are copied out of payload decompressed, a chunk
+	// at a time (copyPending).
 	data        []byte
-	ready       bool
+	plain       bool
 	payload     []byte
 	compression Compression
 	delta       bool
 	uses        int // slices of the response that select from it
-	left        int // of uses, those not yet copied out
 }
 
 type sampledItem struct {
@@ -462,7 +473,7 @@ func (d *sampleDecoder) readFormats() error {
 // readChunks checks every chunk record against its format and the data it
 // points at, and the compressed ones' data as far as it can be without
 // decompressing it: a chunk is decompressed only once a slice needs it
-// (load), so a chunk no item uses costs nothing.
+// (decompressed), so a chunk no item uses costs nothing.
 func (d *sampleDecoder) readChunks() error {
 	if err := d.readFormats(); err != nil {
 		return err
@@ -500,7 +511,7 @@ func (d *sampleDecoder) readChunks() error {
 			}
 			c.payload, c.compression, c.delta = payload, compression, delta
 		} else {
-			c.data, c.ready = payload, true
+			c.data, c.plain = payload, true
 		}
 		d.chunks = append(d.chunks, c)
 	}
@@ -512,49 +523,83 @@ func (d *sampleDecoder) chunkMessage(c *sampledChunk, compression Compression, p
 	return &Chunk{Key: c.key, Dtype: c.dtype, Length: int32(c.steps), Compression: compression, RawSize: uint64(c.steps * c.stepBytes), Data: payload}
 }
 
-// load decompresses chunk c, unless it is stored plain or already was.
-// A chunk that is a column whole (keep) becomes that column, in a buffer
-// of its own; any other is held only until its slices are copied out
-// (done), in a buffer the next chunk may reuse, and what such chunks hold
-// at once is bounded by maxReplyBytes.
-func (d *sampleDecoder) load(c *sampledChunk, keep bool) error {
-	if c.ready {
-		return nil
-	}
+// decompressed is compressed chunk c's steps, decompressed into dst where
+// it has room, and their differences undone.
+func (d *sampleDecoder) decompressed(c *sampledChunk, dst []byte) ([]byte, error) {
 	raw := c.steps * c.stepBytes
-	var dst []byte
-	if !keep {
-		if raw > maxReplyBytes-d.held {
-			return fmt.Errorf("%w: sample response: chunk %d: decompressing its %d bytes would hold %d bytes of chunks at once, over the %d a reply may decode to",
-				ErrMalformed, c.key, raw, d.held+raw, maxReplyBytes)
-		}
-		d.held += raw
-		if int64(cap(d.spare)) >= raw {
-			dst, d.spare = d.spare, nil
-		}
-	}
 	data, err := decompressChecked(d.chunkMessage(c, c.compression, c.payload), int(raw), dst)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if c.delta {
 		deltaDecode(data, int(c.stepBytes), dtypes[c.dtype].size)
 	}
-	c.data, c.ready = data, true
-	return nil
+	return data, nil
 }
 
-// done records that one more of c's slices was copied out, and lets the
-// buffer of a decompressed chunk go once its last one is.
-func (d *sampleDecoder) done(c *sampledChunk) {
-	if c.left--; c.left > 0 || c.payload == nil {
-		return
+// copySlice copies the steps slice sl selects into out, which is outs[o],
+// from byte at, and returns their bytes: at once where its chunk is stored
+// plain, or else once the chunk is decompressed (copyPending).
+func (d *sampleDecoder) copySlice(sl sampledSlice, out []byte, o, at int) int {
+	c := &d.chunks[sl.chunk]
+	from, n := int(int64(sl.offset)*c.stepBytes), int(int64(sl.length)*c.stepBytes)
+	if c.plain {
+		copy(out[at:at+n], c.data[from:from+n])
+	} else {
+		d.pending = append(d.pending, pendingCopy{chunk: sl.chunk, out: o, from: from, at: at, n: n})
 	}
-	d.held -= c.steps * c.stepBytes
-	if cap(c.data) > cap(d.spare) {
-		d.spare = c.data[:0]
+	return n
+}
+
+// copyPending makes the copies out of compressed chunks, chunk by chunk:
+// each chunk is decompressed once, all its copies made, and its buffer
+// reused by the next, so that one chunk is held at a time however the
+// items interleave their chunks. The copies are grouped by chunk with a
+// counting sort.
+func (d *sampleDecoder) copyPending() error {
+	if len(d.pending) == 0 {
+		return nil
 	}
-	c.data, c.ready = nil, false
+	n := len(d.chunks)
+	starts := slices.Grow(d.starts[:0], n+1)[:n+1]
+	clear(starts)
+	for _, p := range d.pending {
+		starts[p.chunk+1]++
+	}
+	var most int64
+	for c := range n {
+		if starts[c+1] > 0 {
+			most = max(most, d.chunks[c].steps*d.chunks[c].stepBytes)
+		}
+		starts[c+1] += starts[c]
+	}
+	// Placed, each chunk's copies end where the next chunk's start.
+	order := slices.Grow(d.order[:0], len(d.pending))[:len(d.pending)]
+	for k, p := range d.pending {
+		order[starts[p.chunk]] = k
+		starts[p.chunk]++
+	}
+	d.starts, d.order = starts, order
+	buf := make([]byte, 0, most)
+	from := 0
+	for c := range n {
+		to := starts[c]
+		if from == to {
+			continue
+		}
+		ch := &d.chunks[c]
+		raw := ch.steps * ch.stepBytes
+		data, err := d.decompressed(ch, buf[:0:raw])
+		if err != nil {
+			return err
+		}
+		for _, k := range order[from:to] {
+			p := &d.pending[k]
+			copy(d.outs[p.out][p.at:p.at+p.n], data[p.from:p.from+p.n])
+		}
+		from = to
+	}
+	return nil
 }
 
 func (d *sampleDecoder) stepShape(c *sampledChunk) []int64 { return d.dims[c.dims : c.dims+c.ndims] }
@@ -674,15 +719,9 @@ func (d *sampleDecoder) whole(col *sampledColumn) *sampledChunk {
 	return c
 }
 
-// startCopying readies the chunks' counts of slices left to copy out.
-func (d *sampleDecoder) startCopying() {
-	for i := range d.chunks {
-		d.chunks[i].left = d.chunks[i].uses
-	}
-}
-
-// assemble lays the checked columns out in their arrays, decompressing
-// each chunk as it is first needed.
+// assemble lays the checked columns out in their arrays: the slices of
+// chunks stored plain as it meets them, those of compressed chunks a
+// chunk at a time (copyPending), before it makes the columns.
 func assemble[S, C any](d *sampleDecoder, column func(SampledColumn) C, item func(tables.SampleInfo, []C) S) ([]S, error) {
 	var dims, size int
 	for i := range d.columns {
@@ -696,13 +735,35 @@ func assemble[S, C any](d *sampleDecoder, column func(SampledColumn) C, item fun
 			size += col.size
 		}
 	}
-	d.startCopying()
+	data := make([]byte, size)
+	d.outs, d.pending = append(d.outs[:0], data), d.pending[:0]
+	at := 0
+	for i := range d.columns {
+		col := &d.columns[i]
+		if c := d.whole(col); c != nil {
+			if !c.plain {
+				// A column of its own: it is the chunk's buffer.
+				b, err := d.decompressed(c, nil)
+				if err != nil {
+					return nil, err
+				}
+				c.data = b
+			}
+			continue
+		}
+		for _, sl := range d.slices[col.first : col.first+col.nslice] {
+			at += d.copySlice(sl, data, 0, at)
+		}
+	}
+	if err := d.copyPending(); err != nil {
+		return nil, err
+	}
 	var (
 		out    = make([]S, len(d.items))
 		cols   = make([]C, len(d.columns))
 		shapes = make([]int64, 0, dims)
-		data   = make([]byte, 0, size)
 	)
+	at = 0
 	for i := range d.columns {
 		col := &d.columns[i]
 		first := &d.chunks[d.slices[col.first].chunk]
@@ -713,26 +774,10 @@ func assemble[S, C any](d *sampleDecoder, column func(SampledColumn) C, item fun
 		shapes = append(shapes, d.stepShape(first)...)
 		sc := SampledColumn{Name: col.name, Dtype: first.dtype, Shape: shapes[start:len(shapes):len(shapes)]}
 		if c := d.whole(col); c != nil {
-			if err := d.load(c, true); err != nil {
-				return nil, err
-			}
 			sc.Data = c.data
 		} else {
-			start := len(data)
-			for _, sl := range d.slices[col.first : col.first+col.nslice] {
-				c := &d.chunks[sl.chunk]
-				if !c.ready {
-					if err := d.load(c, false); err != nil {
-						return nil, err
-					}
-				}
-				from := int64(sl.offset) * c.stepBytes
-				data = append(data, c.data[from:from+int64(sl.length)*c.stepBytes]...)
-				if c.payload != nil {
-					d.done(c)
-				}
-			}
-			sc.Data = data[start:len(data):len(data)]
+			sc.Data = data[at : at+col.size : at+col.size]
+			at += col.size
 		}
 		cols[i] = column(sc)
 	}

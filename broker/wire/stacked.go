@@ -238,7 +238,9 @@ func (d *sampleDecoder) stack() (SampledBatch, error) {
 	}
 	out.Columns = make([]SampledColumn, width)
 	shapes := make([]int64, 0, dims)
-	d.startCopying()
+	d.outs, d.pending = d.outs[:0], d.pending[:0]
+	// The slices of chunks stored plain are copied as they are met, those
+	// of compressed chunks a chunk at a time (copyPending).
 	for j := range width {
 		col := &d.columns[first.first+j]
 		c := &d.chunks[d.slices[col.first].chunk]
@@ -251,24 +253,19 @@ func (d *sampleDecoder) stack() (SampledBatch, error) {
 			shapes = append(shapes, col.steps)
 		}
 		shapes = append(shapes, d.stepShape(c)...)
-		data := make([]byte, 0, len(d.items)*col.size)
+		data := make([]byte, len(d.items)*col.size)
+		d.outs = append(d.outs, data)
+		at := 0
 		for i := range d.items {
 			item := &d.columns[d.items[i].first+j]
 			for _, sl := range d.slices[item.first : item.first+item.nslice] {
-				c := &d.chunks[sl.chunk]
-				if !c.ready {
-					if err := d.load(c, false); err != nil {
-						return SampledBatch{}, err
-					}
-				}
-				from := int64(sl.offset) * c.stepBytes
-				data = append(data, c.data[from:from+int64(sl.length)*c.stepBytes]...)
-				if c.payload != nil {
-					d.done(c)
-				}
+				at += d.copySlice(sl, data, j, at)
 			}
 		}
 		out.Columns[j] = SampledColumn{Name: col.name, Dtype: c.dtype, Shape: shapes[start:len(shapes):len(shapes)], Data: data}
+	}
+	if err := d.copyPending(); err != nil {
+		return SampledBatch{}, err
 	}
 	return out, nil
 }
