@@ -494,6 +494,11 @@ func (d *sampleDecoder) readChunks() error {
 			return fmt.Errorf("%w: chunk %d: format %d of %d", ErrInvalidChunk, key, format, len(d.formats))
 		}
 		f := &d.formats[format]
+		// As CheckChunkHeader: differences of floats or bools are not
+		// their values, and undoing them for 16-byte elements panicked.
+		if delta && !dtypes[f.dtype].integer {
+			return fmt.Errorf("%w: chunk %d: delta encoding of %s steps (only integer steps are delta-encoded)", ErrInvalidChunk, key, f.dtype)
+		}
 		if steps > math.MaxInt32 || (f.stepBytes > 0 && int64(steps) > MaxChunkRawSize/f.stepBytes) {
 			return fmt.Errorf("%w: chunk %d: %d steps of %d bytes exceed MaxChunkRawSize (%d bytes)", ErrInvalidChunk, key, steps, f.stepBytes, MaxChunkRawSize)
 		}
