@@ -893,7 +893,6 @@ func (s *Service) checkCheckpointStore(ctx context.Context) {
 func (s *Service) watchStream(ctx context.Context, lose context.CancelCauseFunc) {
 	t := time.NewTicker(s.o.progressPeriod)
 	defer t.Stop()
-	created := s.stream.CachedInfo().Created
 	for {
 		select {
 		case <-t.C:
@@ -909,7 +908,7 @@ func (s *Service) watchStream(ctx context.Context, lose context.CancelCauseFunc)
 			return
 		case err != nil:
 			continue // the server may be electing a leader or restarting
-		case !info.Created.Equal(created):
+		case !info.Created.Equal(s.streamCreated):
 			s.log.Error("reprise service: the stream was deleted and recreated; stopping (the final checkpoint keeps what was applied)", "stream", s.subj.Stream())
 			lose(fmt.Errorf("%w: %s was recreated", protocol.ErrStreamLost, s.subj.Stream()))
 			return

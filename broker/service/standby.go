@@ -421,17 +421,24 @@ func (s *Service) tookBack(ctx context.Context, standby string) (handedOver bool
 // leaseHolder is the service that holds the lease by the bucket ("" if
 // none).
 func (s *Service) leaseHolder(ctx context.Context) (string, error) {
+	holder, _, err := s.leaseEntry(ctx)
+	return holder, err
+}
+
+// leaseEntry reads the lease's key: its holder and the newest checkpoint
+// the holder wrote ("" and "" if none holds it).
+func (s *Service) leaseEntry(ctx context.Context) (holder, checkpoint string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery())
 	defer cancel()
 	e, err := s.lease.kv.Get(ctx, leaseKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return "", nil
+		return "", "", nil
 	}
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	holder, _ := leaseValue(e.Value())
-	return holder, nil
+	holder, checkpoint = leaseValue(e.Value())
+	return holder, checkpoint, nil
 }
 
 // answerStandbyCall tells a stopping active service that this standby
@@ -582,16 +589,10 @@ func (s *Service) checkSharedCheckpoints(ctx context.Context) error {
 	}
 	deadline := time.Now().Add(sharedCheckpointWait)
 	for {
-		lctx, cancel := context.WithTimeout(ctx, s.lease.renewEvery())
-		e, err := s.lease.kv.Get(lctx, leaseKey)
-		cancel()
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil
-		}
+		holder, newest, err := s.leaseEntry(ctx)
 		if err != nil {
 			return nil // the lease's bucket cannot say now; the next check may
 		}
-		holder, newest := leaseValue(e.Value())
 		if holder == s.id || newest == "" || s.damaged[newest] {
 			return nil // a damaged one this service deleted was in its store
 		}
