@@ -399,8 +399,8 @@ class ShardedClient:
         for t in list(self._refreshing.values()):
             t.cancel()
         for t in self._probes.values():
-            if t.done() and not t.cancelled():
-                t.exception()  # nobody is left to raise it to
+            if t.done():
+                _retrieve(t)  # nobody is left to raise it to
         await self._on_shards({i: c.close() for i, c in enumerate(self._shards)})
 
     async def __aenter__(self) -> ShardedClient:
@@ -918,8 +918,8 @@ class AsyncShardedSampler:
                     raise StopAsyncIteration from None
                 batch = e.partial  # a short batch: samples are never dropped
             except errors._NotSentError:
-                # The timeout passed before the shards could be asked (a
-                # timeout of 0 never waits): an end, as the limiters' is.
+                # The timeout passed before the shards could be asked: an
+                # end, as the limiters' timeout is.
                 await self.aclose()
                 raise StopAsyncIteration from None
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:

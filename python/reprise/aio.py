@@ -662,8 +662,8 @@ class AsyncSampler:
                     raise StopAsyncIteration from None
                 raise
             except errors._NotSentError:
-                # The timeout passed before a request could go (a timeout
-                # of 0 never waits): an end, as the limiter's timeout is.
+                # The timeout passed before a request could go: an end, as
+                # the limiter's timeout is.
                 await self.aclose()
                 raise StopAsyncIteration from None
             except (errors.UnavailableError, errors.DeadlineExceededError):

@@ -389,8 +389,8 @@ class Sampler:
                     raise StopIteration from None  # closed by another thread
                 raise
             except errors._NotSentError:
-                # The timeout passed before a request could go (a timeout
-                # of 0 never waits): an end, as the limiter's timeout is.
+                # The timeout passed before a request could go: an end, as
+                # the limiter's timeout is.
                 self.close()
                 raise StopIteration from None
             except (errors.UnavailableError, errors.DeadlineExceededError):
@@ -1004,8 +1004,8 @@ class ShardedSampler:
                     raise StopIteration from None
                 batch = e.partial  # a short batch: samples are never dropped
             except errors._NotSentError:
-                # The timeout passed before the shards could be asked (a
-                # timeout of 0 never waits): an end, as the limiters' is.
+                # The timeout passed before the shards could be asked: an
+                # end, as the limiters' timeout is.
                 self.close()
                 raise StopIteration from None
             except (errors.UnavailableError, errors.DeadlineExceededError) as e:
