@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,9 +45,15 @@ type Client struct {
 	o     clientOptions
 	inbox string
 	sub   *nats.Subscription
-	// The service's applied stream sequence, which mutations wait for.
+	// The service's applied stream sequence, which mutations wait for, and
+	// its refusals of this client's mutations, which arrive on notice.
 	progressSub *nats.Subscription
+	notice      string
+	noticeSub   *nats.Subscription
 	applied     appliedWatch
+	// mutationOps is the service's limits.max_mutation_ops as its last info
+	// reply gave it (0: not told), the most ops a mutation message carries.
+	mutationOps atomic.Int64
 
 	mu      sync.Mutex
 	closed  bool
@@ -106,9 +114,20 @@ func NewClient(nc *nats.Conn, opts ...ClientOption) (*Client, error) {
 			c.applied.close(err)
 		}
 	})
+	// Synchronous, so that the connection queues a refusal in the order the
+	// service sent it: before the progress that covers the mutation, whose
+	// handler reads it (onProgress).
+	c.notice = nc.NewInbox()
+	c.noticeSub, err = nc.SubscribeSync(c.notice)
+	if err != nil {
+		c.sub.Unsubscribe()
+		return nil, fmt.Errorf("broker: subscribing to the service's notices: %w", err)
+	}
+	c.applied.notices = c.noticeSub
 	c.progressSub, err = nc.Subscribe(subj.Applied(), c.applied.onProgress)
 	if err != nil {
 		c.sub.Unsubscribe()
+		c.noticeSub.Unsubscribe()
 		return nil, fmt.Errorf("broker: subscribing to the service's progress: %w", err)
 	}
 	return c, nil
@@ -128,7 +147,7 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	err := errors.Join(c.sub.Unsubscribe(), c.progressSub.Unsubscribe())
+	err := errors.Join(c.sub.Unsubscribe(), c.progressSub.Unsubscribe(), c.noticeSub.Unsubscribe())
 	c.applied.close(ErrClosed)
 	c.failPending(ErrClosed)
 	return err
@@ -448,9 +467,12 @@ func newSample(info tables.SampleInfo, cols []NamedTensor) Sample {
 // order with the inserts around it; it returns once the service applied it
 // (a sample or Get after it sees it), or with WithReturnOnStore once
 // JetStream stored it. Keys that are not in the table are skipped. A
-// connection closed for good while it waits ends the wait with
-// ErrNotApplied and nats.ErrConnectionClosed: the mutation is stored, and
-// the service applies it all the same.
+// mutation the service refused (a table it no longer serves, say) returns
+// an error wrapping ErrRejected and the service's StatusError; one of
+// more ops than the service takes at once goes in parts, and a refusal
+// names the part. A connection closed for good while it waits ends the
+// wait with ErrNotApplied and nats.ErrConnectionClosed: the mutation is
+// stored, and the service applies it all the same.
 func (c *Client) Mutate(ctx context.Context, table string, muts ...tables.Mutation) error {
 	m := &wire.Mutation{Ops: make([]*wire.MutationOp, len(muts))}
 	for i, mu := range muts {
@@ -491,9 +513,17 @@ func (c *Client) mutate(ctx context.Context, table string, m *wire.Mutation) err
 	// Split as Python's client splits: the service refuses a mutation of
 	// more ops than its limits.max_mutation_ops, and NATS one over its max
 	// payload.
-	per := min(maxMutationOps, max(1, (int(c.nc.MaxPayload())-1024-len(table))/mutationOpBytes))
+	limit := int(c.mutationOps.Load())
+	if limit <= 0 {
+		limit = defaultMutationOps
+	}
+	per := min(limit, max(1, (int(c.nc.MaxPayload())-1024-len(table))/mutationOpBytes))
+	if !c.o.returnOnStore {
+		m.NoticeSubject = c.notice
+	}
+	lost := c.applied.lostRefusals()
 	ops := m.Ops
-	var last uint64
+	var parts []uint64 // each part's stream sequence
 	for start := 0; start == 0 || start < len(ops); start += per {
 		m.Ops = ops[start:min(start+per, len(ops))]
 		data, err := proto.Marshal(m)
@@ -507,32 +537,48 @@ func (c *Client) mutate(ctx context.Context, table string, m *wire.Mutation) err
 			}
 			return fmt.Errorf("broker: publishing mutation for table %q: %w", table, err)
 		}
-		last = ack.Sequence
+		parts = append(parts, ack.Sequence)
 	}
 	if c.o.returnOnStore {
 		return nil
 	}
+	last := parts[len(parts)-1]
 	if err := c.applied.waitFor(ctx, last); err != nil {
 		return fmt.Errorf("%w: mutation for table %q stored up to sequence %d: %w", ErrNotApplied, table, last, err)
 	}
-	return nil
+	return c.applied.refusal(table, parts, per, len(ops), lost)
 }
 
-// maxMutationOps is the service's default limits.max_mutation_ops: a
-// mutation of more is sent in parts. mutationOpBytes bounds one encoded op
-// (key, priority, delete flag and framing).
+// defaultMutationOps is the service's default limits.max_mutation_ops, the
+// parts a mutation is sent in until an info reply tells the service's own.
+// mutationOpBytes bounds one encoded op (key, priority, delete flag and
+// framing).
 const (
-	maxMutationOps  = 65536
-	mutationOpBytes = 24
+	defaultMutationOps = 65536
+	mutationOpBytes    = 24
 )
 
-// appliedWatch follows the service's applied stream sequence.
+// appliedWatch follows the service's applied stream sequence, and its
+// refusals of the client's mutations.
 type appliedWatch struct {
+	notices *nats.Subscription // read only in onProgress
+
 	mu      sync.Mutex
 	seq     uint64
 	changed chan struct{} // closed at the next change; made only when someone waits
 	err     error         // why no progress comes any more
+	// refused holds the refusals not yet taken, by the mutation's stream
+	// sequence; lost counts those dropped unread, by the connection or
+	// past maxKeptRefusals, for a waiter to know it may have missed its own.
+	refused map[uint64]*wire.Rejection
+	lost    uint64
+	dropped int // the notice subscription's drops seen so far
 }
+
+// maxKeptRefusals bounds the refusals waiting to be taken: a mutation's
+// caller takes its own once the service applied it, so only callers that
+// gave up leave theirs behind.
+const maxKeptRefusals = 1024
 
 // close makes every wait, current and later, fail with err, or with the
 // error of an earlier close.
@@ -555,6 +601,8 @@ func (w *appliedWatch) onProgress(m *nats.Msg) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	// Every refusal the service sent before this progress is queued by now.
+	w.takeNoticesLocked()
 	if prog.AppliedSequence > w.seq {
 		w.seq = prog.AppliedSequence
 		if w.changed != nil {
@@ -562,6 +610,82 @@ func (w *appliedWatch) onProgress(m *nats.Msg) {
 			w.changed = nil
 		}
 	}
+}
+
+func (w *appliedWatch) takeNoticesLocked() {
+	if w.notices == nil {
+		return
+	}
+	if n, err := w.notices.Dropped(); err == nil && n > w.dropped {
+		w.lost += uint64(n - w.dropped)
+		w.dropped = n
+	}
+	n, _, err := w.notices.Pending()
+	for ; err == nil && n > 0; n-- {
+		m, err := w.notices.NextMsg(0)
+		if err != nil {
+			return
+		}
+		var r wire.Rejection
+		if proto.Unmarshal(m.Data, &r) != nil || r.Sequence == 0 {
+			continue // not the service's: anyone may publish to an inbox
+		}
+		if w.refused == nil {
+			w.refused = make(map[uint64]*wire.Rejection)
+		}
+		w.refused[r.Sequence] = &r
+		if len(w.refused) > maxKeptRefusals {
+			delete(w.refused, slices.Min(slices.Collect(maps.Keys(w.refused))))
+			w.lost++
+		}
+	}
+}
+
+// lostRefusals is how many refusals went unread so far.
+func (w *appliedWatch) lostRefusals() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lost
+}
+
+// refusal takes the refusals of a mutation of table sent in parts (their
+// stream sequences, per ops each, total in all) once the service applied
+// them, and says what was refused; lost is lostRefusals before the first
+// part was sent.
+func (w *appliedWatch) refusal(table string, parts []uint64, per, total int, lost uint64) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var (
+		first   *wire.Rejection
+		firstAt uint64
+		ranges  []string
+	)
+	for i, seq := range parts {
+		r, ok := w.refused[seq]
+		if !ok {
+			continue
+		}
+		delete(w.refused, seq)
+		if first == nil {
+			first, firstAt = r, seq
+		}
+		ranges = append(ranges, fmt.Sprintf("%d to %d", i*per, min((i+1)*per, total)-1))
+	}
+	if first == nil {
+		if w.lost != lost {
+			return fmt.Errorf("%w: mutation for table %q: the service refused mutations whose refusals were dropped unread (more than %d waiting), and this may be one of them", ErrRejected, table, maxKeptRefusals)
+		}
+		return nil
+	}
+	what := ""
+	if len(parts) > 1 {
+		others := "the other parts were applied"
+		if len(ranges) == len(parts) {
+			others = "none was applied"
+		}
+		what = fmt.Sprintf(" (ops %s of %d, of %d parts sent apart; %s)", strings.Join(ranges, ", "), total, len(parts), others)
+	}
+	return fmt.Errorf("%w: mutation for table %q at stream sequence %d%s: %w", ErrRejected, table, firstAt, what, &StatusError{Code: Code(first.Code), Message: first.Message})
 }
 
 // waitFor waits until the service has applied the stream up to seq.
@@ -668,6 +792,9 @@ func (c *Client) Info(ctx context.Context, table string) (*Info, error) {
 	}
 	if err := statusError(resp.Status); err != nil {
 		return nil, err
+	}
+	if resp.MaxMutationOps > 0 {
+		c.mutationOps.Store(int64(resp.MaxMutationOps))
 	}
 	return infoFromWire(&resp), nil
 }

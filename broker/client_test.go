@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
@@ -419,5 +420,112 @@ func TestCallsToAHungServiceEnd(t *testing.T) {
 		case <-limit:
 			t.Fatal("Info or Delete of a service that never answers still waits")
 		}
+	}
+}
+
+// insertedKeys has p write n single-step items to table and returns their
+// keys, as the service lists them.
+func insertedKeys(t *testing.T, d *deployment, table string, n int) []uint64 {
+	t.Helper()
+	ctx := testutil.Context(t)
+	p := d.producer()
+	for i := range int64(n) {
+		if err := p.Append(ctx, step(i, 4)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, table, 1, LastStep("obs", "id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	items, err := d.client().Items(ctx, table, 0, int32(n+1))
+	if err != nil || len(items.Items) != n {
+		t.Fatalf("items %v, %v; want %d", items, err, n)
+	}
+	keys := make([]uint64, n)
+	for i, it := range items.Items {
+		keys[i] = it.Key
+	}
+	return keys
+}
+
+// TestMutationsFollowTheServicesLimit: a service whose
+// limits.max_mutation_ops is below the default gets a large mutation in
+// parts it takes. Delete of 25 keys from a service taking 10 ops returned
+// nil and deleted nothing: the service refused the one message whole.
+func TestMutationsFollowTheServicesLimit(t *testing.T) {
+	l := service.DefaultLimits()
+	l.MaxMutationOps = 10
+	d := deployPrefix(t, []tables.Config{testutil.UniformTable("t", 100)}, testutil.StartEmbedded(t, 0), "test", service.WithLimits(l))
+	keys := append(make([]uint64, 22), insertedKeys(t, d, "t", 3)...)
+	for i := range 22 {
+		keys[i] = uint64(1<<40 + i)
+	}
+	ctx := testutil.Context(t)
+	c := d.client()
+	if err := c.Delete(ctx, "t", keys...); err != nil {
+		t.Fatalf("Delete of %d keys: %v", len(keys), err)
+	}
+	if after, err := c.Items(ctx, "t", 0, 10); err != nil || len(after.Items) != 0 {
+		t.Fatalf("after Delete the table holds %v (%v), want none", after, err)
+	}
+	if info, err := c.Info(ctx, "t"); err != nil || info.MaxMutationOps != 10 {
+		t.Fatalf("Info gives max mutation ops %v (%v), want 10", info, err)
+	}
+}
+
+// TestRefusedMutationsAreReported: a mutation the service refuses returns
+// an error that says so, with the service's code, rather than nil. Here
+// the service restarted without the client's table, and then with a lower
+// limits.max_mutation_ops than the client learned.
+func TestRefusedMutationsAreReported(t *testing.T) {
+	url := testutil.StartEmbedded(t, 0)
+	l := service.DefaultLimits()
+	l.MaxMutationOps = 10
+	d := deployPrefix(t, []tables.Config{testutil.UniformTable("t", 100), testutil.UniformTable("u", 100)}, url, "test", service.WithLimits(l))
+	ctx := testutil.Context(t)
+	c := d.client()
+	if err := c.Delete(ctx, "t", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, "u", 1); err != nil {
+		t.Fatal(err)
+	}
+	d.stopService()
+	l.MaxMutationOps = 5
+	d = deployPrefix(t, []tables.Config{testutil.UniformTable("u", 100)}, url, "test", service.WithLimits(l))
+
+	err := c.Delete(ctx, "t", 1)
+	var se *StatusError
+	if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrUnknownTable) || !errors.As(err, &se) || se.Code != CodeNotFound {
+		t.Fatalf("Delete on a table the service no longer has: %v, want ErrRejected with CodeNotFound", err)
+	}
+	keys := insertedKeys(t, d, "u", 2)
+	ups := make([]tables.PriorityUpdate, 12)
+	for i := range ups {
+		ups[i] = tables.PriorityUpdate{Key: uint64(1<<40 + i), Priority: 1}
+	}
+	ups[0].Key, ups[11].Key = keys[0], keys[1]
+	ups[0].Priority, ups[11].Priority = 3, 7
+	err = c.UpdatePriorities(ctx, "u", ups...)
+	if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrResourceExhausted) || !strings.Contains(err.Error(), "ops 0 to 9 of 12, of 2 parts sent apart; the other parts were applied") {
+		t.Fatalf("UpdatePriorities over the service's new limit: %v, want ErrRejected, ErrResourceExhausted, naming ops 0 to 9 of 12", err)
+	}
+	// The part the service took was applied, the other not.
+	got, err := c.Get(ctx, "u", keys...)
+	if err != nil || len(got.Items) != 2 || got.Items[0].Priority != 1 || got.Items[1].Priority != 7 {
+		t.Fatalf("the items: %+v, %v; want priorities 1 (refused) and 7 (applied)", got, err)
+	}
+	// Once an info reply tells the new limit, mutations go in parts it takes.
+	if _, err := c.Info(ctx, "u"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.UpdatePriorities(ctx, "u", ups...); err != nil {
+		t.Fatalf("UpdatePriorities after Info: %v", err)
+	}
+	if got, err := c.Get(ctx, "u", keys[0]); err != nil || got.Items[0].Priority != 3 {
+		t.Fatalf("after the update in parts: %+v, %v; want priority 3", got, err)
 	}
 }

@@ -21,6 +21,10 @@ type Info struct {
 	// ShardIndex and ShardCount place the service in a sharded table
 	// (reprised --shard); ShardCount is 0 when it is not sharded.
 	ShardIndex, ShardCount int
+	// MaxMutationOps is the most ops the service takes in one mutation
+	// message (limits.max_mutation_ops); Mutate sends more in parts. 0 from
+	// a service that does not say.
+	MaxMutationOps int
 }
 
 // TableInfo describes one table: its configuration and its counters since
@@ -113,7 +117,7 @@ func infoFromWire(r *wire.InfoResponse) *Info {
 	out := &Info{
 		Tables:          make([]TableInfo, len(r.Tables)),
 		AppliedSequence: r.AppliedSequence, Chunks: r.Chunks, ChunkBytes: r.ChunkBytes, RejectedMessages: r.RejectedMessages,
-		ShardIndex: int(r.ShardIndex), ShardCount: int(r.ShardCount),
+		ShardIndex: int(r.ShardIndex), ShardCount: int(r.ShardCount), MaxMutationOps: int(r.MaxMutationOps),
 	}
 	for i, t := range r.Tables {
 		l := t.GetLimiter()

@@ -30,8 +30,9 @@ func (l loggerOption) configureClient(o *clientOptions) error     { o.logger = l
 // (Mutate, UpdatePriorities, Delete) return once JetStream has stored what
 // they sent, which makes it durable, without waiting for the table service
 // to apply it: a round trip sooner, but a sample or info right after may
-// not see it yet. By default they return once it is applied and visible,
-// as Reverb's flush and mutate_priorities do.
+// not see it yet, nor does a mutation the service refuses fail. By default
+// they return once it is applied and visible, as Reverb's flush and
+// mutate_priorities do.
 func WithReturnOnStore() Option { return returnOnStoreOption{} }
 
 type returnOnStoreOption struct{}

@@ -376,6 +376,7 @@ func (s *Service) handleInfo(r micro.Request) {
 		RejectedMessages: s.stats.rejected.Load(),
 		ShardIndex:       uint32(s.o.shard.Index),
 		ShardCount:       uint32(s.o.shard.Count),
+		MaxMutationOps:   uint32(min(s.o.limits.MaxMutationOps, math.MaxUint32)),
 	}
 	names := s.names
 	if req.Table != "" {

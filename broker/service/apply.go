@@ -605,13 +605,20 @@ func (s *Service) applyMutation(data []byte, seq uint64) {
 		s.reject(noticeTo{}, seq, 0, "", protocol.CodeInvalidArgument, fmt.Sprintf("malformed mutation: %v", err))
 		return
 	}
+	// Refused whole, as an insert batch with such a subject is: nobody
+	// could be told what became of it.
+	if err := checkNoticeSubject("mutation", m.NoticeSubject); err != nil {
+		s.reject(noticeTo{}, seq, 0, m.Table, protocol.CodeInvalidArgument, err.Error())
+		return
+	}
+	to := noticeTo{subject: m.NoticeSubject}
 	t, ok := s.tables[m.Table]
 	if !ok {
-		s.reject(noticeTo{}, seq, 0, m.Table, protocol.CodeNotFound, fmt.Sprintf("mutation for unknown table %q", m.Table))
+		s.reject(to, seq, 0, m.Table, protocol.CodeNotFound, fmt.Sprintf("mutation for unknown table %q (tables: %s)", m.Table, strings.Join(s.names, ", ")))
 		return
 	}
 	if len(m.Ops) > s.o.limits.MaxMutationOps {
-		s.reject(noticeTo{}, seq, 0, m.Table, protocol.CodeResourceExhausted, fmt.Sprintf("mutation of %d ops, over the limit of %d (limits.max_mutation_ops)", len(m.Ops), s.o.limits.MaxMutationOps))
+		s.reject(to, seq, 0, m.Table, protocol.CodeResourceExhausted, fmt.Sprintf("mutation of %d ops, over the limit of %d (limits.max_mutation_ops)", len(m.Ops), s.o.limits.MaxMutationOps))
 		return
 	}
 	muts := make([]tables.Mutation, len(m.Ops))
@@ -620,7 +627,7 @@ func (s *Service) applyMutation(data []byte, seq uint64) {
 	}
 	missing, err := t.Mutate(muts)
 	if err != nil {
-		s.reject(noticeTo{}, seq, 0, m.Table, protocol.CodeInvalidArgument, err.Error())
+		s.reject(to, seq, 0, m.Table, protocol.CodeInvalidArgument, err.Error())
 		return
 	}
 	// Items still waiting for the table's limiter were inserted before the
@@ -640,7 +647,7 @@ func (s *Service) applyMutation(data []byte, seq uint64) {
 			bound = &k
 		}
 		if err := t.ReconfigureStaleness(bound); err != nil {
-			s.reject(noticeTo{}, seq, 0, m.Table, protocol.CodeInvalidArgument, err.Error())
+			s.reject(to, seq, 0, m.Table, protocol.CodeInvalidArgument, err.Error())
 			return
 		}
 		s.dropStalePending(m.Table, t)

@@ -840,3 +840,42 @@ func TestNonUTF8SenderLeavesCheckpointsAlone(t *testing.T) {
 		t.Fatalf("a checkpoint after the message: %v", err)
 	}
 }
+
+// TestMutationNoticeSubjects: a mutation names where its refusal goes, as
+// an insert batch does; one naming a subject the service may not publish
+// to is refused whole (nobody could be told), and a refusal reaches a
+// literal one, with the mutation's stream sequence.
+func TestMutationNoticeSubjects(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, deployOptions{})
+	ctx := testutil.Context(t)
+	c := d.client()
+	publishBatch(t, d, &wire.InsertBatch{ProducerId: "mutnotice0mutnotice0mutnotice012", Sequence: 1, WindowStart: 1, Window: 1,
+		Chunks: []*wire.Chunk{int64Chunk(t, 1, 1)}, Items: []*wire.Item{oneStepItem(5, "t", 1)}}, "")
+	mutate := func(m *wire.Mutation) uint64 {
+		t.Helper()
+		ack, err := d.svc.js.Publish(ctx, d.svc.subj.Mutate(), mustMarshal(t, m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitUntil(t, "the mutation is applied", func() bool { return d.svc.Applied() >= ack.Sequence })
+		return ack.Sequence
+	}
+	for i, subject := range []string{"a.*", "a..b", "$JS.API.x", "a b"} {
+		mutate(&wire.Mutation{Table: "t", Ops: []*wire.MutationOp{{Key: 5, Delete: true}}, NoticeSubject: subject})
+		if got := d.svc.Rejected(); got != int64(i+1) {
+			t.Fatalf("notice subject %q: %d rejections counted, want %d", subject, got, i+1)
+		}
+		if n := tableSize(t, c, "t"); n != 1 {
+			t.Fatalf("notice subject %q: the delete was applied (%d items left)", subject, n)
+		}
+	}
+	inbox, ch := notices(t, d)
+	seq := mutate(&wire.Mutation{Table: "gone", Ops: []*wire.MutationOp{{Key: 5, Delete: true}}, NoticeSubject: inbox})
+	if r := waitNotice(t, ch, wire.Code_CODE_NOT_FOUND, `unknown table "gone"`); r.Sequence != seq || r.Table != "gone" || r.Producer != "" {
+		t.Fatalf("refusal %v, want sequence %d, table gone, no producer", r, seq)
+	}
+	mutate(&wire.Mutation{Table: "t", Ops: []*wire.MutationOp{{Key: 5, Delete: true}}, NoticeSubject: inbox})
+	if n := tableSize(t, c, "t"); n != 0 {
+		t.Fatalf("a mutation with an inbox for its notices was not applied (%d items left)", n)
+	}
+}

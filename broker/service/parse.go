@@ -205,7 +205,7 @@ func checkSender(b *insertBatch) error {
 	if !utf8.ValidString(b.producerID) {
 		return fmt.Errorf("%w: insert batch producer id %.64q is not UTF-8", protocol.ErrInvalidMessage, b.producerID)
 	}
-	return checkNoticeSubject(b.notice)
+	return checkNoticeSubject("insert batch", b.notice)
 }
 
 // checkSequence checks an insert message's place in its producer's
@@ -298,12 +298,12 @@ const maxNoticeSubjectLen = 256
 // checkNoticeSubject accepts an empty subject (no notices) or a literal one
 // the service may publish to: dot-separated tokens of printable characters
 // without wildcards, and none that answerSubjectError refuses.
-func checkNoticeSubject(s string) error {
+func checkNoticeSubject(of, s string) error {
 	if s == "" {
 		return nil
 	}
 	bad := func(why string) error {
-		return fmt.Errorf("%w: insert batch notice subject %.64q: %s", protocol.ErrInvalidMessage, s, why)
+		return fmt.Errorf("%w: %s notice subject %.64q: %s", protocol.ErrInvalidMessage, of, s, why)
 	}
 	if len(s) > maxNoticeSubjectLen {
 		return bad(fmt.Sprintf("%d bytes, over %d", len(s), maxNoticeSubjectLen))

@@ -799,7 +799,13 @@ type Mutation struct {
 	PolicyVersion int64 `protobuf:"varint,3,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
 	// Sets the table's staleness bound (a negative value removes it), after
 	// the version; the config file's wins again at a restart.
-	MaxStaleness  *int64 `protobuf:"varint,4,opt,name=max_staleness,json=maxStaleness,proto3,oneof" json:"max_staleness,omitempty"`
+	MaxStaleness *int64 `protobuf:"varint,4,opt,name=max_staleness,json=maxStaleness,proto3,oneof" json:"max_staleness,omitempty"`
+	// Where the service sends a Rejection if it refuses this mutation, with
+	// the mutation's stream sequence as its sequence: a client that waits
+	// for its mutation to be applied learns there that it was not. Empty:
+	// nobody is told (the service still counts and logs it). A literal
+	// subject such as an inbox, as for InsertBatch.notice_subject.
+	NoticeSubject string `protobuf:"bytes,5,opt,name=notice_subject,json=noticeSubject,proto3" json:"notice_subject,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -860,6 +866,13 @@ func (x *Mutation) GetMaxStaleness() int64 {
 		return *x.MaxStaleness
 	}
 	return 0
+}
+
+func (x *Mutation) GetNoticeSubject() string {
+	if x != nil {
+		return x.NoticeSubject
+	}
+	return ""
 }
 
 type Status struct {
@@ -1979,10 +1992,14 @@ type InfoResponse struct {
 	// The shard this service is, of shard_count (0: the table is not
 	// sharded). A sharded service refuses items whose key modulo shard_count
 	// is not shard_index, so a key names the shard that holds it.
-	ShardIndex    uint32 `protobuf:"varint,7,opt,name=shard_index,json=shardIndex,proto3" json:"shard_index,omitempty"`
-	ShardCount    uint32 `protobuf:"varint,8,opt,name=shard_count,json=shardCount,proto3" json:"shard_count,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ShardIndex uint32 `protobuf:"varint,7,opt,name=shard_index,json=shardIndex,proto3" json:"shard_index,omitempty"`
+	ShardCount uint32 `protobuf:"varint,8,opt,name=shard_count,json=shardCount,proto3" json:"shard_count,omitempty"`
+	// The most ops the service takes in one Mutation
+	// (limits.max_mutation_ops): clients send larger mutations in parts of
+	// at most this many. 0 from a service that does not say.
+	MaxMutationOps uint32 `protobuf:"varint,9,opt,name=max_mutation_ops,json=maxMutationOps,proto3" json:"max_mutation_ops,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -2071,6 +2088,13 @@ func (x *InfoResponse) GetShardCount() uint32 {
 	return 0
 }
 
+func (x *InfoResponse) GetMaxMutationOps() uint32 {
+	if x != nil {
+		return x.MaxMutationOps
+	}
+	return 0
+}
+
 type ResetResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        *Status                `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -2116,11 +2140,13 @@ func (x *ResetResponse) GetStatus() *Status {
 }
 
 // Rejection tells a producer, on its message's notice_subject, what the
-// service refused from one of its messages and why. Producers are named by
-// their notice token, the first 32 hex digits of SHA-256("reprise-notice:" +
-// producer_id): public (logs show it), and no way back to the secret
-// producer id. Core NATS: a producer that is not listening misses it; the
-// service also counts and logs it.
+// service refused from one of its messages and why; and a client, on its
+// mutation's notice_subject, that the mutation was refused (producer and
+// item_key empty, sequence the mutation's stream sequence). Producers are
+// named by their notice token, the first 32 hex digits of
+// SHA-256("reprise-notice:" + producer_id): public (logs show it), and no
+// way back to the secret producer id. Core NATS: a producer that is not
+// listening misses it; the service also counts and logs it.
 type Rejection struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The producer's notice token (never its id).
@@ -3371,12 +3397,13 @@ const file_reprise_proto_rawDesc = "" +
 	"MutationOp\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x01R\bpriority\x12\x16\n" +
-	"\x06delete\x18\x03 \x01(\bR\x06delete\"\xad\x01\n" +
+	"\x06delete\x18\x03 \x01(\bR\x06delete\"\xd4\x01\n" +
 	"\bMutation\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12(\n" +
 	"\x03ops\x18\x02 \x03(\v2\x16.reprise.v1.MutationOpR\x03ops\x12%\n" +
 	"\x0epolicy_version\x18\x03 \x01(\x03R\rpolicyVersion\x12(\n" +
-	"\rmax_staleness\x18\x04 \x01(\x03H\x00R\fmaxStaleness\x88\x01\x01B\x10\n" +
+	"\rmax_staleness\x18\x04 \x01(\x03H\x00R\fmaxStaleness\x88\x01\x01\x12%\n" +
+	"\x0enotice_subject\x18\x05 \x01(\tR\rnoticeSubjectB\x10\n" +
 	"\x0e_max_staleness\"H\n" +
 	"\x06Status\x12$\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x10.reprise.v1.CodeR\x04code\x12\x18\n" +
@@ -3473,7 +3500,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\x12num_unique_samples\x18\x17 \x01(\x03R\x10numUniqueSamples\x12'\n" +
 	"\x0fweight_fraction\x18\x18 \x01(\x01R\x0eweightFraction\x12'\n" +
 	"\x0fweight_exponent\x18\x19 \x01(\x12R\x0eweightExponentB\x10\n" +
-	"\x0e_max_staleness\"\xbc\x02\n" +
+	"\x0e_max_staleness\"\xe6\x02\n" +
 	"\fInfoResponse\x12*\n" +
 	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\x12-\n" +
 	"\x06tables\x18\x02 \x03(\v2\x15.reprise.v1.TableInfoR\x06tables\x12)\n" +
@@ -3485,7 +3512,8 @@ const file_reprise_proto_rawDesc = "" +
 	"\vshard_index\x18\a \x01(\rR\n" +
 	"shardIndex\x12\x1f\n" +
 	"\vshard_count\x18\b \x01(\rR\n" +
-	"shardCount\";\n" +
+	"shardCount\x12(\n" +
+	"\x10max_mutation_ops\x18\t \x01(\rR\x0emaxMutationOps\";\n" +
 	"\rResetResponse\x12*\n" +
 	"\x06status\x18\x01 \x01(\v2\x12.reprise.v1.StatusR\x06status\"\xb4\x01\n" +
 	"\tRejection\x12\x1a\n" +

@@ -611,20 +611,23 @@ class _Blocked(Exception):
 _REJECTED_CLASSES: dict[type[errors.RepriseError], type[errors.RejectedError]] = {}
 
 
-def rejection_error(r: Any) -> errors.RejectedError:
+def rejection_error(r: Any, what: str = "") -> errors.RejectedError:
     """A Rejection message as an exception that is both a RejectedError and
     the class of its status code (so ``except SignatureMismatchError`` works
-    for a rejected item too)."""
+    for a rejected item too). ``what`` says what was refused, when not a
+    writer's message or item."""
     base = type(errors.error_for_code(r.code, ""))
     cls = _REJECTED_CLASSES.get(base)
     if cls is None:
         cls = type("Rejected" + base.__name__, (errors.RejectedError, base), {})
         _REJECTED_CLASSES[base] = cls
-    what = f"item {r.item_key} for table {r.table!r}" if r.item_key else "message"
+    if not what:
+        item = f"item {r.item_key} for table {r.table!r}" if r.item_key else "message"
+        what = f"rejected by the table service: {item} of message {r.sequence}"
     code = errors.Code(r.code) if r.code in errors.Code._value2member_map_ else r.code
     name = code.name if isinstance(code, errors.Code) else str(code)
     return cls(
-        f"rejected by the table service: {what} of message {r.sequence}: {name}: {r.message}",
+        f"{what}: {name}: {r.message}",
         code=r.code,
         sequence=r.sequence,
         item_key=r.item_key,

@@ -38,6 +38,7 @@ from ._writer import (
     _Producer,
     _Transport,
     check_item,
+    rejection_error,
 )
 
 log = logging.getLogger("reprise")
@@ -96,28 +97,32 @@ def parse_status_reply(cls: Any, data: bytes, what: str) -> Any:
 MAX_MUTATION_OPS = 65536
 
 
-def mutation_messages(
-    table: str,
-    updates: Mapping[int, float] | None,
-    deletes: Iterable[int] | None,
-    max_payload: int,
-) -> list[bytes]:
-    """Encoded Mutation messages: the deletes first, then the updates (as
-    Reverb applies them), split so none exceeds the max payload."""
-    if not table:
-        raise errors.InvalidArgumentError("empty table name")
+def mutation_ops(updates: Mapping[int, float] | None, deletes: Iterable[int] | None) -> list[pb.MutationOp]:
+    """The ops of a mutation, checked: the deletes first, then the updates
+    (as Reverb applies them)."""
     ops: list[pb.MutationOp] = []
     for k in () if deletes is None else deletes:
         ops.append(pb.MutationOp(key=_key(k), delete=True))
     for k, p in (updates or {}).items():
         ops.append(pb.MutationOp(key=_key(k), priority=_codec.check_finite_priority(p, f"key {int(k)}")))
-    # The service refuses a mutation of more ops than its
-    # limits.max_mutation_ops (default MAX_MUTATION_OPS), NATS one over
-    # its max payload.
-    per_msg = min(MAX_MUTATION_OPS, max(1, (max_payload - 1024 - len(table)) // 24))
+    return ops
+
+
+def mutation_messages(table: str, ops: Sequence[pb.MutationOp], per_msg: int, notice: str = "") -> list[bytes]:
+    """Encoded Mutation messages of ``table``, ``per_msg`` ops each (see
+    :func:`_ops_per_message`); a refusal of one goes to ``notice``, when
+    given."""
     return [
-        pb.Mutation(table=table, ops=ops[i : i + per_msg]).SerializeToString() for i in range(0, len(ops), per_msg)
-    ] or []
+        pb.Mutation(table=table, ops=ops[i : i + per_msg], notice_subject=notice).SerializeToString()
+        for i in range(0, len(ops), per_msg)
+    ]
+
+
+def _ops_per_message(table: str, max_payload: int, max_ops: int) -> int:
+    """How many ops a mutation message of ``table`` holds: the service
+    refuses one of more than its limits.max_mutation_ops, NATS one over its
+    max payload."""
+    return min(max_ops, max(1, (max_payload - 1024 - len(table)) // 24))
 
 
 def _key(k: Any) -> int:
@@ -169,14 +174,63 @@ def _priorities_from_arrays(keys: Any, priorities: Any) -> dict[int, float]:
     return dict(zip(k.tolist(), p.tolist()))
 
 
+#: How many refusals of mutations wait to be taken: a mutation's caller
+#: takes its own once the service applied it, so only callers that gave up
+#: leave theirs behind.
+_MAX_KEPT_REFUSALS = 1024
+
+
 class _AppliedWatch:
     """The service's applied stream sequence (<prefix>.applied), which
-    mutations wait for."""
+    mutations wait for, and its refusals of this client's mutations."""
 
     def __init__(self) -> None:
         self.seq = 0
         self._closed = False
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # Refusals by the mutation's stream sequence. nats-py runs each
+        # subscription's handler in a task of its own, woken in the order
+        # the connection read the messages; neither handler awaits, so a
+        # refusal is here before the progress that covers its mutation.
+        self._refused: dict[int, Any] = {}
+        #: Refusals dropped unread past _MAX_KEPT_REFUSALS.
+        self.lost = 0
+
+    async def on_rejection(self, m: Msg) -> None:
+        try:
+            r = pb.Rejection.FromString(m.data)
+        except Exception:  # noqa: BLE001 - anyone may publish to an inbox
+            return
+        if not r.sequence:
+            return
+        self._refused[r.sequence] = r
+        if len(self._refused) > _MAX_KEPT_REFUSALS:
+            del self._refused[min(self._refused)]
+            self.lost += 1
+
+    def refusal(self, table: str, parts: Sequence[int], per: int, total: int, lost: int) -> errors.RejectedError | None:
+        """The error for the refusals of a mutation of ``table`` sent as
+        ``parts`` (their stream sequences, ``per`` of ``total`` ops each),
+        taken once the service applied them; ``lost`` is :attr:`lost` from
+        before the first part went out."""
+        refused = [(i, self._refused.pop(seq)) for i, seq in enumerate(parts) if seq in self._refused]
+        if not refused:
+            if self.lost != lost:
+                return errors.RejectedError(
+                    f"mutation for table {table!r}: the service refused mutations whose refusals were dropped "
+                    f"unread (more than {_MAX_KEPT_REFUSALS} waiting), and this may be one of them",
+                    table=table,
+                )
+            return None
+        what = ""
+        if len(parts) > 1:
+            ranges = ", ".join(f"{i * per} to {min((i + 1) * per, total) - 1}" for i, _ in refused)
+            others = "none was applied" if len(refused) == len(parts) else "the other parts were applied"
+            what = f" (ops {ranges} of {total}, of {len(parts)} parts sent apart; {others})"
+        r = refused[0][1]
+        return rejection_error(
+            r, f"rejected by the table service: mutation for table {table!r} at stream sequence {r.sequence}{what}"
+        )
 
     async def on_progress(self, m: Msg) -> None:
         try:
@@ -276,6 +330,13 @@ class Client:
         self._denials = _conn.Denials()
         self._return_on_store = return_on_store
         self._applied = _AppliedWatch()
+        #: Where the service reports a refused mutation (an inbox).
+        self._notice = ""
+        #: The service's limits.max_mutation_ops, once an info reply told it.
+        self._mutation_ops = MAX_MUTATION_OPS
+        #: Tables the service confirmed: a mutation goes through the stream,
+        #: where a name nobody serves is a refusal, so it is checked first.
+        self._known_tables: set[str] = set()
         # (index, count) when this client serves one shard of a ShardedClient:
         # its writers then make keys of that shard.
         self._key_shard: tuple[int, int] | None = None
@@ -297,6 +358,10 @@ class Client:
         self._req = Requester(nc, self.options.prefix)
         self._denials.add(self._req.on_denied)
         await self._req.start()
+        # Subscribed before the progress: the connection then queues a
+        # refusal ahead of the progress that covers its mutation.
+        self._notice = nc.new_inbox()
+        await nc.subscribe(self._notice, cb=self._applied.on_rejection)
         await nc.subscribe(self.subjects.applied, cb=self._applied.on_progress)
         return self
 
@@ -456,24 +521,50 @@ class Client:
     ) -> None:
         """Updates priorities and deletes items (see
         :meth:`reprise.Client.mutate_priorities`)."""
-        await self._mutate(mutation_messages(table, updates, deletes, self.max_payload), timeout)
-
-    async def _mutate(self, msgs: Sequence[bytes], timeout: float | None) -> None:
-        """Publishes Mutation messages through the stream and, unless the
-        client returns on store, waits until the service applied them."""
+        if not table:
+            raise errors.InvalidArgumentError("empty table name")
+        ops = mutation_ops(updates, deletes)
+        if not ops:
+            return
         deadline = _deadline(timeout, None)
-        seq = 0
-        for m in msgs:
-            seq = await self._publish_js(self.subjects.mutate, m, _left(deadline))
-        if msgs and not self._return_on_store:
-            await self._applied.wait_for(seq, _left(deadline))
+        await self._check_table(table, deadline)
+        per = _ops_per_message(table, self.max_payload, self._mutation_ops)
+        await self._mutate(table, mutation_messages(table, ops, per, self._mutation_notice()), per, len(ops), deadline)
+
+    def _mutation_notice(self) -> str:
+        """Where a refusal of a mutation goes: nowhere when nobody waits."""
+        return "" if self._return_on_store else self._notice
+
+    async def _check_table(self, table: str, deadline: float | None) -> None:
+        """Asks the service, once per table, whether it serves ``table``
+        (NotFoundError if not), learning its limits.max_mutation_ops."""
+        if table not in self._known_tables:
+            await self._info(_left(deadline), table)
+            self._known_tables.add(table)
+
+    async def _mutate(self, table: str, msgs: Sequence[bytes], per: int, total: int, deadline: float | None) -> None:
+        """Publishes Mutation messages (of ``total`` ops, ``per`` in each)
+        through the stream and, unless the client returns on store, waits
+        until the service applied them, raising a RejectedError for one it
+        refused."""
+        lost = self._applied.lost
+        parts = [await self._publish_js(self.subjects.mutate, m, _left(deadline)) for m in msgs]
+        if not parts or self._return_on_store:
+            return
+        await self._applied.wait_for(parts[-1], _left(deadline))
+        err = self._applied.refusal(table, parts, per, total, lost)
+        if err is not None:
+            raise err
 
     async def set_policy_version(self, table: str, version: int, *, timeout: float | None = 10.0) -> None:
         """Raises ``table``'s policy version (see
         :meth:`reprise.Client.set_policy_version`)."""
         if not table:
             raise errors.InvalidArgumentError("set_policy_version needs a table name")
-        await self._mutate([pb.Mutation(table=table, policy_version=int(version)).SerializeToString()], timeout)
+        deadline = _deadline(timeout, None)
+        await self._check_table(table, deadline)
+        m = pb.Mutation(table=table, policy_version=int(version), notice_subject=self._mutation_notice())
+        await self._mutate(table, [m.SerializeToString()], 0, 0, deadline)
 
     async def set_max_staleness(self, table: str, max_staleness: int | None, *, timeout: float | None = 10.0) -> None:
         """Changes ``table``'s staleness bound (see
@@ -483,7 +574,10 @@ class Client:
         k = -1 if max_staleness is None else int(max_staleness)
         if max_staleness is not None and k < 0:
             raise errors.InvalidArgumentError(f"max_staleness must be >= 0 or None, got {max_staleness}")
-        await self._mutate([pb.Mutation(table=table, max_staleness=k).SerializeToString()], timeout)
+        deadline = _deadline(timeout, None)
+        await self._check_table(table, deadline)
+        m = pb.Mutation(table=table, max_staleness=k, notice_subject=self._mutation_notice())
+        await self._mutate(table, [m.SerializeToString()], 0, 0, deadline)
 
     async def update_priorities(self, table: str, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
         """mutate_priorities with arrays: ``keys`` (uint64) and
@@ -529,6 +623,8 @@ class Client:
             self.subjects.info, pb.TableRequest(table=table).SerializeToString(), timeout
         )
         resp = parse_status_reply(pb.InfoResponse, data, "info")
+        if resp.max_mutation_ops:
+            self._mutation_ops = resp.max_mutation_ops
         sigs = {t.name: tuple(t.signature) for t in resp.tables}
         if table:
             self._signatures.update(sigs)

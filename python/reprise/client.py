@@ -95,7 +95,8 @@ class Client:
       name: the connection's name as NATS monitoring shows it.
       return_on_store: mutations return once JetStream stored them
         (durable) rather than once the service applied them (visible), a
-        round trip sooner (Go: broker.WithReturnOnStore).
+        round trip sooner, and without raising for a mutation the service
+        refuses (Go: broker.WithReturnOnStore).
 
     Reverb users: ``reverb.Client(address)`` becomes
     ``reprise.Client("nats://host:4222")``; ``sample``, ``insert``,

@@ -330,8 +330,10 @@ def test_a_delete_of_more_keys_than_the_service_takes_at_once(client: reprise.Cl
     write_xs(client, "replay", 3)
     held = np.unique(client.sample_batch("replay", 64, timeout=10).info.key)
     assert len(held) == 3
-    msgs = aio.mutation_messages("replay", None, range(70_000), 8 << 20)
-    assert len(msgs) == 2, "split at the service's limit, not only at the max payload"
+    per = aio._ops_per_message("replay", 8 << 20, aio.MAX_MUTATION_OPS)
+    assert len(aio.mutation_messages("replay", aio.mutation_ops(None, range(70_000)), per)) == 2, (
+        "split at the service's limit, not only at the max payload"
+    )
     keys = np.concatenate([np.arange(1 << 40, (1 << 40) + 70_000 - 3, dtype=np.uint64), held])
     client.mutate_priorities("replay", deletes=keys, timeout=30)
     assert table_size(client, "replay") == 0
@@ -1040,3 +1042,51 @@ def test_staleness_bound(reprised_factory: Any) -> None:
         assert (info.current_size, info.max_staleness) == (1, 0)
         c.set_max_staleness("t", None, timeout=30)
         assert c.server_info(timeout=5)["t"].max_staleness is None
+
+
+def _mutation_tables(names: str, max_ops: int) -> str:
+    return "tables:\n" + "".join(f"  - {{name: {n}, max_size: 1000}}\n" for n in names) + f"limits: {{max_mutation_ops: {max_ops}}}\n"
+
+
+def test_refused_mutations_are_reported(reprised_factory: Any) -> None:
+    """A mutation the service refuses raises, with the service's code,
+    rather than returning: here the service restarted without the client's
+    table, and then with a lower limits.max_mutation_ops than the client
+    learned. Before, both returned None with nothing applied."""
+    server = reprised_factory(_mutation_tables("tu", 10))
+    with reprise.Client(server.url) as c:
+        c.mutate_priorities("t", deletes=[1])
+        c.mutate_priorities("u", deletes=[1])
+        server.stop()
+        server.config.write_text(_mutation_tables("u", 5))
+        server.start()
+        with pytest.raises(reprise.NotFoundError, match="mutation for table 't' at stream sequence") as e:
+            c.mutate_priorities("t", deletes=[1])
+        assert isinstance(e.value, reprise.RejectedError) and e.value.code == reprise.Code.NOT_FOUND
+        write_xs(c, "u", 2)
+        keys = np.unique(c.sample_batch("u", 64, timeout=10).info.key)
+        assert len(keys) == 2
+        update = {int(keys[0]): 3.0, **{(1 << 40) + i: 1.0 for i in range(10)}, int(keys[1]): 7.0}
+        with pytest.raises(reprise.ResourceExhaustedError, match="ops 0 to 9 of 12, of 2 parts sent apart; the other parts"):
+            c.mutate_priorities("u", update)
+
+        def priorities() -> dict[int, float]:
+            b = c.sample_batch("u", 64, timeout=10)
+            return dict(zip(b.info.key.tolist(), b.info.priority.tolist()))
+
+        assert priorities() == {int(keys[0]): 1.0, int(keys[1]): 7.0}, "the second part alone was applied"
+        c.server_info()  # tells the new limit
+        c.mutate_priorities("u", update)
+        assert priorities() == {int(keys[0]): 3.0, int(keys[1]): 7.0}
+
+
+def test_mutations_follow_the_services_limit(reprised_factory: Any) -> None:
+    """A mutation of more ops than the service's limits.max_mutation_ops goes
+    in parts it takes; before, a delete of 25 keys from a service taking 10
+    ops returned None and deleted nothing."""
+    server = reprised_factory(_mutation_tables("t", 10))
+    with reprise.Client(server.url) as c:
+        write_xs(c, "t", 3)
+        keys = np.unique(c.sample_batch("t", 64, timeout=10).info.key)
+        c.mutate_priorities("t", deletes=[*range(1 << 40, (1 << 40) + 22), *keys.tolist()])
+        assert table_size(c, "t") == 0

@@ -128,10 +128,11 @@ class HeldMessage(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., stored_at_unix_nano: _Optional[int] = ..., items_applied: _Optional[int] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ["applied_sequence", "chunk_bytes", "chunks", "rejected_messages", "shard_count", "shard_index", "status", "tables"]
+    __slots__ = ["applied_sequence", "chunk_bytes", "chunks", "max_mutation_ops", "rejected_messages", "shard_count", "shard_index", "status", "tables"]
     APPLIED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_MUTATION_OPS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -140,12 +141,13 @@ class InfoResponse(_message.Message):
     applied_sequence: int
     chunk_bytes: int
     chunks: int
+    max_mutation_ops: int
     rejected_messages: int
     shard_count: int
     shard_index: int
     status: Status
     tables: _containers.RepeatedCompositeFieldContainer[TableInfo]
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ..., applied_sequence: _Optional[int] = ..., chunks: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., rejected_messages: _Optional[int] = ..., shard_index: _Optional[int] = ..., shard_count: _Optional[int] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ..., applied_sequence: _Optional[int] = ..., chunks: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., rejected_messages: _Optional[int] = ..., shard_index: _Optional[int] = ..., shard_count: _Optional[int] = ..., max_mutation_ops: _Optional[int] = ...) -> None: ...
 
 class InsertBatch(_message.Message):
     __slots__ = ["chunks", "end_of_stream", "items", "notice_subject", "producer_id", "release_chunk_keys", "sequence", "window", "window_start"]
@@ -258,16 +260,18 @@ class LimiterInfo(_message.Message):
     def __init__(self, samples_per_insert: _Optional[float] = ..., min_size: _Optional[int] = ..., min_diff: _Optional[float] = ..., max_diff: _Optional[float] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ...) -> None: ...
 
 class Mutation(_message.Message):
-    __slots__ = ["max_staleness", "ops", "policy_version", "table"]
+    __slots__ = ["max_staleness", "notice_subject", "ops", "policy_version", "table"]
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    NOTICE_SUBJECT_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     max_staleness: int
+    notice_subject: str
     ops: _containers.RepeatedCompositeFieldContainer[MutationOp]
     policy_version: int
     table: str
-    def __init__(self, table: _Optional[str] = ..., ops: _Optional[_Iterable[_Union[MutationOp, _Mapping]]] = ..., policy_version: _Optional[int] = ..., max_staleness: _Optional[int] = ...) -> None: ...
+    def __init__(self, table: _Optional[str] = ..., ops: _Optional[_Iterable[_Union[MutationOp, _Mapping]]] = ..., policy_version: _Optional[int] = ..., max_staleness: _Optional[int] = ..., notice_subject: _Optional[str] = ...) -> None: ...
 
 class MutationOp(_message.Message):
     __slots__ = ["delete", "key", "priority"]
