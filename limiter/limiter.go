@@ -23,6 +23,15 @@ type State struct {
 	Inserts int64  `json:"inserts"`
 	Samples int64  `json:"samples"`
 	Deletes int64  `json:"deletes"`
+	// Offset is added to inserts*SamplesPerInsert - samples wherever the
+	// inequality reads it: Reconfigure sets it so that a new
+	// samples_per_insert weighs the inserts to come, not those already
+	// made. Without it, changing the ratio after a long run moves the
+	// difference by (new - old)*inserts, and one side waits until the
+	// other has made up for the whole history. It is a whole number, so
+	// the differences the limiter can reach are those Validate reasons
+	// about (see stall); 0 until a Reconfigure changes the ratio.
+	Offset float64 `json:"offset,omitempty"`
 }
 
 // canInsert is the insert half of the inequality. The size test is written
@@ -34,14 +43,20 @@ func (s *State) canInsert(n int64) bool {
 	if n <= s.Config.MinSize-(s.Inserts-s.Deletes) {
 		return true
 	}
-	return float64(s.Inserts+n)*s.Config.SamplesPerInsert-float64(s.Samples) <= s.Config.MaxDiff
+	return s.diff(s.Inserts+n) <= s.Config.MaxDiff
 }
 
 // canSample is the sample half of the inequality.
 func (s *State) canSample(n int64) bool {
 	return fits(s.Samples, n) &&
 		s.Inserts-s.Deletes >= s.Config.MinSize &&
-		float64(s.Inserts)*s.Config.SamplesPerInsert-float64(s.Samples)-float64(n) >= s.Config.MinDiff
+		s.diff(s.Inserts)-float64(n) >= s.Config.MinDiff
+}
+
+// diff is inserts*SamplesPerInsert - samples (plus Offset) for a count of
+// inserts.
+func (s *State) diff(inserts int64) float64 {
+	return float64(inserts)*s.Config.SamplesPerInsert - float64(s.Samples) + s.Offset
 }
 
 // fits reports whether n is a count that may be added to counter: no limiter
@@ -61,6 +76,8 @@ func (s State) validate() error {
 	case s.Deletes > s.Inserts:
 		return fmt.Errorf("%w: deletes (%d) > inserts (%d): more items removed than inserted",
 			ErrInvalidCount, s.Deletes, s.Inserts)
+	case math.IsInf(s.Offset, 0) || math.Trunc(s.Offset) != s.Offset:
+		return fmt.Errorf("%w: offset must be a finite whole number, got %v", ErrInvalidCount, s.Offset)
 	}
 	return nil
 }
@@ -208,14 +225,28 @@ func (l *Limiter) Delete(n int) {
 	l.notify()
 }
 
-// Reconfigure replaces the config and keeps the counters, so the new
-// inequality applies to the history so far. Waiters re-check at once.
+// Reconfigure replaces the config and keeps the counters. A new
+// samples_per_insert applies to the inserts to come: the difference
+// inserts*samples_per_insert - samples goes on from its current value
+// (rounded to a whole number), so min_diff and max_diff bound the traffic
+// from now on instead of asking one side to make up the whole history
+// first. Waiters re-check at once.
 func (l *Limiter) Reconfigure(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if spi := l.st.Config.SamplesPerInsert; cfg.SamplesPerInsert != spi {
+		inserts := float64(l.st.Inserts)
+		offset := math.Round(l.st.Offset + inserts*spi - inserts*cfg.SamplesPerInsert)
+		if math.IsInf(offset, 0) || math.IsNaN(offset) {
+			// inserts*ratio overflowed: there is no current difference to
+			// go on from, so the counters are read as they are.
+			offset = 0
+		}
+		l.st.Offset = offset
+	}
 	l.st.Config = cfg
 	l.notify()
 	return nil

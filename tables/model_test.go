@@ -21,6 +21,9 @@ type model struct {
 	inserts  int64
 	samples  int64
 	deletes  int64
+	// offset is what the limiter adds to its difference after a change of
+	// samples_per_insert, so that the new ratio weighs only later inserts.
+	offset   float64
 	counters Counters
 }
 
@@ -38,12 +41,12 @@ func (m *model) canInsert() bool {
 	if m.inserts+1-m.deletes <= m.lim.MinSize {
 		return true
 	}
-	return float64(m.inserts+1)*m.lim.SamplesPerInsert-float64(m.samples) <= m.lim.MaxDiff
+	return float64(m.inserts+1)*m.lim.SamplesPerInsert-float64(m.samples)+m.offset <= m.lim.MaxDiff
 }
 
 func (m *model) canSample() bool {
 	return m.inserts-m.deletes >= m.lim.MinSize &&
-		float64(m.inserts)*m.lim.SamplesPerInsert-float64(m.samples)-1 >= m.lim.MinDiff
+		float64(m.inserts)*m.lim.SamplesPerInsert-float64(m.samples)+m.offset-1 >= m.lim.MinDiff
 }
 
 func (m *model) remove(i int) {
@@ -185,9 +188,11 @@ func runModel(t *testing.T, sampler selectors.Kind, seed uint64, ops int) {
 			what = "reset"
 			tb.Reset()
 			m.items = nil
-			m.inserts, m.samples, m.deletes = 0, 0, 0
+			m.inserts, m.samples, m.deletes, m.offset = 0, 0, 0, 0
 		default:
+			old := m.lim
 			m.lim = modelLimiters[rng.IntN(len(modelLimiters))]
+			m.offset += float64(m.inserts) * (old.SamplesPerInsert - m.lim.SamplesPerInsert)
 			m.maxTimes = int32(rng.IntN(6)) - 2 // below 1: unlimited
 			what = fmt.Sprintf("reconfigure %+v max times %d", m.lim, m.maxTimes)
 			if err := tb.Reconfigure(m.lim, m.maxTimes); err != nil {
@@ -198,7 +203,7 @@ func runModel(t *testing.T, sampler selectors.Kind, seed uint64, ops int) {
 			t.Fatalf("step %d (%s): keys %v, model %v", step, what, got, want)
 		}
 		info := tb.Info()
-		if want := (limiter.State{Config: m.lim, Inserts: m.inserts, Samples: m.samples, Deletes: m.deletes}); info.Limiter != want {
+		if want := (limiter.State{Config: m.lim, Inserts: m.inserts, Samples: m.samples, Deletes: m.deletes, Offset: m.offset}); info.Limiter != want {
 			t.Fatalf("step %d (%s): limiter %+v, model %+v", step, what, info.Limiter, want)
 		}
 		if info.Counters != m.counters {

@@ -835,8 +835,9 @@ func (t *Table) Reset() {
 }
 
 // Reconfigure replaces the rate limiter's config and max_times_sampled while
-// the table runs; the limiter keeps its counters, so the new bounds apply to
-// the history so far, and waiting inserts and samples re-check at once. An
+// the table runs; the limiter keeps its counters, a new samples_per_insert
+// weighs only the inserts to come (see limiter.Limiter.Reconfigure), and
+// waiting inserts and samples re-check at once. An
 // item already sampled as often as a lowered max_times_sampled allows stays
 // until its next sample, which returns it and removes it.
 func (t *Table) Reconfigure(lim limiter.Config, maxTimesSampled int32) error {
