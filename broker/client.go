@@ -546,7 +546,11 @@ func (c *Client) mutate(ctx context.Context, table string, m *wire.Mutation) err
 	if err := c.applied.waitFor(ctx, last); err != nil {
 		return fmt.Errorf("%w: mutation for table %q stored up to sequence %d: %w", ErrNotApplied, table, last, err)
 	}
-	return c.applied.refusal(table, parts, per, len(ops), lost)
+	err := c.applied.refusal(table, parts, per, len(ops), lost)
+	if errors.Is(err, ErrUnknownTable) {
+		c.known.Delete(table) // the next call asks again, and fails before it sends
+	}
+	return err
 }
 
 // defaultMutationOps is the service's default limits.max_mutation_ops, the

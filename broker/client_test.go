@@ -502,6 +502,9 @@ func TestRefusedMutationsAreReported(t *testing.T) {
 	if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrUnknownTable) || !errors.As(err, &se) || se.Code != CodeNotFound {
 		t.Fatalf("Delete on a table the service no longer has: %v, want ErrRejected with CodeNotFound", err)
 	}
+	if err := c.Delete(ctx, "t", 1); errors.Is(err, ErrRejected) || !errors.Is(err, ErrUnknownTable) {
+		t.Fatalf("a second Delete on that table: %v, want ErrUnknownTable before anything is sent", err)
+	}
 	keys := insertedKeys(t, d, "u", 2)
 	ups := make([]tables.PriorityUpdate, 12)
 	for i := range ups {

@@ -554,6 +554,8 @@ class Client:
         await self._applied.wait_for(parts[-1], _left(deadline))
         err = self._applied.refusal(table, parts, per, total, lost)
         if err is not None:
+            if isinstance(err, errors.NotFoundError):
+                self._known_tables.discard(table)  # the next call asks again, and fails before it sends
             raise err
 
     async def set_policy_version(self, table: str, version: int, *, timeout: float | None = 10.0) -> None:

@@ -1063,6 +1063,9 @@ def test_refused_mutations_are_reported(reprised_factory: Any) -> None:
         with pytest.raises(reprise.NotFoundError, match="mutation for table 't' at stream sequence") as e:
             c.mutate_priorities("t", deletes=[1])
         assert isinstance(e.value, reprise.RejectedError) and e.value.code == reprise.Code.NOT_FOUND
+        with pytest.raises(reprise.NotFoundError) as e:
+            c.mutate_priorities("t", deletes=[1])
+        assert not isinstance(e.value, reprise.RejectedError), "asked again, and refused before sending"
         write_xs(c, "u", 2)
         keys = np.unique(c.sample_batch("u", 64, timeout=10).info.key)
         assert len(keys) == 2
