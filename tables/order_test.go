@@ -1,6 +1,7 @@
 package tables
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -152,5 +153,31 @@ func TestAppendSamplesReportsStateAfter(t *testing.T) {
 	for _, c := range [][2]int{{0, 1}, {2, 1}} {
 		_, _, err := tb.AppendSamples(testCtx(t), nil, c[0], c[1])
 		wantErr(t, err, []error{ErrInvalidArgument}, "least", "most")
+	}
+}
+
+// TestAppendSamplesWithinAsksWhenItTakes: the caller's bound is asked
+// before every round of samples, with the largest item the table holds
+// then: a request that waited is held to the items that came meanwhile,
+// and one refused takes nothing.
+func TestAppendSamplesWithinAsksWhenItTakes(t *testing.T) {
+	store := NewChunkStore()
+	putChunk(store, 1, 1, 8)
+	store.Put(&Chunk{Key: 2, Format: &Format{DType: "float32", Shape: []int64{200}, StepBytes: 800}, Length: 1, Data: make([]byte, 800)})
+	tb := mustNew(t, config("s", selectors.KindUniform, selectors.KindFifo, 100, limiter.MinSize(2)), store)
+	fits := func(largestBytes, _ int64) bool { return largestBytes < 800 }
+	mustInsert(t, tb, newItem(1, 1, 1))
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := tb.AppendSamplesWithin(testCtx(t), nil, 2, 2, fits)
+		done <- err
+	}()
+	waitFor(t, "the request waits for the limiter", func() bool { return tb.Counters().SampleWaits > 0 })
+	mustInsert(t, tb, newItem(2, 1, 2))
+	if err := <-done; !errors.Is(err, ErrTooMany) {
+		t.Fatalf("a request that waited for an item over its bound: %v, want ErrTooMany", err)
+	}
+	if n := tb.Counters().Samples; n != 0 {
+		t.Errorf("the table counted %d samples, want none", n)
 	}
 }

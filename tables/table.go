@@ -639,6 +639,19 @@ type State struct {
 // acquisition may wait behind the queue of inserts. It fails as Sample
 // does, with the samples it appended.
 func (t *Table) AppendSamples(ctx context.Context, dst []Sample, least, most int) ([]Sample, State, error) {
+	return t.AppendSamplesWithin(ctx, dst, least, most, nil)
+}
+
+// AppendSamplesWithin is AppendSamples for a caller that can take at most
+// so many items of the table's largest: before it takes samples, each time,
+// it asks fits (when not nil) whether most items of the largest item's
+// bytes and parts (LargestItemBytes, LargestItemParts) fit, and fails with
+// ErrTooMany when they do not. It asks under the lock that inserts raise
+// them under: a request that waited for the rate limiter is held to the
+// items that came meanwhile, which may be larger than any it was measured
+// against when it arrived. Samples taken before such a failure stay taken
+// and are returned with it.
+func (t *Table) AppendSamplesWithin(ctx context.Context, dst []Sample, least, most int, fits func(largestBytes, largestParts int64) bool) ([]Sample, State, error) {
 	if least < 1 || most < least {
 		return dst, State{}, fmt.Errorf("%w: table %q: sample counts must be 1 <= least <= most, got %d and %d", ErrInvalidArgument, t.name, least, most)
 	}
@@ -650,6 +663,10 @@ func (t *Table) AppendSamples(ctx context.Context, dst []Sample, least, most int
 		if t.closed {
 			t.mu.Unlock()
 			return out, state, fmt.Errorf("%w: table %q", ErrClosed, t.name)
+		}
+		if fits != nil && !fits(t.largestItem.Load(), t.largestParts.Load()) {
+			t.mu.Unlock()
+			return out, state, fmt.Errorf("%w: table %q: %d items", ErrTooMany, t.name, most)
 		}
 		if !sized {
 			// Sized for the usual case (no more than the table holds) and

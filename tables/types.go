@@ -29,6 +29,10 @@ var (
 	// ErrTooLarge reports an item that decodes to more bytes than the
 	// table's WithMaxItemBytes allows.
 	ErrTooLarge = errors.New("tables: item too large")
+	// ErrTooMany reports a sample request for more items than the bound
+	// its caller gave AppendSamplesWithin allows at the table's largest
+	// item.
+	ErrTooMany = errors.New("tables: more samples than fit the caller's bound")
 )
 
 // ChunkKey identifies a chunk in the ChunkStore.

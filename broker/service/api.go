@@ -255,11 +255,14 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	// limiter and max_times_sampled whether or not it reaches the learner.
 	// An item takes the bytes it decodes to and the records that describe
 	// it, which an item of many slices of empty steps is all made of. One
-	// item is always served: any item may be sampled.
-	if per := t.LargestItemBytes() + wire.SampleItemBytes + wire.SamplePartBytes*t.LargestItemParts(); int64(req.NumSamples) > max(1, s.o.limits.MaxReplyBytes/per) {
-		s.respondStatus(r, protocol.CodeResourceExhausted, fmt.Sprintf("table %q: %d items of up to %d bytes, with the records that describe them, may take more than %d bytes (limits.max_reply_bytes): ask for at most %d",
-			req.Table, req.NumSamples, per, s.o.limits.MaxReplyBytes, max(1, s.o.limits.MaxReplyBytes/per)))
-		return
+	// item is always served: any item may be sampled. The table asks
+	// whenever it takes samples, since larger items may come while the
+	// request waits for its limiter.
+	var per, fit int64
+	fits := func(largestBytes, largestParts int64) bool {
+		per = largestBytes + wire.SampleItemBytes + wire.SamplePartBytes*largestParts
+		fit = max(1, s.o.limits.MaxReplyBytes/per)
+		return int64(req.NumSamples) <= fit
 	}
 	wait := s.o.maxSampleWait
 	if req.TimeoutMs >= 0 && req.TimeoutMs < wait.Milliseconds() {
@@ -283,11 +286,21 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		*pooled = (*pooled)[:0]
 		sampleSlices.Put(pooled)
 	}()
-	samples, after, err := t.AppendSamples(wctx, *pooled, least, int(req.NumSamples))
+	samples, after, err := t.AppendSamplesWithin(wctx, *pooled, least, int(req.NumSamples), fits)
 	*pooled = samples
 	status, msg := protocol.CodeOK, ""
+	tooMany := func() string {
+		return fmt.Sprintf("table %q: %d items of up to %d bytes, with the records that describe them, may take more than %d bytes (limits.max_reply_bytes): ask for at most %d",
+			req.Table, req.NumSamples, per, s.o.limits.MaxReplyBytes, fit)
+	}
 	switch {
 	case err == nil:
+	case errors.Is(err, tables.ErrTooMany) && len(samples) == 0:
+		code = protocol.CodeResourceExhausted
+		s.respondStatus(r, code, tooMany())
+		return
+	case errors.Is(err, tables.ErrTooMany):
+		status, msg = protocol.CodePartial, fmt.Sprintf("%d of %d samples before larger items came: %s", len(samples), req.NumSamples, tooMany())
 	case len(samples) > 0:
 		status, msg = protocol.CodePartial, fmt.Sprintf("%d of %d samples before the timeout: %v", len(samples), req.NumSamples, err)
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):

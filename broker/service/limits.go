@@ -31,8 +31,9 @@ type Limits struct {
 	// its items decode to, and the records that describe them (a few dozen
 	// bytes for each column, slice and chunk of an item). A request for more
 	// items than fit at the size of the largest item the table took since
-	// its last reset (held or not) is refused before anything is sampled;
-	// one item is always served. At least MaxItemBytes. It also bounds an
+	// its last reset (held or not), when its samples are taken (larger
+	// items may come while it waits for the rate limiter), is refused
+	// before anything is sampled; one item is always served. At least MaxItemBytes. It also bounds an
 	// items reply's bytes, which never take more than 64 MiB. Learners, Go
 	// and Python, refuse a reply whose items decode to more than its
 	// default, wire.MaxReplyBytes, whatever it is.
