@@ -303,12 +303,15 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		status, msg = protocol.CodePartial, fmt.Sprintf("%d of %d samples before larger items came: %s", len(samples), req.NumSamples, tooMany())
 	case len(samples) > 0:
 		status, msg = protocol.CodePartial, fmt.Sprintf("%d of %d samples before the timeout: %v", len(samples), req.NumSamples, err)
+	case errors.Is(err, tables.ErrClosed) || ctx.Err() != nil:
+		// The wait ended with the service's run, not the request's: a
+		// sharded learner samples the other shards from one unavailable.
+		code = protocol.CodeUnavailable
+		s.respondStatus(r, code, "service shutting down")
+		return
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		code = protocol.CodeRateLimited
 		s.respondStatus(r, protocol.CodeRateLimited, fmt.Sprintf("table %q: rate limiter allowed no sample within %v: %v", req.Table, wait, err))
-		return
-	case errors.Is(err, tables.ErrClosed):
-		s.respondStatus(r, protocol.CodeUnavailable, "service shutting down")
 		return
 	default:
 		s.respondStatus(r, protocol.CodeInternal, err.Error())

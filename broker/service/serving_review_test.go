@@ -41,3 +41,26 @@ func TestReplyBoundHeldForARequestThatWaited(t *testing.T) {
 		t.Fatalf("the table counted %d samples for a refused request, want 0", n)
 	}
 }
+
+// TestSampleWaitingAtShutdownIsUnavailable: a sample waiting for a table's
+// rate limiter when the service stops is told the service is shutting
+// down (CodeUnavailable: a sharded learner then samples the other shards),
+// not that the limiter allowed nothing within the request's whole wait.
+func TestSampleWaitingAtShutdownIsUnavailable(t *testing.T) {
+	cfg := testutil.TableConfig("t", selectors.Options{Kind: selectors.KindUniform}, selectors.Options{Kind: selectors.KindFifo}, 100, limiter.MinSize(10))
+	d := deploy(t, []tables.Config{cfg}, deployOptions{})
+	c := d.client()
+	tb, _ := d.svc.Table("t")
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Sample(testutil.Context(t), "t", 1)
+		done <- err
+	}()
+	testutil.WaitUntil(t, "the request waits for the table's limiter", func() bool { return tb.Counters().SampleWaits > 0 })
+	d.stop()
+	err := <-done
+	var se *protocol.StatusError
+	if !errors.As(err, &se) || se.Code != protocol.CodeUnavailable || !strings.Contains(err.Error(), "shutting down") {
+		t.Fatalf("a sample waiting as the service stops: %v, want CodeUnavailable saying it is shutting down", err)
+	}
+}
