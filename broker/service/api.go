@@ -53,9 +53,9 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 		h := func(r micro.Request) {
 			// Refused before the request is acted on: a sample would take
 			// its items for a caller that gets no answer.
-			if why := answerSubjectError(r.Reply()); why != "" || s.subj.Owns(r.Reply()) {
+			if why := s.replySubjectError(r.Reply()); why != "" {
 				if s.rejectLog.allow() {
-					s.log.Warn("reprise service: ignoring a request whose reply subject the service must not publish on", "endpoint", e.name, "reply", fmt.Sprintf("%.128q", r.Reply()), "reason", cmp.Or(why, "under the prefix"))
+					s.log.Warn("reprise service: ignoring a request whose reply subject the service must not publish on", "endpoint", e.name, "reply", fmt.Sprintf("%.128q", r.Reply()), "reason", why)
 				}
 				return
 			}
@@ -70,6 +70,18 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 		}
 	}
 	return svc, nil
+}
+
+// replySubjectError says why the service must not answer a request on
+// reply, the subject it named, or returns "" (also for no subject).
+func (s *Service) replySubjectError(reply string) string {
+	switch {
+	case reply == "":
+		return ""
+	case s.subj.Owns(reply):
+		return "under the prefix"
+	}
+	return cmp.Or(answerSubjectError(reply), literalSubjectError(reply))
 }
 
 // spawnSample serves a sample request in a slot of its table's (see

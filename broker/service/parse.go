@@ -2,6 +2,7 @@ package service
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -311,23 +312,30 @@ func checkNoticeSubject(of, s string) error {
 	if !utf8.ValidString(s) {
 		return bad("not UTF-8")
 	}
-	if why := answerSubjectError(s); why != "" {
+	if why := cmp.Or(answerSubjectError(s), literalSubjectError(s)); why != "" {
 		return bad(why)
 	}
-	for tok := range strings.SplitSeq(s, ".") {
+	return nil
+}
+
+// literalSubjectError says why subject is not one literal subject, or
+// returns "". Published on a wildcard, an answer reaches every
+// subscription it matches, a stream's of another prefix among them.
+func literalSubjectError(subject string) string {
+	for tok := range strings.SplitSeq(subject, ".") {
 		switch {
 		case tok == "":
-			return bad("empty token")
+			return "empty token"
 		case tok == "*" || tok == ">":
-			return bad("wildcard (want a literal subject)")
+			return "wildcard (want a literal subject)"
 		}
 		for _, r := range tok {
 			if r <= ' ' || r == 0x7f {
-				return bad("whitespace or control character")
+				return "whitespace or control character"
 			}
 		}
 	}
-	return nil
+	return ""
 }
 
 // answerSubjectError says why the service must not publish a client's

@@ -9,7 +9,10 @@ import (
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
+	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/tables"
 )
 
@@ -62,5 +65,41 @@ func TestSampleWaitingAtShutdownIsUnavailable(t *testing.T) {
 	var se *protocol.StatusError
 	if !errors.As(err, &se) || se.Code != protocol.CodeUnavailable || !strings.Contains(err.Error(), "shutting down") {
 		t.Fatalf("a sample waiting as the service stops: %v, want CodeUnavailable saying it is shutting down", err)
+	}
+}
+
+// TestWildcardReplySubjectIgnored: a request whose reply subject holds
+// a wildcard gets no answer. Published there, the answer reached the
+// subscriptions the wildcard matched: a reply subject "other.data.>"
+// stored an info reply in the stream of the deployment of prefix
+// "other", whose service rejects it as a message of no known subject.
+func TestWildcardReplySubjectIgnored(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{})
+	ctx := testutil.Context(t)
+	js, err := jetstream.New(d.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "VICTIM", Subjects: []string{"other.data.>", "events.*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := d.connect()
+	for _, reply := range []string{"other.data.>", "other.data.*", "events.*", "events.>", ">", "*"} {
+		if err := nc.PublishRequest(d.svc.subj.Info(), reply, mustMarshal(t, &wire.TableRequest{})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The endpoint serves its requests in order.
+	if _, err := nc.RequestWithContext(ctx, d.svc.subj.Info(), mustMarshal(t, &wire.TableRequest{})); err != nil {
+		t.Fatal(err)
+	}
+	info, err := victim.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 0 {
+		m, _ := victim.GetMsg(ctx, 1)
+		t.Fatalf("another stream stored %d messages the service published on a client's wildcard reply subject (the first on %q)", info.State.Msgs, m.Subject)
 	}
 }

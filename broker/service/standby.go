@@ -449,7 +449,7 @@ func (s *Service) answerStandbyCall(m *nats.Msg) {
 	}
 	// Only services may ask, but shards may share a service user, whose
 	// rights reach every shard's lease bucket: see answerSubjectError.
-	if answerSubjectError(m.Reply) != "" || s.subj.Owns(m.Reply) {
+	if m.Reply == "" || s.replySubjectError(m.Reply) != "" {
 		return
 	}
 	data, err := json.Marshal(standbyReply{Service: s.id, AppliedSequence: s.progress.get()})
