@@ -87,6 +87,14 @@ func (s *Service) replySubjectError(reply string) string {
 // spawnSample serves a sample request in a slot of its table's (see
 // requestSlots).
 func (s *Service) spawnSample(ctx context.Context, r micro.Request) {
+	// Sampled, its items would count as sampled (and leave a queue) for
+	// nobody: a message published rather than requested.
+	if r.Reply() == "" {
+		if s.rejectLog.allow() {
+			s.log.Warn("reprise service: ignoring a sample request without a reply subject")
+		}
+		return
+	}
 	var req wire.SampleRequest
 	if err := proto.Unmarshal(r.Data(), &req); err != nil {
 		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("malformed sample request: %v", err))

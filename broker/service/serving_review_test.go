@@ -103,3 +103,31 @@ func TestWildcardReplySubjectIgnored(t *testing.T) {
 		t.Fatalf("another stream stored %d messages the service published on a client's wildcard reply subject (the first on %q)", info.State.Msgs, m.Subject)
 	}
 }
+
+// TestSampleWithoutReplyTakesNothing: a sample request that names no reply
+// subject (published, not requested) takes no items: nobody would receive
+// them, and a queue's items would be gone.
+func TestSampleWithoutReplyTakesNothing(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100), tables.QueueConfig("q", 10)}, deployOptions{})
+	p := d.producer()
+	insertSteps(t, p, 0, 1, 2)
+	insertStepsInto(t, p, "q", 10, 12, 2)
+	ctx := testutil.Context(t)
+	nc := d.connect()
+	if err := nc.Publish(d.svc.subj.Sample(), mustMarshal(t, &wire.SampleRequest{Table: "q", NumSamples: 2, Packed: true})); err != nil {
+		t.Fatal(err)
+	}
+	// The endpoint takes its requests' slots in order, and gives them
+	// back once they are served.
+	if _, err := nc.RequestWithContext(ctx, d.svc.subj.Sample(), mustMarshal(t, &wire.SampleRequest{Table: "t", NumSamples: 1, Packed: true})); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "every request served", func() bool {
+		d.svc.slots.mu.Lock()
+		defer d.svc.slots.mu.Unlock()
+		return d.svc.slots.inUse == 0
+	})
+	if got := tableSize(t, d.client(), "q"); got != 2 {
+		t.Fatalf("queue q holds %d items, want its 2: a sample request with no reply subject took them", got)
+	}
+}
