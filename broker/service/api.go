@@ -383,8 +383,11 @@ var sampleSlices = sync.Pool{New: func() any { return new([]tables.Sample) }}
 // connection's max payload.
 func (s *Service) respondParts(r micro.Request, data []byte) {
 	nc := s.replyConn()
-	limit := int(nc.MaxPayload()) - payloadHeadroom
-	if len(data) <= limit {
+	// Of a max payload as small as 1 KiB (reprised takes that), half is
+	// left to the headers: the headroom would leave the data nothing.
+	payload := int(nc.MaxPayload())
+	limit := payload - min(payloadHeadroom, payload/2)
+	if len(data) <= limit || limit < 1 {
 		s.replyOn(nc, r, data, nil)
 		return
 	}

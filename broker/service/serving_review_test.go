@@ -131,3 +131,32 @@ func TestSampleWithoutReplyTakesNothing(t *testing.T) {
 		t.Fatalf("queue q holds %d items, want its 2: a sample request with no reply subject took them", got)
 	}
 }
+
+// TestSmallestMaxPayloadServes: a server whose max payload is 1 KiB, the
+// least reprised's config takes, left no room for a reply's data beside
+// the headroom kept for its headers: every info request divided by zero
+// and took the service down. Replies now go out, in parts where they must.
+func TestSmallestMaxPayloadServes(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{maxPayload: 1 << 10})
+	ctx := testutil.Context(t)
+	col := &wire.TrajectoryColumn{Name: "x", Slices: []*wire.ColumnSlice{{ChunkKey: 7, Length: 1}}}
+	ack := publishBatch(t, d, &wire.InsertBatch{ProducerId: "payloadpayloadpayloadpayloadpayl", Sequence: 1, WindowStart: 1, Window: 1,
+		Chunks: []*wire.Chunk{int64Chunk(t, 7, 7)}, Items: []*wire.Item{{Key: 1, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{col}}}}, "")
+	testutil.WaitUntil(t, "the item lands", func() bool { return d.svc.Applied() >= ack.Sequence })
+	c := d.client()
+	info, err := c.Info(ctx, "t")
+	if err != nil || info.Tables[0].Size != 1 {
+		t.Fatalf("info: %v, %v; want a table of 1 item", info, err)
+	}
+	// Each item's record takes more than the half of a message left to
+	// the data: the reply comes in parts.
+	got, err := c.Sample(ctx, "t", 32)
+	if err != nil || len(got) != 32 {
+		t.Fatalf("a sample of 32: %d items, %v", len(got), err)
+	}
+	for _, s := range got {
+		if v, err := column(t, s, "x").Int64s(); err != nil || len(v) != 1 || v[0] != 7 {
+			t.Fatalf("sampled item's column x: %v, %v; want [7]", v, err)
+		}
+	}
+}
