@@ -646,6 +646,19 @@ def not_stored_error(err: errors.RepriseError, seq: int, items: int) -> errors.N
     return cls(f"message {seq} ({items} items) not stored: {err.message}", code=err.code, sequence=seq, items=items)
 
 
+def denied_not_stored_error(err: errors.PermissionDeniedError, seq: int, items: int) -> errors.NotStoredError:
+    """not_stored_error of a message whose publish the user's role refused:
+    a PermissionDeniedError too, with its operation and subject."""
+    cls = _not_stored_class(type(err))
+    message = f"message {seq} ({items} items) not stored: {err.message}"
+    out = cls.__new__(cls, message)
+    out.__dict__.update(err.__dict__)
+    out.args = (message,)
+    out.message, out.sequence, out.items = message, seq, items
+    out.__cause__ = err
+    return out
+
+
 def _not_stored_class(base: type[errors.RepriseError]) -> type[errors.NotStoredError]:
     cls = _NOT_STORED_CLASSES.get(base)
     if cls is None:
@@ -1246,7 +1259,9 @@ class _Producer:
                 # takes nothing) would be refused again at once, for ever.
                 # (first_sent is the event loop's time: time.monotonic.)
                 refused = bool(rec.fills) and time.monotonic() - rec.first_sent < self.o.retry_for
-                filled = not refused and not isinstance(err, errors.ClosedError) and self._fill_gap_locked(rec)
+                # A refused publish refuses its gap fill too.
+                filled = (not refused and not isinstance(err, (errors.ClosedError, errors.PermissionDeniedError))
+                          and self._fill_gap_locked(rec))
                 if not rec.fills:
                     if filled:
                         self.gap_fills += 1
@@ -1262,8 +1277,6 @@ class _Producer:
                 elif rec.fills or (rec.items > 0 and not self._applied_locked(stream_seq, rec.tables)):
                     self.acked.append((stream_seq, rec.items, rec.tables, bool(rec.fills)))
                     self.acked_items += rec.items
-            elif rec.fills:
-                self.gap_fills -= 1  # its publish was denied, as every later one is
             lowest = self.unsettled[0] if self.unsettled else self.seq + 1
             while self.sent_tables and self.sent_tables[0][0] <= lowest:
                 self.sent_tables.popleft()
@@ -1641,7 +1654,9 @@ class _Transport:
                 rec.settled = True
                 self._forget(rec)
                 if isinstance(err, errors.PermissionDeniedError):
-                    p.on_settled(rec, None, None)  # the writer holds err once (_on_denied), not per message
+                    # A loss like any other: the denial alone, once taken,
+                    # would leave a later wait for this message to return.
+                    p.on_settled(rec, None, denied_not_stored_error(err, rec.seq, rec.items))
                     return
                 log.warning("reprise writer: publish failed: producer %s message %d (%d items): %s",
                             p.token, rec.seq, rec.items, err.message)
