@@ -739,6 +739,9 @@ class _Producer:
         self.seq = 0
         self.closing = False
         self.closed = False
+        # The transport stopped: no ack or progress can come any more, so a
+        # wait for one ends (stopped_error_locked).
+        self.stopped = False
         # Flow: unsettled sequences in increasing order (settled in publish
         # order by the transport), items not yet acked, acked batches not
         # yet known to be applied.
@@ -1342,6 +1345,19 @@ class _Producer:
         with self.mu:
             self.errors.append(err)
             self.notify_locked()
+
+    def stop_locked(self) -> None:
+        """The transport stopped (the writer's close): wakes the waits."""
+        self.stopped = True
+        self.notify_locked()
+
+    def stopped_error_locked(self, what: str, mark: tuple[int, int]) -> errors.RepriseError:
+        """What a wait that the writer's close ended raises: ClosedError
+        saying what was left, with the errors seen since mark (as the Go
+        producer's waits end with ErrClosed)."""
+        closed = errors.ClosedError(f"writer {what}: the writer closed first: {self.describe_wait_locked()}")
+        err = self.waited_errors_locked(mark)
+        return closed if err is None else _join([err, closed])
 
     def take_errors_locked(self) -> errors.RepriseError | None:
         if not self.errors:

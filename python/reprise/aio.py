@@ -981,6 +981,8 @@ class AsyncTrajectoryWriter:
                     if err is not None:
                         raise err
                     return
+                if p.stopped:
+                    raise p.stopped_error_locked(what, mark)
                 fut = p.changed_future_locked()
                 why = p.describe_wait_locked()
             if deadline is not None and _now() >= deadline:
@@ -1071,7 +1073,11 @@ class AsyncTrajectoryWriter:
         writer, so that its close stops what a cancelled close left."""
         with p.mu:
             p.close_locked()
-        await t.close(timeout)
+        try:
+            await t.close(timeout)
+        finally:
+            with p.mu:
+                p.stop_locked()
         self._c._writers.discard(self)
 
     async def __aenter__(self) -> AsyncTrajectoryWriter:

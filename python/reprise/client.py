@@ -639,6 +639,8 @@ class TrajectoryWriter:
         p = self._p
         with p.mu:
             while not cond(p):
+                if p.stopped:
+                    raise p.stopped_error_locked(what, mark)
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     raise errors.DeadlineExceededError(f"writer {what}: timed out: {p.describe_wait_locked()}")
@@ -702,7 +704,11 @@ class TrajectoryWriter:
         writer, so that its close stops what an interrupted close left."""
         with self._p.mu:
             self._p.close_locked()
-        self._c._lt.call(self._t.close(_aio._left(deadline)))
+        try:
+            self._c._lt.call(self._t.close(_aio._left(deadline)))
+        finally:
+            with self._p.mu:
+                self._p.stop_locked()
         self._c._writers.discard(self)
 
     def _close(self, deadline: float | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,23 @@ import pytest
 
 import reprise
 from conftest import DEFAULT_TABLES, Reprised, wait_for
+
+
+def daemon_thread(call: Any) -> tuple[threading.Thread, list[BaseException | None]]:
+    """conftest.in_thread on a daemon thread: a call that hangs, the defect
+    shown, must not keep the test process from ending."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome.append(e)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th, outcome
 
 
 @pytest.fixture
@@ -54,3 +72,54 @@ def test_denied_writer_keeps_failing_after_its_error_was_taken(roles_server: Rep
             assert isinstance(e.value, reprise.NotStoredError) and e.value.subject.endswith(".data.insert")
         with pytest.raises(reprise.RepriseError):
             w.close(timeout=10)
+
+
+HELD_TABLES = """
+tables:
+  - {name: held, max_size: 2, rate_limiter: {preset: queue}}
+"""
+
+
+def test_close_ends_a_flush_waiting_on_another_thread(reprised_factory: Any) -> None:
+    """A flush waiting for items the service holds ends once another thread
+    closes the writer, with an error saying they were not applied, as the
+    Go producer's waits end with ErrClosed: with the progress subscription
+    gone, nothing could end it. It waited for ever."""
+    r = reprised_factory(HELD_TABLES)
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(1, linger=0.0)
+        for i in range(4):
+            w.append({"id": np.int64(i)})
+            w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+        th, outcome = daemon_thread(w.flush)
+        wait_for("the items stored, two of them held", lambda: w._p.acked_items == 2 or outcome)
+        w.close(timeout=10)
+        th.join(15)
+        assert not th.is_alive(), "flush still waiting after close"
+        assert isinstance(outcome[0], reprise.ClosedError), outcome
+
+
+def test_async_close_ends_a_flush_waiting_in_another_task(reprised_factory: Any) -> None:
+    """The asyncio twin of the test above: the flush task waited for ever."""
+    import asyncio
+
+    import reprise.aio
+
+    r = reprised_factory(HELD_TABLES)
+
+    async def main() -> None:
+        async with reprise.aio.Client(r.url) as c:
+            w = await c.trajectory_writer(1, linger=0.0)
+            for i in range(4):
+                await w.append({"id": np.int64(i)})
+                await w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+            flush = asyncio.ensure_future(w.flush())
+            deadline = asyncio.get_running_loop().time() + 30
+            while w._p.acked_items != 2 and not flush.done():  # type: ignore[union-attr]
+                assert asyncio.get_running_loop().time() < deadline, "items not stored"
+                await asyncio.sleep(0.02)
+            await w.close(timeout=10)
+            with pytest.raises(reprise.ClosedError):
+                await asyncio.wait_for(flush, 15)
+
+    asyncio.run(main())
