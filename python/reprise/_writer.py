@@ -1513,6 +1513,10 @@ class _Transport:
         self._tasks: list[asyncio.Task[None]] = []
         self._abort = asyncio.Event()
         self._acks: dict[str, _Record] = {}
+        # A publish waited ack_timeout for nats-py's forced flush: the
+        # server reads nothing (stopped, hung), and the connection's
+        # buffer is full until it does.
+        self._stalled = False
 
     async def start(self, p: _Producer) -> None:
         self.p = p
@@ -1605,9 +1609,34 @@ class _Transport:
         if self._abort.is_set():
             rec.future.set_exception(_closed_unacked())
             return
+        nc = self.nc
+        # nats-py's bound on its outbound buffer; over it, a publish waits
+        # for its flusher, for as long as the server does not read.
+        limit = getattr(nc, "_max_pending_size", 0)
+        if self._stalled and nc.is_connected and 0 < limit < nc.pending_data_size + len(rec.data):
+            # Not published: resent, as a failed publish is, until retry_for.
+            rec.future.set_exception(errors.UnavailableError(
+                f"the NATS server reads nothing: {nc.pending_data_size} bytes wait in the connection's buffer"))
+            return
+        self._stalled = False
         self._acks[token] = rec
         try:
-            await self.nc.publish(self.subj.insert, rec.data, reply=self._inbox + "." + token, headers=rec.headers)
+            # nats-py's forced flush has no timeout: a server that stops
+            # reading would hold the publisher, and every message behind
+            # it, past retry_for, until the connection is found stale
+            # (minutes). The message is in the buffer before the flush
+            # waits, and is awaited as one sent.
+            started = self.loop.time()
+            try:
+                await asyncio.wait_for(
+                    nc.publish(self.subj.insert, rec.data, reply=self._inbox + "." + token, headers=rec.headers),
+                    self.o.ack_timeout,
+                )
+            except asyncio.TimeoutError:
+                self._stalled = True
+            # (nats-py may swallow the cancellation and return.)
+            if self.loop.time() - started >= self.o.ack_timeout:
+                self._stalled = True
         except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError) as e:
             if not rec.future.done():
                 rec.future.set_exception(errors.UnavailableError(f"not connected: {e!r}"))

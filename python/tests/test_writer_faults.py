@@ -123,3 +123,42 @@ def test_async_close_ends_a_flush_waiting_in_another_task(reprised_factory: Any)
                 await asyncio.wait_for(flush, 15)
 
     asyncio.run(main())
+
+
+def test_a_hung_server_fails_the_flush_within_retry_for(reprised_factory: Any) -> None:
+    """A NATS server that stops reading (here reprised, which embeds it,
+    stopped with SIGSTOP) fails a flush once retry_for passes, with
+    NotStoredError. Once the connection's buffers filled, the publisher
+    waited in nats-py's forced flush, which has no timeout, until the
+    client found the connection stale (minutes of pings): the messages it
+    had not sent were never timed out, and the flush hung."""
+    import os
+    import signal
+
+    r = reprised_factory()
+    assert r.proc is not None
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(1, linger=0.0, retry_for=2.0, ack_timeout=0.5, compression="none")
+        w.append({"x": np.zeros(1 << 19, np.uint8)})
+        w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
+        w.flush(timeout=30)
+        os.kill(r.proc.pid, signal.SIGSTOP)
+        try:
+            rng = np.random.default_rng(0)
+            for _ in range(64):  # 32 MB: more than the socket buffers and nats-py's 2 MB pending buffer hold
+                w.append({"x": rng.integers(0, 255, 1 << 19, dtype=np.uint8)})
+                w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
+            th, outcome = daemon_thread(lambda: w.flush(timeout=None))
+            th.join(30)
+            assert not th.is_alive(), "flush still waiting 30 s after a retry_for of 2 s"
+            assert isinstance(outcome[0], reprise.NotStoredError), outcome
+        finally:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        # Once the server reads again, the writer works again.
+        w.append({"x": np.ones(1 << 19, np.uint8)})
+        w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
+        try:
+            w.flush(timeout=60)
+        except reprise.NotStoredError:
+            w.flush(timeout=60)  # the losses of the stall, reported once more
+        w.close(timeout=30)
