@@ -685,11 +685,25 @@ class Client:
             if self._insert_writer is None:
                 self._insert_writer = await self.trajectory_writer(1, linger=0.0, return_on_store=self._return_on_store)
             w = self._insert_writer
-            await w.append(data)
-            traj = {c: w.history[c][-1] for c in data}
-            for table, p in priorities.items():
-                await w.create_item(table, p, traj)
-            await w.end_episode(timeout=timeout)
+            old: AsyncTrajectoryWriter | None = None
+            try:
+                await w.append(data)
+            except errors.SignatureMismatchError:
+                # Each insert is an episode of its own, free to differ from
+                # the last (see reprise.Client.insert).
+                old = w
+                w = self._insert_writer = await self.trajectory_writer(
+                    1, linger=0.0, return_on_store=self._return_on_store)
+            try:
+                if old is not None:
+                    await w.append(data)
+                traj = {c: w.history[c][-1] for c in data}
+                for table, p in priorities.items():
+                    await w.create_item(table, p, traj)
+                await w.end_episode(timeout=timeout)
+            finally:
+                if old is not None:
+                    await old.close(timeout)
 
 
 def decode_samples(data: bytes) -> list[ReplaySample]:

@@ -310,11 +310,28 @@ class Client:
             if self._insert_writer is None:
                 self._insert_writer = self.trajectory_writer(1, linger=0.0, return_on_store=self._aclient._return_on_store)
             w = self._insert_writer
-            w.append(data)
-            traj = {c: w.history[c][-1] for c in data}
-            for table, p in priorities.items():
-                w.create_item(table, p, traj)
-            w.end_episode(timeout=timeout)
+            old: TrajectoryWriter | None = None
+            try:
+                w.append(data)
+            except errors.SignatureMismatchError:
+                # A writer's column keeps its first dtype and shape, but
+                # each insert is an episode of its own, free to differ
+                # from the last (as Reverb's): a writer for the new ones.
+                old = w
+                w = self._insert_writer = self.trajectory_writer(
+                    1, linger=0.0, return_on_store=self._aclient._return_on_store)
+            try:
+                if old is not None:
+                    w.append(data)
+                traj = {c: w.history[c][-1] for c in data}
+                for table, p in priorities.items():
+                    w.create_item(table, p, traj)
+                w.end_episode(timeout=timeout)
+            finally:
+                if old is not None:
+                    # Its errors are those of earlier inserts, reported by
+                    # the next call as a writer's are.
+                    old.close(timeout)
 
 
 class Sampler:

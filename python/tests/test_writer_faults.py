@@ -162,3 +162,29 @@ def test_a_hung_server_fails_the_flush_within_retry_for(reprised_factory: Any) -
         except reprise.NotStoredError:
             w.flush(timeout=60)  # the losses of the stall, reported once more
         w.close(timeout=30)
+
+
+def test_inserts_of_differing_shapes(reprised_factory: Any) -> None:
+    """Each insert is an item of its own, as Reverb's: a column may have
+    another dtype or shape than in the last insert (into a table without
+    a signature). The second raised SignatureMismatchError: 'step 0 has
+    float32[5], earlier steps have float32[3]'."""
+    import asyncio
+
+    import reprise.aio
+
+    r = reprised_factory()
+    with reprise.Client(r.url) as c:
+        c.insert({"x": np.zeros(3, np.float32)}, {"replay": 1.0}, timeout=30)
+        c.insert({"x": np.ones(5, np.float32)}, {"dtypes": 1.0}, timeout=30)
+        c.insert({"x": np.int64(7)}, {"dtypes": 1.0}, timeout=30)
+
+    async def main() -> None:
+        async with reprise.aio.Client(r.url) as ac:
+            await ac.insert({"y": np.zeros(2, np.int32)}, {"replay": 1.0}, timeout=30)
+            await ac.insert({"y": np.zeros((2, 2), np.int32)}, {"replay": 1.0}, timeout=30)
+
+    asyncio.run(main())
+    with reprise.Client(r.url) as c:
+        info = c.server_info()
+        assert info["replay"].current_size == 3 and info["dtypes"].current_size == 2
