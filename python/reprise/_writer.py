@@ -1626,17 +1626,18 @@ class _Transport:
             # it, past retry_for, until the connection is found stale
             # (minutes). The message is in the buffer before the flush
             # waits, and is awaited as one sent.
-            started = self.loop.time()
-            try:
-                await asyncio.wait_for(
-                    nc.publish(self.subj.insert, rec.data, reply=self._inbox + "." + token, headers=rec.headers),
-                    self.o.ack_timeout,
-                )
-            except asyncio.TimeoutError:
-                self._stalled = True
-            # (nats-py may swallow the cancellation and return.)
-            if self.loop.time() - started >= self.o.ack_timeout:
-                self._stalled = True
+            pub = nc.publish(self.subj.insert, rec.data, reply=self._inbox + "." + token, headers=rec.headers)
+            if limit <= 0 or nc.pending_data_size + len(rec.data) + 1024 < limit:
+                await pub  # no forced flush (the 1024: the command's subject and headers)
+            else:
+                started = self.loop.time()
+                try:
+                    await asyncio.wait_for(pub, self.o.ack_timeout)
+                except asyncio.TimeoutError:
+                    self._stalled = True
+                # (nats-py may swallow the cancellation and return.)
+                if self.loop.time() - started >= self.o.ack_timeout:
+                    self._stalled = True
         except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError) as e:
             if not rec.future.done():
                 rec.future.set_exception(errors.UnavailableError(f"not connected: {e!r}"))
