@@ -634,6 +634,13 @@ func (w *appliedWatch) takeNoticesLocked() {
 		if proto.Unmarshal(m.Data, &r) != nil || r.Sequence == 0 {
 			continue // not the service's: anyone may publish to an inbox
 		}
+		if r.Sequence <= w.seq {
+			// Progress passed it before it came, so its caller is gone:
+			// a service that replays the stream (a restart, a takeover)
+			// sends its refusals again. Kept, it would only push out one
+			// a caller still waits for.
+			continue
+		}
 		if w.refused == nil {
 			w.refused = make(map[uint64]*wire.Rejection)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestSampledTensorsAreTheLearners: a learner may write into the tensors
@@ -530,5 +531,50 @@ func TestRefusedMutationsAreReported(t *testing.T) {
 	}
 	if got, err := c.Get(ctx, "u", keys[0]); err != nil || got.Items[0].Priority != 3 {
 		t.Fatalf("after the update in parts: %+v, %v; want priority 3", got, err)
+	}
+}
+
+// TestStaleRefusalsDoNotFailLaterMutations: a service that replays the
+// stream (a restart from an older checkpoint, a standby that takes over)
+// sends again the refusals of mutations whose callers took theirs long
+// ago. The client kept each, never to be taken; past maxKeptRefusals it
+// counted the oldest as lost, and a mutation in flight then failed with
+// ErrRejected ("this may be one of them") though the service applied it.
+func TestStaleRefusalsDoNotFailLaterMutations(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, testutil.StartEmbedded(t, 0))
+	ctx := testutil.Context(t)
+	c := d.client()
+	const n = maxKeptRefusals + 100
+	empty, err := proto.Marshal(&wire.Mutation{Table: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	for range n {
+		ack, err := c.js.Publish(ctx, c.subj.Mutate(), empty)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ack.Sequence
+	}
+	if err := c.applied.waitFor(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	// What a replay resends: refusals of sequences the client's progress
+	// passed long ago.
+	nc := d.connect()
+	for seq := uint64(1); seq <= n; seq++ {
+		data, _ := proto.Marshal(&wire.Rejection{Sequence: seq, Table: "gone", Code: wire.Code_CODE_NOT_FOUND, Message: "replayed"})
+		if err := nc.Publish(c.notice, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := c.Delete(ctx, "t", 1); err != nil {
+			t.Fatalf("Delete the service applied, after %d stale refusals: %v", n, err)
+		}
 	}
 }

@@ -203,6 +203,12 @@ class _AppliedWatch:
             return
         if not r.sequence:
             return
+        if r.sequence <= self.seq:
+            # Progress passed it before it came, so its caller is gone: a
+            # service that replays the stream (a restart, a takeover) sends
+            # its refusals again. Kept, it would only push out one a caller
+            # still waits for.
+            return
         self._refused[r.sequence] = r
         if len(self._refused) > _MAX_KEPT_REFUSALS:
             del self._refused[min(self._refused)]

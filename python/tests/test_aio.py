@@ -285,3 +285,29 @@ def test_a_flush_waiting_when_close_gives_up_raises(server: Reprised) -> None:
             w.close(timeout=0.2)
         t.join(30)
         assert flushed and isinstance(flushed[0], reprise.NotStoredError), flushed
+
+
+def test_stale_refusals_do_not_fail_later_mutations() -> None:
+    """A service that replays the stream (a restart from an older
+    checkpoint, a standby that takes over) sends again the refusals of
+    mutations whose callers took theirs long ago. They were kept, never to
+    be taken, and past the bound counted as lost: a mutation in flight then
+    raised RejectedError though the service applied it (as in Go's
+    TestStaleRefusalsDoNotFailLaterMutations)."""
+    from types import SimpleNamespace
+
+    from reprise._proto import reprise_pb2 as pb
+
+    async def main() -> None:
+        w = reprise.aio._AppliedWatch()
+        n = reprise.aio._MAX_KEPT_REFUSALS + 100
+        await w.on_progress(SimpleNamespace(data=pb.Progress(applied_sequence=n).SerializeToString()))
+        lost = w.lost
+        for seq in range(1, n + 1):
+            r = pb.Rejection(sequence=seq, table="gone", code=pb.CODE_NOT_FOUND, message="replayed")
+            await w.on_rejection(SimpleNamespace(data=r.SerializeToString()))
+        await w.on_progress(SimpleNamespace(data=pb.Progress(applied_sequence=n + 1).SerializeToString()))
+        assert w.refusal("t", [n + 1], 1, 1, lost) is None
+        assert not w._refused
+
+    asyncio.run(main())
