@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
@@ -697,11 +698,55 @@ func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code pr
 	}
 	// A notice subject under the prefix would put the notice on the
 	// service's own subjects: only a hostile producer names one.
-	// A standby tells no one: the active service sends the same notice.
-	if to.subject == "" || s.subj.Owns(to.subject) || !s.mayAct() {
+	if to.subject == "" || s.subj.Owns(to.subject) {
 		return
 	}
 	data, _ := proto.Marshal(&wire.Rejection{Producer: token, Sequence: seq, ItemKey: itemKey, Table: table, Code: wire.Code(code), Message: msg})
+	if !s.mayAct() {
+		// A standby tells no producer: the active service sends the same
+		// notice. But a client that waits for its mutation takes progress
+		// past it as the mutation applied, and the active service may never
+		// apply it (it died first, or this one only paused): the refusal
+		// goes out before this service's next progress, if it acts again.
+		// Clients drop one for a sequence their progress passed already.
+		if to.producer == "" {
+			s.withheld.add(to.subject, data)
+		}
+		return
+	}
 	// Best effort: the count and the log line are the record.
 	_ = s.nc.Publish(to.subject, data)
+}
+
+// maxWithheldNotices bounds the refusals a service that may not act keeps
+// to send once it may: a standby applies the stream for as long as it
+// waits, and only the last few can concern a mutation still waited for.
+const maxWithheldNotices = 1024
+
+// withheldNotices are mutation refusals made while the service could not
+// act, in the order made.
+type withheldNotices struct {
+	mu   sync.Mutex
+	msgs []*nats.Msg
+}
+
+func (w *withheldNotices) add(subject string, data []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.msgs) >= maxWithheldNotices {
+		w.msgs[0] = nil
+		w.msgs = w.msgs[1:]
+	}
+	w.msgs = append(w.msgs, &nats.Msg{Subject: subject, Data: data})
+}
+
+// send publishes the withheld refusals on nc, and forgets them.
+func (w *withheldNotices) send(nc *nats.Conn) {
+	w.mu.Lock()
+	msgs := w.msgs
+	w.msgs = nil
+	w.mu.Unlock()
+	for _, m := range msgs {
+		_ = nc.PublishMsg(m) // best effort, as every notice
+	}
 }

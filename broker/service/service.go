@@ -449,6 +449,9 @@ type Service struct {
 	handlers  sync.WaitGroup
 	workers   *requestWorkers // while active; under closingMu
 	rejectLog rateLimitedLog
+	// withheld holds the refusals of mutations applied while the service
+	// could not act (see reject), to send before its next progress.
+	withheld withheldNotices
 
 	intr           interrupter
 	running        atomic.Bool
@@ -1132,6 +1135,9 @@ func (s *Service) publishProgress(ctx context.Context) {
 			// Not once the lease lapsed (the lease loop stops this soon).
 			if s.mayAct() {
 				data, _ := proto.Marshal(s.progress.message())
+				// After the progress is read: a refusal withheld before
+				// the sequence it covers was applied is sent ahead of it.
+				s.withheld.send(s.nc)
 				if err := s.nc.Publish(s.subj.Applied(), data); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 					s.log.Warn("reprise service: publishing progress", "error", err)
 				}

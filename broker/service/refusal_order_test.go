@@ -1,0 +1,85 @@
+package service
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/internal/testutil"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// TestRefusalWithheldWhileLapsedComesBeforeProgress: a service that
+// applies a mutation while it may not act (its lease lapsed in a pause, or
+// a standby about to take over) must still tell the mutation's client of
+// its refusal before it publishes progress that covers the mutation, since
+// a client takes progress past its mutation with no refusal before it as
+// the mutation applied. It sent no refusal at all, ever: the client's
+// Mutate returned nil for a mutation that was refused.
+func TestRefusalWithheldWhileLapsedComesBeforeProgress(t *testing.T) {
+	cfgs := []tables.Config{testutil.UniformTable("t", 100)}
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(time.Minute)}})
+	a := d.svc
+	nc := d.connect()
+	type event struct {
+		refusal  uint64 // the refused sequence, or 0
+		progress uint64
+	}
+	events := make(chan event, 1024)
+	notice := nc.NewInbox()
+	// One channel for both, fed by one connection: their order is the order
+	// the server delivered them in.
+	msgs := make(chan *nats.Msg, 1024)
+	for _, subject := range []string{notice, a.subj.Applied()} {
+		sub, err := nc.ChanSubscribe(subject, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for m := range msgs {
+			if m.Subject == notice {
+				var r wire.Rejection
+				if proto.Unmarshal(m.Data, &r) == nil {
+					events <- event{refusal: r.Sequence}
+				}
+				continue
+			}
+			var p wire.Progress
+			if proto.Unmarshal(m.Data, &p) == nil {
+				events <- event{progress: p.AppliedSequence}
+			}
+		}
+	}()
+
+	a.lease.until.Store(1) // lapsed, by its own clock
+	ack, err := a.js.Publish(testutil.Context(t), a.subj.Mutate(), mustMarshal(t, &wire.Mutation{Table: "gone", NoticeSubject: notice, PolicyVersion: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "the mutation is applied", func() bool { return a.Applied() >= ack.Sequence })
+	a.lease.until.Store(int64(time.Since(a.lease.base) + time.Hour))
+
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case e := <-events:
+			if e.refusal == ack.Sequence {
+				return
+			}
+			if e.progress >= ack.Sequence && e.progress != math.MaxUint64 {
+				t.Fatalf("progress %d covers the refused mutation %d, and no refusal came before it", e.progress, ack.Sequence)
+			}
+		case <-deadline:
+			t.Fatal("neither a refusal nor progress came")
+		}
+	}
+}
