@@ -237,19 +237,28 @@ func (l *Limiter) Reconfigure(cfg Config) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if spi := l.st.Config.SamplesPerInsert; cfg.SamplesPerInsert != spi {
-		inserts := float64(l.st.Inserts)
-		offset := math.Round(l.st.Offset + inserts*spi - inserts*cfg.SamplesPerInsert)
+	l.st = l.st.Rebased(cfg)
+	l.notify()
+	return nil
+}
+
+// Rebased is s under cfg as Reconfigure puts it: a new samples_per_insert
+// weighs the inserts to come, the difference going on from its value under
+// s's config. For a state restored under another config than the one it
+// was counted under (a checkpoint's refused limiter, replaced).
+func (s State) Rebased(cfg Config) State {
+	if spi := s.Config.SamplesPerInsert; cfg.SamplesPerInsert != spi {
+		inserts := float64(s.Inserts)
+		offset := math.Round(s.Offset + inserts*spi - inserts*cfg.SamplesPerInsert)
 		if math.IsInf(offset, 0) || math.IsNaN(offset) {
 			// inserts*ratio overflowed: there is no current difference to
 			// go on from, so the counters are read as they are.
 			offset = 0
 		}
-		l.st.Offset = offset
+		s.Offset = offset
 	}
-	l.st.Config = cfg
-	l.notify()
-	return nil
+	s.Config = cfg
+	return s
 }
 
 // Reset sets the counters to zero, as for an emptied table. Waiters re-check

@@ -689,6 +689,11 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 			// the config file's, which wins on restore anyway, takes its
 			// place rather than the table being lost.
 			s.log.Warn("reprise service: the checkpoint's rate limiter is refused; the config file's takes its place", "table", name, "error", err)
+			// Its counters were counted under the refused one: read under
+			// the config's ratio as they are, a long history would hold
+			// one side off until the other made up for all of it.
+			snap.Limiter.Config = snap.Config.Limiter
+			snap.Limiter = snap.Limiter.Rebased(want.Limiter)
 			snap.Config.Limiter = want.Limiter
 		}
 		snap.Items = make([]tables.ItemSnapshot, len(tc.Items))
