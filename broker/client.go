@@ -547,8 +547,11 @@ func (c *Client) mutate(ctx context.Context, table string, m *wire.Mutation) err
 		return fmt.Errorf("%w: mutation for table %q stored up to sequence %d: %w", ErrNotApplied, table, last, err)
 	}
 	err := c.applied.refusal(table, parts, per, len(ops), lost)
-	if errors.Is(err, ErrUnknownTable) {
-		c.known.Delete(table) // the next call asks again, and fails before it sends
+	if err != nil {
+		// The service changed under the client (a new config, other
+		// limits): the next call asks it again, and so fails before it
+		// sends for a table it dropped, or sends parts it takes.
+		c.known.Delete(table)
 	}
 	return err
 }
@@ -646,8 +649,14 @@ func (w *appliedWatch) takeNoticesLocked() {
 		}
 		w.refused[r.Sequence] = &r
 		if len(w.refused) > maxKeptRefusals {
-			delete(w.refused, slices.Min(slices.Collect(maps.Keys(w.refused))))
-			w.lost++
+			// One progress already passed was its caller's to take, and
+			// is left by a caller that gave up: only one that progress has
+			// not reached may still be waited for.
+			oldest := slices.Min(slices.Collect(maps.Keys(w.refused)))
+			delete(w.refused, oldest)
+			if oldest > w.seq {
+				w.lost++
+			}
 		}
 	}
 }

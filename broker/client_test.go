@@ -522,12 +522,10 @@ func TestRefusedMutationsAreReported(t *testing.T) {
 	if err != nil || len(got.Items) != 2 || got.Items[0].Priority != 1 || got.Items[1].Priority != 7 {
 		t.Fatalf("the items: %+v, %v; want priorities 1 (refused) and 7 (applied)", got, err)
 	}
-	// Once an info reply tells the new limit, mutations go in parts it takes.
-	if _, err := c.Info(ctx, "u"); err != nil {
-		t.Fatal(err)
-	}
+	// After a refusal the client asks the service again, and learns its
+	// new limit: the same call now goes in parts it takes.
 	if err := c.UpdatePriorities(ctx, "u", ups...); err != nil {
-		t.Fatalf("UpdatePriorities after Info: %v", err)
+		t.Fatalf("UpdatePriorities after the refusal: %v", err)
 	}
 	if got, err := c.Get(ctx, "u", keys[0]); err != nil || got.Items[0].Priority != 3 {
 		t.Fatalf("after the update in parts: %+v, %v; want priority 3", got, err)
@@ -576,5 +574,48 @@ func TestStaleRefusalsDoNotFailLaterMutations(t *testing.T) {
 		if err := c.Delete(ctx, "t", 1); err != nil {
 			t.Fatalf("Delete the service applied, after %d stale refusals: %v", n, err)
 		}
+	}
+}
+
+// TestAbandonedRefusalsDoNotFailLaterMutations: refusals whose callers gave
+// up before the service applied their mutations are never taken. Past the
+// bound on those kept, each pushed out counted as lost, and a mutation in
+// flight then failed with ErrRejected though the service applied it. Only
+// a refusal that progress has not passed may still be waited for.
+func TestAbandonedRefusalsDoNotFailLaterMutations(t *testing.T) {
+	nc, err := nats.Connect(testutil.StartEmbedded(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	sub, err := nc.SubscribeSync("refusals")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &appliedWatch{notices: sub}
+	progress := func(seq uint64) {
+		data, _ := proto.Marshal(&wire.Progress{AppliedSequence: seq})
+		w.onProgress(&nats.Msg{Data: data})
+	}
+	refuse := func(from, n uint64) {
+		t.Helper()
+		for seq := from; seq < from+n; seq++ {
+			data, _ := proto.Marshal(&wire.Rejection{Sequence: seq, Table: "t", Code: wire.Code_CODE_NOT_FOUND, Message: "refused"})
+			if err := nc.Publish("refusals", data); err != nil {
+				t.Fatal(err)
+			}
+		}
+		testutil.WaitUntil(t, "the refusals arrive", func() bool {
+			queued, _, err := sub.Pending()
+			return err == nil && uint64(queued) == n
+		})
+	}
+	refuse(1, maxKeptRefusals-24) // taken while their mutations wait; their callers then give up
+	progress(maxKeptRefusals - 24)
+	lost := w.lostRefusals()
+	refuse(1_000_000, 100) // of mutations far ahead
+	progress(maxKeptRefusals - 23)
+	if err := w.refusal("t", []uint64{maxKeptRefusals - 23}, 1, 1, lost); err != nil {
+		t.Fatalf("a mutation the service applied, after abandoned refusals: %v", err)
 	}
 }

@@ -211,8 +211,13 @@ class _AppliedWatch:
             return
         self._refused[r.sequence] = r
         if len(self._refused) > _MAX_KEPT_REFUSALS:
-            del self._refused[min(self._refused)]
-            self.lost += 1
+            # One progress already passed was its caller's to take, and is
+            # left by a caller that gave up: only one that progress has not
+            # reached may still be waited for.
+            oldest = min(self._refused)
+            del self._refused[oldest]
+            if oldest > self.seq:
+                self.lost += 1
 
     def refusal(self, table: str, parts: Sequence[int], per: int, total: int, lost: int) -> errors.RejectedError | None:
         """The error for the refusals of a mutation of ``table`` sent as
@@ -560,8 +565,10 @@ class Client:
         await self._applied.wait_for(parts[-1], _left(deadline))
         err = self._applied.refusal(table, parts, per, total, lost)
         if err is not None:
-            if isinstance(err, errors.NotFoundError):
-                self._known_tables.discard(table)  # the next call asks again, and fails before it sends
+            # The service changed under the client (a new config, other
+            # limits): the next call asks it again, and so fails before it
+            # sends for a table it dropped, or sends parts it takes.
+            self._known_tables.discard(table)
             raise err
 
     async def set_policy_version(self, table: str, version: int, *, timeout: float | None = 10.0) -> None:

@@ -311,3 +311,31 @@ def test_stale_refusals_do_not_fail_later_mutations() -> None:
         assert not w._refused
 
     asyncio.run(main())
+
+
+def test_abandoned_refusals_do_not_fail_later_mutations() -> None:
+    """Refusals whose callers gave up before the service applied their
+    mutations are never taken; past the bound on those kept, each pushed
+    out counted as lost, and a mutation in flight then raised RejectedError
+    though the service applied it (as Go's
+    TestAbandonedRefusalsDoNotFailLaterMutations)."""
+    from types import SimpleNamespace
+
+    from reprise._proto import reprise_pb2 as pb
+
+    def msg(m: Any) -> Any:
+        return SimpleNamespace(data=m.SerializeToString())
+
+    async def main() -> None:
+        w = reprise.aio._AppliedWatch()
+        n = reprise.aio._MAX_KEPT_REFUSALS - 24
+        for seq in range(1, n + 1):
+            await w.on_rejection(msg(pb.Rejection(sequence=seq, table="t", code=pb.CODE_NOT_FOUND, message="refused")))
+        await w.on_progress(msg(pb.Progress(applied_sequence=n)))
+        lost = w.lost
+        for seq in range(1_000_000, 1_000_100):
+            await w.on_rejection(msg(pb.Rejection(sequence=seq, table="t", code=pb.CODE_NOT_FOUND, message="refused")))
+        await w.on_progress(msg(pb.Progress(applied_sequence=n + 1)))
+        assert w.refusal("t", [n + 1], 1, 1, lost) is None
+
+    asyncio.run(main())
