@@ -1340,7 +1340,26 @@ func (p *Producer) publishAcked(ctx context.Context) error {
 		p.mu.Unlock()
 		return ErrClosed
 	}
-	err := p.flushLocked(ctx)
+	err := p.sealOpenLocked()
+	for {
+		more := p.advanceLocked(ctx, true)
+		err = joinErr(err, more)
+		if errors.Is(more, ErrNotApplied) || errors.Is(more, ErrClosed) || len(p.pending) == 0 {
+			break
+		}
+		// advanceLocked stopped at an item another call was adding, which
+		// that call may give up on (its context ending while it waits for
+		// room in the window) after this call went past it: the item
+		// would then wait, unpublished, for a later call.
+		if it := p.pending[0]; it.adding {
+			if more = p.waitAddedLocked(ctx); more != nil {
+				err = joinErr(err, more)
+				break
+			}
+		} else if !it.ready() {
+			break // created after this call sealed every chunk
+		}
+	}
 	p.mu.Unlock()
 	if err != nil {
 		return err
@@ -1447,17 +1466,8 @@ func (p *Producer) publishEndLocked(ctx context.Context) (ended bool, err error)
 		if len(p.pending) == 0 || !p.pending[0].adding {
 			break
 		}
-		if p.added == nil {
-			p.added = make(chan struct{})
-		}
-		added := p.added
-		p.mu.Unlock()
-		select {
-		case <-added:
-			p.mu.Lock()
-		case <-ctx.Done():
-			p.mu.Lock()
-			return false, p.flow.notApplied(ctx.Err())
+		if err := p.waitAddedLocked(ctx); err != nil {
+			return false, err
 		}
 	}
 	p.endEpisodeLocked()
@@ -1471,6 +1481,25 @@ func (p *Producer) publishEndLocked(ctx context.Context) (ended bool, err error)
 		}
 	}
 	return true, p.publishLocked(ctx, false)
+}
+
+// waitAddedLocked waits, without holding p.mu, until the call adding the
+// first pending item is done with it: added it, or gave up (its context
+// ended while it waited for room in the window), leaving it pending.
+func (p *Producer) waitAddedLocked(ctx context.Context) error {
+	if p.added == nil {
+		p.added = make(chan struct{})
+	}
+	added := p.added
+	p.mu.Unlock()
+	select {
+	case <-added:
+		p.mu.Lock()
+		return nil
+	case <-ctx.Done():
+		p.mu.Lock()
+		return p.flow.notApplied(ctx.Err())
+	}
 }
 
 func (p *Producer) endEpisodeLocked() {

@@ -1259,3 +1259,90 @@ func TestMissingColumnEndsItsChunkEveryEpisode(t *testing.T) {
 		t.Fatalf("column b of step 2 of the second episode: %v, %v; want [112]", v, err)
 	}
 }
+
+// TestFlushPublishesAnItemAnotherCallGaveUpAdding: item X, created
+// (CreateItem returned nil) while its 2-step chunk was open, is being added
+// by another call, an Append that sealed the chunk and waits for room in
+// the window since X does not fit beside the staged batch. A Flush comes
+// meanwhile and waits for room too; the Append's context then ends. Flush
+// must still publish X: it went past X while the Append held it and
+// returned nil with X never published, a loss of an acknowledged insert.
+func TestFlushPublishesAnItemAnotherCallGaveUpAdding(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10), tables.QueueConfig("q", 1)}, testutil.StartEmbedded(t, 16<<10))
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(time.Hour), WithMaxUnapplied(1), WithChunkLength(2), WithCompression(wire.Uncompressed), WithDelta(false))
+	// The queue holds its second item, so the window (one item) stays full.
+	for i := range int64(2) {
+		for j := range int64(2) {
+			if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{2*i + j})}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.CreateItem(ctx, "q", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+		fctx, cancel := context.WithTimeout(ctx, map[int64]time.Duration{0: 10 * time.Second, 1: 300 * time.Millisecond}[i])
+		if err := p.Flush(fctx); (i == 0) != (err == nil) {
+			t.Fatalf("flush %d: %v", i, err) // the second waits for the held item
+		}
+		cancel()
+	}
+	q, _ := d.svc.Table("q")
+	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	x := func(v byte) Step {
+		return Step{"x": Tensor{DType: "uint8", Shape: []int64{4000}, Data: bytes.Repeat([]byte{v}, 4000)}}
+	}
+	// W staged in the batch (linger: an hour).
+	for range 2 {
+		if err := p.Append(ctx, x(1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
+		t.Fatal(err)
+	}
+	// X created; its chunk is open.
+	if err := p.Append(ctx, x(2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
+		t.Fatal(err)
+	}
+	// Another call seals X's chunk and waits for room to publish W first.
+	actx, acancel := context.WithCancel(ctx)
+	defer acancel()
+	appended := make(chan error, 1)
+	s := x(2)
+	s["z"] = Int64s(nil, []int64{0}) // left open, for Flush to seal
+	go func() { appended <- p.Append(actx, s) }()
+	testutil.WaitUntil(t, "the Append waits to add X", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.pending) == 1 && p.pending[0].adding
+	})
+	flushed := make(chan error, 1)
+	go func() { flushed <- p.Flush(ctx) }()
+	// Flush seals z and goes on holding the lock until it waits for room.
+	testutil.WaitUntil(t, "Flush waits for room", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.cols["z"].open) == 0
+	})
+	acancel()
+	if err := <-appended; !errors.Is(err, ErrNotApplied) {
+		t.Fatalf("the Append whose context ended: %v, want ErrNotApplied", err)
+	}
+	if _, err := d.client().Sample(ctx, "q", 1); err != nil { // room
+		t.Fatal(err)
+	}
+	if err := <-flushed; err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	tq, _ := d.svc.Table("t")
+	if size := tq.Info().Size; size != 2 {
+		p.mu.Lock()
+		pending, staged := len(p.pending), p.batch.items()
+		p.mu.Unlock()
+		t.Fatalf("Flush returned nil with %d items in table t, want 2 (%d still pending, %d staged)", size, pending, staged)
+	}
+}
