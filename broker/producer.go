@@ -1123,9 +1123,15 @@ func (p *Producer) sendBatchLocked(end bool) {
 	// is no less released later, while a message over the server's max
 	// payload would lose its items.
 	release := p.release
-	if room := max(0, (p.maxPayload-1024-b.msg.Size())/10); len(release) > room && !end {
+	switch room := max(0, (p.maxPayload-1024-b.msg.Size())/10); {
+	case end:
+		// The end mark releases every chunk the service holds for this
+		// producer; naming them too could push the message over the max
+		// payload after a long history.
+		release, p.release = nil, nil
+	case len(release) > room:
 		release, p.release = release[:room], release[room:]
-	} else {
+	default:
 		p.release = nil
 	}
 	data := b.msg.Finish(p.seq, release, end, p.settled.Load()+1, uint32(p.o.maxInFlight), p.notice)

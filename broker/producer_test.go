@@ -1346,3 +1346,46 @@ func TestFlushPublishesAnItemAnotherCallGaveUpAdding(t *testing.T) {
 		t.Fatalf("Flush returned nil with %d items in table t, want 2 (%d still pending, %d staged)", size, pending, staged)
 	}
 }
+
+// TestCloseAfterALongEpisodeLosesNothing: Close of a producer whose
+// history holds more sent chunks than a message's release list can name
+// stores its closing message and reports no loss. It put every chunk's
+// release beside the end mark in one message, over the server's max
+// payload: JetStream refused it, Close reported ErrNotStored for a
+// producer that had lost nothing, and the service held its chunks on.
+func TestCloseAfterALongEpisodeLosesNothing(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 1000)}, testutil.StartEmbedded(t, 16<<10))
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0))
+	var cols []string
+	for c := range 20 {
+		cols = append(cols, fmt.Sprint("c", c))
+	}
+	for i := range int64(128) {
+		s := Step{}
+		for _, c := range cols {
+			s[c] = Int64s(nil, []int64{i})
+		}
+		if err := p.Append(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep(cols...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatalf("Close after everything was applied: %v", err)
+	}
+	// The end reached the service: once the items are gone, so are their
+	// chunks.
+	c := d.client()
+	if err := c.Reset(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c.Info(ctx, ""); err != nil || info.Chunks != 0 {
+		t.Fatalf("after a reset of the only table: %+v, %v; want no chunks held", info, err)
+	}
+}
