@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -1275,6 +1276,12 @@ func (p *Producer) await(rec *inFlight) (uint64, error) {
 				return 0, fmt.Errorf("%w: message %d (%d items) not acknowledged before the producer closed (%w)", ErrNotStored, rec.seq, rec.items, ErrClosed)
 			}
 		}
+		// The server answers a publish the user may not make with an error
+		// on the connection, not on the ack, which then times out: so
+		// would every resend, for the whole retry time.
+		if err := p.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Publish to "+strconv.Quote(rec.msg.Subject)) {
+			lastErr = err
+		}
 		if !retryablePublishError(lastErr) || time.Now().After(deadline) {
 			p.o.logger.Warn("reprise producer: publish failed", "producer", protocol.NoticeToken(p.id), "sequence", rec.seq, "items", rec.items, "error", lastErr)
 			return 0, fmt.Errorf("%w: message %d (%d items): %w", ErrNotStored, rec.seq, rec.items, lastErr)
@@ -1306,7 +1313,7 @@ func retryablePublishError(err error) bool {
 		// full for now.
 		return apiErr.Code == 503 || apiErr.Code == 429
 	}
-	return !errors.Is(err, nats.ErrMaxPayload) && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubject)
+	return !errors.Is(err, nats.ErrMaxPayload) && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubject) && !errors.Is(err, nats.ErrPermissionViolation)
 }
 
 // Flush completes every open chunk, publishes every item created so far and

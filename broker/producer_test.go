@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/reprise-rl/reprise/broker/service"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/embeddednats"
 	"github.com/reprise-rl/reprise/internal/testutil"
@@ -1387,5 +1388,64 @@ func TestCloseAfterALongEpisodeLosesNothing(t *testing.T) {
 	}
 	if info, err := c.Info(ctx, ""); err != nil || info.Chunks != 0 {
 		t.Fatalf("after a reset of the only table: %+v, %v; want no chunks held", info, err)
+	}
+}
+
+// TestInsertsRefusedByPermissionsFailClearly: a producer whose user may
+// not publish inserts (a deployment's permissions set up wrong) fails its
+// Flush with the server's permissions violation, as the Python writer
+// does (at once; here after the first ack timeout). It resent into the
+// refusal for the whole retry time (a minute), and a Flush that gave up
+// before said only that messages await JetStream's ack.
+func TestInsertsRefusedByPermissionsFailClearly(t *testing.T) {
+	const prefix = "denied"
+	perms, err := RolePermissions(RoleActor, prefix, "actor")
+	if err != nil {
+		t.Fatal(err)
+	}
+	perms.Publish.Deny = append(perms.Publish.Deny, prefix+".data.insert")
+	url := testutil.StartEmbedded(t, 0,
+		embeddednats.WithUser("actor", "pw", embeddednats.Permissions{
+			Publish:   embeddednats.SubjectPermissions{Allow: perms.Publish.Allow, Deny: perms.Publish.Deny},
+			Subscribe: embeddednats.SubjectPermissions{Allow: perms.Subscribe.Allow, Deny: perms.Subscribe.Deny},
+		}),
+		embeddednats.WithUser("service", "pw", embeddednats.Permissions{
+			Publish:   embeddednats.SubjectPermissions{Allow: []string{">"}},
+			Subscribe: embeddednats.SubjectPermissions{Allow: []string{">"}},
+		}))
+	svcConn, err := nats.Connect(url, nats.UserInfo("service", "pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svcConn.Close)
+	svc, err := service.New(svcConn, []tables.Config{testutil.UniformTable("t", 10)}, service.WithPrefix(prefix), service.WithLogger(testutil.QuietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(sctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	ctx := testutil.Context(t)
+	nc, err := nats.Connect(url, nats.UserInfo("actor", "pw"), nats.CustomInboxPrefix(InboxPrefix("actor")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	p, err := NewProducer(ctx, nc, WithPrefix(prefix), WithLogger(testutil.QuietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{1})}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
+		t.Fatal(err)
+	}
+	fctx, fcancel := context.WithTimeout(ctx, 10*time.Second) // past one ack timeout (5 s)
+	defer fcancel()
+	err = p.Flush(fctx)
+	if !errors.Is(err, ErrNotStored) || !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+		t.Fatalf("Flush of an insert the server refuses to take from this user: %v, want ErrNotStored naming the permissions violation", err)
 	}
 }
