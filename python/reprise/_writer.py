@@ -1157,7 +1157,12 @@ class _Producer:
         # server's max payload would lose its items.
         release, self.release = self.release, []
         room = max(0, (self.max_payload - 1024 - self.batch_bytes) // 10)
-        if not end and len(release) > room:
+        if end:
+            # The end mark releases every chunk the service holds for this
+            # writer; naming them too could push the message over the max
+            # payload after a long history (as the Go producer's).
+            release = []
+        elif len(release) > room:
             release, self.release = release[:room], release[room:]
         data = encode_insert_batch_fields(
             self.id, seq, self.batch_chunks, self.batch_items, release, end, self.unsettled[0], self.o.max_in_flight,

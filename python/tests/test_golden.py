@@ -256,7 +256,12 @@ def python_vectors() -> list[dict[str, Any]]:
     item(p2, "dtypes", 0.25, {n: H(p2, n)[-2:] for n in s2}, [s2, s2])
     item(p2, "other", 2.0, {"scalar_view": H(p2, "int64")[-1]}, [s2, s2])
     drain(p2, "every dtype", force=True)
-    # 3: closing: release everything, end of stream.
+    # 3: the chunks the ended episode let go of, released in a message of
+    # their own; then the end of stream, which releases every chunk left
+    # and so names none.
+    with p.mu:
+        p._publish_locked(False)
+    drain(p, "releases")
     with p.mu:
         p._publish_locked(True)
     drain(p, "end of stream")

@@ -188,3 +188,24 @@ def test_inserts_of_differing_shapes(reprised_factory: Any) -> None:
     with reprise.Client(r.url) as c:
         info = c.server_info()
         assert info["replay"].current_size == 3 and info["dtypes"].current_size == 2
+
+
+def test_close_after_a_long_history_loses_nothing(reprised_factory: Any) -> None:
+    """A writer's closing message named every chunk it held beside its end
+    mark: after a long history (20 columns kept for 128 steps, on a server
+    whose max payload is 16 KiB) it was over the max payload, close raised
+    NotStoredError for a message of no items, and the service never learned
+    the writer ended, keeping its chunks (as Go's
+    TestCloseAfterALongEpisodeLosesNothing)."""
+    server = reprised_factory(extra=["--max-payload", "16384"])
+    with reprise.Client(server.url) as c:
+        w = c.trajectory_writer(num_keep_alive_refs=128)
+        cols = [f"c{i}" for i in range(20)]
+        for i in range(128):
+            w.append({col: np.int64(i) for col in cols})
+            w.create_item("replay", 1.0, {col: w.history[col][-1] for col in cols})
+        w.flush(timeout=30)
+        w.close(timeout=30)
+        c.reset("replay")
+        wait_for("the service lets go of the writer's chunks", lambda: c.server_info()["replay"].current_size == 0)
+        assert c._call(c._aclient._info(10.0)).chunks == 0, "the end mark reached the service"
