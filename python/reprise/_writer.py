@@ -1559,6 +1559,13 @@ class _Transport:
         self.loop.call_soon_threadsafe(self.loop.call_later, p.o.linger, p.on_linger)
 
     async def _on_applied(self, m: Msg) -> None:
+        # nats-py wakes each subscription's task in the order the messages
+        # came, but a task takes every message already queued in one run:
+        # progress, a rejection, then more progress arriving together, the
+        # second progress was taken first, and a flush waiting on another
+        # thread returned before the rejection it covers was recorded. The
+        # rejection's task is queued to run by now: it runs first.
+        await asyncio.sleep(0)
         try:
             progress = decode_progress(m.data)
         except Exception:  # noqa: BLE001 - not ours to judge

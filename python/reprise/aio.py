@@ -188,10 +188,8 @@ class _AppliedWatch:
         self.seq = 0
         self._closed = False
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        # Refusals by the mutation's stream sequence. nats-py runs each
-        # subscription's handler in a task of its own, woken in the order
-        # the connection read the messages; neither handler awaits, so a
-        # refusal is here before the progress that covers its mutation.
+        # Refusals by the mutation's stream sequence; on_progress lets the
+        # refusals that came before a progress in first.
         self._refused: dict[int, Any] = {}
         #: Refusals dropped unread past _MAX_KEPT_REFUSALS.
         self.lost = 0
@@ -244,6 +242,9 @@ class _AppliedWatch:
         )
 
     async def on_progress(self, m: Msg) -> None:
+        # Refusals that came before this progress are handled first (see
+        # _writer._Transport._on_applied).
+        await asyncio.sleep(0)
         try:
             seq = pb.Progress.FromString(m.data).applied_sequence
         except Exception:  # noqa: BLE001 - not ours to judge

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,9 @@ import pytest
 
 import reprise
 from conftest import DEFAULT_TABLES, Reprised, wait_for
+from reprise import _conn
+from reprise._proto import reprise_pb2 as pb
+from reprise._writer import WriterOptions, _Transport
 
 
 def daemon_thread(call: Any) -> tuple[threading.Thread, list[BaseException | None]]:
@@ -209,3 +213,48 @@ def test_close_after_a_long_history_loses_nothing(reprised_factory: Any) -> None
         c.reset("replay")
         wait_for("the service lets go of the writer's chunks", lambda: c.server_info()["replay"].current_size == 0)
         assert c._call(c._aclient._info(10.0)).chunks == 0, "the end mark reached the service"
+
+
+def test_a_rejection_is_taken_before_the_progress_after_it(server: Reprised) -> None:
+    """Progress, a rejection and more progress that arrive together: nats-py
+    handed both progress messages to the writer before the rejection, so a
+    flush on another thread returned before the rejection of a message it
+    waited for was recorded (raised by the next call instead). The writer's
+    real handlers, on real subscriptions, must see them in order."""
+    import nats
+
+    async def main() -> list[str]:
+        nc = await nats.connect(server.url)
+        pub = await nats.connect(server.url)
+        seen: list[str] = []
+
+        class Recorder:
+            def on_applied(self, seq: int, held: Any, window: int) -> None:
+                seen.append(f"applied {seq}")
+
+            def on_rejected(self, err: Any) -> None:
+                seen.append("rejected")
+
+        t = _Transport(nc, _conn.Subjects("order"), asyncio.get_running_loop(), WriterOptions(), _conn.Denials())
+        t.p = Recorder()  # type: ignore[assignment]
+        await nc.subscribe(t._notice, cb=t._on_rejected)
+        await nc.subscribe("order.applied", cb=t._on_applied)
+        await nc.flush()
+        for _ in range(20):
+            seen.clear()
+            await pub.publish("order.applied", pb.Progress(applied_sequence=1).SerializeToString())
+            await pub.publish(t._notice, pb.Rejection(sequence=2, code=1, message="no").SerializeToString())
+            await pub.publish("order.applied", pb.Progress(applied_sequence=2).SerializeToString())
+            await pub.flush()
+            deadline = asyncio.get_running_loop().time() + 10
+            while len(seen) < 3 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.005)
+            if len(seen) < 3 or seen.index("rejected") > seen.index("applied 2"):
+                break
+        await nc.close()
+        await pub.close()
+        return seen
+
+    seen = asyncio.run(main())
+    assert sorted(seen) == ["applied 1", "applied 2", "rejected"]
+    assert seen.index("rejected") < seen.index("applied 2"), f"the rejection came after the progress covering it: {seen}"
