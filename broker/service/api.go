@@ -338,11 +338,27 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		return
 	}
 	code, items = status, len(samples)
+	// The reply's bytes are taken from the service's budget before it is
+	// built, and given back once the connection copied them.
+	var taken int64
+	defer func() { s.replyBudget.give(taken) }()
+	reserve := func(n int64) (err error) {
+		taken, err = s.replyBudget.take(ctx, n)
+		return err
+	}
 	buf := responseBuffers.Get().(*[]byte)
 	if req.Packed {
 		// A layout newer than this service gets the newest it knows; the
 		// client tells which by the fields it finds.
-		*buf, err = wire.AppendPackedSampleResponse((*buf)[:0], req.Layout, wire.Code(status), msg, samples, after)
+		*buf, err = wire.AppendPackedSampleResponseWithin((*buf)[:0], req.Layout, wire.Code(status), msg, samples, after,
+			func(n int) error { return reserve(int64(n)) })
+		if err != nil && ctx.Err() != nil {
+			// Waited for room until the service stopped.
+			s.putResponseBuffer(buf)
+			code, items = protocol.CodeUnavailable, 0
+			s.respondStatus(r, code, "service shutting down")
+			return
+		}
 		if err != nil {
 			// The store holds only chunks that decoded when they came in.
 			s.putResponseBuffer(buf)
@@ -352,7 +368,14 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 			return
 		}
 	} else {
-		// Clients older than packed replies read items one by one.
+		// Clients older than packed replies read items one by one: no
+		// item of such a reply takes more than the largest the table holds.
+		if reserve(int64(len(samples))*per) != nil {
+			s.putResponseBuffer(buf)
+			code, items = protocol.CodeUnavailable, 0
+			s.respondStatus(r, code, "service shutting down")
+			return
+		}
 		*buf = wire.AppendSampleResponse((*buf)[:0], wire.Code(status), msg, samples, after)
 	}
 	s.respondParts(r, *buf)

@@ -38,6 +38,12 @@ type Limits struct {
 	// and Python, refuse a reply whose items decode to more than its
 	// default, wire.MaxReplyBytes, whatever it is.
 	MaxReplyBytes int64
+	// MaxReplyBytesInFlight bounds the bytes of the sample replies the
+	// service builds and hands to its connections at once, over every
+	// request: a reply waits for room (its samples taken, it is not
+	// refused). A reply may always take MaxReplyBytes, which stands in for
+	// a smaller value.
+	MaxReplyBytesInFlight int64
 	// MaxMutationOps bounds the priority updates and deletes of one
 	// mutation message.
 	MaxMutationOps int
@@ -72,20 +78,21 @@ type Limits struct {
 // them.
 func DefaultLimits() Limits {
 	return Limits{
-		MaxChunkBytes:       wire.MaxChunkRawSize,
-		MaxChunksPerMessage: 1 << 16,
-		MaxItemsPerMessage:  1 << 16,
-		MaxColumnsPerItem:   1024,
-		MaxSlicesPerItem:    1 << 14,
-		MaxItemBytes:        256 << 20,
-		MaxReplyBytes:       wire.MaxReplyBytes,
-		MaxMutationOps:      1 << 16,
-		MaxProducers:        100_000,
-		MaxProducerWindow:   1024,
-		MaxHeldChunkBytes:   8 << 30,
-		MaxHeldMessageBytes: 1 << 30,
-		MaxPendingItems:     1 << 16,
-		MaxPendingBytes:     1 << 30,
+		MaxChunkBytes:         wire.MaxChunkRawSize,
+		MaxChunksPerMessage:   1 << 16,
+		MaxItemsPerMessage:    1 << 16,
+		MaxColumnsPerItem:     1024,
+		MaxSlicesPerItem:      1 << 14,
+		MaxItemBytes:          256 << 20,
+		MaxReplyBytes:         wire.MaxReplyBytes,
+		MaxReplyBytesInFlight: 2 * wire.MaxReplyBytes,
+		MaxMutationOps:        1 << 16,
+		MaxProducers:          100_000,
+		MaxProducerWindow:     1024,
+		MaxHeldChunkBytes:     8 << 30,
+		MaxHeldMessageBytes:   1 << 30,
+		MaxPendingItems:       1 << 16,
+		MaxPendingBytes:       1 << 30,
 	}
 }
 
@@ -101,6 +108,7 @@ func (l Limits) validate() error {
 		{"max slices per item", int64(l.MaxSlicesPerItem)},
 		{"max item bytes", l.MaxItemBytes},
 		{"max reply bytes", l.MaxReplyBytes},
+		{"max reply bytes in flight", l.MaxReplyBytesInFlight},
 		{"max mutation ops", int64(l.MaxMutationOps)},
 		{"max producers", int64(l.MaxProducers)},
 		{"max producer window", int64(l.MaxProducerWindow)},

@@ -452,6 +452,8 @@ type Service struct {
 	// withheld holds the refusals of mutations applied while the service
 	// could not act (see reject), to send before its next progress.
 	withheld withheldNotices
+	// replies bounds the bytes of the sample replies built at once.
+	replyBudget *replyBudget
 
 	intr           interrupter
 	running        atomic.Bool
@@ -513,6 +515,7 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 		damaged:     make(map[string]bool),
 		resetStored: make(chan struct{}, 1),
 		slots:       newRequestSlots(o.maxConcurrent, len(configs)),
+		replyBudget: newReplyBudget(max(o.limits.MaxReplyBytesInFlight, o.limits.MaxReplyBytes)),
 		configs:     make(map[string]tables.Config, len(configs)),
 		applyDone:   make(chan struct{}),
 		id:          serviceID(),

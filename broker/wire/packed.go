@@ -218,6 +218,14 @@ func (p *packer) release() {
 // after is the table once the sample was taken, as in
 // AppendSampleResponse.
 func AppendPackedSampleResponse(b []byte, layout PackedLayout, code Code, msg string, samples []tables.Sample, after TableState) ([]byte, error) {
+	return AppendPackedSampleResponseWithin(b, layout, code, msg, samples, after, nil)
+}
+
+// AppendPackedSampleResponseWithin is AppendPackedSampleResponse for a
+// caller that bounds the memory its replies take: once the reply's size is
+// known, and before anything is allocated for it, reserve (when not nil) is
+// asked for that many bytes, and its error is returned as it is.
+func AppendPackedSampleResponseWithin(b []byte, layout PackedLayout, code Code, msg string, samples []tables.Sample, after TableState, reserve func(bytes int) error) ([]byte, error) {
 	p := packers.Get().(*packer)
 	defer p.release()
 	if err := p.gather(samples); err != nil {
@@ -268,6 +276,11 @@ func AppendPackedSampleResponse(b []byte, layout PackedLayout, code Code, msg st
 	total := 1 + protowire.SizeBytes(st) + sizeTableState(after)
 	if len(samples) > 0 {
 		total += 1 + protowire.SizeBytes(packed)
+	}
+	if reserve != nil {
+		if err := reserve(total); err != nil {
+			return b, err
+		}
 	}
 	b = slices.Grow(b, total)
 	b = appendTag(b, 1, protowire.BytesType)

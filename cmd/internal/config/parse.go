@@ -138,6 +138,7 @@ func limitsFields(p *parser, l *service.Limits) []field {
 		{"max_slices_per_item", intInto(p, &l.MaxSlicesPerItem, 1, math.MaxInt32, "")},
 		{"max_item_bytes", intInto(p, &l.MaxItemBytes, 1, math.MaxInt64, "")},
 		{"max_reply_bytes", intInto(p, &l.MaxReplyBytes, 1, math.MaxInt64, "")},
+		{"max_reply_bytes_in_flight", intInto(p, &l.MaxReplyBytesInFlight, 1, math.MaxInt64, "")},
 		{"max_mutation_ops", intInto(p, &l.MaxMutationOps, 1, math.MaxInt32, "")},
 		{"max_producers", intInto(p, &l.MaxProducers, 1, math.MaxInt32, "")},
 		{"max_producer_window", intInto(p, &l.MaxProducerWindow, 1, broker.MaxProducerWindow, " (a producer's WithMaxInFlight)")},

@@ -1,0 +1,132 @@
+package service
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/internal/testutil"
+	"github.com/reprise-rl/reprise/tables"
+)
+
+// TestReplyBudgetServesInOrder: a taker that does not fit waits, and those
+// behind it wait too even where they would fit, so a large reply is not
+// passed over for ever by small ones; one larger than the budget takes all
+// of it; a taker whose ctx ends leaves the line to the next.
+func TestReplyBudgetServesInOrder(t *testing.T) {
+	ctx := testutil.Context(t)
+	b := newReplyBudget(100)
+	first, err := b.take(ctx, 60)
+	if err != nil || first != 60 {
+		t.Fatalf("take 60 of 100: %d, %v", first, err)
+	}
+	order := make(chan string, 3)
+	var wg sync.WaitGroup
+	waitFor := func(name string, n int64) {
+		wg.Go(func() {
+			got, err := b.take(ctx, n)
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+				return
+			}
+			order <- name
+			b.give(got)
+		})
+		testutil.WaitUntil(t, name+" waits", func() bool {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return len(b.waiting) > 0 && b.waiting[len(b.waiting)-1].n == min(n, b.size)
+		})
+	}
+	waitFor("large", 1000) // more than the budget: waits for all of it
+	waitFor("small", 10)   // would fit now, but comes after the large one
+	cctx, cancel := context.WithCancel(ctx)
+	gaveUp := make(chan error, 1)
+	go func() {
+		_, err := b.take(cctx, 5)
+		gaveUp <- err
+	}()
+	testutil.WaitUntil(t, "the third waits", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.waiting) == 3
+	})
+	cancel()
+	if err := <-gaveUp; err == nil {
+		t.Fatal("a take whose ctx ended took its bytes")
+	}
+	select {
+	case name := <-order:
+		t.Fatalf("%s took its bytes while 60 of 100 were taken and the large one waited", name)
+	case <-time.After(10 * time.Millisecond):
+	}
+	b.give(first)
+	wg.Wait()
+	close(order)
+	var got []string
+	for name := range order {
+		got = append(got, name)
+	}
+	if len(got) != 2 || got[0] != "large" || got[1] != "small" {
+		t.Fatalf("served %v, want large then small", got)
+	}
+	if b.free != b.size || b.peak != b.size {
+		t.Fatalf("free %d and peak %d of %d, want all free and a peak of all", b.free, b.peak, b.size)
+	}
+}
+
+// TestRepliesShareTheirBudget: learners asking at once for replies of large
+// items are served within limits.max_reply_bytes_in_flight, over all their
+// requests, each in full. Each request could take limits.max_reply_bytes,
+// for as many requests as the table's slots allow: a few learners asking
+// for large batches of large items could run the service out of memory.
+func TestRepliesShareTheirBudget(t *testing.T) {
+	limits := DefaultLimits()
+	limits.MaxItemBytes, limits.MaxReplyBytes, limits.MaxReplyBytesInFlight = 200_000, 300_000, 300_000
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithLimits(limits)}})
+	batch := &wire.InsertBatch{ProducerId: "budgetbudgetbudgetbudgetbudgetbu", Sequence: 1, WindowStart: 1, Window: 1}
+	for key := uint64(1); key <= 6; key++ {
+		data := make([]uint8, 100_000)
+		for i := range data {
+			data[i] = uint8(key + uint64(i))
+		}
+		ch, err := wire.EncodeChunk(key, []*wire.Tensor{wire.Uint8s([]int64{100_000}, data)}, wire.ChunkOptions{Codec: wire.Uncompressed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch.Chunks = append(batch.Chunks, ch)
+		batch.Items = append(batch.Items, &wire.Item{Key: key, Table: "t", Priority: 1, Columns: []*wire.TrajectoryColumn{
+			{Name: "x", Squeeze: true, Slices: []*wire.ColumnSlice{{ChunkKey: key, Length: 1}}}}})
+	}
+	ack := publishBatch(t, d, batch, "")
+	testutil.WaitUntil(t, "the items land", func() bool { return d.svc.Applied() >= ack.Sequence })
+	ctx := testutil.Context(t)
+	c := d.client()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 4 {
+				b, err := c.SampleBatch(ctx, "t", 2)
+				if err != nil {
+					t.Errorf("SampleBatch: %v", err)
+					return
+				}
+				if b.Len() != 2 {
+					t.Errorf("a batch of %d items, want 2", b.Len())
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b := d.svc.replyBudget
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.peak < 200_000 || b.peak > limits.MaxReplyBytesInFlight {
+		t.Fatalf("replies took at most %d bytes at once, want 200,000 (one reply) to %d (the budget)", b.peak, limits.MaxReplyBytesInFlight)
+	}
+	if b.free != b.size {
+		t.Fatalf("%d of %d bytes still taken after every reply went out", b.size-b.free, b.size)
+	}
+}
