@@ -215,7 +215,7 @@ def test_close_after_a_long_history_loses_nothing(reprised_factory: Any) -> None
         assert c._call(c._aclient._info(10.0)).chunks == 0, "the end mark reached the service"
 
 
-def test_a_rejection_is_taken_before_the_progress_after_it(server: Reprised) -> None:
+def test_a_rejection_is_taken_before_the_progress_after_it(reprised_factory: Any) -> None:
     """Progress, a rejection and more progress that arrive together: nats-py
     handed both progress messages to the writer before the rejection, so a
     flush on another thread returned before the rejection of a message it
@@ -223,9 +223,11 @@ def test_a_rejection_is_taken_before_the_progress_after_it(server: Reprised) -> 
     real handlers, on real subscriptions, must see them in order."""
     import nats
 
+    server = reprised_factory()
+
     async def main() -> list[str]:
-        nc = await nats.connect(server.url)
-        pub = await nats.connect(server.url)
+        nc = await nats.connect(server.url, allow_reconnect=False)
+        pub = await nats.connect(server.url, allow_reconnect=False)
         seen: list[str] = []
 
         class Recorder:
@@ -256,5 +258,5 @@ def test_a_rejection_is_taken_before_the_progress_after_it(server: Reprised) -> 
         return seen
 
     seen = asyncio.run(main())
-    assert sorted(seen) == ["applied 1", "applied 2", "rejected"]
+    assert sorted(seen) == ["applied 1", "applied 2", "rejected"], f"within 10 s: {seen}; reprised's log:\n{server.log()}"
     assert seen.index("rejected") < seen.index("applied 2"), f"the rejection came after the progress covering it: {seen}"
