@@ -572,6 +572,7 @@ type appliedWatch struct {
 
 	mu      sync.Mutex
 	seq     uint64
+	prevSeq uint64        // seq before its latest change
 	changed chan struct{} // closed at the next change; made only when someone waits
 	err     error         // why no progress comes any more
 	// refused holds the refusals not yet taken, by the mutation's stream
@@ -611,7 +612,7 @@ func (w *appliedWatch) onProgress(m *nats.Msg) {
 	// Every refusal the service sent before this progress is queued by now.
 	w.takeNoticesLocked()
 	if prog.AppliedSequence > w.seq {
-		w.seq = prog.AppliedSequence
+		w.prevSeq, w.seq = w.seq, prog.AppliedSequence
 		if w.changed != nil {
 			close(w.changed)
 			w.changed = nil
@@ -649,12 +650,13 @@ func (w *appliedWatch) takeNoticesLocked() {
 		}
 		w.refused[r.Sequence] = &r
 		if len(w.refused) > maxKeptRefusals {
-			// One progress already passed was its caller's to take, and
-			// is left by a caller that gave up: only one that progress has
-			// not reached may still be waited for.
+			// A caller takes its refusal once progress passed its
+			// mutation: one the latest progress passed may still be
+			// waited for, one an earlier progress passed was left by a
+			// caller that gave up.
 			oldest := slices.Min(slices.Collect(maps.Keys(w.refused)))
 			delete(w.refused, oldest)
-			if oldest > w.seq {
+			if oldest > w.prevSeq {
 				w.lost++
 			}
 		}

@@ -186,6 +186,8 @@ class _AppliedWatch:
 
     def __init__(self) -> None:
         self.seq = 0
+        #: seq before its latest change.
+        self._prev_seq = 0
         self._closed = False
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         # Refusals by the mutation's stream sequence; on_progress lets the
@@ -209,12 +211,12 @@ class _AppliedWatch:
             return
         self._refused[r.sequence] = r
         if len(self._refused) > _MAX_KEPT_REFUSALS:
-            # One progress already passed was its caller's to take, and is
-            # left by a caller that gave up: only one that progress has not
-            # reached may still be waited for.
+            # A caller takes its refusal once progress passed its mutation:
+            # one the latest progress passed may still be waited for, one
+            # an earlier progress passed was left by a caller that gave up.
             oldest = min(self._refused)
             del self._refused[oldest]
-            if oldest > self.seq:
+            if oldest > self._prev_seq:
                 self.lost += 1
 
     def refusal(self, table: str, parts: Sequence[int], per: int, total: int, lost: int) -> errors.RejectedError | None:
@@ -251,7 +253,7 @@ class _AppliedWatch:
             return
         if seq <= self.seq:
             return
-        self.seq = seq
+        self._prev_seq, self.seq = self.seq, seq
         kept = []
         for want, fut in self._waiters:
             if want <= seq:

@@ -332,10 +332,36 @@ def test_abandoned_refusals_do_not_fail_later_mutations() -> None:
         for seq in range(1, n + 1):
             await w.on_rejection(msg(pb.Rejection(sequence=seq, table="t", code=pb.CODE_NOT_FOUND, message="refused")))
         await w.on_progress(msg(pb.Progress(applied_sequence=n)))
+        await w.on_progress(msg(pb.Progress(applied_sequence=n + 1)))
         lost = w.lost
         for seq in range(1_000_000, 1_000_100):
             await w.on_rejection(msg(pb.Rejection(sequence=seq, table="t", code=pb.CODE_NOT_FOUND, message="refused")))
-        await w.on_progress(msg(pb.Progress(applied_sequence=n + 1)))
-        assert w.refusal("t", [n + 1], 1, 1, lost) is None
+        await w.on_progress(msg(pb.Progress(applied_sequence=n + 2)))
+        assert w.refusal("t", [n + 2], 1, 1, lost) is None
+
+    asyncio.run(main())
+
+
+def test_a_passed_refusal_pushed_out_before_taken_is_lost() -> None:
+    """A caller takes its refusal only after progress passed its mutation:
+    pushed out before its caller took it, the refusal counts as lost, or
+    the caller would see its refused mutation as applied (as Go's
+    TestPassedRefusalPushedOutBeforeTakenIsLost)."""
+    from types import SimpleNamespace
+
+    from reprise._proto import reprise_pb2 as pb
+
+    def msg(m: Any) -> Any:
+        return SimpleNamespace(data=m.SerializeToString())
+
+    async def main() -> None:
+        w = reprise.aio._AppliedWatch()
+        lost = w.lost
+        await w.on_rejection(msg(pb.Rejection(sequence=1, table="t", code=pb.CODE_NOT_FOUND, message="refused")))
+        await w.on_progress(msg(pb.Progress(applied_sequence=1)))  # its wait ends; not yet taken
+        for seq in range(1000, 1000 + reprise.aio._MAX_KEPT_REFUSALS):
+            await w.on_rejection(msg(pb.Rejection(sequence=seq, table="t", code=pb.CODE_NOT_FOUND, message="refused")))
+        await w.on_progress(msg(pb.Progress(applied_sequence=2)))
+        assert isinstance(w.refusal("t", [1], 1, 1, lost), reprise.RejectedError)
 
     asyncio.run(main())
