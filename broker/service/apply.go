@@ -703,50 +703,55 @@ func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code pr
 	}
 	data, _ := proto.Marshal(&wire.Rejection{Producer: token, Sequence: seq, ItemKey: itemKey, Table: table, Code: wire.Code(code), Message: msg})
 	if !s.mayAct() {
-		// A standby tells no producer: the active service sends the same
-		// notice. But a client that waits for its mutation takes progress
-		// past it as the mutation applied, and the active service may never
-		// apply it (it died first, or this one only paused): the refusal
-		// goes out before this service's next progress, if it acts again.
-		// Clients drop one for a sequence their progress passed already.
-		if to.producer == "" {
-			s.withheld.add(to.subject, data)
-		}
+		// A standby tells no one while the active service sends the same
+		// notice. But producers and clients take progress past their
+		// message with no notice before it as applied in full, and the
+		// active service may never apply it (it died first, or this one
+		// only paused): the notice goes out before this service's next
+		// progress, if it acts again, unless another service's progress
+		// covered the message by then (it sent the notice).
+		s.withheld.add(s.applying, to.subject, data)
 		return
 	}
 	// Best effort: the count and the log line are the record.
 	_ = s.nc.Publish(to.subject, data)
 }
 
-// maxWithheldNotices bounds the refusals a service that may not act keeps
+// maxWithheldNotices bounds the notices a service that may not act keeps
 // to send once it may: a standby applies the stream for as long as it
-// waits, and only the last few can concern a mutation still waited for.
+// waits, and only the last few can concern a message still waited for.
 const maxWithheldNotices = 1024
 
-// withheldNotices are mutation refusals made while the service could not
-// act, in the order made.
+// withheldNotices are the notices made while the service could not act, in
+// the order made, each with the stream sequence being applied (at).
 type withheldNotices struct {
 	mu   sync.Mutex
+	at   []uint64
 	msgs []*nats.Msg
 }
 
-func (w *withheldNotices) add(subject string, data []byte) {
+func (w *withheldNotices) add(at uint64, subject string, data []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.msgs) >= maxWithheldNotices {
 		w.msgs[0] = nil
-		w.msgs = w.msgs[1:]
+		w.at, w.msgs = w.at[1:], w.msgs[1:]
 	}
+	w.at = append(w.at, at)
 	w.msgs = append(w.msgs, &nats.Msg{Subject: subject, Data: data})
 }
 
-// send publishes the withheld refusals on nc, and forgets them.
-func (w *withheldNotices) send(nc *nats.Conn) {
+// send publishes on nc the withheld notices of messages after covered (the
+// service that published progress up to it sent the others), and forgets
+// them all.
+func (w *withheldNotices) send(nc *nats.Conn, covered uint64) {
 	w.mu.Lock()
-	msgs := w.msgs
-	w.msgs = nil
+	at, msgs := w.at, w.msgs
+	w.at, w.msgs = nil, nil
 	w.mu.Unlock()
-	for _, m := range msgs {
-		_ = nc.PublishMsg(m) // best effort, as every notice
+	for i, m := range msgs {
+		if at[i] > covered {
+			_ = nc.PublishMsg(m) // best effort, as every notice
+		}
 	}
 }

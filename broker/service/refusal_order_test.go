@@ -1,6 +1,7 @@
 package service
 
 import (
+	"encoding/binary"
 	"math"
 	"testing"
 	"time"
@@ -81,5 +82,120 @@ func TestRefusalWithheldWhileLapsedComesBeforeProgress(t *testing.T) {
 		case <-deadline:
 			t.Fatal("neither a refusal nor progress came")
 		}
+	}
+}
+
+// TestInsertRefusalWithheldWhileLapsedComesBeforeProgress: as for a
+// mutation, a producer takes progress past its message with no rejection
+// before it as its items applied: an item refused while the service may
+// not act must be told before progress covering it.
+func TestInsertRefusalWithheldWhileLapsedComesBeforeProgress(t *testing.T) {
+	cfgs := []tables.Config{testutil.UniformTable("t", 100)}
+	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(time.Minute)}})
+	a := d.svc
+	nc := d.connect()
+	type event struct {
+		refusal  uint64 // the refused sequence, or 0
+		progress uint64
+	}
+	events := make(chan event, 1024)
+	notice := nc.NewInbox()
+	// One channel for both, fed by one connection: their order is the order
+	// the server delivered them in.
+	msgs := make(chan *nats.Msg, 1024)
+	for _, subject := range []string{notice, a.subj.Applied()} {
+		sub, err := nc.ChanSubscribe(subject, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for m := range msgs {
+			if m.Subject == notice {
+				var r wire.Rejection
+				if proto.Unmarshal(m.Data, &r) == nil {
+					events <- event{refusal: r.Sequence}
+				}
+				continue
+			}
+			var p wire.Progress
+			if proto.Unmarshal(m.Data, &p) == nil {
+				events <- event{progress: p.AppliedSequence}
+			}
+		}
+	}()
+
+	a.lease.until.Store(1) // lapsed, by its own clock
+	ack, err := a.js.Publish(testutil.Context(t), a.subj.Insert(), mustMarshal(t, &wire.InsertBatch{ProducerId: "p", Sequence: 1, WindowStart: 1, Window: 4,
+		NoticeSubject: notice, Items: []*wire.Item{{Key: 2, Table: "gone", Priority: 1}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "the insert is applied", func() bool { return a.Applied() >= ack.Sequence })
+	a.lease.until.Store(int64(time.Since(a.lease.base) + time.Hour))
+
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case e := <-events:
+			if e.refusal == 1 { // the producer's sequence
+				return
+			}
+			if e.progress >= ack.Sequence && e.progress != math.MaxUint64 {
+				t.Fatalf("progress %d covers the refused insert %d, and no rejection came before it", e.progress, ack.Sequence)
+			}
+		case <-deadline:
+			t.Fatal("neither a refusal nor progress came")
+		}
+	}
+}
+
+// TestWithheldNoticesCoveredAreNotSentAgain: a notice withheld for a
+// message that another service's progress covered was sent by that
+// service; sent again at a takeover, a producer would report the same
+// rejection twice, long after its call that reported it.
+func TestWithheldNoticesCoveredAreNotSentAgain(t *testing.T) {
+	nc, err := nats.Connect(testutil.StartEmbedded(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	sub, err := nc.SubscribeSync("notices")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w withheldNotices
+	const n = maxWithheldNotices + 10
+	for at := uint64(1); at <= n; at++ {
+		w.add(at, "notices", binary.AppendUvarint(nil, at))
+	}
+	w.send(nc, n-5)
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "the notices arrive", func() bool {
+		queued, _, err := sub.Pending()
+		return err == nil && queued >= 5
+	})
+	for want := uint64(n - 4); want <= n; want++ {
+		m, err := sub.NextMsg(time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at, _ := binary.Uvarint(m.Data); at != want {
+			t.Fatalf("the notice withheld at %d came, want the one at %d", at, want)
+		}
+	}
+	if n, _, _ := sub.Pending(); n != 0 {
+		t.Fatalf("%d more notices sent, of messages already covered", n)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.msgs) != 0 || len(w.at) != 0 {
+		t.Fatalf("%d notices still withheld after they were sent", len(w.msgs))
 	}
 }

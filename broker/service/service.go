@@ -449,9 +449,13 @@ type Service struct {
 	handlers  sync.WaitGroup
 	workers   *requestWorkers // while active; under closingMu
 	rejectLog rateLimitedLog
-	// withheld holds the refusals of mutations applied while the service
-	// could not act (see reject), to send before its next progress.
+	// withheld holds the notices of messages applied while the service
+	// could not act (see reject), to send before its next progress, unless
+	// covered, the highest sequence any service of the prefix published
+	// progress for (which sent the notices of the messages up to it),
+	// passed them.
 	withheld withheldNotices
+	covered  atomic.Uint64
 	// replies bounds the bytes of the sample replies built at once.
 	replyBudget *replyBudget
 
@@ -625,6 +629,11 @@ func (s *Service) Run(parent context.Context) error {
 		}
 		stopAnswering = sync.OnceFunc(func() { _ = calls.Unsubscribe() })
 		defer stopAnswering()
+		progress, err := s.nc.Subscribe(s.subj.Applied(), s.noteCovered)
+		if err != nil {
+			return fmt.Errorf("broker: subscribing to %s: %w", s.subj.Applied(), err)
+		}
+		defer progress.Unsubscribe()
 	}
 
 	// The active role: for the whole run without standby, while the lease
@@ -1138,9 +1147,9 @@ func (s *Service) publishProgress(ctx context.Context) {
 			// Not once the lease lapsed (the lease loop stops this soon).
 			if s.mayAct() {
 				data, _ := proto.Marshal(s.progress.message())
-				// After the progress is read: a refusal withheld before
+				// After the progress is read: a notice withheld before
 				// the sequence it covers was applied is sent ahead of it.
-				s.withheld.send(s.nc)
+				s.withheld.send(s.nc, s.covered.Load())
 				if err := s.nc.Publish(s.subj.Applied(), data); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 					s.log.Warn("reprise service: publishing progress", "error", err)
 				}
@@ -1159,6 +1168,20 @@ func (s *Service) publishProgress(ctx context.Context) {
 		case <-heartbeat.C:
 			sent = math.MaxUint64 // resend the same value
 		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// noteCovered follows the progress that services of the prefix publish.
+func (s *Service) noteCovered(m *nats.Msg) {
+	var p wire.Progress
+	if proto.Unmarshal(m.Data, &p) != nil {
+		return
+	}
+	for {
+		cur := s.covered.Load()
+		if p.AppliedSequence <= cur || s.covered.CompareAndSwap(cur, p.AppliedSequence) {
 			return
 		}
 	}
