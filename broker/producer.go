@@ -398,9 +398,12 @@ func (b *batch) bytes() int {
 }
 
 type inFlight struct {
-	msg       *nats.Msg
-	fut       jetstream.PubAckFuture
-	err       error // why the first attempt failed at once, when it did
+	msg *nats.Msg
+	fut jetstream.PubAckFuture
+	err error // why the first attempt failed at once, when it did
+	// connErr is the connection's last error before the latest attempt:
+	// only a permissions violation after it concerns that attempt.
+	connErr   error
 	items     int
 	tables    []string  // the tables its items are for
 	seq       uint64    // producer sequence
@@ -1150,6 +1153,7 @@ func (p *Producer) sendLocked(rec *inFlight, data []byte) {
 	rec.msg, rec.seq, rec.published = m, p.seq, time.Now()
 	// A failed first attempt is left to the ack loop, which retries in
 	// publish order.
+	rec.connErr = p.nc.LastError()
 	rec.fut, rec.err = p.js.PublishMsgAsync(m)
 	p.acks <- rec
 }
@@ -1278,8 +1282,10 @@ func (p *Producer) await(rec *inFlight) (uint64, error) {
 		}
 		// The server answers a publish the user may not make with an error
 		// on the connection, not on the ack, which then times out: so
-		// would every resend, for the whole retry time.
-		if err := p.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Publish to "+strconv.Quote(rec.msg.Subject)) {
+		// would every resend, for the whole retry time. The connection
+		// keeps its last error until the next: one from before this
+		// attempt (permissions since widened) is not this attempt's.
+		if err := p.nc.LastError(); err != rec.connErr && errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Publish to "+strconv.Quote(rec.msg.Subject)) {
 			lastErr = err
 		}
 		if !retryablePublishError(lastErr) || time.Now().After(deadline) {
@@ -1294,6 +1300,7 @@ func (p *Producer) await(rec *inFlight) (uint64, error) {
 		backoff = min(2*backoff, time.Second)
 		retried = true
 		var err error
+		rec.connErr = p.nc.LastError()
 		if rec.fut, err = p.js.PublishMsgAsync(rec.msg); err != nil {
 			lastErr = err
 		}
