@@ -1625,7 +1625,9 @@ class _Transport:
         # nats-py's bound on its outbound buffer; over it, a publish waits
         # for its flusher, for as long as the server does not read.
         limit = getattr(nc, "_max_pending_size", 0)
-        if self._stalled and nc.is_connected and 0 < limit < nc.pending_data_size + len(rec.data):
+        # A buffer that emptied is read again; a message larger than the
+        # whole buffer goes once it is empty.
+        if self._stalled and nc.is_connected and 0 < nc.pending_data_size and 0 < limit < nc.pending_data_size + len(rec.data):
             # Not published: resent, as a failed publish is, until retry_for.
             rec.future.set_exception(errors.UnavailableError(
                 f"the NATS server reads nothing: {nc.pending_data_size} bytes wait in the connection's buffer"))

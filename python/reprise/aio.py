@@ -717,9 +717,18 @@ class Client:
                 for table, p in priorities.items():
                     await w.create_item(table, p, traj)
                 await w.end_episode(timeout=timeout)
-            finally:
+            except BaseException:
                 if old is not None:
-                    await old.close(timeout)
+                    try:
+                        await old.close(timeout)
+                    except errors.RepriseError as e:
+                        # This insert's own error is the one to raise.
+                        log.warning("reprise: closing the writer of earlier inserts: %s", e)
+                raise
+            if old is not None:
+                # Its errors are those of earlier inserts, reported by the
+                # next call as a writer's are.
+                await old.close(timeout)
 
 
 def decode_samples(data: bytes) -> list[ReplaySample]:
