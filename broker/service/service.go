@@ -1144,14 +1144,19 @@ func (s *Service) publishProgress(ctx context.Context) {
 	for {
 		_, version, changed := s.progress.next()
 		if version != sent {
-			// Not once the lease lapsed (the lease loop stops this soon).
+			data, _ := proto.Marshal(s.progress.message())
+			// After the progress is read: a notice withheld before the
+			// sequence it covers was applied is sent ahead of it. Not once
+			// the lease lapsed (the lease loop stops this soon), which is
+			// asked last, right before publishing: a service stopped (a
+			// pause, SIGSTOP) between the two publishes stale progress
+			// when it goes on.
 			if s.mayAct() {
-				data, _ := proto.Marshal(s.progress.message())
-				// After the progress is read: a notice withheld before
-				// the sequence it covers was applied is sent ahead of it.
 				s.withheld.send(s.nc, s.covered.Load())
-				if err := s.nc.Publish(s.subj.Applied(), data); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-					s.log.Warn("reprise service: publishing progress", "error", err)
+				if s.mayAct() {
+					if err := s.nc.Publish(s.subj.Applied(), data); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+						s.log.Warn("reprise service: publishing progress", "error", err)
+					}
 				}
 			}
 			sent = version
