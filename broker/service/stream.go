@@ -2,8 +2,10 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -63,7 +65,20 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, subj protocol.Sub
 	var s jetstream.Stream
 	err := retryJS(ctx, log, "the stream "+cfg.Name, func(ctx context.Context) error {
 		var err error
-		s, err = js.CreateOrUpdateStream(ctx, cfg)
+		if s, err = js.CreateStream(ctx, cfg); !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return err // created, or there with this very configuration
+		}
+		// Prefixes that differ only in case, '.', '-' or '_' name the same
+		// stream: updating another prefix's would take its subjects away
+		// from that deployment's producers.
+		existing, err := js.Stream(ctx, cfg.Name)
+		if err != nil {
+			return err
+		}
+		if have := existing.CachedInfo().Config.Subjects; !slices.Equal(have, cfg.Subjects) {
+			return fmt.Errorf("%w: it holds subjects %q, not %q: another deployment's prefix names the same stream (prefixes that differ only in case, '.', '-' or '_' do); give this one a prefix of its own", protocol.ErrInvalidOption, have, cfg.Subjects)
+		}
+		s, err = js.UpdateStream(ctx, cfg)
 		return err
 	})
 	if err != nil {
