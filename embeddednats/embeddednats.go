@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -212,8 +213,10 @@ type Server struct {
 	// probe is set when clients must authenticate.
 	probe     *probe
 	listening bool
-	stopOnce  sync.Once
-	stopped   chan struct{}
+	// lock keeps other servers off the store until shutdown is done.
+	lock     *os.File
+	stopOnce sync.Once
+	stopped  chan struct{}
 }
 
 // Start starts a server and waits until it is ready: accepting connections
@@ -232,8 +235,13 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	lock, err := lockStore(cfg.storeDir)
+	if err != nil {
+		return nil, err
+	}
 	ns, err := server.NewServer(sopts)
 	if err != nil {
+		unlock(lock)
 		return nil, fmt.Errorf("%w: %v", ErrInvalidOption, err)
 	}
 	logger := cfg.logger
@@ -252,11 +260,12 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 		logger.Warn("the NATS server listens beyond the loopback interface without TLS: passwords cross the network in the clear (use TLS, or nkeys)", "listen", cfg.listen)
 	}
 
-	s := &Server{ns: ns, listening: !cfg.noListener, stopped: make(chan struct{}), probe: probe}
+	s := &Server{ns: ns, listening: !cfg.noListener, stopped: make(chan struct{}), probe: probe, lock: lock}
 	ns.Start()
 	if err := s.waitReady(ctx, log); err != nil {
 		ns.Shutdown()
 		ns.WaitForShutdown()
+		unlock(lock)
 		return nil, err
 	}
 	return s, nil
@@ -502,6 +511,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		go func() {
 			s.ns.Shutdown()
 			s.ns.WaitForShutdown()
+			unlock(s.lock)
 			close(s.stopped)
 		}()
 	})
@@ -538,4 +548,10 @@ func (l *logAdapter) Fatalf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
 	l.fatal.CompareAndSwap(nil, &msg)
 	l.logger.Error(msg, "fatal", true)
+}
+
+func unlock(f *os.File) {
+	if f != nil {
+		f.Close()
+	}
 }

@@ -220,6 +220,25 @@ func TestUnusableStoreDir(t *testing.T) {
 	}
 }
 
+// TestStoreDirInUse: two servers writing one JetStream store corrupt each
+// other's streams, so a second on a store in use must not start.
+func TestStoreDirInUse(t *testing.T) {
+	ctx := testContext(t)
+	dir := t.TempDir()
+	first := start(t, ctx, WithStoreDir(dir), WithoutListener())
+	s, err := Start(ctx, WithStoreDir(dir), WithoutListener())
+	if !errors.Is(err, ErrStartFailed) || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), "in use") {
+		if s != nil {
+			s.Shutdown(ctx)
+		}
+		t.Fatalf("Start on a store dir in use = %v, want ErrStartFailed naming the dir in use", err)
+	}
+	if err := first.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start(t, ctx, WithStoreDir(dir), WithoutListener())
+}
+
 func TestStartHonoursContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
