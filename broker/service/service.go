@@ -226,9 +226,11 @@ func DefaultReplyConns(cores int) int {
 }
 
 // WithPullBytes bounds the bytes of stream messages buffered ahead of the
-// apply loop (default 16 MiB). It must exceed the largest message, and stay
-// well below the server's per-client output buffer (max_pending, 64 MiB by
-// default), or the server drops the service as a slow consumer.
+// apply loop (default 16 MiB). It should stay well below the server's
+// per-client output buffer (max_pending, 64 MiB by default), or the server
+// drops the service as a slow consumer. Below the largest message the
+// server accepts (its max_payload, with the message's subjects), the
+// service raises it to that.
 func WithPullBytes(n int) Option {
 	return serviceOption(func(o *serviceOptions) error { o.pullBytes = n; return positive("pull bytes", n) })
 }
@@ -560,6 +562,24 @@ func (s *Service) Applied() uint64 { return s.progress.get() }
 // Rejected counts the messages and items the service refused.
 func (s *Service) Rejected() int64 { return s.stats.rejected.Load() }
 
+// pullOverhead is what a delivered message adds to its payload in a pull's
+// byte count: its subject and its reply subject ($JS.ACK.<domain>.<account
+// hash>.<stream>.<consumer>.<five numbers>.<token>).
+const pullOverhead = 1 << 10
+
+// pullBytes is the configured pull bytes, or the largest message the
+// server accepts when that is more: JetStream never delivers a message
+// larger than a pull asks for, and the reader would ask again for the same
+// one without end.
+func (s *Service) pullBytes() int {
+	largest := int(s.nc.MaxPayload()) + pullOverhead + 2*len(s.subj.Stream()) + len(s.subj.Data())
+	if s.o.pullBytes >= largest {
+		return s.o.pullBytes
+	}
+	s.log.Info("reprise service: pull bytes raised to hold the largest message the server accepts", "prefix", s.subj.Prefix, "configured", s.o.pullBytes, "pull_bytes", largest)
+	return largest
+}
+
 // Run serves until ctx ends, then stops taking requests, lets the requests
 // in progress finish (their waits end with ctx), and returns. It returns
 // nil after a shutdown through ctx.
@@ -609,7 +629,7 @@ func (s *Service) Run(parent context.Context) error {
 	}
 	// A gap that stops the service ends the run at once: the apply loop
 	// may be waiting on a rate limiter, far behind the reader.
-	reader := newStreamReader(stream, s.subj.Data(), start, s.o.pullBytes, s.log, func(ctx context.Context, from, to uint64) error {
+	reader := newStreamReader(stream, s.subj.Data(), start, s.pullBytes(), s.log, func(ctx context.Context, from, to uint64) error {
 		err := s.streamGap(ctx, from, to)
 		if errors.Is(err, protocol.ErrStreamLost) {
 			lose(err)
