@@ -220,11 +220,14 @@ func (p *parser) integer(n *yaml.Node, key string, lo, hi int64, hint string) (i
 	if !p.scalar(n, key, "a whole number") {
 		return 0, false
 	}
-	outOfRange := func() (int64, bool) {
-		if hi == math.MaxInt64 || hi == math.MaxInt32 {
-			p.failf(n, key, "must be >= %d, got %s%s", lo, n.Value, hint)
-		} else {
+	outOfRange := func(above bool) (int64, bool) {
+		switch {
+		case hi != math.MaxInt64 && hi != math.MaxInt32:
 			p.failf(n, key, "must be in [%d, %d], got %s%s", lo, hi, n.Value, hint)
+		case above:
+			p.failf(n, key, "must be <= %d, got %s%s", hi, n.Value, hint)
+		default:
+			p.failf(n, key, "must be >= %d, got %s%s", lo, n.Value, hint)
 		}
 		return 0, false
 	}
@@ -232,7 +235,7 @@ func (p *parser) integer(n *yaml.Node, key string, lo, hi int64, hint string) (i
 	switch n.ShortTag() {
 	case "!!int":
 		if n.Decode(&v) != nil {
-			return outOfRange()
+			return outOfRange(!strings.HasPrefix(n.Value, "-"))
 		}
 	case "!!float":
 		var f float64
@@ -241,7 +244,7 @@ func (p *parser) integer(n *yaml.Node, key string, lo, hi int64, hint string) (i
 			return 0, false
 		}
 		if f < float64(lo) || f > float64(hi) {
-			return outOfRange()
+			return outOfRange(f > float64(hi))
 		}
 		v = int64(f)
 	default:
@@ -249,7 +252,7 @@ func (p *parser) integer(n *yaml.Node, key string, lo, hi int64, hint string) (i
 		return 0, false
 	}
 	if v < lo || v > hi {
-		return outOfRange()
+		return outOfRange(v > hi)
 	}
 	return v, true
 }
