@@ -241,6 +241,17 @@ func TestTLS(t *testing.T) {
 	start(t, ctx, WithStoreDir(t.TempDir()), WithListen("0.0.0.0:-1"),
 		WithTLS(TLS{CertFile: certs.ServerCert, KeyFile: certs.ServerKey, VerifyClients: true, CAFile: certs.CA}))
 
+	// Verified against the system's roots, a certificate any public CA
+	// issued for client authentication would let its holder in, with
+	// every permission: that is no authentication beyond loopback.
+	if s, err := Start(ctx, WithStoreDir(t.TempDir()), WithListen("0.0.0.0:-1"),
+		WithTLS(TLS{CertFile: certs.ServerCert, KeyFile: certs.ServerKey, VerifyClients: true})); !errors.Is(err, ErrUnauthenticated) {
+		if s != nil {
+			s.Shutdown(ctx)
+		}
+		t.Errorf("Start on 0.0.0.0 verifying client certificates against the system roots, without users = %v, want ErrUnauthenticated", err)
+	}
+
 	// Without verification, clients need only trust the server.
 	s3 := start(t, ctx, WithStoreDir(t.TempDir()), WithListen("127.0.0.1:-1"), WithTLS(TLS{CertFile: certs.ServerCert, KeyFile: certs.ServerKey}))
 	nc, err = nats.Connect(s3.ClientURL(), nats.RootCAs(certs.CA))

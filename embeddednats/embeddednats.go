@@ -188,7 +188,9 @@ type TLS struct {
 	KeyFile  string
 	// VerifyClients requires every client connecting over the network to
 	// present a certificate, checked against CAFile (or the system's
-	// roots when CAFile is empty). Clients in the process are trusted.
+	// roots when CAFile is empty, which authenticates no one: a server
+	// beyond loopback then still needs users). Clients in the process are
+	// trusted.
 	VerifyClients bool
 	CAFile        string
 }
@@ -351,14 +353,16 @@ func (c *config) authOptions(o *server.Options) error {
 		o.TLSConfig = tc
 	}
 	if c.insecure(o) && !c.allowNoAuth {
-		return fmt.Errorf("%w: %s: anyone who reaches it could read, change and delete everything; add users or nkey users, or TLS with client certificates, or listen on 127.0.0.1 (WithAllowUnauthenticated overrides this)", ErrUnauthenticated, c.listen)
+		return fmt.Errorf("%w: %s: anyone who reaches it could read, change and delete everything; add users or nkey users, or TLS with client certificates signed by a CA file of your own, or listen on 127.0.0.1 (WithAllowUnauthenticated overrides this)", ErrUnauthenticated, c.listen)
 	}
 	return nil
 }
 
-// authenticates reports whether clients must prove who they are.
+// authenticates reports whether clients must prove who they are. A
+// certificate checked against the system's roots proves nothing: any
+// public CA issues them.
 func (c *config) authenticates() bool {
-	return len(c.users) > 0 || len(c.nkeys) > 0 || (c.tls != nil && c.tls.VerifyClients)
+	return len(c.users) > 0 || len(c.nkeys) > 0 || (c.tls != nil && c.tls.VerifyClients && c.tls.CAFile != "")
 }
 
 // insecure reports a listener beyond loopback that lets anyone in.

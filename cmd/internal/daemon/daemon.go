@@ -60,7 +60,8 @@ reprise.example.yaml for every setting, table option and default.
 
 Without users the embedded server lets in any client that reaches it, so it
 listens beyond loopback only with users (--embedded-user, --embedded-nkey),
-client certificates (--listen-tls-verify) or --allow-unauthenticated.
+client certificates signed by your own CA (--listen-tls-verify with
+--listen-tls-ca) or --allow-unauthenticated.
 "reprisectl permissions" prints the users of an external server.
 
 Flags:
@@ -115,7 +116,7 @@ func parseArgs(args []string, stderr io.Writer) (config.Config, error) {
 	fs.StringVar(&conn.URL, "nats", "", "`URL` of an external NATS server with JetStream (comma-separated for a cluster); without it reprised starts an embedded server")
 	natsWait := fs.Duration("nats-wait", 0, "how long to wait at startup for the external NATS server and its JetStream (`duration`; 0 waits until stopped)")
 	conn.RegisterAuth(fs)
-	fs.Func("listen", "`HOST:PORT` where the embedded server accepts clients (port -1: any free port; beyond loopback it needs users, --listen-tls-verify or --allow-unauthenticated) (default "+config.DefaultListen+")", checked(&s.Listen, config.CheckListen))
+	fs.Func("listen", "`HOST:PORT` where the embedded server accepts clients (port -1: any free port; beyond loopback it needs users, --listen-tls-verify with --listen-tls-ca, or --allow-unauthenticated) (default "+config.DefaultListen+")", checked(&s.Listen, config.CheckListen))
 	// Checked once parsed, not by the flag package, which would print the
 	// value, password and all, with its error.
 	var userArgs []userArg
@@ -472,7 +473,7 @@ func (d *daemon) connect(ctx context.Context) error {
 		}
 		srv, err := embeddednats.Start(ctx, append(opts, auth...)...)
 		if errors.Is(err, embeddednats.ErrUnauthenticated) {
-			return cli.Usagef("--listen %s reaches beyond this machine, and no client would need to authenticate: anyone who reaches the port could read, change and delete everything. Add users (--embedded-user, --embedded-nkey, or server.users in the config), or client certificates (--listen-tls-verify), or listen on 127.0.0.1; --allow-unauthenticated accepts the risk", s.Listen)
+			return cli.Usagef("--listen %s reaches beyond this machine, and no client would need to authenticate: anyone who reaches the port could read, change and delete everything. Add users (--embedded-user, --embedded-nkey, or server.users in the config), or client certificates signed by your own CA (--listen-tls-verify with --listen-tls-ca), or listen on 127.0.0.1; --allow-unauthenticated accepts the risk", s.Listen)
 		}
 		if err != nil {
 			hint := ""
