@@ -8,7 +8,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -55,17 +57,66 @@ type Checkpoint struct {
 	Keep int
 }
 
-// Options turns the settings into the table service's options.
-func (c Checkpoint) Options() ([]service.Option, error) {
+// Options turns the settings into the table service's options for the
+// deployment with the given prefix.
+func (c Checkpoint) Options(prefix string) ([]service.Option, error) {
 	opts := []service.Option{service.WithCheckpointEvery(c.Every), service.WithCheckpointKeep(c.Keep)}
 	if c.Dir == "" {
 		return append(opts, service.WithObjectStoreCheckpoints()), nil
+	}
+	if err := claimCheckpointDir(c.Dir, prefix); err != nil {
+		return nil, err
 	}
 	fc, err := service.NewFileCheckpoints(c.Dir)
 	if err != nil {
 		return nil, err
 	}
 	return append(opts, service.WithCheckpoints(fc)), nil
+}
+
+// checkpointOwner names, in a checkpoint directory, the prefix whose
+// checkpoints it holds. Checkpoint files do not say: another prefix's
+// service would recover them as its own, and delete them when keeping
+// its newest.
+const checkpointOwner = "prefix"
+
+// claimCheckpointDir makes dir the checkpoint directory of prefix, or
+// refuses it if it is another prefix's. The services of one prefix
+// (standbys) share it.
+func claimCheckpointDir(dir, prefix string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	owner := filepath.Join(dir, checkpointOwner)
+	for {
+		got, err := os.ReadFile(owner)
+		if err == nil {
+			if string(got) != prefix {
+				return fmt.Errorf("%w: checkpoint dir %s holds the checkpoints of prefix %q (its file %s says so), not of %q: give each prefix a directory of its own", ErrInvalid, dir, got, checkpointOwner, prefix)
+			}
+			return nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("checkpoint dir: %w", err)
+		}
+		// Written aside and linked into place, so that a service starting
+		// beside this one reads the whole name or none.
+		tmp, err := os.CreateTemp(dir, ".tmp-prefix-*")
+		if err != nil {
+			return fmt.Errorf("checkpoint dir: %w", err)
+		}
+		_, err = tmp.WriteString(prefix)
+		if cerr := tmp.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Link(tmp.Name(), owner)
+		}
+		os.Remove(tmp.Name())
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("checkpoint dir: %w", err)
+		}
+	}
 }
 
 // Server says where NATS is and where the table service listens.

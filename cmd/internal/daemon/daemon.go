@@ -385,7 +385,7 @@ func (d *daemon) run(ctx context.Context) error {
 		}
 		return err
 	}
-	cpOpts, err := d.cfg.Checkpoint.Options()
+	cpOpts, err := d.cfg.Checkpoint.Options(d.cfg.Server.Prefix)
 	if err != nil {
 		return err
 	}

@@ -705,3 +705,32 @@ func TestReplyConnections(t *testing.T) {
 		t.Errorf("16 cores: %d reply connections, want 8", got)
 	}
 }
+
+// TestCheckpointDirOfAnotherPrefix: checkpoint files do not say whose they
+// are, so a reprised given another prefix's --checkpoint-dir (shards
+// started by one script) recovered that prefix's tables as its own, and
+// the two deleted each other's checkpoints when keeping the newest. It
+// must refuse the directory, naming the prefix that owns it.
+func TestCheckpointDirOfAnotherPrefix(t *testing.T) {
+	dir := t.TempDir()
+	checkpoints := filepath.Join(dir, "checkpoints")
+	r := start(t, "--listen", "127.0.0.1:-1", "--store", filepath.Join(dir, "data"), "--prefix", "p0", "--checkpoint-dir", checkpoints, "--checkpoint-every", "0s")
+	insert(t, r.url, r.prefix, "replay", 3)
+	c, err := broker.NewClient(connect(t, r.url), broker.WithPrefix("p0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Checkpoint(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var stdout, stderr syncbuf.Buffer
+	err = Run(ctx, []string{"--nats", r.url, "--prefix", "p1", "--checkpoint-dir", checkpoints}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), checkpoints) || !strings.Contains(err.Error(), `"p0"`) {
+		t.Fatalf("reprised of prefix p1 on p0's checkpoint dir: Run = %v, want an error naming the dir and p0\nstderr:\n%s", err, stderr.String())
+	}
+	start(t, "--nats", r.url, "--prefix", "p1", "--checkpoint-dir", filepath.Join(dir, "p1-checkpoints"))
+}
