@@ -385,6 +385,11 @@ func (d *daemon) run(ctx context.Context) error {
 		}
 		return err
 	}
+	if !d.cfg.Service.Standby {
+		if err := d.checkAlone(ctx); err != nil {
+			return err
+		}
+	}
 	cpOpts, err := d.cfg.Checkpoint.Options(d.cfg.Server.Prefix)
 	if err != nil {
 		return err
@@ -444,6 +449,30 @@ func (d *daemon) run(ctx context.Context) error {
 		return fmt.Errorf("%w: table service: %w", errStopping, err)
 	}
 	return nil
+}
+
+// aloneTimeout bounds checkAlone's question. With no one subscribed the
+// server answers no-responders at once; a service that answers at all
+// answers well within it.
+const aloneTimeout = 2 * time.Second
+
+// checkAlone refuses to serve a prefix that another service serves: two
+// without standby would both apply the stream and both answer, each
+// sampling, checkpointing and trimming as if alone.
+func (d *daemon) checkAlone(ctx context.Context) error {
+	c, err := broker.NewClient(d.nc, broker.WithPrefix(d.cfg.Server.Prefix), broker.WithLogger(d.log))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	rctx, cancel := context.WithTimeout(ctx, aloneTimeout)
+	defer cancel()
+	// A refusal is an answer too.
+	var answered *broker.StatusError
+	if _, err := c.Info(rctx, ""); err != nil && !errors.As(err, &answered) {
+		return nil
+	}
+	return fmt.Errorf("a table service already serves prefix %q at %s: run every reprised of a prefix with --standby (service.standby), or give this one a --prefix of its own", d.cfg.Server.Prefix, d.url)
 }
 
 // connect starts the embedded server or connects to the external one, and

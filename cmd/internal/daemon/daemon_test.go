@@ -734,3 +734,18 @@ func TestCheckpointDirOfAnotherPrefix(t *testing.T) {
 	}
 	start(t, "--nats", r.url, "--prefix", "p1", "--checkpoint-dir", filepath.Join(dir, "p1-checkpoints"))
 }
+
+// TestSecondServiceOfAPrefix: two reprised of one prefix without
+// --standby both applied the stream and both answered (a queue's items
+// were sampled once by each, info came from either, each checkpointed and
+// trimmed). The second must refuse to start, saying what to do.
+func TestSecondServiceOfAPrefix(t *testing.T) {
+	r := start(t, "--listen", "127.0.0.1:-1", "--store", t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var stdout, stderr syncbuf.Buffer
+	err := Run(ctx, []string{"--nats", r.url, "--checkpoint-dir", t.TempDir()}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "--standby") {
+		t.Fatalf("a second reprised of prefix %s: Run = %v, want an error pointing to --standby\nstdout:\n%s", r.prefix, err, stdout.String())
+	}
+}
