@@ -298,7 +298,7 @@ func TestErrors(t *testing.T) {
 		{"external with embedded setting", "server:\n  nats: nats://x:4222\n  store: ./data\n", 3, "server.store", []string{"configures the embedded server", "remove one of them"}},
 		{"credentials without external", "server:\n  creds: a.creds\n", 2, "server.creds", []string{"set server.nats too"}},
 		{"cert without key", "server:\n  nats: nats://x:4222\n  tls_cert: c.pem\n", 3, "server.tls_cert", []string{"needs both tls_cert and tls_key"}},
-		{"max payload too large", "server:\n  max_payload: 1e9\n", 2, "server.max_payload", []string{"must be in [1024, 67108864], got 1e9"}},
+		{"max payload too large", "server:\n  max_payload: 1e9\n", 2, "server.max_payload", []string{"must be in [1024, 33488896], got 1e9"}},
 		{"password without external", "server:\n  user: reprised\n  password: pw\n", 2, "server.user", []string{"set server.nats too"}},
 		{"users with external", "server:\n  nats: nats://x:4222\n  users:\n    - {name: a, role: actor, password: p}\n", 4, "server.users", []string{"configures the embedded server"}},
 		{"user without role", "server:\n  users:\n    - {name: a, password: p}\n", 3, "server.users[0]", []string{"no role", "actor, learner, admin, service"}},

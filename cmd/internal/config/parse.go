@@ -149,11 +149,13 @@ func limitsFields(p *parser, l *service.Limits) []field {
 	}
 }
 
-// Limits of max_payload: NATS refuses more than 64 MiB, and a message must
-// have room for a chunk and its headers.
+// Limits of max_payload: a message must have room for a chunk and its
+// headers, and JetStream's file store refuses a record over 32 MiB (the
+// message with its subject and 30 bytes of its own), whatever NATS would
+// carry: 64 KiB are left for the subject.
 const (
 	MinMaxPayload = 1 << 10
-	MaxMaxPayload = 64 << 20
+	MaxMaxPayload = 32<<20 - 64<<10
 )
 
 // MaxReplyConns bounds service.reply_conns: past the cores of a large

@@ -26,6 +26,7 @@ import (
 
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/service"
+	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/cmd/internal/cli"
 	"github.com/reprise-rl/reprise/cmd/internal/config"
 	"github.com/reprise-rl/reprise/internal/natstest"
@@ -747,5 +748,31 @@ func TestSecondServiceOfAPrefix(t *testing.T) {
 	err := Run(ctx, []string{"--nats", r.url, "--checkpoint-dir", t.TempDir()}, &stdout, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "--standby") {
 		t.Fatalf("a second reprised of prefix %s: Run = %v, want an error pointing to --standby\nstdout:\n%s", r.prefix, err, stdout.String())
+	}
+}
+
+// TestLargestMaxPayloadCarriesItsMessages: JetStream's file store refuses a
+// message over 32 MiB whatever max_payload says, and the producer, told
+// 503, retried it until it gave up: an item of a size reprised's largest
+// max_payload let through never got in. Every max_payload reprised accepts
+// must carry an item nearly that large.
+func TestLargestMaxPayloadCarriesItsMessages(t *testing.T) {
+	r := start(t, "--listen", "127.0.0.1:-1", "--store", t.TempDir(), "--max-payload", strconv.Itoa(config.MaxMaxPayload))
+	ctx, cancel := context.WithTimeout(testCtx(t), 30*time.Second)
+	defer cancel()
+	p, err := broker.NewProducer(ctx, connect(t, r.url), broker.WithCompression(wire.Uncompressed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(context.Background())
+	obs := make([]byte, config.MaxMaxPayload-1<<20)
+	if err := p.Append(ctx, broker.Step{"obs": broker.Uint8s([]int64{int64(len(obs))}, obs)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "replay", 1, broker.LastStep("obs")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("an item of %d bytes with max_payload %d: %v", len(obs), config.MaxMaxPayload, err)
 	}
 }
