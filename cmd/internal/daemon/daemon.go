@@ -385,10 +385,8 @@ func (d *daemon) run(ctx context.Context) error {
 		}
 		return err
 	}
-	if !d.cfg.Service.Standby {
-		if err := d.checkAlone(ctx); err != nil {
-			return err
-		}
+	if err := d.checkAlone(ctx); err != nil {
+		return err
 	}
 	cpOpts, err := d.cfg.Checkpoint.Options(d.cfg.Server.Prefix)
 	if err != nil {
@@ -456,20 +454,21 @@ func (d *daemon) run(ctx context.Context) error {
 // answers well within it.
 const aloneTimeout = 2 * time.Second
 
-// checkAlone refuses to serve a prefix that another service serves: two
-// without standby would both apply the stream and both answer, each
-// sampling, checkpointing and trimming as if alone.
+// checkAlone refuses to serve a prefix that a service without standby
+// serves, and to serve one without standby beside any other: two such
+// would both apply the stream and both answer, each sampling,
+// checkpointing and trimming as if alone (a standby finds the lease free,
+// since only standby services take it). Only standby services name
+// themselves in their replies (service.HeaderService). The info request
+// is asked raw, on its documented subject, for that header.
 func (d *daemon) checkAlone(ctx context.Context) error {
-	c, err := broker.NewClient(d.nc, broker.WithPrefix(d.cfg.Server.Prefix), broker.WithLogger(d.log))
-	if err != nil {
-		return err
-	}
-	defer c.Close()
 	rctx, cancel := context.WithTimeout(ctx, aloneTimeout)
 	defer cancel()
-	// A refusal is an answer too.
-	var answered *broker.StatusError
-	if _, err := c.Info(rctx, ""); err != nil && !errors.As(err, &answered) {
+	reply, err := d.nc.RequestMsgWithContext(rctx, &nats.Msg{Subject: d.cfg.Server.Prefix + ".api.info"})
+	if err != nil {
+		return nil
+	}
+	if d.cfg.Service.Standby && reply.Header.Get(service.HeaderService) != "" {
 		return nil
 	}
 	return fmt.Errorf("a table service already serves prefix %q at %s: run every reprised of a prefix with --standby (service.standby), or give this one a --prefix of its own", d.cfg.Server.Prefix, d.url)

@@ -749,6 +749,12 @@ func TestSecondServiceOfAPrefix(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--standby") {
 		t.Fatalf("a second reprised of prefix %s: Run = %v, want an error pointing to --standby\nstdout:\n%s", r.prefix, err, stdout.String())
 	}
+	// A standby beside it found the lease free, took it and served too.
+	var stdout2 syncbuf.Buffer
+	err = Run(ctx, []string{"--nats", r.url, "--standby"}, &stdout2, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "--standby") {
+		t.Fatalf("a reprised with --standby beside one without: Run = %v, want an error pointing to --standby\nstdout:\n%s", err, stdout2.String())
+	}
 }
 
 // TestLargestMaxPayloadCarriesItsMessages: JetStream's file store refuses a
