@@ -496,6 +496,9 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 	if err != nil {
 		return nil, err
 	}
+	if err := checkNames(subj, o); err != nil {
+		return nil, err
+	}
 	o.tableOptions = append(slices.Clip(o.tableOptions), tables.WithMaxItemBytes(o.limits.MaxItemBytes))
 	if len(configs) == 0 {
 		return nil, fmt.Errorf("%w: no tables configured", tables.ErrInvalidConfig)
@@ -543,6 +546,31 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 	}
 	slices.Sort(s.names)
 	return s, nil
+}
+
+// checkNames refuses a prefix whose stream, or whose buckets where o uses
+// them, JetStream would refuse to create: their names take fewer
+// characters than subjects do, and a running service that cannot create
+// them names only the bucket in its error.
+func checkNames(subj protocol.Subjects, o serviceOptions) error {
+	if name := subj.Stream(); strings.ContainsAny(name, "/\\\f") {
+		return fmt.Errorf("%w: prefix %q names the stream %s, which JetStream refuses (no / or \\): choose another prefix", protocol.ErrInvalidPrefix, subj.Prefix, name)
+	}
+	var buckets []string
+	if o.objectStore {
+		buckets = append(buckets, subj.CheckpointBucket())
+	}
+	if o.standby {
+		buckets = append(buckets, subj.LeaseBucket())
+	}
+	for _, b := range buckets {
+		if strings.IndexFunc(b, func(r rune) bool {
+			return !(r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z')
+		}) >= 0 {
+			return fmt.Errorf("%w: prefix %q names the bucket %s, which JetStream takes only of letters A-Z, digits, '_' and '-': choose a prefix of those and '.', or keep checkpoints in files (reprised --checkpoint-dir) and run without standby", protocol.ErrInvalidPrefix, subj.Prefix, b)
+		}
+	}
+	return nil
 }
 
 // TableNames lists the service's tables, sorted.

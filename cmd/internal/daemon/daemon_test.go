@@ -782,3 +782,29 @@ func TestLargestMaxPayloadCarriesItsMessages(t *testing.T) {
 		t.Fatalf("an item of %d bytes with max_payload %d: %v", len(obs), config.MaxMaxPayload, err)
 	}
 }
+
+// TestPrefixThatNamesNoStream: a prefix is also the name of the stream and
+// of the checkpoint and lease buckets, which JetStream takes of fewer
+// characters than subjects: "a/b" names no stream, "équipe" no bucket.
+// Such a prefix is refused before the service starts, naming what it
+// cannot name and the way out; the JetStream calls of the running service
+// named only the stream or bucket.
+func TestPrefixThatNamesNoStream(t *testing.T) {
+	store := t.TempDir()
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--prefix", "a/b"}, `prefix "a/b" names the stream REPRISE_A/B`},
+		{[]string{"--prefix", "équipe"}, "REPRISE_ÉQUIPE_CHECKPOINTS"},
+		{[]string{"--prefix", "équipe", "--checkpoint-dir", t.TempDir(), "--standby"}, "REPRISE_ÉQUIPE_LEASE"},
+	}
+	for _, tt := range tests {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err := Run(ctx, append([]string{"--listen", "127.0.0.1:-1", "--store", store}, tt.args...), io.Discard, io.Discard)
+		cancel()
+		if !errors.Is(err, broker.ErrInvalidPrefix) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Run(%q) = %v, want ErrInvalidPrefix containing %q", tt.args, err, tt.want)
+		}
+	}
+}
