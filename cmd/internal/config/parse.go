@@ -38,7 +38,12 @@ func Parse(name string, data []byte) (Config, error) {
 			serverKeys = p.mapping(n, key, append(serverFields(p, &cfg.Server), field{"users", p.node(&usersNode)}))
 		}},
 		{"log", func(n *yaml.Node, key string) { p.mapping(n, key, logFields(p, &cfg.Log)) }},
-		{"stream", func(n *yaml.Node, key string) { p.mapping(n, key, streamFields(p, &cfg)) }},
+		{"stream", func(n *yaml.Node, key string) {
+			keys := p.mapping(n, key, streamFields(p, &cfg))
+			if s := cfg.Stream; keys["duplicates"] != nil && s.MaxAge != 0 && s.Duplicates > s.MaxAge {
+				p.failf(keys["duplicates"], "stream.duplicates", "%v is longer than stream.max_age %v, which JetStream refuses: a message is gone before its resend could be recognised", s.Duplicates, s.MaxAge)
+			}
+		}},
 		{"service", func(n *yaml.Node, key string) { p.mapping(n, key, serviceFields(p, &cfg.Service)) }},
 		{"checkpoint", func(n *yaml.Node, key string) { p.mapping(n, key, checkpointFields(p, &cfg.Checkpoint)) }},
 		{"limits", func(n *yaml.Node, key string) { p.mapping(n, key, limitsFields(p, &cfg.Limits)) }},
@@ -101,8 +106,8 @@ func streamFields(p *parser, c *Config) []field {
 	return []field{
 		{"replicas", intInto(p, &s.Replicas, 1, 5, " (1, 3 or 5 copies in a clustered JetStream)")},
 		{"max_bytes", intInto(p, &s.MaxBytes, 0, math.MaxInt64, " (0 for no limit)")},
-		{"max_age", p.duration(&s.MaxAge, false)},
-		{"duplicates", p.duration(&s.Duplicates, false)},
+		{"max_age", p.jetStreamDuration(&s.MaxAge)},
+		{"duplicates", p.jetStreamDuration(&s.Duplicates)},
 		{"memory", p.boolean(&s.Memory)},
 	}
 }
@@ -114,7 +119,7 @@ func serviceFields(p *parser, s *Service) []field {
 		{"pull_bytes", intInto(p, &s.PullBytes, 1, math.MaxInt32, "")},
 		{"producer_idle", p.duration(&s.ProducerIdle, false)},
 		{"standby", p.boolean(&s.Standby)},
-		{"lease_ttl", p.duration(&s.LeaseTTL, false)},
+		{"lease_ttl", p.jetStreamDuration(&s.LeaseTTL)},
 		{"shard", p.str(&s.Shard, CheckShard)},
 		{"sample_priority", p.duration(&s.SamplePriority, false)},
 		{"reply_conns", intInto(p, &s.ReplyConns, 0, MaxReplyConns, " (0: by the cores)")},

@@ -337,6 +337,23 @@ func (p *parser) duration(dst *time.Duration, positive bool) func(*yaml.Node, st
 	}
 }
 
+// jetStreamMinDuration is the least age JetStream takes for a stream's
+// max_age and duplicates window, and so for a KV bucket's TTL.
+const jetStreamMinDuration = 100 * time.Millisecond
+
+// jetStreamDuration decodes a duration JetStream takes: 0 (none, or the
+// default) or at least jetStreamMinDuration.
+func (p *parser) jetStreamDuration(dst *time.Duration) func(*yaml.Node, string) {
+	decode := p.duration(dst, false)
+	return func(n *yaml.Node, key string) {
+		before := len(p.errs)
+		decode(n, key)
+		if len(p.errs) == before && *dst != 0 && *dst < jetStreamMinDuration {
+			p.failf(n, key, "must be 0 or at least %v (JetStream refuses less), got %s", jetStreamMinDuration, n.Value)
+		}
+	}
+}
+
 // oneOf checks that a string is one of choices, suggesting the closest.
 func oneOf(what string, choices ...string) func(string) error {
 	return func(s string) error {
