@@ -259,7 +259,7 @@ func roleNames() []string {
 // userList reads the embedded server's users.
 func (p *parser) userList(n *yaml.Node, key string) []User {
 	if n.Kind != yaml.SequenceNode {
-		p.failf(n, key, "want a list of users, each {name: alice, role: actor, password: ...} or {nkey: U..., role: learner}, got %s", describe(n))
+		p.failf(n, key, "want a list of users, each {name: alice, role: actor, password: ...} or {nkey: U..., role: learner}, got %s", describeHidden(n))
 		return nil
 	}
 	if len(n.Content) == 0 {
@@ -271,6 +271,10 @@ func (p *parser) userList(n *yaml.Node, key string) []User {
 	for i, un := range n.Content {
 		un = resolve(un)
 		ukey := fmt.Sprintf("%s[%d]", key, i)
+		if un.Kind != yaml.MappingNode {
+			p.failf(un, ukey, "want a user, {name: alice, role: actor, password: ...} or {nkey: U..., role: learner}, got %s", describeHidden(un))
+			continue
+		}
 		var u User
 		before := len(p.errs)
 		keys := p.mapping(un, ukey, userFields(p, &u))

@@ -96,6 +96,15 @@ func describe(n *yaml.Node) string {
 	return "an unexpected node"
 }
 
+// describeHidden is describe without a scalar's value, for where one may
+// be a password (a user written as "alice:secret").
+func describeHidden(n *yaml.Node) string {
+	if n = resolve(n); n.Kind == yaml.ScalarNode && n.ShortTag() != "!!null" {
+		return "a single value (not shown: it may hold a password)"
+	}
+	return describe(n)
+}
+
 // mapping decodes the keys of a mapping with fields, reports unknown and
 // repeated keys, and returns the value nodes of the keys present.
 func (p *parser) mapping(n *yaml.Node, key string, fields []field) map[string]*yaml.Node {

@@ -425,7 +425,18 @@ func TestSecretsNotPrinted(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("server:\n  users:\n    - {nkey: "+string(seed)+", role: learner}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Users written as htpasswd lines, which the config quoted back.
+	scalarUser := filepath.Join(t.TempDir(), "scalar-user.yaml")
+	if err := os.WriteFile(scalarUser, []byte("server:\n  users:\n    - alice:"+secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	scalarUsers := filepath.Join(t.TempDir(), "scalar-users.yaml")
+	if err := os.WriteFile(scalarUsers, []byte("server:\n  users: alice:"+secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
+		{"--config", scalarUser},
+		{"--config", scalarUsers},
 		{"--embedded-user", "actr:alice:" + secret},
 		{"--embedded-user", "actor:bad name:" + secret},
 		{"--embedded-user", "actor:alice:x1", "--embedded-user", "actor:alice:" + secret},
