@@ -114,9 +114,25 @@ func claimCheckpointDir(dir, prefix string) error {
 		}
 		os.Remove(tmp.Name())
 		if err != nil && !errors.Is(err, fs.ErrExist) {
+			// A file system without hard links (some network and FUSE
+			// ones): created in place instead, where a service starting
+			// at the same instant may read it half written.
+			err = writeNew(owner, prefix)
+		}
+		if err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("checkpoint dir: %w", err)
 		}
 	}
+}
+
+// writeNew writes data to a file at path that must not exist yet.
+func writeNew(path, data string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(data)
+	return errors.Join(err, f.Close())
 }
 
 // Server says where NATS is and where the table service listens.
