@@ -90,30 +90,39 @@ func claimCheckpointDir(dir, prefix string) error {
 	owner := filepath.Join(dir, checkpointOwner)
 	for {
 		got, err := os.ReadFile(owner)
-		if err == nil {
+		if err == nil && len(got) > 0 {
 			if string(got) != prefix {
 				return fmt.Errorf("%w: checkpoint dir %s holds the checkpoints of prefix %q (its file %s says so), not of %q: give each prefix a directory of its own", ErrInvalid, dir, got, checkpointOwner, prefix)
 			}
 			return nil
 		}
-		if !errors.Is(err, fs.ErrNotExist) {
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("checkpoint dir: %w", err)
 		}
-		// Written aside and linked into place, so that a service starting
-		// beside this one reads the whole name or none.
+		// An empty file names no one: a crash left it so, between its
+		// creation and its data reaching the disk. It is replaced whole.
+		stale := err == nil
+		// Written aside, synced and linked into place, so that a service
+		// starting beside this one, or after a crash, reads the whole
+		// name or none.
 		tmp, err := os.CreateTemp(dir, ".tmp-prefix-*")
 		if err != nil {
 			return fmt.Errorf("checkpoint dir: %w", err)
 		}
 		_, err = tmp.WriteString(prefix)
+		if err == nil {
+			err = tmp.Sync()
+		}
 		if cerr := tmp.Close(); err == nil {
 			err = cerr
 		}
-		if err == nil {
+		if err == nil && stale {
+			err = os.Rename(tmp.Name(), owner)
+		} else if err == nil {
 			err = os.Link(tmp.Name(), owner)
 		}
 		os.Remove(tmp.Name())
-		if err != nil && !errors.Is(err, fs.ErrExist) {
+		if err != nil && !stale && !errors.Is(err, fs.ErrExist) {
 			// A file system without hard links (some network and FUSE
 			// ones): created in place instead, where a service starting
 			// at the same instant may read it half written.
@@ -122,6 +131,15 @@ func claimCheckpointDir(dir, prefix string) error {
 		if err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("checkpoint dir: %w", err)
 		}
+		syncDir(dir)
+	}
+}
+
+// syncDir makes the entries of dir durable, where the system can.
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
 	}
 }
 
@@ -132,6 +150,9 @@ func writeNew(path, data string) error {
 		return err
 	}
 	_, err = f.WriteString(data)
+	if err == nil {
+		err = f.Sync()
+	}
 	return errors.Join(err, f.Close())
 }
 
