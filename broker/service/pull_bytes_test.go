@@ -8,6 +8,7 @@ import (
 
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/wire"
+	"github.com/reprise-rl/reprise/embeddednats"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
 )
@@ -34,5 +35,63 @@ func TestMessageLargerThanPullBytes(t *testing.T) {
 	}
 	if err := p.Flush(ctx); err != nil {
 		t.Fatalf("flush of an item of 2 MiB with pull bytes of 1 MiB: %v", err)
+	}
+}
+
+// TestMessageStoredUnderALargerMaxPayload: the stream keeps messages that
+// a server with a larger max_payload took (an operator lowering
+// --max-payload across a restart, or another node of a cluster). Raising
+// pull bytes to the current connection's max payload does not cover them:
+// JetStream answers every pull of fewer bytes "Message Size Exceeds
+// MaxBytes", which nats.go swallows and pulls again, and the service never
+// applied the message nor anything after it, logging nothing.
+func TestMessageStoredUnderALargerMaxPayload(t *testing.T) {
+	store := t.TempDir()
+	ctx := testutil.Context(t)
+	startServer := func(maxPayload int32) *embeddednats.Server {
+		srv, err := embeddednats.Start(ctx, embeddednats.WithStoreDir(store), embeddednats.WithListen("127.0.0.1:-1"),
+			embeddednats.WithMaxPayload(maxPayload), embeddednats.WithLogger(testutil.QuietLogger()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv
+	}
+	cfgs := []tables.Config{testutil.UniformTable("t", 10)}
+	big := startServer(4 << 20)
+	d := deploy(t, cfgs, deployOptions{url: big.ClientURL(), service: []Option{WithPullBytes(1 << 20)}})
+	p := d.producer(broker.WithCompression(wire.Uncompressed))
+	obs := make([]float32, 512<<10) // 2 MiB
+	for i := range obs {
+		obs[i] = rand.Float32()
+	}
+	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := p.Append(fctx, broker.Step{"obs": broker.Float32s([]int64{int64(len(obs))}, obs)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(fctx, "t", 1, broker.LastStep("obs")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Flush(fctx); err != nil {
+		t.Fatal(err)
+	}
+	applied := d.svc.Applied()
+	if err := p.Close(fctx); err != nil {
+		t.Fatal(err)
+	}
+	d.stop()
+	if err := big.Shutdown(fctx); err != nil {
+		t.Fatal(err)
+	}
+
+	small := startServer(1 << 20)
+	defer small.Shutdown(context.Background())
+	d2 := deploy(t, cfgs, deployOptions{url: small.ClientURL(), service: []Option{WithPullBytes(1 << 20)}})
+	deadline := time.Now().Add(20 * time.Second)
+	for d2.svc.Applied() < applied {
+		if time.Now().After(deadline) {
+			t.Fatalf("a service restarted on a server of a 1 MiB max payload applied the stream up to %d of %d in 20s: the 2 MiB message stored before stalls it", d2.svc.Applied(), applied)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

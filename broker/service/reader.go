@@ -36,6 +36,9 @@ const (
 	readerDeleteTimeout = 5 * time.Second
 	readerBackoffMin    = 100 * time.Millisecond
 	readerBackoffMax    = 2 * time.Second
+	// readerQuiet is how long the reader waits for a message before it
+	// asks whether the next one is larger than its pulls (see fitNext).
+	readerQuiet = 5 * time.Second
 )
 
 // streamReader reads a stream's messages in order, each once, from a
@@ -153,10 +156,19 @@ func (r *streamReader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgM
 				return nil, nil, err
 			}
 		}
-		m, err := r.msgs.Next(jetstream.NextContext(ctx))
+		qctx, cancel := context.WithTimeout(ctx, readerQuiet)
+		m, err := r.msgs.Next(jetstream.NextContext(qctx))
+		quiet := qctx.Err() != nil
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
+			}
+			if quiet && errors.Is(err, context.DeadlineExceeded) {
+				if r.fitNext(ctx) {
+					r.drop()
+				}
+				continue
 			}
 			if closed(err) {
 				return nil, nil, err
@@ -190,6 +202,35 @@ func (r *streamReader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgM
 		r.next = meta.Sequence.Stream + 1
 		return m, meta, nil
 	}
+}
+
+// fitNext raises the pull bytes to what the next message to read takes,
+// where that is more, and says whether it did. The service raises them to
+// its connection's max payload at start, but the stream keeps what a
+// server of a larger one took (max_payload lowered across a restart,
+// another node of a cluster): JetStream answers a pull of fewer bytes
+// than its next message "Message Size Exceeds MaxBytes", which nats.go
+// takes in silence and pulls again, and the reader waited for ever.
+func (r *streamReader) fitNext(ctx context.Context) bool {
+	gctx, cancel := context.WithTimeout(ctx, readerAttemptTimeout)
+	defer cancel()
+	m, err := r.stream.GetMsg(gctx, r.next, jetstream.WithGetMsgSubject(r.filter))
+	if err != nil {
+		return false // none yet, or the stream cannot say now
+	}
+	// As the server counts it: subject, reply subject, headers and data.
+	size := len(m.Subject) + len(m.Data) + pullOverhead + 2*len(r.stream.CachedInfo().Config.Name) + len("NATS/1.0\r\n\r\n")
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			size += len(k) + len(v) + len(": \r\n")
+		}
+	}
+	if size <= r.pullBytes {
+		return false
+	}
+	r.log.Warn("reprise service: the next stream message is larger than a pull takes (stored under a larger max_payload?): raising pull bytes", "sequence", m.Sequence, "bytes", size, "pull_bytes", r.pullBytes)
+	r.pullBytes = size
+	return true
 }
 
 // closed says whether err comes from the service's connection being
