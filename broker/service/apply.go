@@ -685,6 +685,11 @@ func (s *Service) resetTable(name string, t *tables.Table) {
 // reject counts, logs (rate-limited) and, when the producer gave a notice
 // subject, tells it what was refused.
 func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code protocol.Code, msg string) {
+	s.rejectAt(noticeAt{seq: s.applying}, to, seq, itemKey, table, code, msg)
+}
+
+// rejectAt is reject for a notice that progress covers as at says.
+func (s *Service) rejectAt(at noticeAt, to noticeTo, seq, itemKey uint64, table string, code protocol.Code, msg string) {
 	s.stats.rejected.Add(1)
 	if s.o.observer != nil {
 		s.o.observer.Rejected(table, code)
@@ -710,7 +715,7 @@ func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code pr
 		// only paused): the notice goes out before this service's next
 		// progress, if it acts again, unless another service's progress
 		// covered the message by then (it sent the notice).
-		s.withheld.add(s.applying, to.subject, data)
+		s.withheld.add(at, to.subject, data)
 		return
 	}
 	// Best effort: the count and the log line are the record.
@@ -722,15 +727,25 @@ func (s *Service) reject(to noticeTo, seq, itemKey uint64, table string, code pr
 // waits, and only the last few can concern a message still waited for.
 const maxWithheldNotices = 1024
 
+// noticeAt is what progress must cover for a notice to have been sent by
+// the service that published it: the stream sequence seq, or, for an item
+// refused as it left its table's queue (long after its message was
+// applied, and after progress that held the table below it), the item's
+// message seq in table's progress.
+type noticeAt struct {
+	seq   uint64
+	table string
+}
+
 // withheldNotices are the notices made while the service could not act, in
-// the order made, each with the stream sequence being applied (at).
+// the order made, each with what progress covers it (at).
 type withheldNotices struct {
 	mu   sync.Mutex
-	at   []uint64
+	at   []noticeAt
 	msgs []*nats.Msg
 }
 
-func (w *withheldNotices) add(at uint64, subject string, data []byte) {
+func (w *withheldNotices) add(at noticeAt, subject string, data []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.msgs) >= maxWithheldNotices {
@@ -741,16 +756,15 @@ func (w *withheldNotices) add(at uint64, subject string, data []byte) {
 	w.msgs = append(w.msgs, &nats.Msg{Subject: subject, Data: data})
 }
 
-// send publishes on nc the withheld notices of messages after covered (the
-// service that published progress up to it sent the others), and forgets
-// them all.
-func (w *withheldNotices) send(nc *nats.Conn, covered uint64) {
+// send publishes on nc the withheld notices that progress has not covered
+// (the service that published it sent the others), and forgets them all.
+func (w *withheldNotices) send(nc *nats.Conn, covered func(noticeAt) bool) {
 	w.mu.Lock()
 	at, msgs := w.at, w.msgs
 	w.at, w.msgs = nil, nil
 	w.mu.Unlock()
 	for i, m := range msgs {
-		if at[i] > covered {
+		if !covered(at[i]) {
 			_ = nc.PublishMsg(m) // best effort, as every notice
 		}
 	}

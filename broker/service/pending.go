@@ -141,7 +141,7 @@ func (s *Service) popFront(table string, q *pendingQueue, err error) {
 	p := q.pop()
 	if !p.dropped {
 		if err != nil {
-			s.reject(p.to, p.sequence, p.item.Key, table, codeOf(err), tooLarge(err))
+			s.rejectAt(noticeAt{seq: p.streamSeq, table: table}, p.to, p.sequence, p.item.Key, table, codeOf(err), tooLarge(err))
 		} else if s.o.observer != nil {
 			s.o.observer.ItemInserted(table, time.Since(p.storedAt))
 		}

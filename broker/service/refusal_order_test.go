@@ -3,10 +3,12 @@ package service
 import (
 	"encoding/binary"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/reprise-rl/reprise/broker/wire"
@@ -171,9 +173,9 @@ func TestWithheldNoticesCoveredAreNotSentAgain(t *testing.T) {
 	var w withheldNotices
 	const n = maxWithheldNotices + 10
 	for at := uint64(1); at <= n; at++ {
-		w.add(at, "notices", binary.AppendUvarint(nil, at))
+		w.add(noticeAt{seq: at}, "notices", binary.AppendUvarint(nil, at))
 	}
-	w.send(nc, n-5)
+	w.send(nc, func(at noticeAt) bool { return at.seq <= n-5 })
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -197,5 +199,98 @@ func TestWithheldNoticesCoveredAreNotSentAgain(t *testing.T) {
 	defer w.mu.Unlock()
 	if len(w.msgs) != 0 || len(w.at) != 0 {
 		t.Fatalf("%d notices still withheld after they were sent", len(w.msgs))
+	}
+}
+
+// TestHeldItemRefusedWhileLapsedComesBeforeProgress: an item that waited
+// in its table's queue is refused when it leaves the queue, long after
+// its message was applied. Refused while the service may not act, the
+// notice was withheld under the sequence being applied then, which the
+// service's own earlier progress already covered (progress that still
+// held the table below the item): it was never sent, and the progress
+// that released the table told the producer its item went in.
+func TestHeldItemRefusedWhileLapsedComesBeforeProgress(t *testing.T) {
+	lim := DefaultLimits()
+	lim.MaxItemBytes = 4 << 10
+	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1)}, deployOptions{service: []Option{WithStandby(time.Minute), WithLimits(lim)}})
+	a := d.svc
+	nc := d.connect()
+	type event struct {
+		refusal uint64 // the refused producer sequence, or 0
+		covers  bool   // progress that no longer holds table t
+	}
+	events := make(chan event, 1024)
+	notice := nc.NewInbox()
+	msgs := make(chan *nats.Msg, 1024)
+	for _, subject := range []string{notice, a.subj.Applied()} {
+		sub, err := nc.ChanSubscribe(subject, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	go func() {
+		for m := range msgs {
+			if m.Subject == notice {
+				var r wire.Rejection
+				if proto.Unmarshal(m.Data, &r) == nil {
+					events <- event{refusal: r.Sequence}
+				}
+				continue
+			}
+			var p wire.Progress
+			if proto.Unmarshal(m.Data, &p) == nil && p.AppliedSequence >= atomic.LoadUint64(&last) && atomic.LoadUint64(&last) > 0 && len(p.Held) == 0 {
+				events <- event{covers: true}
+			}
+		}
+	}()
+
+	large := make([]int64, 1024) // 8 KiB, over max_item_bytes
+	big, err := wire.EncodeChunk(3, []*wire.Tensor{wire.Int64s([]int64{int64(len(large))}, large)}, wire.ChunkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ack *jetstream.PubAck
+	for i, ch := range []*wire.Chunk{int64Chunk(t, 1, 1), int64Chunk(t, 2, 2), big} {
+		key := uint64(i + 1)
+		item := oneStepItem(key, "t", ch.Key)
+		if ch == big {
+			item.Columns[0].Squeeze = false
+		}
+		ack = publishBatch(t, d, &wire.InsertBatch{ProducerId: "p", Sequence: key, WindowStart: 1, Window: 8, NoticeSubject: notice,
+			Chunks: []*wire.Chunk{ch}, ReleaseChunkKeys: []uint64{ch.Key}, Items: []*wire.Item{item}}, "")
+	}
+	// The first in the table, the others waiting; progress published that
+	// holds the table below the second.
+	testutil.WaitUntil(t, "two items wait", func() bool { return a.Applied() >= ack.Sequence && a.pendingLen("t") == 2 })
+	testutil.WaitUntil(t, "progress covers the last message", func() bool { return a.covered.Load() >= ack.Sequence })
+
+	a.lease.until.Store(1) // lapsed, by its own clock
+	atomic.StoreUint64(&last, ack.Sequence)
+	// A sample taken as the lease lapsed (its reply is withheld) makes room:
+	// the second item goes in, the third is refused as too large.
+	if _, err := a.tables["t"].Sample(testutil.Context(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "the queue drains", func() bool { return a.pendingLen("t") == 0 })
+	a.lease.until.Store(int64(time.Since(a.lease.base) + time.Hour))
+
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case e := <-events:
+			if e.refusal == 3 {
+				return
+			}
+			if e.covers {
+				t.Fatal("progress released the table past the refused item 3, and no rejection came before it")
+			}
+		case <-deadline:
+			t.Fatal("neither a refusal nor progress came")
+		}
 	}
 }

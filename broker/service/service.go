@@ -458,6 +458,11 @@ type Service struct {
 	// passed them.
 	withheld withheldNotices
 	covered  atomic.Uint64
+	// coveredTables is, for each table, the highest stream sequence up to
+	// which a service's progress had that table's items applied (below
+	// covered while the table holds items back).
+	coveredMu     sync.Mutex
+	coveredTables map[string]uint64
 	// replies bounds the bytes of the sample replies built at once.
 	replyBudget *replyBudget
 
@@ -1200,7 +1205,7 @@ func (s *Service) publishProgress(ctx context.Context) {
 			// pause, SIGSTOP) between the two publishes stale progress
 			// when it goes on.
 			if s.mayAct() {
-				s.withheld.send(s.nc, s.covered.Load())
+				s.withheld.send(s.nc, s.coversNotice)
 				if s.mayAct() {
 					if err := s.nc.Publish(s.subj.Applied(), data); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 						s.log.Warn("reprise service: publishing progress", "error", err)
@@ -1235,9 +1240,34 @@ func (s *Service) noteCovered(m *nats.Msg) {
 	for {
 		cur := s.covered.Load()
 		if p.AppliedSequence <= cur || s.covered.CompareAndSwap(cur, p.AppliedSequence) {
-			return
+			break
 		}
 	}
+	s.coveredMu.Lock()
+	defer s.coveredMu.Unlock()
+	if s.coveredTables == nil {
+		s.coveredTables = make(map[string]uint64, len(s.names))
+	}
+	for _, name := range s.names {
+		seq := p.AppliedSequence
+		for _, h := range p.Held {
+			if h.Table == name {
+				seq = h.AppliedSequence
+			}
+		}
+		s.coveredTables[name] = max(s.coveredTables[name], seq)
+	}
+}
+
+// coversNotice says whether a service's progress covered a withheld
+// notice, which that service then sent.
+func (s *Service) coversNotice(at noticeAt) bool {
+	if at.table == "" {
+		return at.seq <= s.covered.Load()
+	}
+	s.coveredMu.Lock()
+	defer s.coveredMu.Unlock()
+	return at.seq <= s.coveredTables[at.table]
 }
 
 func positive(name string, v int) error {
