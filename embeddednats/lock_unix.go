@@ -24,6 +24,12 @@ func lockStore(dir string) (*os.File, error) {
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
+		if errors.Is(err, syscall.ENOTSUP) || errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOLCK) || errors.Is(err, syscall.EINVAL) {
+			// A file system that keeps no locks (some network ones): as
+			// with nats-server itself, keeping two servers off one store
+			// is the operator's job there.
+			return nil, nil
+		}
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%w: JetStream store dir %s is in use by another NATS server (another reprised?): give each its own store dir", ErrStartFailed, dir)
 		}

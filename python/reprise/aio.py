@@ -717,18 +717,16 @@ class Client:
                 for table, p in priorities.items():
                     await w.create_item(table, p, traj)
                 await w.end_episode(timeout=timeout)
-            except BaseException:
+            finally:
                 if old is not None:
+                    # Every insert it carried waited until applied, and
+                    # raised what it lost: what closing it can still fail
+                    # is its own end, which no caller should take for this
+                    # insert's failure (and insert again).
                     try:
                         await old.close(timeout)
                     except errors.RepriseError as e:
-                        # This insert's own error is the one to raise.
                         log.warning("reprise: closing the writer of earlier inserts: %s", e)
-                raise
-            if old is not None:
-                # Its errors are those of earlier inserts, reported by the
-                # next call as a writer's are.
-                await old.close(timeout)
 
 
 def decode_samples(data: bytes) -> list[ReplaySample]:
