@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -26,5 +27,37 @@ func TestCheckpointDirOwnerLeftEmpty(t *testing.T) {
 	}
 	if err := claimCheckpointDir(dir, "p1"); err == nil {
 		t.Fatal("another prefix claimed the dir once p0 owned it")
+	}
+}
+
+// TestCheckpointDirOwnerLeftEmptyClaimedOnce: two services of different
+// prefixes started together on a dir whose owner file a crash left empty
+// must not both claim it; one of them is refused.
+func TestCheckpointDirOwnerLeftEmptyClaimedOnce(t *testing.T) {
+	for trial := range 100 {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, checkpointOwner), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		const n = 4
+		start := make(chan struct{})
+		errs := make(chan error, n)
+		for i := range n {
+			go func() {
+				<-start
+				errs <- claimCheckpointDir(dir, fmt.Sprintf("p%d", i))
+			}()
+		}
+		close(start)
+		claimed := 0
+		for range n {
+			if <-errs == nil {
+				claimed++
+			}
+		}
+		if claimed != 1 {
+			got, _ := os.ReadFile(filepath.Join(dir, checkpointOwner))
+			t.Fatalf("trial %d: %d of %d prefixes claimed the dir (owner file now %q); want 1", trial, claimed, n, got)
+		}
 	}
 }

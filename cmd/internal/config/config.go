@@ -88,6 +88,7 @@ func claimCheckpointDir(dir, prefix string) error {
 		return fmt.Errorf("checkpoint dir: %w", err)
 	}
 	owner := filepath.Join(dir, checkpointOwner)
+	defer lockDir(dir)()
 	for {
 		got, err := os.ReadFile(owner)
 		if err == nil && len(got) > 0 {
