@@ -730,8 +730,9 @@ const maxWithheldNotices = 1024
 // noticeAt is what progress must cover for a notice to have been sent by
 // the service that published it: the stream sequence seq, or, for an item
 // refused as it left its table's queue (long after its message was
-// applied, and after progress that held the table below it), the item's
-// message seq in table's progress.
+// applied, and after progress that held the table below it), seq in
+// table's progress, seq being the later of the item's message and the
+// message applied when it joined the queue.
 type noticeAt struct {
 	seq   uint64
 	table string

@@ -784,6 +784,8 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 				streamSeq: pi.StreamSequence, storedAt: time.Unix(0, pi.StoredAtUnixNano),
 				to: noticeTo{producer: pi.ProducerId, subject: pi.NoticeSubject}, sequence: pi.Sequence,
 			},
+			// When it joined is not kept: by the checkpoint at the latest.
+			queuedAt: cp.AppliedSequence,
 		}
 		var err error
 		if p.chunks, p.bytes, err = store.RetainItem(p.item.Trajectory); err != nil {

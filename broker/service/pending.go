@@ -32,6 +32,12 @@ type pendingItem struct {
 	bytes   int64    // of those chunks
 	dropped bool     // deleted or reset while it waited
 	arrival
+	// queuedAt is the stream sequence being applied when it joined the
+	// queue: past its own message's where a producer's reorder buffer
+	// held that message, after progress passed it with the table not
+	// held. Progress covers its refusal only once the table is applied
+	// past both.
+	queuedAt uint64
 }
 
 // arrival is where an item came from: its message in the stream and its
@@ -141,7 +147,7 @@ func (s *Service) popFront(table string, q *pendingQueue, err error) {
 	p := q.pop()
 	if !p.dropped {
 		if err != nil {
-			s.rejectAt(noticeAt{seq: p.streamSeq, table: table}, p.to, p.sequence, p.item.Key, table, codeOf(err), tooLarge(err))
+			s.rejectAt(noticeAt{seq: max(p.streamSeq, p.queuedAt), table: table}, p.to, p.sequence, p.item.Key, table, codeOf(err), tooLarge(err))
 		} else if s.o.observer != nil {
 			s.o.observer.ItemInserted(table, time.Since(p.storedAt))
 		}
@@ -364,7 +370,7 @@ func (s *Service) insertNow(ctx context.Context, t *tables.Table, item tables.It
 		}
 		held = true
 		if p == nil {
-			p = &pendingItem{item: item, arrival: from}
+			p = &pendingItem{item: item, arrival: from, queuedAt: s.applying}
 			var err error
 			// It holds its chunks for as long as it waits.
 			if p.chunks, p.bytes, err = s.store.RetainItem(item.Trajectory); err != nil {

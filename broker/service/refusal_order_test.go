@@ -294,3 +294,93 @@ func TestHeldItemRefusedWhileLapsedComesBeforeProgress(t *testing.T) {
 		}
 	}
 }
+
+// TestReorderedItemRefusedWhileLapsedComesBeforeProgress: an item whose
+// message a producer's reorder buffer held (an earlier message of the
+// producer missing) joins its table's queue long after progress passed
+// its message with the table not held. Refused as it leaves the queue
+// while the service may not act, its notice was withheld under its
+// message's sequence, which that earlier progress covered: never sent.
+func TestReorderedItemRefusedWhileLapsedComesBeforeProgress(t *testing.T) {
+	lim := DefaultLimits()
+	lim.MaxItemBytes = 4 << 10
+	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1)}, deployOptions{service: []Option{WithStandby(time.Minute), WithLimits(lim)}})
+	a := d.svc
+	nc := d.connect()
+	type event struct {
+		refusal uint64
+		covers  bool
+	}
+	events := make(chan event, 1024)
+	notice := nc.NewInbox()
+	msgs := make(chan *nats.Msg, 1024)
+	for _, subject := range []string{notice, a.subj.Applied()} {
+		sub, err := nc.ChanSubscribe(subject, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	go func() {
+		for m := range msgs {
+			if m.Subject == notice {
+				var r wire.Rejection
+				if proto.Unmarshal(m.Data, &r) == nil {
+					events <- event{refusal: r.Sequence}
+				}
+				continue
+			}
+			var p wire.Progress
+			if proto.Unmarshal(m.Data, &p) == nil && p.AppliedSequence >= atomic.LoadUint64(&last) && atomic.LoadUint64(&last) > 0 && len(p.Held) == 0 {
+				events <- event{covers: true}
+			}
+		}
+	}()
+
+	large := make([]int64, 1024) // 8 KiB, over max_item_bytes
+	big, err := wire.EncodeChunk(3, []*wire.Tensor{wire.Int64s([]int64{int64(len(large))}, large)}, wire.ChunkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(seq uint64, ch *wire.Chunk) *jetstream.PubAck {
+		item := oneStepItem(seq, "t", ch.Key)
+		if ch == big {
+			item.Columns[0].Squeeze = false
+		}
+		return publishBatch(t, d, &wire.InsertBatch{ProducerId: "p", Sequence: seq, WindowStart: 1, Window: 8, NoticeSubject: notice,
+			Chunks: []*wire.Chunk{ch}, ReleaseChunkKeys: []uint64{ch.Key}, Items: []*wire.Item{item}}, "")
+	}
+	send(1, int64Chunk(t, 1, 1)) // fills the table
+	ack3 := send(3, big)         // waits for 2 in the reorder buffer
+	testutil.WaitUntil(t, "progress passes message 3, the table not held", func() bool { return a.covered.Load() >= ack3.Sequence })
+	ack2 := send(2, int64Chunk(t, 2, 2)) // 2 and then 3 join the queue
+	testutil.WaitUntil(t, "two items wait", func() bool { return a.Applied() >= ack2.Sequence && a.pendingLen("t") == 2 })
+	testutil.WaitUntil(t, "progress covers the last message", func() bool { return a.covered.Load() >= ack2.Sequence })
+
+	a.lease.until.Store(1) // lapsed, by its own clock
+	atomic.StoreUint64(&last, ack2.Sequence)
+	if _, err := a.tables["t"].Sample(testutil.Context(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "the queue drains", func() bool { return a.pendingLen("t") == 0 })
+	a.lease.until.Store(int64(time.Since(a.lease.base) + time.Hour))
+
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case e := <-events:
+			if e.refusal == 3 {
+				return
+			}
+			if e.covers {
+				t.Fatal("progress released the table past the refused item 3, and no rejection came before it")
+			}
+		case <-deadline:
+			t.Fatal("neither a refusal nor progress came")
+		}
+	}
+}
