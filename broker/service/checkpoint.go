@@ -772,10 +772,11 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 	for name := range restored {
 		pending[name] = newPendingQueue()
 	}
+	var unconfigured []*wire.PendingItem
 	for _, pi := range cp.Pending {
 		q, ok := pending[pi.GetItem().GetTable()]
 		if !ok {
-			s.log.Warn("reprise service: an item waiting for a table no longer configured is dropped", "table", pi.GetItem().GetTable(), "item", pi.GetItem().GetKey())
+			unconfigured = append(unconfigured, pi)
 			continue
 		}
 		p := &pendingItem{
@@ -797,6 +798,13 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 		t.Close()
 	}
 	s.store, s.tables, s.producers, s.stalled, s.pending = store, restored, producers, stalled, pending
+	// Their producers count them applied once progress passes their
+	// messages, which no table holds back any more: they are told.
+	for _, pi := range unconfigured {
+		table := pi.GetItem().GetTable()
+		s.rejectAt(noticeAt{seq: cp.AppliedSequence}, noticeTo{producer: pi.ProducerId, subject: pi.NoticeSubject}, pi.Sequence, pi.GetItem().GetKey(), table, protocol.CodeNotFound,
+			fmt.Sprintf("item waiting at the checkpoint of stream sequence %d for table %q, which the config no longer defines: dropped (add the table back to the config to keep such items)", cp.AppliedSequence, table))
+	}
 	// Holds are released oldest first: the same order as before the crash.
 	slices.SortFunc(holds, func(a, b holdEntry) int { return cmp.Compare(a.order, b.order) })
 	s.holds = holdQueue{entries: holds, live: len(holds), bytes: heldChunkBytes}

@@ -370,3 +370,36 @@ func TestFullQueueAsksTheStreamOnce(t *testing.T) {
 		t.Fatalf("%d items through the full queue asked the stream %d times, want at most %d", n, got, most)
 	}
 }
+
+// TestQueuedItemOfAnUnconfiguredTableIsRejected: an item that waited for
+// its table's limiter at a checkpoint, restored by a service whose config
+// no longer has the table, is dropped, and its producer is told: its
+// progress no longer holds the table back, so the producer took it as
+// applied, and only a log line said otherwise.
+func TestQueuedItemOfAnUnconfiguredTableIsRejected(t *testing.T) {
+	cs, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []Option{WithCheckpoints(cs), WithoutFinalCheckpoint()}
+	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1), tables.QueueConfig("a", 10)}, deployOptions{service: opts})
+	ctx := testutil.Context(t)
+	inbox, notes := notices(t, d)
+	batch := &wire.InsertBatch{ProducerId: "unconfigured0unconfigured0uncon", Sequence: 1, WindowStart: 1, Window: 4, NoticeSubject: inbox}
+	for key := uint64(1); key <= 2; key++ {
+		ch := int64Chunk(t, key, int64(key))
+		batch.Chunks = append(batch.Chunks, ch)
+		batch.Items = append(batch.Items, oneStepItem(key, "t", key))
+	}
+	publishBatch(t, d, batch, "")
+	testutil.WaitUntil(t, "item 2 waits for t's limiter", func() bool { return d.svc.pendingLen("t") == 1 })
+	if _, err := d.svc.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.stop()
+	d.startService([]tables.Config{tables.QueueConfig("a", 10)}, opts...)
+	r := waitNotice(t, notes, wire.Code_CODE_NOT_FOUND, `for table "t", which the config no longer defines`)
+	if r.ItemKey != 2 || r.Sequence != 1 || r.Table != "t" {
+		t.Fatalf("rejection %v, want item 2 of message 1 for table t", r)
+	}
+}
