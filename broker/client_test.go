@@ -583,33 +583,7 @@ func TestStaleRefusalsDoNotFailLaterMutations(t *testing.T) {
 // flight then failed with ErrRejected though the service applied it. Only
 // a refusal that progress has not passed may still be waited for.
 func TestAbandonedRefusalsDoNotFailLaterMutations(t *testing.T) {
-	nc, err := nats.Connect(testutil.StartEmbedded(t, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	sub, err := nc.SubscribeSync("refusals")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &appliedWatch{notices: sub}
-	progress := func(seq uint64) {
-		data, _ := proto.Marshal(&wire.Progress{AppliedSequence: seq})
-		w.onProgress(&nats.Msg{Data: data})
-	}
-	refuse := func(from, n uint64) {
-		t.Helper()
-		for seq := from; seq < from+n; seq++ {
-			data, _ := proto.Marshal(&wire.Rejection{Sequence: seq, Table: "t", Code: wire.Code_CODE_NOT_FOUND, Message: "refused"})
-			if err := nc.Publish("refusals", data); err != nil {
-				t.Fatal(err)
-			}
-		}
-		testutil.WaitUntil(t, "the refusals arrive", func() bool {
-			queued, _, err := sub.Pending()
-			return err == nil && uint64(queued) == n
-		})
-	}
+	w, progress, refuse := refusalFeed(t)
 	refuse(1, maxKeptRefusals-24) // taken while their mutations wait; their callers then give up
 	progress(maxKeptRefusals - 24)
 	progress(maxKeptRefusals - 23)
@@ -626,6 +600,23 @@ func TestAbandonedRefusalsDoNotFailLaterMutations(t *testing.T) {
 // passed may still be waited for. Pushed out before its caller took it, it
 // counts as lost, or the caller would see its refused mutation as applied.
 func TestPassedRefusalPushedOutBeforeTakenIsLost(t *testing.T) {
+	w, progress, refuse := refusalFeed(t)
+	lost := w.lostRefusals()
+	refuse(1, 1)
+	progress(1) // the caller's wait returns; it has not taken its refusal yet
+	// Other callers' mutations, refused, before the next progress.
+	refuse(1_000, maxKeptRefusals)
+	progress(2)
+	if err := w.refusal("t", []uint64{1}, 1, 1, lost); !errors.Is(err, ErrRejected) {
+		t.Fatalf("a refused mutation whose refusal was pushed out: %v; want ErrRejected", err)
+	}
+}
+
+// refusalFeed is an appliedWatch fed by a real connection: progress hands
+// it a progress message, refuse sends it n refusals from sequence from and
+// waits until they are queued.
+func refusalFeed(t *testing.T) (w *appliedWatch, progress func(seq uint64), refuse func(from, n uint64)) {
+	t.Helper()
 	nc, err := nats.Connect(testutil.StartEmbedded(t, 0))
 	if err != nil {
 		t.Fatal(err)
@@ -635,12 +626,12 @@ func TestPassedRefusalPushedOutBeforeTakenIsLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &appliedWatch{notices: sub}
-	progress := func(seq uint64) {
+	w = &appliedWatch{notices: sub}
+	progress = func(seq uint64) {
 		data, _ := proto.Marshal(&wire.Progress{AppliedSequence: seq})
 		w.onProgress(&nats.Msg{Data: data})
 	}
-	refuse := func(from, n uint64) {
+	refuse = func(from, n uint64) {
 		t.Helper()
 		for seq := from; seq < from+n; seq++ {
 			data, _ := proto.Marshal(&wire.Rejection{Sequence: seq, Table: "t", Code: wire.Code_CODE_NOT_FOUND, Message: "refused"})
@@ -653,13 +644,5 @@ func TestPassedRefusalPushedOutBeforeTakenIsLost(t *testing.T) {
 			return err == nil && uint64(queued) == n
 		})
 	}
-	lost := w.lostRefusals()
-	refuse(1, 1)
-	progress(1) // the caller's wait returns; it has not taken its refusal yet
-	// Other callers' mutations, refused, before the next progress.
-	refuse(1_000, maxKeptRefusals)
-	progress(2)
-	if err := w.refusal("t", []uint64{1}, 1, 1, lost); !errors.Is(err, ErrRejected) {
-		t.Fatalf("a refused mutation whose refusal was pushed out: %v; want ErrRejected", err)
-	}
+	return w, progress, refuse
 }

@@ -501,31 +501,36 @@ func TestConfigOverridesCheckpoint(t *testing.T) {
 	}
 }
 
-// TestRestoreReplacesARefusedLimiter: a checkpoint whose table has a rate
-// limiter this release refuses (one that can stall the table, accepted by
-// earlier ones) restores the table and its counters, with the config
-// file's limiter in its place.
-func TestRestoreReplacesARefusedLimiter(t *testing.T) {
-	cfg := testutil.UniformTable("t", 10)
+// refusedLimiter is a rate limiter earlier releases accepted and this one
+// refuses (it can stall its table).
+var refusedLimiter = limiter.Config{SamplesPerInsert: 1, MinSize: 1, MinDiff: 0, MaxDiff: 0}
+
+// restoreRefusedLimiter restores a checkpoint of table t, whose config is
+// cfg but for refusedLimiter, with the limiter state saved (counted under
+// refusedLimiter), into a service configured with cfg; it returns the
+// restored table's limiter state.
+func restoreRefusedLimiter(t *testing.T, cfg tables.Config, saved limiter.State) limiter.State {
+	t.Helper()
+	if refusedLimiter.Validate() == nil {
+		t.Fatal("the old limiter is accepted: the test shows nothing")
+	}
 	nc, err := nats.Connect(testutil.StartEmbedded(t, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	svc, err := New(nc, []tables.Config{cfg}, WithLogger(testutil.QuietLogger()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	old := cfg
-	old.Limiter = limiter.Config{SamplesPerInsert: 1, MinSize: 1, MinDiff: 0, MaxDiff: 0}
-	if old.Limiter.Validate() == nil {
-		t.Fatal("the old limiter is accepted: the test shows nothing")
-	}
+	old.Limiter = refusedLimiter
 	cfgJSON, err := json.Marshal(old)
 	if err != nil {
 		t.Fatal(err)
 	}
-	limJSON, err := json.Marshal(limiter.State{Config: old.Limiter, Inserts: 2, Samples: 1, Deletes: 2})
+	saved.Config = refusedLimiter
+	limJSON, err := json.Marshal(saved)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -535,13 +540,46 @@ func TestRestoreReplacesARefusedLimiter(t *testing.T) {
 	if err := svc.restore(cp); err != nil {
 		t.Fatalf("restore: %v", err)
 	}
-	tb, ok := svc.Table("t")
+	tb, ok := svc.Table(cfg.Name)
 	if !ok {
-		t.Fatal("table t not restored")
+		t.Fatalf("table %s not restored", cfg.Name)
 	}
-	info := tb.Info()
-	if info.Limiter.Config != cfg.Limiter || info.Limiter.Inserts != 2 || info.Limiter.Samples != 1 || info.Limiter.Deletes != 2 {
-		t.Fatalf("restored limiter %+v; want the config's, with the checkpoint's 2 inserts, 1 sample and 2 deletes", info.Limiter)
+	return tb.Info().Limiter
+}
+
+// TestRestoreReplacesARefusedLimiter: a checkpoint whose table has a rate
+// limiter this release refuses (one that can stall the table, accepted by
+// earlier ones) restores the table and its counters, with the config
+// file's limiter in its place.
+func TestRestoreReplacesARefusedLimiter(t *testing.T) {
+	cfg := testutil.UniformTable("t", 10)
+	st := restoreRefusedLimiter(t, cfg, limiter.State{Inserts: 2, Samples: 1, Deletes: 2})
+	if st.Config != cfg.Limiter || st.Inserts != 2 || st.Samples != 1 || st.Deletes != 2 {
+		t.Fatalf("restored limiter %+v; want the config's, with the checkpoint's 2 inserts, 1 sample and 2 deletes", st)
+	}
+}
+
+// TestRestoreReplacingARefusedLimiterKeepsTheDifference: a checkpoint's
+// rate limiter this release refuses is replaced by the config file's, which
+// is a change of samples_per_insert like any other: the new ratio must
+// weigh the inserts to come, as Reconfigure makes it, not the checkpoint's
+// whole history. The counters were read with the new ratio: after 1e6
+// inserts at 1 sample each, a config of 2 held inserts off for ~1e6 samples.
+func TestRestoreReplacingARefusedLimiterKeepsTheDifference(t *testing.T) {
+	cfg := testutil.UniformTable("t", 10)
+	var err error
+	if cfg.Limiter, err = limiter.SampleToInsertRatio(2, 1, 20); err != nil {
+		t.Fatal(err)
+	}
+	const history = 1_000_000
+	saved := limiter.State{Config: refusedLimiter, Inserts: history, Samples: history, Deletes: history}
+	st := restoreRefusedLimiter(t, cfg, saved)
+	diff := func(s limiter.State) float64 {
+		return float64(s.Inserts)*s.Config.SamplesPerInsert - float64(s.Samples) + s.Offset
+	}
+	if st.Config != cfg.Limiter || st.Inserts != history || math.Abs(diff(st)-diff(saved)) > 0.5 {
+		t.Fatalf("restored limiter %+v: inserts*samples_per_insert - samples + offset = %v, want the config's limiter going on from the checkpoint's %v",
+			st, diff(st), diff(saved))
 	}
 }
 

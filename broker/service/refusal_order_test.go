@@ -16,6 +16,84 @@ import (
 	"github.com/reprise-rl/reprise/tables"
 )
 
+// orderWatch follows, in the order the server delivered them, the
+// rejections sent to a new inbox (notice) and the progress the services
+// publish, judging each progress with covers as it arrives.
+type orderWatch struct {
+	notice string
+	events chan orderEvent
+}
+
+type orderEvent struct {
+	refusal uint64 // the refused sequence, or 0
+	covers  bool   // progress that takes the refused message as applied
+}
+
+func watchOrder(t *testing.T, d *deployment, covers func(*wire.Progress) bool) *orderWatch {
+	t.Helper()
+	nc := d.connect()
+	w := &orderWatch{notice: nc.NewInbox(), events: make(chan orderEvent, 1024)}
+	// One channel for both, fed by one connection: their order is the order
+	// the server delivered them in.
+	msgs := make(chan *nats.Msg, 1024)
+	for _, subject := range []string{w.notice, d.svc.subj.Applied()} {
+		sub, err := nc.ChanSubscribe(subject, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sub.Unsubscribe() })
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for m := range msgs {
+			if m.Subject == w.notice {
+				var r wire.Rejection
+				if proto.Unmarshal(m.Data, &r) == nil {
+					w.events <- orderEvent{refusal: r.Sequence}
+				}
+				continue
+			}
+			var p wire.Progress
+			if proto.Unmarshal(m.Data, &p) == nil && covers(&p) {
+				w.events <- orderEvent{covers: true}
+			}
+		}
+	}()
+	return w
+}
+
+// noticeFirst waits for the rejection of sequence seq, failing when
+// progress that covers its message comes first.
+func (w *orderWatch) noticeFirst(t *testing.T, seq uint64, what string) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case e := <-w.events:
+			if e.refusal == seq {
+				return
+			}
+			if e.covers {
+				t.Fatalf("progress covers the refused %s, and no rejection came before it", what)
+			}
+		case <-deadline:
+			t.Fatal("neither a refusal nor progress came")
+		}
+	}
+}
+
+// coveredPast is a covers for watchOrder: progress at or past the stream
+// sequence last holds, once it is set (0 until then), and, with
+// whole, holds no table back.
+func coveredPast(last *atomic.Uint64, whole bool) func(*wire.Progress) bool {
+	return func(p *wire.Progress) bool {
+		at := last.Load()
+		return at > 0 && p.AppliedSequence >= at && p.AppliedSequence != math.MaxUint64 && (!whole || len(p.Held) == 0)
+	}
+}
+
 // TestRefusalWithheldWhileLapsedComesBeforeProgress: a service that
 // applies a mutation while it may not act (its lease lapsed in a pause, or
 // a standby about to take over) must still tell the mutation's client of
@@ -27,64 +105,19 @@ func TestRefusalWithheldWhileLapsedComesBeforeProgress(t *testing.T) {
 	cfgs := []tables.Config{testutil.UniformTable("t", 100)}
 	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(time.Minute)}})
 	a := d.svc
-	nc := d.connect()
-	type event struct {
-		refusal  uint64 // the refused sequence, or 0
-		progress uint64
-	}
-	events := make(chan event, 1024)
-	notice := nc.NewInbox()
-	// One channel for both, fed by one connection: their order is the order
-	// the server delivered them in.
-	msgs := make(chan *nats.Msg, 1024)
-	for _, subject := range []string{notice, a.subj.Applied()} {
-		sub, err := nc.ChanSubscribe(subject, msgs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sub.Unsubscribe()
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for m := range msgs {
-			if m.Subject == notice {
-				var r wire.Rejection
-				if proto.Unmarshal(m.Data, &r) == nil {
-					events <- event{refusal: r.Sequence}
-				}
-				continue
-			}
-			var p wire.Progress
-			if proto.Unmarshal(m.Data, &p) == nil {
-				events <- event{progress: p.AppliedSequence}
-			}
-		}
-	}()
+	var last atomic.Uint64
+	w := watchOrder(t, d, coveredPast(&last, false))
 
 	a.lease.until.Store(1) // lapsed, by its own clock
-	ack, err := a.js.Publish(testutil.Context(t), a.subj.Mutate(), mustMarshal(t, &wire.Mutation{Table: "gone", NoticeSubject: notice, PolicyVersion: 1}))
+	ack, err := a.js.Publish(testutil.Context(t), a.subj.Mutate(), mustMarshal(t, &wire.Mutation{Table: "gone", NoticeSubject: w.notice, PolicyVersion: 1}))
 	if err != nil {
 		t.Fatal(err)
 	}
+	last.Store(ack.Sequence)
 	testutil.WaitUntil(t, "the mutation is applied", func() bool { return a.Applied() >= ack.Sequence })
 	a.lease.until.Store(int64(time.Since(a.lease.base) + time.Hour))
 
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case e := <-events:
-			if e.refusal == ack.Sequence {
-				return
-			}
-			if e.progress >= ack.Sequence && e.progress != math.MaxUint64 {
-				t.Fatalf("progress %d covers the refused mutation %d, and no refusal came before it", e.progress, ack.Sequence)
-			}
-		case <-deadline:
-			t.Fatal("neither a refusal nor progress came")
-		}
-	}
+	w.noticeFirst(t, ack.Sequence, "mutation")
 }
 
 // TestInsertRefusalWithheldWhileLapsedComesBeforeProgress: as for a
@@ -95,65 +128,20 @@ func TestInsertRefusalWithheldWhileLapsedComesBeforeProgress(t *testing.T) {
 	cfgs := []tables.Config{testutil.UniformTable("t", 100)}
 	d := deploy(t, cfgs, deployOptions{service: []Option{WithStandby(time.Minute)}})
 	a := d.svc
-	nc := d.connect()
-	type event struct {
-		refusal  uint64 // the refused sequence, or 0
-		progress uint64
-	}
-	events := make(chan event, 1024)
-	notice := nc.NewInbox()
-	// One channel for both, fed by one connection: their order is the order
-	// the server delivered them in.
-	msgs := make(chan *nats.Msg, 1024)
-	for _, subject := range []string{notice, a.subj.Applied()} {
-		sub, err := nc.ChanSubscribe(subject, msgs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sub.Unsubscribe()
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for m := range msgs {
-			if m.Subject == notice {
-				var r wire.Rejection
-				if proto.Unmarshal(m.Data, &r) == nil {
-					events <- event{refusal: r.Sequence}
-				}
-				continue
-			}
-			var p wire.Progress
-			if proto.Unmarshal(m.Data, &p) == nil {
-				events <- event{progress: p.AppliedSequence}
-			}
-		}
-	}()
+	var last atomic.Uint64
+	w := watchOrder(t, d, coveredPast(&last, false))
 
 	a.lease.until.Store(1) // lapsed, by its own clock
 	ack, err := a.js.Publish(testutil.Context(t), a.subj.Insert(), mustMarshal(t, &wire.InsertBatch{ProducerId: "p", Sequence: 1, WindowStart: 1, Window: 4,
-		NoticeSubject: notice, Items: []*wire.Item{{Key: 2, Table: "gone", Priority: 1}}}))
+		NoticeSubject: w.notice, Items: []*wire.Item{{Key: 2, Table: "gone", Priority: 1}}}))
 	if err != nil {
 		t.Fatal(err)
 	}
+	last.Store(ack.Sequence)
 	testutil.WaitUntil(t, "the insert is applied", func() bool { return a.Applied() >= ack.Sequence })
 	a.lease.until.Store(int64(time.Since(a.lease.base) + time.Hour))
 
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case e := <-events:
-			if e.refusal == 1 { // the producer's sequence
-				return
-			}
-			if e.progress >= ack.Sequence && e.progress != math.MaxUint64 {
-				t.Fatalf("progress %d covers the refused insert %d, and no rejection came before it", e.progress, ack.Sequence)
-			}
-		case <-deadline:
-			t.Fatal("neither a refusal nor progress came")
-		}
-	}
+	w.noticeFirst(t, 1, "insert") // the producer's sequence
 }
 
 // TestWithheldNoticesCoveredAreNotSentAgain: a notice withheld for a
@@ -202,6 +190,59 @@ func TestWithheldNoticesCoveredAreNotSentAgain(t *testing.T) {
 	}
 }
 
+// lapsedQueue is a standby service's queue table t of one item, whose
+// items of producer "p" may take 4 KiB; big is a chunk of a step over
+// that.
+type lapsedQueue struct {
+	d    *deployment
+	w    *orderWatch
+	last atomic.Uint64 // the message progress must not pass unheld before the refusal
+	big  *wire.Chunk
+}
+
+func newLapsedQueue(t *testing.T) *lapsedQueue {
+	t.Helper()
+	lim := DefaultLimits()
+	lim.MaxItemBytes = 4 << 10
+	q := &lapsedQueue{d: deploy(t, []tables.Config{tables.QueueConfig("t", 1)}, deployOptions{service: []Option{WithStandby(time.Minute), WithLimits(lim)}})}
+	q.w = watchOrder(t, q.d, coveredPast(&q.last, true))
+	large := make([]int64, 1024) // 8 KiB
+	var err error
+	if q.big, err = wire.EncodeChunk(3, []*wire.Tensor{wire.Int64s([]int64{int64(len(large))}, large)}, wire.ChunkOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// send publishes p's message seq, of one item of table t on ch.
+func (q *lapsedQueue) send(t *testing.T, seq uint64, ch *wire.Chunk) *jetstream.PubAck {
+	t.Helper()
+	item := oneStepItem(seq, "t", ch.Key)
+	if ch == q.big {
+		item.Columns[0].Squeeze = false
+	}
+	return publishBatch(t, q.d, &wire.InsertBatch{ProducerId: "p", Sequence: seq, WindowStart: 1, Window: 8, NoticeSubject: q.w.notice,
+		Chunks: []*wire.Chunk{ch}, ReleaseChunkKeys: []uint64{ch.Key}, Items: []*wire.Item{item}}, "")
+}
+
+// drainLapsed waits until two items wait and progress covered the message
+// at last, then, with the lease lapsed, has a sample make room: the second
+// item goes in, the third is refused as too large. The sample's reply is
+// withheld; the lease then comes back.
+func (q *lapsedQueue) drainLapsed(t *testing.T, last uint64) {
+	t.Helper()
+	a := q.d.svc
+	testutil.WaitUntil(t, "two items wait", func() bool { return a.Applied() >= last && a.pendingLen("t") == 2 })
+	testutil.WaitUntil(t, "progress covers the last message", func() bool { return a.covered.Load() >= last })
+	a.lease.until.Store(1) // lapsed, by its own clock
+	q.last.Store(last)
+	if _, err := a.tables["t"].Sample(testutil.Context(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "the queue drains", func() bool { return a.pendingLen("t") == 0 })
+	a.lease.until.Store(int64(time.Since(a.lease.base) + time.Hour))
+}
+
 // TestHeldItemRefusedWhileLapsedComesBeforeProgress: an item that waited
 // in its table's queue is refused when it leaves the queue, long after
 // its message was applied. Refused while the service may not act, the
@@ -210,89 +251,12 @@ func TestWithheldNoticesCoveredAreNotSentAgain(t *testing.T) {
 // held the table below the item): it was never sent, and the progress
 // that released the table told the producer its item went in.
 func TestHeldItemRefusedWhileLapsedComesBeforeProgress(t *testing.T) {
-	lim := DefaultLimits()
-	lim.MaxItemBytes = 4 << 10
-	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1)}, deployOptions{service: []Option{WithStandby(time.Minute), WithLimits(lim)}})
-	a := d.svc
-	nc := d.connect()
-	type event struct {
-		refusal uint64 // the refused producer sequence, or 0
-		covers  bool   // progress that no longer holds table t
-	}
-	events := make(chan event, 1024)
-	notice := nc.NewInbox()
-	msgs := make(chan *nats.Msg, 1024)
-	for _, subject := range []string{notice, a.subj.Applied()} {
-		sub, err := nc.ChanSubscribe(subject, msgs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sub.Unsubscribe()
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	var last uint64
-	go func() {
-		for m := range msgs {
-			if m.Subject == notice {
-				var r wire.Rejection
-				if proto.Unmarshal(m.Data, &r) == nil {
-					events <- event{refusal: r.Sequence}
-				}
-				continue
-			}
-			var p wire.Progress
-			if proto.Unmarshal(m.Data, &p) == nil && p.AppliedSequence >= atomic.LoadUint64(&last) && atomic.LoadUint64(&last) > 0 && len(p.Held) == 0 {
-				events <- event{covers: true}
-			}
-		}
-	}()
-
-	large := make([]int64, 1024) // 8 KiB, over max_item_bytes
-	big, err := wire.EncodeChunk(3, []*wire.Tensor{wire.Int64s([]int64{int64(len(large))}, large)}, wire.ChunkOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ack *jetstream.PubAck
-	for i, ch := range []*wire.Chunk{int64Chunk(t, 1, 1), int64Chunk(t, 2, 2), big} {
-		key := uint64(i + 1)
-		item := oneStepItem(key, "t", ch.Key)
-		if ch == big {
-			item.Columns[0].Squeeze = false
-		}
-		ack = publishBatch(t, d, &wire.InsertBatch{ProducerId: "p", Sequence: key, WindowStart: 1, Window: 8, NoticeSubject: notice,
-			Chunks: []*wire.Chunk{ch}, ReleaseChunkKeys: []uint64{ch.Key}, Items: []*wire.Item{item}}, "")
-	}
-	// The first in the table, the others waiting; progress published that
-	// holds the table below the second.
-	testutil.WaitUntil(t, "two items wait", func() bool { return a.Applied() >= ack.Sequence && a.pendingLen("t") == 2 })
-	testutil.WaitUntil(t, "progress covers the last message", func() bool { return a.covered.Load() >= ack.Sequence })
-
-	a.lease.until.Store(1) // lapsed, by its own clock
-	atomic.StoreUint64(&last, ack.Sequence)
-	// A sample taken as the lease lapsed (its reply is withheld) makes room:
-	// the second item goes in, the third is refused as too large.
-	if _, err := a.tables["t"].Sample(testutil.Context(t), 1); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitUntil(t, "the queue drains", func() bool { return a.pendingLen("t") == 0 })
-	a.lease.until.Store(int64(time.Since(a.lease.base) + time.Hour))
-
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case e := <-events:
-			if e.refusal == 3 {
-				return
-			}
-			if e.covers {
-				t.Fatal("progress released the table past the refused item 3, and no rejection came before it")
-			}
-		case <-deadline:
-			t.Fatal("neither a refusal nor progress came")
-		}
-	}
+	q := newLapsedQueue(t)
+	q.send(t, 1, int64Chunk(t, 1, 1)) // fills the table
+	q.send(t, 2, int64Chunk(t, 2, 2))
+	ack := q.send(t, 3, q.big)
+	q.drainLapsed(t, ack.Sequence)
+	q.w.noticeFirst(t, 3, "item 3")
 }
 
 // TestReorderedItemRefusedWhileLapsedComesBeforeProgress: an item whose
@@ -302,85 +266,11 @@ func TestHeldItemRefusedWhileLapsedComesBeforeProgress(t *testing.T) {
 // while the service may not act, its notice was withheld under its
 // message's sequence, which that earlier progress covered: never sent.
 func TestReorderedItemRefusedWhileLapsedComesBeforeProgress(t *testing.T) {
-	lim := DefaultLimits()
-	lim.MaxItemBytes = 4 << 10
-	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1)}, deployOptions{service: []Option{WithStandby(time.Minute), WithLimits(lim)}})
-	a := d.svc
-	nc := d.connect()
-	type event struct {
-		refusal uint64
-		covers  bool
-	}
-	events := make(chan event, 1024)
-	notice := nc.NewInbox()
-	msgs := make(chan *nats.Msg, 1024)
-	for _, subject := range []string{notice, a.subj.Applied()} {
-		sub, err := nc.ChanSubscribe(subject, msgs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sub.Unsubscribe()
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	var last uint64
-	go func() {
-		for m := range msgs {
-			if m.Subject == notice {
-				var r wire.Rejection
-				if proto.Unmarshal(m.Data, &r) == nil {
-					events <- event{refusal: r.Sequence}
-				}
-				continue
-			}
-			var p wire.Progress
-			if proto.Unmarshal(m.Data, &p) == nil && p.AppliedSequence >= atomic.LoadUint64(&last) && atomic.LoadUint64(&last) > 0 && len(p.Held) == 0 {
-				events <- event{covers: true}
-			}
-		}
-	}()
-
-	large := make([]int64, 1024) // 8 KiB, over max_item_bytes
-	big, err := wire.EncodeChunk(3, []*wire.Tensor{wire.Int64s([]int64{int64(len(large))}, large)}, wire.ChunkOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	send := func(seq uint64, ch *wire.Chunk) *jetstream.PubAck {
-		item := oneStepItem(seq, "t", ch.Key)
-		if ch == big {
-			item.Columns[0].Squeeze = false
-		}
-		return publishBatch(t, d, &wire.InsertBatch{ProducerId: "p", Sequence: seq, WindowStart: 1, Window: 8, NoticeSubject: notice,
-			Chunks: []*wire.Chunk{ch}, ReleaseChunkKeys: []uint64{ch.Key}, Items: []*wire.Item{item}}, "")
-	}
-	send(1, int64Chunk(t, 1, 1)) // fills the table
-	ack3 := send(3, big)         // waits for 2 in the reorder buffer
-	testutil.WaitUntil(t, "progress passes message 3, the table not held", func() bool { return a.covered.Load() >= ack3.Sequence })
-	ack2 := send(2, int64Chunk(t, 2, 2)) // 2 and then 3 join the queue
-	testutil.WaitUntil(t, "two items wait", func() bool { return a.Applied() >= ack2.Sequence && a.pendingLen("t") == 2 })
-	testutil.WaitUntil(t, "progress covers the last message", func() bool { return a.covered.Load() >= ack2.Sequence })
-
-	a.lease.until.Store(1) // lapsed, by its own clock
-	atomic.StoreUint64(&last, ack2.Sequence)
-	if _, err := a.tables["t"].Sample(testutil.Context(t), 1); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitUntil(t, "the queue drains", func() bool { return a.pendingLen("t") == 0 })
-	a.lease.until.Store(int64(time.Since(a.lease.base) + time.Hour))
-
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case e := <-events:
-			if e.refusal == 3 {
-				return
-			}
-			if e.covers {
-				t.Fatal("progress released the table past the refused item 3, and no rejection came before it")
-			}
-		case <-deadline:
-			t.Fatal("neither a refusal nor progress came")
-		}
-	}
+	q := newLapsedQueue(t)
+	q.send(t, 1, int64Chunk(t, 1, 1)) // fills the table
+	ack3 := q.send(t, 3, q.big)       // waits for 2 in the reorder buffer
+	testutil.WaitUntil(t, "progress passes message 3, the table not held", func() bool { return q.d.svc.covered.Load() >= ack3.Sequence })
+	ack2 := q.send(t, 2, int64Chunk(t, 2, 2)) // 2 and then 3 join the queue
+	q.drainLapsed(t, ack2.Sequence)
+	q.w.noticeFirst(t, 3, "item 3")
 }

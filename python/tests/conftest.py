@@ -44,9 +44,10 @@ tables:
 """
 
 
-def in_thread(call: Callable[[], None]) -> tuple[threading.Thread, list[BaseException | None]]:
+def in_thread(call: Callable[[], None], daemon: bool = False) -> tuple[threading.Thread, list[BaseException | None]]:
     """Starts call on a thread of its own; the list gets what it raised,
-    or None once it returned."""
+    or None once it returned. A daemon thread does not keep the test process
+    from ending, for a call that may hang (the defect a test shows)."""
     outcome: list[BaseException | None] = []
 
     def run() -> None:
@@ -56,7 +57,7 @@ def in_thread(call: Callable[[], None]) -> tuple[threading.Thread, list[BaseExce
         except BaseException as e:  # noqa: BLE001 - handed to the test
             outcome.append(e)
 
-    th = threading.Thread(target=run)
+    th = threading.Thread(target=run, daemon=daemon)
     th.start()
     return th, outcome
 
@@ -161,12 +162,15 @@ class Reprised:
         if wait:
             self.wait_ready()
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 60.0, user: str | None = None, password: str | None = None) -> None:
+        """Waits until reprised answers info (asked as user, when its
+        embedded server has users)."""
+
         def ready() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 pytest.fail(f"reprised exited with {self.proc.returncode}:\n{self.log()}")
-            with reprise.Client(self.url, prefix=self.prefix, connect_timeout=1) as c:
+            with reprise.Client(self.url, prefix=self.prefix, user=user, password=password, connect_timeout=1) as c:
                 c.server_info(timeout=1)
             return True
 

@@ -738,15 +738,7 @@ def test_roles_on_embedded_server(binaries: Any, tmp_path: Any) -> None:
                  ["--embedded-user", "actor:bob:s3cret", "--embedded-user", "learner:alice:s3cret"])
     r.start(wait=False)
     try:
-        def ready() -> bool:
-            assert r.proc is not None
-            if r.proc.poll() is not None:
-                pytest.fail(f"reprised exited with {r.proc.returncode}:\n{r.log()}")
-            with reprise.Client(r.url, user="alice", password="s3cret", connect_timeout=1) as c:
-                c.server_info(timeout=1)
-            return True
-
-        wait_for("reprised with users to answer", ready, 60)
+        r.wait_ready(user="alice", password="s3cret")
         with reprise.Client(r.url, user="bob", password="s3cret") as actor:
             for x in range(5):
                 actor.insert({"x": np.int64(x)}, {"replay": 1.0})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,27 +10,10 @@ import numpy as np
 import pytest
 
 import reprise
-from conftest import DEFAULT_TABLES, Reprised, wait_for
+from conftest import DEFAULT_TABLES, Reprised, in_thread, wait_for
 from reprise import _conn
 from reprise._proto import reprise_pb2 as pb
 from reprise._writer import WriterOptions, _Transport
-
-
-def daemon_thread(call: Any) -> tuple[threading.Thread, list[BaseException | None]]:
-    """conftest.in_thread on a daemon thread: a call that hangs, the defect
-    shown, must not keep the test process from ending."""
-    outcome: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            call()
-            outcome.append(None)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            outcome.append(e)
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    return th, outcome
 
 
 @pytest.fixture
@@ -39,16 +21,7 @@ def roles_server(binaries: Any, tmp_path: Path) -> Any:
     r = Reprised(binaries["reprised"], tmp_path, DEFAULT_TABLES,
                  ["--embedded-user", "actor:bob:s3cret", "--embedded-user", "learner:alice:s3cret"])
     r.start(wait=False)
-
-    def ready() -> bool:
-        assert r.proc is not None
-        if r.proc.poll() is not None:
-            pytest.fail(f"reprised exited with {r.proc.returncode}:\n{r.log()}")
-        with reprise.Client(r.url, user="alice", password="s3cret", connect_timeout=1) as c:
-            c.server_info(timeout=1)
-        return True
-
-    wait_for("reprised with users to answer", ready, 60)
+    r.wait_ready(user="alice", password="s3cret")
     yield r
     r.kill9()
 
@@ -95,7 +68,7 @@ def test_close_ends_a_flush_waiting_on_another_thread(reprised_factory: Any) -> 
         for i in range(4):
             w.append({"id": np.int64(i)})
             w.create_item("held", 1.0, {"id": w.history["id"][-1]})
-        th, outcome = daemon_thread(w.flush)
+        th, outcome = in_thread(w.flush, daemon=True)
         wait_for("the items stored, two of them held", lambda: w._p.acked_items == 2 or outcome)
         w.close(timeout=10)
         th.join(15)
@@ -152,7 +125,7 @@ def test_a_hung_server_fails_the_flush_within_retry_for(reprised_factory: Any) -
             for _ in range(64):  # 32 MB: more than the socket buffers and nats-py's 2 MB pending buffer hold
                 w.append({"x": rng.integers(0, 255, 1 << 19, dtype=np.uint8)})
                 w.create_item("replay", 1.0, {"x": w.history["x"][-1]})
-            th, outcome = daemon_thread(lambda: w.flush(timeout=None))
+            th, outcome = in_thread(lambda: w.flush(timeout=None), daemon=True)
             th.join(30)
             assert not th.is_alive(), "flush still waiting 30 s after a retry_for of 2 s"
             assert isinstance(outcome[0], reprise.NotStoredError), outcome
