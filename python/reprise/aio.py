@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from nats.aio.msg import Msg
+from nats.errors import SlowConsumerError
 
 from . import _codec, _conn, _info, _sample, errors
 from ._conn import ConnectOptions, Requester, Subjects
@@ -193,7 +194,8 @@ class _AppliedWatch:
         # Refusals by the mutation's stream sequence; on_progress lets the
         # refusals that came before a progress in first.
         self._refused: dict[int, Any] = {}
-        #: Refusals dropped unread past _MAX_KEPT_REFUSALS.
+        #: Refusals dropped unread: past _MAX_KEPT_REFUSALS, or by nats-py
+        #: as a slow consumer (Client._on_error).
         self.lost = 0
 
     async def on_rejection(self, m: Msg) -> None:
@@ -382,6 +384,11 @@ class Client:
     async def _on_error(self, e: Exception) -> None:
         # Other errors surface through the calls they affect (or, while
         # connecting, through open_connection).
+        if isinstance(e, SlowConsumerError) and self._notice and e.subject == self._notice:
+            # A refusal dropped unread: a mutation waiting now may have
+            # been refused (as Go counts its subscription's drops).
+            self._applied.lost += 1
+            return
         err = _conn.permission_denied(e, self.options.user)
         if err is not None:
             log.warning("reprise: %s", err.message)

@@ -365,3 +365,26 @@ def test_a_passed_refusal_pushed_out_before_taken_is_lost() -> None:
         assert isinstance(w.refusal("t", [1], 1, 1, lost), reprise.RejectedError)
 
     asyncio.run(main())
+
+
+def test_refusals_dropped_by_the_connection_are_counted() -> None:
+    """A refusal nats-py dropped as a slow consumer makes a mutation
+    waiting meanwhile raise that it may have been refused, as Go counts its
+    notice subscription's drops; before, it returned None."""
+    from types import SimpleNamespace
+
+    from nats.errors import SlowConsumerError
+
+    from reprise._proto import reprise_pb2 as pb
+
+    async def main() -> None:
+        c = reprise.aio.Client()
+        c._notice = "_INBOX.notices"
+        lost = c._applied.lost
+        await c._on_error(SlowConsumerError(subject="_INBOX.other", reply="", sid=1, sub=None))  # type: ignore[arg-type]
+        assert c._applied.lost == lost, "another subscription's drop"
+        await c._on_error(SlowConsumerError(subject=c._notice, reply="", sid=2, sub=None))  # type: ignore[arg-type]
+        await c._applied.on_progress(SimpleNamespace(data=pb.Progress(applied_sequence=5).SerializeToString()))
+        assert isinstance(c._applied.refusal("t", [5], 1, 1, lost), reprise.RejectedError)
+
+    asyncio.run(main())
