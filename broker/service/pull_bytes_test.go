@@ -87,11 +87,7 @@ func TestMessageStoredUnderALargerMaxPayload(t *testing.T) {
 	small := startServer(1 << 20)
 	defer small.Shutdown(context.Background())
 	d2 := deploy(t, cfgs, deployOptions{url: small.ClientURL(), service: []Option{WithPullBytes(1 << 20)}})
-	deadline := time.Now().Add(20 * time.Second)
-	for d2.svc.Applied() < applied {
-		if time.Now().After(deadline) {
-			t.Fatalf("a service restarted on a server of a 1 MiB max payload applied the stream up to %d of %d in 20s: the 2 MiB message stored before stalls it", d2.svc.Applied(), applied)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitUntil(t, "a service restarted on a server of a 1 MiB max payload applies the 2 MiB message stored before", func() bool {
+		return d2.svc.Applied() >= applied
+	})
 }

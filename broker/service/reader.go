@@ -173,6 +173,10 @@ func (r *streamReader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgM
 			if closed(err) {
 				return nil, nil, err
 			}
+			// A message larger than the pulls shows as missed heartbeats
+			// too, on a loaded machine before the quiet time passes: the
+			// replaced consumer would pull too little again.
+			r.fitNext(ctx)
 			r.log.Warn("reprise service: reading the stream; replacing its consumer", "from_sequence", r.next, "error", err)
 			r.drop()
 			continue
