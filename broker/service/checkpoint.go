@@ -802,7 +802,11 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 	// messages, which no table holds back any more: they are told.
 	for _, pi := range unconfigured {
 		table := pi.GetItem().GetTable()
-		s.rejectAt(noticeAt{seq: cp.AppliedSequence}, noticeTo{producer: pi.ProducerId, subject: pi.NoticeSubject}, pi.Sequence, pi.GetItem().GetKey(), table, protocol.CodeNotFound,
+		// Keyed by the table: a service that still has it (an active one,
+		// while this is a standby) publishes progress past the checkpoint
+		// holding the table below the item, without telling anyone.
+		s.watchTable(table)
+		s.rejectAt(noticeAt{seq: cp.AppliedSequence, table: table}, noticeTo{producer: pi.ProducerId, subject: pi.NoticeSubject}, pi.Sequence, pi.GetItem().GetKey(), table, protocol.CodeNotFound,
 			fmt.Sprintf("item waiting at the checkpoint of stream sequence %d for table %q, which the config no longer defines: dropped (add the table back to the config to keep such items)", cp.AppliedSequence, table))
 	}
 	// Holds are released oldest first: the same order as before the crash.

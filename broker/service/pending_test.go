@@ -403,3 +403,41 @@ func TestQueuedItemOfAnUnconfiguredTableIsRejected(t *testing.T) {
 		t.Fatalf("rejection %v, want item 2 of message 1 for table t", r)
 	}
 }
+
+// TestQueuedItemOfAnUnconfiguredTableIsRejectedByAStandby: a standby whose
+// config no longer has table t restores a checkpoint in which an item
+// waits for t. Its refusal is withheld while the active service (which
+// still has t, and holds t below the item) publishes progress past the
+// checkpoint. That progress does not cover the refusal: the active
+// service never refused the item. At takeover the standby must send it
+// before its own progress, which holds no table back, tells the producer
+// the item went in.
+func TestQueuedItemOfAnUnconfiguredTableIsRejectedByAStandby(t *testing.T) {
+	cs, err := NewFileCheckpoints(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []Option{WithCheckpoints(cs), WithoutFinalCheckpoint(), WithStandby(time.Second)}
+	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1), tables.QueueConfig("a", 10)}, deployOptions{service: opts})
+	ctx := testutil.Context(t)
+	var last atomic.Uint64
+	w := watchOrder(t, d, coveredPast(&last, true))
+	batch := &wire.InsertBatch{ProducerId: "unconfigured1unconfigured1uncon", Sequence: 1, WindowStart: 1, Window: 4, NoticeSubject: w.notice}
+	for key := uint64(1); key <= 2; key++ {
+		ch := int64Chunk(t, key, int64(key))
+		batch.Chunks = append(batch.Chunks, ch)
+		batch.Items = append(batch.Items, oneStepItem(key, "t", key))
+	}
+	ack := publishBatch(t, d, batch, "")
+	testutil.WaitUntil(t, "item 2 waits for t's limiter", func() bool { return d.svc.pendingLen("t") == 1 })
+	if _, err := d.svc.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := d.startService([]tables.Config{tables.QueueConfig("a", 10)}, opts...)
+	testutil.WaitUntil(t, "the standby hears the active service's progress past the checkpoint", func() bool {
+		return b.covered.Load() >= ack.Sequence && b.Applied() >= ack.Sequence
+	})
+	last.Store(ack.Sequence)
+	d.stop() // the standby takes over
+	w.noticeFirst(t, 1, "item 2")
+}

@@ -1248,7 +1248,7 @@ func (s *Service) noteCovered(m *nats.Msg) {
 	if s.coveredTables == nil {
 		s.coveredTables = make(map[string]uint64, len(s.names))
 	}
-	for _, name := range s.names {
+	note := func(name string) {
 		seq := p.AppliedSequence
 		for _, h := range p.Held {
 			if h.Table == name {
@@ -1256,6 +1256,30 @@ func (s *Service) noteCovered(m *nats.Msg) {
 			}
 		}
 		s.coveredTables[name] = max(s.coveredTables[name], seq)
+	}
+	for _, name := range s.names {
+		note(name)
+	}
+	// Tables the config no longer defines whose items a checkpoint held
+	// (watchTable): another service may still have them, and hold them.
+	for name := range s.coveredTables {
+		if _, ok := s.configs[name]; !ok {
+			note(name)
+		}
+	}
+}
+
+// watchTable has noteCovered follow table, which the config does not
+// define, in the progress it hears from now on: a refusal of one of its
+// items is covered by progress that no longer holds it below the refusal.
+func (s *Service) watchTable(table string) {
+	s.coveredMu.Lock()
+	defer s.coveredMu.Unlock()
+	if s.coveredTables == nil {
+		s.coveredTables = make(map[string]uint64, len(s.names)+1)
+	}
+	if _, ok := s.coveredTables[table]; !ok {
+		s.coveredTables[table] = 0
 	}
 }
 
