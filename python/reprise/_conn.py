@@ -204,6 +204,24 @@ class Denials:
 
     def __init__(self) -> None:
         self._listeners: set[Callable[[errors.PermissionDeniedError], None]] = set()
+        # Notice inboxes of the connection's writers, by subject: what a
+        # message nats-py dropped on one (a slow consumer) is told.
+        self._drops: dict[str, Callable[[], None]] = {}
+
+    def watch_drops(self, subject: str, cb: Callable[[], None]) -> None:
+        self._drops[subject] = cb
+
+    def unwatch_drops(self, subject: str) -> None:
+        self._drops.pop(subject, None)
+
+    def dropped(self, subject: str) -> bool:
+        """Tells the watcher of subject that nats-py dropped a message on
+        it; False when no one watches subject."""
+        cb = self._drops.get(subject)
+        if cb is None:
+            return False
+        cb()
+        return True
 
     def add(self, cb: Callable[[errors.PermissionDeniedError], None]) -> None:
         self._listeners.add(cb)

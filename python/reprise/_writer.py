@@ -1530,6 +1530,7 @@ class _Transport:
         self._subs.append(await self.nc.subscribe(self.subj.applied, cb=self._on_applied))
         p.notice = self._notice
         self._denials.add(self._on_denied)
+        self._denials.watch_drops(self._notice, self._on_rejection_dropped)
         self._subs.append(await self.nc.subscribe(self._notice, cb=self._on_rejected))
         self._tasks.append(self.loop.create_task(self._publisher()))
         self._tasks.append(self.loop.create_task(self._ack_loop()))
@@ -1572,6 +1573,18 @@ class _Transport:
             return
         assert self.p is not None
         self.p.on_applied(*progress)
+
+    def _on_rejection_dropped(self) -> None:
+        """nats-py dropped a message on the notice inbox (a slow consumer):
+        which items a rejection there was for is unknown, so the next call
+        fails (as the Go producer's checkDroppedRejections)."""
+        assert self.p is not None
+        self.p.on_rejected(
+            errors.RejectedError(
+                "a rejection of this writer's items was dropped unread by the connection (a slow consumer); "
+                "which items it was for is unknown"
+            )
+        )
 
     async def _on_rejected(self, m: Msg) -> None:
         try:
@@ -1754,6 +1767,7 @@ class _Transport:
                     rec.future.set_exception(_closed_unacked())
             await done
         self._denials.discard(self._on_denied)
+        self._denials.unwatch_drops(self._notice)
         for s in self._subs:
             try:
                 await s.unsubscribe()

@@ -389,6 +389,8 @@ class Client:
             # been refused (as Go counts its subscription's drops).
             self._applied.lost += 1
             return
+        if isinstance(e, SlowConsumerError) and self._denials.dropped(e.subject):
+            return  # a writer's notice inbox: that writer was told
         err = _conn.permission_denied(e, self.options.user)
         if err is not None:
             log.warning("reprise: %s", err.message)

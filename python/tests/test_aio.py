@@ -388,3 +388,27 @@ def test_refusals_dropped_by_the_connection_are_counted() -> None:
         assert isinstance(c._applied.refusal("t", [5], 1, 1, lost), reprise.RejectedError)
 
     asyncio.run(main())
+
+
+def test_refusals_dropped_on_a_writers_inbox_fail_its_next_wait(server: Reprised) -> None:
+    """A rejection nats-py dropped as a slow consumer on a writer's notice
+    inbox (the client's connection, whose error handler sees it) fails the
+    writer's next wait, as the Go producer's dropped rejections do
+    (checkDroppedRejections); it was ignored, and the writer took items
+    that may have been refused as applied."""
+    from nats.errors import SlowConsumerError
+
+    async def main() -> None:
+        async with reprise.aio.Client(server.url) as c:
+            async with await c.trajectory_writer(1) as w:
+                await w.append({"t": np.int64(1)})
+                await w.create_item("replay", 1.0, {"t": w.history["t"][-1:]})
+                await w.wait_applied(timeout=30)
+                notice = w._t._notice
+                await c._on_error(SlowConsumerError(subject=notice, reply="", sid=1, sub=None))  # type: ignore[arg-type]
+                with pytest.raises(reprise.RejectedError):  # the writer's next calls
+                    await w.append({"t": np.int64(2)})
+                    await w.create_item("replay", 1.0, {"t": w.history["t"][-1:]})
+                    await w.wait_applied(timeout=30)
+
+    asyncio.run(main())
