@@ -695,7 +695,7 @@ func (w *appliedWatch) refusal(table string, parts []uint64, per, total int, los
 	}
 	if first == nil {
 		if w.lost != lost {
-			return fmt.Errorf("%w: mutation for table %q: the service refused mutations whose refusals were dropped unread (more than %d waiting), and this may be one of them", ErrRejected, table, maxKeptRefusals)
+			return fmt.Errorf("%w: mutation for table %q: refusals of mutations were dropped unread (by the connection, or more than %d waiting), and this may have been one of them", ErrRejected, table, maxKeptRefusals)
 		}
 		return nil
 	}

@@ -347,16 +347,19 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		return err
 	}
 	buf := responseBuffers.Get().(*[]byte)
+	// A reply that waited for room until the service stopped.
+	stopped := func() {
+		s.putResponseBuffer(buf)
+		code, items = protocol.CodeUnavailable, 0
+		s.respondStatus(r, code, "service shutting down")
+	}
 	if req.Packed {
 		// A layout newer than this service gets the newest it knows; the
 		// client tells which by the fields it finds.
 		*buf, err = wire.AppendPackedSampleResponseWithin((*buf)[:0], req.Layout, wire.Code(status), msg, samples, after,
 			func(n int) error { return reserve(int64(n)) })
 		if err != nil && ctx.Err() != nil {
-			// Waited for room until the service stopped.
-			s.putResponseBuffer(buf)
-			code, items = protocol.CodeUnavailable, 0
-			s.respondStatus(r, code, "service shutting down")
+			stopped()
 			return
 		}
 		if err != nil {
@@ -371,9 +374,7 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		// Clients older than packed replies read items one by one: no
 		// item of such a reply takes more than the largest the table holds.
 		if reserve(int64(len(samples))*per) != nil {
-			s.putResponseBuffer(buf)
-			code, items = protocol.CodeUnavailable, 0
-			s.respondStatus(r, code, "service shutting down")
+			stopped()
 			return
 		}
 		*buf = wire.AppendSampleResponse((*buf)[:0], wire.Code(status), msg, samples, after)

@@ -731,8 +731,8 @@ const maxWithheldNotices = 1024
 // the service that published it: the stream sequence seq, or, for an item
 // refused as it left its table's queue (long after its message was
 // applied, and after progress that held the table below it), seq in
-// table's progress, seq being the later of the item's message and the
-// message applied when it joined the queue.
+// table's progress, seq being the message applied when it joined the
+// queue.
 type noticeAt struct {
 	seq   uint64
 	table string

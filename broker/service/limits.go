@@ -33,10 +33,10 @@ type Limits struct {
 	// items than fit at the size of the largest item the table took since
 	// its last reset (held or not), when its samples are taken (larger
 	// items may come while it waits for the rate limiter), is refused
-	// before anything is sampled; one item is always served. At least MaxItemBytes. It also bounds an
-	// items reply's bytes, which never take more than 64 MiB. Learners, Go
-	// and Python, refuse a reply whose items decode to more than its
-	// default, wire.MaxReplyBytes, whatever it is.
+	// before anything is sampled; one item is always served. At least
+	// MaxItemBytes. It also bounds an items reply's bytes, which never take
+	// more than 64 MiB. Learners, Go and Python, refuse a reply whose items
+	// decode to more than its default, wire.MaxReplyBytes, whatever it is.
 	MaxReplyBytes int64
 	// MaxReplyBytesInFlight bounds the bytes of the sample replies the
 	// service builds and hands to its connections at once, over every

@@ -33,10 +33,10 @@ type pendingItem struct {
 	dropped bool     // deleted or reset while it waited
 	arrival
 	// queuedAt is the stream sequence being applied when it joined the
-	// queue: past its own message's where a producer's reorder buffer
-	// held that message, after progress passed it with the table not
-	// held. Progress covers its refusal only once the table is applied
-	// past both.
+	// queue, at or past its own message's: past it where a producer's
+	// reorder buffer held that message, after progress passed it with the
+	// table not held. Progress covers its refusal only once the table is
+	// applied past queuedAt.
 	queuedAt uint64
 }
 
@@ -147,7 +147,7 @@ func (s *Service) popFront(table string, q *pendingQueue, err error) {
 	p := q.pop()
 	if !p.dropped {
 		if err != nil {
-			s.rejectAt(noticeAt{seq: max(p.streamSeq, p.queuedAt), table: table}, p.to, p.sequence, p.item.Key, table, codeOf(err), tooLarge(err))
+			s.rejectAt(noticeAt{seq: p.queuedAt, table: table}, p.to, p.sequence, p.item.Key, table, codeOf(err), tooLarge(err))
 		} else if s.o.observer != nil {
 			s.o.observer.ItemInserted(table, time.Since(p.storedAt))
 		}

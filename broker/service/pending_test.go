@@ -435,7 +435,7 @@ func TestQueuedItemOfAnUnconfiguredTableIsRejectedByAStandby(t *testing.T) {
 	}
 	b, _ := d.startService([]tables.Config{tables.QueueConfig("a", 10)}, opts...)
 	testutil.WaitUntil(t, "the standby hears the active service's progress past the checkpoint", func() bool {
-		return b.covered.Load() >= ack.Sequence && b.Applied() >= ack.Sequence
+		return b.coveredUpTo() >= ack.Sequence && b.Applied() >= ack.Sequence
 	})
 	last.Store(ack.Sequence)
 	d.stop() // the standby takes over

@@ -233,7 +233,7 @@ func (q *lapsedQueue) drainLapsed(t *testing.T, last uint64) {
 	t.Helper()
 	a := q.d.svc
 	testutil.WaitUntil(t, "two items wait", func() bool { return a.Applied() >= last && a.pendingLen("t") == 2 })
-	testutil.WaitUntil(t, "progress covers the last message", func() bool { return a.covered.Load() >= last })
+	testutil.WaitUntil(t, "progress covers the last message", func() bool { return a.coveredUpTo() >= last })
 	a.lease.until.Store(1) // lapsed, by its own clock
 	q.last.Store(last)
 	if _, err := a.tables["t"].Sample(testutil.Context(t), 1); err != nil {
@@ -269,7 +269,7 @@ func TestReorderedItemRefusedWhileLapsedComesBeforeProgress(t *testing.T) {
 	q := newLapsedQueue(t)
 	q.send(t, 1, int64Chunk(t, 1, 1)) // fills the table
 	ack3 := q.send(t, 3, q.big)       // waits for 2 in the reorder buffer
-	testutil.WaitUntil(t, "progress passes message 3, the table not held", func() bool { return q.d.svc.covered.Load() >= ack3.Sequence })
+	testutil.WaitUntil(t, "progress passes message 3, the table not held", func() bool { return q.d.svc.coveredUpTo() >= ack3.Sequence })
 	ack2 := q.send(t, 2, int64Chunk(t, 2, 2)) // 2 and then 3 join the queue
 	q.drainLapsed(t, ack2.Sequence)
 	q.w.noticeFirst(t, 3, "item 3")

@@ -453,15 +453,13 @@ type Service struct {
 	rejectLog rateLimitedLog
 	// withheld holds the notices of messages applied while the service
 	// could not act (see reject), to send before its next progress, unless
-	// covered, the highest sequence any service of the prefix published
-	// progress for (which sent the notices of the messages up to it),
-	// passed them.
-	withheld withheldNotices
-	covered  atomic.Uint64
-	// coveredTables is, for each table, the highest stream sequence up to
-	// which a service's progress had that table's items applied (below
-	// covered while the table holds items back).
+	// progress a service of the prefix published (which sent the notices
+	// of the messages it covers) passed them: up to covered, and for each
+	// table up to coveredTables (below covered while the table holds items
+	// back).
+	withheld      withheldNotices
 	coveredMu     sync.Mutex
+	covered       uint64
 	coveredTables map[string]uint64
 	// replies bounds the bytes of the sample replies built at once.
 	replyBudget *replyBudget
@@ -1237,14 +1235,9 @@ func (s *Service) noteCovered(m *nats.Msg) {
 	if proto.Unmarshal(m.Data, &p) != nil {
 		return
 	}
-	for {
-		cur := s.covered.Load()
-		if p.AppliedSequence <= cur || s.covered.CompareAndSwap(cur, p.AppliedSequence) {
-			break
-		}
-	}
 	s.coveredMu.Lock()
 	defer s.coveredMu.Unlock()
+	s.covered = max(s.covered, p.AppliedSequence)
 	if s.coveredTables == nil {
 		s.coveredTables = make(map[string]uint64, len(s.names))
 	}
@@ -1286,12 +1279,20 @@ func (s *Service) watchTable(table string) {
 // coversNotice says whether a service's progress covered a withheld
 // notice, which that service then sent.
 func (s *Service) coversNotice(at noticeAt) bool {
-	if at.table == "" {
-		return at.seq <= s.covered.Load()
-	}
 	s.coveredMu.Lock()
 	defer s.coveredMu.Unlock()
+	if at.table == "" {
+		return at.seq <= s.covered
+	}
 	return at.seq <= s.coveredTables[at.table]
+}
+
+// coveredUpTo is the highest stream sequence a service of the prefix
+// published progress for.
+func (s *Service) coveredUpTo() uint64 {
+	s.coveredMu.Lock()
+	defer s.coveredMu.Unlock()
+	return s.covered
 }
 
 func positive(name string, v int) error {

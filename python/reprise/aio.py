@@ -198,6 +198,12 @@ class _AppliedWatch:
         #: as a slow consumer (Client._on_error).
         self.lost = 0
 
+    def note_dropped(self) -> None:
+        """nats-py dropped a message on the notice inbox (a slow consumer):
+        a mutation waiting now may have been refused, as Go counts its
+        subscription's drops."""
+        self.lost += 1
+
     async def on_rejection(self, m: Msg) -> None:
         try:
             r = pb.Rejection.FromString(m.data)
@@ -230,8 +236,8 @@ class _AppliedWatch:
         if not refused:
             if self.lost != lost:
                 return errors.RejectedError(
-                    f"mutation for table {table!r}: the service refused mutations whose refusals were dropped "
-                    f"unread (more than {_MAX_KEPT_REFUSALS} waiting), and this may be one of them",
+                    f"mutation for table {table!r}: refusals of mutations were dropped unread (by the connection, "
+                    f"or more than {_MAX_KEPT_REFUSALS} waiting), and this may have been one of them",
                     table=table,
                 )
             return None
@@ -377,6 +383,7 @@ class Client:
         # Subscribed before the progress: the connection then queues a
         # refusal ahead of the progress that covers its mutation.
         self._notice = nc.new_inbox()
+        self._denials.watch_drops(self._notice, self._applied.note_dropped)
         await nc.subscribe(self._notice, cb=self._applied.on_rejection)
         await nc.subscribe(self.subjects.applied, cb=self._applied.on_progress)
         return self
@@ -384,13 +391,8 @@ class Client:
     async def _on_error(self, e: Exception) -> None:
         # Other errors surface through the calls they affect (or, while
         # connecting, through open_connection).
-        if isinstance(e, SlowConsumerError) and self._notice and e.subject == self._notice:
-            # A refusal dropped unread: a mutation waiting now may have
-            # been refused (as Go counts its subscription's drops).
-            self._applied.lost += 1
-            return
         if isinstance(e, SlowConsumerError) and self._denials.dropped(e.subject):
-            return  # a writer's notice inbox: that writer was told
+            return  # a notice inbox's (the client's or a writer's): its watcher was told
         err = _conn.permission_denied(e, self.options.user)
         if err is not None:
             log.warning("reprise: %s", err.message)

@@ -380,6 +380,7 @@ def test_refusals_dropped_by_the_connection_are_counted() -> None:
     async def main() -> None:
         c = reprise.aio.Client()
         c._notice = "_INBOX.notices"
+        c._denials.watch_drops(c._notice, c._applied.note_dropped)  # as connect does
         lost = c._applied.lost
         await c._on_error(SlowConsumerError(subject="_INBOX.other", reply="", sid=1, sub=None))  # type: ignore[arg-type]
         assert c._applied.lost == lost, "another subscription's drop"
