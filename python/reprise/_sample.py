@@ -645,9 +645,19 @@ def _layout(p: _Packed) -> _Layout:
     )  # fmt: skip
 
 
+def _decode_chunk(lay: _Layout, c: int) -> np.ndarray:
+    """Chunk c as an array of shape [steps, *step_shape], read-only."""
+    f = lay.formats[lay.ch_format[c]]
+    at = int(lay.ch_at[c])
+    return _codec.decode_chunk_fields(
+        int(lay.ch_key[c]), f.dtype, f.shape, int(lay.ch_steps[c]), int(lay.ch_compression[c]),
+        bool(lay.ch_delta[c]), int(lay.ch_raw[c]), lay.data[at : at + int(lay.ch_size[c])], writable=False,
+    )  # fmt: skip
+
+
 class _Decoded:
     """The chunks of a reply that are compressed or delta-encoded, decoded
-    once each."""
+    once each: items read one by one may share them."""
 
     def __init__(self, layout: _Layout) -> None:
         self._layout = layout
@@ -657,14 +667,7 @@ class _Decoded:
         """Chunk c as an array of shape [steps, *step_shape], read-only."""
         a = self._done.get(c)
         if a is None:
-            lay = self._layout
-            f = lay.formats[lay.ch_format[c]]
-            at = int(lay.ch_at[c])
-            a = _codec.decode_chunk_fields(
-                int(lay.ch_key[c]), f.dtype, f.shape, int(lay.ch_steps[c]), int(lay.ch_compression[c]),
-                bool(lay.ch_delta[c]), int(lay.ch_raw[c]), lay.data[at : at + int(lay.ch_size[c])], writable=False,
-            )  # fmt: skip
-            self._done[c] = a
+            a = self._done[c] = _decode_chunk(self._layout, c)
         return a
 
 
@@ -803,11 +806,10 @@ def _batch(lay: _Layout) -> SampleBatch:
     if len(set(layout)) != width:
         dup = next(c for c in layout if layout.count(c) > 1)
         raise errors.ProtocolError(f"item 0 has column {dup!r} twice")
-    decoded = _Decoded(lay)
     data = {}
     for j, col in enumerate(layout):
         f = lay.formats[fmt[0, j]]
-        data[col] = _gather(lay, j, width, f, int(steps[0, j]), bool(squeeze[0, j]), decoded)
+        data[col] = _gather(lay, j, width, f, int(steps[0, j]), bool(squeeze[0, j]))
     return SampleBatch(info, data)
 
 
@@ -876,7 +878,7 @@ def _uniform_batch(p: _Packed) -> SampleBatch | None:
     return SampleBatch(_batch_info(info, (flagged >> _FLAG).astype(bool)), data)
 
 
-def _gather(lay: _Layout, j: int, width: int, f: _Format, steps: int, squeeze: bool, decoded: _Decoded) -> np.ndarray:
+def _gather(lay: _Layout, j: int, width: int, f: _Format, steps: int, squeeze: bool) -> np.ndarray:
     """Column j of every item, stacked: a fresh array."""
     n = lay.n
     shape = (n, *f.shape) if squeeze else (n, steps, *f.shape)
@@ -898,7 +900,7 @@ def _gather(lay: _Layout, j: int, width: int, f: _Format, steps: int, squeeze: b
     if lay.ch_plain[chunk].all():
         buf, base = lay.data, lay.ch_at
     else:
-        buf, base = _decode_column(lay, chunk, decoded)
+        buf, base = _decode_column(lay, chunk)
     start = base[chunk] + offset * f.step_bytes  # in bytes
     if count is None:
         row = steps * f.step_bytes  # one row an item
@@ -915,12 +917,18 @@ def _gather(lay: _Layout, j: int, width: int, f: _Format, steps: int, squeeze: b
     return rows[start // unit].view(f.dt).reshape(shape)
 
 
-def _decode_column(lay: _Layout, chunk: np.ndarray, decoded: _Decoded) -> tuple[Any, np.ndarray]:
+def _decode_column(lay: _Layout, chunk: np.ndarray) -> tuple[Any, np.ndarray]:
     """The distinct chunks among chunk, decoded and joined, and where each
-    starts in the joined bytes (by chunk index)."""
+    starts in the joined bytes (by chunk index). Each chunk is decoded
+    straight into its place and dropped: a column's chunks decoded whole
+    can be many times the rows its items take, so holding them all, or
+    those of earlier columns, beside the joined bytes would multiply what a
+    reply costs the learner's memory."""
     distinct = np.unique(chunk)
-    parts = [decoded.get(c).reshape(-1).view(np.uint8) for c in distinct.tolist()]
-    sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    sizes = lay.ch_raw[distinct]
     base = np.zeros(len(lay.ch_key), dtype=np.int64)
     base[distinct] = np.cumsum(sizes) - sizes
-    return np.concatenate(parts), base
+    joined = np.empty(int(sizes.sum()), dtype=np.uint8)
+    for c, at, size in zip(distinct.tolist(), base[distinct].tolist(), sizes.tolist()):
+        joined[at : at + size] = _decode_chunk(lay, c).reshape(-1).view(np.uint8)
+    return joined, base

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -1010,3 +1011,43 @@ def test_a_reply_that_decodes_to_too_much_is_refused_unread() -> None:
     for decode in (_sample.decode_batch, _sample.decode_samples):
         with pytest.raises(reprise.ProtocolError, match="decode to"):
             decode(_sample.parse_response(bomb))
+
+
+def test_a_batch_holds_one_decoded_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Items of a few steps out of long compressed chunks: decoding the
+    batch never keeps a decoded chunk past copying it into its column, so
+    a learner's memory holds the batch, one column's chunks as they are
+    joined and one decoded chunk, not every chunk of the reply decoded."""
+    steps, names = 50, ("obs", "action")
+    chunks: list[pb.Chunk] = []
+    want: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    items = []
+    for i in range(6):
+        cols = []
+        for j, name in enumerate(names):
+            key = 100 * j + i + 1
+            a = np.arange(steps * 4, dtype=np.float32).reshape(steps, 4) + 1000 * key
+            c = _codec.encode_chunk(key, a, compression="zstd")
+            assert c.compression == pb.COMPRESSION_ZSTD
+            chunks.append(c)
+            off = (7 * i) % (steps - 2)
+            cols.append(Column(name, [(key, off, 2)]))
+            want[name].append(a[off : off + 2])
+        items.append(Item(cols, key=i + 1))
+    decode = _codec.decode_chunk_fields
+    alive: list[weakref.ref[np.ndarray]] = []
+    most = 0
+
+    def counting(*args: Any, **kwargs: Any) -> np.ndarray:
+        nonlocal most
+        most = max(most, sum(r() is not None for r in alive))
+        a = decode(*args, **kwargs)
+        alive.append(weakref.ref(a))
+        return a
+
+    monkeypatch.setattr(_codec, "decode_chunk_fields", counting)
+    got = batch(pack(items, chunks).SerializeToString())
+    assert len(alive) == len(chunks)
+    assert most == 0
+    for name in names:
+        np.testing.assert_array_equal(got.data[name], np.stack(want[name]))
