@@ -175,8 +175,17 @@ func (r *streamReader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgM
 			}
 			// A message larger than the pulls shows as missed heartbeats
 			// too, on a loaded machine before the quiet time passes: the
-			// replaced consumer would pull too little again.
-			r.fitNext(ctx)
+			// replaced consumer would pull too little again. Yet the ask
+			// waits up to readerAttemptTimeout on a stream that cannot
+			// answer (no leader, in an election), which is when consumers
+			// are lost, and each replacement waited it out before it
+			// tried to create the next. So only a consumer that delivered
+			// none of what it had at its creation asks: one stopped by a
+			// large message after others, or published after it was
+			// created, is replaced by one that has it first, which asks.
+			if r.starved() {
+				r.fitNext(ctx)
+			}
 			r.log.Warn("reprise service: reading the stream; replacing its consumer", "from_sequence", r.next, "error", err)
 			r.drop()
 			continue
@@ -206,6 +215,12 @@ func (r *streamReader) Next(ctx context.Context) (jetstream.Msg, *jetstream.MsgM
 		r.next = meta.Sequence.Stream + 1
 		return m, meta, nil
 	}
+}
+
+// starved says whether the current consumer delivered none of the
+// messages the stream held for it when it was created.
+func (r *streamReader) starved() bool {
+	return r.delivered == 0 && r.cons.CachedInfo().NumPending > 0
 }
 
 // fitNext raises the pull bytes to what the next message to read takes,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -109,5 +110,53 @@ func TestReaderReportsPurgedMessages(t *testing.T) {
 	defer first.close()
 	if got := readSeqs(t, first, 1); got[0] != 8 || len(gaps) != 1 || gaps[0] != [2]uint64{2, 7} {
 		t.Fatalf("a reader from 2 read %v first and reported gaps %v; want 8, after [2 7]", got, gaps)
+	}
+}
+
+// unansweredGets is a stream whose GetMsg is never answered, as while it
+// has no leader (an election); it notes its GetMsg and CreateConsumer
+// calls in order.
+type unansweredGets struct {
+	jetstream.Stream
+	calls []string
+}
+
+func (s *unansweredGets) GetMsg(ctx context.Context, _ uint64, _ ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	s.calls = append(s.calls, "GetMsg")
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (s *unansweredGets) CreateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	s.calls = append(s.calls, "CreateConsumer")
+	return s.Stream.CreateConsumer(ctx, cfg)
+}
+
+// A lost consumer that was delivering is replaced without first asking the
+// stream for the next message's size: while the stream cannot answer,
+// each replacement waited out that ask before it tried to create the
+// next consumer.
+func TestReaderReplacesALostConsumerWithoutAskingTheNextMessage(t *testing.T) {
+	st, js := readerStream(t, 10)
+	s := &unansweredGets{Stream: st}
+	r := newStreamReader(s, "r.>", 1, 1<<20, testutil.QuietLogger(), nil)
+	defer r.close()
+	readSeqs(t, r, 10)
+	if err := st.DeleteConsumer(testutil.Context(t), r.cons.CachedInfo().Name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(testutil.Context(t), "r.x", []byte("11")); err != nil {
+		t.Fatal(err)
+	}
+	if got := readSeqs(t, r, 1); got[0] != 11 {
+		t.Fatalf("read %v after the consumer's deletion, want 11", got)
+	}
+	// Up to the replacement's creation; the quiet time may ask later.
+	calls := s.calls
+	if i := slices.Index(calls[1:], "CreateConsumer"); i >= 0 {
+		calls = calls[:i+2]
+	}
+	if slices.Contains(calls, "GetMsg") {
+		t.Fatalf("calls to the stream up to the replacement %v, want no GetMsg", calls)
 	}
 }
