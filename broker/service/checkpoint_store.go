@@ -355,16 +355,34 @@ func (f *FileCheckpoints) Load(_ context.Context, name string) (io.ReadCloser, e
 	return file, nil
 }
 
+// listBatch is how many directory entries List reads between looks at its
+// context: a directory of many files, or on a slow network file system,
+// takes long to read whole.
+const listBatch = 256
+
 // List names the checkpoint files, oldest first.
-func (f *FileCheckpoints) List(context.Context) ([]string, error) {
-	entries, err := os.ReadDir(f.dir)
+func (f *FileCheckpoints) List(ctx context.Context) ([]string, error) {
+	d, err := os.Open(f.dir)
 	if err != nil {
 		return nil, fmt.Errorf("broker: listing checkpoints: %w", err)
 	}
+	defer d.Close()
 	var names []string
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), checkpointPrefix) && e.Type().IsRegular() {
-			names = append(names, e.Name())
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("broker: listing checkpoints: %w", err)
+		}
+		entries, err := d.ReadDir(listBatch)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), checkpointPrefix) && e.Type().IsRegular() {
+				names = append(names, e.Name())
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("broker: listing checkpoints: %w", err)
 		}
 	}
 	slices.Sort(names)

@@ -1113,3 +1113,34 @@ func TestRecreatedStreamIsNotReadFromTheCheckpoint(t *testing.T) {
 		t.Fatalf("after the purge the table holds %d items, want the checkpoint's 20 and the %d stored after its sequence", got, last-applied)
 	}
 }
+
+// TestFileCheckpointsListHonoursItsContext: listing a checkpoint directory
+// ignored its context, so a recovery or a trim that was given up on still
+// waited for the whole directory to be read.
+func TestFileCheckpointsListHonoursItsContext(t *testing.T) {
+	dir := t.TempDir()
+	fc, err := NewFileCheckpoints(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// More than one batch of entries, among files that are no checkpoints.
+	var want []string
+	for i := range 2*listBatch + 1 {
+		name := checkpointName(1, uint64(i))
+		want = append(want, name)
+		for _, n := range []string{name, fmt.Sprintf(".tmp-%s-%d", name, i)} {
+			if err := os.WriteFile(filepath.Join(dir, n), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	got, err := fc.List(testutil.Context(t))
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("List = %d names, %v; want the %d checkpoints in order", len(got), err, len(want))
+	}
+	ctx, cancel := context.WithCancel(testutil.Context(t))
+	cancel()
+	if got, err := fc.List(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("List with an ended context = %d names, %v; want context.Canceled", len(got), err)
+	}
+}
