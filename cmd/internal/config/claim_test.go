@@ -1,6 +1,7 @@
 package config
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,14 +19,14 @@ func TestCheckpointDirOwnerLeftEmpty(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, checkpointOwner), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := claimCheckpointDir(dir, "p0"); err != nil {
+	if err := claimCheckpointDir(context.Background(), dir, "p0"); err != nil {
 		t.Fatalf("claiming a checkpoint dir whose owner file a crash left empty: %v", err)
 	}
 	got, err := os.ReadFile(filepath.Join(dir, checkpointOwner))
 	if err != nil || string(got) != "p0" {
 		t.Fatalf("owner file after the claim: %q, %v; want \"p0\"", got, err)
 	}
-	if err := claimCheckpointDir(dir, "p1"); err == nil {
+	if err := claimCheckpointDir(context.Background(), dir, "p1"); err == nil {
 		t.Fatal("another prefix claimed the dir once p0 owned it")
 	}
 }
@@ -45,7 +46,7 @@ func TestCheckpointDirOwnerLeftEmptyClaimedOnce(t *testing.T) {
 		for i := range n {
 			go func() {
 				<-start
-				errs <- claimCheckpointDir(dir, fmt.Sprintf("p%d", i))
+				errs <- claimCheckpointDir(context.Background(), dir, fmt.Sprintf("p%d", i))
 			}()
 		}
 		close(start)

@@ -6,6 +6,7 @@
 package config
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -26,6 +27,10 @@ import (
 // ErrInvalid is matched (errors.Is) by every error about the contents of a
 // configuration.
 var ErrInvalid = errors.New("config: invalid")
+
+// ErrCheckpointDirBusy is matched (errors.Is) by the error of a claim of a
+// checkpoint dir that another process kept locked until the claim gave up.
+var ErrCheckpointDirBusy = errors.New("config: checkpoint dir busy")
 
 // Config is everything reprised needs to run.
 type Config struct {
@@ -58,13 +63,14 @@ type Checkpoint struct {
 }
 
 // Options turns the settings into the table service's options for the
-// deployment with the given prefix.
-func (c Checkpoint) Options(prefix string) ([]service.Option, error) {
+// deployment with the given prefix. A checkpoint dir is claimed for the
+// prefix, waiting for another process's claim until ctx ends.
+func (c Checkpoint) Options(ctx context.Context, prefix string) ([]service.Option, error) {
 	opts := []service.Option{service.WithCheckpointEvery(c.Every), service.WithCheckpointKeep(c.Keep)}
 	if c.Dir == "" {
 		return append(opts, service.WithObjectStoreCheckpoints()), nil
 	}
-	if err := claimCheckpointDir(c.Dir, prefix); err != nil {
+	if err := claimCheckpointDir(ctx, c.Dir, prefix); err != nil {
 		return nil, err
 	}
 	fc, err := service.NewFileCheckpoints(c.Dir)
@@ -83,12 +89,16 @@ const checkpointOwner = "prefix"
 // claimCheckpointDir makes dir the checkpoint directory of prefix, or
 // refuses it if it is another prefix's. The services of one prefix
 // (standbys) share it.
-func claimCheckpointDir(dir, prefix string) error {
+func claimCheckpointDir(ctx context.Context, dir, prefix string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("checkpoint dir: %w", err)
 	}
 	owner := filepath.Join(dir, checkpointOwner)
-	defer lockDir(dir)()
+	unlock, err := lockDir(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	for {
 		got, err := os.ReadFile(owner)
 		if err == nil && len(got) > 0 {

@@ -2,5 +2,7 @@
 
 package config
 
+import "context"
+
 // lockDir takes no lock where flock is missing.
-func lockDir(string) func() { return func() {} }
+func lockDir(context.Context, string) (func(), error) { return func() {}, nil }

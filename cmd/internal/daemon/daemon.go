@@ -388,7 +388,7 @@ func (d *daemon) run(ctx context.Context) error {
 	if err := d.checkAlone(ctx); err != nil {
 		return err
 	}
-	cpOpts, err := d.cfg.Checkpoint.Options(d.cfg.Server.Prefix)
+	cpOpts, err := d.cfg.Checkpoint.Options(ctx, d.cfg.Server.Prefix)
 	if err != nil {
 		return err
 	}
