@@ -1049,7 +1049,12 @@ func (c *Client) Checkpoint(ctx context.Context) (*CheckpointInfo, error) {
 // Items returns the metadata of up to limit items of table, in insertion
 // order, after the first offset. A page whose reply would take more than
 // the service's limits.max_reply_bytes, or 64 MiB, fails with
-// ErrResourceExhausted: ask for fewer.
+// ErrResourceExhausted: ask for fewer. The service walks to offset a few
+// thousand items at a time, letting the table insert and sample between:
+// a table that changes meanwhile changes the page as it would between two
+// calls, but no key is in it twice. One whose items are removed from
+// under the walk again and again fails with ErrServer, code
+// CodeUnavailable: try again.
 func (c *Client) Items(ctx context.Context, table string, offset int64, limit int32) (*ItemList, error) {
 	return c.items(ctx, &wire.ItemsRequest{Table: table, Offset: offset, Limit: limit})
 }

@@ -208,7 +208,9 @@ func TestConcurrentMixedOps(t *testing.T) {
 					}
 				case 6:
 					tb.Info()
-					tb.List(1, 3)
+					if _, err := tb.List(1, 3); err != nil {
+						t.Errorf("list: %v", err)
+					}
 					tb.Snapshot()
 				case 7:
 					if err := tb.Reconfigure(limiter.MinSize(int64(1+rng.IntN(3))), int32(rng.IntN(3))); err != nil {

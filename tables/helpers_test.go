@@ -87,12 +87,22 @@ func sampleKeys(t testing.TB, tb *Table, n int) []uint64 {
 	return keys
 }
 
-func listKeys(tb *Table) []uint64 {
+func listKeys(t testing.TB, tb *Table) []uint64 {
+	t.Helper()
 	var keys []uint64
-	for _, it := range tb.List(0, 1<<30) {
+	for _, it := range mustList(t, tb, 0, 1<<30) {
 		keys = append(keys, it.Key)
 	}
 	return keys
+}
+
+func mustList(t testing.TB, tb *Table, offset, limit int) []Item {
+	t.Helper()
+	items, err := tb.List(offset, limit)
+	if err != nil {
+		t.Fatalf("List(%d, %d): %v", offset, limit, err)
+	}
+	return items
 }
 
 func refs(s *ChunkStore, key ChunkKey) int64 {

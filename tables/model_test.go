@@ -199,7 +199,7 @@ func runModel(t *testing.T, sampler selectors.Kind, seed uint64, ops int) {
 				t.Fatal(err)
 			}
 		}
-		if got, want := listKeys(tb), m.keys(); !slices.Equal(got, want) {
+		if got, want := listKeys(t, tb), m.keys(); !slices.Equal(got, want) {
 			t.Fatalf("step %d (%s): keys %v, model %v", step, what, got, want)
 		}
 		info := tb.Info()

@@ -136,7 +136,7 @@ func TestAppendSamplesReportsStateAfter(t *testing.T) {
 		t.Errorf("state %+v, table size %d and weight %+v after: want 7 items and the same weight", state, size, weight)
 	}
 	var left float64
-	for _, it := range tb.List(0, 100) {
+	for _, it := range mustList(t, tb, 0, 100) {
 		left += it.Priority
 	}
 	if w := state.Weight.Float64(); w != left {

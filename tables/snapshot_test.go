@@ -25,7 +25,7 @@ func snapshotOps(t *testing.T, tb *Table, rng *rand.Rand, firstKey uint64, n int
 		case r < 5:
 			mustInsert(t, tb, newItem(key, float64(rng.IntN(2)), ChunkKey(key%7)))
 		case r < 7:
-			if keys := listKeys(tb); len(keys) > 0 {
+			if keys := listKeys(t, tb); len(keys) > 0 {
 				key := keys[rng.IntN(len(keys))]
 				if _, err := tb.Mutate([]Mutation{{Key: key, Priority: float64(rng.IntN(2))}}); err != nil {
 					t.Fatal(err)
@@ -106,7 +106,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 			if !slices.Equal(got, want) {
 				t.Fatalf("sampled after restore %v, original %v", got, want)
 			}
-			if a, b := listKeys(orig), listKeys(restored); !slices.Equal(a, b) {
+			if a, b := listKeys(t, orig), listKeys(t, restored); !slices.Equal(a, b) {
 				t.Fatalf("keys after restore %v, original %v", b, a)
 			}
 		})

@@ -88,7 +88,7 @@ func TestEvictionWithFifoRemover(t *testing.T) {
 	for k := range uint64(5) {
 		mustInsert(t, tb, newItem(k, 1, k))
 	}
-	if got := listKeys(tb); !slices.Equal(got, []uint64{2, 3, 4}) {
+	if got := listKeys(t, tb); !slices.Equal(got, []uint64{2, 3, 4}) {
 		t.Fatalf("keys %v, want the 3 newest", got)
 	}
 	for k := range ChunkKey(5) {
@@ -132,7 +132,7 @@ func TestPrefetchChangesNothing(t *testing.T) {
 				mustInsert(t, prefetching, it)
 			}
 			next += uint64(round)
-			if a, b := listKeys(plain), listKeys(prefetching); !slices.Equal(a, b) {
+			if a, b := listKeys(t, plain), listKeys(t, prefetching); !slices.Equal(a, b) {
 				t.Fatalf("remover %v, after a round of %d: items %v, want %v as without Prefetch", remover, round, b, a)
 			}
 			if a, b := plain.Info().Counters, prefetching.Info().Counters; a.Evictions != b.Evictions || a.Inserts != b.Inserts {
@@ -163,7 +163,7 @@ func TestEvictionOwnVictim(t *testing.T) {
 	if err := s.Release(0, 1, 2); err != nil {
 		t.Fatal(err)
 	}
-	if got := listKeys(tb); !slices.Equal(got, []uint64{0, 1}) {
+	if got := listKeys(t, tb); !slices.Equal(got, []uint64{0, 1}) {
 		t.Fatalf("keys %v, want the new lowest-priority item evicted at once", got)
 	}
 	if _, ok := s.Get(2); ok {
@@ -219,7 +219,7 @@ func TestMaxTimesSampled(t *testing.T) {
 			t.Fatalf("sample %d: %+v", i, s.Info)
 		}
 	}
-	if got := listKeys(tb); !slices.Equal(got, []uint64{2}) {
+	if got := listKeys(t, tb); !slices.Equal(got, []uint64{2}) {
 		t.Fatalf("keys %v: item 1 not removed on its last sample", got)
 	}
 	ss, err = tb.Sample(expired(), 3)
@@ -327,7 +327,7 @@ func TestMutateInOrder(t *testing.T) {
 	if err != nil || !slices.Equal(missing, []uint64{2, 9}) {
 		t.Fatalf("delete then update: missing %v, %v; want [2 9]", missing, err)
 	}
-	if got := listKeys(tb); !slices.Equal(got, []uint64{0, 3}) {
+	if got := listKeys(t, tb); !slices.Equal(got, []uint64{0, 3}) {
 		t.Fatalf("keys %v", got)
 	}
 	// Updates reach both selectors: the max-heap sampler and the min-heap
@@ -341,7 +341,7 @@ func TestMutateInOrder(t *testing.T) {
 	// One bad priority: nothing applies, and the error names the key.
 	_, err = tb.Mutate([]Mutation{{Key: 3, Delete: true}, {Key: 0, Priority: math.NaN()}})
 	wantErr(t, err, []error{ErrInvalidPriority}, "key 0", "mutation 1")
-	if got := listKeys(tb); !slices.Equal(got, []uint64{0, 3}) {
+	if got := listKeys(t, tb); !slices.Equal(got, []uint64{0, 3}) {
 		t.Fatalf("a rejected batch applied its delete: keys %v", got)
 	}
 	if missing := tb.Delete(3, 3); !slices.Equal(missing, []uint64{3}) {
@@ -361,17 +361,17 @@ func TestGetAndList(t *testing.T) {
 	}
 	tb.Delete(3)
 	mustInsert(t, tb, newItem(3, 1, 1))
-	if got := listKeys(tb); !slices.Equal(got, []uint64{5, 9, 1, 3}) {
+	if got := listKeys(t, tb); !slices.Equal(got, []uint64{5, 9, 1, 3}) {
 		t.Fatalf("List order %v, want insertion order", got)
 	}
 	var page []uint64
-	for _, it := range tb.List(1, 2) {
+	for _, it := range mustList(t, tb, 1, 2) {
 		page = append(page, it.Key)
 	}
 	if !slices.Equal(page, []uint64{9, 1}) {
 		t.Fatalf("List(1, 2) = %v", page)
 	}
-	if tb.List(-3, 1)[0].Key != 5 || tb.List(0, 0) != nil || tb.List(10, 5) != nil {
+	if mustList(t, tb, -3, 1)[0].Key != 5 || mustList(t, tb, 0, 0) != nil || mustList(t, tb, 10, 5) != nil {
 		t.Fatal("List clamps badly")
 	}
 	got := tb.Get(1, 42, 9)
@@ -474,7 +474,7 @@ func TestReconfigureLowersMaxTimesSampled(t *testing.T) {
 	if err != nil || ss[0].Info.Key != 1 || ss[0].Info.TimesSampled != 4 || ss[1].Info.Key != 2 {
 		t.Fatalf("samples %+v, %v", ss, err)
 	}
-	if got := listKeys(tb); !slices.Equal(got, []uint64{2}) {
+	if got := listKeys(t, tb); !slices.Equal(got, []uint64{2}) {
 		t.Fatalf("keys %v", got)
 	}
 }

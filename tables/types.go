@@ -33,6 +33,9 @@ var (
 	// its caller gave AppendSamplesWithin allows at the table's largest
 	// item.
 	ErrTooMany = errors.New("tables: more samples than fit the caller's bound")
+	// ErrBusy reports a Page or List that the table's removals made lose
+	// its place too often: trying again may work.
+	ErrBusy = errors.New("tables: table too busy to list")
 )
 
 // ChunkKey identifies a chunk in the ChunkStore.

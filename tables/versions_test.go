@@ -28,9 +28,10 @@ func boundedTable(t *testing.T, k int64) *Table {
 	return mustNew(t, cfg, s)
 }
 
-func keysOf(tb *Table) []uint64 {
+func keysOf(t testing.TB, tb *Table) []uint64 {
+	t.Helper()
 	var keys []uint64
-	for _, it := range tb.List(0, 1<<20) {
+	for _, it := range mustList(t, tb, 0, 1<<20) {
 		keys = append(keys, it.Key)
 	}
 	return keys
@@ -47,7 +48,7 @@ func TestStalenessBound(t *testing.T) {
 	if !tb.SetPolicyVersion(2) {
 		t.Fatal("raising the version from 0 to 2 reported no change")
 	}
-	if got := keysOf(tb); !slices.Equal(got, []uint64{2, 3, 5}) {
+	if got := keysOf(t, tb); !slices.Equal(got, []uint64{2, 3, 5}) {
 		t.Fatalf("items %v after version 2 with max_staleness 1, want [2 3 5] (versions 1 and 2)", got)
 	}
 	info := tb.Info()
@@ -60,7 +61,7 @@ func TestStalenessBound(t *testing.T) {
 	// A stale item arriving is dropped; a fresh one lands.
 	mustInsert(t, tb, versioned(6, 0))
 	mustInsert(t, tb, versioned(7, 1))
-	if got := keysOf(tb); !slices.Equal(got, []uint64{2, 3, 5, 7}) {
+	if got := keysOf(t, tb); !slices.Equal(got, []uint64{2, 3, 5, 7}) {
 		t.Fatalf("items %v, want the stale insert 6 dropped", got)
 	}
 	if c := tb.Info().Counters; c.StaleEvictions != 3 || c.Inserts != 6 {
@@ -160,13 +161,13 @@ func TestStalenessSnapshotAndReconfigure(t *testing.T) {
 		t.Fatalf("restored version %d, want 4", v)
 	}
 	restored.SetPolicyVersion(5) // floor 2: version 1 goes
-	if got := keysOf(restored); !slices.Equal(got, []uint64{2, 3, 4}) {
+	if got := keysOf(t, restored); !slices.Equal(got, []uint64{2, 3, 4}) {
 		t.Fatalf("restored items %v after version 5, want [2 3 4]", got)
 	}
 	if err := restored.ReconfigureStaleness(staleness(1)); err != nil { // floor 4
 		t.Fatal(err)
 	}
-	if got := keysOf(restored); !slices.Equal(got, []uint64{4}) {
+	if got := keysOf(t, restored); !slices.Equal(got, []uint64{4}) {
 		t.Fatalf("items %v after tightening max_staleness to 1, want [4]", got)
 	}
 	if err := restored.ReconfigureStaleness(staleness(-1)); !errors.Is(err, ErrInvalidConfig) {

@@ -605,10 +605,20 @@ func (s *Service) handleItems(r micro.Request) {
 			}
 		}
 	} else if req.Limit > 0 {
-		t.Range(int(min(req.Offset, math.MaxInt32)), func(it tables.ItemView) bool {
-			fits = add(it)
-			return fits && len(items) < int(req.Limit)
-		})
+		// Taken whole, then sized: its views cost about 100 bytes each,
+		// and sizing them holds back nothing of the table's. A walk the
+		// table's removals keep losing is refused as unavailable: asking
+		// again may work.
+		page, err := t.Page(int(min(req.Offset, math.MaxInt32)), int(req.Limit))
+		if err != nil {
+			s.respondStatus(r, protocol.CodeUnavailable, err.Error())
+			return
+		}
+		for _, it := range page {
+			if fits = add(it); !fits {
+				break
+			}
+		}
 	}
 	if !fits {
 		s.respondStatus(r, protocol.CodeResourceExhausted, fmt.Sprintf("table %q: the items asked for take more than %d bytes to describe, past the first %d of them: ask for fewer", req.Table, most, len(items)))

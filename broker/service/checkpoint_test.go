@@ -130,7 +130,10 @@ func TestRecoveryFromCheckpointAndTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, _ := d.svc.Table("uniform")
-	keys := first.List(0, 20)
+	keys, err := first.List(0, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := c.UpdatePriorities(ctx, "uniform", tables.PriorityUpdate{Key: keys[0].Key, Priority: 42}); err != nil {
 		t.Fatal(err)
 	}

@@ -261,7 +261,8 @@ func applyOp(t *tables.Table, store *tables.ChunkStore, op Op) Obs {
 		o["insert_completed"] = st.Inserts
 		o["sample_completed"] = st.Samples
 	case "contents":
-		items := t.List(0, math.MaxInt32)
+		items, err := t.List(0, math.MaxInt32)
+		o["error"] = errorClass(err)
 		sort.Slice(items, func(i, j int) bool { return items[i].Key < items[j].Key })
 		list := make([]Obs, len(items))
 		for i, it := range items {
