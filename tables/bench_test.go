@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/selectors"
@@ -145,4 +146,42 @@ func BenchmarkRetainItem(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/slice")
 		})
 	}
+}
+
+// BenchmarkPageFar takes a page of one item at offset 900,000 of
+// 1,000,000, and reports how long the table's lock was held in one step
+// of it, on average: what an insert or a sample waits behind a page at
+// most, give or take the machine.
+func BenchmarkPageFar(b *testing.B) {
+	const size = 1_000_000
+	store := NewChunkStore()
+	putChunk(store, 1, 1, 8)
+	tb := mustNew(b, config("uniform", selectors.KindUniform, selectors.KindFifo, size, limiter.MinSize(1)), store)
+	ctx := context.Background()
+	for k := range uint64(size) {
+		if err := tb.Insert(ctx, newItem(k+1, 1, 1)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	saved := pageYield
+	b.Cleanup(func() { pageYield = saved })
+	var last time.Time
+	var held time.Duration
+	holds := 0
+	pageYield = func() {
+		held += time.Since(last)
+		holds++
+		last = time.Now()
+	}
+	b.ResetTimer()
+	for range b.N {
+		last = time.Now()
+		page, err := tb.Page(900_000, 1)
+		if err != nil || len(page) != 1 || page[0].Key != 900_001 {
+			b.Fatalf("Page(900000, 1) = %v, %v", page, err)
+		}
+		held += time.Since(last)
+		holds++
+	}
+	b.ReportMetric(float64(held.Nanoseconds())/float64(holds), "ns/hold")
 }
