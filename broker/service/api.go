@@ -105,7 +105,6 @@ func (s *Service) spawnSample(ctx context.Context, r micro.Request) {
 		s.respondStatus(r, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
 		return
 	}
-	s.pace.samples.Add(1)
 	s.spawnIn(ctx, r, req.Table, func(ctx context.Context, r micro.Request) { s.handleSample(ctx, r, &req, t) })
 }
 
@@ -308,6 +307,14 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	}()
 	samples, after, err := t.AppendSamplesWithin(wctx, *pooled, least, int(req.NumSamples), fits)
 	*pooled = samples
+	if len(samples) > 0 {
+		// Only a request served is a learner to pace inserts for: one
+		// refused at once is no load to make room for, and counted, any
+		// client sending them held the actors at the paced minimum. One
+		// that waits for its table's rate limiter is counted as a limiter
+		// wait instead, which leaves inserts unpaced: it waits on them.
+		s.pace.samples.Add(1)
+	}
 	status, msg := protocol.CodeOK, ""
 	tooMany := func() string {
 		return fmt.Sprintf("table %q: %d items of up to %d bytes, with the records that describe them, may take more than %d bytes (limits.max_reply_bytes): ask for at most %d",

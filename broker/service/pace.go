@@ -41,7 +41,7 @@ const (
 
 // paceObservation is one period as the pace controller sees it.
 type paceObservation struct {
-	// learners: sample requests arrived in the period.
+	// learners: sample requests were served in the period.
 	learners bool
 	// limited: some insert or sample waited for its table's rate limiter
 	// in the period. The limiter, not the CPU, then sets the balance of
@@ -91,7 +91,7 @@ func (c *paceController) step(o paceObservation) float64 {
 // apply loop waits for its turn.
 type pacer struct {
 	rate    atomic.Uint64 // math.Float64bits of items per second; 0: unpaced
-	samples atomic.Int64  // sample requests arrived
+	samples atomic.Int64  // sample requests served
 	applied atomic.Int64  // items applied
 	next    time.Time     // owned by the apply loop: when it may go on
 }
