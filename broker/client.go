@@ -317,8 +317,11 @@ func (flexibleOption) configureSampler(o *samplerOptions) error { o.sample.flexi
 // without a deadline; when the limiter allows no sample in that time the
 // error matches ErrRateLimited. When it allows only some, those are
 // returned with an error matching ErrRateLimited: samples are never
-// dropped. A service that stops while the call waits fails it with
-// ErrServer within about two seconds.
+// dropped. A reply that finds no room in the service's reply budget
+// (limits.max_reply_bytes_in_flight) within the wait fails the same way;
+// its samples were taken, and are lost, as a reply sent after the caller
+// stopped waiting would be. A service that stops while the call waits
+// fails it with ErrServer within about two seconds.
 func (c *Client) Sample(ctx context.Context, table string, n int, opts ...SampleOption) ([]Sample, error) {
 	o, err := sampleConfig(n, opts)
 	if err != nil {

@@ -346,27 +346,44 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	}
 	code, items = status, len(samples)
 	// The reply's bytes are taken from the service's budget before it is
-	// built, and given back once the connection copied them.
-	var taken int64
+	// built, and given back once the connection copied them. The wait for
+	// them ends with the request's, as the wait for the limiter does: the
+	// learner stops listening then, and a wait past it held the request's
+	// slot, and then bytes other learners waited for, for a reply nobody
+	// read. The budget cannot be taken before the samples are: their bytes
+	// are known only once they are drawn, and a bound taken beforehand
+	// (the table's largest item times the count) would hold far more than
+	// the replies take, and hold it while requests wait for their limiter.
+	var taken, asked int64
+	var roomErr error
 	defer func() { s.replyBudget.give(taken) }()
-	reserve := func(n int64) (err error) {
-		taken, err = s.replyBudget.take(ctx, n)
-		return err
+	reserve := func(n int64) error {
+		asked = n
+		taken, roomErr = s.replyBudget.take(wctx, n)
+		return roomErr
 	}
 	buf := responseBuffers.Get().(*[]byte)
-	// A reply that waited for room until the service stopped.
-	stopped := func() {
+	// A reply that found no room before the service stopped or the request
+	// ended. Its samples stay taken, as those of any reply the learner
+	// stopped waiting for.
+	noRoom := func() {
 		s.putResponseBuffer(buf)
-		code, items = protocol.CodeUnavailable, 0
-		s.respondStatus(r, code, "service shutting down")
+		items = 0
+		if ctx.Err() != nil {
+			code = protocol.CodeUnavailable
+			s.respondStatus(r, code, "service shutting down")
+			return
+		}
+		code = protocol.CodeRateLimited
+		s.respondStatus(r, code, fmt.Sprintf("table %q: the reply of %d samples (%d bytes) found no room within limits.max_reply_bytes_in_flight in the request's %v; the samples were taken", req.Table, len(samples), asked, wait))
 	}
 	if req.Packed {
 		// A layout newer than this service gets the newest it knows; the
 		// client tells which by the fields it finds.
 		*buf, err = wire.AppendPackedSampleResponseWithin((*buf)[:0], req.Layout, wire.Code(status), msg, samples, after,
 			func(n int) error { return reserve(int64(n)) })
-		if err != nil && ctx.Err() != nil {
-			stopped()
+		if roomErr != nil {
+			noRoom()
 			return
 		}
 		if err != nil {
@@ -381,7 +398,7 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		// Clients older than packed replies read items one by one: no
 		// item of such a reply takes more than the largest the table holds.
 		if reserve(int64(len(samples))*per) != nil {
-			stopped()
+			noRoom()
 			return
 		}
 		*buf = wire.AppendSampleResponse((*buf)[:0], wire.Code(status), msg, samples, after)

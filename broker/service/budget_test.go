@@ -2,10 +2,14 @@ package service
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
+	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
 	"github.com/reprise-rl/reprise/tables"
@@ -132,5 +136,111 @@ func TestRepliesShareTheirBudget(t *testing.T) {
 	defer b.mu.Unlock()
 	if b.peak < 200_000 || b.peak > limits.MaxReplyBytesInFlight {
 		t.Fatalf("replies took at most %d bytes at once, want 200,000 (one reply) to %d (the budget)", b.peak, limits.MaxReplyBytesInFlight)
+	}
+}
+
+// TestReplyWaitEndsWithTheRequest: a reply waiting for room in
+// limits.max_reply_bytes_in_flight waits no longer than its request's
+// timeout, the learner is told then, and the request leaves the budget's
+// line and its slot. It waited as long as the service ran, for a learner
+// long gone, holding its slot and, once granted, bytes others waited for.
+func TestReplyWaitEndsWithTheRequest(t *testing.T) {
+	limits := DefaultLimits()
+	limits.MaxItemBytes, limits.MaxReplyBytes, limits.MaxReplyBytesInFlight = 100_000, 100_000, 100_000
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithLimits(limits)}})
+	insertSteps(t, d.producer(), 0, 10, 4)
+	ctx := testutil.Context(t)
+	b := d.svc.replyBudget
+	// Another learner's reply holds the whole budget, as one a slow
+	// connection has not yet copied would.
+	held, err := b.take(ctx, b.size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			b.give(held)
+		}
+	}
+	defer release()
+	waiting := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.waiting)
+	}
+	slotsInUse := func() int {
+		d.svc.slots.mu.Lock()
+		defer d.svc.slots.mu.Unlock()
+		return d.svc.slots.inUse
+	}
+
+	const timeout = 200 * time.Millisecond
+	nc := d.connect()
+	start := time.Now()
+	// The learner waits well past the request's timeout.
+	m, err := nc.Request(d.svc.subj.Sample(), mustMarshal(t, &wire.SampleRequest{Table: "t", NumSamples: 2, Packed: true, TimeoutMs: timeout.Milliseconds()}), 20*time.Second)
+	if err != nil {
+		t.Fatalf("no answer while another reply held the budget: %v (%d wait for it)", err, waiting())
+	}
+	elapsed := time.Since(start)
+	var resp wire.SampleResponse
+	if err := proto.Unmarshal(m.Data, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if code := resp.GetStatus().GetCode(); code != wire.Code_CODE_RATE_LIMITED {
+		t.Fatalf("answered %v (%s), want %v", code, resp.GetStatus().GetMessage(), wire.Code_CODE_RATE_LIMITED)
+	}
+	if elapsed < timeout {
+		t.Fatalf("answered after %v, before the request's timeout of %v", elapsed, timeout)
+	}
+	testutil.WaitUntil(t, "the request leaves the budget's line and its slot", func() bool { return waiting() == 0 && slotsInUse() == 0 })
+
+	// The Go client's deadline reaches the service as the request's
+	// timeout: it is told the table is rate limited, not left to its own
+	// deadline.
+	sctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	defer cancel()
+	if _, err := d.client().Sample(sctx, "t", 2); !errors.Is(err, broker.ErrRateLimited) || sctx.Err() != nil {
+		t.Fatalf("Sample with a deadline while the budget was held: %v, want ErrRateLimited before the deadline", err)
+	}
+	testutil.WaitUntil(t, "the client's request leaves the budget's line", func() bool { return waiting() == 0 && slotsInUse() == 0 })
+
+	release()
+	if _, err := d.client().Sample(ctx, "t", 2); err != nil {
+		t.Fatalf("Sample once the budget was free: %v", err)
+	}
+	testutil.WaitUntil(t, "every byte is given back", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.free == b.size
+	})
+
+	// One whose request may wait longer than the service runs is told it
+	// stops.
+	if held, err = b.take(ctx, b.size); err != nil {
+		t.Fatal(err)
+	}
+	released = false
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest(d.svc.subj.Sample(), inbox, mustMarshal(t, &wire.SampleRequest{Table: "t", NumSamples: 2, Packed: true, TimeoutMs: 60_000})); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "a reply waits for room", func() bool { return waiting() == 1 })
+	d.stop()
+	if m, err = sub.NextMsg(20 * time.Second); err != nil {
+		t.Fatalf("no answer as the service stopped: %v", err)
+	}
+	if err := proto.Unmarshal(m.Data, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if code := resp.GetStatus().GetCode(); code != wire.Code_CODE_UNAVAILABLE {
+		t.Fatalf("a reply waiting for room as the service stopped: %v (%s), want %v", code, resp.GetStatus().GetMessage(), wire.Code_CODE_UNAVAILABLE)
 	}
 }

@@ -84,7 +84,9 @@ const (
 	// The request was malformed or named something that does not exist.
 	Code_CODE_INVALID_ARGUMENT Code = 1
 	Code_CODE_NOT_FOUND        Code = 2
-	// The rate limiter did not allow the request before its timeout.
+	// The rate limiter did not allow the request before its timeout, or the
+	// reply found no room in the service's reply budget by then (its
+	// samples were taken).
 	Code_CODE_RATE_LIMITED Code = 3
 	Code_CODE_UNAVAILABLE  Code = 4
 	Code_CODE_INTERNAL     Code = 5
@@ -932,9 +934,10 @@ type SampleRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Table      string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
 	NumSamples int32                  `protobuf:"varint,2,opt,name=num_samples,json=numSamples,proto3" json:"num_samples,omitempty"`
-	// How long the service may wait for the rate limiter; 0 means do not
-	// wait at all, negative means wait as long as the client keeps waiting
-	// (bounded by the service's own maximum).
+	// How long the service may wait for the rate limiter, and then for room
+	// for the reply in its reply budget (limits.max_reply_bytes_in_flight);
+	// 0 means do not wait at all, negative means wait as long as the client
+	// keeps waiting (bounded by the service's own maximum).
 	TimeoutMs int64 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	// Return as soon as at least one item is available, up to num_samples.
 	Flexible bool `protobuf:"varint,4,opt,name=flexible,proto3" json:"flexible,omitempty"`

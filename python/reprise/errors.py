@@ -77,8 +77,11 @@ UnknownTableError = NotFoundError
 
 
 class RateLimitedError(RepriseError, TimeoutError):
-    """The table's rate limiter did not allow the request before its timeout.
-    For a sample cut short, ``partial`` holds the items that did arrive
+    """The table's rate limiter did not allow the request before its timeout,
+    or a sample's reply found no room in the service's reply budget
+    (``limits.max_reply_bytes_in_flight``) by then: its items were taken,
+    and are lost, as a reply sent after the caller stopped waiting would
+    be. For a sample cut short, ``partial`` holds the items that did arrive
     (samples are never dropped)."""
 
     code = Code.RATE_LIMITED

@@ -46,7 +46,8 @@ const (
 	// CodeNotFound: the table does not exist.
 	CodeNotFound
 	// CodeRateLimited: the table's rate limiter allowed nothing before the
-	// request's timeout.
+	// request's timeout, or a sample's reply found no room in the service's
+	// reply budget (Limits.MaxReplyBytesInFlight) by then.
 	CodeRateLimited
 	// CodeUnavailable: the service is shutting down or cannot reach
 	// JetStream; trying again later may work.
