@@ -347,25 +347,33 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	code, items = status, len(samples)
 	// The reply's bytes are taken from the service's budget before it is
 	// built, and given back once the connection copied them. The wait for
-	// them ends with the request's, as the wait for the limiter does: the
-	// learner stops listening then, and a wait past it held the request's
-	// slot, and then bytes other learners waited for, for a reply nobody
-	// read. The budget cannot be taken before the samples are: their bytes
-	// are known only once they are drawn, and a bound taken beforehand
-	// (the table's largest item times the count) would hold far more than
-	// the replies take, and hold it while requests wait for their limiter.
+	// them ends soon after the request's (replyRoomGrace), while the
+	// learner still listens: a wait past that held the request's slot, and
+	// then bytes other learners waited for, for a reply nobody read. The
+	// budget cannot be taken before the samples are: their bytes are known
+	// only once they are drawn, and a bound taken beforehand (the table's
+	// largest item times the count) would hold far more than the replies
+	// take, and hold it while requests wait for their limiter.
+	roomWait := wait + replyRoomGrace(wait)
 	var taken, asked int64
 	var roomErr error
 	defer func() { s.replyBudget.give(taken) }()
 	reserve := func(n int64) error {
 		asked = n
-		taken, roomErr = s.replyBudget.take(wctx, n)
+		var ok bool
+		if taken, ok = s.replyBudget.tryTake(n); ok {
+			// The usual reply: no deadline made for it (see lazyDeadline).
+			return nil
+		}
+		rctx, cancel := context.WithDeadline(ctx, start.Add(roomWait))
+		defer cancel()
+		taken, roomErr = s.replyBudget.take(rctx, n)
 		return roomErr
 	}
 	buf := responseBuffers.Get().(*[]byte)
-	// A reply that found no room before the service stopped or the request
-	// ended. Its samples stay taken, as those of any reply the learner
-	// stopped waiting for.
+	// A reply that found no room before the service stopped or its wait
+	// for room ended. Its samples stay taken, as those of any reply the
+	// learner stopped waiting for.
 	noRoom := func() {
 		s.putResponseBuffer(buf)
 		items = 0
@@ -375,7 +383,7 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 			return
 		}
 		code = protocol.CodeRateLimited
-		s.respondStatus(r, code, fmt.Sprintf("table %q: the reply of %d samples (%d bytes) found no room within limits.max_reply_bytes_in_flight in the request's %v; the samples were taken", req.Table, len(samples), asked, wait))
+		s.respondStatus(r, code, fmt.Sprintf("table %q: the reply of %d samples (%d bytes) found no room within limits.max_reply_bytes_in_flight in %v (the request's %v and a part of the margin its client listens past it); the samples were taken", req.Table, len(samples), asked, roomWait, wait))
 	}
 	if req.Packed {
 		// A layout newer than this service gets the newest it knows; the
@@ -406,6 +414,19 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	s.respondParts(r, *buf)
 	// Respond copied the bytes into the connection's buffer.
 	s.putResponseBuffer(buf)
+}
+
+// replyRoomGrace is how long past its request's wait a reply whose samples
+// were taken may still wait for room in the reply budget: half the margin
+// both clients listen past the timeout_ms they send, for the reply to
+// travel (broker.Client.Sample, the Python client's sample_timeouts). For
+// a timeout_ms of T that margin is T up to 250 ms, 250 ms up to 2.25 s,
+// and T/9 past it. Without it, samples taken at the deadline (those of a
+// partial reply, or the ones the limiter let through last) found no room
+// at once whenever another reply was ahead of them, and were lost while
+// the learner still listened.
+func replyRoomGrace(wait time.Duration) time.Duration {
+	return min(wait, max(250*time.Millisecond, wait/9)) / 2
 }
 
 // putResponseBuffer keeps buf for a later reply unless it outgrew

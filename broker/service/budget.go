@@ -64,6 +64,19 @@ func (b *replyBudget) take(ctx context.Context, n int64) (int64, error) {
 	return 0, ctx.Err()
 }
 
+// tryTake takes n bytes (at most the whole budget) if they are free and
+// no taker waits before it, returning what it took and whether it did.
+func (b *replyBudget) tryTake(n int64) (int64, bool) {
+	n = max(0, min(n, b.size))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.waiting) > 0 || b.free < n {
+		return 0, false
+	}
+	b.takeLocked(n)
+	return n, true
+}
+
 // give returns n bytes taken with take.
 func (b *replyBudget) give(n int64) {
 	b.mu.Lock()

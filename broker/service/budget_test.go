@@ -12,6 +12,7 @@ import (
 	"github.com/reprise-rl/reprise/broker"
 	"github.com/reprise-rl/reprise/broker/wire"
 	"github.com/reprise-rl/reprise/internal/testutil"
+	"github.com/reprise-rl/reprise/limiter"
 	"github.com/reprise-rl/reprise/tables"
 )
 
@@ -243,4 +244,73 @@ func TestReplyWaitEndsWithTheRequest(t *testing.T) {
 	if code := resp.GetStatus().GetCode(); code != wire.Code_CODE_UNAVAILABLE {
 		t.Fatalf("a reply waiting for room as the service stopped: %v (%s), want %v", code, resp.GetStatus().GetMessage(), wire.Code_CODE_UNAVAILABLE)
 	}
+}
+
+// TestReplyTakenAtTheDeadlineWaitsForRoom: a reply whose samples were
+// taken as its request's timeout came (here the one sample of a partial
+// reply) may still wait for room in limits.max_reply_bytes_in_flight a
+// while, as its learner still listens for a margin past the timeout, and
+// reaches the learner once room comes. It had no time at all: behind
+// another reply it was answered rate limited at once, its samples taken
+// and lost.
+func TestReplyTakenAtTheDeadlineWaitsForRoom(t *testing.T) {
+	limits := DefaultLimits()
+	limits.MaxItemBytes, limits.MaxReplyBytes, limits.MaxReplyBytesInFlight = 100_000, 100_000, 100_000
+	cfg := testutil.UniformTable("t", 100)
+	// One item in: one sample, and a request for two waits for the second
+	// until its timeout.
+	cfg.Limiter = limiter.Queue(100)
+	d := deploy(t, []tables.Config{cfg}, deployOptions{service: []Option{WithLimits(limits)}})
+	insertSteps(t, d.producer(), 0, 1, 4)
+	ctx := testutil.Context(t)
+	b := d.svc.replyBudget
+	// Another learner's reply holds the whole budget, as one a slow
+	// connection has not yet copied would.
+	held, err := b.take(ctx, b.size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release := func() { once.Do(func() { b.give(held) }) }
+	defer release()
+
+	// A deadline of 5 s: the request's timeout is 4.5 s, and the client
+	// listens 500 ms past it.
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	type result struct {
+		samples []broker.Sample
+		err     error
+	}
+	answer := make(chan result, 1)
+	c := d.client()
+	go func() {
+		s, err := c.Sample(sctx, "t", 2)
+		answer <- result{s, err}
+	}()
+	var got result
+	answered := false
+	testutil.WaitUntil(t, "the reply waits for room, or the learner is answered", func() bool {
+		select {
+		case got = <-answer:
+			answered = true
+			return true
+		default:
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.waiting) > 0
+	})
+	release()
+	if !answered {
+		got = <-answer
+	}
+	if len(got.samples) != 1 || !errors.Is(got.err, broker.ErrRateLimited) {
+		t.Fatalf("the reply of a partial sample, room given once it waited: %d samples, %v; want the one taken, with ErrRateLimited for the other", len(got.samples), got.err)
+	}
+	testutil.WaitUntil(t, "every byte is given back", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.free == b.size
+	})
 }

@@ -41,8 +41,8 @@ type Limits struct {
 	// MaxReplyBytesInFlight bounds the bytes of the sample replies the
 	// service builds and hands to its connections at once, over every
 	// request: a reply waits for room (its samples taken, it is not
-	// refused) until its request's timeout, and is then answered
-	// CodeRateLimited. A reply may always take MaxReplyBytes, which stands
+	// refused) until its request's timeout and half the margin its client
+	// listens past it, and is then answered CodeRateLimited. A reply may always take MaxReplyBytes, which stands
 	// in for a smaller value.
 	MaxReplyBytesInFlight int64
 	// MaxMutationOps bounds the priority updates and deletes of one

@@ -935,9 +935,11 @@ type SampleRequest struct {
 	Table      string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
 	NumSamples int32                  `protobuf:"varint,2,opt,name=num_samples,json=numSamples,proto3" json:"num_samples,omitempty"`
 	// How long the service may wait for the rate limiter, and then for room
-	// for the reply in its reply budget (limits.max_reply_bytes_in_flight);
-	// 0 means do not wait at all, negative means wait as long as the client
-	// keeps waiting (bounded by the service's own maximum).
+	// for the reply in its reply budget (limits.max_reply_bytes_in_flight),
+	// the latter a little longer: half the margin the clients listen past
+	// it (T up to 250 ms, 250 ms up to 2.25 s, T/9 past it); 0 means do not
+	// wait at all, negative means wait as long as the client keeps waiting
+	// (bounded by the service's own maximum).
 	TimeoutMs int64 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	// Return as soon as at least one item is available, up to num_samples.
 	Flexible bool `protobuf:"varint,4,opt,name=flexible,proto3" json:"flexible,omitempty"`
