@@ -270,6 +270,13 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("num_samples %d out of range [1, %d]", req.NumSamples, s.o.maxBatch))
 		return
 	}
+	// A learner for pacing inserts, counted as it comes, as the period
+	// whose delays it suffers sees it: counted once served, learners
+	// starved of the CPU in a period went unseen just when pacing was for
+	// them. Requests refused before they reach a slot and this point
+	// (malformed, of no table, out of range) are not counted: any client
+	// sending them held the actors at the paced minimum.
+	s.pace.samples.Add(1)
 	// Refused before anything is sampled: a sample counts against the
 	// limiter and max_times_sampled whether or not it reaches the learner.
 	// An item takes the bytes it decodes to and the records that describe
@@ -307,14 +314,6 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	}()
 	samples, after, err := t.AppendSamplesWithin(wctx, *pooled, least, int(req.NumSamples), fits)
 	*pooled = samples
-	if len(samples) > 0 {
-		// Only a request served is a learner to pace inserts for: one
-		// refused at once is no load to make room for, and counted, any
-		// client sending them held the actors at the paced minimum. One
-		// that waits for its table's rate limiter is counted as a limiter
-		// wait instead, which leaves inserts unpaced: it waits on them.
-		s.pace.samples.Add(1)
-	}
 	status, msg := protocol.CodeOK, ""
 	tooMany := func() string {
 		return fmt.Sprintf("table %q: %d items of up to %d bytes, with the records that describe them, may take more than %d bytes (limits.max_reply_bytes): ask for at most %d",
