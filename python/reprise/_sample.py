@@ -806,11 +806,48 @@ def _batch(lay: _Layout) -> SampleBatch:
     if len(set(layout)) != width:
         dup = next(c for c in layout if layout.count(c) > 1)
         raise errors.ProtocolError(f"item 0 has column {dup!r} twice")
+    shared = _Shared(lay, width)
     data = {}
     for j, col in enumerate(layout):
         f = lay.formats[fmt[0, j]]
-        data[col] = _gather(lay, j, width, f, int(steps[0, j]), bool(squeeze[0, j]))
+        data[col] = _gather(lay, j, width, f, int(steps[0, j]), bool(squeeze[0, j]), shared)
     return SampleBatch(info, data)
+
+
+class _Shared:
+    """The compressed or delta-encoded chunks of a batch that more than one
+    column takes slices of (an item's obs and next_obs out of one
+    trajectory column, say): each is decoded once, and kept only until the
+    last of those columns is gathered."""
+
+    def __init__(self, lay: _Layout, width: int) -> None:
+        self._layout = lay
+        self._uses: dict[int, int] = {}
+        self._kept: dict[int, np.ndarray] = {}
+        chunk = lay.sl_chunk
+        coded = ~lay.ch_plain[chunk]
+        if not coded.any():
+            return
+        column = np.repeat(np.arange(len(lay.col_nslices)) % width, lay.col_nslices)
+        pairs = np.unique(np.stack([chunk[coded].astype(np.int64), column[coded]]), axis=1)
+        chunks, uses = np.unique(pairs[0], return_counts=True)
+        many = uses > 1
+        self._uses = dict(zip(chunks[many].tolist(), uses[many].tolist()))
+
+    def take(self, c: int) -> np.ndarray:
+        """Chunk c decoded, for one column that uses it."""
+        uses = self._uses.get(c)
+        if uses is None:
+            return _decode_chunk(self._layout, c)
+        a = self._kept.pop(c, None)
+        if a is None:
+            a = _decode_chunk(self._layout, c)
+        if uses > 1:
+            self._kept[c] = a
+            self._uses[c] = uses - 1
+        else:
+            del self._uses[c]
+        return a
 
 
 #: A uniform record whole: the column's name and slices, then its chunks'
@@ -878,7 +915,7 @@ def _uniform_batch(p: _Packed) -> SampleBatch | None:
     return SampleBatch(_batch_info(info, (flagged >> _FLAG).astype(bool)), data)
 
 
-def _gather(lay: _Layout, j: int, width: int, f: _Format, steps: int, squeeze: bool) -> np.ndarray:
+def _gather(lay: _Layout, j: int, width: int, f: _Format, steps: int, squeeze: bool, shared: _Shared) -> np.ndarray:
     """Column j of every item, stacked: a fresh array."""
     n = lay.n
     shape = (n, *f.shape) if squeeze else (n, steps, *f.shape)
@@ -900,7 +937,7 @@ def _gather(lay: _Layout, j: int, width: int, f: _Format, steps: int, squeeze: b
     if lay.ch_plain[chunk].all():
         buf, base = lay.data, lay.ch_at
     else:
-        buf, base = _decode_column(lay, chunk)
+        buf, base = _decode_column(lay, chunk, shared)
     start = base[chunk] + offset * f.step_bytes  # in bytes
     if count is None:
         row = steps * f.step_bytes  # one row an item
@@ -917,18 +954,19 @@ def _gather(lay: _Layout, j: int, width: int, f: _Format, steps: int, squeeze: b
     return rows[start // unit].view(f.dt).reshape(shape)
 
 
-def _decode_column(lay: _Layout, chunk: np.ndarray) -> tuple[Any, np.ndarray]:
+def _decode_column(lay: _Layout, chunk: np.ndarray, shared: _Shared) -> tuple[Any, np.ndarray]:
     """The distinct chunks among chunk, decoded and joined, and where each
     starts in the joined bytes (by chunk index). Each chunk is decoded
-    straight into its place and dropped: a column's chunks decoded whole
-    can be many times the rows its items take, so holding them all, or
-    those of earlier columns, beside the joined bytes would multiply what a
-    reply costs the learner's memory."""
+    straight into its place and dropped, unless a later column takes
+    slices of it too: a column's chunks decoded whole can be many times the
+    rows its items take, so holding them all, or those of earlier columns,
+    beside the joined bytes would multiply what a reply costs the
+    learner's memory."""
     distinct = np.unique(chunk)
     sizes = lay.ch_raw[distinct]
     base = np.zeros(len(lay.ch_key), dtype=np.int64)
     base[distinct] = np.cumsum(sizes) - sizes
     joined = np.empty(int(sizes.sum()), dtype=np.uint8)
     for c, at, size in zip(distinct.tolist(), base[distinct].tolist(), sizes.tolist()):
-        joined[at : at + size] = _decode_chunk(lay, c).reshape(-1).view(np.uint8)
+        joined[at : at + size] = shared.take(c).reshape(-1).view(np.uint8)
     return joined, base

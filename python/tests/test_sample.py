@@ -1051,3 +1051,35 @@ def test_a_batch_holds_one_decoded_chunk_at_a_time(monkeypatch: pytest.MonkeyPat
     assert most == 0
     for name in names:
         np.testing.assert_array_equal(got.data[name], np.stack(want[name]))
+
+
+def test_a_chunk_two_columns_share_is_decoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """obs and next_obs out of one compressed trajectory column: each chunk
+    is decoded once for the batch, and none is left held once it is
+    built."""
+    steps = 50
+    chunks: list[pb.Chunk] = []
+    obs, nxt, items = [], [], []
+    for i in range(6):
+        a = np.arange(steps * 4, dtype=np.float32).reshape(steps, 4) + 1000 * i
+        c = _codec.encode_chunk(i + 1, a, compression="zstd")
+        assert c.compression == pb.COMPRESSION_ZSTD
+        chunks.append(c)
+        off = (7 * i) % (steps - 3)
+        items.append(Item([Column("obs", [(i + 1, off, 2)]), Column("next_obs", [(i + 1, off + 1, 2)])], key=i + 1))
+        obs.append(a[off : off + 2])
+        nxt.append(a[off + 1 : off + 3])
+    decode = _codec.decode_chunk_fields
+    alive: list[weakref.ref[np.ndarray]] = []
+
+    def counting(*args: Any, **kwargs: Any) -> np.ndarray:
+        a = decode(*args, **kwargs)
+        alive.append(weakref.ref(a))
+        return a
+
+    monkeypatch.setattr(_codec, "decode_chunk_fields", counting)
+    got = batch(pack(items, chunks).SerializeToString())
+    assert len(alive) == len(chunks)
+    assert not any(r() is not None for r in alive)
+    np.testing.assert_array_equal(got.data["obs"], np.stack(obs))
+    np.testing.assert_array_equal(got.data["next_obs"], np.stack(nxt))
