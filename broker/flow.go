@@ -277,6 +277,16 @@ func (f *flow) reject(err error) {
 	f.notifyLocked()
 }
 
+// report records an error for the producer's next call that is neither a
+// loss of a message nor a rejection (an item over the max payload that a
+// call which may not fail left behind).
+func (f *flow) report(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.errs = append(f.errs, err)
+	f.notifyLocked()
+}
+
 // takeErrors returns and forgets the asynchronous errors seen so far.
 func (f *flow) takeErrors() error {
 	f.mu.Lock()

@@ -619,9 +619,16 @@ func (p *Producer) onRejected(m *nats.Msg) {
 }
 
 // Append adds one step to the current episode. Every column keeps the dtype
-// and shape it first had; a mismatch is an error naming the column, and then
-// nothing of the step is kept. Append copies the tensors' data and keeps
-// neither them nor step: a caller may reuse both for its next step.
+// and shape it first had; a mismatch is an error naming the column. Append
+// copies the tensors' data and keeps neither them nor step: a caller may
+// reuse both for its next step.
+//
+// An error means that nothing of the step is kept, so a caller may append
+// it again. Append waits for room in the window (until ctx ends) only
+// before it keeps the step, to publish items that earlier steps completed;
+// the items this step completes are published as far as the window has
+// room, the rest by the next call or once the window moves, and their
+// errors (an item over the max payload) are returned by a later call.
 func (p *Producer) Append(ctx context.Context, step Step) error {
 	if len(step) == 0 {
 		return fmt.Errorf("%w: empty step", ErrInvalidMessage)
@@ -630,6 +637,16 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 	defer p.mu.Unlock()
 	if p.closing {
 		return ErrClosed
+	}
+	if len(p.pending) > 0 || (p.batch.items() > 0 && (p.o.linger == 0 || p.batchFull())) {
+		// The wait may release the lock: another call may append or
+		// close meanwhile, so the step is checked after it.
+		if err := p.advanceLocked(ctx, false, true); err != nil {
+			return err
+		}
+		if p.closing {
+			return ErrClosed
+		}
 	}
 	cols := p.stepCols[:0]
 	defer func() { clear(cols); p.stepCols = cols[:0] }()
@@ -644,6 +661,13 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 		if c != nil && (c.dtype != t.DType || !slices.Equal(c.shape, t.Shape)) {
 			return fmt.Errorf("%w: column %q: step %d has %s%v, earlier steps have %s%v",
 				ErrSignature, name, p.step, t.DType, t.Shape, c.dtype, c.shape)
+		}
+		// What EncodeChunk would refuse once the chunk is full is refused
+		// before any step of the column is kept: the column's dtype and
+		// shape fix its steps' size.
+		if n := len(t.Data); c == nil && n > 0 && p.o.chunkLength > wire.MaxChunkRawSize/n {
+			return fmt.Errorf("%w: column %q: a chunk of %d steps of %d bytes exceeds the chunk limit of %d bytes: use shorter chunks",
+				ErrInvalidMessage, name, p.o.chunkLength, n, wire.MaxChunkRawSize)
 		}
 		cols = append(cols, stepColumn{name, t, c})
 	}
@@ -674,8 +698,9 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 		st.Dtype, st.Shape, st.Data = t.DType, c.shape, data
 		c.open = append(c.open, st)
 	}
-	// Errors are joined as they come: a slice of them, passed on to
-	// errors.Join, cost an allocation every step.
+	// The step is kept: what fails from here on is another call's to
+	// report. Errors are joined as they come: a slice of them, passed on
+	// to errors.Join, cost an allocation every step.
 	var err error
 	for _, c := range p.colList {
 		// A chunk holds consecutive steps: a column missing from this step
@@ -686,7 +711,10 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 	}
 	p.step++
 	p.trimLocked()
-	return joinErr(err, p.advanceLocked(ctx, false))
+	if err = joinErr(err, p.advanceLocked(ctx, false, false)); err != nil {
+		p.flow.report(err)
+	}
+	return nil
 }
 
 // joinErr is errors.Join(err, more) without allocating when more is nil.
@@ -822,7 +850,7 @@ func (p *Producer) CreateItem(ctx context.Context, table string, priority float6
 		it.refs[i] = resolvedRef{name: r.name(), col: c, from: from, to: to, squeeze: r.Squeeze}
 	}
 	p.pending = append(p.pending, it)
-	return errors.Join(p.advanceLocked(ctx, false), p.flow.takeErrors())
+	return errors.Join(p.advanceLocked(ctx, false, true), p.flow.takeErrors())
 }
 
 // newKey draws an item key: any 64 bits, or for a shard's producer, any
@@ -884,9 +912,11 @@ func (c *column) sealed(to int64) bool {
 
 // advanceLocked moves ready items (in creation order) into the batch and
 // publishes when the batch is full, or everything when force is set. An item
-// that cannot be sent for lack of room in the window stays queued. It may
-// release p.mu while it waits for room (see publishLocked).
-func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
+// that cannot be sent for lack of room in the window stays queued. With wait
+// it may release p.mu while it waits for room (see publishLocked); without,
+// it never releases p.mu, and what needs room waits for it in onLinger
+// (the staged batch) or for the next call (the items behind it).
+func (p *Producer) advanceLocked(ctx context.Context, force, wait bool) error {
 	front := p.pending[:0]
 	defer func() {
 		// pending is taken from its front; once empty it starts again
@@ -907,11 +937,15 @@ func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
 			break
 		}
 		it.adding = true
-		err := p.addToBatchLocked(ctx, it)
+		err := p.addToBatchLocked(ctx, it, wait)
 		it.adding = false
 		if p.added != nil {
 			close(p.added)
 			p.added = nil
+		}
+		if err == errNoRoom {
+			p.publishWhenRoomLocked()
+			return errors.Join(errs...)
 		}
 		if errors.Is(err, ErrNotApplied) || errors.Is(err, ErrClosed) {
 			return errors.Join(append(errs, err)...)
@@ -925,16 +959,46 @@ func (p *Producer) advanceLocked(ctx context.Context, force bool) error {
 			errs = append(errs, err)
 		}
 	}
-	full := p.batch.items() >= p.o.batchItems || p.batch.bytes() >= p.o.batchBytes
 	switch {
-	case force || full || p.o.linger == 0:
-		if p.batch.items() > 0 || (force && len(p.release) > 0) {
+	case force || p.batchFull() || p.o.linger == 0:
+		switch {
+		case p.batch.items() == 0 && !(force && len(p.release) > 0):
+		case wait:
 			errs = append(errs, p.publishLocked(ctx, false))
+		case !p.sendIfRoomLocked():
+			p.publishWhenRoomLocked()
 		}
 	case p.batch.items() > 0 && p.linger == nil && !p.lingering:
 		p.linger = time.AfterFunc(p.o.linger, p.onLinger)
 	}
 	return errors.Join(errs...)
+}
+
+// batchFull reports whether the staged batch is due to be published.
+func (p *Producer) batchFull() bool {
+	return p.batch.items() >= p.o.batchItems || p.batch.bytes() >= p.o.batchBytes
+}
+
+// errNoRoom ends an advance that may not wait where the window has no room:
+// the item stays pending.
+var errNoRoom = errors.New("broker: no room in the window")
+
+// sendIfRoomLocked sends the staged batch if the window has room now, and
+// reports whether it did.
+func (p *Producer) sendIfRoomLocked() bool {
+	if ok, _ := p.flow.tryAcquire(p.batch.items()); !ok {
+		return false
+	}
+	p.sendBatchLocked(false)
+	return true
+}
+
+// publishWhenRoomLocked has onLinger publish the staged batch once the
+// window has room, unless it will already: a call that may not wait left it.
+func (p *Producer) publishWhenRoomLocked() {
+	if p.batch.items() > 0 && p.linger == nil && !p.lingering {
+		p.linger = time.AfterFunc(0, p.onLinger)
+	}
 }
 
 // ready reports whether every step the item needs is in a sealed chunk.
@@ -981,7 +1045,7 @@ func (p *Producer) onLinger() {
 // addToBatchLocked adds an item and the chunks it needs that were not sent
 // yet. A message never exceeds the server's max payload: a batch that would
 // is published first.
-func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error {
+func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem, wait bool) error {
 	for {
 		item, fresh := it.build(&p.scratch)
 		if p.batch.msg == nil {
@@ -1001,6 +1065,12 @@ func (p *Producer) addToBatchLocked(ctx context.Context, it *pendingItem) error 
 			if size > limit {
 				return fmt.Errorf("%w: item for table %q needs %d bytes, over the server's max payload of %d: use shorter chunks or raise max_payload",
 					ErrInvalidMessage, it.table, size, p.maxPayload)
+			}
+			if !wait {
+				if !p.sendIfRoomLocked() {
+					return errNoRoom
+				}
+				continue
 			}
 			// Publishing may release the lock; build the item again after.
 			if err := p.publishLocked(ctx, false); err != nil {
@@ -1362,7 +1432,7 @@ func (p *Producer) publishAcked(ctx context.Context) error {
 	}
 	err := p.sealOpenLocked()
 	for {
-		more := p.advanceLocked(ctx, true)
+		more := p.advanceLocked(ctx, true, true)
 		err = joinErr(err, more)
 		if errors.Is(more, ErrNotApplied) || errors.Is(more, ErrClosed) || len(p.pending) == 0 {
 			break
@@ -1388,7 +1458,7 @@ func (p *Producer) publishAcked(ctx context.Context) error {
 }
 
 func (p *Producer) flushLocked(ctx context.Context) error {
-	return errors.Join(p.sealOpenLocked(), p.advanceLocked(ctx, true))
+	return errors.Join(p.sealOpenLocked(), p.advanceLocked(ctx, true, true))
 }
 
 // sealOpenLocked completes every open chunk.
@@ -1455,7 +1525,7 @@ func (p *Producer) endEpisode(ctx context.Context) (ended bool, err error) {
 	}
 	err = p.sealOpenLocked()
 	if err == nil {
-		err = p.advanceLocked(ctx, false)
+		err = p.advanceLocked(ctx, false, true)
 	}
 	if err == nil {
 		ended, err = p.publishEndLocked(ctx)
@@ -1479,7 +1549,7 @@ func (p *Producer) publishEndLocked(ctx context.Context) (ended bool, err error)
 	// episode must not end before.
 	for {
 		if len(p.pending) > 0 && !p.pending[0].adding {
-			if err := p.advanceLocked(ctx, true); err != nil {
+			if err := p.advanceLocked(ctx, true, true); err != nil {
 				return false, err
 			}
 		}

@@ -595,7 +595,9 @@ func TestReleasesWaitingBesideAFullBatchNeverOverflowIt(t *testing.T) {
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 1000), tables.QueueConfig("q", 1)}, testutil.StartEmbedded(t, 16<<10))
 	ctx := testutil.Context(t)
 	const steps = 150
-	p := d.producer(WithLinger(0), WithMaxUnapplied(1), WithHistory(steps), WithCompression(wire.Uncompressed), WithDelta(false))
+	// Batches wait for Flush, so that steps can come while one is staged:
+	// an Append waits for a batch that is due and has no room.
+	p := d.producer(WithLinger(time.Hour), WithMaxUnapplied(1), WithHistory(steps), WithCompression(wire.Uncompressed), WithDelta(false))
 	small := func(i int64) Step { return Step{"a": Int64s(nil, []int64{i}), "b": Int64s(nil, []int64{i})} }
 	// Items on every step: their chunks are sent, so leaving the history
 	// releases them.
@@ -609,23 +611,34 @@ func TestReleasesWaitingBesideAFullBatchNeverOverflowIt(t *testing.T) {
 	}
 	// The queue holds its second item, so the window (one unapplied item)
 	// is full.
-	holdInQueue(t, d, p, "q", "a")
-	short := func() context.Context {
-		c, cancel := context.WithTimeout(ctx, 2*time.Millisecond)
-		t.Cleanup(cancel)
-		return c
+	for i, wait := range []time.Duration{time.Minute, 300 * time.Millisecond} {
+		if err := p.Append(ctx, small(int64(i))); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "q", 1, LastStep("a")); err != nil {
+			t.Fatal(err)
+		}
+		fctx, cancel := context.WithTimeout(ctx, wait)
+		if err := p.Flush(fctx); (i == 0) != (err == nil) {
+			t.Fatalf("flush %d: %v", i, err) // the second waits for the held item
+		}
+		cancel()
 	}
+	q, _ := d.svc.Table("q")
+	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
 	big := make([]byte, 14000)
 	if err := p.Append(ctx, Step{"big": Tensor{DType: "uint8", Shape: []int64{int64(len(big))}, Data: big}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.CreateItem(short(), "t", 1, LastStep("big")); !errors.Is(err, ErrNotApplied) {
-		t.Fatalf("an item behind a full window: %v, want ErrNotApplied", err)
+	if err := p.CreateItem(ctx, "t", 1, LastStep("big")); err != nil {
+		t.Fatal(err)
 	}
 	// Steps without items push the sent chunks out of the history while
 	// the big item's batch waits.
 	for i := range int64(steps) {
-		p.Append(short(), small(i))
+		if err := p.Append(ctx, small(i)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	p.mu.Lock()
 	released, batched := len(p.release), p.batch.msg.Size()
@@ -1261,10 +1274,112 @@ func TestMissingColumnEndsItsChunkEveryEpisode(t *testing.T) {
 	}
 }
 
+// TestAppendThatFailsKeepsNothingOfTheStep: an Append that returns an
+// error kept nothing of its step, so an actor may append it again. Append
+// kept the step, then waited for room to publish the item the step
+// completed and failed when its context ended: an actor that appended the
+// step again had it twice in its episode.
+func TestAppendThatFailsKeepsNothingOfTheStep(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10), tables.QueueConfig("q", 1)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0), WithMaxUnapplied(1), WithChunkLength(2))
+	id := func(i int64) Step { return Step{"id": Int64s(nil, []int64{i})} }
+	// The queue holds its second item, so the window (one item) stays full.
+	for i := range int64(4) {
+		if err := p.Append(ctx, id(i)); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 {
+			if err := p.CreateItem(ctx, "q", 1, LastStep("id")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	q, _ := d.svc.Table("q")
+	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	if err := p.Append(ctx, id(4)); err != nil {
+		t.Fatal(err)
+	}
+	// Its chunk is open: it waits for step 5.
+	if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
+		t.Fatal(err)
+	}
+	c := d.client()
+	failed := 0
+	for i := int64(5); i < 8; i++ {
+		for {
+			short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			err := p.Append(short, id(i))
+			cancel()
+			p.mu.Lock()
+			steps := p.step
+			p.mu.Unlock()
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, ErrNotApplied) {
+				t.Fatalf("append of step %d: %v, want ErrNotApplied", i, err)
+			}
+			if steps != i {
+				t.Fatalf("append of step %d failed (%v) with the episode at %d steps, want %d: the step was kept", i, err, steps, i)
+			}
+			failed++
+			// The learner makes room; the actor appends the step again.
+			if _, err := c.Sample(ctx, "q", 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if failed == 0 {
+		t.Fatal("no Append waited for the window: the test no longer tests")
+	}
+	if err := p.CreateItem(ctx, "t", 1, Last(4, "id")); err != nil {
+		t.Fatal(err)
+	}
+	for q.Info().Size > 0 {
+		if _, err := c.Sample(ctx, "q", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	samples, err := c.Sample(ctx, "t", 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range samples {
+		if got := ids(t, s); len(got) == 4 && !slices.Equal(got, []int64{4, 5, 6, 7}) {
+			t.Fatalf("the episode's last four steps: %v, want [4 5 6 7]", got)
+		}
+	}
+}
+
+// TestAppendRefusesAColumnItsChunksCannotHold: a column whose full chunk
+// would exceed wire.MaxChunkRawSize is refused by the Append of its first
+// step. It was kept, and the Append that completed the chunk failed to
+// seal it, with the step kept and the chunk's steps lost.
+func TestAppendRefusesAColumnItsChunksCannotHold(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithChunkLength(wire.MaxChunkRawSize/512 + 1))
+	err := p.Append(ctx, Step{"id": Int64s(nil, []int64{0}), "x": Tensor{DType: "uint8", Shape: []int64{512}, Data: make([]byte, 512)}})
+	if !errors.Is(err, ErrInvalidMessage) || !strings.Contains(err.Error(), `column "x"`) {
+		t.Fatalf("a column of 512-byte steps in chunks over the limit: %v, want ErrInvalidMessage naming it", err)
+	}
+	p.mu.Lock()
+	steps, cols := p.step, len(p.cols)
+	p.mu.Unlock()
+	if steps != 0 || cols != 0 {
+		t.Fatalf("after the refused step: %d steps, %d columns; want none", steps, cols)
+	}
+}
+
 // TestFlushPublishesAnItemAnotherCallGaveUpAdding: item X, created
 // (CreateItem returned nil) while its 2-step chunk was open, is being added
-// by another call, an Append that sealed the chunk and waits for room in
-// the window since X does not fit beside the staged batch. A Flush comes
+// by another call, an Append that waits for room in the window before it
+// keeps its step, since X does not fit beside the staged batch (the Append
+// before it sealed X's chunk and left X pending). A Flush comes
 // meanwhile and waits for room too; the Append's context then ends. Flush
 // must still publish X: it went past X while the Append held it and
 // returned nil with X never published, a loss of an acknowledged insert.
@@ -1309,13 +1424,18 @@ func TestFlushPublishesAnItemAnotherCallGaveUpAdding(t *testing.T) {
 	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
 		t.Fatal(err)
 	}
-	// Another call seals X's chunk and waits for room to publish W first.
+	// Another call seals X's chunk, and leaves X pending: W has to go
+	// first, and the window has no room.
+	s := x(2)
+	s["z"] = Int64s(nil, []int64{0}) // left open, for Flush to seal
+	if err := p.Append(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	// The next Append waits for room to add X before it keeps its step.
 	actx, acancel := context.WithCancel(ctx)
 	defer acancel()
 	appended := make(chan error, 1)
-	s := x(2)
-	s["z"] = Int64s(nil, []int64{0}) // left open, for Flush to seal
-	go func() { appended <- p.Append(actx, s) }()
+	go func() { appended <- p.Append(actx, x(3)) }()
 	testutil.WaitUntil(t, "the Append waits to add X", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()

@@ -850,6 +850,30 @@ class _Producer:
         if self.episode_steps > self.o.num_keep_alive_refs:
             self._trim_locked()
 
+    def append_due_locked(self) -> bool:
+        """Whether an append must first publish what earlier calls left
+        (items pending, a batch due), waiting for room in the window: it
+        waits only before it keeps its step, so that an append that raises
+        kept nothing of it (as the Go producer's Append)."""
+        return bool(self.pending) or (
+            bool(self.batch_items)
+            and (self.o.linger == 0 or len(self.batch_items) >= self.o.batch_items or self.batch_bytes >= self.o.batch_bytes)
+        )
+
+    def advance_kept_locked(self) -> None:
+        """advance_locked(False) for an append whose step is kept, which
+        neither waits nor raises: a batch that needs room waits for it as a
+        lingered one does, the items behind it wait for the next call, and
+        an item's error (over the max payload) is the next call's."""
+        if not self.pending:
+            return  # nothing waits for the chunks the step sealed
+        try:
+            self.advance_locked(False)
+        except _Blocked:
+            self.lingered = True
+        except errors.RepriseError as e:
+            self.errors.append(e)
+
     def cell_locked(self, name: Any, value: Any) -> np.ndarray:
         """value as the array a step of column name holds, little-endian,
         checked against the column's earlier steps."""
@@ -864,6 +888,13 @@ class _Producer:
                 _codec.dtype_name(a.dtype)
             except errors.InvalidArgumentError as e:
                 raise errors.InvalidArgumentError(f"column {name!r}: {e.message}") from None
+            # What a full chunk would exceed is refused before any step of
+            # the column is kept: its dtype and shape fix its steps' size.
+            if a.nbytes and self.o.chunk_length > _codec.MAX_CHUNK_RAW_SIZE // a.nbytes:
+                raise errors.InvalidArgumentError(
+                    f"column {name!r}: a chunk of {self.o.chunk_length} steps of {a.nbytes} bytes exceeds the "
+                    f"chunk limit of {_codec.MAX_CHUNK_RAW_SIZE} bytes: use shorter chunks"
+                )
         elif a.dtype != c.dtype or a.shape != c.shape:
             have = _codec._NAME_OF.get(a.dtype, str(a.dtype))
             raise errors.SignatureMismatchError(
@@ -894,12 +925,9 @@ class _Producer:
     def _seal_locked(self, c: _Column, arr: np.ndarray, length: int, start: int) -> None:
         """Seals a chunk of length steps from start: arr holds them, one
         step without the step axis. append_locked checked every cell's
-        dtype and shape against the column's, and tobytes reads any layout
-        in C order: one step's array already holds the chunk's bytes."""
-        if arr.nbytes > _codec.MAX_CHUNK_RAW_SIZE:
-            raise errors.InvalidArgumentError(
-                f"column {c.name!r}: a chunk of {length} steps has {arr.nbytes} bytes, over the chunk limit"
-            )
+        dtype and shape against the column's, and its size against the
+        chunk limit, and tobytes reads any layout in C order: one step's
+        array already holds the chunk's bytes."""
         kv = self._key_locked()
         compression = self.o.compression
         if compression != "none":

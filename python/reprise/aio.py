@@ -960,14 +960,19 @@ class AsyncTrajectoryWriter:
                 if k in self._partial:
                     raise errors.InvalidArgumentError(f"column {k!r} was already given for this step")
             step = {**self._partial, **step}
+        # What earlier calls left is published first, waiting for room in
+        # the window: an append that raises kept nothing of its step.
+        with p.mu:
+            if not p.append_due_locked() or p.try_advance_locked():
+                p.append_locked(step)
+                self._partial = {}
+                p.advance_kept_locked()
+                return
+        await self._advance(False)
         with p.mu:
             p.append_locked(step)
             self._partial = {}
-            # With nothing pending, nothing waits for the chunks this step
-            # sealed.
-            if not p.pending or p.try_advance_locked():
-                return
-        await self._advance(False)
+            p.advance_kept_locked()
 
     async def create_item(
         self,

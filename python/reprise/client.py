@@ -575,7 +575,11 @@ class TrajectoryWriter:
         ``partial_step`` the step stays open for more columns until an
         append without it; its columns are checked and copied at the call.
         A column missing from a step has no cell there. Blocks while the
-        window is full."""
+        window is full, and only before it keeps the step: an append that
+        raises kept nothing of it, so the step may be appended again. The
+        items the step completes are published as far as the window has
+        room, the rest once it moves or by the next call; their errors (an
+        item over the max payload) are raised by a later call."""
         if self._closed:
             raise errors.ClosedError("writer closed")
         p = self._p
@@ -588,14 +592,19 @@ class TrajectoryWriter:
                 if k in self._partial:
                     raise errors.InvalidArgumentError(f"column {k!r} was already given for this step")
             step = {**self._partial, **step}
+        # What earlier calls left is published first, waiting for room in
+        # the window: an append that raises kept nothing of its step.
+        with p.mu:
+            if not p.append_due_locked() or p.try_advance_locked():
+                p.append_locked(step)
+                self._partial = {}
+                p.advance_kept_locked()
+                return
+        self._advance(False)
         with p.mu:
             p.append_locked(step)
             self._partial = {}
-            # With nothing pending, nothing waits for the chunks this step
-            # sealed.
-            if not p.pending or p.try_advance_locked():
-                return
-        self._advance(False)
+            p.advance_kept_locked()
 
     def create_item(
         self,

@@ -413,3 +413,58 @@ def test_refusals_dropped_on_a_writers_inbox_fail_its_next_wait(server: Reprised
                     await w.wait_applied(timeout=30)
 
     asyncio.run(main())
+
+
+def test_an_append_that_raises_kept_nothing_of_its_step(reprised_factory: Any) -> None:
+    """An append that raises (here, cancelled while it waits for room in
+    the window) kept nothing of its step, so an actor may append it again.
+    It kept the step, then waited to publish the item the step completed:
+    an actor that appended the step again had it twice in its episode (as
+    the Go producer's Append did)."""
+    r = reprised_factory("""
+tables:
+  - name: queue
+    max_size: 1
+    rate_limiter: {preset: queue}
+  - name: replay
+    max_size: 100
+  - name: last4
+    max_size: 100
+""")
+
+    async def main() -> None:
+        async with reprise.aio.Client(r.url) as c:
+            w = await c.trajectory_writer(16, chunk_length=2, max_unapplied=1, linger=0.0)
+            # The queue holds its second item: the window (one item) is full.
+            for i in range(4):
+                await w.append({"id": np.int64(i)})
+                if i % 2:
+                    await w.create_item("queue", 1.0, {"id": w.history["id"][-1]})
+                if i == 1:
+                    await w.wait_applied(timeout=30)
+            with pytest.raises(reprise.DeadlineExceededError):
+                await w.wait_applied(timeout=0.3)
+            await w.append({"id": np.int64(4)})
+            await w.create_item("replay", 1.0, {"id": w.history["id"][-1]})  # its chunk is open
+            failed = 0
+            for i in range(5, 8):
+                while True:
+                    try:
+                        await asyncio.wait_for(w.append({"id": np.int64(i)}), 0.3)
+                        break
+                    except asyncio.TimeoutError:
+                        assert w.episode_steps == i, f"append of step {i} was cancelled with the step kept"
+                        failed += 1
+                        # The learner makes room; the actor appends the step again.
+                        await c.sample_batch("queue", 1, timeout=10)
+            assert failed, "no append waited for the window: the test no longer tests"
+            await w.create_item("last4", 1.0, {"id": w.history["id"][-4:]})
+            for _ in range((await c.server_info())["queue"].current_size):
+                await c.sample_batch("queue", 1, timeout=10)
+            await w.flush(timeout=30)
+            got = (await c.sample_batch("last4", 1, timeout=10)).data["id"]
+            assert got.tolist() == [[4, 5, 6, 7]], "the episode's last four steps"
+            await w.close()
+
+
+    asyncio.run(main())

@@ -1084,3 +1084,17 @@ def test_mutations_follow_the_services_limit(reprised_factory: Any) -> None:
         keys = np.unique(c.sample_batch("t", 64, timeout=10).info.key)
         c.mutate_priorities("t", deletes=[*range(1 << 40, (1 << 40) + 22), *keys.tolist()])
         assert table_size(c, "t") == 0
+
+
+def test_an_append_refuses_a_column_its_chunks_cannot_hold(client: reprise.Client) -> None:
+    """A column whose full chunk would exceed the chunk limit is refused by
+    the append of its first step, which keeps nothing of the step: a
+    step of two columns, one sealed and one refused, kept half a step."""
+    from reprise import _codec
+
+    with client.trajectory_writer(1, chunk_length=1) as w:
+        with pytest.raises(reprise.InvalidArgumentError, match="column 'x'"):
+            w.append({"id": np.int64(0), "x": np.zeros(_codec.MAX_CHUNK_RAW_SIZE + 1, np.uint8)})
+        assert w.episode_steps == 0 and not w._p.columns, "the refused step was kept"
+        w.append({"id": np.int64(0)})
+        assert w.history["id"][-1].start == 0, "the next step is step 0"
