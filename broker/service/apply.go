@@ -475,7 +475,16 @@ func (s *Service) insertItem(ctx context.Context, producer string, b *insertBatc
 	}
 	t, ok := s.tables[it.table]
 	if !ok {
-		s.reject(noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", it.table, strings.Join(s.names, ", ")))
+		at := noticeAt{seq: s.applying}
+		if !s.mayAct() && s.watchTable(it.table) {
+			// Withheld, and keyed by the table: an active service whose
+			// config has it may queue the item, and publish progress past
+			// this message that holds the table below it. That progress
+			// does not tell the producer of a refusal that this service
+			// must send if it takes over.
+			at.table = it.table
+		}
+		s.rejectAt(at, noticeTo{producer, b.notice}, b.sequence, it.item.Key, it.table, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", it.table, strings.Join(s.names, ", ")))
 		return nil
 	}
 	if sh := s.o.shard; sh.Count > 0 && it.item.Key%uint64(sh.Count) != uint64(sh.Index) {

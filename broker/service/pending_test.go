@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -440,4 +441,53 @@ func TestQueuedItemOfAnUnconfiguredTableIsRejectedByAStandby(t *testing.T) {
 	last.Store(ack.Sequence)
 	d.stop() // the standby takes over
 	w.noticeFirst(t, 1, "item 2")
+}
+
+// TestReplayedItemOfAnUnconfiguredTableIsRejectedByAStandby: a standby
+// whose config lacks table t applies, from the stream, an insert the
+// active service (which has t) queues, t being full. The standby refuses
+// it as it applies it, and withholds the refusal; the active service
+// publishes progress past the message that holds t below it. Keyed by the
+// message alone, that progress counted as having sent the refusal: at
+// takeover the standby dropped it, and its own progress, which holds no
+// table back, told the producer the item went in.
+func TestReplayedItemOfAnUnconfiguredTableIsRejectedByAStandby(t *testing.T) {
+	opts := []Option{WithoutFinalCheckpoint(), WithStandby(time.Second)}
+	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1), tables.QueueConfig("a", 10)}, deployOptions{service: opts})
+	var last atomic.Uint64
+	w := watchOrder(t, d, coveredPast(&last, true))
+	b, _ := d.startService([]tables.Config{tables.QueueConfig("a", 10)}, opts...)
+	batch := &wire.InsertBatch{ProducerId: "unconfigured2unconfigured2uncon", Sequence: 1, WindowStart: 1, Window: 4, NoticeSubject: w.notice}
+	for key := uint64(1); key <= 2; key++ {
+		batch.Chunks = append(batch.Chunks, int64Chunk(t, key, int64(key)))
+		batch.Items = append(batch.Items, oneStepItem(key, "t", key))
+	}
+	ack := publishBatch(t, d, batch, "")
+	testutil.WaitUntil(t, "item 2 waits for t's limiter", func() bool { return d.svc.pendingLen("t") == 1 })
+	testutil.WaitUntil(t, "the standby applied the message and heard progress past it", func() bool {
+		return b.coveredUpTo() >= ack.Sequence && b.Applied() >= ack.Sequence
+	})
+	last.Store(ack.Sequence)
+	d.stop() // the standby takes over
+	w.noticeFirst(t, 1, "item 2")
+}
+
+// TestWatchedTablesAreBounded: the tables a standby follows for refusals
+// of items of tables its config lacks are named by producers, so a
+// hostile one sending items for ever new names must not grow them, nor
+// the work of every progress message heard, without bound.
+func TestWatchedTablesAreBounded(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1)}, deployOptions{})
+	watched := 0
+	for i := range 3 * maxWatchedTables {
+		if d.svc.watchTable(fmt.Sprintf("unconfigured-%d", i)) {
+			watched++
+		}
+	}
+	if watched != maxWatchedTables {
+		t.Fatalf("%d tables watched, want %d", watched, maxWatchedTables)
+	}
+	if !d.svc.watchTable("unconfigured-0") {
+		t.Fatal("a table watched already is no longer watched")
+	}
 }

@@ -461,6 +461,7 @@ type Service struct {
 	coveredMu     sync.Mutex
 	covered       uint64
 	coveredTables map[string]uint64
+	watchedTables int // of coveredTables, those watchTable added
 	// replies bounds the bytes of the sample replies built at once.
 	replyBudget *replyBudget
 
@@ -1262,18 +1263,31 @@ func (s *Service) noteCovered(m *nats.Msg) {
 	}
 }
 
+// maxWatchedTables bounds the tables the config does not define that
+// noteCovered follows (watchTable): their names come from producers, and
+// each one followed costs every progress message heard a look.
+const maxWatchedTables = 64
+
 // watchTable has noteCovered follow table, which the config does not
 // define, in the progress it hears from now on: a refusal of one of its
 // items is covered by progress that no longer holds it below the refusal.
-func (s *Service) watchTable(table string) {
+// It reports whether it does; past maxWatchedTables such tables it does
+// not take more.
+func (s *Service) watchTable(table string) bool {
 	s.coveredMu.Lock()
 	defer s.coveredMu.Unlock()
 	if s.coveredTables == nil {
 		s.coveredTables = make(map[string]uint64, len(s.names)+1)
 	}
-	if _, ok := s.coveredTables[table]; !ok {
-		s.coveredTables[table] = 0
+	if _, ok := s.coveredTables[table]; ok {
+		return true
 	}
+	if s.watchedTables >= maxWatchedTables {
+		return false
+	}
+	s.watchedTables++
+	s.coveredTables[table] = 0
+	return true
 }
 
 // coversNotice says whether a service's progress covered a withheld
