@@ -627,7 +627,7 @@ func (p *Producer) onRejected(m *nats.Msg) {
 // it again. Append waits for room in the window (until ctx ends) only
 // before it keeps the step, to publish items that earlier steps completed;
 // the items this step completes are published as far as the window has
-// room, the rest by the next call or once the window moves, and their
+// room, the rest once the window moves (with no further call), and their
 // errors (an item over the max payload) are returned by a later call.
 func (p *Producer) Append(ctx context.Context, step Step) error {
 	if len(step) == 0 {
@@ -915,7 +915,7 @@ func (c *column) sealed(to int64) bool {
 // that cannot be sent for lack of room in the window stays queued. With wait
 // it may release p.mu while it waits for room (see publishLocked); without,
 // it never releases p.mu, and what needs room waits for it in onLinger
-// (the staged batch) or for the next call (the items behind it).
+// (the staged batch, then the items behind it).
 func (p *Producer) advanceLocked(ctx context.Context, force, wait bool) error {
 	front := p.pending[:0]
 	defer func() {
@@ -1011,9 +1011,10 @@ func (it *pendingItem) ready() bool {
 	return true
 }
 
-// onLinger publishes a batch that waited long enough. It waits for room in
-// the window without holding the producer's lock, so callers that honour
-// their own contexts are never stuck behind it.
+// onLinger publishes a batch that waited long enough, then the ready items
+// that a call which may not wait left pending behind it. It waits for room
+// in the window without holding the producer's lock, so callers that
+// honour their own contexts are never stuck behind it.
 func (p *Producer) onLinger() {
 	p.mu.Lock()
 	p.linger = nil
@@ -1022,14 +1023,23 @@ func (p *Producer) onLinger() {
 		p.lingering = false
 		p.mu.Unlock()
 	}()
-	for {
-		if p.closing || p.batch.items() == 0 {
-			return
+	for !p.closing {
+		if p.batch.items() == 0 {
+			// Items that an Append, which may not wait once it kept its
+			// step, left behind the batch just sent: the actor may never
+			// call again to publish them.
+			if len(p.pending) == 0 || p.pending[0].adding || !p.pending[0].ready() {
+				return
+			}
+			if err := p.advanceLocked(p.lifetime, false, false); err != nil {
+				p.flow.report(err)
+			}
+			continue
 		}
 		ok, changed := p.flow.tryAcquire(p.batch.items())
 		if ok {
 			p.sendBatchLocked(false)
-			return
+			continue
 		}
 		p.mu.Unlock()
 		select {

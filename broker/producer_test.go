@@ -1468,6 +1468,69 @@ func TestFlushPublishesAnItemAnotherCallGaveUpAdding(t *testing.T) {
 	}
 }
 
+// TestAppendLeavesNoItemForACallThatNeverComes: the Append that completes
+// item X, which does not fit beside the staged batch W while the window
+// is full, returns at once with X pending. Once the window moves, W and
+// then X are published with no other call of the actor's: an actor whose
+// episode's last step completed X and that then appended nothing for a
+// while (or ever, before a crash) had X pending for as long. Before
+// Append stopped waiting after it keeps its step, that Append waited for
+// room and published both.
+func TestAppendLeavesNoItemForACallThatNeverComes(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10), tables.QueueConfig("q", 1)}, testutil.StartEmbedded(t, 16<<10))
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(time.Millisecond), WithMaxUnapplied(1), WithChunkLength(2), WithCompression(wire.Uncompressed), WithDelta(false))
+	// The queue holds its second item, so the window (one item) is full.
+	holdInQueue(t, d, p, "q", "id")
+	x := func(v byte) Step {
+		return Step{"x": Tensor{DType: "uint8", Shape: []int64{4000}, Data: bytes.Repeat([]byte{v}, 4000)}}
+	}
+	// W staged, lingering for room.
+	for range 2 {
+		if err := p.Append(ctx, x(1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
+		t.Fatal(err)
+	}
+	// X created; its chunk is open.
+	if err := p.Append(ctx, x(2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
+		t.Fatal(err)
+	}
+	// The actor's last call: it seals X's chunk.
+	appended := make(chan error, 1)
+	go func() { appended <- p.Append(ctx, x(2)) }()
+	testutil.WaitUntil(t, "X's chunk is sealed", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.cols["x"].open) == 0
+	})
+	if _, err := d.client().Sample(ctx, "q", 1); err != nil { // room
+		t.Fatal(err)
+	}
+	if err := <-appended; err != nil {
+		t.Fatal(err)
+	}
+	tt, _ := d.svc.Table("t")
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for tt.Info().Size < 2 {
+		if time.Now().After(deadline) {
+			p.mu.Lock()
+			pending, staged := len(p.pending), p.batch.items()
+			p.mu.Unlock()
+			t.Fatalf("%d items in table t after 10 s, want 2 (%d still pending, %d staged): an item waited for a call that never came",
+				tt.Info().Size, pending, staged)
+		}
+		<-tick.C
+	}
+}
+
 // TestCloseAfterALongEpisodeLosesNothing: Close of a producer whose
 // history holds more sent chunks than a message's release list can name
 // stores its closing message and reports no loss. It put every chunk's

@@ -863,8 +863,9 @@ class _Producer:
     def advance_kept_locked(self) -> None:
         """advance_locked(False) for an append whose step is kept, which
         neither waits nor raises: a batch that needs room waits for it as a
-        lingered one does, the items behind it wait for the next call, and
-        an item's error (over the max payload) is the next call's."""
+        lingered one does, the items behind it follow it once it is
+        published (_publish_lingered_locked), and an item's error (over the
+        max payload) is the next call's."""
         if not self.pending:
             return  # nothing waits for the chunks the step sealed
         try:
@@ -1252,17 +1253,22 @@ class _Producer:
     def _publish_lingered_locked(self) -> None:
         """Publishes the partly filled batch whose linger time passed, if
         the window has room; else it stays lingered until the window
-        changes (an ack, the service's progress)."""
+        changes (an ack, the service's progress). Then the ready items that
+        an append, which may not wait once it kept its step, left behind
+        the batch follow it: the actor may never call again to publish
+        them."""
         if self.closing or not self.batch_items:
             self.lingered = False
             return
         try:
             self._publish_locked(False)
         except _Blocked:
-            pass
+            return
         except errors.RepriseError as e:
             self.lingered = False
             self.errors.append(e)
+            return
+        self.advance_kept_locked()
 
     def flush_locked(self) -> None:
         for c in self.columns.values():

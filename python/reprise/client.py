@@ -578,7 +578,7 @@ class TrajectoryWriter:
         window is full, and only before it keeps the step: an append that
         raises kept nothing of it, so the step may be appended again. The
         items the step completes are published as far as the window has
-        room, the rest once it moves or by the next call; their errors (an
+        room, the rest once it moves (with no further call); their errors (an
         item over the max payload) are raised by a later call."""
         if self._closed:
             raise errors.ClosedError("writer closed")

@@ -1098,3 +1098,54 @@ def test_an_append_refuses_a_column_its_chunks_cannot_hold(client: reprise.Clien
         assert w.episode_steps == 0 and not w._p.columns, "the refused step was kept"
         w.append({"id": np.int64(0)})
         assert w.history["id"][-1].start == 0, "the next step is step 0"
+
+
+def test_an_item_an_append_left_pending_goes_out_with_no_later_call(reprised_factory: Any) -> None:
+    """The append that completes item X, which does not fit beside the
+    staged batch W while the window is full, returns at once with X
+    pending; once the window moves, W and then X are published with no
+    other call of the actor's. X waited for the actor's next call, which
+    may never come (the episode's last step, say). Before appends stopped
+    waiting after they keep their step, that append waited for room and
+    published both (as the Go producer's Append)."""
+    r = reprised_factory("""
+tables:
+  - name: queue
+    max_size: 1
+    rate_limiter: {preset: queue}
+  - name: replay
+    max_size: 100
+""")
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(4, chunk_length=2, max_unapplied=1, compression="none", batch_bytes=8 << 20)
+        # The queue holds its second item: the window (one item) is full.
+        for i in range(4):
+            w.append({"id": np.int64(i)})
+            if i % 2:
+                w.create_item("queue", 1.0, {"id": w.history["id"][-1]})
+            if i == 1:
+                w.wait_applied(timeout=30)
+        with pytest.raises(reprise.DeadlineExceededError):
+            w.wait_applied(timeout=0.3)
+        # W and X take 600 kB each: they do not fit in one message, and
+        # neither fills a batch.
+        big = np.zeros(300_000, np.uint8)
+        w.append({"x": big})
+        w.append({"x": big})
+        w.create_item("replay", 1.0, {"x": w.history["x"][-1]})  # W, staged
+        w.append({"x": big})
+        w.create_item("replay", 1.0, {"x": w.history["x"][-1]})  # X, its chunk open
+        # The actor's last call: it seals X's chunk.
+        th, outcome = in_thread(lambda: w.append({"x": big}))
+        wait_for("X's chunk sealed", lambda: not w._p.columns["x"].open)
+        c.sample_batch("queue", 1, timeout=10)  # room
+        th.join(30)
+        assert outcome == [None]
+        deadline = time.monotonic() + 10
+        while table_size(c, "replay") < 2:
+            assert time.monotonic() < deadline, (
+                f"{table_size(c, 'replay')} items in replay after 10 s, want 2 "
+                f"({len(w._p.pending)} pending): an item waited for a call that never came"
+            )
+            time.sleep(0.02)
+        w.close()
