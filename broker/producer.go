@@ -995,10 +995,17 @@ func (p *Producer) sendIfRoomLocked() bool {
 
 // publishWhenRoomLocked has onLinger publish the staged batch once the
 // window has room, unless it will already: a call that may not wait left it.
+// A linger timer armed for the batch's first item is put forward: the batch
+// is due now, and would otherwise wait out its linger time after the window
+// moved.
 func (p *Producer) publishWhenRoomLocked() {
-	if p.batch.items() > 0 && p.linger == nil && !p.lingering {
-		p.linger = time.AfterFunc(0, p.onLinger)
+	if p.batch.items() == 0 || p.lingering {
+		return
 	}
+	if p.linger != nil && !p.linger.Stop() {
+		return // fired: onLinger is on its way
+	}
+	p.linger = time.AfterFunc(0, p.onLinger)
 }
 
 // ready reports whether every step the item needs is in a sealed chunk.

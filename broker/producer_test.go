@@ -1531,6 +1531,73 @@ func TestAppendLeavesNoItemForACallThatNeverComes(t *testing.T) {
 	}
 }
 
+// TestAppendPublishesAFullBatchOnceTheWindowMoves: the Append that fills
+// the staged batch while the window is full returns at once, and the batch
+// goes out once the window moves, not when its linger time (an hour here)
+// ends. Its first item had armed the linger timer, so the Append left the
+// full batch to that timer. Before Append stopped waiting after it keeps
+// its step, it waited for room and published the batch.
+func TestAppendPublishesAFullBatchOnceTheWindowMoves(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10), tables.QueueConfig("q", 1)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(time.Hour), WithBatch(2, 1<<20), WithMaxUnapplied(1), WithChunkLength(2))
+	id := func(i int64) Step { return Step{"id": Int64s(nil, []int64{i})} }
+	// The queue holds its second item, so the window (one item) is full.
+	for i := range int64(2) {
+		if err := p.Append(ctx, id(i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "q", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+		fctx, cancel := context.WithTimeout(ctx, map[int64]time.Duration{0: 10 * time.Second, 1: 300 * time.Millisecond}[i])
+		if err := p.Flush(fctx); (i == 0) != (err == nil) {
+			t.Fatalf("flush %d: %v", i, err) // the second waits for the held item
+		}
+		cancel()
+	}
+	q, _ := d.svc.Table("q")
+	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	// Two items, each completed by the Append that seals its chunk: the
+	// first arms the linger timer, the second fills the batch.
+	for i := int64(2); i < 5; i++ {
+		if err := p.Append(ctx, id(i)); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	appended := make(chan error, 1)
+	go func() { appended <- p.Append(ctx, id(5)) }()
+	testutil.WaitUntil(t, "the batch is full", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.batch.items() == 2 || p.step == 6
+	})
+	if _, err := d.client().Sample(ctx, "q", 1); err != nil { // room
+		t.Fatal(err)
+	}
+	if err := <-appended; err != nil {
+		t.Fatal(err)
+	}
+	tt, _ := d.svc.Table("t")
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for tt.Info().Size < 2 {
+		if time.Now().After(deadline) {
+			p.mu.Lock()
+			staged := p.batch.items()
+			p.mu.Unlock()
+			t.Fatalf("%d items in table t after 10 s, want 2 (%d staged): a full batch waited out its linger time", tt.Info().Size, staged)
+		}
+		<-tick.C
+	}
+}
+
 // TestCloseAfterALongEpisodeLosesNothing: Close of a producer whose
 // history holds more sent chunks than a message's release list can name
 // stores its closing message and reports no loss. It put every chunk's
