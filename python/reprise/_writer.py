@@ -868,12 +868,20 @@ class _Producer:
         max payload) is the next call's."""
         if not self.pending:
             return  # nothing waits for the chunks the step sealed
-        try:
-            self.advance_locked(False)
-        except _Blocked:
-            self.lingered = True
-        except errors.RepriseError as e:
-            self.errors.append(e)
+        while True:
+            try:
+                self.advance_locked(False)
+            except _Blocked:
+                self.lingered = True
+            except errors.InvalidArgumentError as e:
+                # An item over the max payload, dropped: the items behind
+                # it go on, as in Go, rather than wait for a call that may
+                # never come.
+                self.errors.append(e)
+                continue
+            except errors.RepriseError as e:
+                self.errors.append(e)
+            return
 
     def cell_locked(self, name: Any, value: Any) -> np.ndarray:
         """value as the array a step of column name holds, little-endian,

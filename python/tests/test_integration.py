@@ -1149,3 +1149,32 @@ tables:
             )
             time.sleep(0.02)
         w.close()
+
+
+def test_an_item_over_the_max_payload_leaves_none_behind_it_pending(reprised_factory: Any) -> None:
+    """The append that completes items A, B and C, B over the server's max
+    payload, keeps its step, leaves B's error to a later call, and A and C
+    are published with no other call of the actor's (as the Go producer's
+    Append does). The append stopped at B: C stayed pending, and A staged
+    with no linger timer armed, both until the actor's next call, which
+    may never come."""
+    r = reprised_factory()
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(2, chunk_length=2, compression="none", batch_bytes=8 << 20)
+        big = np.zeros(600_000, np.uint8)  # B's chunk of two steps: 1.2 MB
+        w.append({"id": np.int64(0), "x": big})
+        w.create_item("replay", 1.0, {"id": w.history["id"][-1]})  # A
+        w.create_item("replay", 1.0, {"x": w.history["x"][-1]})  # B
+        w.create_item("replay", 1.0, {"id": w.history["id"][-1]})  # C
+        w.append({"id": np.int64(1), "x": big})  # seals their chunks
+        assert w.episode_steps == 2
+        deadline = time.monotonic() + 10
+        while table_size(c, "replay") < 2:
+            assert time.monotonic() < deadline, (
+                f"{table_size(c, 'replay')} items in replay after 10 s, want 2 ({len(w._p.pending)} pending, "
+                f"{len(w._p.batch_items)} staged): items behind one over the max payload waited for a call"
+            )
+            time.sleep(0.02)
+        with pytest.raises(reprise.InvalidArgumentError, match="max payload"):
+            w.flush(timeout=30)  # B's error
+        w.close()
