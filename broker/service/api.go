@@ -270,13 +270,6 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("num_samples %d out of range [1, %d]", req.NumSamples, s.o.maxBatch))
 		return
 	}
-	// A learner for pacing inserts, counted as it comes, as the period
-	// whose delays it suffers sees it: counted once served, learners
-	// starved of the CPU in a period went unseen just when pacing was for
-	// them. Requests refused before they reach a slot and this point
-	// (malformed, of no table, out of range) are not counted: any client
-	// sending them held the actors at the paced minimum.
-	s.pace.samples.Add(1)
 	// Refused before anything is sampled: a sample counts against the
 	// limiter and max_times_sampled whether or not it reaches the learner.
 	// An item takes the bytes it decodes to and the records that describe
@@ -285,10 +278,23 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 	// whenever it takes samples, since larger items may come while the
 	// request waits for its limiter.
 	var per, fit int64
+	counted := false
 	fits := func(largestBytes, largestParts int64) bool {
 		per = largestBytes + wire.SampleItemBytes + wire.SamplePartBytes*largestParts
 		fit = max(1, s.o.limits.MaxReplyBytes/per)
-		return int64(req.NumSamples) <= fit
+		ok := int64(req.NumSamples) <= fit
+		if ok && !counted {
+			// A learner for pacing inserts, counted as it comes (the
+			// table asks at once), as the period whose delays it suffers
+			// sees it: counted once served, learners starved of the CPU
+			// in a period went unseen just when pacing was for them.
+			// Requests refused at once (malformed, of no table, out of
+			// range, over max_reply_bytes) are not counted: any client
+			// sending them held the actors at the paced minimum.
+			s.pace.samples.Add(1)
+			counted = true
+		}
+		return ok
 	}
 	wait := s.o.maxSampleWait
 	if req.TimeoutMs >= 0 && req.TimeoutMs < wait.Milliseconds() {

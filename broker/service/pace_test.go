@@ -365,7 +365,8 @@ func TestLimiterWaitsCountInserts(t *testing.T) {
 // TestRefusedSamplesAreNoLearners: a sample request tells the pace
 // controller that learners sample once it reaches a request slot with a
 // size in range. Requests refused before that (malformed, for an unknown
-// table, for a size out of range, with no request slot free) counted too:
+// table, for a size out of range or over limits.max_reply_bytes, with no
+// request slot free) counted too:
 // any client sending them on a busy machine held the actors' inserts at
 // the paced minimum.
 func TestRefusedSamplesAreNoLearners(t *testing.T) {
@@ -422,6 +423,7 @@ func TestRefusedSamplesAreNoLearners(t *testing.T) {
 		{"unknown table", mustMarshal(t, &wire.SampleRequest{Table: "nope", NumSamples: 1}), wire.Code_CODE_NOT_FOUND},
 		{"no samples", mustMarshal(t, &wire.SampleRequest{Table: "t", NumSamples: 0, TimeoutMs: 10_000}), wire.Code_CODE_INVALID_ARGUMENT},
 		{"over the largest batch", mustMarshal(t, &wire.SampleRequest{Table: "t", NumSamples: 1 << 20, TimeoutMs: 10_000}), wire.Code_CODE_INVALID_ARGUMENT},
+		{"over max_reply_bytes", mustMarshal(t, &wire.SampleRequest{Table: "t", NumSamples: 10_000, TimeoutMs: 10_000}), wire.Code_CODE_RESOURCE_EXHAUSTED},
 	} {
 		if code := ask(c.data); code != c.want {
 			t.Fatalf("%s: %v, want %v", c.name, code, c.want)
