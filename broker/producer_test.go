@@ -1598,6 +1598,60 @@ func TestAppendPublishesAFullBatchOnceTheWindowMoves(t *testing.T) {
 	}
 }
 
+// TestAppendIsSlowedByAFullWindow: an actor that appends a step and
+// creates an item on it, again and again, is held back by a full window
+// though Append no longer waits once it keeps its step: the items it
+// leaves pending or staged stay within a chunk and a batch, and its calls
+// fail with ErrNotApplied rather than let the producer grow.
+func TestAppendIsSlowedByAFullWindow(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("q", 1)}, "")
+	ctx := testutil.Context(t)
+	const chunk, batchItems = 4, 8
+	p := d.producer(WithLinger(time.Millisecond), WithMaxUnapplied(4), WithChunkLength(chunk), WithBatch(batchItems, 1<<20))
+	// The queue holds its second item and every later one.
+	for i := range int64(2) {
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "q", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+		fctx, cancel := context.WithTimeout(ctx, map[int64]time.Duration{0: 10 * time.Second, 1: 300 * time.Millisecond}[i])
+		if err := p.Flush(fctx); (i == 0) != (err == nil) {
+			t.Fatalf("flush %d: %v", i, err) // the second waits for the held item
+		}
+		cancel()
+	}
+	most, refused := 0, 0
+	for i := range int64(40) {
+		short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+		err := p.Append(short, Step{"id": Int64s(nil, []int64{i})})
+		if err == nil {
+			err = p.CreateItem(short, "q", 1, LastStep("id"))
+		}
+		cancel()
+		if errors.Is(err, ErrNotApplied) {
+			refused++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		p.mu.Lock()
+		most = max(most, len(p.pending)+p.batch.items())
+		p.mu.Unlock()
+	}
+	if bound := chunk + batchItems; most > bound {
+		t.Fatalf("up to %d items pending or staged behind a full window, want at most %d", most, bound)
+	}
+	if refused == 0 {
+		t.Fatal("no call waited for the full window")
+	}
+	// The held items would keep Close waiting for room: they are lost with
+	// the test.
+	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	p.Close(cctx)
+}
+
 // TestCloseAfterALongEpisodeLosesNothing: Close of a producer whose
 // history holds more sent chunks than a message's release list can name
 // stores its closing message and reports no loss. It put every chunk's
