@@ -638,7 +638,7 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 	if p.closing {
 		return ErrClosed
 	}
-	if len(p.pending) > 0 || (p.batch.items() > 0 && (p.o.linger == 0 || p.batchFull())) {
+	if p.dueLocked() {
 		// The wait may release the lock: another call may append or
 		// close meanwhile, so the step is checked after it.
 		if err := p.advanceLocked(ctx, false, true); err != nil {
@@ -801,6 +801,17 @@ func (p *Producer) trimLocked() {
 // CreateItem adds an item for table from the episode's recent steps. The
 // item is published once the chunks it needs are complete: at once with
 // chunk length 1, otherwise when they fill up or at Flush or EndEpisode.
+//
+// An error means that the item was not created, so a caller may create it
+// again. CreateItem waits for room in the window (until ctx ends) only
+// before it creates the item, to publish what earlier calls left. Before
+// it creates the item it also returns the errors that earlier messages met
+// since the producer's last call that reported them (ErrRejected,
+// ErrNotStored, an earlier item over the max payload): then it created
+// nothing either. The item goes out as far as the window has room, the
+// rest by the next call or once the window moves, and its own errors (an
+// item over the max payload, a loss, a rejection) are returned by a later
+// call.
 func (p *Producer) CreateItem(ctx context.Context, table string, priority float64, traj Trajectory) error {
 	if table == "" {
 		return fmt.Errorf("%w: empty table name", ErrInvalidMessage)
@@ -815,6 +826,16 @@ func (p *Producer) CreateItem(ctx context.Context, table string, priority float6
 	defer p.mu.Unlock()
 	if p.closing {
 		return ErrClosed
+	}
+	if p.dueLocked() {
+		// The wait may release the lock: another call may append, end the
+		// episode or close meanwhile, so the item is resolved after it.
+		if err := p.advanceLocked(ctx, false, true); err != nil {
+			return err
+		}
+		if p.closing {
+			return ErrClosed
+		}
 	}
 	it := p.spareItem
 	if it != nil {
@@ -849,8 +870,16 @@ func (p *Producer) CreateItem(ctx context.Context, table string, priority float6
 		}
 		it.refs[i] = resolvedRef{name: r.name(), col: c, from: from, to: to, squeeze: r.Squeeze}
 	}
+	if err := p.flow.takeErrors(); err != nil {
+		return err
+	}
+	// The item is created: what fails from here on is another call's to
+	// report.
 	p.pending = append(p.pending, it)
-	return errors.Join(p.advanceLocked(ctx, false, true), p.flow.takeErrors())
+	if err := p.advanceLocked(ctx, false, false); err != nil {
+		p.flow.report(err)
+	}
+	return nil
 }
 
 // newKey draws an item key: any 64 bits, or for a shard's producer, any
@@ -972,6 +1001,14 @@ func (p *Producer) advanceLocked(ctx context.Context, force, wait bool) error {
 		p.linger = time.AfterFunc(p.o.linger, p.onLinger)
 	}
 	return errors.Join(errs...)
+}
+
+// dueLocked reports whether earlier calls left items pending or a batch
+// due to be published: Append and CreateItem publish them, waiting for
+// room in the window, before they keep what they were given, so that one
+// that fails kept nothing.
+func (p *Producer) dueLocked() bool {
+	return len(p.pending) > 0 || (p.batch.items() > 0 && (p.o.linger == 0 || p.batchFull()))
 }
 
 // batchFull reports whether the staged batch is due to be published.

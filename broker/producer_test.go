@@ -134,10 +134,13 @@ func stageBehindHeldItem(t *testing.T, p *Producer, i int64) {
 	if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
 		t.Fatal(err)
 	}
-	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	defer cancel()
-	if err := p.CreateItem(short, "queue", 1, LastStep("id")); !errors.Is(err, ErrNotApplied) {
-		t.Fatalf("CreateItem behind a full window: %v, want ErrNotApplied", err)
+	if err := p.CreateItem(ctx, "queue", 1, LastStep("id")); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := p.batch.items(); n != 1 {
+		t.Fatalf("%d items staged behind the full window, want 1", n)
 	}
 }
 
@@ -506,13 +509,20 @@ func TestAGapFillGivenUpIsReplacedForAMessageSentAfterIt(t *testing.T) {
 		}
 		return nil
 	}}
-	// A call returns the losses seen before it: those of messages 1 and 2.
+	// A CreateItem returns the losses seen before it, those of messages 1
+	// and 2, and then created nothing: it is called again.
 	insert := func(i int64) {
-		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil && !errors.Is(err, ErrNotStored) {
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil && !errors.Is(err, ErrNotStored) {
-			t.Fatal(err)
+		for {
+			err := p.CreateItem(ctx, "t", 1, LastStep("id"))
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, ErrNotStored) {
+				t.Fatal(err)
+			}
 		}
 	}
 	insert(0)
@@ -661,9 +671,10 @@ func TestReleasesWaitingBesideAFullBatchNeverOverflowIt(t *testing.T) {
 }
 
 // TestEndEpisodeWaitsForAnItemBeingAdded: an EndEpisode that comes while
-// another call adds an item (waiting for room in the window, since the
-// item does not fit beside the batch) lets that item be built from the
-// episode's chunks first: ended under it, the item went out with no steps.
+// another call adds an item (an Append publishing what earlier calls left,
+// waiting for room in the window, since the item does not fit beside the
+// batch) lets that item be built from the episode's chunks first: ended
+// under it, the item went out with no steps.
 func TestEndEpisodeWaitsForAnItemBeingAdded(t *testing.T) {
 	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10), tables.QueueConfig("q", 1)}, testutil.StartEmbedded(t, 16<<10))
 	ctx := testutil.Context(t)
@@ -691,18 +702,18 @@ func TestEndEpisodeWaitsForAnItemBeingAdded(t *testing.T) {
 	}
 	q, _ := d.svc.Table("q")
 	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
-	// One item staged; the next does not fit beside it and waits for room.
-	if err := p.Append(ctx, bytesOf(1)); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Append(ctx, bytesOf(2)); err != nil {
-		t.Fatal(err)
+	// One item staged; the next does not fit beside it and is left
+	// pending, and the next Append waits for room to add it.
+	for v := range byte(2) {
+		if err := p.Append(ctx, bytesOf(v+1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	adding := make(chan error, 1)
-	go func() { adding <- p.CreateItem(ctx, "t", 1, LastStep("x")) }()
+	go func() { adding <- p.Append(ctx, bytesOf(3)) }()
 	testutil.WaitUntil(t, "the second item waits for room", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -722,7 +733,7 @@ func TestEndEpisodeWaitsForAnItemBeingAdded(t *testing.T) {
 		}
 	}
 	if err := <-adding; err != nil {
-		t.Fatalf("CreateItem: %v", err)
+		t.Fatalf("Append: %v", err)
 	}
 	if err := <-ended; err != nil {
 		t.Fatalf("EndEpisode: %v", err)
@@ -801,7 +812,13 @@ func rejectBurst(t *testing.T, n int) (*Producer, error) {
 		if err := p.Append(ctx, step(1, 2)); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "nope", 1, LastStep("id")); err != nil {
+		// A CreateItem that reports earlier rejections created nothing:
+		// it is called again.
+		for {
+			err := p.CreateItem(ctx, "nope", 1, LastStep("id"))
+			if err == nil {
+				break
+			}
 			if !errors.Is(err, ErrRejected) {
 				t.Fatal(err)
 			}
@@ -1372,6 +1389,101 @@ func TestAppendRefusesAColumnItsChunksCannotHold(t *testing.T) {
 	p.mu.Unlock()
 	if steps != 0 || cols != 0 {
 		t.Fatalf("after the refused step: %d steps, %d columns; want none", steps, cols)
+	}
+}
+
+// TestCreateItemThatFailsCreatesNothing: a CreateItem that returns an
+// error created nothing, so an actor may create the item again.
+// CreateItem queued the item, then waited for room in the window and
+// failed when its context ended, with the item published later: an actor
+// that created it again had it twice in its table.
+func TestCreateItemThatFailsCreatesNothing(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10), tables.QueueConfig("q", 1)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0), WithMaxUnapplied(1))
+	// The queue holds its second item, so the window (one item) is full.
+	holdInQueue(t, d, p, "q", "id")
+	if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{2})}); err != nil {
+		t.Fatal(err)
+	}
+	kept := func() int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.pending) + p.batch.items()
+	}
+	c := d.client()
+	var created, failed int64
+	for created < 2 {
+		before := kept()
+		short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		err := p.CreateItem(short, "t", 1, LastStep("id"))
+		cancel()
+		if err == nil {
+			created++
+			continue
+		}
+		if !errors.Is(err, ErrNotApplied) {
+			t.Fatalf("an item behind a full window: %v, want ErrNotApplied", err)
+		}
+		if after := kept(); after != before {
+			t.Fatalf("a CreateItem failed (%v) with %d items staged or pending, %d before it: the item was kept", err, after, before)
+		}
+		failed++
+		// The learner makes room; the actor creates the item again.
+		if _, err := c.Sample(ctx, "q", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if failed == 0 {
+		t.Fatal("no CreateItem waited for the window: the test no longer tests")
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tt, _ := d.svc.Table("t")
+	if n := tt.Info().Size; n != created {
+		t.Fatalf("table t holds %d items after %d CreateItems returned nil", n, created)
+	}
+}
+
+// TestCreateItemReportsEarlierErrorsWithoutCreating: the errors of earlier
+// messages (here a rejection) are returned by the next CreateItem before
+// it creates its item, so that its error always means that its item was
+// not created. It returned them after it queued its item, which was then
+// published: an actor that created the item again had it twice.
+func TestCreateItemReportsEarlierErrorsWithoutCreating(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0))
+	if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{0})}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "nope", 1, LastStep("id")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, "the service rejects the item", func() bool {
+		p.flow.mu.Lock()
+		defer p.flow.mu.Unlock()
+		return p.flow.rejections == 1
+	})
+	var created int64
+	for range 2 {
+		err := p.CreateItem(ctx, "t", 1, LastStep("id"))
+		if err == nil {
+			created++
+		} else if !errors.Is(err, ErrRejected) {
+			t.Fatal(err)
+		}
+	}
+	if created != 1 {
+		t.Fatalf("%d of two CreateItems after a rejection returned nil, want 1 (the first reports the rejection)", created)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tt, _ := d.svc.Table("t")
+	if n := tt.Info().Size; n != created {
+		t.Fatalf("table t holds %d items after %d CreateItems returned nil", n, created)
 	}
 }
 

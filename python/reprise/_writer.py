@@ -850,22 +850,24 @@ class _Producer:
         if self.episode_steps > self.o.num_keep_alive_refs:
             self._trim_locked()
 
-    def append_due_locked(self) -> bool:
-        """Whether an append must first publish what earlier calls left
-        (items pending, a batch due), waiting for room in the window: it
-        waits only before it keeps its step, so that an append that raises
-        kept nothing of it (as the Go producer's Append)."""
+    def due_locked(self) -> bool:
+        """Whether an append or create_item must first publish what earlier
+        calls left (items pending, a batch due), waiting for room in the
+        window: it waits only before it keeps its step or creates its item,
+        so that one that raises kept or created nothing (as the Go
+        producer's Append and CreateItem)."""
         return bool(self.pending) or (
             bool(self.batch_items)
             and (self.o.linger == 0 or len(self.batch_items) >= self.o.batch_items or self.batch_bytes >= self.o.batch_bytes)
         )
 
     def advance_kept_locked(self) -> None:
-        """advance_locked(False) for an append whose step is kept, which
-        neither waits nor raises: a batch that needs room waits for it as a
-        lingered one does, the items behind it follow it once it is
-        published (_publish_lingered_locked), and an item's error (over the
-        max payload) is the next call's."""
+        """advance_locked(False) for an append whose step is kept or a
+        create_item whose item is created, which neither waits nor raises:
+        a batch that needs room waits for it as a lingered one does, the
+        items behind it follow it once it is published
+        (_publish_lingered_locked), and an item's error (over the max
+        payload) is the next call's."""
         if not self.pending:
             return  # nothing waits for the chunks the step sealed
         while True:
@@ -1044,14 +1046,21 @@ class _Producer:
         signature: Sequence[Any],
     ) -> None:
         """What a client's create_item checks and does under the lock,
-        once check_item passed: the item from its picks of history, checked
-        against the table's signature (empty: any columns), queued to be
-        sent. The caller raises the errors of earlier messages once it has
-        tried to send the item; an error of its own leaves them for the
-        next call."""
+        once check_item passed and what due_locked asked for is published:
+        the item from its picks of history, checked against the table's
+        signature (empty: any columns), queued to be sent. The errors of
+        earlier messages are raised before the item is queued, so that a
+        create_item that raises created nothing (as the Go producer's
+        CreateItem); an error of the item's own leaves them for the next
+        call."""
         refs = self.resolve_locked(trajectory)
         if signature:
             check_signature(table, refs, self._compiled_signature(table, signature))
+        if self.closing:
+            raise errors.ClosedError("writer closed")
+        err = self.take_errors_locked()
+        if err is not None:
+            raise err
         self.create_item_locked(table, priority, refs)
 
     def _compiled_signature(self, table: str, signature: Sequence[Any]) -> list[_Spec]:

@@ -963,7 +963,7 @@ class AsyncTrajectoryWriter:
         # What earlier calls left is published first, waiting for room in
         # the window: an append that raises kept nothing of its step.
         with p.mu:
-            if not p.append_due_locked() or p.try_advance_locked():
+            if not p.due_locked() or p.try_advance_locked():
                 p.append_locked(step)
                 self._partial = {}
                 p.advance_kept_locked()
@@ -990,16 +990,17 @@ class AsyncTrajectoryWriter:
             if sig is None:
                 trajectory = p.check_picks(trajectory)
                 sig = await self._c.signature(table)
+        # What earlier calls left is published first, waiting for room in
+        # the window: a create_item that raises created nothing.
+        with p.mu:
+            if not p.due_locked() or p.try_advance_locked():
+                p.add_item_locked(table, prio, trajectory, sig or ())
+                p.advance_kept_locked()
+                return
+        await self._advance(False)
         with p.mu:
             p.add_item_locked(table, prio, trajectory, sig or ())
-            moved = p.try_advance_locked()
-            err = p.take_errors_locked() if moved else None
-        if not moved:
-            await self._advance(False)
-            with p.mu:
-                err = p.take_errors_locked()
-        if err is not None:
-            raise err
+            p.advance_kept_locked()
 
     async def flush(
         self, block_until_num_items: int = 0, timeout_ms: int | None = None, *, timeout: float | None = None

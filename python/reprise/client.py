@@ -595,7 +595,7 @@ class TrajectoryWriter:
         # What earlier calls left is published first, waiting for room in
         # the window: an append that raises kept nothing of its step.
         with p.mu:
-            if not p.append_due_locked() or p.try_advance_locked():
+            if not p.due_locked() or p.try_advance_locked():
                 p.append_locked(step)
                 self._partial = {}
                 p.advance_kept_locked()
@@ -618,7 +618,13 @@ class TrajectoryWriter:
         single step), or lists references, each column named as the one it
         picks from. The item's columns are checked against the table's
         signature before anything is sent. It is published once the chunks
-        it needs are complete (at once with chunk_length 1)."""
+        it needs are complete (at once with chunk_length 1). Blocks while
+        the window is full, and only before it creates the item: a
+        create_item that raises created nothing, so the item may be created
+        again. The errors that earlier messages met (RejectedError,
+        NotStoredError, an earlier item over the max payload) are raised
+        before the item is created, and then it created nothing either;
+        the item's own errors are raised by a later call."""
         if self._closed:
             raise errors.ClosedError("writer closed")
         p = self._p
@@ -629,16 +635,17 @@ class TrajectoryWriter:
             if sig is None:
                 trajectory = p.check_picks(trajectory)
                 sig = self._c._call(self._c._aclient.signature(table))
+        # What earlier calls left is published first, waiting for room in
+        # the window: a create_item that raises created nothing.
+        with p.mu:
+            if not p.due_locked() or p.try_advance_locked():
+                p.add_item_locked(table, prio, trajectory, sig or ())
+                p.advance_kept_locked()
+                return
+        self._advance(False)
         with p.mu:
             p.add_item_locked(table, prio, trajectory, sig or ())
-            moved = p.try_advance_locked()
-            err = p.take_errors_locked() if moved else None
-        if not moved:
-            self._advance(False)
-            with p.mu:
-                err = p.take_errors_locked()
-        if err is not None:
-            raise err
+            p.advance_kept_locked()
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None, *, timeout: float | None = None) -> None:
         """Completes the open chunks, publishes every item created so far and

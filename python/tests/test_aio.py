@@ -468,3 +468,56 @@ tables:
 
 
     asyncio.run(main())
+
+
+def test_a_create_item_that_raises_created_nothing(reprised_factory: Any) -> None:
+    """A create_item that raises (here, cancelled while it waits for room
+    in the window) created nothing, so an actor may create the item again.
+    It queued the item, then waited to publish it: an actor that created
+    the item again had it twice in its table (as the Go producer's
+    CreateItem did)."""
+    r = reprised_factory("""
+tables:
+  - name: queue
+    max_size: 1
+    rate_limiter: {preset: queue}
+  - name: replay
+    max_size: 100
+""")
+
+    async def main() -> None:
+        async with reprise.aio.Client(r.url) as c:
+            w = await c.trajectory_writer(16, max_unapplied=1, linger=0.0)
+            p = w._p
+            assert p is not None
+            # The queue holds its second item: the window (one item) is full.
+            for i in range(2):
+                await w.append({"id": np.int64(i)})
+                await w.create_item("queue", 1.0, {"id": w.history["id"][-1]})
+                if i == 0:
+                    await w.wait_applied(timeout=30)
+            with pytest.raises(reprise.DeadlineExceededError):
+                await w.wait_applied(timeout=0.3)
+            await w.append({"id": np.int64(2)})
+            created = failed = 0
+            while created < 2:
+                before = len(p.pending) + len(p.batch_items)
+                try:
+                    await asyncio.wait_for(w.create_item("replay", 1.0, {"id": w.history["id"][-1]}), 0.3)
+                    created += 1
+                    continue
+                except asyncio.TimeoutError:
+                    pass
+                after = len(p.pending) + len(p.batch_items)
+                assert after == before, f"create_item was cancelled with {after} items kept, {before} before it"
+                failed += 1
+                # The learner makes room; the actor creates the item again.
+                await c.sample_batch("queue", 1, timeout=10)
+            assert failed, "no create_item waited for the window: the test no longer tests"
+            for _ in range((await c.server_info())["queue"].current_size):
+                await c.sample_batch("queue", 1, timeout=10)
+            await w.flush(timeout=30)
+            assert (await c.server_info())["replay"].current_size == created
+            await w.close()
+
+    asyncio.run(main())

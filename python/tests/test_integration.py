@@ -855,9 +855,10 @@ def test_end_episode_ends_it_even_when_the_wait_fails(reprised_factory: Any) -> 
 
 
 def test_an_item_refused_at_once_keeps_earlier_rejections(reprised_factory: Any) -> None:
-    """create_item raises the errors of earlier messages once its item is
-    on its way; an item it refuses itself (too large for a message) leaves
-    them for the next call instead of dropping them."""
+    """create_item raises the errors of earlier messages before it creates
+    its item, and then created nothing; an item it creates and then
+    refuses itself (too large for a message) is raised by the next call.
+    Neither drops the other."""
     r = reprised_factory("tables:\n  - {name: t, max_size: 10}\n")
     with reprise.Client(r.url) as c:
         w = c.trajectory_writer(1, linger=0.0, validate_signatures=False)
@@ -866,9 +867,11 @@ def test_an_item_refused_at_once_keeps_earlier_rejections(reprised_factory: Any)
         wait_for("the rejection of the item for an unknown table", lambda: bool(w._p.errors))
         # Random floats, so that compression does not shrink the step.
         w.append({"big": np.random.default_rng(0).standard_normal(c._aclient._nc.max_payload // 4 + 1).astype(np.float32)})
-        with pytest.raises(reprise.InvalidArgumentError, match="over the server's max payload"):
-            w.create_item("t", 1.0, {"big": w.history["big"][-1]})
         with pytest.raises(reprise.RejectedError, match="nosuch"):
+            w.create_item("t", 1.0, {"big": w.history["big"][-1]})
+        assert not w._p.pending and not w._p.batch_items, "the create_item that raised created its item"
+        w.create_item("t", 1.0, {"big": w.history["big"][-1]})
+        with pytest.raises(reprise.InvalidArgumentError, match="over the server's max payload"):
             w.flush(timeout=30)
         w.close()
 
@@ -1178,3 +1181,25 @@ def test_an_item_over_the_max_payload_leaves_none_behind_it_pending(reprised_fac
         with pytest.raises(reprise.InvalidArgumentError, match="max payload"):
             w.flush(timeout=30)  # B's error
         w.close()
+
+
+def test_a_create_item_raising_earlier_errors_created_nothing(client: reprise.Client) -> None:
+    """The errors of earlier messages (here a rejection) are raised by the
+    next create_item before it creates its item, so that one that raises
+    created nothing. It raised them after it queued its item, which was
+    then published: an actor that created the item again had it twice."""
+    before = client.server_info()["replay"].num_inserts
+    with client.trajectory_writer(1, validate_signatures=False, linger=0.0) as w:
+        w.append({"obs": np.zeros(3, np.float32)})
+        w.create_item("no-such-table", 1.0, {"obs": w.history["obs"][-1]})
+        wait_for("the service's rejection", lambda: w._p.rejections == 1)
+        created = 0
+        for _ in range(2):
+            try:
+                w.create_item("replay", 1.0, {"obs": w.history["obs"][-1]})
+                created += 1
+            except reprise.RejectedError:
+                pass
+        assert created == 1, "the first create_item after the rejection raises it"
+        w.flush(timeout=30)
+    assert client.server_info()["replay"].num_inserts == before + created
