@@ -28,12 +28,21 @@ var (
 	ErrHistory        = protocol.ErrHistory
 	ErrNotApplied     = protocol.ErrNotApplied
 	ErrServer         = protocol.ErrServer
-	// ErrNotStored reports a producer's message that JetStream never
-	// stored (no ack within WithRetryFor, a message too large, the
-	// producer closed first, a forged dedupe id): its items are lost.
-	// ErrRejected and ErrNotStored together cover every loss a producer
-	// reports.
+	// ErrNotStored reports a producer's message that JetStream did not
+	// store (no stream answered, JetStream refused it, a message too
+	// large, a forged dedupe id, the producer closed before sending it):
+	// its items are lost. ErrRejected and ErrNotStored together cover
+	// every certain loss a producer reports, ErrOutcomeUnknown every
+	// possible one.
 	ErrNotStored = protocol.ErrNotStored
+	// ErrOutcomeUnknown reports a producer's message given up on that
+	// JetStream may have stored, its items applied: an attempt to publish
+	// it went unanswered (no ack within its timeout, the connection lost
+	// with the ack pending, the producer closed while waiting for it) and
+	// none said it was not stored. A caller that resends its items may
+	// insert them twice; one that counts them lost may count items that
+	// are in their tables.
+	ErrOutcomeUnknown = protocol.ErrOutcomeUnknown
 	// ErrResourceExhausted reports a limit reached: a message, item or
 	// reply over one of the service's limits, too many producers, or no
 	// free request slot.

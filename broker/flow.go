@@ -32,10 +32,14 @@ type flow struct {
 	// published, ever, and of those Close gave up on before publishing
 	// them, and untakenFailed those whose errors are still in
 	// errs: a call that waited for them learns of their loss even where
-	// another call took their errors. rejections and untakenRejections
-	// count the service's rejections the same way.
+	// another call took their errors. unknownItems and untakenUnknown
+	// count the items of the messages given up on that JetStream may have
+	// stored (ErrOutcomeUnknown), and rejections and untakenRejections
+	// the service's rejections, the same way.
 	failedItems       uint64
 	untakenFailed     uint64
+	unknownItems      uint64
+	untakenUnknown    uint64
 	rejections        uint64
 	untakenRejections uint64
 	stopped           bool // the producer closed: no more acks or progress come
@@ -178,43 +182,56 @@ func (f *flow) lose(n int, err error) {
 	f.loseLocked(n, err)
 }
 
+// loseLocked records n items given up on with err: lost, or of unknown
+// outcome where err says JetStream may have stored them.
 func (f *flow) loseLocked(n int, err error) {
 	f.errs = append(f.errs, err)
-	f.failedItems += uint64(n)
-	f.untakenFailed += uint64(n)
+	if errors.Is(err, ErrOutcomeUnknown) {
+		f.unknownItems += uint64(n)
+		f.untakenUnknown += uint64(n)
+	} else {
+		f.failedItems += uint64(n)
+		f.untakenFailed += uint64(n)
+	}
 	f.notifyLocked()
 }
 
 // failureMark is where a call that waits for messages starts counting the
-// items lost and the rejections (withLost).
-type failureMark struct{ failedItems, rejections uint64 }
+// items lost or of unknown outcome and the rejections (withLost).
+type failureMark struct{ failedItems, unknownItems, rejections uint64 }
 
 func (f *flow) failureMark() failureMark {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return failureMark{f.failedItems, f.rejections}
+	return failureMark{f.failedItems, f.unknownItems, f.rejections}
 }
 
 // withLost is err, the outcome of a call that waited for the messages
-// published, with the items lost and the rejections since mark added where
-// another call took their errors (a concurrent Flush or Close, or the
-// producer's own Close when its connection closed) and err does not report
-// them: the waiting call would otherwise return nil for items that never
-// reached their tables. Errors still untaken are left to the next call,
-// which reports them.
+// published, with the items lost or of unknown outcome and the rejections
+// since mark added where another call took their errors (a concurrent
+// Flush or Close, or the producer's own Close when its connection closed)
+// and err does not report them: the waiting call would otherwise return
+// nil for items that never reached their tables. Errors still untaken are
+// left to the next call, which reports them.
 func (f *flow) withLost(err error, mark failureMark) error {
 	f.mu.Lock()
 	lost, untakenLost := f.failedItems-mark.failedItems, f.untakenFailed
+	unknown, untakenUnknown := f.unknownItems-mark.unknownItems, f.untakenUnknown
 	rejected, untakenRejected := f.rejections-mark.rejections, f.untakenRejections
 	stopped := f.stopped
 	f.mu.Unlock()
 	errs := []error{err}
-	if lost > untakenLost && !errors.Is(err, ErrNotStored) {
-		lostErr := fmt.Errorf("%w: %d of this producer's items were not stored while this call waited (another call on this producer reported why)", ErrNotStored, lost-untakenLost)
+	closed := func(err error) error {
 		if stopped {
-			lostErr = fmt.Errorf("%w: %w", lostErr, ErrClosed)
+			return fmt.Errorf("%w: %w", err, ErrClosed)
 		}
-		errs = append(errs, lostErr)
+		return err
+	}
+	if lost > untakenLost && !errors.Is(err, ErrNotStored) {
+		errs = append(errs, closed(fmt.Errorf("%w: %d of this producer's items were not stored while this call waited (another call on this producer reported why)", ErrNotStored, lost-untakenLost)))
+	}
+	if unknown > untakenUnknown && !errors.Is(err, ErrOutcomeUnknown) {
+		errs = append(errs, closed(fmt.Errorf("%w: %d of this producer's items were given up on while this call waited, and may be stored and applied (another call on this producer reported why)", ErrOutcomeUnknown, unknown-untakenUnknown)))
 	}
 	if rejected > untakenRejected && !errors.Is(err, ErrRejected) {
 		errs = append(errs, fmt.Errorf("%w: the service sent %d rejections while this call waited (another call on this producer reported them)", ErrRejected, rejected-untakenRejected))
@@ -292,7 +309,7 @@ func (f *flow) takeErrors() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	err := errors.Join(f.errs...)
-	f.errs, f.untakenFailed, f.untakenRejections = nil, 0, 0
+	f.errs, f.untakenFailed, f.untakenUnknown, f.untakenRejections = nil, 0, 0, 0
 	return err
 }
 

@@ -1,6 +1,11 @@
 package broker
 
-import "testing"
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
 
 // TestFlowKeepsThePacedWindow: while the service paces inserts, its bound
 // on unapplied items holds below the producer's own; a message larger than
@@ -34,5 +39,32 @@ func TestFlowKeepsThePacedWindow(t *testing.T) {
 	}
 	if acquire(1000) {
 		t.Fatal("the producer's own window of 4096 not kept")
+	}
+}
+
+// TestWaitReportsItemsOfUnknownOutcomeApart: items of a message given up
+// on that JetStream may have stored are counted apart from those lost: a
+// call that waited meanwhile reports them as ErrOutcomeUnknown, never
+// ErrNotStored, even where another call took their error (Python twin:
+// test_a_waiting_call_reports_items_of_unknown_outcome_apart).
+func TestWaitReportsItemsOfUnknownOutcomeApart(t *testing.T) {
+	f := newFlow(256, 4096)
+	mark := f.failureMark()
+	if ok, _ := f.tryAcquire(3); !ok {
+		t.Fatal("no room in an empty window")
+	}
+	f.fail(3, fmt.Errorf("%w: message 1 (3 items): no ack", ErrOutcomeUnknown))
+	if m := f.failureMark(); m.failedItems != 0 || m.unknownItems != 3 {
+		t.Fatalf("after a message of 3 items given up on unanswered: %+v, want 0 lost and 3 unknown", m)
+	}
+	if err := f.takeErrors(); !errors.Is(err, ErrOutcomeUnknown) { // another call takes it
+		t.Fatalf("the error taken: %v, want ErrOutcomeUnknown", err)
+	}
+	err := f.withLost(nil, mark)
+	if !errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrNotStored) || !strings.Contains(err.Error(), "3 of this producer's items") {
+		t.Fatalf("a wait during which 3 items were given up on unanswered: %v, want ErrOutcomeUnknown for 3 items and not ErrNotStored", err)
+	}
+	if err := f.withLost(nil, f.failureMark()); err != nil {
+		t.Fatalf("a wait after the loss: %v, want nil", err)
 	}
 }

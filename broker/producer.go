@@ -411,6 +411,10 @@ type inFlight struct {
 	// fills is set on a gap fill (fillGap): the message given up on whose
 	// place it took, or took from a gap fill given up on before it.
 	fills uint64
+	// unknown is set once an attempt was sent and no answer came from the
+	// stream (outcomeUnknown): JetStream may have stored the message, and
+	// no later attempt's failure says otherwise.
+	unknown bool
 }
 
 // NewProducer connects a producer to a deployment through nc. If the table
@@ -807,11 +811,11 @@ func (p *Producer) trimLocked() {
 // before it creates the item, to publish what earlier calls left. Before
 // it creates the item it also returns the errors that earlier messages met
 // since the producer's last call that reported them (ErrRejected,
-// ErrNotStored, an earlier item over the max payload): then it created
-// nothing either. The item goes out as far as the window has room, the
-// rest by the next call or once the window moves, and its own errors (an
-// item over the max payload, a loss, a rejection) are returned by a later
-// call.
+// ErrNotStored, ErrOutcomeUnknown, an earlier item over the max payload):
+// then it created nothing either. The item goes out as far as the window
+// has room, the rest by the next call or once the window moves, and its
+// own errors (an item over the max payload, a loss, a rejection) are
+// returned by a later call.
 func (p *Producer) CreateItem(ctx context.Context, table string, priority float64, traj Trajectory) error {
 	if table == "" {
 		return fmt.Errorf("%w: empty table name", ErrInvalidMessage)
@@ -1401,7 +1405,7 @@ func (p *Producer) await(rec *inFlight) (uint64, error) {
 				return ack.Sequence, nil
 			case lastErr = <-rec.fut.Err():
 			case <-p.abort:
-				return 0, fmt.Errorf("%w: message %d (%d items) not acknowledged before the producer closed (%w)", ErrNotStored, rec.seq, rec.items, ErrClosed)
+				return 0, fmt.Errorf("%w: message %d (%d items) not acknowledged before the producer closed: it may be stored and its items applied (%w)", ErrOutcomeUnknown, rec.seq, rec.items, ErrClosed)
 			}
 		}
 		// The server answers a publish the user may not make with an error
@@ -1412,14 +1416,17 @@ func (p *Producer) await(rec *inFlight) (uint64, error) {
 		if err := p.nc.LastError(); err != rec.connErr && errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Publish to "+strconv.Quote(rec.msg.Subject)) {
 			lastErr = err
 		}
+		if outcomeUnknown(lastErr) {
+			rec.unknown = true
+		}
 		if !retryablePublishError(lastErr) || time.Now().After(deadline) {
 			p.o.logger.Warn("reprise producer: publish failed", "producer", protocol.NoticeToken(p.id), "sequence", rec.seq, "items", rec.items, "error", lastErr)
-			return 0, fmt.Errorf("%w: message %d (%d items): %w", ErrNotStored, rec.seq, rec.items, lastErr)
+			return 0, fmt.Errorf("%w: message %d (%d items)%s: %w", rec.givenUp(), rec.seq, rec.items, rec.mayBeStored(), lastErr)
 		}
 		select {
 		case <-time.After(backoff):
 		case <-p.abort:
-			return 0, fmt.Errorf("%w: message %d (%d items): the producer closed while retrying (%w): %w", ErrNotStored, rec.seq, rec.items, ErrClosed, lastErr)
+			return 0, fmt.Errorf("%w: message %d (%d items)%s: the producer closed while retrying (%w): %w", rec.givenUp(), rec.seq, rec.items, rec.mayBeStored(), ErrClosed, lastErr)
 		}
 		backoff = min(2*backoff, time.Second)
 		retried = true
@@ -1429,6 +1436,34 @@ func (p *Producer) await(rec *inFlight) (uint64, error) {
 			lastErr = err
 		}
 	}
+}
+
+// outcomeUnknown reports whether an attempt that failed with err was sent
+// and left no answer from the stream, which may have stored it: its ack
+// timed out, or the connection was lost with the ack pending (nats.go
+// fails every pending ack at a reconnect). Every other failure is an
+// answer, or an attempt never sent: no stream responded, JetStream refused
+// it (an API error), PublishMsgAsync failed at once, or the server refused
+// the user the publish.
+func outcomeUnknown(err error) bool {
+	return errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, nats.ErrDisconnected)
+}
+
+// givenUp is the error of a message given up on: ErrOutcomeUnknown once
+// an attempt went unanswered, else ErrNotStored.
+func (rec *inFlight) givenUp() error {
+	if rec.unknown {
+		return ErrOutcomeUnknown
+	}
+	return ErrNotStored
+}
+
+// mayBeStored says what ErrOutcomeUnknown means, in its message.
+func (rec *inFlight) mayBeStored() string {
+	if rec.unknown {
+		return ": an attempt went unanswered, so it may be stored and its items applied"
+	}
+	return ""
 }
 
 // retryablePublishError tells transient failures (a reconnect, a lost ack,
@@ -1661,10 +1696,12 @@ func (p *Producer) endEpisodeLocked() {
 
 // Close publishes what is left, tells the service it may drop every chunk
 // it holds for this producer, waits for the acks and stops. When ctx ends
-// first, messages still being retried, and items it could not publish for
-// lack of room in the window, are reported lost (ErrNotStored); so are they
-// when the connection is closed for good while Close waits, which then
-// returns ErrClosed.
+// first, the messages still awaiting JetStream are given up on (reported
+// with ErrOutcomeUnknown where an attempt went unanswered, else
+// ErrNotStored), and items it could not publish for lack of room in the
+// window are reported lost (ErrNotStored); so are they when the
+// connection is closed for good while Close waits, which then returns
+// ErrClosed.
 func (p *Producer) Close(ctx context.Context) error {
 	mark := p.flow.failureMark()
 	p.mu.Lock()

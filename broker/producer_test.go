@@ -288,7 +288,8 @@ func TestProducerEndsWithItsConnection(t *testing.T) {
 
 // TestFlushFailsWhenItsConnectionCloses: a Flush waiting for JetStream's
 // acks when the producer's connection is closed for good reports its
-// messages lost. The producer closes itself then, and its Close took the
+// messages given up on, as of unknown outcome: sent, unanswered, they may
+// be stored. The producer closes itself then, and its Close took the
 // errors of the messages it gave up on: the waiting Flush found none
 // left, every message settled, and returned nil for items never stored
 // (a cluster soak lost 24 acknowledged inserts so).
@@ -314,8 +315,8 @@ func TestFlushFailsWhenItsConnectionCloses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}, func(f *flow) bool { return f.inFlight > 0 })
-	if !errors.Is(err, ErrNotStored) {
-		t.Fatalf("Flush whose connection closed before JetStream acknowledged its message: %v, want ErrNotStored", err)
+	if !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("Flush whose connection closed before JetStream acknowledged its message: %v, want ErrOutcomeUnknown", err)
 	}
 }
 
@@ -470,6 +471,55 @@ func TestMessagesGivenUpInAnOutageEndTheFlush(t *testing.T) {
 	err := p.Flush(ctx)
 	if !errors.Is(err, ErrNotStored) || errors.Is(err, ErrNotApplied) || !strings.Contains(err.Error(), "message 1 (1 items)") || !strings.Contains(err.Error(), "message 2 (1 items)") {
 		t.Fatalf("Flush through an outage: %v, want ErrNotStored naming messages 1 and 2", err)
+	}
+}
+
+// TestAMessageStoredWithoutAnAckIsNotReportedNotStored: a message whose
+// every attempt went unanswered (a stream that stores without acking,
+// NoAck) may have been stored: the producer gives up on it with
+// ErrOutcomeUnknown, never ErrNotStored, which said its items were lost
+// while the service applied them (an actor that resent them on
+// ErrNotStored inserted them twice).
+func TestAMessageStoredWithoutAnAckIsNotReportedNotStored(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0), WithRetryFor(300*time.Millisecond))
+	js, err := jetstream.New(p.nc, jetstream.WithPublishAsyncTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.js = js // before the first publish: acks time out in 100 ms
+	admin, err := jetstream.New(d.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := admin.Stream(ctx, p.subj.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.NoAck = true
+	if _, err := admin.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{1})}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
+		t.Fatal(err)
+	}
+	err = p.Flush(ctx)
+	if !errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrNotStored) || !strings.Contains(err.Error(), "message 1 (1 items)") {
+		t.Fatalf("Flush of a message stored without an ack: %v, want ErrOutcomeUnknown naming message 1 and not ErrNotStored", err)
+	}
+	tt, _ := d.svc.Table("t")
+	testutil.WaitUntil(t, "the service applies the stored item", func() bool { return tt.Info().Size == 1 })
+	if lost, unknown := p.flow.failureMark().failedItems, p.flow.failureMark().unknownItems; lost != 0 || unknown != 1 {
+		t.Fatalf("%d items counted lost and %d of unknown outcome, want 0 and 1", lost, unknown)
+	}
+	cfg.NoAck = false // for the producer's closing message
+	if _, err := admin.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -580,6 +580,7 @@ class _Record:
 
     __slots__ = (
         "seq", "data", "headers", "items", "tables", "fills", "first_sent", "attempts", "future", "sent_at", "settled",
+        "unknown",
     )
 
     def __init__(
@@ -602,6 +603,11 @@ class _Record:
         self.attempts = 0
         self.future: asyncio.Future[Msg] | None = None
         self.settled = False
+        # Set once an attempt was sent and no answer came from the stream
+        # (its ack timed out, the writer closed while it waited): JetStream
+        # may have stored the message, and no later attempt's failure says
+        # otherwise (as the Go producer's inFlight.unknown).
+        self.unknown = False
 
 
 class _Blocked(Exception):
@@ -667,6 +673,29 @@ def _not_stored_class(base: type[errors.RepriseError]) -> type[errors.NotStoredE
     return cls
 
 
+_OUTCOME_UNKNOWN_CLASSES: dict[type[errors.RepriseError], type[errors.OutcomeUnknownError]] = {}
+
+
+def outcome_unknown_error(err: errors.RepriseError, seq: int, items: int) -> errors.OutcomeUnknownError:
+    """The error of a message given up on that JetStream may have stored
+    (an attempt went unanswered): both an OutcomeUnknownError and the class
+    of its last failure, with that failure's fields (a
+    PermissionDeniedError's operation and subject too)."""
+    base = type(err)
+    cls = _OUTCOME_UNKNOWN_CLASSES.get(base)
+    if cls is None:
+        cls = type("OutcomeUnknown" + base.__name__, (errors.OutcomeUnknownError, base), {})
+        _OUTCOME_UNKNOWN_CLASSES[base] = cls
+    message = (f"message {seq} ({items} items) may be stored, its items applied: an attempt went unanswered; "
+               f"given up on: {err.message}")
+    out = cls.__new__(cls, message)
+    out.__dict__.update(err.__dict__)
+    out.args = (message,)
+    out.message, out.sequence, out.items = message, seq, items
+    out.__cause__ = err
+    return out
+
+
 def with_message(e: _E, message: str) -> _E:
     """A copy of e, of its class and with its fields, that says message
     and was caused by e. Made without calling the class's __init__, whose
@@ -689,12 +718,14 @@ def _join(errs: list[errors.RepriseError]) -> errors.RepriseError:
     """Several errors of a writer as one, to raise. It takes the class and
     attributes of the first that lost items (a rejection or a message not
     stored), else of the first, so that ``except RejectedError`` or
-    ``except NotStoredError`` never misses a loss behind another error;
+    ``except NotStoredError`` never misses a loss behind another error
+    (nor ``except OutcomeUnknownError`` a message that may be stored
+    behind one that is not a loss);
     its text names them all (the first few), and a rejection's
     ``rejections`` lists every refusal."""
     if len(errs) == 1:
         return errs[0]
-    lost = [e for e in errs if isinstance(e, (errors.RejectedError, errors.NotStoredError))]
+    lost = [e for e in errs if isinstance(e, (errors.RejectedError, errors.NotStoredError, errors.OutcomeUnknownError))]
     first = lost[0] if lost else errs[0]
     shown = "; ".join(e.message for e in errs[:_JOIN_SHOWN])
     more = f"; and {len(errs) - _JOIN_SHOWN} more" if len(errs) > _JOIN_SHOWN else ""
@@ -702,6 +733,12 @@ def _join(errs: list[errors.RepriseError]) -> errors.RepriseError:
     if isinstance(out, errors.RejectedError):
         out.rejections = [r for e in errs if isinstance(e, errors.RejectedError) for r in e.rejections]
     return out
+
+
+#: Where a call that waits for a writer's messages starts counting its
+#: failures (_Producer.failure_mark): items lost, rejections, items of
+#: unknown outcome.
+FailureMark = tuple[int, int, int]
 
 
 class _Producer:
@@ -777,6 +814,10 @@ class _Producer:
         # errors. The service's rejections are counted the same way.
         self.failed_items = 0
         self.untaken_failed_items = 0
+        # The items of messages given up on that JetStream may have stored
+        # (OutcomeUnknownError), counted as failed_items are.
+        self.unknown_items = 0
+        self.untaken_unknown_items = 0
         self.rejections = 0
         self.untaken_rejections = 0
         # Table to (its signature as the client holds it, compiled).
@@ -1325,8 +1366,12 @@ class _Producer:
                     if filled:
                         self.gap_fills += 1
                     self.errors.append(err)
-                    self.failed_items += rec.items
-                    self.untaken_failed_items += rec.items
+                    if isinstance(err, errors.OutcomeUnknownError):
+                        self.unknown_items += rec.items
+                        self.untaken_unknown_items += rec.items
+                    else:
+                        self.failed_items += rec.items
+                        self.untaken_failed_items += rec.items
                 elif not filled:
                     self.gap_fills -= 1  # it lost no items
             elif stream_seq is not None:
@@ -1407,7 +1452,7 @@ class _Producer:
         self.stopped = True
         self.notify_locked()
 
-    def stopped_error_locked(self, what: str, mark: tuple[int, int]) -> errors.RepriseError:
+    def stopped_error_locked(self, what: str, mark: FailureMark) -> errors.RepriseError:
         """What a wait that the writer's close ended raises: ClosedError
         saying what was left, with the errors seen since mark (as the Go
         producer's waits end with ErrClosed)."""
@@ -1419,30 +1464,38 @@ class _Producer:
         if not self.errors:
             return None
         errs, self.errors = self.errors, []
-        self.untaken_failed_items = self.untaken_rejections = 0
+        self.untaken_failed_items = self.untaken_unknown_items = self.untaken_rejections = 0
         return _join(errs)
 
-    def failure_mark(self) -> tuple[int, int]:
+    def failure_mark(self) -> FailureMark:
         """Where a call that waits for its messages starts counting the
-        items lost and the rejections (waited_errors_locked)."""
+        items lost, the rejections and the items of unknown outcome
+        (waited_errors_locked)."""
         with self.mu:
-            return self.failed_items, self.rejections
+            return self.failed_items, self.rejections, self.unknown_items
 
-    def waited_errors_locked(self, mark: tuple[int, int]) -> errors.RepriseError | None:
+    def waited_errors_locked(self, mark: FailureMark) -> errors.RepriseError | None:
         """The errors of a call that waited for its messages since
-        failure_mark gave mark, with a NotStoredError for the items lost
+        failure_mark gave mark, with a NotStoredError for the items lost,
+        an OutcomeUnknownError for those given up on that may be stored
         and a RejectedError for the rejections meanwhile whose errors
         another call on the writer took (close, or a flush on another
         thread), unless its own errors report them: the call must not
-        return as if items that never reached their tables did."""
+        return as if items that may never have reached their tables did."""
         lost = self.failed_items - mark[0] - self.untaken_failed_items
         refused = self.rejections - mark[1] - self.untaken_rejections
+        unknown = self.unknown_items - mark[2] - self.untaken_unknown_items
         errs, self.errors = self.errors, []
-        self.untaken_failed_items = self.untaken_rejections = 0
+        self.untaken_failed_items = self.untaken_unknown_items = self.untaken_rejections = 0
         if lost > 0 and not any(isinstance(e, errors.NotStoredError) for e in errs):
             errs.append(errors.NotStoredError(
                 f"{lost} of this writer's items were not stored while this call waited "
                 "(another call on this writer reported why)"
+            ))
+        if unknown > 0 and not any(isinstance(e, errors.OutcomeUnknownError) for e in errs):
+            errs.append(errors.OutcomeUnknownError(
+                f"{unknown} of this writer's items were given up on while this call waited, and may be stored "
+                "and applied (another call on this writer reported why)"
             ))
         if refused > 0 and not any(isinstance(e, errors.RejectedError) for e in errs):
             errs.append(errors.RejectedError(
@@ -1597,6 +1650,9 @@ class _Transport:
         self._denied = err
         for rec in list(self._acks.values()):
             if rec.future is not None and not rec.future.done():
+                # A refused publish was not stored; a message sent before
+                # its ack's subscription was refused may have been.
+                rec.unknown = rec.unknown or err.operation != "publish"
                 rec.future.set_exception(err)
         assert self.p is not None
         self.p.on_error(err)
@@ -1766,6 +1822,8 @@ class _Transport:
                     return
                 err = err_or_none
             except asyncio.TimeoutError:
+                # Sent, unanswered: JetStream may have stored it.
+                rec.unknown = True
                 err = errors.DeadlineExceededError(f"no ack from JetStream within {self.o.ack_timeout}s")
             except errors.RepriseError as e:
                 err = e
@@ -1777,6 +1835,11 @@ class _Transport:
                     return  # its ack landed as the writer closed
                 rec.settled = True
                 self._forget(rec)
+                if rec.unknown:
+                    log.warning("reprise writer: publish given up on, may be stored: producer %s message %d "
+                                "(%d items): %s", p.token, rec.seq, rec.items, err.message)
+                    p.on_settled(rec, None, outcome_unknown_error(err, rec.seq, rec.items))
+                    return
                 if isinstance(err, errors.PermissionDeniedError):
                     # A loss like any other: the denial alone, once taken,
                     # would leave a later wait for this message to return.
@@ -1815,6 +1878,7 @@ class _Transport:
             self._abort.set()
             for rec in list(self._acks.values()):
                 if rec.future is not None and not rec.future.done():
+                    rec.unknown = True  # sent, unanswered: it may be stored
                     rec.future.set_exception(_closed_unacked())
             await done
         self._denials.discard(self._on_denied)

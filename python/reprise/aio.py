@@ -31,6 +31,7 @@ from ._info import CheckpointInfo, TableInfo
 from ._proto import reprise_pb2 as pb
 from ._sample import ReplaySample, SampleBatch
 from ._writer import (
+    FailureMark,
     History,
     TrajectoryColumn,
     WriterOptions,
@@ -884,7 +885,7 @@ class AsyncTrajectoryWriter:
         self._partial: dict[str, Any] = {}
         self._closed = False
         self._closing = False  # a close is under way, not cancelled
-        self._close_mark = (0, 0)  # the writer's failure_mark as its close began
+        self._close_mark: FailureMark = (0, 0, 0)  # the writer's failure_mark as its close began
 
     async def _start(self) -> None:
         nc = self._c.nats
@@ -1010,7 +1011,7 @@ class AsyncTrajectoryWriter:
         assert self._p is not None
         await self._flush(block_until_num_items, _deadline(timeout, timeout_ms), self._p.failure_mark())
 
-    async def _flush(self, block_until_num_items: int, deadline: float | None, mark: tuple[int, int]) -> None:
+    async def _flush(self, block_until_num_items: int, deadline: float | None, mark: FailureMark) -> None:
         await self._advance(True, deadline)
         await self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush", mark)
 
@@ -1022,7 +1023,7 @@ class AsyncTrajectoryWriter:
         await self._flush(0, deadline, mark)
         await self._wait(lambda p: p.all_applied_locked(), deadline, "wait_applied", mark)
 
-    async def _wait(self, cond: Any, deadline: float | None, what: str, mark: tuple[int, int]) -> None:
+    async def _wait(self, cond: Any, deadline: float | None, what: str, mark: FailureMark) -> None:
         """Waits until cond holds; raises the errors seen, and the loss of
         the items lost and the rejections since mark (the writer's
         failure_mark then)."""

@@ -26,7 +26,17 @@ from . import aio as _aio
 from . import _sharded  # after aio, which imports it last
 from ._info import CheckpointInfo, TableInfo
 from ._sample import ReplaySample, SampleBatch
-from ._writer import History, TrajectoryColumn, WriterOptions, _Blocked, _join, _Producer, _Transport, check_item
+from ._writer import (
+    FailureMark,
+    History,
+    TrajectoryColumn,
+    WriterOptions,
+    _Blocked,
+    _join,
+    _Producer,
+    _Transport,
+    check_item,
+)
 
 log = logging.getLogger("reprise")
 T = TypeVar("T")
@@ -510,7 +520,7 @@ class TrajectoryWriter:
         self._partial: dict[str, Any] = {}
         self._closed = False
         self._closing = False  # a close is under way, not interrupted
-        self._close_mark = (0, 0)  # the writer's failure_mark as its close began
+        self._close_mark: FailureMark = (0, 0, 0)  # the writer's failure_mark as its close began
         lt = client._lt
 
         async def start() -> tuple[_Producer, _Transport]:
@@ -622,9 +632,10 @@ class TrajectoryWriter:
         the window is full, and only before it creates the item: a
         create_item that raises created nothing, so the item may be created
         again. The errors that earlier messages met (RejectedError,
-        NotStoredError, an earlier item over the max payload) are raised
-        before the item is created, and then it created nothing either;
-        the item's own errors are raised by a later call."""
+        NotStoredError, OutcomeUnknownError, an earlier item over the max
+        payload) are raised before the item is created, and then it
+        created nothing either; the item's own errors are raised by a later
+        call."""
         if self._closed:
             raise errors.ClosedError("writer closed")
         p = self._p
@@ -658,7 +669,7 @@ class TrajectoryWriter:
         the items keep being retried)."""
         self._flush(block_until_num_items, _aio._deadline(timeout, timeout_ms), self._p.failure_mark())
 
-    def _flush(self, block_until_num_items: int, deadline: float | None, mark: tuple[int, int]) -> None:
+    def _flush(self, block_until_num_items: int, deadline: float | None, mark: FailureMark) -> None:
         self._advance(True, deadline)
         self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush", mark)
 
@@ -670,7 +681,7 @@ class TrajectoryWriter:
         self._flush(0, deadline, mark)
         self._wait(lambda p: p.all_applied_locked(), deadline, "wait_applied", mark)
 
-    def _wait(self, cond: Any, deadline: float | None, what: str, mark: tuple[int, int]) -> None:
+    def _wait(self, cond: Any, deadline: float | None, what: str, mark: FailureMark) -> None:
         """Waits until cond holds; raises the errors seen, and the loss of
         the items lost and the rejections since mark (the writer's
         failure_mark then)."""

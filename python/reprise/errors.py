@@ -95,7 +95,8 @@ class DeadlineExceededError(RepriseError, TimeoutError):
     """The caller's own timeout passed: no reply in time, or a writer's
     flush or wait for the service's progress did not finish (the items may
     still be stored later: a writer keeps retrying them, and says so with
-    a :class:`NotStoredError` when it gives up)."""
+    a :class:`NotStoredError` or :class:`OutcomeUnknownError` when it
+    gives up)."""
 
 
 class _NotSentError(DeadlineExceededError):
@@ -154,12 +155,30 @@ class PermissionDeniedError(RepriseError, PermissionError):
 class NotStoredError(RepriseError):
     """A writer gave up on a message: JetStream did not store it, and its
     items are lost (raised by the writer's next call). It is also of the
-    class of the last failure: ``DeadlineExceededError`` when no ack came
-    within the writer's ``retry_for``, ``UnavailableError``,
-    ``ResourceExhaustedError`` for a message JetStream refused as too
-    large... ``sequence`` is the writer's message and ``items`` the number
-    of items it held. ``except (RejectedError, NotStoredError)`` catches
-    every loss a writer reports."""
+    class of the last failure: ``UnavailableError`` when no stream
+    answered within the writer's ``retry_for``, ``ResourceExhaustedError``
+    for a message JetStream refused as too large... ``sequence`` is the
+    writer's message and ``items`` the number of items it held. ``except
+    (RejectedError, NotStoredError)`` catches every loss a writer
+    reports; a message that may have been stored raises
+    :class:`OutcomeUnknownError` instead."""
+
+    def __init__(self, message: str, *, code: Code | int | None = None, sequence: int = 0, items: int = 0) -> None:
+        super().__init__(message, code=code)
+        self.sequence = sequence
+        self.items = items
+
+
+class OutcomeUnknownError(RepriseError):
+    """A writer gave up on a message that JetStream may have stored, its
+    items applied: an attempt to publish it went unanswered (no ack within
+    the writer's ``ack_timeout``, the writer closed while it waited for
+    one) and none said it was not stored (raised by the writer's next
+    call). Items sent again may be inserted twice; items counted lost may
+    be in their tables. It is also of the class of the last failure
+    (``DeadlineExceededError``, ``ClosedError``...), never a
+    :class:`NotStoredError`. ``sequence`` is the writer's message and
+    ``items`` the number of items it held."""
 
     def __init__(self, message: str, *, code: Code | int | None = None, sequence: int = 0, items: int = 0) -> None:
         super().__init__(message, code=code)
@@ -234,6 +253,7 @@ __all__ = [
     "InvalidArgumentError",
     "NotFoundError",
     "NotStoredError",
+    "OutcomeUnknownError",
     "PermissionDeniedError",
     "ProtocolError",
     "RateLimitedError",

@@ -627,26 +627,49 @@ def test_a_waiting_call_reports_items_lost_to_another_calls_errors() -> None:
         p.on_settled(_Record(seq, b"", {}, items), None, not_stored_error(reprise.ClosedError("closed"), seq, items))
 
     with p.mu:
-        mark = (p.failed_items, p.rejections)
+        mark = (p.failed_items, p.rejections, p.unknown_items)
     fail(1, 0)  # a release: nothing lost
     with p.mu:
         assert p.take_errors_locked() is not None  # another call takes it
         assert p.waited_errors_locked(mark) is None
-        mark = (p.failed_items, p.rejections)
+        mark = (p.failed_items, p.rejections, p.unknown_items)
     fail(2, 5)
     with p.mu:
         taken = p.take_errors_locked()  # another call takes it
         assert isinstance(taken, reprise.NotStoredError)
         e = p.waited_errors_locked(mark)
         assert isinstance(e, reprise.NotStoredError) and "5 of this writer's items" in e.message
-        mark = (p.failed_items, p.rejections)
+        mark = (p.failed_items, p.rejections, p.unknown_items)
     fail(3, 2)
     with p.mu:
         # This call's own errors report the loss, and the next call does
         # not again.
         e = p.waited_errors_locked(mark)
         assert isinstance(e, reprise.NotStoredError) and "message 3 (2 items)" in e.message
-        assert p.waited_errors_locked((p.failed_items, p.rejections)) is None
+        assert p.waited_errors_locked((p.failed_items, p.rejections, p.unknown_items)) is None
+
+
+def test_a_waiting_call_reports_items_of_unknown_outcome_apart() -> None:
+    """Items of a message given up on that JetStream may have stored are
+    counted apart from those lost: a call that waited meanwhile reports
+    them as OutcomeUnknownError, never NotStoredError, even where another
+    call took their error (Go twin: flow.withLost)."""
+    from reprise._writer import _Record, outcome_unknown_error
+
+    p, _ = producer()
+    mark = p.failure_mark()
+    p.unsettled.append(1)
+    p.unacked_items += 3
+    err = outcome_unknown_error(reprise.DeadlineExceededError("no ack"), 1, 3)
+    assert isinstance(err, reprise.DeadlineExceededError) and not isinstance(err, reprise.NotStoredError)
+    p.on_settled(_Record(1, b"", {}, 3), None, err)
+    assert (p.failed_items, p.unknown_items) == (0, 3)
+    with p.mu:
+        assert isinstance(p.take_errors_locked(), reprise.OutcomeUnknownError)  # another call takes it
+        e = p.waited_errors_locked(mark)
+        assert isinstance(e, reprise.OutcomeUnknownError) and not isinstance(e, reprise.NotStoredError)
+        assert "3 of this writer's items" in e.message
+        assert p.waited_errors_locked((p.failed_items, p.rejections, p.unknown_items)) is None
 
 
 def test_a_waiting_call_reports_rejections_another_call_took() -> None:

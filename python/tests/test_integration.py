@@ -1203,3 +1203,33 @@ def test_a_create_item_raising_earlier_errors_created_nothing(client: reprise.Cl
         assert created == 1, "the first create_item after the rejection raises it"
         w.flush(timeout=30)
     assert client.server_info()["replay"].num_inserts == before + created
+
+
+def test_a_message_stored_without_an_ack_is_not_reported_not_stored(reprised_factory: Any) -> None:
+    """A message whose every attempt went unanswered (a stream that stores
+    without acking, no_ack) may have been stored: the writer gives up on it
+    with OutcomeUnknownError, never NotStoredError, which said its items
+    were lost while the service applied them (an actor that resent them on
+    NotStoredError inserted them twice). As the Go producer's
+    TestAMessageStoredWithoutAnAckIsNotReportedNotStored."""
+    r = reprised_factory("tables:\n  - {name: t, max_size: 10}\n")
+    with reprise.Client(r.url) as c:
+
+        async def no_ack(on: bool) -> None:
+            js = c._aclient.nats.jetstream()
+            cfg = (await js.stream_info("REPRISE_" + r.prefix.upper())).config
+            cfg.no_ack = on
+            await js.update_stream(cfg)
+
+        c._lt.call(no_ack(True))
+        w = c.trajectory_writer(1, linger=0.0, ack_timeout=0.2, retry_for=0.5)
+        w.append({"x": np.int64(1)})
+        w.create_item("t", 1.0, {"x": w.history["x"][-1]})
+        with pytest.raises(reprise.OutcomeUnknownError, match=r"message 1 \(1 items\) may be stored") as e:
+            w.flush(timeout=30)
+        assert not isinstance(e.value, reprise.NotStoredError)
+        assert isinstance(e.value, reprise.DeadlineExceededError)  # the class of its last failure too
+        wait_for("the service to apply the stored item", lambda: table_size(c, "t") == 1)
+        assert (w._p.failed_items, w._p.unknown_items) == (0, 1)
+        c._lt.call(no_ack(False))
+        w.close(timeout=30)

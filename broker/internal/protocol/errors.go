@@ -20,9 +20,12 @@ var (
 	ErrHistory        = errors.New("broker: trajectory outside the producer's history")
 	ErrNotApplied     = errors.New("broker: items not yet applied by the table service")
 	ErrServer         = errors.New("broker: table service error")
-	// ErrNotStored reports a producer's message that JetStream never
-	// stored: its items are lost.
+	// ErrNotStored reports a producer's message that JetStream did not
+	// store: its items are lost.
 	ErrNotStored = errors.New("broker: message not stored")
+	// ErrOutcomeUnknown reports a producer's message given up on that
+	// JetStream may have stored: every answer to it was lost.
+	ErrOutcomeUnknown = errors.New("broker: message may be stored")
 	// ErrResourceExhausted reports a limit reached: a message, item or
 	// reply over one of the service's Limits, too many producers, or no
 	// free request slot.
