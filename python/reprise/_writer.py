@@ -714,22 +714,47 @@ def with_message(e: _E, message: str) -> _E:
 _JOIN_SHOWN = 5
 
 
+#: The kinds of loss a writer reports, which a joined error is of wherever
+#: one of its errors is (as Go's errors.Is finds each in an errors.Join).
+_LOSS_KINDS: tuple[type[errors.RepriseError], ...] = (
+    errors.RejectedError, errors.NotStoredError, errors.OutcomeUnknownError)
+
+_JOINED_CLASSES: dict[tuple[type[errors.RepriseError], ...], type[errors.RepriseError]] = {}
+
+
+def _joined_class(base: type[errors.RepriseError], extra: tuple[type[errors.RepriseError], ...]) -> type[errors.RepriseError]:
+    """base, also of the kinds of loss in extra."""
+    bases = (base, *extra)
+    cls = _JOINED_CLASSES.get(bases)
+    if cls is None:
+        cls = type(base.__name__, bases, {})
+        _JOINED_CLASSES[bases] = cls
+    return cls
+
+
 def _join(errs: list[errors.RepriseError]) -> errors.RepriseError:
     """Several errors of a writer as one, to raise. It takes the class and
-    attributes of the first that lost items (a rejection or a message not
-    stored), else of the first, so that ``except RejectedError`` or
-    ``except NotStoredError`` never misses a loss behind another error
-    (nor ``except OutcomeUnknownError`` a message that may be stored
-    behind one that is not a loss);
-    its text names them all (the first few), and a rejection's
-    ``rejections`` lists every refusal."""
+    attributes of the first that lost items or may have (a rejection, a
+    message not stored, one of unknown outcome), else of the first, and is
+    also of each of those kinds that another of them is, with that one's
+    attributes where the first has none: ``except (RejectedError,
+    NotStoredError)`` never misses a certain loss behind a message that may
+    be stored, nor ``except OutcomeUnknownError`` a message that may be
+    stored behind a loss. Its text names them all (the first few), and a
+    rejection's ``rejections`` lists every refusal."""
     if len(errs) == 1:
         return errs[0]
-    lost = [e for e in errs if isinstance(e, (errors.RejectedError, errors.NotStoredError, errors.OutcomeUnknownError))]
+    lost = [e for e in errs if isinstance(e, _LOSS_KINDS)]
     first = lost[0] if lost else errs[0]
     shown = "; ".join(e.message for e in errs[:_JOIN_SHOWN])
     more = f"; and {len(errs) - _JOIN_SHOWN} more" if len(errs) > _JOIN_SHOWN else ""
     out = with_message(first, f"{len(errs)} errors: {shown}{more}")
+    extra = tuple(k for k in _LOSS_KINDS if not isinstance(first, k) and any(isinstance(e, k) for e in lost))
+    if extra:
+        out.__class__ = _joined_class(type(first), extra)
+        for e in lost:
+            for k, v in e.__dict__.items():
+                out.__dict__.setdefault(k, v)
     if isinstance(out, errors.RejectedError):
         out.rejections = [r for e in errs if isinstance(e, errors.RejectedError) for r in e.rejections]
     return out

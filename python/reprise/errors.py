@@ -177,8 +177,11 @@ class OutcomeUnknownError(RepriseError):
     call). Items sent again may be inserted twice; items counted lost may
     be in their tables. It is also of the class of the last failure
     (``DeadlineExceededError``, ``ClosedError``...), never a
-    :class:`NotStoredError`. ``sequence`` is the writer's message and
-    ``items`` the number of items it held."""
+    :class:`NotStoredError`, unless it joins the errors of several
+    messages, one of them not stored: it is then of every kind of loss
+    among them, as Go's ``errors.Is`` finds each in a joined error.
+    ``sequence`` is the writer's message and ``items`` the number of items
+    it held."""
 
     def __init__(self, message: str, *, code: Code | int | None = None, sequence: int = 0, items: int = 0) -> None:
         super().__init__(message, code=code)

@@ -590,9 +590,10 @@ def test_batches_stack_the_items(seed: int) -> None:
 
 def test_joined_errors_keep_every_loss_and_message() -> None:
     """Errors a writer raises together take the class and fields of the
-    first that lost items, name every error, and list every rejection;
-    any class joins, PermissionDeniedError's keyword-only fields too."""
-    from reprise._writer import _join, not_stored_error
+    first that lost items, are of every kind of loss among them, name
+    every error, and list every rejection; any class joins,
+    PermissionDeniedError's keyword-only fields too."""
+    from reprise._writer import _join, not_stored_error, outcome_unknown_error
 
     denied = reprise.PermissionDeniedError("publish denied", operation="publish", subject="r.data.insert")
     lost = not_stored_error(reprise.DeadlineExceededError("no ack from JetStream within 5.0s"), 3, 64)
@@ -605,6 +606,12 @@ def test_joined_errors_keep_every_loss_and_message() -> None:
         assert part in e.message and part in str(e)
     e = _join([denied, rej[0], lost, rej[1]])
     assert isinstance(e, reprise.RejectedError) and e.rejections == rej and e.item_key == 7
+    # Of every kind of loss it joins, as Go's errors.Is finds each.
+    unknown = outcome_unknown_error(reprise.DeadlineExceededError("no ack from JetStream within 5.0s"), 2, 5)
+    e = _join([denied, unknown, lost, rej[0]])
+    assert isinstance(e, reprise.OutcomeUnknownError) and isinstance(e, reprise.DeadlineExceededError)
+    assert isinstance(e, reprise.NotStoredError) and isinstance(e, reprise.RejectedError)
+    assert (e.sequence, e.items, e.rejections, e.item_key) == (2, 5, [rej[0]], 7)
     e = _join([denied, denied])
     assert isinstance(e, reprise.PermissionDeniedError) and (e.operation, e.subject) == ("publish", "r.data.insert")
     e = _join([reprise.UnavailableError(f"down {i}") for i in range(8)])

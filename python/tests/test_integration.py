@@ -1233,3 +1233,39 @@ def test_a_message_stored_without_an_ack_is_not_reported_not_stored(reprised_fac
         assert (w._p.failed_items, w._p.unknown_items) == (0, 1)
         c._lt.call(no_ack(False))
         w.close(timeout=30)
+
+
+def test_a_loss_behind_a_message_of_unknown_outcome_is_still_a_not_stored_error(reprised_factory: Any) -> None:
+    """A writer that gave up on a message that may be stored (its first
+    attempt unanswered, on a no_ack stream) and on one JetStream refused
+    (over the stream's max_msg_size) raises one error for both that is an
+    OutcomeUnknownError and a NotStoredError, as the Go producer's joined
+    error is both ErrOutcomeUnknown and ErrNotStored: it took the class of
+    the first alone, and ``except (RejectedError, NotStoredError)``, which
+    catches every certain loss, missed the refused message's."""
+    r = reprised_factory("tables:\n  - {name: t, max_size: 10}\n")
+    with reprise.Client(r.url) as c:
+
+        async def stream(no_ack: bool, max_msg_size: int) -> None:
+            js = c._aclient.nats.jetstream()
+            cfg = (await js.stream_info("REPRISE_" + r.prefix.upper())).config
+            cfg.no_ack, cfg.max_msg_size = no_ack, max_msg_size
+            await js.update_stream(cfg)
+
+        c._lt.call(stream(True, -1))
+        w = c.trajectory_writer(1, linger=0.0, ack_timeout=2.0, retry_for=2.5)
+        w.append({"x": np.int64(1)})
+        w.create_item("t", 1.0, {"x": w.history["x"][-1]})
+        # Stored, unanswered: its ack times out only after the next message
+        # was refused, so that no call takes one error before the other.
+        wait_for("the service to apply the unanswered message", lambda: table_size(c, "t") == 1)
+        c._lt.call(stream(False, 64))
+        w.append({"x": np.int64(2)})
+        w.create_item("t", 1.0, {"x": w.history["x"][-1]})
+        wait_for("both messages to be given up on", lambda: (w._p.unknown_items, w._p.failed_items) == (1, 1), timeout=30)
+        c._lt.call(stream(False, -1))
+        with pytest.raises(reprise.NotStoredError) as e:
+            w.flush(timeout=30)
+        assert isinstance(e.value, reprise.OutcomeUnknownError), e.value
+        assert "message 1 (1 items) may be stored" in e.value.message and "(1 items) not stored" in e.value.message
+        w.close(timeout=30)
