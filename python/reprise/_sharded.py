@@ -28,7 +28,7 @@ from . import _info, _sample, errors
 from ._info import CheckpointInfo, TableInfo
 from ._proto import reprise_pb2 as pb
 from ._sample import BatchInfo, ReplaySample, SampleBatch
-from ._writer import MAX_SHARDS, History, TrajectoryColumn, WriterOptions, with_message
+from ._writer import MAX_SHARDS, History, TrajectoryColumn, WriterOptions, _join, with_message
 from .aio import AsyncTrajectoryWriter, Client, _deadline, _left, check_sampler, ends_iteration, key_array, priority_arrays
 
 T = TypeVar("T")
@@ -1018,7 +1018,18 @@ class AsyncShardedTrajectoryWriter:
         await self._writers[self._shard].create_item(table, priority, trajectory)
 
     async def _each(self, calls: Sequence[Awaitable[None]]) -> None:
-        await self._c._on_shards(dict(enumerate(calls)))
+        """Runs the calls on the shards' writers at once and, once all are
+        done, raises their errors as one, each naming its shard (a
+        writer's call took its errors: one left out would never be
+        raised)."""
+        errs: list[errors.RepriseError] = []
+        for i, r in enumerate(await asyncio.gather(*calls, return_exceptions=True)):
+            if isinstance(r, errors.RepriseError):
+                errs.append(on_shard(r, i, self._c.prefixes[i]))
+            elif isinstance(r, BaseException):
+                raise r
+        if errs:
+            raise _join(errs)
 
     async def flush(
         self, block_until_num_items: int = 0, timeout_ms: int | None = None, *, timeout: float | None = None

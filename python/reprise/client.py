@@ -1177,16 +1177,17 @@ class ShardedTrajectoryWriter:
         self._writers[self._shard].create_item(table, priority, trajectory)
 
     def _each(self, call: Callable[[TrajectoryWriter], None]) -> None:
-        """call on every shard's writer; then raises the first error,
-        naming its shard."""
-        first: errors.RepriseError | None = None
+        """call on every shard's writer; then raises their errors as one,
+        each naming its shard (a writer's call took its errors: one left
+        out would never be raised)."""
+        errs: list[errors.RepriseError] = []
         for i, w in enumerate(self._writers):
             try:
                 call(w)
             except errors.RepriseError as e:
-                first = first or _sharded.on_shard(e, i, self._c.prefixes[i])
-        if first is not None:
-            raise first
+                errs.append(_sharded.on_shard(e, i, self._c.prefixes[i]))
+        if errs:
+            raise _join(errs)
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None, *, timeout: float | None = None) -> None:
         """Flushes every shard's writer (see :meth:`TrajectoryWriter.flush`;

@@ -302,6 +302,50 @@ def test_writer_moves_on_when_an_episode_ends_and_its_wait_fails(sc: reprise.Sha
     sc.reset("held")
 
 
+def give_up_on_shards(writers: Sequence[Any]) -> None:
+    """Records on the writer of shard 0 a message given up on that may be
+    stored, and on that of shard 1 one not stored, as their transports do
+    (messages of no items: the counts stay as they are)."""
+    from reprise._writer import not_stored_error, outcome_unknown_error
+
+    for w, err in zip(writers, (outcome_unknown_error(reprise.DeadlineExceededError("no ack"), 1, 0),
+                                not_stored_error(reprise.UnavailableError("no stream answered"), 1, 0))):
+        with w._p.mu:
+            w._p.errors.append(err)
+
+
+def check_both_shards_lost(e: reprise.RepriseError) -> None:
+    assert isinstance(e, reprise.OutcomeUnknownError) and isinstance(e, reprise.NotStoredError), repr(e)
+    assert "shard 0 (prefix 's0'): message 1 (0 items) may be stored" in e.message, e.message
+    assert "shard 1 (prefix 's1'): message 1 (0 items) not stored" in e.message, e.message
+
+
+def test_writer_raises_every_shards_loss(sc: reprise.ShardedClient, shards: list[Reprised]) -> None:
+    """A flush over the shards raises the errors of every shard's writer,
+    each naming its shard, as one of every kind of loss among them, as the
+    Go ShardedProducer's joined error is. It raised the first shard's
+    alone, though each writer's flush had taken its errors: a message of
+    unknown outcome on shard 0 hid for ever that shard 1 lost one, and
+    ``except NotStoredError`` missed it; sync and async writers alike."""
+    with sc.trajectory_writer(1, linger=0.0) as w:
+        give_up_on_shards(w.writers)
+        with pytest.raises(reprise.RepriseError) as e:
+            w.flush(timeout=30)
+        check_both_shards_lost(e.value)
+        w.flush(timeout=30)  # each loss reported once
+
+    async def main() -> None:
+        async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
+            async with await c.trajectory_writer(1, linger=0.0) as aw:
+                give_up_on_shards(aw.writers)
+                with pytest.raises(reprise.RepriseError) as e:
+                    await aw.flush(timeout=30)
+                check_both_shards_lost(e.value)
+                await aw.flush(timeout=30)
+
+    asyncio.run(main())
+
+
 def test_insert_goes_to_one_random_shard(sc: reprise.ShardedClient) -> None:
     sc.reset("replay")
     for x in range(24):
