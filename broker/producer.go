@@ -1392,8 +1392,22 @@ func (p *Producer) await(rec *inFlight) (uint64, error) {
 	retried := false
 	for {
 		if rec.fut != nil {
+			var ack *jetstream.PubAck
+			// An answer in hand outranks the producer's closing: select
+			// picks among ready cases at random, and gave up on messages
+			// JetStream had acknowledged.
 			select {
-			case ack := <-rec.fut.Ok():
+			case ack = <-rec.fut.Ok():
+			case lastErr = <-rec.fut.Err():
+			default:
+				select {
+				case ack = <-rec.fut.Ok():
+				case lastErr = <-rec.fut.Err():
+				case <-p.abort:
+					return 0, fmt.Errorf("%w: message %d (%d items) not acknowledged before the producer closed: it may be stored and its items applied (%w)", ErrOutcomeUnknown, rec.seq, rec.items, ErrClosed)
+				}
+			}
+			if ack != nil {
 				if ack.Duplicate && !retried {
 					// JetStream already held a message with this dedupe id,
 					// and this producer never sent it: someone else did,
@@ -1403,9 +1417,6 @@ func (p *Producer) await(rec *inFlight) (uint64, error) {
 					return 0, fmt.Errorf("%w: %w: message %d (%d items): JetStream reports a duplicate of a message this producer never sent (a forged or reused dedupe id)", ErrRejected, ErrNotStored, rec.seq, rec.items)
 				}
 				return ack.Sequence, nil
-			case lastErr = <-rec.fut.Err():
-			case <-p.abort:
-				return 0, fmt.Errorf("%w: message %d (%d items) not acknowledged before the producer closed: it may be stored and its items applied (%w)", ErrOutcomeUnknown, rec.seq, rec.items, ErrClosed)
 			}
 		}
 		// The server answers a publish the user may not make with an error

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1913,5 +1914,63 @@ func TestInsertsRefusedByPermissionsFailClearly(t *testing.T) {
 	err = p.Flush(fctx)
 	if !errors.Is(err, ErrNotStored) || !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
 		t.Fatalf("Flush of an insert the server refuses to take from this user: %v, want ErrNotStored naming the permissions violation", err)
+	}
+}
+
+// unansweredJetStream publishes every message but the first, whose attempts
+// it leaves unanswered for ever: a message JetStream may have stored whose
+// acks were all lost. published counts the messages it published.
+type unansweredJetStream struct {
+	jetstream.JetStream
+	published *atomic.Int64
+}
+
+func (u unansweredJetStream) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	if strings.HasSuffix(m.Header.Get(jetstream.MsgIDHeader), "-1") {
+		return unansweredFuture{m}, nil
+	}
+	u.published.Add(1)
+	return u.JetStream.PublishMsgAsync(m, opts...)
+}
+
+type unansweredFuture struct{ m *nats.Msg }
+
+func (unansweredFuture) Ok() <-chan *jetstream.PubAck { return nil }
+func (unansweredFuture) Err() <-chan error            { return nil }
+func (f unansweredFuture) Msg() *nats.Msg             { return f.m }
+
+// TestCloseReportsNoAcknowledgedMessageGivenUp: a Close whose ctx ends while
+// message 1 goes unanswered gives up on it (ErrOutcomeUnknown) and on
+// nothing else: the messages behind it in the ack loop, whose acks came
+// before Close gave up, are stored and counted so. Their await chose at
+// random between the ack in hand and the producer's closing, and reported
+// about half of them ErrOutcomeUnknown, items JetStream had acknowledged
+// (Python's writer takes an answer in hand first).
+func TestCloseReportsNoAcknowledgedMessageGivenUp(t *testing.T) {
+	const messages = 20
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0))
+	real, published := p.js, new(atomic.Int64)
+	p.js = unansweredJetStream{JetStream: real, published: published}
+	for i := range int64(messages) {
+		if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{i})}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitUntil(t, "JetStream acknowledges messages 2 to 20", func() bool {
+		return published.Load() == messages-1 && real.PublishAsyncPending() == 0
+	})
+	closeCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	err := p.Close(closeCtx)
+	if !errors.Is(err, ErrOutcomeUnknown) || !strings.Contains(err.Error(), "message 1 (1 items)") {
+		t.Fatalf("Close with message 1 unanswered: %v, want ErrOutcomeUnknown for message 1", err)
+	}
+	if m := p.flow.failureMark(); m.unknownItems != 1 || m.failedItems != 0 {
+		t.Fatalf("Close: %v; %d items of unknown outcome and %d lost, want message 1's alone of unknown outcome", err, m.unknownItems, m.failedItems)
 	}
 }
