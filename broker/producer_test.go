@@ -1568,25 +1568,8 @@ func TestFlushPublishesAnItemAnotherCallGaveUpAdding(t *testing.T) {
 	}
 	q, _ := d.svc.Table("q")
 	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
-	x := func(v byte) Step {
-		return Step{"x": Tensor{DType: "uint8", Shape: []int64{4000}, Data: bytes.Repeat([]byte{v}, 4000)}}
-	}
-	// W staged in the batch (linger: an hour).
-	for range 2 {
-		if err := p.Append(ctx, x(1)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
-		t.Fatal(err)
-	}
-	// X created; its chunk is open.
-	if err := p.Append(ctx, x(2)); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
-		t.Fatal(err)
-	}
+	// W staged in the batch (linger: an hour); X created, its chunk open.
+	x := stageBatchAndItem(t, ctx, p)
 	// Another call seals X's chunk, and leaves X pending: W has to go
 	// first, and the window has no room.
 	s := x(2)
@@ -1645,25 +1628,8 @@ func TestAppendLeavesNoItemForACallThatNeverComes(t *testing.T) {
 	p := d.producer(WithLinger(time.Millisecond), WithMaxUnapplied(1), WithChunkLength(2), WithCompression(wire.Uncompressed), WithDelta(false))
 	// The queue holds its second item, so the window (one item) is full.
 	holdInQueue(t, d, p, "q", "id")
-	x := func(v byte) Step {
-		return Step{"x": Tensor{DType: "uint8", Shape: []int64{4000}, Data: bytes.Repeat([]byte{v}, 4000)}}
-	}
-	// W staged, lingering for room.
-	for range 2 {
-		if err := p.Append(ctx, x(1)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
-		t.Fatal(err)
-	}
-	// X created; its chunk is open.
-	if err := p.Append(ctx, x(2)); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
-		t.Fatal(err)
-	}
+	// W staged, lingering for room; X created, its chunk open.
+	x := stageBatchAndItem(t, ctx, p)
 	// The actor's last call: it seals X's chunk.
 	appended := make(chan error, 1)
 	go func() { appended <- p.Append(ctx, x(2)) }()
@@ -1973,4 +1939,29 @@ func TestCloseReportsNoAcknowledgedMessageGivenUp(t *testing.T) {
 	if m := p.flow.failureMark(); m.unknownItems != 1 || m.failedItems != 0 {
 		t.Fatalf("Close: %v; %d items of unknown outcome and %d lost, want message 1's alone of unknown outcome", err, m.unknownItems, m.failedItems)
 	}
+}
+
+// stageBatchAndItem stages batch W (an item of table t over two steps of
+// 4000 bytes) and creates item X of t on a third step, whose chunk (of two
+// steps) it leaves open. It returns the steps' maker.
+func stageBatchAndItem(t *testing.T, ctx context.Context, p *Producer) func(v byte) Step {
+	t.Helper()
+	x := func(v byte) Step {
+		return Step{"x": Tensor{DType: "uint8", Shape: []int64{4000}, Data: bytes.Repeat([]byte{v}, 4000)}}
+	}
+	for range 2 {
+		if err := p.Append(ctx, x(1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Append(ctx, x(2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "t", 1, LastStep("x")); err != nil {
+		t.Fatal(err)
+	}
+	return x
 }

@@ -655,14 +655,7 @@ def not_stored_error(err: errors.RepriseError, seq: int, items: int) -> errors.N
 def denied_not_stored_error(err: errors.PermissionDeniedError, seq: int, items: int) -> errors.NotStoredError:
     """not_stored_error of a message whose publish the user's role refused:
     a PermissionDeniedError too, with its operation and subject."""
-    cls = _not_stored_class(type(err))
-    message = f"message {seq} ({items} items) not stored: {err.message}"
-    out = cls.__new__(cls, message)
-    out.__dict__.update(err.__dict__)
-    out.args = (message,)
-    out.message, out.sequence, out.items = message, seq, items
-    out.__cause__ = err
-    return out
+    return _loss_of(_not_stored_class(type(err)), err, f"message {seq} ({items} items) not stored: {err.message}", seq, items)
 
 
 def _not_stored_class(base: type[errors.RepriseError]) -> type[errors.NotStoredError]:
@@ -688,10 +681,17 @@ def outcome_unknown_error(err: errors.RepriseError, seq: int, items: int) -> err
         _OUTCOME_UNKNOWN_CLASSES[base] = cls
     message = (f"message {seq} ({items} items) may be stored, its items applied: an attempt went unanswered; "
                f"given up on: {err.message}")
+    return _loss_of(cls, err, message, seq, items)
+
+
+def _loss_of(cls: type[_E], err: errors.RepriseError, message: str, seq: int, items: int) -> _E:
+    """An error of cls (a subclass of err's class) with err's fields, which
+    says message of message seq and its items, caused by err."""
     out = cls.__new__(cls, message)
     out.__dict__.update(err.__dict__)
     out.args = (message,)
-    out.message, out.sequence, out.items = message, seq, items
+    out.message = message
+    out.__dict__.update(sequence=seq, items=items)
     out.__cause__ = err
     return out
 
