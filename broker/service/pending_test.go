@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -489,5 +490,71 @@ func TestWatchedTablesAreBounded(t *testing.T) {
 	}
 	if !d.svc.watchTable("unconfigured-0") {
 		t.Fatal("a table watched already is no longer watched")
+	}
+}
+
+// gateObserver holds the service's apply loop in its first ItemInserted
+// until release is closed, so that a test can order what the service
+// hears against what it applies.
+type gateObserver struct {
+	once    sync.Once
+	release chan struct{}
+}
+
+func (g *gateObserver) SampleServed(string, int, time.Duration, Code) {}
+func (g *gateObserver) Rejected(string, Code)                         {}
+func (g *gateObserver) ItemInserted(string, time.Duration) {
+	g.once.Do(func() { <-g.release })
+}
+
+// TestReplayedItemRefusedByBothIsRefusedOnce: neither the active service
+// nor the standby has table t. The active service refuses an item of t
+// and publishes progress past its message, which the standby hears before
+// it applies that message (it lags). The standby's refusal, keyed by t,
+// must count as sent: it followed t only from its refusal on, from 0, and
+// at takeover sent the producer a second notice of the same item, which
+// Go's and Python's producers count as a second rejection.
+func TestReplayedItemRefusedByBothIsRefusedOnce(t *testing.T) {
+	cfgs := []tables.Config{tables.QueueConfig("a", 10)}
+	opts := []Option{WithoutFinalCheckpoint(), WithStandby(time.Second)}
+	d := deploy(t, cfgs, deployOptions{service: opts})
+	var last atomic.Uint64
+	w := watchOrder(t, d, coveredPast(&last, false))
+	gate := &gateObserver{release: make(chan struct{})}
+	b, _ := d.startService(cfgs, append(opts, WithObserver(gate))...)
+	const producer = "refusedbyboth0refusedbyboth0ref"
+	batch := &wire.InsertBatch{ProducerId: producer, Sequence: 1, WindowStart: 1, Window: 4, NoticeSubject: w.notice,
+		Chunks: []*wire.Chunk{int64Chunk(t, 1, 1), int64Chunk(t, 2, 2)},
+		// The standby waits in item 1's insert, before it refuses item 2.
+		Items: []*wire.Item{oneStepItem(1, "a", 1), oneStepItem(2, "t", 2)}}
+	ack := publishBatch(t, d, batch, "")
+	testutil.WaitUntil(t, "the standby hears progress past the message before it applies it", func() bool {
+		return b.coveredUpTo() >= ack.Sequence
+	})
+	close(gate.release)
+	testutil.WaitUntil(t, "the standby applied the message", func() bool { return b.Applied() >= ack.Sequence })
+	d.stop() // the standby takes over
+	next := publishBatch(t, d, &wire.InsertBatch{ProducerId: producer, Sequence: 2, WindowStart: 1, Window: 4, NoticeSubject: w.notice,
+		Chunks: []*wire.Chunk{int64Chunk(t, 3, 3)}, Items: []*wire.Item{oneStepItem(3, "a", 3)}}, "")
+	last.Store(next.Sequence)
+	// The standby sends what it withheld before its first progress.
+	refusals := 0
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case e := <-w.events:
+			if e.refusal == 1 {
+				refusals++
+			}
+			if !e.covers {
+				continue
+			}
+			if refusals != 1 {
+				t.Fatalf("item 2 of message 1 refused %d times, want once", refusals)
+			}
+			return
+		case <-deadline:
+			t.Fatal("no progress from the service that took over")
+		}
 	}
 }

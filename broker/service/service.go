@@ -466,6 +466,9 @@ type Service struct {
 	covered       uint64
 	coveredTables map[string]uint64
 	watchedTables int // of coveredTables, those watchTable added
+	// coveredLast is the progress heard that raised covered last: what a
+	// table watchTable takes on was covered to before it followed it.
+	coveredLast *wire.Progress
 	// replies bounds the bytes of the sample replies built at once.
 	replyBudget *replyBudget
 
@@ -1242,18 +1245,14 @@ func (s *Service) noteCovered(m *nats.Msg) {
 	}
 	s.coveredMu.Lock()
 	defer s.coveredMu.Unlock()
-	s.covered = max(s.covered, p.AppliedSequence)
+	if p.AppliedSequence >= s.covered {
+		s.covered, s.coveredLast = p.AppliedSequence, &p
+	}
 	if s.coveredTables == nil {
 		s.coveredTables = make(map[string]uint64, len(s.names))
 	}
 	note := func(name string) {
-		seq := p.AppliedSequence
-		for _, h := range p.Held {
-			if h.Table == name {
-				seq = h.AppliedSequence
-			}
-		}
-		s.coveredTables[name] = max(s.coveredTables[name], seq)
+		s.coveredTables[name] = max(s.coveredTables[name], tableCovered(&p, name))
 	}
 	for _, name := range s.names {
 		note(name)
@@ -1290,8 +1289,27 @@ func (s *Service) watchTable(table string) bool {
 		return false
 	}
 	s.watchedTables++
-	s.coveredTables[table] = 0
+	// From the progress heard before: a standby that lags hears the
+	// active service's progress past a message before it applies it, and
+	// refuses its item only then. Progress that covered the item already
+	// (the active service refused it too, or took it in) may not come
+	// again before a takeover, which would then send a second refusal.
+	var seq uint64
+	if s.coveredLast != nil {
+		seq = tableCovered(s.coveredLast, table)
+	}
+	s.coveredTables[table] = seq
 	return true
+}
+
+// tableCovered is how far p says table is applied.
+func tableCovered(p *wire.Progress, table string) uint64 {
+	for _, h := range p.Held {
+		if h.Table == table {
+			return h.AppliedSequence
+		}
+	}
+	return p.AppliedSequence
 }
 
 // coversNotice says whether a service's progress covered a withheld
