@@ -476,7 +476,7 @@ func (s *Service) insertItem(ctx context.Context, producer string, b *insertBatc
 	t, ok := s.tables[it.table]
 	if !ok {
 		at := noticeAt{seq: s.applying}
-		if !s.mayAct() && s.watchTable(it.table) {
+		if !s.mayAct() {
 			// Withheld, and keyed by the table: an active service whose
 			// config has it may queue the item, and publish progress past
 			// this message that holds the table below it. That progress

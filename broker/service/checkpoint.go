@@ -804,10 +804,7 @@ func (s *Service) restore(cp *wire.Checkpoint) error {
 		table := pi.GetItem().GetTable()
 		// Keyed by the table: a service that still has it (an active one,
 		// while this is a standby) publishes progress past the checkpoint
-		// holding the table below the item, without telling anyone. Past
-		// maxWatchedTables such tables, no progress covers the refusal:
-		// it is sent whoever applied the item.
-		s.watchTable(table)
+		// holding the table below the item, without telling anyone.
 		s.rejectAt(noticeAt{seq: cp.AppliedSequence, table: table}, noticeTo{producer: pi.ProducerId, subject: pi.NoticeSubject}, pi.Sequence, pi.GetItem().GetKey(), table, protocol.CodeNotFound,
 			fmt.Sprintf("item waiting at the checkpoint of stream sequence %d for table %q, which the config no longer defines: dropped (add the table back to the config to keep such items)", cp.AppliedSequence, table))
 	}

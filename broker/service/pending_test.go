@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -471,26 +470,6 @@ func TestReplayedItemOfAnUnconfiguredTableIsRejectedByAStandby(t *testing.T) {
 	last.Store(ack.Sequence)
 	d.stop() // the standby takes over
 	w.noticeFirst(t, 1, "item 2")
-}
-
-// TestWatchedTablesAreBounded: the tables a standby follows for refusals
-// of items of tables its config lacks are named by producers, so a
-// hostile one sending items for ever new names must not grow them, nor
-// the work of every progress message heard, without bound.
-func TestWatchedTablesAreBounded(t *testing.T) {
-	d := deploy(t, []tables.Config{tables.QueueConfig("t", 1)}, deployOptions{})
-	watched := 0
-	for i := range 3 * maxWatchedTables {
-		if d.svc.watchTable(fmt.Sprintf("unconfigured-%d", i)) {
-			watched++
-		}
-	}
-	if watched != maxWatchedTables {
-		t.Fatalf("%d tables watched, want %d", watched, maxWatchedTables)
-	}
-	if !d.svc.watchTable("unconfigured-0") {
-		t.Fatal("a table watched already is no longer watched")
-	}
 }
 
 // gateObserver holds the service's apply loop in its first ItemInserted

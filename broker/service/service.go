@@ -459,16 +459,16 @@ type Service struct {
 	// could not act (see reject), to send before its next progress, unless
 	// progress a service of the prefix published (which sent the notices
 	// of the messages it covers) passed them: up to covered, and for each
-	// table up to coveredTables (below covered while the table holds items
-	// back).
+	// table of the config up to coveredTables (below covered while the
+	// table holds items back). A table the config does not define is
+	// covered as far as the latest progress, coveredLast, says: its names
+	// come from producers, and following each would cost memory and every
+	// progress message heard a look.
 	withheld      withheldNotices
 	coveredMu     sync.Mutex
 	covered       uint64
 	coveredTables map[string]uint64
-	watchedTables int // of coveredTables, those watchTable added
-	// coveredLast is the progress heard that raised covered last: what a
-	// table watchTable takes on was covered to before it followed it.
-	coveredLast *wire.Progress
+	coveredLast   *wire.Progress
 	// replies bounds the bytes of the sample replies built at once.
 	replyBudget *replyBudget
 
@@ -1251,55 +1251,9 @@ func (s *Service) noteCovered(m *nats.Msg) {
 	if s.coveredTables == nil {
 		s.coveredTables = make(map[string]uint64, len(s.names))
 	}
-	note := func(name string) {
+	for _, name := range s.names {
 		s.coveredTables[name] = max(s.coveredTables[name], tableCovered(&p, name))
 	}
-	for _, name := range s.names {
-		note(name)
-	}
-	// Tables the config no longer defines whose items a checkpoint held
-	// (watchTable): another service may still have them, and hold them.
-	for name := range s.coveredTables {
-		if _, ok := s.configs[name]; !ok {
-			note(name)
-		}
-	}
-}
-
-// maxWatchedTables bounds the tables the config does not define that
-// noteCovered follows (watchTable): their names come from producers, and
-// each one followed costs every progress message heard a look.
-const maxWatchedTables = 64
-
-// watchTable has noteCovered follow table, which the config does not
-// define, in the progress it hears from now on: a refusal of one of its
-// items is covered by progress that no longer holds it below the refusal.
-// It reports whether it does; past maxWatchedTables such tables it does
-// not take more.
-func (s *Service) watchTable(table string) bool {
-	s.coveredMu.Lock()
-	defer s.coveredMu.Unlock()
-	if s.coveredTables == nil {
-		s.coveredTables = make(map[string]uint64, len(s.names)+1)
-	}
-	if _, ok := s.coveredTables[table]; ok {
-		return true
-	}
-	if s.watchedTables >= maxWatchedTables {
-		return false
-	}
-	s.watchedTables++
-	// From the progress heard before: a standby that lags hears the
-	// active service's progress past a message before it applies it, and
-	// refuses its item only then. Progress that covered the item already
-	// (the active service refused it too, or took it in) may not come
-	// again before a takeover, which would then send a second refusal.
-	var seq uint64
-	if s.coveredLast != nil {
-		seq = tableCovered(s.coveredLast, table)
-	}
-	s.coveredTables[table] = seq
-	return true
 }
 
 // tableCovered is how far p says table is applied.
@@ -1320,7 +1274,15 @@ func (s *Service) coversNotice(at noticeAt) bool {
 	if at.table == "" {
 		return at.seq <= s.covered
 	}
-	return at.seq <= s.coveredTables[at.table]
+	if seq, ok := s.coveredTables[at.table]; ok {
+		return at.seq <= seq
+	}
+	// A table the config does not define, which another service may have
+	// and hold below the notice. A standby that lags hears the active
+	// service's progress past a message before it applies it: progress
+	// that covered the notice (the active service refused the item too, or
+	// took it in) may not come again before a takeover.
+	return s.coveredLast != nil && at.seq <= tableCovered(s.coveredLast, at.table)
 }
 
 // coveredUpTo is the highest stream sequence a service of the prefix
