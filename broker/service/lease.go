@@ -211,14 +211,37 @@ func wrongRevision(err error) bool {
 func (l *lease) drop() { l.until.Store(0) }
 
 // release gives the lease up at once, so that a standby need not wait for
-// it to lapse.
+// it to lapse. It deletes the key even where the lease lapsed by this
+// service's own clock, which counts it lapsed a margin before the server
+// does: renewals that fell behind (a loaded machine) left the key naming
+// this service for up to a TTL after it stopped. The delete is of a
+// revision that names this service, so never of another service's lease.
 func (l *lease) release(ctx context.Context) error {
 	l.writes.Lock()
 	defer l.writes.Unlock()
-	held := l.held()
 	l.drop()
-	if !held {
-		return nil
+	if l.rev == 0 {
+		return nil // never written: a delete without a revision is anyone's
 	}
-	return l.kv.Delete(ctx, leaseKey, jetstream.LastRevision(l.rev))
+	err := l.kv.Delete(ctx, leaseKey, jetstream.LastRevision(l.rev))
+	if wrongRevision(err) {
+		// A write whose answer was lost (a renewal cut short as the
+		// service stopped) moved the revision on: the key may still name
+		// this service, at a revision it did not see.
+		e, gerr := l.kv.Get(ctx, leaseKey)
+		switch {
+		case errors.Is(gerr, jetstream.ErrKeyNotFound):
+			err = nil // lapsed
+		case gerr != nil:
+			err = gerr
+		case leaseHolderOf(e) != l.id:
+			err = nil // another service's now
+		default:
+			err = l.kv.Delete(ctx, leaseKey, jetstream.LastRevision(e.Revision()))
+		}
+	}
+	if err == nil {
+		l.rev = 0
+	}
+	return err
 }

@@ -105,6 +105,34 @@ func TestLeaseRelease(t *testing.T) {
 	mustAcquire(t, b, true)
 }
 
+// TestLeaseReleaseLapsedByItsClock: a holder whose renewals fell behind
+// counts the lease lapsed a margin before the server does, and one whose
+// renewal was cut short as it stopped does not know the key's revision.
+// Either release left the key naming it, and standbys waited out the rest
+// of the TTL to take over. Releasing deletes the key where it names the
+// holder, and only there.
+func TestLeaseReleaseLapsedByItsClock(t *testing.T) {
+	ls := leases(t, 2, time.Minute)
+	a, b := ls[0], ls[1]
+	mustAcquire(t, a, true)
+	a.drop() // its clock ran out; the server's has most of a minute left
+	// And a renewal cut short as it stopped moved the revision on, its
+	// answer lost.
+	if _, err := a.kv.Update(testutil.Context(t), leaseKey, a.value(), a.rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.release(testutil.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, b, true)
+	// b's lease now: a's release of its old revision must not touch it.
+	a.rev = b.rev - 1
+	if err := a.release(testutil.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, a, false)
+}
+
 // A renewal stored by the server whose answer was lost leaves the holder
 // a revision behind: the next renewal finds its own value and goes on.
 func TestLeaseRenewAfterLostAnswer(t *testing.T) {
