@@ -1488,13 +1488,7 @@ func TestCreateItemThatFailsCreatesNothing(t *testing.T) {
 	if failed == 0 {
 		t.Fatal("no CreateItem waited for the window: the test no longer tests")
 	}
-	if err := p.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	tt, _ := d.svc.Table("t")
-	if n := tt.Info().Size; n != created {
-		t.Fatalf("table t holds %d items after %d CreateItems returned nil", n, created)
-	}
+	flushHolds(t, ctx, d, p, created)
 }
 
 // TestCreateItemReportsEarlierErrorsWithoutCreating: the errors of earlier
@@ -1529,13 +1523,7 @@ func TestCreateItemReportsEarlierErrorsWithoutCreating(t *testing.T) {
 	if created != 1 {
 		t.Fatalf("%d of two CreateItems after a rejection returned nil, want 1 (the first reports the rejection)", created)
 	}
-	if err := p.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	tt, _ := d.svc.Table("t")
-	if n := tt.Info().Size; n != created {
-		t.Fatalf("table t holds %d items after %d CreateItems returned nil", n, created)
-	}
+	flushHolds(t, ctx, d, p, created)
 }
 
 // TestFlushPublishesAnItemAnotherCallGaveUpAdding: item X, created
@@ -1964,4 +1952,17 @@ func stageBatchAndItem(t *testing.T, ctx context.Context, p *Producer) func(v by
 		t.Fatal(err)
 	}
 	return x
+}
+
+// flushHolds flushes p and checks that table t holds the items of the
+// CreateItems that returned nil, created, and no more.
+func flushHolds(t *testing.T, ctx context.Context, d *deployment, p *Producer, created int64) {
+	t.Helper()
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tt, _ := d.svc.Table("t")
+	if n := tt.Info().Size; n != created {
+		t.Fatalf("table t holds %d items after %d CreateItems returned nil", n, created)
+	}
 }

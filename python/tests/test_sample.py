@@ -1034,21 +1034,10 @@ def test_a_batch_holds_one_decoded_chunk_at_a_time(monkeypatch: pytest.MonkeyPat
             cols.append(Column(name, [(key, off, 2)]))
             want[name].append(a[off : off + 2])
         items.append(Item(cols, key=i + 1))
-    decode = _codec.decode_chunk_fields
-    alive: list[weakref.ref[np.ndarray]] = []
-    most = 0
-
-    def counting(*args: Any, **kwargs: Any) -> np.ndarray:
-        nonlocal most
-        most = max(most, sum(r() is not None for r in alive))
-        a = decode(*args, **kwargs)
-        alive.append(weakref.ref(a))
-        return a
-
-    monkeypatch.setattr(_codec, "decode_chunk_fields", counting)
+    decoded, held = _watch_decodes(monkeypatch)
     got = batch(pack(items, chunks).SerializeToString())
-    assert len(alive) == len(chunks)
-    assert most == 0
+    assert len(decoded) == len(chunks)
+    assert max(held) == 0
     for name in names:
         np.testing.assert_array_equal(got.data[name], np.stack(want[name]))
 
@@ -1069,17 +1058,26 @@ def test_a_chunk_two_columns_share_is_decoded_once(monkeypatch: pytest.MonkeyPat
         items.append(Item([Column("obs", [(i + 1, off, 2)]), Column("next_obs", [(i + 1, off + 1, 2)])], key=i + 1))
         obs.append(a[off : off + 2])
         nxt.append(a[off + 1 : off + 3])
-    decode = _codec.decode_chunk_fields
-    alive: list[weakref.ref[np.ndarray]] = []
-
-    def counting(*args: Any, **kwargs: Any) -> np.ndarray:
-        a = decode(*args, **kwargs)
-        alive.append(weakref.ref(a))
-        return a
-
-    monkeypatch.setattr(_codec, "decode_chunk_fields", counting)
+    decoded, _ = _watch_decodes(monkeypatch)
     got = batch(pack(items, chunks).SerializeToString())
-    assert len(alive) == len(chunks)
-    assert not any(r() is not None for r in alive)
+    assert len(decoded) == len(chunks)
+    assert not any(r() is not None for r in decoded)
     np.testing.assert_array_equal(got.data["obs"], np.stack(obs))
     np.testing.assert_array_equal(got.data["next_obs"], np.stack(nxt))
+
+
+def _watch_decodes(monkeypatch: pytest.MonkeyPatch) -> tuple[list[weakref.ref[np.ndarray]], list[int]]:
+    """Weak references to every chunk the decoder decodes from now on, and
+    how many of those decoded before were still held at each decode."""
+    decode = _codec.decode_chunk_fields
+    decoded: list[weakref.ref[np.ndarray]] = []
+    held: list[int] = []
+
+    def watching(*args: Any, **kwargs: Any) -> np.ndarray:
+        held.append(sum(r() is not None for r in decoded))
+        a = decode(*args, **kwargs)
+        decoded.append(weakref.ref(a))
+        return a
+
+    monkeypatch.setattr(_codec, "decode_chunk_fields", watching)
+    return decoded, held
