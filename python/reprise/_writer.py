@@ -936,20 +936,12 @@ class _Producer:
         payload) is the next call's."""
         if not self.pending:
             return  # nothing waits for the chunks the step sealed
-        while True:
-            try:
-                self.advance_locked(False)
-            except _Blocked:
-                self.lingered = True
-            except errors.InvalidArgumentError as e:
-                # An item over the max payload, dropped: the items behind
-                # it go on, as in Go, rather than wait for a call that may
-                # never come.
-                self.errors.append(e)
-                continue
-            except errors.RepriseError as e:
-                self.errors.append(e)
-            return
+        try:
+            self.advance_locked(False)
+        except _Blocked:
+            self.lingered = True
+        except errors.RepriseError as e:
+            self.errors.append(e)
 
     def cell_locked(self, name: Any, value: Any) -> np.ndarray:
         """value as the array a step of column name holds, little-endian,
@@ -1211,11 +1203,16 @@ class _Producer:
             for ch in fresh:
                 size += len(ch.encoded or b"")
             if size > limit:
+                # Dropped, and the items behind it go on, as in Go: its
+                # error is raised by the call that waits for it (flush) or
+                # by the next call, never in place of theirs.
                 self.pending.popleft()
-                raise errors.InvalidArgumentError(
+                self.errors.append(errors.InvalidArgumentError(
                     f"item for table {it.table!r} needs {size} bytes, over the server's max payload of "
                     f"{self.max_payload}: use shorter chunks or raise max_payload"
-                )
+                ))
+                self.notify_locked()
+                continue
             if self.batch_items and self.batch_bytes + size > limit:
                 self._publish_locked(False)  # may raise _Blocked; the item stays pending
                 continue

@@ -1183,6 +1183,26 @@ def test_an_item_over_the_max_payload_leaves_none_behind_it_pending(reprised_fac
         w.close()
 
 
+def test_a_flush_publishes_the_items_behind_one_over_the_max_payload(reprised_factory: Any) -> None:
+    """Items A, B and C wait for the flush to seal their chunks, B over the
+    server's max payload: the flush publishes A and C and raises B's error
+    (as the Go producer's Flush). It raised at B with C left pending, for
+    the actor's next call to publish."""
+    r = reprised_factory()
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(2, chunk_length=4, compression="none", batch_bytes=8 << 20)
+        w.append({"id": np.int64(0), "x": np.zeros(1_200_000, np.uint8)})
+        w.create_item("replay", 1.0, {"id": w.history["id"][-1]})  # A
+        w.create_item("replay", 1.0, {"x": w.history["x"][-1]})  # B
+        w.create_item("replay", 1.0, {"id": w.history["id"][-1]})  # C
+        assert len(w._p.pending) == 3, "the items wait for their open chunks"
+        with pytest.raises(reprise.InvalidArgumentError, match="max payload"):
+            w.flush(timeout=30)
+        assert not w._p.pending, "C left pending behind B"
+        assert table_size(c, "replay") == 2
+        w.close()
+
+
 def test_a_create_item_raising_earlier_errors_created_nothing(client: reprise.Client) -> None:
     """The errors of earlier messages (here a rejection) are raised by the
     next create_item before it creates its item, so that one that raises
