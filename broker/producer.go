@@ -642,15 +642,9 @@ func (p *Producer) Append(ctx context.Context, step Step) error {
 	if p.closing {
 		return ErrClosed
 	}
-	if p.dueLocked() {
-		// The wait may release the lock: another call may append or
-		// close meanwhile, so the step is checked after it.
-		if err := p.advanceLocked(ctx, false, true); err != nil {
-			return err
-		}
-		if p.closing {
-			return ErrClosed
-		}
+	// The step is checked after the wait, which may release the lock.
+	if err := p.publishDueLocked(ctx); err != nil {
+		return err
 	}
 	cols := p.stepCols[:0]
 	defer func() { clear(cols); p.stepCols = cols[:0] }()
@@ -831,15 +825,9 @@ func (p *Producer) CreateItem(ctx context.Context, table string, priority float6
 	if p.closing {
 		return ErrClosed
 	}
-	if p.dueLocked() {
-		// The wait may release the lock: another call may append, end the
-		// episode or close meanwhile, so the item is resolved after it.
-		if err := p.advanceLocked(ctx, false, true); err != nil {
-			return err
-		}
-		if p.closing {
-			return ErrClosed
-		}
+	// The item is resolved after the wait, which may release the lock.
+	if err := p.publishDueLocked(ctx); err != nil {
+		return err
 	}
 	it := p.spareItem
 	if it != nil {
@@ -1007,12 +995,22 @@ func (p *Producer) advanceLocked(ctx context.Context, force, wait bool) error {
 	return errors.Join(errs...)
 }
 
-// dueLocked reports whether earlier calls left items pending or a batch
-// due to be published: Append and CreateItem publish them, waiting for
-// room in the window, before they keep what they were given, so that one
-// that fails kept nothing.
-func (p *Producer) dueLocked() bool {
-	return len(p.pending) > 0 || (p.batch.items() > 0 && (p.o.linger == 0 || p.batchFull()))
+// publishDueLocked publishes what earlier calls left pending, or a staged
+// batch that is due, waiting for room in the window: Append and CreateItem
+// call it before they keep what they were given, so that one that fails
+// kept nothing. The wait may release p.mu, and another call may append,
+// end the episode or close meanwhile.
+func (p *Producer) publishDueLocked(ctx context.Context) error {
+	if len(p.pending) == 0 && (p.batch.items() == 0 || (p.o.linger > 0 && !p.batchFull())) {
+		return nil
+	}
+	if err := p.advanceLocked(ctx, false, true); err != nil {
+		return err
+	}
+	if p.closing {
+		return ErrClosed
+	}
+	return nil
 }
 
 // batchFull reports whether the staged batch is due to be published.

@@ -1626,26 +1626,7 @@ func TestAppendLeavesNoItemForACallThatNeverComes(t *testing.T) {
 		defer p.mu.Unlock()
 		return len(p.cols["x"].open) == 0
 	})
-	if _, err := d.client().Sample(ctx, "q", 1); err != nil { // room
-		t.Fatal(err)
-	}
-	if err := <-appended; err != nil {
-		t.Fatal(err)
-	}
-	tt, _ := d.svc.Table("t")
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for tt.Info().Size < 2 {
-		if time.Now().After(deadline) {
-			p.mu.Lock()
-			pending, staged := len(p.pending), p.batch.items()
-			p.mu.Unlock()
-			t.Fatalf("%d items in table t after 10 s, want 2 (%d still pending, %d staged): an item waited for a call that never came",
-				tt.Info().Size, pending, staged)
-		}
-		<-tick.C
-	}
+	makeRoomAndWait(t, ctx, d, p, appended, "an item waited for a call that never came")
 }
 
 // TestAppendPublishesAFullBatchOnceTheWindowMoves: the Append that fills
@@ -1694,25 +1675,7 @@ func TestAppendPublishesAFullBatchOnceTheWindowMoves(t *testing.T) {
 		defer p.mu.Unlock()
 		return p.batch.items() == 2 || p.step == 6
 	})
-	if _, err := d.client().Sample(ctx, "q", 1); err != nil { // room
-		t.Fatal(err)
-	}
-	if err := <-appended; err != nil {
-		t.Fatal(err)
-	}
-	tt, _ := d.svc.Table("t")
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for tt.Info().Size < 2 {
-		if time.Now().After(deadline) {
-			p.mu.Lock()
-			staged := p.batch.items()
-			p.mu.Unlock()
-			t.Fatalf("%d items in table t after 10 s, want 2 (%d staged): a full batch waited out its linger time", tt.Info().Size, staged)
-		}
-		<-tick.C
-	}
+	makeRoomAndWait(t, ctx, d, p, appended, "a full batch waited out its linger time")
 }
 
 // TestAppendIsSlowedByAFullWindow: an actor that appends a step and
@@ -1964,5 +1927,32 @@ func flushHolds(t *testing.T, ctx context.Context, d *deployment, p *Producer, c
 	tt, _ := d.svc.Table("t")
 	if n := tt.Info().Size; n != created {
 		t.Fatalf("table t holds %d items after %d CreateItems returned nil", n, created)
+	}
+}
+
+// makeRoomAndWait takes the item queue q holds, which moves p's window,
+// waits for the Append that reports on appended to return nil, and then
+// for table t to hold 2 items with no other call of p's; failing, it says
+// what p still holds, and why as the cause.
+func makeRoomAndWait(t *testing.T, ctx context.Context, d *deployment, p *Producer, appended <-chan error, why string) {
+	t.Helper()
+	if _, err := d.client().Sample(ctx, "q", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-appended; err != nil {
+		t.Fatal(err)
+	}
+	tt, _ := d.svc.Table("t")
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for tt.Info().Size < 2 {
+		if time.Now().After(deadline) {
+			p.mu.Lock()
+			pending, staged := len(p.pending), p.batch.items()
+			p.mu.Unlock()
+			t.Fatalf("%d items in table t after 10 s, want 2 (%d pending, %d staged): %s", tt.Info().Size, pending, staged, why)
+		}
+		<-tick.C
 	}
 }

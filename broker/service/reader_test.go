@@ -72,15 +72,7 @@ func TestReaderReplacesALostConsumer(t *testing.T) {
 		}
 	}
 	// And one deleted while the reader waits on it.
-	if err := st.DeleteConsumer(testutil.Context(t), r.cons.CachedInfo().Name); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(testutil.Context(t), "r.x", []byte("11")); err != nil {
-		t.Fatal(err)
-	}
-	if got := readSeqs(t, r, 1); got[0] != 11 {
-		t.Fatalf("read %v after the consumer's deletion, want 11", got)
-	}
+	readAfterDeletion(t, st, js, r)
 }
 
 // Messages purged before the reader got to them are reported as a gap.
@@ -142,6 +134,21 @@ func TestReaderReplacesALostConsumerWithoutAskingTheNextMessage(t *testing.T) {
 	r := newStreamReader(s, "r.>", 1, 1<<20, testutil.QuietLogger(), nil)
 	defer r.close()
 	readSeqs(t, r, 10)
+	readAfterDeletion(t, st, js, r)
+	// Up to the replacement's creation; the quiet time may ask later.
+	calls := s.calls
+	if i := slices.Index(calls[1:], "CreateConsumer"); i >= 0 {
+		calls = calls[:i+2]
+	}
+	if slices.Contains(calls, "GetMsg") {
+		t.Fatalf("calls to the stream up to the replacement %v, want no GetMsg", calls)
+	}
+}
+
+// readAfterDeletion deletes r's consumer while r waits on it, publishes
+// message 11, and checks that r reads it from a consumer of its own.
+func readAfterDeletion(t *testing.T, st jetstream.Stream, js jetstream.JetStream, r *streamReader) {
+	t.Helper()
 	if err := st.DeleteConsumer(testutil.Context(t), r.cons.CachedInfo().Name); err != nil {
 		t.Fatal(err)
 	}
@@ -150,13 +157,5 @@ func TestReaderReplacesALostConsumerWithoutAskingTheNextMessage(t *testing.T) {
 	}
 	if got := readSeqs(t, r, 1); got[0] != 11 {
 		t.Fatalf("read %v after the consumer's deletion, want 11", got)
-	}
-	// Up to the replacement's creation; the quiet time may ask later.
-	calls := s.calls
-	if i := slices.Index(calls[1:], "CreateConsumer"); i >= 0 {
-		calls = calls[:i+2]
-	}
-	if slices.Contains(calls, "GetMsg") {
-		t.Fatalf("calls to the stream up to the replacement %v, want no GetMsg", calls)
 	}
 }
