@@ -38,8 +38,7 @@ func newReplyBudget(size int64) *replyBudget {
 func (b *replyBudget) take(ctx context.Context, n int64) (int64, error) {
 	n = max(0, min(n, b.size))
 	b.mu.Lock()
-	if len(b.waiting) == 0 && b.free >= n {
-		b.takeLocked(n)
+	if b.tryTakeLocked(n) {
 		b.mu.Unlock()
 		return n, nil
 	}
@@ -70,11 +69,18 @@ func (b *replyBudget) tryTake(n int64) (int64, bool) {
 	n = max(0, min(n, b.size))
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.waiting) > 0 || b.free < n {
+	if !b.tryTakeLocked(n) {
 		return 0, false
 	}
-	b.takeLocked(n)
 	return n, true
+}
+
+func (b *replyBudget) tryTakeLocked(n int64) bool {
+	if len(b.waiting) > 0 || b.free < n {
+		return false
+	}
+	b.takeLocked(n)
+	return true
 }
 
 // give returns n bytes taken with take.
