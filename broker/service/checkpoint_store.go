@@ -315,18 +315,28 @@ func NewFileCheckpoints(dir string) (*FileCheckpoints, error) {
 }
 
 // Save writes to a temporary file, syncs it and renames it into place, so
-// a crash leaves either the whole checkpoint or none.
-func (f *FileCheckpoints) Save(_ context.Context, name string, r io.Reader) error {
+// a crash leaves either the whole checkpoint or none. A save whose ctx ends
+// stops between writes and leaves none: a checkpoint of many GiB on a slow
+// disk would otherwise hold a shutdown past its deadline.
+func (f *FileCheckpoints) Save(ctx context.Context, name string, r io.Reader) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("broker: saving checkpoint %s: %w", name, err)
+	}
 	tmp, err := os.CreateTemp(f.dir, ".tmp-"+name+"-*")
 	if err != nil {
 		return fmt.Errorf("broker: saving checkpoint %s: %w", name, err)
 	}
-	_, err = io.Copy(tmp, r)
+	_, err = io.Copy(ctxWriter{ctx, tmp}, r)
 	if err == nil {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil {
+		// The last look: a save given up on during the sync is not renamed
+		// into place after its caller went on.
+		err = ctx.Err()
 	}
 	if err == nil {
 		err = os.Rename(tmp.Name(), filepath.Join(f.dir, name))
@@ -343,8 +353,26 @@ func (f *FileCheckpoints) Save(_ context.Context, name string, r io.Reader) erro
 	return nil
 }
 
-// Load opens a checkpoint file.
-func (f *FileCheckpoints) Load(_ context.Context, name string) (io.ReadCloser, error) {
+// ctxWriter fails every write once its ctx has ended. It hides the file's
+// ReadFrom, so that io.Copy writes through it.
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (c ctxWriter) Write(b []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.w.Write(b)
+}
+
+// Load opens a checkpoint file, whose reads fail once ctx ends, as the
+// object store's do.
+func (f *FileCheckpoints) Load(ctx context.Context, name string) (io.ReadCloser, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("broker: loading checkpoint %s: %w", name, err)
+	}
 	file, err := os.Open(filepath.Join(f.dir, name))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %s", ErrNoCheckpoint, name)
@@ -352,8 +380,24 @@ func (f *FileCheckpoints) Load(_ context.Context, name string) (io.ReadCloser, e
 	if err != nil {
 		return nil, fmt.Errorf("broker: loading checkpoint %s: %w", name, err)
 	}
-	return file, nil
+	return ctxFile{ctx: ctx, file: file}, nil
 }
+
+// ctxFile is a checkpoint file whose reads stop once ctx ends. It hides
+// the file's WriteTo, so that io.Copy reads through it.
+type ctxFile struct {
+	ctx  context.Context
+	file *os.File
+}
+
+func (c ctxFile) Read(b []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.file.Read(b)
+}
+
+func (c ctxFile) Close() error { return c.file.Close() }
 
 // listBatch is how many directory entries List reads between looks at its
 // context: a directory of many files, or on a slow network file system,
@@ -389,8 +433,11 @@ func (f *FileCheckpoints) List(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-// Delete removes a checkpoint file.
-func (f *FileCheckpoints) Delete(_ context.Context, name string) error {
+// Delete removes a checkpoint file, unless ctx has ended.
+func (f *FileCheckpoints) Delete(ctx context.Context, name string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("broker: deleting checkpoint %s: %w", name, err)
+	}
 	if err := os.Remove(filepath.Join(f.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("broker: deleting checkpoint %s: %w", name, err)
 	}

@@ -1147,3 +1147,68 @@ func TestFileCheckpointsListHonoursItsContext(t *testing.T) {
 		t.Fatalf("List with an ended context = %d names, %v; want context.Canceled", len(got), err)
 	}
 }
+
+// TestFileCheckpointsSaveLoadAndDeleteHonourTheirContext: a checkpoint
+// file's save, load and delete ignored their context, so a shutdown whose
+// deadline passed still waited for many GiB to reach a slow disk, and a
+// recovery given up on read a whole checkpoint.
+func TestFileCheckpointsSaveLoadAndDeleteHonourTheirContext(t *testing.T) {
+	dir := t.TempDir()
+	fc, err := NewFileCheckpoints(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := checkpointName(1, 7)
+
+	// A save whose context ends while it writes leaves neither the
+	// checkpoint nor its temporary file.
+	ctx, cancel := context.WithCancel(testutil.Context(t))
+	body := io.MultiReader(bytes.NewReader(make([]byte, 1<<20)), cancelingReader(cancel), bytes.NewReader(make([]byte, 1<<20)))
+	if err := fc.Save(ctx, name, body); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Save whose context ended while writing = %v, want context.Canceled", err)
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Fatalf("after a cancelled save the directory holds %v (%v), want nothing", entries, err)
+	}
+
+	want := bytes.Repeat([]byte("checkpoint"), 100_000)
+	if err := fc.Save(testutil.Context(t), name, bytes.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithCancel(testutil.Context(t))
+	r, err := fc.Load(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, 10)
+	if _, err := io.ReadFull(r, head); err != nil || !bytes.Equal(head, want[:10]) {
+		t.Fatalf("first bytes %q, %v; want %q", head, err, want[:10])
+	}
+	cancel()
+	if n, err := io.Copy(io.Discard, r); !errors.Is(err, context.Canceled) {
+		t.Fatalf("reading on after the load's context ended: %d bytes, %v; want context.Canceled", n, err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fc.Load(ctx, name); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Load with an ended context = %v, want context.Canceled", err)
+	}
+	if err := fc.Delete(ctx, name); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Delete with an ended context = %v, want context.Canceled", err)
+	}
+	if names, err := fc.List(testutil.Context(t)); err != nil || !slices.Equal(names, []string{name}) {
+		t.Fatalf("List = %v, %v; want the checkpoint a cancelled delete left", names, err)
+	}
+	if err := fc.Delete(testutil.Context(t), name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cancelingReader cancels when first read, and reads nothing.
+type cancelingReader context.CancelFunc
+
+func (c cancelingReader) Read([]byte) (int, error) {
+	c()
+	return 0, io.EOF
+}

@@ -734,8 +734,11 @@ func (s *Service) Run(parent context.Context) error {
 	mayHandOver := parent.Err() != nil && !errors.Is(context.Cause(ctx), protocol.ErrStreamLost) && (err == nil || errors.Is(err, ctx.Err()))
 	// The lease is renewed from here until the final checkpoint is
 	// written: stopping the active role's work can take longer than what
-	// is left of it.
-	budget := time.Minute
+	// is left of it. Writing the checkpoint takes as long as its tables'
+	// bytes take to move, waited for at the slowest rate a store's
+	// transfer is (a slow disk, a loaded cluster), so that a large state
+	// is written rather than given up on at a fixed bound.
+	budget := time.Minute + time.Duration(s.store.Bytes()/objectMinRate)*time.Second
 	if s.lease != nil {
 		budget += standbyCallTimeout + s.handOverTimeout()
 	}
