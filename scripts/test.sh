@@ -61,7 +61,7 @@ echo "== mypy (python/reprise)"
 
 echo "== pytest"
 set +e
-(cd python && REPRISE_BIN_DIR="$bin" REPRISE_REQUIRE_TORCH=1 ../.venv/bin/python -m pytest -q -p no:cacheprovider tests)
+(cd python && REPRISE_BIN_DIR="$bin" REPRISE_REQUIRE_TORCH=1 REPRISE_REQUIRE_JAX=1 ../.venv/bin/python -m pytest -q -p no:cacheprovider tests)
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then

@@ -1,0 +1,303 @@
+"""JAX adapter: :class:`ReplayIterator`, endless sampled batches placed on
+JAX devices (``pip install 'reprise[jax]'``).
+
+::
+
+    it = reprise.jax.ReplayIterator("nats://127.0.0.1:4222", "replay", batch_size=256,
+                                    prefetch=4, device_prefetch=2)
+    for batch in it:
+        params, td = train_step(params, batch.data, batch.info["probability"])   # a jitted step
+        it.update_priorities(batch.info_numpy.key, jnp.abs(td))
+
+Arrays are placed with ``jax.device_put``, which returns at once and copies
+in the background: the iterator keeps ``device_prefetch`` batches placed
+ahead of the one it hands out, so their copies overlap the caller's step
+(as ``flax.jax_utils.prefetch_to_device`` does). With ``sharding=``, a
+``jax.sharding.Sharding`` that splits a batch's leading axis (such as
+``NamedSharding(mesh, PartitionSpec("batch"))``), each batch becomes one
+global array a column through ``jax.make_array_from_process_local_data``:
+on one host the batch is split over its devices, and with several JAX
+processes each samples its own local batch and together they make the
+global one.
+
+JAX computes in 32 bits unless ``jax_enable_x64`` is set: see
+:func:`to_jax` for what becomes of 64-bit columns. Item keys (uint64) stay
+numpy, in ``JaxBatch.info_numpy``, whatever the setting.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import jax
+import numpy as np
+
+from . import errors
+from ._sample import BatchInfo, SampleBatch
+from .aio import check_sampler
+from .client import Client, Sampler, ShardedClient, ShardedSampler
+
+log = logging.getLogger("reprise")
+
+#: Where arrays go: a device, a sharding, or None for JAX's default device.
+Placement: TypeAlias = "jax.Device | jax.sharding.Sharding | None"
+
+_WIDE_INTS = (np.dtype(np.int64), np.dtype(np.uint64))
+
+
+def to_jax(a: np.ndarray, device_or_sharding: Placement = None) -> jax.Array:
+    """A numpy array as a ``jax.Array``, placed without waiting for the
+    copy: ``jax.device_put`` on ``device`` (None: JAX's default device),
+    or, given a ``jax.sharding.Sharding``,
+    ``jax.make_array_from_process_local_data``, for which ``a`` is this
+    process's part of the global array (the whole of it with one process).
+
+    dtypes are JAX's: bfloat16 stays bfloat16; an array in the other byte
+    order is swapped. Without ``jax_enable_x64`` (JAX's default), JAX has
+    no 64-bit types and makes int64, uint64, float64 and complex128 arrays
+    32-bit: floats lose precision (and overflow to inf past float32's
+    range), while integers would wrap, so an int64 or uint64 array with a
+    value outside int32 or uint32 is refused (ValueError) rather than
+    silently changed. With ``jax_enable_x64`` 64-bit arrays keep their
+    dtype.
+
+    On CPU, ``jax.device_put`` may share the array's memory rather than
+    copy it: do not write to ``a`` afterwards."""
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    if a.dtype in _WIDE_INTS and a.size:
+        to = jax.dtypes.canonicalize_dtype(a.dtype)
+        if to != a.dtype:
+            lo, hi = np.iinfo(to).min, np.iinfo(to).max
+            if a.min() < lo or a.max() > hi:
+                raise ValueError(
+                    f"a {a.dtype} array holds values outside {to} ({lo} to {hi}), which JAX without"
+                    " jax_enable_x64 would wrap: set jax.config.update('jax_enable_x64', True) or write a narrower dtype"
+                )
+    if isinstance(device_or_sharding, jax.sharding.Sharding):
+        return jax.make_array_from_process_local_data(device_or_sharding, a)
+    return jax.device_put(a, device_or_sharding)
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxBatch:
+    """A sampled batch as JAX arrays: ``data`` maps each column to an array
+    of shape [B, T, *step_shape] ([B, *step_shape] for squeezed single-step
+    columns), as in :class:`reprise.SampleBatch`; ``info`` maps
+    ``probability``, ``priority``, ``table_size`` and ``times_sampled`` to
+    arrays of length B. ``info_numpy`` is the batch's
+    :class:`reprise.BatchInfo`: its uint64 ``key`` (which JAX without
+    ``jax_enable_x64`` cannot hold) for :meth:`ReplayIterator.update_priorities`,
+    and the 64-bit originals of the rest (``inserted_at_unix_nano``,
+    ``rate_limited`` too)."""
+
+    info: dict[str, jax.Array]
+    data: dict[str, jax.Array]
+    info_numpy: BatchInfo
+
+    def __len__(self) -> int:
+        """This process's items: the local batch size."""
+        return int(self.info_numpy.key.shape[0])
+
+
+_INFO = ("probability", "priority", "table_size", "times_sampled")
+
+
+def batch_to_jax(batch: SampleBatch, device: jax.Device | None = None, sharding: jax.sharding.Sharding | None = None) -> JaxBatch:
+    """Converts a SampleBatch to a JaxBatch, placing its arrays as
+    :func:`to_jax` does on ``device`` or split by ``sharding`` (not both).
+    The batch's arrays become read-only: the placed arrays may share their
+    memory, and a jax.Array must not change."""
+    if device is not None and sharding is not None:
+        raise ValueError("give a device or a sharding, not both")
+    where: Placement = sharding if sharding is not None else device
+    i = batch.info
+    info = {name: to_jax(getattr(i, name), where) for name in _INFO}
+    data = {k: to_jax(v, where) for k, v in batch.data.items()}
+    for a in (*batch.data.values(), *(getattr(i, f.name) for f in dataclasses.fields(i))):
+        a.flags.writeable = False
+    return JaxBatch(info, data, i)
+
+
+class ReplayIterator:
+    """Endless batches of one table as :class:`JaxBatch` objects.
+
+    ``server`` is an address, for which the iterator makes its own
+    :class:`reprise.Client` with ``client_options`` (a
+    :class:`reprise.ShardedClient` with ``prefixes``, for a table sharded
+    over the services with those prefixes) and closes it with itself; or a
+    Client or ShardedClient, which stays the caller's. An iterator, not a
+    dataset to iterate again: each batch is sampled once, as a training
+    loop takes it.
+
+    ``prefetch`` sample requests are kept in flight (the sampler's), and
+    ``device_prefetch`` batches are kept placed on the devices ahead of the
+    one handed out (0: each placed as it is taken). ``timeout`` ends the
+    iteration when the rate limiter allows no batch in time (as Reverb's
+    ``rate_limiter_timeout_ms``); without, it waits.
+
+    ``device`` or ``sharding`` (not both) say where the batches go, as
+    :func:`batch_to_jax` has it. ``batch_size`` is this process's batch, so
+    a sharding must split it evenly over the devices it splits the leading
+    axis over here. A batch the rate limiter cut short (see
+    :meth:`reprise.Client.sampler`) is handed out as it is, a new shape
+    for a jitted step to trace, except with a sharding, where it is
+    dropped: it may not split, and every process must give the global
+    array the same share. Its items count as sampled."""
+
+    def __init__(
+        self,
+        server: str | Client | ShardedClient,
+        table: str,
+        batch_size: int,
+        *,
+        prefetch: int = 2,
+        device_prefetch: int = 2,
+        timeout: float | None = None,
+        device: jax.Device | None = None,
+        sharding: jax.sharding.Sharding | None = None,
+        client_options: Mapping[str, Any] | None = None,
+        prefixes: Sequence[str] | None = None,
+    ) -> None:
+        check_sampler(prefetch, timeout)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if device_prefetch < 0:
+            raise ValueError(f"device_prefetch must be >= 0, got {device_prefetch}")
+        if device is not None and sharding is not None:
+            raise ValueError("give a device or a sharding, not both")
+        if sharding is not None:
+            splits = _local_splits(sharding)
+            if batch_size % splits:
+                raise ValueError(
+                    f"batch_size {batch_size} does not split evenly over the {splits} devices"
+                    " the sharding splits a batch's leading axis over in this process"
+                )
+        if isinstance(server, str):
+            if prefixes is not None:
+                self._client: Client | ShardedClient = ShardedClient(server, prefixes, **dict(client_options or {}))
+            else:
+                self._client = Client(server, **dict(client_options or {}))
+            self._owned = True
+        else:
+            if client_options is not None or prefixes is not None:
+                raise ValueError("client_options and prefixes are for an address: the client given has its own")
+            self._client, self._owned = server, False
+        self.table = table
+        self.batch_size = batch_size
+        self.device_prefetch = device_prefetch
+        self.device = device
+        self.sharding = sharding
+        self._sampler: Sampler | ShardedSampler = self._client.sampler(
+            table, batch_size, prefetch=prefetch, timeout=timeout
+        )
+        # Batches placed (their copies under way), oldest first. Only the
+        # iterating thread touches it.
+        self._placed: collections.deque[JaxBatch] = collections.deque()
+        self._closed = False
+        self._lock = threading.Lock()  # _closed, against a close on another thread
+
+    @property
+    def client(self) -> Client | ShardedClient:
+        """The client the iterator samples through."""
+        return self._client
+
+    def __iter__(self) -> ReplayIterator:
+        return self
+
+    def __next__(self) -> JaxBatch:
+        # Placed before the batch is handed out, so that the caller's step
+        # runs while their copies do.
+        while len(self._placed) <= self.device_prefetch:
+            b = self._next_placed()
+            if b is None:
+                break
+            self._placed.append(b)
+        try:
+            return self._placed.popleft()
+        except IndexError:  # the end, or a close on another thread emptied it
+            raise StopIteration from None
+
+    def _next_placed(self) -> JaxBatch | None:
+        """The sampler's next batch placed, or None at the end."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    return None
+            batch = next(self._sampler, None)
+            if batch is None:
+                return None
+            if self.sharding is not None and len(batch) != self.batch_size:
+                log.warning(
+                    "reprise: dropped a batch of %d items of table %r (batch_size %d): the rate limiter cut it short,"
+                    " and a sharded batch keeps its shape",
+                    len(batch), self.table, self.batch_size,
+                )  # fmt: skip
+                continue
+            return batch_to_jax(batch, self.device, self.sharding)
+
+    def update_priorities(self, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
+        """Sets priorities of sampled items: ``keys`` as
+        ``batch.info_numpy.key`` (uint64), ``priorities`` a numpy or JAX
+        array of as many (sent as float64). A JAX array sharded over
+        several processes gives this process's rows, those it sampled."""
+        if isinstance(keys, jax.Array):
+            if keys.dtype.itemsize != 8:
+                raise errors.InvalidArgumentError(
+                    f"keys of dtype {keys.dtype}: keys are uint64, which JAX without jax_enable_x64 cuts to 32 bits;"
+                    " pass batch.info_numpy.key"
+                )
+            keys = _local_rows(keys)
+        if isinstance(priorities, jax.Array):
+            priorities = _local_rows(priorities)
+        self._client.update_priorities(self.table, keys, np.asarray(priorities, dtype=np.float64), timeout=timeout)
+
+    def close(self) -> None:
+        """Stops the sampler's requests (an iteration in another thread
+        ends), drops the batches placed ahead, and closes the client if
+        the iterator made it."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._sampler.close()
+        self._placed.clear()
+        if self._owned:
+            self._client.close()
+
+    def __enter__(self) -> ReplayIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _local_splits(sharding: jax.sharding.Sharding) -> int:
+    """Into how many parts the sharding splits this process's share of a
+    batch's leading axis: the distinct row ranges of its devices here."""
+    n = len(sharding.device_set)
+    try:
+        indices = sharding.addressable_devices_indices_map((n,)).values()
+    except ValueError as e:
+        raise ValueError(f"the sharding must split only a batch's leading axis (info arrays are 1-D): {e}") from None
+    return len({idx[0].indices(n)[:2] if idx else (0, n) for idx in indices})
+
+
+def _local_rows(x: jax.Array) -> np.ndarray:
+    """This process's rows of x, in order: its devices' distinct shards
+    along the leading axis, joined (make_array_from_process_local_data
+    maps a process's local batch onto them in that order)."""
+    shards: dict[int, Any] = {}
+    for s in x.addressable_shards:
+        index = s.index
+        start = index[0].indices(x.shape[0])[0] if index else 0
+        shards.setdefault(start, s)
+    return np.concatenate([np.asarray(shards[k].data).reshape(-1) for k in sorted(shards)])
+
+
+__all__ = ["JaxBatch", "ReplayIterator", "batch_to_jax", "to_jax"]

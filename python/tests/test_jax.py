@@ -1,0 +1,291 @@
+"""reprise.jax: ReplayIterator and conversion to JAX arrays."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+if os.environ.get("REPRISE_REQUIRE_JAX") == "1":
+    import jax
+else:
+    jax = pytest.importorskip("jax")
+import jax.numpy as jnp
+
+import reprise
+import reprise.jax as rj
+from reprise import _codec
+from conftest import REPO, Reprised
+
+BF16 = _codec.DTYPES["bfloat16"]
+
+
+def run_python(code: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """Runs code in a fresh interpreter (JAX's x64 flag and device count
+    are fixed once jax is imported) with this process's reprise; fails the
+    test with its output if it fails."""
+    path = os.pathsep.join([str(REPO / "python"), os.environ.get("PYTHONPATH", "")])
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_to_jax_keeps_bfloat16_and_takes_either_byte_order() -> None:
+    bf = np.array([1.5, -2.0], BF16)
+    x = rj.to_jax(bf)
+    assert x.dtype == jnp.bfloat16 and x.tolist() == [1.5, -2.0]
+    for dt in (">f4", "<f4", ">i4", ">u2", ">f8"):
+        assert rj.to_jax(np.array([1, 2, 3], dt)).tolist() == [1, 2, 3], dt
+    dev = jax.devices()[0]
+    assert rj.to_jax(np.arange(3, dtype=np.float32), dev).devices() == {dev}
+
+
+def test_64_bit_columns_without_x64() -> None:
+    """Without jax_enable_x64 JAX makes 64-bit arrays 32-bit: values that
+    fit come through, floats lose precision, and integers that would wrap
+    are refused (JAX itself turned 2**40 into 0)."""
+    assert not jax.config.jax_enable_x64
+    x = rj.to_jax(np.array([-(2**31), 2**31 - 1], np.int64))
+    assert x.dtype == jnp.int32 and x.tolist() == [-(2**31), 2**31 - 1]
+    u = rj.to_jax(np.array([2**32 - 1], np.uint64))
+    assert u.dtype == jnp.uint32 and u.tolist() == [2**32 - 1]
+    f = rj.to_jax(np.array([0.1, 2.5], np.float64))
+    assert f.dtype == jnp.float32 and f.tolist() == [np.float32(0.1), 2.5]
+    with pytest.raises(ValueError, match="jax_enable_x64"):
+        rj.to_jax(np.array([0, 2**40], np.int64))
+    with pytest.raises(ValueError, match="jax_enable_x64"):
+        rj.to_jax(np.array([2**63 + 7], np.uint64))
+    with pytest.raises(ValueError, match="jax_enable_x64"):
+        rj.to_jax(np.array([2**31], ">i8"))
+
+
+def test_64_bit_columns_with_x64() -> None:
+    """With jax_enable_x64 64-bit arrays keep their dtype and values; keys
+    stay numpy uint64 either way."""
+    out = run_python(
+        """
+        import jax, numpy as np
+        import reprise.jax as rj
+        from reprise._sample import empty_batch
+        assert jax.config.jax_enable_x64
+        for a in (np.array([2**40, -3], np.int64), np.array([2**63 + 7], np.uint64), np.array([0.1], np.float64)):
+            x = rj.to_jax(a)
+            assert x.dtype == a.dtype and np.array_equal(np.asarray(x), a), (x, a)
+        b = rj.batch_to_jax(empty_batch())
+        assert b.info["probability"].dtype == np.float64 and b.info["table_size"].dtype == np.int64
+        assert b.info_numpy.key.dtype == np.uint64 and "key" not in b.info
+        print("ok")
+        """,
+        env={"JAX_ENABLE_X64": "1"},
+    )
+    assert out.strip() == "ok"
+
+
+def fill(url: str, n: int, table: str = "dtypes") -> dict[int, int]:
+    """n items of one step each: obs (3x5 float32) and half (4 bfloat16)
+    are filled with the item's step t, a (int32) is t. Returns each item's t by key, read back from a sample of the whole
+    table."""
+    with reprise.Client(url) as c:
+        c.reset(table)
+        with c.trajectory_writer(1) as w:
+            for t in range(n):
+                w.append({"obs": np.full((3, 5), t, np.float32), "half": np.full(4, t, BF16), "a": np.int32(t)})
+                w.create_item(table, 1.0, {k: w.history[k][-1] for k in ("obs", "half", "a")})
+            w.wait_applied(timeout=30)
+        seen: dict[int, int] = {}
+        while len(seen) < n:
+            b = c.sample_batch(table, 4 * n, timeout=10)
+            seen.update(zip(b.info.key.tolist(), b.data["a"].tolist()))
+        return seen
+
+
+def check_batch(b: rj.JaxBatch, t_of: dict[int, int], size: int) -> None:
+    """b holds the items its keys name, each column filled with its t."""
+    assert len(b) == size and b.info_numpy.key.dtype == np.uint64
+    t = np.array([t_of[k] for k in b.info_numpy.key.tolist()], np.int32)
+    obs, half, a = b.data["obs"], b.data["half"], b.data["a"]
+    assert isinstance(obs, jax.Array) and obs.shape == (size, 3, 5) and obs.dtype == jnp.float32
+    assert half.dtype == jnp.bfloat16 and half.shape == (size, 4)
+    assert a.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(a), t)
+    np.testing.assert_array_equal(np.asarray(obs), np.broadcast_to(t[:, None, None], (size, 3, 5)).astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(half, np.float32), np.broadcast_to(t[:, None], (size, 4)))
+    assert set(b.info) == {"probability", "priority", "table_size", "times_sampled"}
+    assert b.info["probability"].dtype == jnp.float32 and b.info["table_size"].dtype == jnp.int32
+    np.testing.assert_allclose(np.asarray(b.info["probability"]), b.info_numpy.probability, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(b.info["table_size"]), b.info_numpy.table_size)
+
+
+def test_iterator_yields_the_items_inserted(server: Reprised) -> None:
+    t_of = fill(server.url, 20)
+    with rj.ReplayIterator(server.url, "dtypes", 8, prefetch=3, device_prefetch=2) as it:
+        for i, b in enumerate(it):
+            check_batch(b, t_of, 8)
+            if i == 5:
+                break
+    assert next(it, None) is None  # closed
+
+
+def test_batches_keep_their_values(server: Reprised) -> None:
+    """A batch's arrays do not change as later batches come: jax.device_put
+    on CPU may share a numpy array's memory (64-byte aligned ones), so a
+    decoder that reused its buffers would rewrite batches handed out. The
+    numpy arrays they may share are read-only."""
+    t_of = fill(server.url, 64)
+    with reprise.Client(server.url) as c:
+        with rj.ReplayIterator(c, "dtypes", 32, device_prefetch=3) as it:
+            first = [next(it) for _ in range(4)]
+            kept = [{k: np.array(v) for k, v in b.data.items()} for b in first]
+            later = [next(it) for _ in range(8)]
+            for b, k in zip(first, kept):
+                check_batch(b, t_of, 32)
+                for name, v in k.items():
+                    np.testing.assert_array_equal(np.asarray(b.data[name]), v, err_msg=name)
+            check_batch(later[-1], t_of, 32)
+            assert not first[0].info_numpy.key.flags.writeable
+            assert not any(v.flags.writeable for v in (first[0].info_numpy.priority, first[0].info_numpy.table_size))
+        assert not c._closed  # the caller's client stays the caller's
+        c.server_info()
+
+
+def test_device_prefetch_places_that_many_ahead(server: Reprised, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After each batch handed out, exactly device_prefetch more are placed
+    (0: none), no more."""
+    fill(server.url, 16)
+    placed = []
+    real = rj.batch_to_jax
+
+    def counting(*args: object, **kwargs: object) -> rj.JaxBatch:
+        b = real(*args, **kwargs)  # type: ignore[arg-type]
+        placed.append(b)
+        return b
+
+    monkeypatch.setattr(rj, "batch_to_jax", counting)
+    for ahead in (0, 1, 3):
+        placed.clear()
+        with rj.ReplayIterator(server.url, "dtypes", 4, device_prefetch=ahead) as it:
+            for k in range(1, 6):
+                b = next(it)
+                assert b is placed[k - 1]  # in order
+                assert len(placed) == k + ahead, (ahead, k)
+
+
+def test_timeout_ends_the_iteration(server: Reprised) -> None:
+    """An empty table behind a min_size limiter allows nothing: the
+    iteration ends after the timeout instead of waiting."""
+    with reprise.Client(server.url) as c:
+        c.reset("limited")
+    with rj.ReplayIterator(server.url, "limited", 4, timeout=0.5) as it:
+        assert list(it) == []
+
+
+def test_update_priorities_with_jax_arrays(server: Reprised) -> None:
+    t_of = fill(server.url, 32)
+    with reprise.Client(server.url) as c, rj.ReplayIterator(c, "dtypes", 8) as it:
+        b = next(it)
+        new = b.data["a"].astype(jnp.float32) + 0.5  # a JAX array, as a step computes
+        it.update_priorities(b.info_numpy.key, new)
+        with pytest.raises(reprise.InvalidArgumentError, match="info_numpy.key"):
+            it.update_priorities(jnp.asarray(b.info_numpy.key.astype(np.uint32)), new)
+        updated = set(b.info_numpy.key.tolist())
+        after = c.sample_batch("dtypes", 512, timeout=10)
+        for k, p in zip(after.info.key.tolist(), after.info.priority.tolist()):
+            assert p == (t_of[k] + 0.5 if k in updated else 1.0), (k, p)
+
+
+def test_sharded_over_four_devices(server: Reprised) -> None:
+    """With XLA's four host devices and a NamedSharding of the batch axis,
+    device d holds rows 4d..4d+3 of each column and of the info, and
+    priorities computed on the sharded batch go back to the right keys. A
+    batch_size the four cannot split is refused."""
+    t_of = fill(server.url, 40)
+    out = run_python(
+        """
+        import sys, jax, numpy as np, jax.numpy as jnp
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        import reprise, reprise.jax as rj
+        url, t_of = sys.argv[1], dict(eval(sys.argv[2]))
+        assert jax.device_count() == 4
+        mesh = Mesh(np.array(jax.devices()), ("batch",))
+        sh = NamedSharding(mesh, P("batch"))
+        try:
+            rj.ReplayIterator(url, "dtypes", 6, sharding=sh)
+            raise AssertionError("batch_size 6 accepted")
+        except ValueError as e:
+            assert "batch_size 6" in str(e) and "4 devices" in str(e), e
+        with rj.ReplayIterator(url, "dtypes", 16, sharding=sh) as it:
+            for _ in range(3):
+                b = next(it)
+                t = np.array([t_of[k] for k in b.info_numpy.key.tolist()])
+                for col in (b.data["a"], b.data["obs"], b.info["probability"]):
+                    assert col.sharding == sh and len(col.addressable_shards) == 4
+                    for s in col.addressable_shards:
+                        d = s.device.id
+                        assert s.index[0] == slice(4 * d, 4 * d + 4), s.index
+                        assert s.data.shape[0] == 4
+                for s in b.data["a"].addressable_shards:
+                    assert np.array_equal(np.asarray(s.data), t[s.index[0]]), (s.device, s.data, t)
+                for s in b.data["obs"].addressable_shards:
+                    assert (np.asarray(s.data) == t[s.index[0], None, None]).all()
+                for s in b.info["probability"].addressable_shards:
+                    assert np.allclose(np.asarray(s.data), b.info_numpy.probability[s.index[0]])
+            step = jax.jit(lambda a: a.astype(jnp.float32) * 2 + 1)
+            pr = step(b.data["a"])
+            assert pr.sharding.is_equivalent_to(sh, 1)
+            it.update_priorities(b.info_numpy.key, pr)
+            with reprise.Client(url) as c:
+                after = c.sample_batch("dtypes", 1024, timeout=10)
+            keys = set(b.info_numpy.key.tolist())
+            for k, p in zip(after.info.key.tolist(), after.info.priority.tolist()):
+                assert p == (2 * t_of[k] + 1 if k in keys else 1.0), (k, p)
+        print("ok")
+        """,
+        server.url,
+        repr(sorted(t_of.items())),
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"},
+    )
+    assert out.strip() == "ok"
+
+
+def test_jitted_sgd_learns_from_the_table(server: Reprised) -> None:
+    """A jitted SGD step (plain jax.grad) fits the linear map that the
+    inserted items hold, x -> x @ w + c: its loss falls a thousandfold
+    within 300 steps."""
+    rng = np.random.default_rng(7)
+    w, c0 = rng.normal(size=4).astype(np.float32), np.float32(0.5)
+    with reprise.Client(server.url) as c:
+        c.reset("dtypes")
+        with c.trajectory_writer(1) as wr:
+            for _ in range(256):
+                x = rng.normal(size=4).astype(np.float32)
+                wr.append({"x": x, "y": np.float32(x @ w + c0)})
+                wr.create_item("dtypes", 1.0, {"x": wr.history["x"][-1], "y": wr.history["y"][-1]})
+            wr.wait_applied(timeout=30)
+
+    def loss(params: tuple[jax.Array, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+        wh, ch = params
+        return jnp.mean((x @ wh + ch - y) ** 2)
+
+    @jax.jit
+    def step(params: tuple[jax.Array, jax.Array], x: jax.Array, y: jax.Array) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+        value, g = jax.value_and_grad(loss)(params, x, y)
+        return jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g), value
+
+    params = (jnp.zeros(4), jnp.zeros(()))
+    losses = []
+    with rj.ReplayIterator(server.url, "dtypes", 32, prefetch=4) as it:
+        for i, b in enumerate(it):
+            params, value = step(params, b.data["x"], b.data["y"])
+            losses.append(float(value))
+            if i == 299:
+                break
+    assert losses[0] > 1000 * np.mean(losses[-10:]), (losses[0], losses[-10:])
+    np.testing.assert_allclose(np.asarray(params[0]), w, atol=1e-2)
