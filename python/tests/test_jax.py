@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import numpy as np
 import pytest
@@ -289,3 +290,29 @@ def test_jitted_sgd_learns_from_the_table(server: Reprised) -> None:
                 break
     assert losses[0] > 1000 * np.mean(losses[-10:]), (losses[0], losses[-10:])
     np.testing.assert_allclose(np.asarray(params[0]), w, atol=1e-2)
+
+
+def test_a_short_batch_is_handed_out_unless_sharded(reprised_factory: Any) -> None:
+    """A queue of 10 items gives batches of 4, 4 and the 2 left (the rate
+    limiter cuts the last short), then ends on the timeout. With a
+    sharding the 2 are dropped: every process must give a global batch the
+    same share, and a short one may not split over the devices."""
+    # Two queues: the request in flight at the end of one iteration takes
+    # what its queue gets next.
+    r = reprised_factory(
+        "tables:\n"
+        "  - {name: q, max_size: 100, rate_limiter: {preset: queue}}\n"
+        "  - {name: q2, max_size: 100, rate_limiter: {preset: queue}}\n"
+    )
+    with reprise.Client(r.url) as c, c.trajectory_writer(1) as w:
+        for t in range(10):
+            w.append({"x": np.int32(t)})
+            for q in ("q", "q2"):
+                w.create_item(q, 1.0, {"x": w.history["x"][-1]})
+        w.wait_applied(timeout=30)
+
+    with rj.ReplayIterator(r.url, "q", 4, timeout=1.0, prefetch=1) as it:
+        assert [np.asarray(b.data["x"]).tolist() for b in it] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with rj.ReplayIterator(r.url, "q2", 4, timeout=1.0, prefetch=1, sharding=sh) as it:
+        assert [np.asarray(b.data["x"]).tolist() for b in it] == [[0, 1, 2, 3], [4, 5, 6, 7]]
