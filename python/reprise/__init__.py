@@ -22,7 +22,8 @@ the Go client::
 
 :class:`ShardedClient` serves a table spread over several reprised (shards).
 :mod:`reprise.aio` has the same API as coroutines; :mod:`reprise.torch` a
-PyTorch ``IterableDataset``. Errors derive from :class:`RepriseError`.
+PyTorch ``IterableDataset``; :mod:`reprise.jax` an iterator of batches
+placed on JAX devices. Errors derive from :class:`RepriseError`.
 """
 
 from . import errors
