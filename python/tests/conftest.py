@@ -26,6 +26,13 @@ import reprise
 
 REPO = Path(__file__).resolve().parents[2]
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Runs test_jax.py last. Once JAX has started its backend, the process
+    holds JAX's threads, and a fork (test_torch.py's DataLoader workers)
+    copies whatever locks they hold into the child."""
+    items.sort(key=lambda item: item.path.name == "test_jax.py")
+
 #: Tables most tests use; a test that needs others passes its own config.
 DEFAULT_TABLES = """
 tables:
