@@ -269,6 +269,10 @@ func TestErrors(t *testing.T) {
 		{"duplicates under JetStream's least", "stream:\n  duplicates: 50ms\n", 2, "stream.duplicates", []string{"must be 0 or at least 100ms"}},
 		{"duplicates over max age", "stream:\n  max_age: 1m\n  duplicates: 10m\n", 3, "stream.duplicates", []string{"longer than stream.max_age"}},
 		{"lease ttl under JetStream's least", "service:\n  lease_ttl: 1ms\n", 2, "service.lease_ttl", []string{"must be 0 or at least 100ms"}},
+		{"max size with a leading zero", "tables:\n  - name: t\n    max_size: 010\n", 3, "tables[0].max_size", []string{"010 has a leading 0", "0o10"}},
+		{"max size with a leading zero, not octal", "tables:\n  - name: t\n    max_size: 09\n", 3, "tables[0].max_size", []string{"09 has a leading 0"}},
+		{"negative shape size with a leading zero", "tables:\n  - name: t\n    max_size: 10\n    signature:\n      - {name: obs, dtype: float32, shape: [-01]}\n", 5, "tables[0].signature[0].shape[0]", []string{"-01 has a leading 0"}},
+		{"ratio with a leading zero", "tables:\n  - name: t\n    max_size: 10\n    rate_limiter: {preset: custom, samples_per_insert: 010, min_size: 1, min_diff: -.inf, max_diff: .inf}\n", 4, "tables[0].rate_limiter.samples_per_insert", []string{"010 has a leading 0"}},
 		{"fractional max size", "tables:\n  - name: t\n    max_size: 1.5\n", 3, "tables[0].max_size", []string{"want a whole number, got 1.5"}},
 		{"max size not a number", "tables:\n  - name: t\n    max_size: lots\n", 3, "tables[0].max_size", []string{`want a whole number, got "lots"`}},
 		{"max size mapping", "tables:\n  - name: t\n    max_size: {a: 1}\n", 3, "tables[0].max_size", []string{"want a whole number, got a mapping"}},
@@ -439,5 +443,25 @@ func TestNegativeMaxTimesSampled(t *testing.T) {
 	}
 	if got := cfg.Tables[0].MaxTimesSampled; got != -1 {
 		t.Fatalf("max_times_sampled = %d, want -1", got)
+	}
+}
+
+// TestNumberSpellings accepts the spellings of a number YAML 1.1 and 1.2
+// read alike.
+func TestNumberSpellings(t *testing.T) {
+	for _, tt := range []struct {
+		yaml string
+		want int64
+	}{
+		{"0", 0}, {"+0", 0}, {"10", 10}, {"+10", 10}, {"1_000", 1000}, {"0o10", 8}, {"0x10", 16}, {"1e3", 1000}, {"10.0", 10}, {"0.0", 0},
+	} {
+		cfg, err := Parse("n.yaml", []byte("stream:\n  max_bytes: "+tt.yaml+"\n"))
+		if err != nil {
+			t.Errorf("max_bytes: %s: %v", tt.yaml, err)
+			continue
+		}
+		if cfg.Stream.MaxBytes != tt.want {
+			t.Errorf("max_bytes: %s = %d, want %d", tt.yaml, cfg.Stream.MaxBytes, tt.want)
+		}
 	}
 }

@@ -240,6 +240,9 @@ func (p *parser) integer(n *yaml.Node, key string, lo, hi int64, hint string) (i
 		}
 		return 0, false
 	}
+	if !p.unambiguousNumber(n, key) {
+		return 0, false
+	}
 	var v int64
 	switch n.ShortTag() {
 	case "!!int":
@@ -266,6 +269,21 @@ func (p *parser) integer(n *yaml.Node, key string, lo, hi int64, hint string) (i
 	return v, true
 }
 
+// leadingZero matches a whole number written with a leading 0, such as
+// 010 or -0_10.
+var leadingZero = regexp.MustCompile(`^[-+]?0[0-9_]+$`)
+
+// unambiguousNumber refuses a whole number with a leading 0: the YAML
+// library reads 010 as YAML 1.1's octal 8, where YAML 1.2 and most readers
+// of the file see ten, and 09 as nine.
+func (p *parser) unambiguousNumber(n *yaml.Node, key string) bool {
+	if n.Style&(yaml.SingleQuotedStyle|yaml.DoubleQuotedStyle) == 0 && leadingZero.MatchString(n.Value) {
+		p.failf(n, key, "%s has a leading 0, which YAML 1.1 reads as octal (010 is 8) and YAML 1.2 as decimal: write it without the leading 0, or with 0o for octal (0o10)", n.Value)
+		return false
+	}
+	return true
+}
+
 // intInto decodes a whole number in [lo, hi] into dst; hint, when not
 // empty, is appended to the error and says what to write instead.
 func intInto[T int | int32 | int64](p *parser, dst *T, lo, hi int64, hint string) func(*yaml.Node, string) {
@@ -281,6 +299,9 @@ func intInto[T int | int32 | int64](p *parser, dst *T, lo, hi int64, hint string
 func (p *parser) number(dst *float64, check func(float64) error) func(*yaml.Node, string) {
 	return func(n *yaml.Node, key string) {
 		if !p.scalar(n, key, "a number") {
+			return
+		}
+		if !p.unambiguousNumber(n, key) {
 			return
 		}
 		var f float64
