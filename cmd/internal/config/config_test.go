@@ -264,6 +264,8 @@ func TestErrors(t *testing.T) {
 		{"negative max size", "tables:\n  - name: t\n    max_size: -5\n", 3, "tables[0].max_size", []string{"must be >= 1, got -5", "the most items the table holds"}},
 		{"max size beyond int32", "tables:\n  - name: t\n    max_size: 3000000000\n", 3, "tables[0].max_size", []string{"must be <= 2147483647, got 3000000000"}},
 		{"max size beyond int64", "tables:\n  - name: t\n    max_size: 9223372036854775808\n", 3, "tables[0].max_size", []string{"must be <= 2147483647"}},
+		{"max bytes of 2^63 written as a float", "stream:\n  max_bytes: 9223372036854775808.0\n", 2, "stream.max_bytes", []string{"must be <= 9223372036854775807, got 9223372036854775808.0"}},
+		{"shape size of 2^63 written as a float", "tables:\n  - name: t\n    max_size: 10\n    signature:\n      - {name: obs, dtype: float32, shape: [9.223372036854775807e18]}\n", 5, "tables[0].signature[0].shape[0]", []string{"must be <= 9223372036854775807"}},
 		{"limit beyond int32", "limits:\n  max_producers: 1e10\n", 2, "limits.max_producers", []string{"must be <= 2147483647"}},
 		{"max age under JetStream's least", "stream:\n  max_age: 1ms\n", 2, "stream.max_age", []string{"must be 0 or at least 100ms"}},
 		{"duplicates under JetStream's least", "stream:\n  duplicates: 50ms\n", 2, "stream.duplicates", []string{"must be 0 or at least 100ms"}},

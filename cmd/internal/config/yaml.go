@@ -255,8 +255,9 @@ func (p *parser) integer(n *yaml.Node, key string, lo, hi int64, hint string) (i
 			p.failf(n, key, "want a whole number, got %s", n.Value)
 			return 0, false
 		}
-		if f < float64(lo) || f > float64(hi) {
-			return outOfRange(f > float64(hi))
+		// float64(math.MaxInt64) rounds up to 2^63, which int64 cannot hold.
+		if above := f > float64(hi) || f >= 0x1p63; above || f < float64(lo) {
+			return outOfRange(above)
 		}
 		v = int64(f)
 	default:
