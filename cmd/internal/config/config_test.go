@@ -298,6 +298,7 @@ func TestErrors(t *testing.T) {
 		{"duplicate table", "tables:\n  - name: t\n    max_size: 10\n  - name: t\n    max_size: 20\n", 4, "tables[1].name", []string{`table "t" is already defined at line 2`}},
 		{"empty tables", "tables: []\n", 1, "tables", []string{"the list is empty", "default table"}},
 		{"tables not a list", "tables:\n  name: t\n", 2, "tables", []string{"want a list of tables"}},
+		{"empty signature", "tables:\n  - name: t\n    max_size: 10\n    signature: []\n", 4, "tables[0].signature", []string{"the list is empty", "remove signature"}},
 		{"bad dtype", "tables:\n  - name: t\n    max_size: 10\n    signature:\n      - {name: obs, dtype: flaot32, shape: [3]}\n", 5, "tables[0].signature[0].dtype", []string{`unknown dtype "flaot32"`}},
 		{"bad shape", "tables:\n  - name: t\n    max_size: 10\n    signature:\n      - {name: obs, dtype: float32, shape: [3, -2]}\n", 5, "tables[0].signature[0].shape[1]", []string{"-1 matches any size"}},
 		{"missing shape", "tables:\n  - name: t\n    max_size: 10\n    signature:\n      - {name: obs, dtype: float32}\n", 5, "tables[0].signature[0]", []string{"no shape", "shape: [] for a scalar"}},

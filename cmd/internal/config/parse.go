@@ -636,6 +636,12 @@ func (p *parser) signature(n *yaml.Node, key string) tables.Signature {
 		p.failf(n, key, "want a list of columns, each {name: obs, dtype: float32, shape: [84, 84]}, got %s", describe(n))
 		return nil
 	}
+	if len(n.Content) == 0 {
+		// A table with an empty signature takes only items of no columns,
+		// and there are none: it would refuse every item.
+		p.failf(n, key, "the list is empty, which would refuse every item: list the columns, or remove signature to take items of any columns")
+		return nil
+	}
 	sig := make(tables.Signature, 0, len(n.Content))
 	names := make(map[string]int)
 	for i, cn := range n.Content {
