@@ -256,6 +256,8 @@ func TestErrors(t *testing.T) {
 	}{
 		{"unknown top-level key", "server:\n  prefix: x\nservre: {}\n", 3, "servre", []string{"unknown key", `did you mean "server"`}},
 		{"zero limit", "limits:\n  max_columns_per_item: 0\n", 2, "limits.max_columns_per_item", []string{"must be >= 1, got 0"}},
+		{"reply below an item", "limits:\n  max_reply_bytes: 1000000\n", 2, "limits.max_reply_bytes", []string{"max_reply_bytes 1000000 is below limits.max_item_bytes 268435456", "never be sampled"}},
+		{"item above a reply", "limits:\n  max_item_bytes: 4e9\n", 2, "limits.max_item_bytes", []string{"max_reply_bytes 2147483648 is below limits.max_item_bytes 4000000000"}},
 		{"window over the wire's", "limits:\n  max_producer_window: 100000\n", 2, "limits.max_producer_window", []string{"WithMaxInFlight"}},
 		{"unknown table key", "tables:\n  - name: t\n    max_size: 10\n    samplr: uniform\n", 4, "tables[0].samplr", []string{`did you mean "sampler"`, "max_times_sampled"}},
 		{"unknown key without suggestion", "log:\n  colour: red\n", 2, "log.colour", []string{"unknown key", "format, level"}},

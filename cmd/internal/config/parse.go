@@ -46,7 +46,10 @@ func Parse(name string, data []byte) (Config, error) {
 		}},
 		{"service", func(n *yaml.Node, key string) { p.mapping(n, key, serviceFields(p, &cfg.Service)) }},
 		{"checkpoint", func(n *yaml.Node, key string) { p.mapping(n, key, checkpointFields(p, &cfg.Checkpoint)) }},
-		{"limits", func(n *yaml.Node, key string) { p.mapping(n, key, limitsFields(p, &cfg.Limits)) }},
+		{"limits", func(n *yaml.Node, key string) {
+			keys := p.mapping(n, key, limitsFields(p, &cfg.Limits))
+			p.checkLimits(cfg.Limits, keys)
+		}},
 		{"tables", p.node(&tablesNode)},
 	})
 	p.checkServer(cfg.Server, serverKeys)
@@ -151,6 +154,21 @@ func limitsFields(p *parser, l *service.Limits) []field {
 		{"max_held_message_bytes", intInto(p, &l.MaxHeldMessageBytes, 1, math.MaxInt64, "")},
 		{"max_pending_items", intInto(p, &l.MaxPendingItems, 1, math.MaxInt32, "")},
 		{"max_pending_bytes", intInto(p, &l.MaxPendingBytes, 1, math.MaxInt64, "")},
+	}
+}
+
+// checkLimits reports the limits that contradict each other, which the
+// service would refuse only once the server had started.
+func (p *parser) checkLimits(l service.Limits, keys map[string]*yaml.Node) {
+	if l.MaxReplyBytes >= l.MaxItemBytes {
+		return
+	}
+	key := "max_reply_bytes"
+	if keys[key] == nil {
+		key = "max_item_bytes"
+	}
+	if n := keys[key]; n != nil {
+		p.failf(n, "limits."+key, "limits.max_reply_bytes %d is below limits.max_item_bytes %d: an item that large could never be sampled; raise max_reply_bytes or lower max_item_bytes", l.MaxReplyBytes, l.MaxItemBytes)
 	}
 }
 
