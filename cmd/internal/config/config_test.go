@@ -340,6 +340,9 @@ func TestErrors(t *testing.T) {
 		{"shard past its count", "service:\n  shard: 4/4\n", 2, "service.shard", []string{"shard 4/4", "index from 0 to count-1"}},
 		{"shard not a fraction", "service:\n  shard: 2\n", 2, "service.shard", []string{`shard "2"`, "INDEX/COUNT"}},
 		{"section not a mapping", "server: nats://x\n", 1, "server", []string{"want a mapping with keys nats"}},
+		{"merge key", "tables:\n  - &t {name: t, max_size: 3}\n  - {<<: *t, name: u}\n", 3, "tables[1].<<", []string{"merge keys are not supported", "write the keys out"}},
+		{"binary string", "server:\n  prefix: !!binary cmVwcmlzZQ==\n", 2, "server.prefix", []string{"tag !!binary is not supported"}},
+		{"tag of its own", "tables:\n  - name: !env TABLE\n    max_size: 10\n", 2, "tables[0].name", []string{"tag !env is not supported"}},
 		{"second document", "log: {level: info}\n---\nlog: {level: debug}\n", 2, "", []string{"a second YAML document"}},
 	}
 	for _, tt := range tests {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -122,6 +123,10 @@ func (p *parser) mapping(n *yaml.Node, key string, fields []field) map[string]*y
 			continue
 		}
 		path := joinKey(key, k.Value)
+		if k.ShortTag() == "!!merge" {
+			p.failf(k, path, "YAML merge keys are not supported: write the keys out")
+			continue
+		}
 		if line, dup := keyLines[k.Value]; dup {
 			p.failf(k, path, "set twice (first at line %d): keep one", line)
 			continue
@@ -199,8 +204,17 @@ func (p *parser) scalar(n *yaml.Node, key, want string) bool {
 		p.failf(n, key, "want %s, got %s", want, describe(n))
 		return false
 	}
+	// A value tagged !!binary, or with a tag of the writer's own, means
+	// something else than its text, which is all that would be read.
+	if tag := n.ShortTag(); n.Style&yaml.TaggedStyle != 0 && !slices.Contains(coreTags, tag) {
+		p.failf(n, key, "the YAML tag %s is not supported: remove it (want %s)", tag, want)
+		return false
+	}
 	return true
 }
+
+// coreTags are the tags of the values a configuration holds.
+var coreTags = []string{"!!str", "!!int", "!!float", "!!bool"}
 
 // str decodes a string, checked by check when it is not nil.
 func (p *parser) str(dst *string, check func(string) error) func(*yaml.Node, string) {
