@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"reflect"
@@ -375,16 +376,37 @@ func TestErrors(t *testing.T) {
 }
 
 func TestSyntaxError(t *testing.T) {
-	_, err := Parse("syntax.yaml", []byte("server:\n  listen: 127.0.0.1:4222\n   store: x\n"))
-	var ce *Error
-	if !errors.As(err, &ce) || !errors.Is(err, ErrInvalid) {
-		t.Fatalf("got %v, want a *config.Error matching ErrInvalid", err)
+	tests := []struct {
+		name string
+		yaml string
+		line int
+		want string
+	}{
+		{"key indented too far", "server:\n  listen: 127.0.0.1:4222\n   store: x\n", 3, "indentation"},
+		{"key of a table indented too little", "server:\n  prefix: x\ntables:\n  - name: t\n    max_size: 3\n   sampler: fifo\n", 6, "indentation"},
+		{"key of a table at the list's indentation", "server:\n  prefix: x\ntables:\n  - name: t\n    max_size: 3\n  sampler: fifo\n", 6, "indentation"},
+		{"key indented too little", "server:\n  prefix: x\n  listen: 127.0.0.1:4222\n listen: y\n", 4, "indentation"},
+		{"flow mapping left open", "server:\n  prefix: x\nlog: {level: info\nstream: {}\n", 3, "','"},
+		{"flow mapping over lines never closed", "log: {level: info,\n  format: text\nstream: []\n", 1, "','"},
+		{"after a flow mapping over lines", "log: {level: info,\n  format: text}\nserver:\n  prefix: x\n   listen: y\n", 5, "indentation"},
+		{"quote left open", "log:\n  level: info\nserver:\n  prefix: \"x\n", 4, "end of stream"},
+		{"tab at the start", "log:\n\tlevel: info\n", 2, "indented with a tab"},
+		{"tab after spaces", "server:\n  prefix: x\nlog:\n  level: info\n  \tformat: text\n", 5, "indented with a tab"},
 	}
-	if ce.Line != 3 {
-		t.Errorf("syntax error at line %d, want 3: %v", ce.Line, err)
-	}
-	if msg := err.Error(); !strings.HasPrefix(msg, "syntax.yaml:3: ") || !strings.Contains(msg, "indentation") {
-		t.Errorf("message %q should name the file, the line and the usual fix", msg)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("syntax.yaml", []byte(tt.yaml))
+			var ce *Error
+			if !errors.As(err, &ce) || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("got %v, want a *config.Error matching ErrInvalid", err)
+			}
+			if ce.Line != tt.line {
+				t.Errorf("syntax error at line %d, want %d: %v", ce.Line, tt.line, err)
+			}
+			if msg := err.Error(); !strings.HasPrefix(msg, fmt.Sprintf("syntax.yaml:%d: ", tt.line)) || !strings.Contains(msg, tt.want) {
+				t.Errorf("message %q should name the file, line %d and say %q", msg, tt.line, tt.want)
+			}
+		})
 	}
 }
 

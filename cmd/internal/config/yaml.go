@@ -425,7 +425,7 @@ func decodeDocument(name string, data []byte) (*yaml.Node, error) {
 	case errors.Is(err, io.EOF):
 		return &yaml.Node{Kind: yaml.MappingNode, Line: 1}, nil
 	case err != nil:
-		return nil, syntaxError(name, err)
+		return nil, syntaxError(name, data, err)
 	}
 	var next yaml.Node
 	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
@@ -443,13 +443,65 @@ func decodeDocument(name string, data []byte) (*yaml.Node, error) {
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)
 
 // syntaxError turns the YAML parser's "yaml: line N: msg" into an Error at
-// line N, with the usual cause.
-func syntaxError(name string, err error) error {
+// the line that makes the file unreadable, with the usual cause. The
+// parser's N is where the enclosing list or mapping starts, or the line
+// before it, for most mistakes of indentation.
+func syntaxError(name string, data []byte, err error) error {
 	msg := err.Error()
 	line := 1
 	if m := yamlLine.FindStringSubmatch(msg); m != nil {
 		line, _ = strconv.Atoi(m[1])
 		msg = msg[len(m[0]):]
 	}
+	lines := strings.SplitAfter(string(data), "\n")
+	if bad := firstBadLine(lines); bad > 0 {
+		line = bad
+	}
+	if line <= len(lines) {
+		text := lines[line-1]
+		if indent := text[:len(text)-len(strings.TrimLeft(text, " \t"))]; strings.Contains(indent, "\t") {
+			return &Error{File: name, Line: line, Err: errors.New("indented with a tab: YAML indents with spaces only")}
+		}
+	}
 	return &Error{File: name, Line: line, Err: fmt.Errorf("%s (check the indentation, and that every key is followed by a colon and a space)", msg)}
+}
+
+// maxScannedLines bounds the file firstBadLine reads again and again: at
+// 1000 lines, a quote left open at the top takes 0.1 s.
+const maxScannedLines = 2000
+
+// firstBadLine returns the line after the longest run of lines from the
+// start that still parses, and from which every longer run fails: the line
+// a mistake is on. A shorter run that fails, cut inside a flow mapping
+// or a quoted string that later lines close, is passed over. It returns 0
+// for a file too long to read that often.
+func firstBadLine(lines []string) int {
+	if len(lines) > maxScannedLines {
+		return 0
+	}
+	var prefix strings.Builder
+	for n := len(lines) - 1; n >= 0; n-- {
+		prefix.Reset()
+		for _, l := range lines[:n] {
+			prefix.WriteString(l)
+		}
+		if parses(prefix.String()) {
+			return n + 1
+		}
+	}
+	return 0
+}
+
+// parses reports whether text is YAML without a syntax error.
+func parses(text string) bool {
+	dec := yaml.NewDecoder(strings.NewReader(text))
+	for {
+		var n yaml.Node
+		switch err := dec.Decode(&n); {
+		case errors.Is(err, io.EOF):
+			return true
+		case err != nil:
+			return false
+		}
+	}
 }
