@@ -3,6 +3,7 @@ package broker
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 
 	"github.com/reprise-rl/reprise/broker/internal/protocol"
 )
@@ -51,6 +52,15 @@ var (
 	// under it.
 	ErrStreamLost = protocol.ErrStreamLost
 )
+
+// ErrEpisodeNotEnded reports an EndEpisode that failed before it ended the
+// episode: publishing its items failed (the context ended while it waited
+// for room in the window, say). The episode is still open, and steps
+// appended next would continue it: the next episode's items could
+// reference its steps, and the service would keep holding its chunks.
+// EndEpisode's other errors came once the episode had ended, from the wait
+// for its items.
+var ErrEpisodeNotEnded = errors.New("broker: episode not ended")
 
 // Code is the status code of a reply from the table service or of a
 // rejection: stable, and the same numbers in every client.

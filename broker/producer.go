@@ -1605,15 +1605,24 @@ func (p *Producer) SetPolicyVersion(version int64) {
 
 // EndEpisode publishes the episode's remaining items, waits for them as
 // Flush does, and starts a new episode: later items can no longer
-// reference its steps, and the service drops its hold on its chunks.
+// reference its steps, and the service drops its hold on its chunks. An
+// error that is ErrEpisodeNotEnded says the episode did not end
+// (publishing its items failed): the actor must call EndEpisode again,
+// with a context that allows the wait, before it appends the next
+// episode's first step, which would otherwise continue this episode. Any
+// other error came after the episode ended, from the wait for its items,
+// as Flush's would. Calling EndEpisode again after any error is safe: an
+// episode with no steps has nothing to end, so the call publishes what is
+// left and waits, and starts no episode (nor, on a ShardedProducer, moves
+// to the next shard).
 func (p *Producer) EndEpisode(ctx context.Context) error {
 	_, err := p.endEpisode(ctx)
 	return err
 }
 
-// endEpisode is EndEpisode, which also says whether the episode ended: it
-// does unless publishing its items failed, even when waiting for them
-// fails.
+// endEpisode is EndEpisode, which also says whether it ended an episode:
+// it does unless the episode has no steps or publishing its items failed,
+// even when waiting for them fails.
 func (p *Producer) endEpisode(ctx context.Context) (ended bool, err error) {
 	mark := p.flow.failureMark()
 	p.mu.Lock()
@@ -1628,18 +1637,23 @@ func (p *Producer) endEpisode(ctx context.Context) (ended bool, err error) {
 	if err == nil {
 		ended, err = p.publishEndLocked(ctx)
 	}
+	open := !ended && p.step > 0
 	p.mu.Unlock()
 	if err != nil {
+		if open {
+			err = fmt.Errorf("%w: %w", ErrEpisodeNotEnded, err)
+		}
 		return ended, err
 	}
 	// Everything is published: this only waits.
-	return true, p.flush(ctx, mark)
+	return ended, p.flush(ctx, mark)
 }
 
-// publishEndLocked ends the episode and publishes its last items with the
-// release of its chunks, in one message where they fit: the service
-// applies a message's items before its releases, and a message of its own
-// for the releases would cost a stream write per episode.
+// publishEndLocked ends the episode, if it has steps, and publishes its
+// last items with the release of its chunks, in one message where they
+// fit: the service applies a message's items before its releases, and a
+// message of its own for the releases would cost a stream write per
+// episode.
 func (p *Producer) publishEndLocked(ctx context.Context) (ended bool, err error) {
 	// Items another call is still adding: publish them first. One that the
 	// other call is adding, waiting for room in the window, builds its
@@ -1658,17 +1672,23 @@ func (p *Producer) publishEndLocked(ctx context.Context) (ended bool, err error)
 			return false, err
 		}
 	}
-	p.endEpisodeLocked()
+	// An EndEpisode called again after one that ended the episode and
+	// then failed its wait finds an episode of no steps: ending it would
+	// move a ShardedProducer on a shard more.
+	ended = p.step > 0
+	if ended {
+		p.endEpisodeLocked()
+	}
 	if p.batch.msg != nil && p.batch.msg.Size()+10*len(p.release)+1024 > p.maxPayload {
 		release := p.release
 		p.release = nil
 		err := p.publishLocked(ctx, false)
 		p.release = append(release, p.release...)
 		if err != nil {
-			return true, err
+			return ended, err
 		}
 	}
-	return true, p.publishLocked(ctx, false)
+	return ended, p.publishLocked(ctx, false)
 }
 
 // waitAddedLocked waits, without holding p.mu, until the call adding the

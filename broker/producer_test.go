@@ -811,6 +811,90 @@ func TestEndEpisodeWaitsForAnItemBeingAdded(t *testing.T) {
 	}
 }
 
+// TestEndEpisodeErrorSaysWhetherTheEpisodeEnded: an EndEpisode whose
+// context ends while it waits for room in the window has not ended the
+// episode, and says so (ErrEpisodeNotEnded); called again, it ends it. One
+// that ended the episode and then timed out waiting for its items says
+// nothing of the kind, and called again ends no empty episode. Both
+// returned the same ErrNotApplied, and an actor that took the first for
+// the second appended the next episode's steps to the old one.
+func TestEndEpisodeErrorSaysWhetherTheEpisodeEnded(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10), tables.QueueConfig("q", 1)}, "")
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0), WithMaxUnapplied(1))
+	short := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		t.Cleanup(cancel)
+		return c
+	}
+	steps := func() (int64, uint64) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.step, p.episode
+	}
+	holdInQueue(t, d, p, "q", "id") // steps 0 and 1; the window stays full
+	if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{2})}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "t", 1, Last(3, "id")); err != nil {
+		t.Fatal(err)
+	}
+	err := p.EndEpisode(short())
+	if !errors.Is(err, ErrEpisodeNotEnded) || !errors.Is(err, ErrNotApplied) {
+		t.Fatalf("EndEpisode with no room in the window: %v, want ErrEpisodeNotEnded and ErrNotApplied", err)
+	}
+	if n, _ := steps(); n != 3 {
+		t.Fatalf("the episode has %d steps after an EndEpisode that did not end it, want 3", n)
+	}
+	c := d.client()
+	if _, err := c.Sample(ctx, "q", 1); err != nil { // makes room
+		t.Fatal(err)
+	}
+	if err := p.EndEpisode(ctx); err != nil {
+		t.Fatalf("EndEpisode again: %v", err)
+	}
+	if n, _ := steps(); n != 0 {
+		t.Fatalf("the episode has %d steps after EndEpisode, want 0", n)
+	}
+	samples, err := c.Sample(ctx, "t", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(t, samples[0]); !slices.Equal(got, []int64{0, 1, 2}) {
+		t.Fatalf("the episode's item holds steps %v, want [0 1 2]", got)
+	}
+
+	// The queue is full again: its next item is held.
+	if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{10})}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "q", 1, LastStep("id")); err != nil {
+		t.Fatal(err)
+	}
+	err = p.EndEpisode(short())
+	if !errors.Is(err, ErrNotApplied) || errors.Is(err, ErrEpisodeNotEnded) {
+		t.Fatalf("EndEpisode waiting for a held item: %v, want ErrNotApplied and not ErrEpisodeNotEnded", err)
+	}
+	n, episode := steps()
+	if n != 0 {
+		t.Fatalf("the episode has %d steps after EndEpisode, want 0", n)
+	}
+	if err := p.EndEpisode(short()); !errors.Is(err, ErrNotApplied) || errors.Is(err, ErrEpisodeNotEnded) {
+		t.Fatalf("EndEpisode again: %v, want ErrNotApplied and not ErrEpisodeNotEnded", err)
+	}
+	if _, again := steps(); again != episode {
+		t.Fatal("EndEpisode called again ended the empty episode after the one it ended")
+	}
+	for range 2 {
+		if _, err := c.Sample(ctx, "q", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestProducerIDsUnguessable: ids are 128 random bits, and what the service
 // publishes names a producer only by its notice token.
 func TestProducerIDsUnguessable(t *testing.T) {

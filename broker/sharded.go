@@ -207,8 +207,10 @@ func (sp *ShardedProducer) CreateItem(ctx context.Context, table string, priorit
 	return sp.shards[sp.current].CreateItem(ctx, table, priority, traj)
 }
 
-// EndEpisode ends the episode as Producer.EndEpisode does; the next one goes
-// to the next shard.
+// EndEpisode ends the episode as Producer.EndEpisode does; once it ended
+// (the error, if any, is not ErrEpisodeNotEnded), the next one goes to the
+// next shard. Called again after an error, it moves no further: the
+// episode it finds has no steps.
 func (sp *ShardedProducer) EndEpisode(ctx context.Context) error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()

@@ -763,3 +763,50 @@ func TestShardedClientSurvivesMalformedInfo(t *testing.T) {
 		t.Errorf("sampling a table whose one shard's info lists no table: %v, want ErrServer naming it", err)
 	}
 }
+
+// TestShardedProducerCalledAgainAfterAnEndedEpisodeStays: an EndEpisode
+// whose episode ended and whose wait then timed out moved to the next
+// shard; called again, as after any error, it finds an episode of no
+// steps there and stays. It ended that empty episode and moved on again,
+// so the actor's next episode skipped a shard.
+func TestShardedProducerCalledAgainAfterAnEndedEpisodeStays(t *testing.T) {
+	ds := deployShards(t, []tables.Config{tables.QueueConfig("q", 1)}, 2)
+	ctx := testutil.Context(t)
+	p, err := NewShardedProducer(ctx, ds[0].connect(), prefixesOf(ds), WithLogger(testutil.QuietLogger()), WithLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(ctx)
+	shard := func() int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.current
+	}
+	first := shard()
+	for i := range int64(2) { // the queue holds the second
+		if err := p.Append(ctx, step(i, 2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CreateItem(ctx, "q", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	err = p.EndEpisode(short)
+	cancel()
+	if !errors.Is(err, ErrNotApplied) || errors.Is(err, ErrEpisodeNotEnded) {
+		t.Fatalf("EndEpisode waiting for a held item: %v, want ErrNotApplied and not ErrEpisodeNotEnded", err)
+	}
+	if got := shard(); got != (first+1)%2 {
+		t.Fatalf("on shard %d after the episode on shard %d ended, want %d", got, first, (first+1)%2)
+	}
+	if err := p.EndEpisode(ctx); err != nil {
+		t.Fatalf("EndEpisode again: %v", err)
+	}
+	if got := shard(); got != (first+1)%2 {
+		t.Fatalf("on shard %d after EndEpisode was called again, want %d: it ended an empty episode", got, (first+1)%2)
+	}
+	if _, err := ds[first].client().Sample(ctx, "q", 1); err != nil {
+		t.Fatal(err)
+	}
+}

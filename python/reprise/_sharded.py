@@ -1050,8 +1050,9 @@ class AsyncShardedTrajectoryWriter:
     async def end_episode(
         self, clear_buffers: bool = True, timeout_ms: int | None = None, *, timeout: float | None = None
     ) -> None:
-        """Ends the episode on its shard; the next one goes to the next
-        shard."""
+        """Ends the episode on its shard (see
+        :meth:`reprise.ShardedTrajectoryWriter.end_episode`): once it ended,
+        the next one goes to the next shard."""
         w = self._writers[self._shard]
         assert w._p is not None
         episode = w._p.episode

@@ -684,6 +684,23 @@ def outcome_unknown_error(err: errors.RepriseError, seq: int, items: int) -> err
     return _loss_of(cls, err, message, seq, items)
 
 
+_EPISODE_NOT_ENDED_CLASSES: dict[type[errors.RepriseError], type[errors.EpisodeNotEndedError]] = {}
+
+
+def episode_not_ended_error(err: errors.RepriseError) -> errors.EpisodeNotEndedError:
+    """The error of an end_episode that failed with err before it ended the
+    episode: both an EpisodeNotEndedError and err's class, with err's
+    fields (as the Go producer's ErrEpisodeNotEnded wraps the failure)."""
+    base = type(err)
+    cls = _EPISODE_NOT_ENDED_CLASSES.get(base)
+    if cls is None:
+        cls = type("EpisodeNotEnded" + base.__name__, (errors.EpisodeNotEndedError, base), {})
+        _EPISODE_NOT_ENDED_CLASSES[base] = cls
+    out = with_message(err, f"episode not ended: {err.message}")
+    out.__class__ = cls
+    return out  # type: ignore[return-value]
+
+
 def _loss_of(cls: type[_E], err: errors.RepriseError, message: str, seq: int, items: int) -> _E:
     """An error of cls (a subclass of err's class) with err's fields, which
     says message of message seq and its items, caused by err."""
@@ -1357,6 +1374,12 @@ class _Producer:
         self.advance_locked(True)
 
     def end_episode_locked(self) -> None:
+        """Ends the episode, unless it has no steps: it then has nothing to
+        end (an end_episode called again after one that ended the episode
+        and then failed its wait finds one), and a new episode would move
+        a sharded writer on a shard more."""
+        if not self.episode_steps:
+            return
         for c in self.columns.values():
             for ch in c.chunks:
                 if ch.sent:

@@ -40,6 +40,7 @@ from ._writer import (
     _Producer,
     _Transport,
     check_item,
+    episode_not_ended_error,
     rejection_error,
 )
 
@@ -1063,7 +1064,14 @@ class AsyncTrajectoryWriter:
         assert p is not None
         deadline = _deadline(timeout, timeout_ms)
         mark = p.failure_mark()
-        await self._advance(True, deadline)
+        try:
+            await self._advance(True, deadline)
+        except errors.RepriseError as e:
+            with p.mu:
+                open_episode = p.episode_steps > 0
+            if open_episode:
+                raise episode_not_ended_error(e)
+            raise
         with p.mu:
             p.end_episode_locked()
             self._partial = {}

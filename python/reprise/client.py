@@ -36,6 +36,7 @@ from ._writer import (
     _Producer,
     _Transport,
     check_item,
+    episode_not_ended_error,
 )
 
 log = logging.getLogger("reprise")
@@ -713,13 +714,28 @@ class TrajectoryWriter:
         episode ends once its items are published, even when the wait then
         fails (a timeout, or an earlier message's error); it stays open
         only when publishing does not happen (no room in the window before
-        the timeout). (``clear_buffers`` is accepted for Reverb
-        compatibility; buffers are always cleared.)"""
+        the timeout), and then the error is an
+        :class:`~reprise.EpisodeNotEndedError` (of the failure's class
+        too): call ``end_episode`` again before the next episode's first
+        step, which would otherwise continue this episode. Calling it again
+        after any error is safe: an episode of no steps has nothing to end,
+        so the call publishes what is left and waits, and starts no episode
+        (nor moves a sharded writer to its next shard). (``clear_buffers``
+        is accepted for Reverb compatibility; buffers are always
+        cleared.)"""
         deadline = _aio._deadline(timeout, timeout_ms)
-        mark = self._p.failure_mark()
-        self._advance(True, deadline)
-        with self._p.mu:
-            self._p.end_episode_locked()
+        p = self._p
+        mark = p.failure_mark()
+        try:
+            self._advance(True, deadline)
+        except errors.RepriseError as e:
+            with p.mu:
+                open_episode = p.episode_steps > 0
+            if open_episode:
+                raise episode_not_ended_error(e)
+            raise
+        with p.mu:
+            p.end_episode_locked()
         self._partial = {}
         self._wait(lambda p: p.flushed_locked(0), deadline, "end_episode", mark)
 
@@ -1207,8 +1223,10 @@ class ShardedTrajectoryWriter:
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None, *, timeout: float | None = None) -> None:
         """Ends the episode on its shard (see
-        :meth:`TrajectoryWriter.end_episode`); the next episode goes to the
-        next shard."""
+        :meth:`TrajectoryWriter.end_episode`); once it ended (the error, if
+        any, is no :class:`~reprise.EpisodeNotEndedError`), the next
+        episode goes to the next shard. Called again after an error, it
+        moves no further: the episode it finds has no steps."""
         w = self._writers[self._shard]
         episode = w._p.episode
         try:

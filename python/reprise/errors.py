@@ -152,6 +152,19 @@ class PermissionDeniedError(RepriseError, PermissionError):
         self.subject = subject
 
 
+class EpisodeNotEndedError(RepriseError):
+    """A writer's ``end_episode`` raised before it ended the episode:
+    publishing its items failed (no room in the window before the
+    timeout, say). The episode is still open, and steps appended next
+    would continue it: the next episode's items could reference its
+    steps, and the service would keep holding its chunks. Call
+    ``end_episode`` again before the next episode's first step. It is
+    also of the class of the failure (``DeadlineExceededError``...), as
+    the Go producer's ``ErrEpisodeNotEnded`` wraps it. Any other error of
+    ``end_episode`` came once the episode had ended, from the wait for its
+    items."""
+
+
 class NotStoredError(RepriseError):
     """A writer gave up on a message: JetStream did not store it, and its
     items are lost (raised by the writer's next call). It is also of the
@@ -252,6 +265,7 @@ __all__ = [
     "Code",
     "DeadlineExceededError",
     "DuplicateIdError",
+    "EpisodeNotEndedError",
     "InternalError",
     "InvalidArgumentError",
     "NotFoundError",

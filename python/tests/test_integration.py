@@ -854,6 +854,88 @@ def test_end_episode_ends_it_even_when_the_wait_fails(reprised_factory: Any) -> 
         w.close()
 
 
+def test_an_end_episode_error_says_whether_the_episode_ended(reprised_factory: Any) -> None:
+    """An end_episode that times out waiting for room in the window, before
+    it published the episode's items, has not ended the episode and raises
+    EpisodeNotEndedError (a DeadlineExceededError too); called again once
+    the window has room, it ends it. One that ended the episode and then
+    timed out waiting for its items raises no EpisodeNotEndedError, and
+    called again ends no empty episode. Both raised the same
+    DeadlineExceededError, and an actor that took the first for the second
+    appended its next episode to the old one. In the sync and the async
+    writer alike, as Go's ErrEpisodeNotEnded."""
+    r = reprised_factory("tables:\n  - {name: held, max_size: 1, rate_limiter: {preset: queue}}\n  - {name: t, max_size: 10}\n")
+    options = {"linger": 0.0, "max_unapplied": 1, "validate_signatures": False}
+
+    def check_not_ended(e: BaseException, w: Any) -> None:
+        assert isinstance(e, reprise.EpisodeNotEndedError) and isinstance(e, reprise.DeadlineExceededError), repr(e)
+        assert w.episode_steps == 3
+
+    def check_ended(e: BaseException, w: Any) -> int:
+        assert isinstance(e, reprise.DeadlineExceededError) and not isinstance(e, reprise.EpisodeNotEndedError), repr(e)
+        assert w.episode_steps == 0
+        return int(w._p.episode)
+
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(3, **options)
+        w.append({"id": np.int64(0)})
+        w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+        w.flush(timeout=30)  # the queue is full
+        w.append({"id": np.int64(1)})
+        w.create_item("held", 1.0, {"id": w.history["id"][-1]})  # held: the window stays full
+        w.append({"id": np.int64(2)})
+        w.create_item("t", 1.0, {"id": w.history["id"][-3:]})
+        with pytest.raises(reprise.RepriseError) as e:
+            w.end_episode(timeout=0.3)
+        check_not_ended(e.value, w)
+        assert [int(s.data["id"]) for s in c.sample("held", 1, timeout=30)] == [0]  # makes room
+        w.end_episode(timeout=30)
+        assert w.episode_steps == 0
+        assert [s.data["id"].tolist() for s in c.sample("t", 1, timeout=30)] == [[0, 1, 2]]
+
+        w.append({"id": np.int64(3)})
+        w.create_item("held", 1.0, {"id": w.history["id"][-1]})  # held
+        with pytest.raises(reprise.RepriseError) as e:
+            w.end_episode(timeout=0.3)
+        episode = check_ended(e.value, w)
+        with pytest.raises(reprise.RepriseError) as e:
+            w.end_episode(timeout=0.3)
+        assert check_ended(e.value, w) == episode, "end_episode called again ended the empty episode"
+        assert [int(s.data["id"]) for _ in range(2) for s in c.sample("held", 1, timeout=30)] == [1, 3]
+        w.close()
+
+    async def main() -> None:
+        async with await aio.connect(r.url) as c:
+            w = await c.trajectory_writer(3, **options)
+            await w.append({"id": np.int64(0)})
+            await w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+            await w.flush(timeout=30)
+            await w.append({"id": np.int64(1)})
+            await w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+            await w.append({"id": np.int64(2)})
+            await w.create_item("t", 1.0, {"id": w.history["id"][-3:]})
+            with pytest.raises(reprise.RepriseError) as e:
+                await w.end_episode(timeout=0.3)
+            check_not_ended(e.value, w)
+            assert [int(s.data["id"]) for s in await c.sample("held", 1, timeout=30)] == [0]
+            await w.end_episode(timeout=30)
+            assert w.episode_steps == 0
+            assert [s.data["id"].tolist() for s in await c.sample("t", 1, timeout=30)] == [[0, 1, 2]]
+
+            await w.append({"id": np.int64(3)})
+            await w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+            with pytest.raises(reprise.RepriseError) as e:
+                await w.end_episode(timeout=0.3)
+            episode = check_ended(e.value, w)
+            with pytest.raises(reprise.RepriseError) as e:
+                await w.end_episode(timeout=0.3)
+            assert check_ended(e.value, w) == episode, "end_episode called again ended the empty episode"
+            assert [int(s.data["id"]) for _ in range(2) for s in await c.sample("held", 1, timeout=30)] == [1, 3]
+            await w.close()
+
+    asyncio.run(main())
+
+
 def test_an_item_refused_at_once_keeps_earlier_rejections(reprised_factory: Any) -> None:
     """create_item raises the errors of earlier messages before it creates
     its item, and then created nothing; an item it creates and then

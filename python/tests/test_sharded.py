@@ -275,15 +275,21 @@ def test_writer_writes_each_episode_to_one_shard(sc: reprise.ShardedClient) -> N
 def test_writer_moves_on_when_an_episode_ends_and_its_wait_fails(sc: reprise.ShardedClient, shards: list[Reprised]) -> None:
     """An episode whose items are published has ended even when waiting
     for them times out, so the next episode goes to the next shard, in the
-    sync and the async writer alike."""
+    sync and the async writer alike. Its error is no EpisodeNotEndedError,
+    and end_episode called again (as after any error) finds an episode of
+    no steps on the next shard and stays there: it ended that empty
+    episode and moved on again, and the next episode skipped a shard."""
     sc.reset("held")
     with sc.trajectory_writer(1, linger=0.0) as w:
         first = w.shard
         for i in range(3):
             w.append({"x": np.int64(i)})
             w.create_item("held", 1.0, {"x": w.history["x"][-1]})
-        with pytest.raises(reprise.DeadlineExceededError):
+        with pytest.raises(reprise.DeadlineExceededError) as e:
             w.end_episode(timeout=0.3)  # the shard's table holds the third item
+        assert not isinstance(e.value, reprise.EpisodeNotEndedError)
+        assert w.shard == (first + 1) % 2
+        w.end_episode(timeout=30)
         assert w.shard == (first + 1) % 2
 
     async def main() -> None:
@@ -294,8 +300,11 @@ def test_writer_moves_on_when_an_episode_ends_and_its_wait_fails(sc: reprise.Sha
                 for i in range(3):
                     await aw.append({"x": np.int64(i)})
                     await aw.create_item("held", 1.0, {"x": aw.history["x"][-1]})
-                with pytest.raises(reprise.DeadlineExceededError):
+                with pytest.raises(reprise.DeadlineExceededError) as e:
                     await aw.end_episode(timeout=0.3)
+                assert not isinstance(e.value, reprise.EpisodeNotEndedError)
+                assert aw.shard == (first + 1) % 2
+                await aw.end_episode(timeout=30)
                 assert aw.shard == (first + 1) % 2
 
     asyncio.run(main())
