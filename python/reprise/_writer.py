@@ -25,7 +25,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import nats
 import numpy as np
@@ -684,21 +684,34 @@ def outcome_unknown_error(err: errors.RepriseError, seq: int, items: int) -> err
     return _loss_of(cls, err, message, seq, items)
 
 
-_EPISODE_NOT_ENDED_CLASSES: dict[type[errors.RepriseError], type[errors.EpisodeNotEndedError]] = {}
-
-
 def episode_not_ended_error(err: errors.RepriseError) -> errors.EpisodeNotEndedError:
     """The error of an end_episode that failed with err before it ended the
     episode: both an EpisodeNotEndedError and err's class, with err's
     fields (as the Go producer's ErrEpisodeNotEnded wraps the failure)."""
+    return _also(errors.EpisodeNotEndedError, err, f"episode not ended: {err.message}")
+
+
+def closed_while_retrying(err: errors.RepriseError) -> errors.ClosedError:
+    """err, the last failure of a message that the writer's close gave up
+    on while it waited to be resent, as a ClosedError too, with err's
+    fields: the Go producer's error then wraps both ErrClosed and err."""
+    return _also(errors.ClosedError, err, f"the writer closed while retrying: {err.message}")
+
+
+_ALSO_CLASSES: dict[tuple[type[errors.RepriseError], type[errors.RepriseError]], type[errors.RepriseError]] = {}
+
+
+def _also(kind: type[_E], err: errors.RepriseError, message: str) -> _E:
+    """A copy of err that says message, caused by err, with its fields, of
+    a class that is both kind and err's class."""
     base = type(err)
-    cls = _EPISODE_NOT_ENDED_CLASSES.get(base)
+    cls = _ALSO_CLASSES.get((kind, base))
     if cls is None:
-        cls = type("EpisodeNotEnded" + base.__name__, (errors.EpisodeNotEndedError, base), {})
-        _EPISODE_NOT_ENDED_CLASSES[base] = cls
-    out = with_message(err, f"episode not ended: {err.message}")
+        cls = type(kind.__name__.removesuffix("Error") + base.__name__, (kind, base), {})
+        _ALSO_CLASSES[kind, base] = cls
+    out = with_message(err, message)
     out.__class__ = cls
-    return out  # type: ignore[return-value]
+    return cast(_E, out)
 
 
 def _loss_of(cls: type[_E], err: errors.RepriseError, message: str, seq: int, items: int) -> _E:
@@ -1875,11 +1888,15 @@ class _Transport:
                 retryable = not isinstance(
                     e, (errors.ClosedError, errors.ResourceExhaustedError, errors.PermissionDeniedError)
                 )
-            if not retryable or self.loop.time() - rec.first_sent > self.o.retry_for or self._abort.is_set():
+            expired = self.loop.time() - rec.first_sent > self.o.retry_for
+            if not retryable or expired or self._abort.is_set():
                 if rec.settled:
                     return  # its ack landed as the writer closed
                 rec.settled = True
                 self._forget(rec)
+                if retryable and not expired:
+                    # Given up on for the close alone, waiting to be resent.
+                    err = closed_while_retrying(err)
                 if rec.unknown:
                     log.warning("reprise writer: publish given up on, may be stored: producer %s message %d "
                                 "(%d items): %s", p.token, rec.seq, rec.items, err.message)

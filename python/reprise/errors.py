@@ -170,7 +170,10 @@ class NotStoredError(RepriseError):
     items are lost (raised by the writer's next call). It is also of the
     class of the last failure: ``UnavailableError`` when no stream
     answered within the writer's ``retry_for``, ``ResourceExhaustedError``
-    for a message JetStream refused as too large... ``sequence`` is the
+    for a message JetStream refused as too large..., and a
+    :class:`ClosedError` too where the writer's close gave it up while it
+    waited to be resent (as the Go producer's error wraps ``ErrClosed``
+    beside its last failure). ``sequence`` is the
     writer's message and ``items`` the number of items it held. ``except
     (RejectedError, NotStoredError)`` catches every loss a writer
     reports; a message that may have been stored raises
@@ -189,7 +192,9 @@ class OutcomeUnknownError(RepriseError):
     one) and none said it was not stored (raised by the writer's next
     call). Items sent again may be inserted twice; items counted lost may
     be in their tables. It is also of the class of the last failure
-    (``DeadlineExceededError``, ``ClosedError``...), never a
+    (``DeadlineExceededError``, ``ClosedError``...), and a
+    :class:`ClosedError` too where the writer's close gave it up while it
+    waited to be resent, never a
     :class:`NotStoredError`, unless it joins the errors of several
     messages, one of them not stored: it is then of every kind of loss
     among them, as Go's ``errors.Is`` finds each in a joined error.

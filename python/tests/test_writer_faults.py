@@ -237,3 +237,45 @@ def test_a_rejection_is_taken_before_the_progress_after_it(reprised_factory: Any
     seen = asyncio.run(main())
     assert sorted(seen) == ["applied 1", "applied 2", "rejected"], f"within 30 s: {seen}; reprised's log:\n{server.log()}"
     assert seen.index("rejected") < seen.index("applied 2"), f"the rejection came after the progress covering it: {seen}"
+
+
+@pytest.mark.parametrize("first_unanswered", [True, False])
+def test_a_message_waiting_to_be_resent_at_close_is_a_closed_error(server: Reprised, first_unanswered: bool) -> None:
+    """A message that the writer's close gives up on while it waits to be
+    resent (here every attempt answered by a stream without a leader, the
+    first one unanswered too where first_unanswered) is a ClosedError as
+    well as an OutcomeUnknownError (an attempt went unanswered) or a
+    NotStoredError, and of its last failure's class: the Go producer's
+    error wraps ErrClosed beside them. It was only of its last failure's
+    class, so ``except ClosedError`` missed what the close gave up."""
+    answered: list[int] = []
+
+    with reprise.Client(server.url, prefix="mute") as c:
+
+        async def respond(m: Any) -> None:
+            if first_unanswered and not answered:
+                answered.append(0)
+                return
+            await m.respond(b'{"error": {"code": 503, "description": "no stream leader"}}')
+            answered.append(1)
+
+        async def subscribe() -> None:
+            await c._aclient.nats.subscribe("mute.data.insert", cb=respond)
+            await c._aclient.nats.flush()
+
+        c._lt.call(subscribe())
+        w = c.trajectory_writer(1, validate_signatures=False, linger=0.0, max_in_flight=1, ack_timeout=0.2,
+                                retry_for=60.0)
+        w.append({"x": np.int64(1)})
+        w.create_item("t", 1.0, {"x": w.history["x"][-1]})
+        # Three attempts answered: the next waits 0.4 s or more to be sent.
+        wait_for("three attempts answered", lambda: sum(answered) >= 3)
+        wait_for("the message waits to be resent", lambda: any(
+            r.future is not None and r.future.done() and not r.settled for r in list(w._t._acks.values())))
+        with pytest.raises(reprise.RepriseError) as e:
+            w.close(timeout=0)
+        err = e.value
+        kind = reprise.OutcomeUnknownError if first_unanswered else reprise.NotStoredError
+        assert isinstance(err, kind) and isinstance(err, reprise.UnavailableError), repr(err)
+        assert isinstance(err, reprise.ClosedError), repr(err)
+        assert "message 1 (1 items)" in err.message and "the writer closed while retrying" in err.message, err.message
