@@ -468,6 +468,40 @@ class Sampler:
                     raise
                 time.sleep(0.05)
 
+    def _next_ready(self) -> SampleBatch | None:
+        """The next batch if its reply is in, else None: unlike next(), it
+        never waits on the service, for a caller with a batch in hand to go
+        on with (reprise.jax places batches ahead only as they come). A
+        reply next() waits past (the limiter allowed nothing, without a
+        timeout; the service unavailable) is dropped as next() drops it,
+        and the end raises StopIteration as next() does."""
+        while True:
+            with self._lock:
+                if self._closed or self._c._closed:
+                    raise StopIteration
+                self._fill()
+                if not self._futs or not self._futs[0].done():
+                    return None
+                fut = self._futs.popleft()
+                self._fill()
+            try:
+                return _aio.decode_batch(fut.result())
+            except (concurrent.futures.CancelledError, errors.ClosedError):
+                if self._closed or self._c._closed:
+                    raise StopIteration from None
+                raise
+            except errors._NotSentError:
+                self.close()
+                raise StopIteration from None
+            except errors.RateLimitedError as e:
+                if e.partial is not None and len(e.partial):
+                    return e.partial
+                if self._args[2] is not None:
+                    self.close()
+                    raise StopIteration from None
+            except (errors.UnavailableError, errors.DeadlineExceededError):
+                pass  # the next reply may be in
+
     def close(self) -> None:
         """Cancels the requests in flight, the one an iterating thread waits
         on too: its iteration ends."""
@@ -1103,6 +1137,44 @@ class ShardedSampler:
             with self._lock:
                 self._fill()
             return batch
+
+    def _next_ready(self) -> SampleBatch | None:
+        """The next batch if its call is done, else None: as
+        :meth:`Sampler._next_ready`, never waiting on the shards."""
+        timeout = self._args[2]
+        while True:
+            with self._lock:
+                if self._closed or self._c._closed:
+                    raise StopIteration
+                self._fill()
+                if not self._futs or not self._futs[0].done():
+                    return None
+                fut = self._futs.popleft()
+                self._fill()
+            try:
+                batch = _sharded.merge_batch(fut.result())
+                self._short_since = None
+                return batch
+            except (concurrent.futures.CancelledError, errors.ClosedError):
+                if self._closed or self._c._closed:
+                    raise StopIteration from None
+                raise
+            except errors.RateLimitedError as e:
+                if e.partial is not None and len(e.partial):
+                    return e.partial
+                if timeout is not None:
+                    self.close()
+                    raise StopIteration from None
+            except errors._NotSentError:
+                self.close()
+                raise StopIteration from None
+            except (errors.UnavailableError, errors.DeadlineExceededError) as e:
+                if e.partial is not None and len(e.partial):
+                    now = time.monotonic()
+                    self._short_since = self._short_since or now
+                    if now - self._short_since > self._retry_for:
+                        raise
+                    return e.partial
 
     def close(self) -> None:
         """Cancels the calls in flight, the one an iterating thread waits on

@@ -10,8 +10,9 @@ JAX devices (``pip install 'reprise[jax]'``).
         it.update_priorities(batch.info_numpy.key, jnp.abs(td))
 
 Arrays are placed with ``jax.device_put``, which returns at once and copies
-in the background: the iterator keeps ``device_prefetch`` batches placed
-ahead of the one it hands out, so their copies overlap the caller's step
+in the background: the iterator keeps up to ``device_prefetch`` batches
+placed ahead of the one it hands out (those already sampled), so their
+copies overlap the caller's step
 (as ``flax.jax_utils.prefetch_to_device`` does). With ``sharding=``, a
 ``jax.sharding.Sharding`` that splits a batch's leading axis (such as
 ``NamedSharding(mesh, PartitionSpec("batch"))``), each batch becomes one
@@ -136,8 +137,11 @@ class ReplayIterator:
     loop takes it.
 
     ``prefetch`` sample requests are kept in flight (the sampler's), and
-    ``device_prefetch`` batches are kept placed on the devices ahead of the
-    one handed out (0: each placed as it is taken). ``timeout`` ends the
+    up to ``device_prefetch`` batches are kept placed on the devices ahead
+    of the one handed out (0: each placed as it is taken): those whose
+    replies are in, as a batch is handed out without waiting for more
+    (which a rate limiter may allow only once the caller's step has let
+    items in). ``timeout`` ends the
     iteration when the rate limiter allows no batch in time (as Reverb's
     ``rate_limiter_timeout_ms``); without, it waits.
 
@@ -211,25 +215,38 @@ class ReplayIterator:
         return self
 
     def __next__(self) -> JaxBatch:
+        if not self._placed:
+            b = self._next_placed(wait=True)
+            if b is None:
+                raise StopIteration
+            self._placed.append(b)
         # Placed before the batch is handed out, so that the caller's step
-        # runs while their copies do.
+        # runs while their copies do; only batches already come, as the
+        # rate limiter may allow the next ones only once the caller's step
+        # let a producer insert more (an actor in the learner's thread):
+        # waiting for them would hold back the batch in hand, or end the
+        # iteration on the timeout.
         while len(self._placed) <= self.device_prefetch:
-            b = self._next_placed()
+            b = self._next_placed(wait=False)
             if b is None:
                 break
             self._placed.append(b)
         try:
             return self._placed.popleft()
-        except IndexError:  # the end, or a close on another thread emptied it
+        except IndexError:  # a close on another thread emptied it
             raise StopIteration from None
 
-    def _next_placed(self) -> JaxBatch | None:
-        """The sampler's next batch placed, or None at the end."""
+    def _next_placed(self, wait: bool) -> JaxBatch | None:
+        """The sampler's next batch placed, or None at the end; without
+        wait, None too unless its reply is in."""
         while True:
             with self._lock:
                 if self._closed:
                     return None
-            batch = next(self._sampler, None)
+            try:
+                batch = next(self._sampler) if wait else self._sampler._next_ready()
+            except StopIteration:
+                return None
             if batch is None:
                 return None
             if self.sharding is not None and len(batch) != self.batch_size:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import reprise
 import reprise.jax as rj
 from reprise import _codec
-from conftest import REPO, Reprised
+from conftest import REPO, Reprised, wait_for
 
 BF16 = _codec.DTYPES["bfloat16"]
 
@@ -158,8 +158,11 @@ def test_batches_keep_their_values(server: Reprised) -> None:
 
 
 def test_device_prefetch_places_that_many_ahead(server: Reprised, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After each batch handed out, exactly device_prefetch more are placed
-    (0: none), no more."""
+    """After each batch handed out, device_prefetch more are placed (0:
+    none), no more: exactly that many from the second batch on, once the
+    replies are in (device_prefetch + 1 requests in flight, answered
+    before each batch is taken); the first call sends its requests, and
+    places ahead only those already answered."""
     fill(server.url, 16)
     placed = []
     real = rj.batch_to_jax
@@ -172,8 +175,12 @@ def test_device_prefetch_places_that_many_ahead(server: Reprised, monkeypatch: p
     monkeypatch.setattr(rj, "batch_to_jax", counting)
     for ahead in (0, 1, 3):
         placed.clear()
-        with rj.ReplayIterator(server.url, "dtypes", 4, device_prefetch=ahead) as it:
-            for k in range(1, 6):
+        with rj.ReplayIterator(server.url, "dtypes", 4, prefetch=ahead + 1, device_prefetch=ahead) as it:
+            b = next(it)
+            assert b is placed[0] and len(placed) <= 1 + ahead
+            futs: Any = it._sampler._futs
+            for k in range(2, 7):
+                wait_for("the replies in flight", lambda: len(futs) == ahead + 1 and all(f.done() for f in list(futs)))
                 b = next(it)
                 assert b is placed[k - 1]  # in order
                 assert len(placed) == k + ahead, (ahead, k)
@@ -316,3 +323,32 @@ def test_a_short_batch_is_handed_out_unless_sharded(reprised_factory: Any) -> No
     sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     with rj.ReplayIterator(r.url, "q2", 4, timeout=1.0, prefetch=1, sharding=sh) as it:
         assert [np.asarray(b.data["x"]).tolist() for b in it] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+QUEUE = "tables:\n  - {name: q, max_size: 100, rate_limiter: {preset: queue}}\n"
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_batch_come_is_handed_out_without_waiting_for_those_ahead(reprised_factory: Any, sharded: bool) -> None:
+    """An actor and a learner in one thread: each step inserts a batch's
+    items into a queue, then takes a batch. The iterator hands out the
+    batch that came at once, and places ahead only batches already come:
+    the queue holds the next ones only once later steps insert them. It
+    waited for device_prefetch more, till the timeout ended the iteration
+    (or, without one, for good)."""
+    size = 1 if sharded else 4  # a ShardedClient draws a batch's items from the shards by their sizes
+    if sharded:
+        s0 = reprised_factory(QUEUE, ["--shard", "0/2"], prefix="s0")
+        reprised_factory(QUEUE, ["--shard", "1/2"], prefix="s1", nats=s0.url)
+        c: reprise.Client | reprise.ShardedClient = reprise.ShardedClient(s0.url, ["s0", "s1"])
+    else:
+        c = reprise.Client(reprised_factory(QUEUE).url)
+    with c, c.trajectory_writer(1) as w, rj.ReplayIterator(c, "q", size, prefetch=1, device_prefetch=2, timeout=5.0) as it:
+        for step in range(4):
+            xs = list(range(size * step, size * (step + 1)))
+            for x in xs:
+                w.append({"x": np.int32(x)})
+                w.create_item("q", 1.0, {"x": w.history["x"][-1]})
+            w.wait_applied(timeout=30)
+            b = next(it)
+            assert sorted(np.asarray(b.data["x"]).tolist()) == xs, step
