@@ -148,7 +148,7 @@ class ReplayIterator:
     ``device`` or ``sharding`` (not both) say where the batches go, as
     :func:`batch_to_jax` has it. ``batch_size`` is this process's batch, so
     a sharding must split it evenly over the devices it splits the leading
-    axis over here. A batch the rate limiter cut short (see
+    axis over here, and name no other axis (ValueError otherwise). A batch the rate limiter cut short (see
     :meth:`reprise.Client.sampler`) is handed out as it is, a new shape
     for a jitted step to trace, except with a sharding, where it is
     dropped: it may not split, and every process must give the global
@@ -296,12 +296,21 @@ class ReplayIterator:
 
 def _local_splits(sharding: jax.sharding.Sharding) -> int:
     """Into how many parts the sharding splits this process's share of a
-    batch's leading axis: the distinct row ranges of its devices here."""
+    batch's leading axis: the distinct row ranges of its devices here. A
+    sharding for more axes than one is refused: it cannot place the 1-D
+    info arrays (and squeezed scalar columns), even where it splits the
+    leading axis alone (P("data", None))."""
+    refused = (
+        f"the sharding {sharding} must name a batch's leading axis alone, as PartitionSpec('data') does:"
+        " it places every column and the 1-D info arrays"
+    )
+    if isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.spec) > 1:
+        raise ValueError(refused)
     n = len(sharding.device_set)
     try:
         indices = sharding.addressable_devices_indices_map((n,)).values()
-    except ValueError as e:
-        raise ValueError(f"the sharding must split only a batch's leading axis (info arrays are 1-D): {e}") from None
+    except Exception as e:  # noqa: BLE001 - JAX's error for a sharding of another rank varies (ValueError, IndexError)
+        raise ValueError(f"{refused} ({type(e).__name__}: {e})") from None
     return len({idx[0].indices(n)[:2] if idx else (0, n) for idx in indices})
 
 

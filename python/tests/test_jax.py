@@ -352,3 +352,55 @@ def test_a_batch_come_is_handed_out_without_waiting_for_those_ahead(reprised_fac
             w.wait_applied(timeout=30)
             b = next(it)
             assert sorted(np.asarray(b.data["x"]).tolist()) == xs, step
+
+
+def test_sharded_over_a_data_and_model_mesh(server: Reprised) -> None:
+    """On a 4x2 mesh of XLA's eight host devices, P("data") splits each
+    batch over the data axis and replicates it over the model axis: the
+    two devices of a data row hold the same rows, and priorities computed
+    on the batch go back to the right keys once. A PartitionSpec that
+    splits any other axis is refused with a ValueError that says so; it
+    raised JAX's IndexError."""
+    t_of = fill(server.url, 40)
+    out = run_python(
+        """
+        import sys, jax, numpy as np, jax.numpy as jnp
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        import reprise, reprise.jax as rj
+        url, t_of = sys.argv[1], dict(eval(sys.argv[2]))
+        mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+        for spec in (P("data", "model"), P(None, "model"), P("data", None)):
+            try:
+                rj.ReplayIterator(url, "dtypes", 8, sharding=NamedSharding(mesh, spec))
+                raise AssertionError(f"{spec} accepted")
+            except ValueError as e:
+                assert "leading axis" in str(e), e
+        try:
+            rj.ReplayIterator(url, "dtypes", 6, sharding=NamedSharding(mesh, P("data")))
+            raise AssertionError("batch_size 6 accepted")
+        except ValueError as e:
+            assert "4 devices" in str(e), e
+        sh = NamedSharding(mesh, P("data"))
+        with rj.ReplayIterator(url, "dtypes", 8, sharding=sh) as it:
+            b = next(it)
+            t = np.array([t_of[k] for k in b.info_numpy.key.tolist()])
+            for col in (b.data["a"], b.data["obs"], b.info["times_sampled"]):
+                assert col.sharding == sh and len(col.addressable_shards) == 8
+            for s in b.data["a"].addressable_shards:
+                row = mesh.device_ids.tolist().index([d for d in mesh.device_ids.tolist() if s.device.id in d][0])
+                assert s.index[0] == slice(2 * row, 2 * row + 2), (s.device, s.index)
+                assert np.array_equal(np.asarray(s.data), t[2 * row : 2 * row + 2])
+            pr = jax.jit(lambda a: a.astype(jnp.float32) * 2 + 1)(b.data["a"])
+            it.update_priorities(b.info_numpy.key, pr)
+            with reprise.Client(url) as c:
+                after = c.sample_batch("dtypes", 1024, timeout=10)
+            keys = set(b.info_numpy.key.tolist())
+            for k, p in zip(after.info.key.tolist(), after.info.priority.tolist()):
+                assert p == (2 * t_of[k] + 1 if k in keys else 1.0), (k, p)
+        print("ok")
+        """,
+        server.url,
+        repr(sorted(t_of.items())),
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"},
+    )
+    assert out.strip() == "ok"
