@@ -141,18 +141,20 @@ class ReplayIterator:
     of the one handed out (0: each placed as it is taken): those whose
     replies are in, as a batch is handed out without waiting for more
     (which a rate limiter may allow only once the caller's step has let
-    items in). ``timeout`` ends the
-    iteration when the rate limiter allows no batch in time (as Reverb's
-    ``rate_limiter_timeout_ms``); without, it waits.
+    items in); what sampling or placing one ahead raises comes after the
+    batches before it. ``timeout`` ends the iteration when the rate limiter
+    allows no batch in time (as Reverb's ``rate_limiter_timeout_ms``);
+    without, it waits.
 
     ``device`` or ``sharding`` (not both) say where the batches go, as
     :func:`batch_to_jax` has it. ``batch_size`` is this process's batch, so
     a sharding must split it evenly over the devices it splits the leading
-    axis over here, and name no other axis (ValueError otherwise). A batch the rate limiter cut short (see
-    :meth:`reprise.Client.sampler`) is handed out as it is, a new shape
-    for a jitted step to trace, except with a sharding, where it is
-    dropped: it may not split, and every process must give the global
-    array the same share. Its items count as sampled."""
+    axis over here, and name no other axis (ValueError otherwise). A batch
+    the rate limiter cut short (see :meth:`reprise.Client.sampler`) is
+    handed out as it is, a new shape for a jitted step to trace, except
+    with a sharding, where it is dropped: it may not split, and every
+    process must give the global array the same share. Its items count as
+    sampled."""
 
     def __init__(
         self,
@@ -203,6 +205,9 @@ class ReplayIterator:
         # Batches placed (their copies under way), oldest first. Only the
         # iterating thread touches it.
         self._placed: collections.deque[JaxBatch] = collections.deque()
+        # What placing a batch ahead raised, for the call after the batches
+        # placed before it. Only the iterating thread touches it.
+        self._error: Exception | None = None
         self._closed = False
         self._lock = threading.Lock()  # _closed, against a close on another thread
 
@@ -216,6 +221,11 @@ class ReplayIterator:
 
     def __next__(self) -> JaxBatch:
         if not self._placed:
+            error, self._error = self._error, None
+            with self._lock:
+                closed = self._closed
+            if error is not None and not closed:
+                raise error
             b = self._next_placed(wait=True)
             if b is None:
                 raise StopIteration
@@ -226,8 +236,12 @@ class ReplayIterator:
         # let a producer insert more (an actor in the learner's thread):
         # waiting for them would hold back the batch in hand, or end the
         # iteration on the timeout.
-        while len(self._placed) <= self.device_prefetch:
-            b = self._next_placed(wait=False)
+        while len(self._placed) <= self.device_prefetch and self._error is None:
+            try:
+                b = self._next_placed(wait=False)
+            except Exception as e:  # noqa: BLE001 - raised once the batches that came before it are handed out
+                self._error = e
+                break
             if b is None:
                 break
             self._placed.append(b)

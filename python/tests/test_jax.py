@@ -404,3 +404,29 @@ def test_sharded_over_a_data_and_model_mesh(server: Reprised) -> None:
         env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"},
     )
     assert out.strip() == "ok"
+
+
+def test_an_error_placing_ahead_comes_after_the_batch_in_hand(reprised_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second batch of a queue holds an int64 JAX without x64 would
+    wrap: next() hands out the first, placing the second ahead once its
+    reply is in, and raises the second's ValueError on the call after, as
+    the batches came. It raised the error with the first batch in hand."""
+    c = reprise.Client(reprised_factory(QUEUE).url)
+    with c, c.trajectory_writer(1) as w:
+        for x in (0, 1, 2, 3, 2**40, 5, 6, 7):
+            w.append({"x": np.int64(x)})
+            w.create_item("q", 1.0, {"x": w.history["x"][-1]})
+        w.wait_applied(timeout=30)
+        with rj.ReplayIterator(c, "q", 4, prefetch=1, device_prefetch=1) as it:
+            s: Any = it._sampler
+            ready = s._next_ready
+
+            def once_in() -> Any:
+                wait_for("the second reply", lambda: s._futs and s._futs[0].done())
+                return ready()
+
+            monkeypatch.setattr(s, "_next_ready", once_in)
+            b = next(it)
+            assert np.asarray(b.data["x"]).tolist() == [0, 1, 2, 3]
+            with pytest.raises(ValueError, match="jax_enable_x64"):
+                next(it)
