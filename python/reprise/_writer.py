@@ -1381,6 +1381,11 @@ class _Producer:
         self.advance_kept_locked()
 
     def flush_locked(self) -> None:
+        # A flush, wait_applied or end_episode of a closed writer has
+        # nothing of its own to wait for, and returning would tell the
+        # caller its items went in: the Go producer's return ErrClosed too.
+        if self.closed:
+            raise errors.ClosedError("writer closed")
         for c in self.columns.values():
             if c.open:
                 self._seal_open_locked(c)

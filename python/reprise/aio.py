@@ -985,6 +985,8 @@ class AsyncTrajectoryWriter:
         """Creates an item (see :meth:`reprise.TrajectoryWriter.create_item`)."""
         p = self._p
         assert p is not None
+        if self._closed:
+            raise errors.ClosedError("writer closed")
         prio = check_item(table, priority)
         sig: Sequence[Any] | None = ()
         if self.options.validate_signatures:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,57 @@ def test_async_sampler_aclose_from_another_task(server: Reprised) -> None:
             return await aclose_while_waiting(c.sampler("limited", 4))
 
     assert asyncio.run(main()) == "stop"
+
+
+def test_a_closed_writer_says_so(server: Reprised) -> None:
+    """flush, wait_applied and end_episode of a closed writer raise
+    ClosedError, as every call of a closed Go producer returns ErrClosed:
+    they returned, as if the caller's items had gone in, and an async
+    writer's create_item complained of its trajectory instead."""
+    c = reprise.Client(server.url)
+    try:
+        w = c.trajectory_writer(1)
+        w.append({"x": np.int64(1)})
+        ref = w.history["x"][-1:]
+        w.close()
+        calls: list[Callable[[], object]] = [
+            lambda: w.flush(timeout=5), lambda: w.wait_applied(timeout=5), lambda: w.end_episode(timeout=5),
+            lambda: w.append({"x": np.int64(2)}), lambda: w.create_item("replay", 1.0, {"x": ref}),
+        ]  # fmt: skip
+        for call in calls:
+            with pytest.raises(reprise.ClosedError):
+                call()
+    finally:
+        c.close()
+
+    async def main() -> list[str]:
+        ac = await reprise.aio.connect(server.url)
+        try:
+            w = await ac.trajectory_writer(1)
+            await w.append({"x": np.int64(1)})
+            ref = w.history["x"][-1:]
+            await w.close()
+            names = []
+            for name, call in [
+                ("flush", lambda: w.flush(timeout=5)),
+                ("wait_applied", lambda: w.wait_applied(timeout=5)),
+                ("end_episode", lambda: w.end_episode(timeout=5)),
+                ("append", lambda: w.append({"x": np.int64(2)})),
+                ("create_item", lambda: w.create_item("replay", 1.0, {"x": ref})),
+            ]:
+                try:
+                    await call()
+                except reprise.ClosedError:
+                    continue
+                except Exception as e:  # noqa: BLE001 - reported with the call's name
+                    names.append(f"{name}: {e!r}")
+                    continue
+                names.append(f"{name}: returned")
+            return names
+        finally:
+            await ac.close()
+
+    assert asyncio.run(main()) == []
 
 
 torch = pytest.importorskip("torch")
