@@ -16,26 +16,23 @@ exits 0 when data moved both ways (what CI runs).
 from __future__ import annotations
 
 import argparse
-import csv
-import logging
 import multiprocessing as mp
 import os
 import shutil
 import sys
 import tempfile
 import time
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import reprise
-
-TABLE = "dqn"
-
+from dqn_common import TABLE, Greedy, evaluate, parser, play, stop_actors, write_curve
 
 HIDDEN = 128
 
@@ -58,84 +55,25 @@ def load_weights(net: nn.Module, path: Path, last_mtime: float) -> float:
     return m
 
 
-def actor(index: int, args: argparse.Namespace, weights: Path, stop: mp.Event, steps_out: mp.Value) -> None:
-    """Plays episodes with an epsilon-greedy policy and writes one item per
-    transition: the n+1 observations s_t .. s_t+n as one column, the action
-    a_t, and the n rewards and discounts that follow (n-step returns). Each
-    step's discount is gamma, 0 where the episode terminated; the steps after
-    an episode's end repeat its last observation with reward 0 and discount
-    1, so every item has the same shape."""
+def actor(index: int, args: argparse.Namespace, weights: Path, stop: Event, steps_out: Synchronized) -> None:  # type: ignore[type-arg]
+    """An actor process: plays with the torch network, reloaded from the
+    learner's weights file."""
     torch.set_num_threads(1)
-    # The rate limiter holds the actors to the learner's pace by design:
-    # the writer's "waiting for room" notes are expected here.
-    logging.getLogger("reprise").setLevel(logging.ERROR)
-    rng = np.random.default_rng(args.seed * 100 + index)
-    env = gym.make("CartPole-v1")
     net = make_net()
     mtime = 0.0
-    n = args.n_step
-    client = reprise.Client(args.nats, prefix=args.prefix)
-    w = client.trajectory_writer(num_keep_alive_refs=n + 1)
 
-    def append(obs: np.ndarray, action: int, reward: float, discount: float) -> None:
-        w.append({"obs": obs.astype(np.float32), "action": np.int64(action),
-                  "reward": np.float32(reward), "discount": np.float32(discount)})
-        if w.episode_steps >= n + 1:
-            h = w.history
-            w.create_item(TABLE, 1.0, {
-                "obs": h["obs"][-(n + 1):],
-                "action": h["action"][-(n + 1)],
-                "reward": h["reward"][-(n + 1):-1],
-                "discount": h["discount"][-(n + 1):-1],
-            })
+    def reload() -> None:
+        nonlocal mtime
+        mtime = load_weights(net, weights, mtime)
 
-    steps = 0
-    obs, _ = env.reset(seed=args.seed * 1000 + index)
-    try:
-        while not stop.is_set():
-            eps = max(args.eps_min, 1.0 - steps * args.actors / args.eps_decay_steps)
-            if rng.random() < eps:
-                action = int(rng.integers(2))
-            else:
-                with torch.no_grad():
-                    action = int(net(torch.from_numpy(obs)).argmax())
-            nxt, reward, terminated, truncated, _ = env.step(action)
-            append(obs, action, reward, 0.0 if terminated else args.gamma)
-            obs = nxt
-            steps += 1
-            if terminated or truncated:
-                for _ in range(n):  # the final observation, then padding
-                    append(obs, 0, 0.0, 1.0)
-                w.end_episode()
-                obs, _ = env.reset()
-            if steps % 200 == 0:
-                mtime = load_weights(net, weights, mtime)
-                with steps_out.get_lock():
-                    steps_out.value += 200
-        w.close(timeout=10)
-    except reprise.ClosedError:
-        pass
-    except reprise.RepriseError as e:
-        if not stop.is_set():
-            raise
-        print(f"actor {index}: stopping: {e}", file=sys.stderr)
-    finally:
-        client.close()
+    play(index, args, greedy_of(net), reload, stop, steps_out)
 
 
-def evaluate(net: nn.Module, episodes: int, seed: int) -> float:
-    env = gym.make("CartPole-v1")
-    total = 0.0
-    for i in range(episodes):
-        obs, _ = env.reset(seed=10_000 + seed * 100 + i)
-        done = False
-        while not done:
-            with torch.no_grad():
-                a = int(net(torch.from_numpy(obs)).argmax())
-            obs, r, term, trunc, _ = env.step(a)
-            total += r
-            done = term or trunc
-    return total / episodes
+def greedy_of(net: nn.Module) -> Greedy:
+    def greedy(obs: np.ndarray) -> int:
+        with torch.no_grad():
+            return int(net(torch.from_numpy(obs)).argmax())
+    return greedy
 
 
 def learner(args: argparse.Namespace) -> int:
@@ -203,13 +141,13 @@ def learner(args: argparse.Namespace) -> int:
                 save_weights(net, weights)
             now = time.monotonic()
             if args.smoke and updates >= args.smoke_updates:
-                ret = evaluate(net, 2, args.seed)
+                ret = evaluate(greedy_of(net), 2, args.seed)
                 curve.append((now - start, steps.value, updates, ret))
                 print(f"smoke: {updates} updates on {steps.value} actor steps; greedy return {ret:.1f}")
                 reached = steps.value > 0 and updates > 0
                 break
             if now >= next_eval:
-                ret = evaluate(net, args.eval_episodes, args.seed)
+                ret = evaluate(greedy_of(net), args.eval_episodes, args.seed)
                 curve.append((now - start, steps.value, updates, ret))
                 info = client.server_info()[TABLE]
                 print(f"{now - start:6.0f}s  steps {steps.value:8d}  updates {updates:7d}  table {info.current_size:6d}  "
@@ -221,13 +159,7 @@ def learner(args: argparse.Namespace) -> int:
             if now >= deadline:
                 break
     finally:
-        stop.set()
-        for p in procs:
-            # An actor the rate limiter holds waits for samples that no
-            # longer come: give it a moment, then stop it.
-            p.join(3)
-            if p.is_alive():
-                p.terminate()
+        stop_actors(stop, procs)
         client.close()
         # The actors read the weights from here; they have all stopped.
         shutil.rmtree(weights.parent, ignore_errors=True)
@@ -256,37 +188,8 @@ def save_weights(net: nn.Module, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def write_curve(out: Path, seed: int, curve: list[tuple[float, int, int, float]]) -> None:
-    path = out / f"curve-seed{seed}.csv"
-    with open(path, "w", newline="") as f:
-        wr = csv.writer(f)
-        wr.writerow(["seconds", "actor_steps", "updates", "greedy_return"])
-        wr.writerows(curve)
-    print(f"learning curve: {path}")
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nats", default="nats://127.0.0.1:4222")
-    ap.add_argument("--prefix", default="reprise")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--actors", type=int, default=2)
-    ap.add_argument("--minutes", type=float, default=15)
-    ap.add_argument("--target", type=float, default=450)
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--gamma", type=float, default=0.99)
-    ap.add_argument("--n-step", type=int, default=3, help="steps of reward before bootstrapping")
-    ap.add_argument("--beta", type=float, default=0.4)
-    ap.add_argument("--tau", type=float, default=0.005, help="target network update rate per learner step")
-    ap.add_argument("--eps-decay-steps", type=int, default=10_000)
-    ap.add_argument("--eps-min", type=float, default=0.02)
-    ap.add_argument("--eval-every", type=float, default=20)
-    ap.add_argument("--eval-episodes", type=int, default=20)
-    ap.add_argument("--out", default="dqn-results")
-    ap.add_argument("--smoke", action="store_true", help="a few seconds of everything; exit 0 if data moved")
-    ap.add_argument("--smoke-updates", type=int, default=20)
-    args = ap.parse_args()
+    args = parser(__doc__, "dqn-results").parse_args()
     return learner(args)
 
 
