@@ -1,6 +1,8 @@
-"""Plots the learning curves dqn.py wrote (curve-seed*.csv) into one PNG.
+"""Plots the learning curves dqn.py or dqn_jax.py wrote (curve-seed*.csv)
+into one PNG, with an optional title.
 
     python examples/python/dqn_cartpole/plot.py dqn-results learning-curve.png
+    python examples/python/dqn_cartpole/plot.py dqn-jax-results learning-curve-jax.png "JAX learner"
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def main() -> None:
     src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+    title = "DQN on CartPole-v1 through Reprise"
+    if len(sys.argv) > 3:
+        title += f" ({sys.argv[3]})"
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     for path in sorted(src.glob("curve-seed*.csv")):
         with open(path) as f:
@@ -27,7 +32,7 @@ def main() -> None:
     ax.axhline(450, color="gray", linestyle="--", linewidth=1, label="target 450")
     ax.set_xlabel("wall-clock seconds (2 actors + learner + reprised on 2 cores)")
     ax.set_ylabel("greedy return (mean of 20 episodes)")
-    ax.set_title("DQN on CartPole-v1 through Reprise")
+    ax.set_title(title)
     ax.set_ylim(0, 520)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right")
