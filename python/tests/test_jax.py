@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from typing import Any
 
 import numpy as np
@@ -20,7 +23,7 @@ import jax.numpy as jnp
 import reprise
 import reprise.jax as rj
 from reprise import _codec
-from conftest import REPO, Reprised, wait_for
+from conftest import REPO, Reprised, free_port, wait_for
 
 BF16 = _codec.DTYPES["bfloat16"]
 
@@ -430,3 +433,153 @@ def test_an_error_placing_ahead_comes_after_the_batch_in_hand(reprised_factory: 
             assert np.asarray(b.data["x"]).tolist() == [0, 1, 2, 3]
             with pytest.raises(ValueError, match="jax_enable_x64"):
                 next(it)
+
+
+#: Run first in each process of run_processes: an uncaught error ends the
+#: process at once, not in atexit's jax.distributed.shutdown, a barrier
+#: the other processes may never reach; then the process joins the others.
+_PROCESS_PREAMBLE = """
+import os, sys, traceback
+def _exit_now(*exc):
+    traceback.print_exception(*exc)
+    sys.stderr.flush()
+    os._exit(1)
+sys.excepthook = _exit_now
+import jax
+jax.distributed.initialize(
+    f"127.0.0.1:{sys.argv[2]}", num_processes=int(sys.argv[3]), process_id=int(sys.argv[1]), initialization_timeout=60
+)
+"""
+
+
+def run_processes(code: str, *args: str, n: int = 2, timeout: float = 120.0) -> list[str]:
+    """Runs code as the n processes of one multi-process JAX on CPU, two
+    devices each, with this process's reprise: sys.argv is the process id,
+    the coordinator's port, n, then args. Returns each one's stdout and
+    stderr. Fails the test with their output if one fails (the others,
+    which may wait for it in a collective, are killed) or if they are not
+    all done within timeout."""
+    port = str(free_port())
+    path = os.pathsep.join([str(REPO / "python"), os.environ.get("PYTHONPATH", "")])
+    env = {
+        **os.environ,
+        "PYTHONPATH": path,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    }
+    program = _PROCESS_PREAMBLE + textwrap.dedent(code) + "\njax.distributed.shutdown()\n"
+    logs = [tempfile.TemporaryFile("w+") for _ in range(n)]  # a pipe left unread could fill and stop a process
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", program, str(i), port, str(n), *args],
+            stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+        )
+        for i, log in enumerate(logs)
+    ]  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            running = [p for p in procs if p.poll() is None]
+            if not running or any(p.returncode for p in procs):
+                break
+            try:
+                running[0].wait(0.1)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        killed = [i for i, p in enumerate(procs) if p.poll() is None]
+        for i in killed:
+            procs[i].kill()
+            procs[i].wait()
+    failed = any(p.returncode for i, p in enumerate(procs) if i not in killed)
+    outs = []
+    for log in logs:
+        log.seek(0)
+        outs.append(log.read())
+        log.close()
+    report = "\n".join(f"--- process {i} (exit {p.returncode}):\n{out}" for i, (p, out) in enumerate(zip(procs, outs)))
+    why = "a process failed" if failed else f"processes {killed} were not done within {timeout}s"
+    assert not killed and not failed, f"{why}\n{report}"
+    return outs
+
+
+def result(out: str) -> Any:
+    """What a process of run_processes printed after "RESULT ", as JSON."""
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT ") :])
+
+
+def test_two_processes_make_one_global_batch(server: Reprised) -> None:
+    """Two JAX processes of two CPU devices each sample one table through
+    ReplayIterator with a NamedSharding of a global mesh's batch axis: each
+    process's devices hold exactly the rows it sampled, of every column
+    and of the info; a jitted mean over the global batch (a collective)
+    sees both processes' rows; and priorities computed on the global batch
+    reach each key either process sampled, each process sending its own
+    rows."""
+    t_of = fill(server.url, 40)
+    code = """
+    import json
+    import jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import reprise.jax as rj
+    pid, url, t_of = int(sys.argv[1]), sys.argv[4], dict(eval(sys.argv[5]))
+    assert (jax.process_count(), jax.device_count(), jax.local_device_count()) == (2, 4, 2)
+    mesh = Mesh(np.array(jax.devices()), ("batch",))
+    sh = NamedSharding(mesh, P("batch"))
+    position = list(mesh.devices.flat).index
+    assert sorted(position(d) for d in jax.local_devices()) == [2 * pid, 2 * pid + 1]
+    means = jax.jit(lambda a, obs: (jnp.mean(a.astype(jnp.float32)), jnp.mean(obs, axis=0)))
+    step = jax.jit(lambda a: a.astype(jnp.float32) * 2 + 1)
+    batches = []
+    with rj.ReplayIterator(url, "dtypes", 4, sharding=sh, timeout=30) as it:
+        for _ in range(3):
+            b = next(it)
+            t = np.array([t_of[k] for k in b.info_numpy.key.tolist()])
+            i = b.info_numpy
+            for name, col, local in (
+                ("a", b.data["a"], t),
+                ("obs", b.data["obs"], t[:, None, None]),
+                ("half", b.data["half"], t[:, None]),
+                ("probability", b.info["probability"], i.probability.astype(np.float32)),
+                ("table_size", b.info["table_size"], i.table_size),
+                ("times_sampled", b.info["times_sampled"], i.times_sampled),
+            ):
+                assert col.shape[0] == 8 and col.sharding == sh and not col.is_fully_addressable, name
+                assert len(col.addressable_shards) == 2, name
+                for s in col.addressable_shards:
+                    d = position(s.device)  # rows 2d, 2d+1 of the global batch; of this process's, from 4 * pid
+                    assert s.index[0] == slice(2 * d, 2 * d + 2), (name, s.device, s.index)
+                    got = np.asarray(s.data, np.float32 if name == "half" else None)
+                    assert (got == local[2 * d - 4 * pid : 2 * d + 2 - 4 * pid]).all(), (name, s.device, got, local)
+            mean, obs_mean = means(b.data["a"], b.data["obs"])
+            pr = step(b.data["a"])
+            assert pr.sharding.is_equivalent_to(sh, 1)
+            it.update_priorities(b.info_numpy.key, pr)
+            batches.append({
+                "keys": b.info_numpy.key.tolist(),
+                "mean": float(mean.addressable_data(0)),
+                "obs_mean": np.asarray(obs_mean.addressable_data(0)).tolist(),
+            })
+    print("RESULT " + json.dumps(batches), flush=True)
+    """
+    outs = run_processes(code, server.url, repr(sorted(t_of.items())))
+    results = [result(out) for out in outs]
+    for j in range(3):
+        ts = [t_of[k] for r in results for k in r[j]["keys"]]
+        assert len(ts) == 8
+        for r in results:
+            assert r[j]["mean"] == pytest.approx(np.mean(ts)), (j, r[j], ts)
+            np.testing.assert_allclose(r[j]["obs_mean"], np.full((3, 5), np.mean(ts)), rtol=1e-6)
+    sampled = {k for r in results for b in r for k in b["keys"]}
+    seen: dict[int, float] = {}
+    with reprise.Client(server.url) as c:
+
+        def all_seen() -> bool:
+            b = c.sample_batch("dtypes", 256, timeout=10)
+            seen.update(zip(b.info.key.tolist(), b.info.priority.tolist()))
+            return len(seen) == len(t_of)
+
+        wait_for("every item sampled", all_seen)
+    for k, p in seen.items():
+        assert p == (2 * t_of[k] + 1 if k in sampled else 1.0), (k, p)
+
