@@ -149,7 +149,11 @@ class ReplayIterator:
     ``device`` or ``sharding`` (not both) say where the batches go, as
     :func:`batch_to_jax` has it. ``batch_size`` is this process's batch, so
     a sharding must split it evenly over the devices it splits the leading
-    axis over here, and name no other axis (ValueError otherwise). A batch
+    axis over here, and name no other axis (ValueError otherwise); with
+    several JAX processes it must not place the same rows on devices of
+    more than one, as PartitionSpec() or an axis within each process does
+    (ValueError): each process samples a batch of its own, which JAX would
+    take to be the same in each. A batch
     the rate limiter cut short (see :meth:`reprise.Client.sampler`) is
     handed out as it is, a new shape for a jitted step to trace, except
     with a sharding, where it is dropped: it may not split, and every
@@ -184,6 +188,7 @@ class ReplayIterator:
                     f"batch_size {batch_size} does not split evenly over the {splits} devices"
                     " the sharding splits a batch's leading axis over in this process"
                 )
+            _refuse_rows_of_several_processes(sharding)
         if isinstance(server, str):
             if prefixes is not None:
                 self._client: Client | ShardedClient = ShardedClient(server, prefixes, **dict(client_options or {}))
@@ -326,6 +331,28 @@ def _local_splits(sharding: jax.sharding.Sharding) -> int:
     except Exception as e:  # noqa: BLE001 - JAX's error for a sharding of another rank varies (ValueError, IndexError)
         raise ValueError(f"{refused} ({type(e).__name__}: {e})") from None
     return len({idx[0].indices(n)[:2] if idx else (0, n) for idx in indices})
+
+
+def _refuse_rows_of_several_processes(sharding: jax.sharding.Sharding) -> None:
+    """Refuses a sharding that places the same rows of a batch's leading
+    axis on devices of several JAX processes: one that replicates the axis
+    (PartitionSpec()) or splits it over a mesh axis within each process.
+    make_array_from_process_local_data takes such rows to be the same in
+    every process that holds them, but each process samples a batch of its
+    own: each would hold a "global" array of its own batch, unlike the
+    others', and a jitted step compute on it without a word."""
+    n = len(sharding.device_set)
+    processes: dict[tuple[int, int], set[int]] = {}
+    for device, index in sharding.devices_indices_map((n,)).items():
+        rows = index[0].indices(n)[:2] if index else (0, n)
+        processes.setdefault(rows, set()).add(device.process_index)  # type: ignore[attr-defined]  # jaxlib's Device has no stub
+    for held in processes.values():
+        if len(held) > 1:
+            raise ValueError(
+                f"the sharding {sharding} places the same rows of a batch's leading axis on devices of several JAX"
+                f" processes ({sorted(held)}), but each process samples a batch of its own: split the leading axis"
+                " over a mesh axis that spans the processes, as PartitionSpec('batch') over a mesh of jax.devices() does"
+            )
 
 
 def _local_rows(x: jax.Array) -> np.ndarray:

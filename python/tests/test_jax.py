@@ -583,3 +583,42 @@ def test_two_processes_make_one_global_batch(server: Reprised) -> None:
     for k, p in seen.items():
         assert p == (2 * t_of[k] + 1 if k in sampled else 1.0), (k, p)
 
+
+def test_a_sharding_that_gives_processes_the_same_rows_is_refused(server: Reprised) -> None:
+    """With two JAX processes, a sharding that puts rows of a batch on
+    devices of both (one replicating the leading axis, P(), or splitting
+    it over a mesh axis within each process) is refused with a
+    ValueError: each process samples its own batch, and JAX takes the
+    rows both hold as the same in each, so process 0 computed on its
+    batch and process 1 on its own, silently, each believing it the
+    global one. A sharding over the processes that replicates within
+    each, and a mesh of this process's devices alone, are taken."""
+    t_of = fill(server.url, 40)
+    code = """
+    import json
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import reprise.jax as rj
+    pid, url, t_of = int(sys.argv[1]), sys.argv[4], dict(eval(sys.argv[5]))
+    devices = np.array(jax.devices())
+    flat, grid = Mesh(devices, ("batch",)), Mesh(devices.reshape(2, 2), ("proc", "batch"))
+    local = Mesh(np.array(jax.local_devices()), ("batch",))
+    assert {d.process_index for d in grid.devices[pid]} == {pid}
+    for spec, mesh in ((P(), flat), (P("batch"), grid), (P(), grid)):
+        try:
+            rj.ReplayIterator(url, "dtypes", 4, sharding=NamedSharding(mesh, spec))
+            raise AssertionError(f"{spec} over {dict(mesh.shape)} accepted")
+        except ValueError as e:
+            assert "several JAX processes ([0, 1])" in str(e), e
+    for spec, mesh, first in ((P("proc"), grid, 4 * pid), (P("batch"), local, 0)):
+        with rj.ReplayIterator(url, "dtypes", 4, sharding=NamedSharding(mesh, spec), timeout=30) as it:
+            b = next(it)
+            t = np.array([t_of[k] for k in b.info_numpy.key.tolist()])
+            a = b.data["a"]
+            assert a.is_fully_addressable == (mesh is local) and a.shape == (8 if mesh is grid else 4,)
+            for s in a.addressable_shards:
+                start = (s.index[0].start or 0) - first
+                assert (np.asarray(s.data) == t[start : start + s.data.shape[0]]).all(), (spec, s.device, s.data, t)
+    print("RESULT " + json.dumps("ok"), flush=True)
+    """
+    assert [result(out) for out in run_processes(code, server.url, repr(sorted(t_of.items())))] == ["ok", "ok"]
