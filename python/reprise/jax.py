@@ -280,17 +280,20 @@ class ReplayIterator:
     def update_priorities(self, keys: Any, priorities: Any, *, timeout: float | None = 10.0) -> None:
         """Sets priorities of sampled items: ``keys`` as
         ``batch.info_numpy.key`` (uint64), ``priorities`` a numpy or JAX
-        array of as many (sent as float64). A JAX array sharded over
-        several processes gives this process's rows, those it sampled."""
+        array of as many (sent as float64). A JAX array of the global
+        batch, over several processes, gives this process's rows, those it
+        sampled, from whichever of its devices here holds them: laid out
+        as the batch, replicated, or otherwise (InvalidArgumentError if
+        none here holds them)."""
         if isinstance(keys, jax.Array):
             if keys.dtype.itemsize != 8:
                 raise errors.InvalidArgumentError(
                     f"keys of dtype {keys.dtype}: keys are uint64, which JAX without jax_enable_x64 cuts to 32 bits;"
                     " pass batch.info_numpy.key"
                 )
-            keys = _local_rows(keys)
+            keys = _local_rows(keys, self.sharding)
         if isinstance(priorities, jax.Array):
-            priorities = _local_rows(priorities)
+            priorities = _local_rows(priorities, self.sharding)
         self._client.update_priorities(self.table, keys, np.asarray(priorities, dtype=np.float64), timeout=timeout)
 
     def close(self) -> None:
@@ -355,16 +358,43 @@ def _refuse_rows_of_several_processes(sharding: jax.sharding.Sharding) -> None:
             )
 
 
-def _local_rows(x: jax.Array) -> np.ndarray:
-    """This process's rows of x, in order: its devices' distinct shards
-    along the leading axis, joined (make_array_from_process_local_data
-    maps a process's local batch onto them in that order)."""
-    shards: dict[int, Any] = {}
+def _local_rows(x: jax.Array, placed: jax.sharding.Sharding | None) -> np.ndarray:
+    """This process's rows of x, in order. For a global x (over several
+    processes) and ``placed``, the batches' sharding: the rows this
+    process's local batch went to, the distinct row ranges ``placed`` gives
+    its devices, in order (as make_array_from_process_local_data maps a
+    local batch), taken from whichever shards of x here hold them, as x's
+    own sharding may differ (a step's output replicated, or laid out
+    otherwise). Otherwise x's rows on its devices here."""
+    if x.ndim == 0:
+        return np.asarray(x.addressable_data(0)).reshape(-1)
+    n = x.shape[0]
+
+    def rows(index: tuple[slice, ...] | None) -> tuple[int, int]:
+        start, stop, _ = index[0].indices(n) if index else (0, n, 1)
+        return start, stop
+
+    held: dict[tuple[int, int], Any] = {}
     for s in x.addressable_shards:
-        index = s.index
-        start = index[0].indices(x.shape[0])[0] if index else 0
-        shards.setdefault(start, s)
-    return np.concatenate([np.asarray(shards[k].data).reshape(-1) for k in sorted(shards)])
+        held.setdefault(rows(s.index), s)
+    if placed is None or x.is_fully_addressable:
+        wanted = sorted(held)
+    else:
+        wanted = sorted({rows(index) for index in placed.addressable_devices_indices_map((n,)).values()})
+    parts = []
+    for start, stop in wanted:
+        at = start
+        while at < stop:  # x's shards may split the range finer than the batch's
+            got = next(((a, b, s) for (a, b), s in held.items() if a <= at < b), None)
+            if got is None:
+                raise errors.InvalidArgumentError(
+                    f"row {at} of a global array of shape {x.shape}, which this process sampled, is on none of its"
+                    f" devices with the array's sharding {x.sharding}: lay it out as the batch, or replicate it"
+                )
+            a, b, shard = got
+            parts.append(np.asarray(shard.data)[at - a : min(b, stop) - a].reshape(-1))
+            at = min(b, stop)
+    return np.concatenate(parts)
 
 
 __all__ = ["JaxBatch", "ReplayIterator", "batch_to_jax", "to_jax"]

@@ -570,9 +570,14 @@ def test_two_processes_make_one_global_batch(server: Reprised) -> None:
         for r in results:
             assert r[j]["mean"] == pytest.approx(np.mean(ts)), (j, r[j], ts)
             np.testing.assert_allclose(r[j]["obs_mean"], np.full((3, 5), np.mean(ts)), rtol=1e-6)
-    sampled = {k for r in results for b in r for k in b["keys"]}
+    check_priorities(server.url, t_of, {k for r in results for b in r for k in b["keys"]})
+
+
+def check_priorities(url: str, t_of: dict[int, int], sampled: set[int]) -> None:
+    """Each item of table dtypes has priority 2t + 1 if its key is in
+    sampled, 1 otherwise: read from samples till every item came."""
     seen: dict[int, float] = {}
-    with reprise.Client(server.url) as c:
+    with reprise.Client(url) as c:
 
         def all_seen() -> bool:
             b = c.sample_batch("dtypes", 256, timeout=10)
@@ -622,3 +627,52 @@ def test_a_sharding_that_gives_processes_the_same_rows_is_refused(server: Repris
     print("RESULT " + json.dumps("ok"), flush=True)
     """
     assert [result(out) for out in run_processes(code, server.url, repr(sorted(t_of.items())))] == ["ok", "ok"]
+
+
+@pytest.mark.parametrize("layout", ["replicated", "interleaved", "finer"])
+def test_priorities_laid_out_otherwise_than_the_batch(server: Reprised, layout: str) -> None:
+    """Two JAX processes; a step's priorities for a batch come out laid
+    out otherwise than the batch. update_priorities sends each process's
+    own rows, those its keys name, wherever they are on its devices:
+    replicated, or split finer (the batch split over the processes alone,
+    P("x") of a 2x2 mesh, the priorities over all four devices). Split in
+    another order (P(("y", "x")) puts rows 2:4, process 0's, on process 1's
+    first device), they are refused (InvalidArgumentError) and nothing
+    changes. It took the priorities' own shards here: replicated, all 8
+    rows for 4 keys (InvalidArgumentError: 4 keys and 8 priorities);
+    interleaved, process 0 sent rows 0:2 and 4:6, the second half
+    process 1's, as its own keys' priorities."""
+    t_of = fill(server.url, 40)
+    code = """
+    import json
+    import jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import reprise, reprise.jax as rj
+    url, layout = sys.argv[4], sys.argv[5]
+    devices = np.array(jax.devices())
+    flat, grid = Mesh(devices, ("batch",)), Mesh(devices.reshape(2, 2), ("x", "y"))
+    sh, out = {
+        "replicated": (NamedSharding(flat, P("batch")), NamedSharding(flat, P())),
+        "interleaved": (NamedSharding(flat, P("batch")), NamedSharding(grid, P(("y", "x")))),
+        "finer": (NamedSharding(grid, P("x")), NamedSharding(flat, P("batch"))),
+    }[layout]
+    step = jax.jit(lambda a: a.astype(jnp.float32) * 2 + 1, out_shardings=out)
+    keys = []
+    with rj.ReplayIterator(url, "dtypes", 4, sharding=sh, timeout=30) as it:
+        for _ in range(2):
+            b = next(it)
+            pr = step(b.data["a"])
+            assert pr.sharding == out
+            if layout == "interleaved":
+                try:
+                    it.update_priorities(b.info_numpy.key, pr)
+                    raise AssertionError("priorities interleaved over the processes taken")
+                except reprise.InvalidArgumentError as e:
+                    assert "is on none of its devices" in str(e), e
+            else:
+                it.update_priorities(b.info_numpy.key, pr)
+                keys += b.info_numpy.key.tolist()
+    print("RESULT " + json.dumps(keys), flush=True)
+    """
+    outs = run_processes(code, server.url, layout)
+    check_priorities(server.url, t_of, {k for out in outs for k in result(out)})
