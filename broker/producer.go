@@ -968,7 +968,7 @@ func (p *Producer) advanceLocked(ctx context.Context, force, wait bool) error {
 			p.publishWhenRoomLocked()
 			return errors.Join(errs...)
 		}
-		if errors.Is(err, ErrNotApplied) || errors.Is(err, ErrClosed) {
+		if endsWait(err) {
 			return errors.Join(append(errs, err)...)
 		}
 		// Other callers stopped at it, so it is still first, and no one
@@ -1532,7 +1532,7 @@ func (p *Producer) publishAcked(ctx context.Context) error {
 	for {
 		more := p.advanceLocked(ctx, true, true)
 		err = joinErr(err, more)
-		if errors.Is(more, ErrNotApplied) || errors.Is(more, ErrClosed) || len(p.pending) == 0 {
+		if endsWait(more) || len(p.pending) == 0 {
 			break
 		}
 		// advanceLocked stopped at an item another call was adding, which
@@ -1549,10 +1549,23 @@ func (p *Producer) publishAcked(ctx context.Context) error {
 		}
 	}
 	p.mu.Unlock()
-	if err != nil {
+	if endsWait(err) {
 		return err
 	}
+	if err != nil {
+		p.flow.report(err)
+	}
 	return p.flow.waitAcked(ctx)
+}
+
+// endsWait reports whether err, from publishing what is staged, ends the
+// call: the wait for room in the window ended (ErrNotApplied) or the
+// producer closed. Any other error is an item's own (one over the max
+// payload), dropped while the rest went on: a call that waits reports it
+// once the rest is waited for (flow.report), as Python's does, and an
+// EndEpisode ends the episode past it.
+func endsWait(err error) bool {
+	return errors.Is(err, ErrNotApplied) || errors.Is(err, ErrClosed)
 }
 
 func (p *Producer) flushLocked(ctx context.Context) error {
@@ -1607,14 +1620,16 @@ func (p *Producer) SetPolicyVersion(version int64) {
 // Flush does, and starts a new episode: later items can no longer
 // reference its steps, and the service drops its hold on its chunks. An
 // error that is ErrEpisodeNotEnded says the episode did not end
-// (publishing its items failed): the actor must call EndEpisode again,
+// (publishing its items failed: ctx ended while it waited for room in the
+// window, or the producer closed): the actor must call EndEpisode again,
 // with a context that allows the wait, before it appends the next
 // episode's first step, which would otherwise continue this episode. Any
 // other error came after the episode ended, from the wait for its items,
-// as Flush's would. Calling EndEpisode again after any error is safe: an
-// episode with no steps has nothing to end, so the call publishes what is
-// left and waits, and starts no episode (nor, on a ShardedProducer, moves
-// to the next shard).
+// as Flush's would: an item over the max payload is dropped, as Flush
+// drops it, and reported with them. Calling EndEpisode again after any
+// error is safe: an episode with no steps has nothing to end, so the call
+// publishes what is left and waits, and starts no episode (nor, on a
+// ShardedProducer, moves to the next shard).
 func (p *Producer) EndEpisode(ctx context.Context) error {
 	_, err := p.endEpisode(ctx)
 	return err
@@ -1630,11 +1645,11 @@ func (p *Producer) endEpisode(ctx context.Context) (ended bool, err error) {
 		p.mu.Unlock()
 		return false, ErrClosed
 	}
-	err = p.sealOpenLocked()
-	if err == nil {
-		err = p.advanceLocked(ctx, false, true)
-	}
-	if err == nil {
+	err = joinErr(p.sealOpenLocked(), p.advanceLocked(ctx, false, true))
+	if !endsWait(err) {
+		if err != nil {
+			p.flow.report(err)
+		}
 		ended, err = p.publishEndLocked(ctx)
 	}
 	open := !ended && p.step > 0
@@ -1661,8 +1676,10 @@ func (p *Producer) publishEndLocked(ctx context.Context) (ended bool, err error)
 	// episode must not end before.
 	for {
 		if len(p.pending) > 0 && !p.pending[0].adding {
-			if err := p.advanceLocked(ctx, true, true); err != nil {
+			if err := p.advanceLocked(ctx, true, true); endsWait(err) {
 				return false, err
+			} else if err != nil {
+				p.flow.report(err)
 			}
 		}
 		if len(p.pending) == 0 || !p.pending[0].adding {

@@ -2040,3 +2040,56 @@ func makeRoomAndWait(t *testing.T, ctx context.Context, d *deployment, p *Produc
 		<-tick.C
 	}
 }
+
+// TestFlushAndEndEpisodeGoPastAnItemOverTheMaxPayload: an item over the
+// server's max payload, waiting for its chunk when Flush or EndEpisode
+// comes, is dropped and reported once the rest is waited for, as Python's
+// flush and end_episode do. Flush returned its error at once, with an
+// item a queue held still unapplied though its doc says it returns once
+// what was not lost is applied; EndEpisode returned ErrEpisodeNotEnded
+// and left the episode open, where Python's ended it.
+func TestFlushAndEndEpisodeGoPastAnItemOverTheMaxPayload(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10), tables.QueueConfig("q", 1)}, testutil.StartEmbedded(t, 16<<10))
+	ctx := testutil.Context(t)
+	p := d.producer(WithLinger(0), WithChunkLength(2), WithCompression(wire.Uncompressed))
+	holdInQueue(t, d, p, "q", "id") // a Flush waits for the held item
+	short := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		t.Cleanup(cancel)
+		return c
+	}
+	oversize := func() {
+		t.Helper()
+		big := Tensor{DType: "uint8", Shape: []int64{20 << 10}, Data: make([]byte, 20<<10)}
+		if err := p.Append(ctx, Step{"big": big}); err != nil {
+			t.Fatal(err)
+		}
+		// Its chunk stays open: the item is still pending at the next call.
+		if err := p.CreateItem(ctx, "t", 1, LastStep("big")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oversize()
+	if err := p.Flush(short()); !errors.Is(err, ErrInvalidMessage) || !errors.Is(err, ErrNotApplied) {
+		t.Fatalf("Flush past an item over the max payload: %v, want ErrInvalidMessage once it waited for the held item (ErrNotApplied)", err)
+	}
+	oversize()
+	err := p.EndEpisode(short())
+	if !errors.Is(err, ErrInvalidMessage) || !errors.Is(err, ErrNotApplied) || errors.Is(err, ErrEpisodeNotEnded) {
+		t.Fatalf("EndEpisode past an item over the max payload: %v, want ErrInvalidMessage and ErrNotApplied, not ErrEpisodeNotEnded", err)
+	}
+	p.mu.Lock()
+	steps := p.step
+	p.mu.Unlock()
+	if steps != 0 {
+		t.Fatalf("the episode has %d steps after EndEpisode, want 0", steps)
+	}
+	for range 2 {
+		if _, err := d.client().Sample(ctx, "q", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
