@@ -953,6 +953,7 @@ class AsyncTrajectoryWriter:
         """Appends a step (see :meth:`reprise.TrajectoryWriter.append`)."""
         p = self._p
         assert p is not None
+        self._check_open()
         if partial_step:
             with p.mu:
                 self._partial = p.partial_step_locked(self._partial, step)
@@ -985,8 +986,7 @@ class AsyncTrajectoryWriter:
         """Creates an item (see :meth:`reprise.TrajectoryWriter.create_item`)."""
         p = self._p
         assert p is not None
-        if self._closed:
-            raise errors.ClosedError("writer closed")
+        self._check_open()
         prio = check_item(table, priority)
         sig: Sequence[Any] | None = ()
         if self.options.validate_signatures:
@@ -1012,7 +1012,14 @@ class AsyncTrajectoryWriter:
         """Publishes everything and waits until it is applied (see
         :meth:`reprise.TrajectoryWriter.flush`)."""
         assert self._p is not None
+        self._check_open()
         await self._flush(block_until_num_items, _deadline(timeout, timeout_ms), self._p.failure_mark())
+
+    def _check_open(self) -> None:
+        """Raises ClosedError once the writer's close has begun, as the
+        sync writer's calls do (and a Go producer's return ErrClosed)."""
+        if self._closed:
+            raise errors.ClosedError("writer closed")
 
     async def _flush(self, block_until_num_items: int, deadline: float | None, mark: FailureMark) -> None:
         await self._advance(True, deadline)
@@ -1021,6 +1028,7 @@ class AsyncTrajectoryWriter:
     async def wait_applied(self, timeout: float | None = None) -> None:
         """Flushes, then waits until the service applied every item."""
         assert self._p is not None
+        self._check_open()
         deadline = _deadline(timeout, None)
         mark = self._p.failure_mark()
         await self._flush(0, deadline, mark)
@@ -1064,6 +1072,7 @@ class AsyncTrajectoryWriter:
         the items (see :meth:`reprise.TrajectoryWriter.end_episode`)."""
         p = self._p
         assert p is not None
+        self._check_open()
         deadline = _deadline(timeout, timeout_ms)
         mark = p.failure_mark()
         try:

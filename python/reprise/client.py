@@ -625,8 +625,7 @@ class TrajectoryWriter:
         items the step completes are published as far as the window has
         room, the rest once it moves (with no further call); their errors (an
         item over the max payload) are raised by a later call."""
-        if self._closed:
-            raise errors.ClosedError("writer closed")
+        self._check_open()
         p = self._p
         if partial_step:
             with p.mu:
@@ -671,8 +670,7 @@ class TrajectoryWriter:
         payload) are raised before the item is created, and then it
         created nothing either; the item's own errors are raised by a later
         call."""
-        if self._closed:
-            raise errors.ClosedError("writer closed")
+        self._check_open()
         p = self._p
         prio = check_item(table, priority)
         sig: Sequence[Any] | None = ()
@@ -702,7 +700,17 @@ class TrajectoryWriter:
         waits only until JetStream stored them (durable). ``timeout``
         (seconds) or ``timeout_ms`` bounds the wait (DeadlineExceededError;
         the items keep being retried)."""
+        self._check_open()
         self._flush(block_until_num_items, _aio._deadline(timeout, timeout_ms), self._p.failure_mark())
+
+    def _check_open(self) -> None:
+        """Raises ClosedError once the writer's close has begun, as every
+        call of a Go producer whose Close has begun returns ErrClosed: a
+        wait beside the close's would end with it, or with its own
+        timeout, and an end_episode would say that the episode did not
+        end, for an actor to call it again in vain."""
+        if self._closed:
+            raise errors.ClosedError("writer closed")
 
     def _flush(self, block_until_num_items: int, deadline: float | None, mark: FailureMark) -> None:
         self._advance(True, deadline)
@@ -711,6 +719,7 @@ class TrajectoryWriter:
     def wait_applied(self, timeout: float | None = None) -> None:
         """Flushes, then waits until the table service applied every item of
         this writer (or rejected it, which raises)."""
+        self._check_open()
         deadline = _aio._deadline(timeout, None)
         mark = self._p.failure_mark()
         self._flush(0, deadline, mark)
@@ -757,6 +766,7 @@ class TrajectoryWriter:
         (nor moves a sharded writer to its next shard). (``clear_buffers``
         is accepted for Reverb compatibility; buffers are always
         cleared.)"""
+        self._check_open()
         deadline = _aio._deadline(timeout, timeout_ms)
         p = self._p
         mark = p.failure_mark()

@@ -15,7 +15,7 @@ import pytest
 
 import reprise
 import reprise.aio
-from conftest import Reprised, aclose_while_waiting, close_while_waiting, next_in_thread, wait_for
+from conftest import Reprised, aclose_while_waiting, close_while_waiting, in_thread, next_in_thread, wait_for
 
 
 def frame_of(thread: threading.Thread, function: str) -> Any:
@@ -114,6 +114,101 @@ def test_a_closed_writer_says_so(server: Reprised) -> None:
             await ac.close()
 
     assert asyncio.run(main()) == []
+
+
+def _not_closed(name: str, e: BaseException | None) -> list[str]:
+    """What is wrong with how a call of a closing or closed writer ended
+    (e: what it raised, None: it returned): nothing for a ClosedError
+    that says nothing of the episode."""
+    if isinstance(e, reprise.ClosedError) and not isinstance(e, reprise.EpisodeNotEndedError):
+        return []
+    return [f"{name}: {'returned' if e is None else repr(e)}"]
+
+
+_HELD = "tables:\n  - {name: held, max_size: 1, rate_limiter: {preset: queue}}\n  - {name: t, max_size: 10}\n"
+_HELD_OPTIONS: dict[str, Any] = {"linger": 0.0, "max_unapplied": 1, "validate_signatures": False}
+
+
+def test_a_closing_writer_says_so(reprised_factory: Callable[..., Reprised]) -> None:
+    """Once a writer's close has begun, flush, wait_applied and end_episode
+    raise ClosedError at once, and so does an async append, as every call
+    of a Go producer whose Close has begun returns ErrClosed; end_episode
+    raises no EpisodeNotEndedError, which would have the actor call it
+    again, also after a close that gave up. A flush on another thread
+    waited for the window beside the close and raised its own timeout's
+    DeadlineExceededError, an async append(partial_step=True) kept its
+    cells, and end_episode raised EpisodeNotEndedError."""
+    r = reprised_factory(_HELD)
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(3, **_HELD_OPTIONS)
+        p = w._p
+        w.append({"id": np.int64(0)})
+        w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+        w.flush(timeout=30)  # the queue is full
+        w.append({"id": np.int64(1)})
+        w.create_item("held", 1.0, {"id": w.history["id"][-1]})  # held: the window stays full
+        w.append({"id": np.int64(2)})
+        w.create_item("t", 1.0, {"id": w.history["id"][-3:]})  # waits for room
+        th, closed = in_thread(lambda: w.close(timeout=3))
+        wait_for("close waits for room", lambda: len(p.cond._waiters) > 0)  # type: ignore[attr-defined]
+        wrong: list[str] = []
+        for name, call in [
+            ("flush", lambda: w.flush(timeout=0.5)),
+            ("wait_applied", lambda: w.wait_applied(timeout=0.5)),
+            ("end_episode", lambda: w.end_episode(timeout=0.5)),
+        ]:
+            _, out = in_thread(call)
+            wait_for(f"{name} to end", lambda: out)  # noqa: B023 - called at once
+            wrong += _not_closed(name + " while closing", out[0])
+        th.join(30)
+        # The item for t never got room.
+        assert len(closed) == 1 and isinstance(closed[0], reprise.NotStoredError), closed
+        try:
+            w.end_episode(timeout=0.5)
+            wrong.append("end_episode after a close that gave up: returned")
+        except reprise.RepriseError as e:
+            wrong += _not_closed("end_episode after a close that gave up", e)
+        assert not wrong, "\n".join(wrong)
+
+    async def main() -> list[str]:
+        async with await reprise.aio.connect(r.url) as c:
+            await c.reset("held")
+            w = await c.trajectory_writer(3, **_HELD_OPTIONS)
+            p = w._p
+            assert p is not None
+            await w.append({"id": np.int64(0)})
+            await w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+            await w.flush(timeout=30)
+            await w.append({"id": np.int64(1)})
+            await w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+            await w.append({"id": np.int64(2)})
+            await w.create_item("t", 1.0, {"id": w.history["id"][-3:]})
+            closing = asyncio.ensure_future(w.close(timeout=3))
+            while not p._async_waiters:
+                await asyncio.sleep(0.01)
+            wrong: list[str] = []
+            for name, call in [
+                ("flush", lambda: w.flush(timeout=0.5)),
+                ("wait_applied", lambda: w.wait_applied(timeout=0.5)),
+                ("end_episode", lambda: w.end_episode(timeout=0.5)),
+                ("append", lambda: w.append({"y": np.int64(0)}, partial_step=True)),
+            ]:
+                try:
+                    await call()
+                    wrong += _not_closed(name + " while closing", None)
+                except reprise.RepriseError as e:
+                    wrong += _not_closed(name + " while closing", e)
+            with pytest.raises(reprise.NotStoredError):
+                await closing
+            try:
+                await w.end_episode(timeout=0.5)
+                wrong.append("end_episode after a close that gave up: returned")
+            except reprise.RepriseError as e:
+                wrong += _not_closed("end_episode after a close that gave up", e)
+            return wrong
+
+    wrong = asyncio.run(main())
+    assert not wrong, "\n".join(wrong)
 
 
 torch = pytest.importorskip("torch")
