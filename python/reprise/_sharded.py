@@ -1012,10 +1012,14 @@ class AsyncShardedTrajectoryWriter:
         priority: float,
         trajectory: Mapping[str, TrajectoryColumn] | Iterable[TrajectoryColumn],
     ) -> None:
-        """Creates an item on the current episode's shard."""
+        """Creates an item on the current episode's shard (see
+        :meth:`reprise.ShardedTrajectoryWriter.create_item`)."""
+        w = self._writers[self._shard]
+        # Closed, it asks the shards nothing: their answer would hide it.
+        w._check_open()
         if table not in self._c._states:
             await self._c._table_soft(table)
-        await self._writers[self._shard].create_item(table, priority, trajectory)
+        await w.create_item(table, priority, trajectory)
 
     async def _each(self, calls: Sequence[Awaitable[None]]) -> None:
         """Runs the calls on the shards' writers at once and, once all are

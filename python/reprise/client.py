@@ -1270,9 +1270,12 @@ class ShardedTrajectoryWriter:
         """Creates an item on the current episode's shard (see
         :meth:`TrajectoryWriter.create_item`). A table's first item checks
         the shards' places and configs, as a sample does."""
+        w = self._writers[self._shard]
+        # Closed, it asks the shards nothing: their answer would hide it.
+        w._check_open()
         if table not in self._c._aclient._states:
             self._c._call(self._c._aclient._table_soft(table))
-        self._writers[self._shard].create_item(table, priority, trajectory)
+        w.create_item(table, priority, trajectory)
 
     def _each(self, call: Callable[[TrajectoryWriter], None]) -> None:
         """call on every shard's writer; then raises their errors as one,

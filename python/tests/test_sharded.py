@@ -311,6 +311,31 @@ def test_writer_moves_on_when_an_episode_ends_and_its_wait_fails(sc: reprise.Sha
     sc.reset("held")
 
 
+def test_a_closed_writer_says_so_before_asking_the_shards(sc: reprise.ShardedClient, shards: list[Reprised]) -> None:
+    """create_item of a closed sharded writer raises ClosedError, as the Go
+    ShardedProducer's CreateItem returns ErrClosed, before it asks the
+    shards about a table it has not written to: it raised what the shards
+    said of the table (NotFoundError for an unknown one), sync and async
+    writers alike."""
+    w = sc.trajectory_writer(1)
+    w.append({"x": np.int64(0)})
+    ref = w.history["x"][-1]
+    w.close()
+    with pytest.raises(reprise.ClosedError):
+        w.create_item("nosuch", 1.0, {"x": ref})
+
+    async def main() -> None:
+        async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
+            aw = await c.trajectory_writer(1)
+            await aw.append({"x": np.int64(0)})
+            ref = aw.history["x"][-1]
+            await aw.close()
+            with pytest.raises(reprise.ClosedError):
+                await aw.create_item("nosuch", 1.0, {"x": ref})
+
+    asyncio.run(main())
+
+
 def give_up_on_shards(writers: Sequence[Any]) -> None:
     """Records on the writer of shard 0 a message given up on that may be
     stored, and on that of shard 1 one not stored, as their transports do
