@@ -1609,6 +1609,22 @@ def check_item(table: str, priority: Any) -> float:
     return _codec.check_finite_priority(priority, f"item for table {table!r}")
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def check_policy_version(version: Any) -> int:
+    """version as an int, once checked to be an int64, which a policy
+    version is on the wire and in the Go producer and client: one out of
+    range would go out wrapped, another version."""
+    try:
+        v = int(version)
+    except (TypeError, ValueError, OverflowError):
+        raise errors.InvalidArgumentError(f"policy version {version!r} is not an integer") from None
+    if not _INT64_MIN <= v <= _INT64_MAX:
+        raise errors.InvalidArgumentError(f"policy version {version!r} is out of int64's range")
+    return v
+
+
 class _Spec:
     """A column of a table's signature (a ColumnSpec), read once."""
 

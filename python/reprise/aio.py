@@ -40,6 +40,7 @@ from ._writer import (
     _Producer,
     _Transport,
     check_item,
+    check_policy_version,
     episode_not_ended_error,
     rejection_error,
 )
@@ -592,9 +593,10 @@ class Client:
         :meth:`reprise.Client.set_policy_version`)."""
         if not table:
             raise errors.InvalidArgumentError("set_policy_version needs a table name")
+        version = check_policy_version(version)
         deadline = _deadline(timeout, None)
         await self._check_table(table, deadline)
-        m = pb.Mutation(table=table, policy_version=int(version), notice_subject=self._mutation_notice())
+        m = pb.Mutation(table=table, policy_version=version, notice_subject=self._mutation_notice())
         await self._mutate(table, [m.SerializeToString()], 0, 0, deadline)
 
     async def set_max_staleness(self, table: str, max_staleness: int | None, *, timeout: float | None = 10.0) -> None:
@@ -1062,8 +1064,9 @@ class AsyncTrajectoryWriter:
     def set_policy_version(self, version: int) -> None:
         """See :meth:`reprise.TrajectoryWriter.set_policy_version`."""
         assert self._p is not None
+        version = check_policy_version(version)
         with self._p.mu:
-            self._p.policy_version = int(version)
+            self._p.policy_version = version
 
     async def end_episode(
         self, clear_buffers: bool = True, timeout_ms: int | None = None, *, timeout: float | None = None

@@ -36,6 +36,7 @@ from ._writer import (
     _Producer,
     _Transport,
     check_item,
+    check_policy_version,
     episode_not_ended_error,
 )
 
@@ -747,8 +748,9 @@ class TrajectoryWriter:
         from now on carry it, and a table with ``max_staleness`` drops them
         once they are too many versions behind its current one
         (:meth:`Client.set_policy_version`)."""
+        version = check_policy_version(version)
         with self._p.mu:
-            self._p.policy_version = int(version)
+            self._p.policy_version = version
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None, *, timeout: float | None = None) -> None:
         """Publishes the episode's items, starts a new episode, and waits

@@ -1088,6 +1088,36 @@ def test_a_given_up_message_holds_no_later_one_back(reprised_factory: Any) -> No
         w.close()
 
 
+def test_a_policy_version_out_of_int64_is_refused(server: Reprised) -> None:
+    """A policy version is an int64 on the wire, as in the Go producer and
+    client: one out of its range raises InvalidArgumentError, and the
+    writer keeps the version it had. The writer wrapped it (2**63 went out
+    as -2**63, which a staleness bound finds the stalest of all), and the
+    client's set_policy_version raised protobuf's bare ValueError."""
+    versions = [1 << 63, -(1 << 63) - 1, 1 << 64, float("inf"), "v"]
+    with reprise.Client(server.url) as c:
+        w = c.trajectory_writer(1)
+        w.set_policy_version(7)
+        for v in versions:
+            with pytest.raises(reprise.InvalidArgumentError, match="policy version"):
+                w.set_policy_version(v)  # type: ignore[arg-type]
+            with pytest.raises(reprise.InvalidArgumentError, match="policy version"):
+                c.set_policy_version("replay", v, timeout=5)  # type: ignore[arg-type]
+        assert w._p.policy_version == 7
+        w.set_policy_version(-(1 << 63))
+        w.close()
+
+    async def main() -> None:
+        async with await aio.connect(server.url) as c:
+            w = await c.trajectory_writer(1)
+            for v in versions:
+                with pytest.raises(reprise.InvalidArgumentError, match="policy version"):
+                    w.set_policy_version(v)  # type: ignore[arg-type]
+            await w.close()
+
+    asyncio.run(main())
+
+
 def test_staleness_bound(reprised_factory: Any) -> None:
     """Items carry their writer's policy version; a learner raises the
     table's version; with max_staleness 1 the items two versions behind are
