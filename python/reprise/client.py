@@ -1216,7 +1216,8 @@ class ShardedTrajectoryWriter:
     to the next shard, so an item and the chunks it references live on one
     shard. ``history``, ``episode_steps``, ``append`` and ``create_item``
     are the current shard's writer's; ``flush``, ``wait_applied``,
-    ``set_policy_version`` and ``close`` apply to every shard's.
+    ``set_policy_version`` and ``close`` apply to every shard's (the
+    waits at once, each within the timeout).
     """
 
     def __init__(self, client: ShardedClient, writers: Sequence[TrajectoryWriter], first: int) -> None:
@@ -1280,15 +1281,35 @@ class ShardedTrajectoryWriter:
         w.create_item(table, priority, trajectory)
 
     def _each(self, call: Callable[[TrajectoryWriter], None]) -> None:
-        """call on every shard's writer; then raises their errors as one,
-        each naming its shard (a writer's call took its errors: one left
-        out would never be raised)."""
-        errs: list[errors.RepriseError] = []
-        for i, w in enumerate(self._writers):
+        """call on every shard's writer at once, the first on this thread
+        and each other on one of its own, as the Go ShardedProducer's
+        calls and the async writer's run: one after the other, a shard
+        whose call waited out the timeout left the next none (a close then
+        gave up on messages whose acks were on their way). Once all are
+        done, raises their errors as one, each naming its shard (a
+        writer's call took its errors: one left out would never be
+        raised)."""
+        outcome: list[BaseException | None] = [None] * len(self._writers)
+
+        def run(i: int) -> None:
             try:
-                call(w)
-            except errors.RepriseError as e:
+                call(self._writers[i])
+            except BaseException as e:  # noqa: BLE001 - raised by the caller's thread
+                outcome[i] = e
+
+        others = [threading.Thread(target=run, args=(i,), name=f"sharded-writer-{i}", daemon=True)
+                  for i in range(1, len(self._writers))]
+        for th in others:
+            th.start()
+        run(0)
+        for th in others:
+            th.join()
+        errs: list[errors.RepriseError] = []
+        for i, e in enumerate(outcome):
+            if isinstance(e, errors.RepriseError):
                 errs.append(_sharded.on_shard(e, i, self._c.prefixes[i]))
+            elif e is not None:
+                raise e
         if errs:
             raise _join(errs)
 

@@ -336,6 +336,26 @@ def test_a_closed_writer_says_so_before_asking_the_shards(sc: reprise.ShardedCli
     asyncio.run(main())
 
 
+def test_a_shard_whose_close_waits_leaves_the_others_their_time(sc: reprise.ShardedClient) -> None:
+    """A sharded writer's close closes the shards' writers at once, each
+    within the timeout, as the Go ShardedProducer's Close does (and the
+    async writer's): the sync writer closed them one after the other, and
+    a shard whose close waited out the timeout (its table holding its
+    items) left the next shard no time, whose close gave up on its closing
+    message and raised a loss for a shard that lost nothing."""
+    sc.reset("held")
+    w = sc.trajectory_writer(1, linger=0.0, max_unapplied=1)
+    w._shard = 0
+    for i in range(4):  # the queue takes two, holds the third: the fourth waits for room
+        w.append({"x": np.int64(i)})
+        w.create_item("held", 1.0, {"x": w.history["x"][-1]})
+    with pytest.raises(reprise.RepriseError) as e:
+        w.close(timeout=1)
+    assert "shard 0 (prefix 's0')" in e.value.message, e.value.message
+    assert "shard 1" not in e.value.message, e.value.message
+    sc.reset("held")
+
+
 def give_up_on_shards(writers: Sequence[Any]) -> None:
     """Records on the writer of shard 0 a message given up on that may be
     stored, and on that of shard 1 one not stored, as their transports do
