@@ -726,13 +726,19 @@ def _loss_of(cls: type[_E], err: errors.RepriseError, message: str, seq: int, it
     return out
 
 
-def with_message(e: _E, message: str) -> _E:
-    """A copy of e, of its class and with its fields, that says message
-    and was caused by e. Made without calling the class's __init__, whose
-    arguments differ from class to class (PermissionDeniedError's
-    operation and subject, NotStoredError's sequence and items)."""
-    cls = type(e)
-    out = cls.__new__(cls, message)
+def with_message(e: _E, message: str, cls: type[errors.RepriseError] | None = None) -> _E:
+    """A copy of e, of its class (or cls, a subclass of it) and with its
+    fields, that says message and was caused by e. Made without calling
+    the class's __init__, whose arguments differ from class to class
+    (PermissionDeniedError's operation and subject, NotStoredError's
+    sequence and items)."""
+    cls = cls or type(e)
+    # The __new__ of the builtin base that lays instances out: that of a
+    # class of LookupError and TimeoutError (a rejection joined with a
+    # timeout) is OSError's, and its MRO finds LookupError's first, which
+    # refuses to make one.
+    new = OSError.__new__ if issubclass(cls, OSError) else cls.__new__
+    out = cast(_E, new(cls, message))
     out.__dict__.update(e.__dict__)
     out.args = (message,)  # OSError's subclasses leave args to __init__
     out.message = message
@@ -748,6 +754,11 @@ _JOIN_SHOWN = 5
 #: one of its errors is (as Go's errors.Is finds each in an errors.Join).
 _LOSS_KINDS: tuple[type[errors.RepriseError], ...] = (
     errors.RejectedError, errors.NotStoredError, errors.OutcomeUnknownError)
+
+#: What ended a call, which a joined error is of wherever one of its errors
+#: is, beside the losses it reports: the writer's close, or the call's
+#: timeout (as Go's errors.Is finds ErrClosed or the context's deadline).
+_END_KINDS: tuple[type[errors.RepriseError], ...] = (errors.ClosedError, errors.DeadlineExceededError)
 
 _JOINED_CLASSES: dict[tuple[type[errors.RepriseError], ...], type[errors.RepriseError]] = {}
 
@@ -770,18 +781,23 @@ def _join(errs: list[errors.RepriseError]) -> errors.RepriseError:
     attributes where the first has none: ``except (RejectedError,
     NotStoredError)`` never misses a certain loss behind a message that may
     be stored, nor ``except OutcomeUnknownError`` a message that may be
-    stored behind a loss. Its text names them all (the first few), and a
-    rejection's ``rejections`` lists every refusal."""
+    stored behind a loss. So is it a ClosedError or a
+    DeadlineExceededError wherever one of them is: ``except ClosedError``
+    never misses a wait the close ended behind the losses it reports. Its
+    text names them all (the first few), and a rejection's ``rejections``
+    lists every refusal."""
     if len(errs) == 1:
         return errs[0]
     lost = [e for e in errs if isinstance(e, _LOSS_KINDS)]
     first = lost[0] if lost else errs[0]
     shown = "; ".join(e.message for e in errs[:_JOIN_SHOWN])
     more = f"; and {len(errs) - _JOIN_SHOWN} more" if len(errs) > _JOIN_SHOWN else ""
-    out = with_message(first, f"{len(errs)} errors: {shown}{more}")
     extra = tuple(k for k in _LOSS_KINDS if not isinstance(first, k) and any(isinstance(e, k) for e in lost))
+    extra += tuple(k for k in _END_KINDS if not isinstance(first, k) and any(isinstance(e, k) for e in errs))
+    # Made of its class at once: a DeadlineExceededError is an OSError,
+    # whose instances a class assignment could not make of it.
+    out = with_message(first, f"{len(errs)} errors: {shown}{more}", _joined_class(type(first), extra) if extra else None)
     if extra:
-        out.__class__ = _joined_class(type(first), extra)
         for e in lost:
             for k, v in e.__dict__.items():
                 out.__dict__.setdefault(k, v)

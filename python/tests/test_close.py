@@ -211,6 +211,44 @@ def test_a_closing_writer_says_so(reprised_factory: Callable[..., Reprised]) -> 
     assert not wrong, "\n".join(wrong)
 
 
+def test_what_ended_a_call_is_in_its_error_beside_the_losses(reprised_factory: Callable[..., Reprised]) -> None:
+    """A flush that the writer's close ended raises a ClosedError, and a
+    close that ran out of time a DeadlineExceededError, whatever
+    rejections or losses their errors join, as Go's errors.Is finds
+    ErrClosed and the context's deadline in its joined errors: they took
+    the class of the first rejection or loss alone, and ``except
+    ClosedError`` or ``except DeadlineExceededError`` missed them."""
+    r = reprised_factory(_HELD)
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(1, **{**_HELD_OPTIONS, "max_unapplied": 2})
+        p = w._p
+        w.append({"id": np.int64(0)})
+        w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+        w.flush(timeout=30)  # the queue is full
+        w.append({"id": np.int64(1)})
+        w.create_item("held", 1.0, {"id": w.history["id"][-1]})  # held
+        th, flushed = in_thread(lambda: w.flush(timeout=30))
+        wait_for("the flush waits for the held item", lambda: len(p.cond._waiters) > 0)  # type: ignore[attr-defined]
+        w.append({"id": np.int64(2)})
+        w.create_item("nosuch", 1.0, {"id": w.history["id"][-1]})
+        wait_for("the rejection", lambda: p.rejections == 1)
+        with pytest.raises(reprise.RejectedError):
+            w.close(timeout=30)  # the close or the flush takes the rejection: both raise it
+        th.join(30)
+        assert len(flushed) == 1, flushed
+        e = flushed[0]
+        assert isinstance(e, reprise.ClosedError) and isinstance(e, reprise.RejectedError), repr(e)
+
+        w = c.trajectory_writer(1, **_HELD_OPTIONS)
+        for i in (3, 4):  # held behind the queue's item; the second waits for room
+            w.append({"id": np.int64(i)})
+            w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+        with pytest.raises(reprise.RepriseError) as closed:
+            w.close(timeout=0.5)
+        e = closed.value
+        assert isinstance(e, reprise.DeadlineExceededError) and isinstance(e, reprise.NotStoredError), repr(e)
+
+
 torch = pytest.importorskip("torch")
 import reprise.torch as rt  # noqa: E402
 
