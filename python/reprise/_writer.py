@@ -1535,9 +1535,16 @@ class _Producer:
         """What a wait that the writer's close ended raises: ClosedError
         saying what was left, with the errors seen since mark (as the Go
         producer's waits end with ErrClosed)."""
-        closed = errors.ClosedError(f"writer {what}: the writer closed first: {self.describe_wait_locked()}")
-        err = self.waited_errors_locked(mark)
-        return closed if err is None else _join([err, closed])
+        return self.ended_error_locked(
+            errors.ClosedError(f"writer {what}: the writer closed first: {self.describe_wait_locked()}"), mark)
+
+    def ended_error_locked(self, err: errors.RepriseError, mark: FailureMark) -> errors.RepriseError:
+        """err, which ended a wait for the writer's messages (its timeout,
+        the writer's close), with the errors seen since mark
+        (waited_errors_locked), as the Go producer's waits return them
+        beside why they ended, rather than leave them to a later call."""
+        seen = self.waited_errors_locked(mark)
+        return err if seen is None else _join([seen, err])
 
     def take_errors_locked(self) -> errors.RepriseError | None:
         if not self.errors:

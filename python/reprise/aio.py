@@ -1024,7 +1024,13 @@ class AsyncTrajectoryWriter:
             raise errors.ClosedError("writer closed")
 
     async def _flush(self, block_until_num_items: int, deadline: float | None, mark: FailureMark) -> None:
-        await self._advance(True, deadline)
+        p = self._p
+        assert p is not None
+        try:
+            await self._advance(True, deadline)
+        except errors.RepriseError as e:
+            with p.mu:
+                raise p.ended_error_locked(e, mark)
         await self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush", mark)
 
     async def wait_applied(self, timeout: float | None = None) -> None:
@@ -1051,10 +1057,10 @@ class AsyncTrajectoryWriter:
                     return
                 if p.stopped:
                     raise p.stopped_error_locked(what, mark)
+                if deadline is not None and _now() >= deadline:
+                    raise p.ended_error_locked(
+                        errors.DeadlineExceededError(f"writer {what}: timed out: {p.describe_wait_locked()}"), mark)
                 fut = p.changed_future_locked()
-                why = p.describe_wait_locked()
-            if deadline is not None and _now() >= deadline:
-                raise errors.DeadlineExceededError(f"writer {what}: timed out: {why}")
             wait = 1.0 if deadline is None else min(1.0, max(0.0, deadline - _now()))
             try:
                 await asyncio.wait_for(fut, wait)

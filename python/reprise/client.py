@@ -699,8 +699,9 @@ class TrajectoryWriter:
         sees them, as after Reverb's flush; a rate limiter that holds them
         holds this call). With ``WriterOptions(return_on_store=True)`` it
         waits only until JetStream stored them (durable). ``timeout``
-        (seconds) or ``timeout_ms`` bounds the wait (DeadlineExceededError;
-        the items keep being retried)."""
+        (seconds) or ``timeout_ms`` bounds the wait (DeadlineExceededError,
+        raised with the errors seen meanwhile, as Go's Flush returns them
+        beside ErrNotApplied; the items keep being retried)."""
         self._check_open()
         self._flush(block_until_num_items, _aio._deadline(timeout, timeout_ms), self._p.failure_mark())
 
@@ -714,7 +715,11 @@ class TrajectoryWriter:
             raise errors.ClosedError("writer closed")
 
     def _flush(self, block_until_num_items: int, deadline: float | None, mark: FailureMark) -> None:
-        self._advance(True, deadline)
+        try:
+            self._advance(True, deadline)
+        except errors.RepriseError as e:
+            with self._p.mu:
+                raise self._p.ended_error_locked(e, mark)
         self._wait(lambda p: p.flushed_locked(block_until_num_items), deadline, "flush", mark)
 
     def wait_applied(self, timeout: float | None = None) -> None:
@@ -737,7 +742,8 @@ class TrajectoryWriter:
                     raise p.stopped_error_locked(what, mark)
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
-                    raise errors.DeadlineExceededError(f"writer {what}: timed out: {p.describe_wait_locked()}")
+                    raise p.ended_error_locked(
+                        errors.DeadlineExceededError(f"writer {what}: timed out: {p.describe_wait_locked()}"), mark)
                 p.cond.wait(1.0 if deadline is None else min(1.0, deadline - now))
             err = p.waited_errors_locked(mark)
         if err is not None:

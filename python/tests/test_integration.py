@@ -834,6 +834,68 @@ def test_a_wait_raises_rejections_another_call_took(reprised_factory: Any) -> No
         w.close()
 
 
+def test_a_wait_that_times_out_raises_what_it_saw(reprised_factory: Any) -> None:
+    """A flush or wait_applied that times out raises the rejections seen
+    meanwhile beside its DeadlineExceededError, once, as the Go producer's
+    Flush returns them beside ErrNotApplied: they were left for a later
+    call, and an actor that took the timeout for a slow service and
+    carried on learned of them only then; sync and async alike."""
+    r = reprised_factory(
+        "tables:\n  - {name: held, max_size: 1, rate_limiter: {preset: queue}}\n  - {name: t, max_size: 10}\n"
+    )
+    options = {"linger": 0.0, "validate_signatures": False}
+
+    def check(e: BaseException, rejected: bool) -> None:
+        assert isinstance(e, reprise.DeadlineExceededError), repr(e)
+        assert isinstance(e, reprise.RejectedError) == rejected, repr(e)
+
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(1, **options)
+        p = w._p
+        for i, table in enumerate(("held", "held")):  # the queue holds the second
+            w.append({"x": np.int64(i)})
+            w.create_item(table, 1.0, {"x": w.history["x"][-1]})
+        for n, call, rejected in ((1, lambda: w.flush(timeout=0.3), True),
+                                  (2, lambda: w.wait_applied(timeout=0.3), True),
+                                  (2, lambda: w.flush(timeout=0.3), False)):  # reported once
+            if rejected:
+                w.append({"x": np.int64(10 + n)})
+                w.create_item("nosuch", 1.0, {"x": w.history["x"][-1]})
+                wait_for("the rejection", lambda: p.rejections == n)  # noqa: B023 - called at once
+            with pytest.raises(reprise.RepriseError) as e:
+                call()
+            check(e.value, rejected)
+        assert [int(s.data["x"]) for s in c.sample("held", 1, timeout=30)] == [0]  # makes room
+        w.flush(timeout=30)
+        w.close()
+
+    async def main() -> None:
+        async with await aio.connect(r.url) as c:
+            await c.reset("held")
+            w = await c.trajectory_writer(1, **options)
+            p = w._p
+            assert p is not None
+            for i in range(2):
+                await w.append({"x": np.int64(i)})
+                await w.create_item("held", 1.0, {"x": w.history["x"][-1]})
+            for n, call, rejected in ((1, lambda: w.flush(timeout=0.3), True),
+                                      (2, lambda: w.wait_applied(timeout=0.3), True),
+                                      (2, lambda: w.flush(timeout=0.3), False)):
+                if rejected:
+                    await w.append({"x": np.int64(10 + n)})
+                    await w.create_item("nosuch", 1.0, {"x": w.history["x"][-1]})
+                    while p.rejections < n:
+                        await asyncio.sleep(0.01)
+                with pytest.raises(reprise.RepriseError) as e:
+                    await call()
+                check(e.value, rejected)
+            assert [int(s.data["x"]) for s in await c.sample("held", 1, timeout=30)] == [0]
+            await w.flush(timeout=30)
+            await w.close()
+
+    asyncio.run(main())
+
+
 def test_end_episode_ends_it_even_when_the_wait_fails(reprised_factory: Any) -> None:
     """end_episode publishes the items and starts a new episode before it
     waits, as the Go producer does: a wait that times out (a rate limiter
