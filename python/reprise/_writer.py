@@ -1407,6 +1407,12 @@ class _Producer:
                 self._seal_open_locked(c)
         self.advance_locked(True)
 
+    def not_ended_error_locked(self, err: errors.RepriseError) -> errors.RepriseError:
+        """err, which publishing an end_episode's items raised: an
+        EpisodeNotEndedError too while the episode has steps, for the
+        actor to call end_episode again before the next episode's first."""
+        return episode_not_ended_error(err) if self.episode_steps else err
+
     def end_episode_locked(self) -> None:
         """Ends the episode, unless it has no steps: it then has nothing to
         end (an end_episode called again after one that ended the episode

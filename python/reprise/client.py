@@ -37,7 +37,6 @@ from ._writer import (
     _Transport,
     check_item,
     check_policy_version,
-    episode_not_ended_error,
 )
 
 log = logging.getLogger("reprise")
@@ -782,10 +781,7 @@ class TrajectoryWriter:
             self._advance(True, deadline)
         except errors.RepriseError as e:
             with p.mu:
-                open_episode = p.episode_steps > 0
-            if open_episode:
-                raise episode_not_ended_error(e)
-            raise
+                raise p.not_ended_error_locked(e)
         with p.mu:
             p.end_episode_locked()
         self._partial = {}
