@@ -669,6 +669,13 @@ func (t *Table) AppendSamplesWithin(ctx context.Context, dst []Sample, least, mo
 			t.mu.Unlock()
 			return out, state, fmt.Errorf("%w: table %q: %d items", ErrTooMany, t.name, most)
 		}
+		if waited && ctx.Err() != nil {
+			// Woken by a change as ctx ended (select picks either): the
+			// caller stopped waiting, and a request withdrawn by its
+			// learner must take nothing more (a queue would lose it).
+			t.mu.Unlock()
+			return out, state, fmt.Errorf("%w: table %q: sample: %w", limiter.ErrRateLimited, t.name, ctx.Err())
+		}
 		if !sized {
 			// Sized for the usual case (no more than the table holds) and
 			// never by the request alone, which may be absurd.

@@ -403,6 +403,37 @@ func TestSampleWaitsAndTimesOut(t *testing.T) {
 	}
 }
 
+// endedOnWake is a context that ends as its waiter wakes: Done never
+// closes, so the wait ends only by the table's change, and Err says the
+// context ended by then, as when a request is withdrawn just as an item
+// comes (select takes either).
+type endedOnWake struct{ context.Context }
+
+func (endedOnWake) Err() error { return context.Canceled }
+
+// TestSampleTakesNothingOnceCtxEnded: a sample woken by an insert whose
+// context ended meanwhile takes nothing: its caller stopped waiting (a
+// withdrawn request), and a queue would lose the item.
+func TestSampleTakesNothingOnceCtxEnded(t *testing.T) {
+	s := NewChunkStore()
+	putChunk(s, 1, 1, 1)
+	tb := mustNew(t, QueueConfig("q", 4), s)
+	done := make(chan error, 1)
+	go func() {
+		ss, err := tb.Sample(endedOnWake{context.Background()}, 1)
+		if len(ss) != 0 {
+			t.Errorf("took %d samples", len(ss))
+		}
+		done <- err
+	}()
+	waitFor(t, "the sampler to wait", func() bool { return tb.Info().Counters.SampleWaits == 1 })
+	mustInsert(t, tb, newItem(1, 1, 1))
+	wantErr(t, <-done, []error{limiter.ErrRateLimited, context.Canceled}, `"q"`)
+	if got := sampleKeys(t, tb, 1); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("then sampled %v, want the item", got)
+	}
+}
+
 func TestSampleFlexible(t *testing.T) {
 	s := NewChunkStore()
 	putChunk(s, 1, 1, 1)
