@@ -108,7 +108,8 @@ func (c *Client) NewBatchSampler(table string, size int, opts ...SamplerOption) 
 // returns ErrClosed, also to a Next already waiting.
 func (s *BatchSampler) Next(ctx context.Context) (*Batch, error) { return s.p.next(ctx) }
 
-// Close stops the sampler's requests and waits for them to end.
+// Close stops the sampler's requests, withdrawing those that wait, and
+// waits for them to end.
 func (s *BatchSampler) Close() { s.p.close() }
 
 // SampleBatch takes n items from table across its shards, as Sample does,

@@ -72,6 +72,9 @@ type call struct {
 	want    int
 	done    chan struct{}
 	err     error
+	// withdraw: a sample request, which the service withdraws on a
+	// SampleRequest.withdraw naming its reply subject.
+	withdraw bool
 }
 
 // NewClient connects a client through nc.
@@ -146,10 +149,21 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
+	var withdraw []string
+	for id, cl := range c.pending {
+		if cl.withdraw {
+			withdraw = append(withdraw, id)
+		}
+	}
 	c.mu.Unlock()
 	err := errors.Join(c.sub.Unsubscribe(), c.progressSub.Unsubscribe(), c.noticeSub.Unsubscribe())
 	c.applied.close(ErrClosed)
 	c.failPending(ErrClosed)
+	// Published before Close returns, so that a connection closed next
+	// still sends them.
+	for _, id := range withdraw {
+		c.withdraw(id)
+	}
 	return err
 }
 
@@ -202,6 +216,13 @@ func (c *Client) onReply(m *nats.Msg) {
 
 // request sends req to subject and returns the whole reply.
 func (c *Client) request(ctx context.Context, subject string, req proto.Message) ([]byte, error) {
+	return c.call(ctx, subject, req, false)
+}
+
+// call is request; with withdraw (a sample request), a call whose ctx ends
+// before its reply, or that Close ends, withdraws the request, so that the
+// service takes no items for it that nobody would read.
+func (c *Client) call(ctx context.Context, subject string, req proto.Message, withdraw bool) ([]byte, error) {
 	data, err := proto.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("broker: encoding request: %w", err)
@@ -215,7 +236,7 @@ func (c *Client) request(ctx context.Context, subject string, req proto.Message)
 	// In hex, a call's token never spells "applied": the service answers
 	// no reply subject shaped like one of a prefix's own.
 	id := strconv.FormatUint(c.nextID.Add(1), 16)
-	cl := &call{subject: subject, done: make(chan struct{})}
+	cl := &call{subject: subject, done: make(chan struct{}), withdraw: withdraw}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -230,7 +251,9 @@ func (c *Client) request(ctx context.Context, subject string, req proto.Message)
 	select {
 	case <-cl.done:
 	case <-ctx.Done():
-		c.forget(id)
+		if c.forget(id) && withdraw {
+			c.withdraw(id)
+		}
 		return nil, fmt.Errorf("broker: waiting for %s: %w", subject, context.Cause(ctx))
 	}
 	if cl.err != nil {
@@ -250,10 +273,25 @@ func (c *Client) request(ctx context.Context, subject string, req proto.Message)
 	return whole, nil
 }
 
-func (c *Client) forget(id string) {
+// forget drops the call id, and says whether it was still waiting for its
+// reply.
+func (c *Client) forget(id string) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.pending[id]
 	delete(c.pending, id)
-	c.mu.Unlock()
+	return ok
+}
+
+// withdraw tells the service that nobody waits for the sample request id
+// any more: one that still waits for the rate limiter ends without taking
+// items. Best effort, and it never waits: a withdrawal that is lost leaves
+// the request as it was. A service older than withdrawals ignores it, and
+// logs that it did (at most about once a second).
+func (c *Client) withdraw(id string) {
+	if err := c.nc.Publish(c.subj.Sample(), withdrawal(c.inbox+"."+id)); err != nil {
+		c.o.logger.Debug("reprise: withdrawing a sample request", "error", err)
+	}
 }
 
 // statusError is the error a reply's status reports, or nil.
@@ -321,7 +359,9 @@ func (flexibleOption) configureSampler(o *samplerOptions) error { o.sample.flexi
 // (limits.max_reply_bytes_in_flight) within the wait fails the same way;
 // its samples were taken, and are lost, as a reply sent after the caller
 // stopped waiting would be. A service that stops while the call waits
-// fails it with ErrServer within about two seconds.
+// fails it with ErrServer within about two seconds. A call whose ctx ends
+// first (or that Close ends) withdraws its request: one still waiting for
+// the rate limiter takes no items.
 func (c *Client) Sample(ctx context.Context, table string, n int, opts ...SampleOption) ([]Sample, error) {
 	o, err := sampleConfig(n, opts)
 	if err != nil {
@@ -379,7 +419,7 @@ func replyStatus(code wire.Code, msg string) error {
 // sampleRequest asks the service for n items of table and returns its
 // reply, undecoded.
 func (c *Client) sampleRequest(ctx context.Context, table string, n int, o sampleOptions) ([]byte, error) {
-	req := &wire.SampleRequest{Table: table, NumSamples: int32(n), Flexible: o.flexible, Packed: true, Layout: wire.PackedLayout_PACKED_LAYOUT_UNIFORM}
+	req := newSampleRequest(table, n, o)
 	if dl, ok := ctx.Deadline(); ok {
 		// Leave the reply time to travel, even on a loaded machine: a
 		// sample the service takes after the client stopped listening is
@@ -409,7 +449,20 @@ func (c *Client) sampleRequest(ctx context.Context, table string, n int, o sampl
 			<-probed // it started: it ends with ctx
 		}
 	}()
-	return c.request(ctx, c.subj.Sample(), req)
+	return c.call(ctx, c.subj.Sample(), req, true)
+}
+
+// newSampleRequest is the request for n items of table, without its
+// timeout (golden vectors hold its bytes, with Python's).
+func newSampleRequest(table string, n int, o sampleOptions) *wire.SampleRequest {
+	return &wire.SampleRequest{Table: table, NumSamples: int32(n), Flexible: o.flexible, Packed: true, Layout: wire.PackedLayout_PACKED_LAYOUT_UNIFORM}
+}
+
+// withdrawal is the message that withdraws the sample request sent with
+// reply subject reply.
+func withdrawal(reply string) []byte {
+	data, _ := proto.Marshal(&wire.SampleRequest{Withdraw: reply})
+	return data
 }
 
 // DefaultSampleWait is how long a sample waits for the rate limiter when
@@ -849,10 +902,13 @@ func checkPriority(p float64) error {
 }
 
 // Sampler keeps several sample requests in flight so a learner rarely waits
-// for a round trip. Items it prefetched and nobody took are lost at Close:
-// up to twice WithInFlight batches, since each request's batch waits for
-// Next while the request after it is out. With a Queue table use one
-// request in flight.
+// for a round trip. Close withdraws the requests still waiting for the
+// rate limiter, which then take nothing (a service that predates
+// withdrawals serves them for nobody). Batches already sampled and nobody
+// took are lost at Close: those that arrived, and replies on their way,
+// up to twice WithInFlight batches when the table has items, since each
+// request's batch waits for Next while the request after it is out. With
+// a Queue table use one request in flight.
 type Sampler struct{ p *prefetcher[[]Sample] }
 
 // prefetcher keeps calls of a fetch function going and queues their
@@ -997,7 +1053,8 @@ func startPrefetch[T any](o samplerOptions, fetch func(context.Context) (T, erro
 // returns ErrClosed, also to a Next already waiting.
 func (s *Sampler) Next(ctx context.Context) ([]Sample, error) { return s.p.next(ctx) }
 
-// Close stops the sampler's requests and waits for them to end.
+// Close stops the sampler's requests, withdrawing those that wait, and
+// waits for them to end.
 func (s *Sampler) Close() { s.p.close() }
 
 func (p *prefetcher[T]) next(ctx context.Context) (T, error) {

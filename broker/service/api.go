@@ -59,6 +59,10 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 				}
 				return
 			}
+			if r.Reply() == "" && e.name == "sample" {
+				s.handleUnanswerable(r)
+				return
+			}
 			if !s.mayAct() {
 				s.refuseInactive(s.rc, r, "; try again: the active one answers")
 				return
@@ -85,19 +89,17 @@ func (s *Service) replySubjectError(reply string) string {
 }
 
 // spawnSample serves a sample request in a slot of its table's (see
-// requestSlots).
+// requestSlots), registered in s.waits until it ends so that a withdrawal
+// that follows it finds it.
 func (s *Service) spawnSample(ctx context.Context, r micro.Request) {
-	// Sampled, its items would count as sampled (and leave a queue) for
-	// nobody: a message published rather than requested.
-	if r.Reply() == "" {
-		if s.rejectLog.allow() {
-			s.log.Warn("reprise service: ignoring a sample request without a reply subject")
-		}
-		return
-	}
+	start := time.Now()
 	var req wire.SampleRequest
 	if err := proto.Unmarshal(r.Data(), &req); err != nil {
 		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("malformed sample request: %v", err))
+		return
+	}
+	if req.Withdraw != "" {
+		s.respondStatus(r, protocol.CodeInvalidArgument, "a withdrawal of a sample request is published without a reply subject")
 		return
 	}
 	t, ok := s.tables[req.Table]
@@ -105,7 +107,20 @@ func (s *Service) spawnSample(ctx context.Context, r micro.Request) {
 		s.respondStatus(r, protocol.CodeNotFound, fmt.Sprintf("unknown table %q (tables: %s)", req.Table, strings.Join(s.names, ", ")))
 		return
 	}
-	s.spawnIn(ctx, r, req.Table, func(ctx context.Context, r micro.Request) { s.handleSample(ctx, r, &req, t) })
+	wait := s.o.maxSampleWait
+	if req.TimeoutMs >= 0 && req.TimeoutMs < wait.Milliseconds() {
+		wait = time.Duration(req.TimeoutMs) * time.Millisecond
+	}
+	wctx := &lazyDeadline{parent: ctx, at: start.Add(wait)}
+	reply := r.Reply()
+	s.waits.add(reply, wctx)
+	served := s.spawnIn(ctx, r, req.Table, func(ctx context.Context, r micro.Request) {
+		defer s.waits.remove(reply, wctx)
+		s.handleSample(ctx, r, &req, t, start, wait, wctx)
+	})
+	if !served {
+		s.waits.remove(reply, wctx)
+	}
 }
 
 // spawn serves a request that may wait (for the stream, for a checkpoint)
@@ -114,16 +129,17 @@ func (s *Service) spawn(ctx context.Context, r micro.Request, h func(context.Con
 	s.spawnIn(ctx, r, "", h)
 }
 
-func (s *Service) spawnIn(ctx context.Context, r micro.Request, table string, h func(context.Context, micro.Request)) {
+// spawnIn is spawn in a slot of table's, and says whether h runs.
+func (s *Service) spawnIn(ctx context.Context, r micro.Request, table string, h func(context.Context, micro.Request)) bool {
 	s.closingMu.Lock()
 	defer s.closingMu.Unlock()
 	if s.closing || ctx.Err() != nil {
 		s.respondStatus(r, protocol.CodeUnavailable, "service shutting down")
-		return
+		return false
 	}
 	if err := s.slots.take(table); err != nil {
 		s.respondStatus(r, protocol.CodeResourceExhausted, err.Error())
-		return
+		return false
 	}
 	s.handlers.Add(1)
 	job := func() {
@@ -136,6 +152,7 @@ func (s *Service) spawnIn(ctx context.Context, r micro.Request, table string, h 
 	if s.workers == nil || !s.workers.run(job) {
 		go job()
 	}
+	return true
 }
 
 // requestSlots bounds the requests served at once, and shares them so that
@@ -264,8 +281,14 @@ func (s *Service) refuseInactive(nc *nats.Conn, r micro.Request, more string) {
 	}
 }
 
-func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.SampleRequest, t *tables.Table) {
-	start := time.Now()
+// handleSample serves req, waiting for the limiter until wctx ends: at
+// start plus wait, or when the request is withdrawn, and then it ends
+// unanswered unless it sampled.
+func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.SampleRequest, t *tables.Table, start time.Time, wait time.Duration, wctx *lazyDeadline) {
+	defer wctx.stop()
+	if wctx.isWithdrawn() {
+		return
+	}
 	if req.NumSamples < 1 || int(req.NumSamples) > s.o.maxBatch {
 		s.respondStatus(r, protocol.CodeInvalidArgument, fmt.Sprintf("num_samples %d out of range [1, %d]", req.NumSamples, s.o.maxBatch))
 		return
@@ -296,16 +319,15 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		}
 		return ok
 	}
-	wait := s.o.maxSampleWait
-	if req.TimeoutMs >= 0 && req.TimeoutMs < wait.Milliseconds() {
-		wait = time.Duration(req.TimeoutMs) * time.Millisecond
-	}
-	wctx := &lazyDeadline{parent: ctx, at: start.Add(wait)}
-	defer wctx.stop()
 	code := protocol.CodeInternal
 	items := 0
-	if s.o.observer != nil {
-		defer func() { s.o.observer.SampleServed(req.Table, items, time.Since(start), code) }()
+	observe := s.o.observer != nil
+	if observe {
+		defer func() {
+			if observe {
+				s.o.observer.SampleServed(req.Table, items, time.Since(start), code)
+			}
+		}()
 	}
 	least := int(req.NumSamples)
 	if req.Flexible {
@@ -340,6 +362,11 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		// sharded learner samples the other shards from one unavailable.
 		code = protocol.CodeUnavailable
 		s.respondStatus(r, code, "service shutting down")
+		return
+	case wctx.isWithdrawn():
+		// Nobody listens, and nothing was taken: no answer, nothing
+		// observed (the observer counts requests answered).
+		observe = false
 		return
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		code = protocol.CodeRateLimited

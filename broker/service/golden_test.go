@@ -438,6 +438,70 @@ func goldenProgresses(t *testing.T) []goldenProgress {
 	return out
 }
 
+// goldenSampleRequest is a sample request or a withdrawal, as both
+// clients send them (python/reprise/aio.py sample_request and
+// sample_withdrawal, broker.Client's sampleRequest and withdraw), with its
+// fields.
+type goldenSampleRequest struct {
+	Name       string `json:"name"`
+	Data       []byte `json:"data"`
+	Table      string `json:"table"`
+	NumSamples int32  `json:"num_samples"`
+	TimeoutMs  int64  `json:"timeout_ms"`
+	Flexible   bool   `json:"flexible"`
+	Packed     bool   `json:"packed"`
+	Layout     int32  `json:"layout"`
+	Withdraw   string `json:"withdraw"`
+}
+
+func (g goldenSampleRequest) message() *wire.SampleRequest {
+	return &wire.SampleRequest{Table: g.Table, NumSamples: g.NumSamples, TimeoutMs: g.TimeoutMs, Flexible: g.Flexible, Packed: g.Packed, Layout: wire.PackedLayout(g.Layout), Withdraw: g.Withdraw}
+}
+
+// goldenSampleRequests are the Go client's sample requests and a
+// withdrawal.
+func goldenSampleRequests(t *testing.T) []goldenSampleRequest {
+	uniform := int32(wire.PackedLayout_PACKED_LAYOUT_UNIFORM)
+	out := []goldenSampleRequest{
+		{Name: "request", Table: "replay", NumSamples: 256, TimeoutMs: 60000, Packed: true, Layout: uniform},
+		{Name: "flexible request", Table: "q", NumSamples: 1, TimeoutMs: 900, Flexible: true, Packed: true, Layout: uniform},
+		{Name: "withdrawal", Withdraw: "_INBOX.KF3Gq9XWcCN1u1O2pF4HnZ.1f"},
+	}
+	for i := range out {
+		out[i].Data = goldenMarshal(t, out[i].message())
+	}
+	return out
+}
+
+// TestGoldenPythonSampleRequests decodes the Python client's sample
+// requests and withdrawal (written by pytest, test_golden.py).
+func TestGoldenPythonSampleRequests(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(goldenDir, "python_sample_requests.json"))
+	if err != nil {
+		t.Fatalf("%v (write them with: scripts/test.sh --update-golden)", err)
+	}
+	var reqs []goldenSampleRequest
+	if err := json.Unmarshal(raw, &reqs); err != nil {
+		t.Fatal(err)
+	}
+	withdrawals := 0
+	for _, g := range reqs {
+		var got wire.SampleRequest
+		if err := proto.Unmarshal(g.Data, &got); err != nil {
+			t.Fatalf("%s: %v", g.Name, err)
+		}
+		if !proto.Equal(&got, g.message()) {
+			t.Errorf("%s: decodes to %v, want %v", g.Name, &got, g.message())
+		}
+		if got.Withdraw != "" {
+			withdrawals++
+		}
+	}
+	if withdrawals == 0 || withdrawals == len(reqs) {
+		t.Errorf("%d withdrawals of %d messages: want requests and withdrawals", withdrawals, len(reqs))
+	}
+}
+
 // TestGoldenGoVectors writes (with -update) or checks the vectors pytest
 // decodes.
 func TestGoldenGoVectors(t *testing.T) {
@@ -445,6 +509,7 @@ func TestGoldenGoVectors(t *testing.T) {
 	checkGolden(t, "go_sample_responses.json", goldenResponses(t))
 	checkGolden(t, "go_insert_batch.json", goldenGoInsert(t))
 	checkGolden(t, "go_progress.json", goldenProgresses(t))
+	checkGolden(t, "go_sample_requests.json", goldenSampleRequests(t))
 }
 
 // TestGoldenBatches decodes the golden sample responses as stacked batches,

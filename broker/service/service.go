@@ -452,6 +452,7 @@ type Service struct {
 	resetStored chan struct{}
 
 	slots     *requestSlots
+	waits     *sampleWaits
 	handlers  sync.WaitGroup
 	workers   *requestWorkers // while active; under closingMu
 	rejectLog rateLimitedLog
@@ -535,6 +536,7 @@ func New(nc *nats.Conn, configs []tables.Config, opts ...Option) (*Service, erro
 		damaged:     make(map[string]bool),
 		resetStored: make(chan struct{}, 1),
 		slots:       newRequestSlots(o.maxConcurrent, len(configs)),
+		waits:       newSampleWaits(),
 		replyBudget: newReplyBudget(max(o.limits.MaxReplyBytesInFlight, o.limits.MaxReplyBytes)),
 		configs:     make(map[string]tables.Config, len(configs)),
 		applyDone:   make(chan struct{}),

@@ -949,7 +949,17 @@ type SampleRequest struct {
 	// With packed: the records the items are laid out in. A service that
 	// predates a layout answers in the newest one it knows, which the
 	// client tells by the PackedSamples fields present.
-	Layout        PackedLayout `protobuf:"varint,6,opt,name=layout,proto3,enum=reprise.v1.PackedLayout" json:"layout,omitempty"`
+	Layout PackedLayout `protobuf:"varint,6,opt,name=layout,proto3,enum=reprise.v1.PackedLayout" json:"layout,omitempty"`
+	// Set, the message withdraws the sample request sent with this reply
+	// subject rather than asking for items: published without a reply
+	// subject on the sample subject, after the request it names. The service
+	// ends that request without sampling if it still waits (for the rate
+	// limiter); one that already sampled is answered as before. Withdrawals
+	// of subjects the service does not know are ignored, and every other
+	// field is. NATS has no cancellation: without this, a request whose
+	// caller gave up (a closed sampler) took the next items for nobody, and
+	// a queue table lost them.
+	Withdraw      string `protobuf:"bytes,7,opt,name=withdraw,proto3" json:"withdraw,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1024,6 +1034,13 @@ func (x *SampleRequest) GetLayout() PackedLayout {
 		return x.Layout
 	}
 	return PackedLayout_PACKED_LAYOUT_WIDE
+}
+
+func (x *SampleRequest) GetWithdraw() string {
+	if x != nil {
+		return x.Withdraw
+	}
+	return ""
 }
 
 type SampleInfo struct {
@@ -3412,7 +3429,7 @@ const file_reprise_proto_rawDesc = "" +
 	"\x0e_max_staleness\"H\n" +
 	"\x06Status\x12$\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x10.reprise.v1.CodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xcb\x01\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xe7\x01\n" +
 	"\rSampleRequest\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x1f\n" +
 	"\vnum_samples\x18\x02 \x01(\x05R\n" +
@@ -3421,7 +3438,8 @@ const file_reprise_proto_rawDesc = "" +
 	"timeout_ms\x18\x03 \x01(\x03R\ttimeoutMs\x12\x1a\n" +
 	"\bflexible\x18\x04 \x01(\bR\bflexible\x12\x16\n" +
 	"\x06packed\x18\x05 \x01(\bR\x06packed\x120\n" +
-	"\x06layout\x18\x06 \x01(\x0e2\x18.reprise.v1.PackedLayoutR\x06layout\"\xf6\x01\n" +
+	"\x06layout\x18\x06 \x01(\x0e2\x18.reprise.v1.PackedLayoutR\x06layout\x12\x1a\n" +
+	"\bwithdraw\x18\a \x01(\tR\bwithdraw\"\xf6\x01\n" +
 	"\n" +
 	"SampleInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12 \n" +

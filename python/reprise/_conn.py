@@ -235,13 +235,18 @@ class Denials:
 
 
 class _Call:
-    __slots__ = ("future", "parts", "want", "subject")
+    __slots__ = ("future", "parts", "want", "subject", "withdrawal")
 
-    def __init__(self, future: asyncio.Future[list[bytes]], subject: str) -> None:
+    def __init__(
+        self, future: asyncio.Future[list[bytes]], subject: str, withdrawal: Callable[[str], bytes] | None = None
+    ) -> None:
         self.future = future
         self.parts: list[bytes] = []
         self.want = 0
         self.subject = subject
+        # What withdraws the request, given its reply subject (a sample
+        # request's), or None.
+        self.withdrawal = withdrawal
 
 
 class Requester:
@@ -262,6 +267,11 @@ class Requester:
         self._sub = await self._nc.subscribe(self._inbox + ".*", cb=self._on_reply, pending_bytes_limit=1 << 30)
 
     async def stop(self) -> None:
+        # The calls a closing client ends are withdrawn before the
+        # connection drains: nobody will read their replies.
+        for token, call in list(self._pending.items()):
+            if call.withdrawal is not None and not call.future.done():
+                await self._withdraw(call, token)
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
@@ -324,6 +334,15 @@ class Requester:
             del self._pending[token]
             call.future.set_result(call.parts)
 
+    async def _withdraw(self, call: _Call, token: str) -> None:
+        """Publishes the withdrawal of the request token, best effort: one
+        that is lost leaves the request as it was."""
+        assert call.withdrawal is not None
+        try:
+            await self._nc.publish(call.subject, call.withdrawal(self._inbox + "." + token))
+        except Exception:  # noqa: BLE001 - the connection may be gone, and the request with it
+            pass
+
     async def request(
         self,
         subject: str,
@@ -332,6 +351,7 @@ class Requester:
         *,
         watch: Callable[[], Coroutine[Any, Any, None]] | None = None,
         watch_after: float = 0.0,
+        withdrawal: Callable[[str], bytes] | None = None,
     ) -> bytes:
         """Sends data and returns the whole reply, joined from its parts.
         Raises DeadlineExceededError when timeout (seconds) passes first,
@@ -340,7 +360,11 @@ class Requester:
         runs until the reply comes; what it raises fails the call (a check
         that the service still listens). The call's deadline and watch are
         timers of the loop, not tasks: a request that is answered in time,
-        as nearly all are, costs the loop no more than its reply."""
+        as nearly all are, costs the loop no more than its reply.
+        With ``withdrawal`` (what withdraws the request, given its reply
+        subject), a call that ends without its reply (cancelled, timed
+        out, failed by watch, or by :meth:`stop`) publishes it, so that the
+        service takes nothing more for a caller that stopped waiting."""
         if self._denied is not None:
             raise self._denied
         # The service acts on a request whatever becomes of its caller: a
@@ -351,7 +375,8 @@ class Requester:
         loop = asyncio.get_running_loop()
         token = format(next(self._ids), "x")
         fut: asyncio.Future[list[bytes]] = loop.create_future()
-        self._pending[token] = _Call(fut, subject)
+        call = self._pending[token] = _Call(fut, subject, withdrawal)
+        sent = False
         timers: list[asyncio.TimerHandle] = []
         watcher: list[asyncio.Task[None]] = []
 
@@ -374,6 +399,7 @@ class Requester:
 
         try:
             await self._nc.publish(subject, data, reply=self._inbox + "." + token)
+            sent = True
             if timeout is not None:
                 timers.append(loop.call_later(max(0.0, timeout), expire))
             if watch is not None:
@@ -384,7 +410,9 @@ class Requester:
         except nats.errors.OutboundBufferLimitError:
             raise errors.UnavailableError(f"not connected to NATS; cannot send to {subject}") from None
         finally:
-            self._pending.pop(token, None)
+            # Still pending: no reply came, and nothing else (a lost
+            # connection, stop) ended the call.
+            abandoned = self._pending.pop(token, None) is not None and sent
             for t in timers:
                 t.cancel()
             for task in watcher:
@@ -392,4 +420,6 @@ class Requester:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+            if abandoned and withdrawal is not None:
+                await self._withdraw(call, token)
         return parts[0] if len(parts) == 1 else b"".join(parts)

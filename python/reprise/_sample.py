@@ -214,6 +214,22 @@ def parse_response(data: bytes) -> _Response:
         raise errors.ProtocolError(f"malformed sample response: {e}") from None
 
 
+def reply_code(data: bytes) -> int:
+    """The status code of a SampleResponse, read without parsing its items
+    (CODE_OK for one too malformed to tell: parse_response says why)."""
+    code = 0
+    try:
+        for num, wt, a, z in _fields(data, 0, len(data)):
+            if num == 1 and wt == 2:
+                for n, w, sa, _ in _fields(data, a, z):
+                    if n == 1 and w == 0:
+                        c = sa & 0xFFFFFFFF
+                        code = c - (1 << 32) if c >> 31 else c
+    except _Malformed:
+        return 0
+    return code
+
+
 def _parse_response(data: bytes) -> _Response:
     # Fields met twice follow protobuf: a scalar's last value wins, a
     # message's occurrences merge. A field of the wrong wire type is an

@@ -943,9 +943,10 @@ class AsyncShardedSampler:
             return batch
 
     async def aclose(self) -> None:
-        """Cancels the calls in flight. The service drew their items, which
-        are lost: with a queue table use prefetch=1, which loses at most
-        one batch."""
+        """Cancels the calls in flight, withdrawing the shards' requests
+        that still wait for the rate limiter: they take nothing. Replies
+        already sampled and on their way are lost: with a queue table use
+        prefetch=1, which loses at most one batch."""
         self._closed = True
         for t in self._tasks:
             if not t.cancel() and not t.cancelled():

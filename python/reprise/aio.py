@@ -86,6 +86,36 @@ def sample_timeouts(timeout: float | None) -> tuple[int, float | None]:
     return max(0, int((timeout - margin) * 1000)), timeout
 
 
+def sample_request(table: str, num_samples: int, timeout_ms: int, flexible: bool) -> bytes:
+    """A sample request, as Go's broker.Client sends it (golden vectors
+    hold both). The compact layout only: _sample refuses replies in the
+    wide one (a service older than this client)."""
+    return pb.SampleRequest(
+        table=table,
+        num_samples=num_samples,
+        timeout_ms=timeout_ms,
+        flexible=flexible,
+        packed=True,
+        layout=pb.PACKED_LAYOUT_UNIFORM,
+    ).SerializeToString()
+
+
+def sample_withdrawal(reply: str) -> bytes:
+    """The message that withdraws the sample request sent with reply
+    subject ``reply``, published without one on the sample subject (as Go's
+    broker.Client publishes it). A service older than withdrawals ignores
+    it, and logs that it did (at most about once a second)."""
+    return pb.SampleRequest(withdraw=reply).SerializeToString()
+
+
+def ends_sampler(data: bytes, timeout: float | None) -> bool:
+    """Whether a sample reply ends a sampler with that timeout: a rate
+    limiter that allowed nothing in time. A sampler sends no request to
+    replace it: that one would wait a whole timeout more, and take items
+    for nobody."""
+    return timeout is not None and _sample.reply_code(data) == pb.CODE_RATE_LIMITED
+
+
 def parse_status_reply(cls: Any, data: bytes, what: str) -> Any:
     try:
         resp = cls.FromString(data)
@@ -468,25 +498,19 @@ class Client:
         if not isinstance(num_samples, (int, np.integer)) or not 1 <= num_samples <= 1 << 30:
             raise errors.InvalidArgumentError(f"sample size {num_samples!r}")
         timeout_ms, wait = sample_timeouts(timeout)
-        # The compact layout only: _sample refuses replies in the wide one
-        # (a service older than this client).
-        req = pb.SampleRequest(
-            table=table,
-            num_samples=int(num_samples),
-            timeout_ms=timeout_ms,
-            flexible=flexible,
-            packed=True,
-            layout=pb.PACKED_LAYOUT_UNIFORM,
-        )
         # A service that dies with the request never answers, and nothing
         # else would tell: a request that waits long checks that one still
         # listens.
+        # One the caller stops waiting for (a sampler closed, a task
+        # cancelled) is withdrawn: still waiting for the rate limiter, it
+        # would take items for nobody, and a queue table would lose them.
         return await self._requester().request(
             self.subjects.sample,
-            req.SerializeToString(),
+            sample_request(table, int(num_samples), timeout_ms, flexible),
             wait,
             watch=lambda: self._probe_service(table, hung_after),
             watch_after=_SERVICE_PROBE_EVERY,
+            withdrawal=sample_withdrawal,
         )
 
     async def _probe_service(self, table: str, hung_after: float | None) -> None:
@@ -830,7 +854,7 @@ class AsyncSampler:
                 self._current = None
             # A reply that lands after aclose is still handed out: its
             # items were drawn, and a queue would lose them.
-            if not self._closed:
+            if not self._closed and not ends_sampler(data, self._args[2]):
                 self._issue()
             return data
 
@@ -858,8 +882,10 @@ class AsyncSampler:
 
     async def aclose(self) -> None:
         """Cancels the requests in flight, the one another task awaits too
-        (its iteration ends). The service drew their items, which are lost:
-        with a queue table use prefetch=1, which loses at most one batch."""
+        (its iteration ends), withdrawing those that still wait for the
+        rate limiter: they take nothing. Replies already sampled and on
+        their way are lost: with a queue table use prefetch=1, which loses
+        at most one batch."""
         self._closed = True
         for t in self._tasks:
             if not t.cancel() and not t.cancelled():

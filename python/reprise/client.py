@@ -238,10 +238,11 @@ class Client:
         without, it waits. A lost service (a restart), or one that leaves requests
         unanswered, is waited for up to ``retry_unavailable_for`` seconds,
         then the error is raised. Close it (or use ``with``) to
-        stop its requests. The service drew the items of every request
-        sent, so those of the ``prefetch`` batches not yet taken are lost
-        at close: with a queue table use ``prefetch=1``, which loses at
-        most one batch."""
+        stop its requests: those still waiting for the rate limiter are
+        withdrawn and take nothing, but the items of batches already
+        sampled (replies that came and were not taken, or on their way)
+        are lost at close: with a queue table use ``prefetch=1``, which
+        loses at most one batch."""
         return Sampler(self, table, batch_size, prefetch, timeout, flexible, retry_unavailable_for)
 
     def mutate_priorities(
@@ -397,10 +398,12 @@ class Sampler:
         data = await self._c._aclient.sample_raw(t, n, timeout, flexible)
         with self._lock:
             # A failed request is not replaced here: next_raw decides
-            # whether and when to ask again.
+            # whether and when to ask again; nor is the reply that ends the
+            # iteration.
             if self._waiting:
                 self._waiting = False
-                self._fill()
+                if not _aio.ends_sampler(data, timeout):
+                    self._fill()
         return data
 
     def next_raw(self) -> bytes:
@@ -442,8 +445,9 @@ class Sampler:
                 with self._lock:
                     self._waiting = False
                     self._current = None
-            with self._lock:
-                self._fill()  # unless the loop replaced the reply already
+            if not _aio.ends_sampler(data, self._args[2]):
+                with self._lock:
+                    self._fill()  # unless the loop replaced the reply already
             return data
 
     def __iter__(self) -> Sampler:
@@ -483,7 +487,8 @@ class Sampler:
                 if not self._futs or not self._futs[0].done():
                     return None
                 fut = self._futs.popleft()
-                self._fill()
+                if fut.cancelled() or fut.exception() is not None or not _aio.ends_sampler(fut.result(), self._args[2]):
+                    self._fill()
             try:
                 return _aio.decode_batch(fut.result())
             except (concurrent.futures.CancelledError, errors.ClosedError):
@@ -504,7 +509,9 @@ class Sampler:
 
     def close(self) -> None:
         """Cancels the requests in flight, the one an iterating thread waits
-        on too: its iteration ends."""
+        on too: its iteration ends. Those still waiting for the rate limiter
+        are withdrawn, and take nothing; replies already sampled and on
+        their way are lost."""
         with self._lock:
             self._closed = True
             futs, self._futs = self._futs, collections.deque()
@@ -1192,7 +1199,8 @@ class ShardedSampler:
 
     def close(self) -> None:
         """Cancels the calls in flight, the one an iterating thread waits on
-        too: its iteration ends."""
+        too: its iteration ends. The shards' requests still waiting for the
+        rate limiter are withdrawn, and take nothing."""
         with self._lock:
             self._closed = True
             futs, self._futs = self._futs, collections.deque()

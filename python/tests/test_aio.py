@@ -86,6 +86,12 @@ def test_wrong_prefix_is_a_clear_error(server: Reprised) -> None:
             c.server_info(timeout=5)
 
 
+async def until(cond: Any) -> None:
+    """Returns once cond() holds (bound it with asyncio.wait_for)."""
+    while not cond():
+        await asyncio.sleep(0.01)
+
+
 def test_sample_fails_when_the_service_dies(server: Reprised) -> None:
     """A sample whose service takes the request and dies, never answering,
     raises UnavailableError soon after instead of waiting without end. A
@@ -93,12 +99,14 @@ def test_sample_fails_when_the_service_dies(server: Reprised) -> None:
     service; nothing listens for info."""
     import nats
 
+    from reprise._proto import reprise_pb2 as pb
+
     async def main() -> None:
         nc = await nats.connect(server.url)
-        swallowed: list[bytes] = []
+        swallowed: list[Any] = []
 
         async def swallow(m: Any) -> None:
-            swallowed.append(m.data)
+            swallowed.append(m)
 
         await nc.subscribe("gone.api.sample", cb=swallow)
         await nc.flush()
@@ -108,8 +116,15 @@ def test_sample_fails_when_the_service_dies(server: Reprised) -> None:
                 await c.sample("t", 1)  # no timeout
         finally:
             await c.close()
+        # One request, which the call withdrew as it gave up on it.
+        try:
+            await asyncio.wait_for(until(lambda: len(swallowed) >= 2), 10)
+        finally:
             await nc.close()
-        assert len(swallowed) == 1
+        assert len(swallowed) == 2
+        request, withdrawal = swallowed
+        assert request.reply and not withdrawal.reply
+        assert pb.SampleRequest.FromString(withdrawal.data).withdraw == request.reply
 
     asyncio.run(main())
 

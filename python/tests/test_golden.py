@@ -164,7 +164,44 @@ def test_go_progress_decodes(case: dict[str, Any]) -> None:
     assert (applied, held, paced) == (case["applied"], case["held"] or {}, case["max_unapplied"])
 
 
+GO_SAMPLE_REQUESTS = load("go_sample_requests.json")
+
+
+def _sample_request_bytes(case: dict[str, Any]) -> bytes:
+    if case["withdraw"]:
+        return raio.sample_withdrawal(case["withdraw"])
+    return raio.sample_request(case["table"], case["num_samples"], case["timeout_ms"], case["flexible"])
+
+
+@pytest.mark.parametrize("case", GO_SAMPLE_REQUESTS, ids=[c["name"] for c in GO_SAMPLE_REQUESTS])
+def test_sample_requests_are_go_s(case: dict[str, Any]) -> None:
+    """Python sends a sample request, and its withdrawal, in the bytes Go
+    sends them in."""
+    assert _sample_request_bytes(case) == b64(case["data"])
+
+
 # --------------------------------------------------------------- Python -> Go
+
+
+def test_python_sample_requests() -> None:
+    """Python's sample requests and withdrawal, which the Go test
+    TestGoldenPythonSampleRequests decodes."""
+    cases = [
+        {"name": "request", "table": "replay", "num_samples": 32, "timeout_ms": 4500, "flexible": False, "withdraw": ""},
+        {"name": "flexible request", "table": "q", "num_samples": 1, "timeout_ms": 0, "flexible": True, "withdraw": ""},
+        {"name": "withdrawal", "table": "", "num_samples": 0, "timeout_ms": 0, "flexible": False,
+         "withdraw": "_INBOX.learner.Xq2Zt0PQmUc1Vf8gLw3bsa.2a"},
+    ]
+    msgs = []
+    for c in cases:
+        data = _sample_request_bytes(c)
+        m = pb.SampleRequest.FromString(data)
+        msgs.append({**c, "data": base64.b64encode(data).decode(), "packed": m.packed, "layout": int(m.layout)})
+    path = GOLDEN / "python_sample_requests.json"
+    if os.environ.get("REPRISE_UPDATE_GOLDEN") == "1":
+        path.write_text(json.dumps(msgs, indent=1) + "\n")
+    assert json.loads(path.read_text()) == msgs, "regenerate with scripts/test.sh --update-golden"
+
 
 
 def tensor_json(a: np.ndarray) -> dict[str, Any]:

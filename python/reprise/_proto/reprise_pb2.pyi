@@ -402,20 +402,22 @@ class SampleInfo(_message.Message):
     def __init__(self, key: _Optional[int] = ..., probability: _Optional[float] = ..., table_size: _Optional[int] = ..., priority: _Optional[float] = ..., times_sampled: _Optional[int] = ..., inserted_at_unix_nano: _Optional[int] = ..., rate_limited: bool = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ["flexible", "layout", "num_samples", "packed", "table", "timeout_ms"]
+    __slots__ = ["flexible", "layout", "num_samples", "packed", "table", "timeout_ms", "withdraw"]
     FLEXIBLE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     PACKED_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAW_FIELD_NUMBER: _ClassVar[int]
     flexible: bool
     layout: PackedLayout
     num_samples: int
     packed: bool
     table: str
     timeout_ms: int
-    def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., flexible: bool = ..., packed: bool = ..., layout: _Optional[_Union[PackedLayout, str]] = ...) -> None: ...
+    withdraw: str
+    def __init__(self, table: _Optional[str] = ..., num_samples: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., flexible: bool = ..., packed: bool = ..., layout: _Optional[_Union[PackedLayout, str]] = ..., withdraw: _Optional[str] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
     __slots__ = ["chunks", "items", "packed", "status", "table_size", "weight_exponent", "weight_fraction"]

@@ -1,0 +1,139 @@
+"""Sample requests a learner stopped waiting for are withdrawn: on a queue
+table they take nothing, and every item inserted afterwards reaches the
+next reader. NATS request-reply has no cancellation: the service kept such
+a request waiting for the rate limiter, and it took the next item for
+nobody."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+import reprise
+from reprise import aio as raio
+from reprise._proto import reprise_pb2 as pb
+
+from conftest import wait_for
+
+QUEUE = """
+tables:
+  - {name: q, max_size: 100, rate_limiter: {preset: queue}}
+"""
+
+N = 8
+
+
+def barrier(c: reprise.Client) -> None:
+    """Returns once the service took every message c sent on the sample
+    subject before: a request of the empty queue that cannot wait is
+    answered only after the withdrawals before it were taken."""
+    with pytest.raises(reprise.RateLimitedError):
+        c.sample_batch("q", 1, timeout=0.2)
+
+
+def sample_messages(c: reprise.Client) -> int:
+    """How many messages the service's sample endpoint has handled
+    (requests and withdrawals), as its NATS micro stats count them."""
+    m = c._call(c._aclient.nats.request("$SRV.STATS.reprise", b"", timeout=5))
+    return sum(e["num_requests"] for e in json.loads(m.data)["endpoints"] if e["name"] == "sample")
+
+
+def insert_and_read(url: str, c: reprise.Client) -> None:
+    """Inserts N items into the empty queue and reads them with a fresh
+    client: every one arrives, once, and the table counts N samples."""
+    for i in range(N):
+        c.insert({"x": np.float32(i)}, {"q": 1.0})
+    got: list[int] = []
+    with reprise.Client(url) as reader:
+        while len(got) < N:
+            try:
+                b = reader.sample_batch("q", 1, timeout=5)
+            except reprise.RateLimitedError:
+                pytest.fail(f"only {sorted(got)} of {N} items reached the reader: an abandoned request took the others")
+            assert b.info.times_sampled.tolist() == [1]
+            got.append(int(b.data["x"][0]))
+        info = reader.server_info()["q"]
+    assert sorted(got) == list(range(N))
+    # The withdrawn requests counted no sample, with the table or its limiter.
+    assert (info.num_samples, info.rate_limiter_info.samples, info.current_size) == (N, N, 0)
+
+
+@pytest.mark.parametrize("prefetch", [1, 2, 4])
+def test_a_sampler_ended_by_its_timeout_leaves_nothing_waiting(reprised_factory: Any, prefetch: int) -> None:
+    """A sampler whose timeout ends it withdraws the requests it had in
+    flight, and sends none after the reply that ends it."""
+    r = reprised_factory(QUEUE)
+    with reprise.Client(r.url) as c:
+        with c.sampler("q", 1, prefetch=prefetch, timeout=1) as s:
+            assert sum(1 for _ in s) == 0
+        barrier(c)
+        insert_and_read(r.url, c)
+
+
+def test_a_closed_sampler_withdraws_its_requests(reprised_factory: Any) -> None:
+    r = reprised_factory(QUEUE)
+    with reprise.Client(r.url) as c:
+        s = c.sampler("q", 1, prefetch=4)
+        next_ready = s._next_ready()  # sends the requests, takes none
+        assert next_ready is None
+        wait_for("4 requests wait", lambda: c.server_info()["q"].sample_waits == 4)
+        s.close()
+        barrier(c)
+        insert_and_read(r.url, c)
+
+
+def test_closing_the_client_withdraws(reprised_factory: Any) -> None:
+    """Requests in flight when their client closes are withdrawn."""
+    r = reprised_factory(QUEUE)
+    with reprise.Client(r.url) as watch:
+        with reprise.Client(r.url) as c:
+            s = c.sampler("q", 1, prefetch=4)
+            assert s._next_ready() is None
+            wait_for("4 requests wait", lambda: watch.server_info()["q"].sample_waits == 4)
+        # The withdrawals went out before the connection drained, on
+        # another connection than watch's: wait until the service took
+        # them (the endpoint counts each message it handled).
+        wait_for("the service takes the withdrawals", lambda: sample_messages(watch) >= 8)
+        insert_and_read(r.url, watch)
+
+
+def test_async_withdrawals(reprised_factory: Any) -> None:
+    """An AsyncSampler's aclose, its end by its timeout, and a cancelled
+    sample_batch withdraw their requests."""
+    r = reprised_factory(QUEUE)
+
+    async def main() -> None:
+        async with raio.Client(r.url) as c:
+            s = c.sampler("q", 1, prefetch=4)
+            first = asyncio.ensure_future(s.__anext__())
+            while (await c.server_info())["q"].sample_waits < 4:
+                await asyncio.sleep(0.01)
+            await s.aclose()
+            with pytest.raises(StopAsyncIteration):
+                await first
+            async with c.sampler("q", 1, prefetch=2, timeout=1) as s2:
+                assert [b async for b in s2] == []
+            before = (await c.server_info())["q"].sample_waits
+            task = asyncio.ensure_future(c.sample_batch("q", 1))
+            while (await c.server_info())["q"].sample_waits == before:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            with pytest.raises(reprise.RateLimitedError):
+                await c.sample_batch("q", 1, timeout=0.2)  # the barrier
+
+    asyncio.run(main())
+    with reprise.Client(r.url) as c:
+        insert_and_read(r.url, c)
+
+
+def test_withdrawal_bytes() -> None:
+    """The withdrawal is a SampleRequest with withdraw set and nothing
+    else (golden vectors check its bytes against Go's)."""
+    m = pb.SampleRequest.FromString(raio.sample_withdrawal("_INBOX.abc.1f"))
+    assert m == pb.SampleRequest(withdraw="_INBOX.abc.1f")
