@@ -137,3 +137,25 @@ def test_withdrawal_bytes() -> None:
     else (golden vectors check its bytes against Go's)."""
     m = pb.SampleRequest.FromString(raio.sample_withdrawal("_INBOX.abc.1f"))
     assert m == pb.SampleRequest(withdraw="_INBOX.abc.1f")
+
+
+def test_a_closed_sharded_sampler_withdraws_its_requests(reprised_factory: Any) -> None:
+    """The shards' requests a ShardedSampler leaves waiting at close are
+    withdrawn: a min_size limiter that lets samples through later counts
+    only the reader's."""
+    r = reprised_factory(extra=["--shard", "0/1"])
+    with reprise.Client(r.url) as c:
+        c.insert({"x": np.float32(0)}, {"limited": 1.0})  # below min_size 5: samples wait
+        with reprise.ShardedClient(r.url, ["reprise"]) as sc:
+            s = sc.sampler("limited", 1, prefetch=2)
+            assert s._next_ready() is None
+            wait_for("2 requests wait", lambda: c.server_info()["limited"].sample_waits == 2)
+            s.close()
+            # On the connection the shard's requests went out on.
+            with pytest.raises(reprise.RateLimitedError):
+                sc.shard(0).sample_batch("limited", 1, timeout=0.2)
+            for i in range(1, 5):
+                c.insert({"x": np.float32(i)}, {"limited": 1.0})
+            c.sample_batch("limited", 1, timeout=5)
+            info = c.server_info()["limited"]
+    assert (info.num_samples, info.rate_limiter_info.samples) == (1, 1)
