@@ -651,7 +651,8 @@ func (t *Table) AppendSamples(ctx context.Context, dst []Sample, least, most int
 // them under: a request that waited for the rate limiter is held to the
 // items that came meanwhile, which may be larger than any it was measured
 // against when it arrived. Samples taken before such a failure stay taken
-// and are returned with it.
+// and are returned with it. A wait that ends as ctx ends takes nothing
+// more, even when an insert woke it at the same time.
 func (t *Table) AppendSamplesWithin(ctx context.Context, dst []Sample, least, most int, fits func(largestBytes, largestParts int64) bool) ([]Sample, State, error) {
 	if least < 1 || most < least {
 		return dst, State{}, fmt.Errorf("%w: table %q: sample counts must be 1 <= least <= most, got %d and %d", ErrInvalidArgument, t.name, least, most)

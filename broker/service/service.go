@@ -99,7 +99,8 @@ type serviceOptions struct {
 // export them as metrics. Calls come from the service's goroutines and
 // must not block.
 type Observer interface {
-	// SampleServed is called once per sample request answered.
+	// SampleServed is called once per sample request answered (not for
+	// one its client withdrew before it sampled, which is not answered).
 	SampleServed(table string, items int, latency time.Duration, code Code)
 	// ItemInserted is called per item applied to a table; age is the time
 	// from the stream storing the message to the item being sampleable.
