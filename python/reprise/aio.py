@@ -112,8 +112,15 @@ def ends_sampler(data: bytes, timeout: float | None) -> bool:
     """Whether a sample reply ends a sampler with that timeout: a rate
     limiter that allowed nothing in time. A sampler sends no request to
     replace it: that one would wait a whole timeout more, and take items
-    for nobody."""
-    return timeout is not None and _sample.reply_code(data) == pb.CODE_RATE_LIMITED
+    for nobody. Such a reply is a status alone, a few hundred bytes: a
+    larger one holds items and is not read here, where reading its fields
+    would cost a Python step per chunk of every batch."""
+    return timeout is not None and len(data) <= _STATUS_REPLY_BYTES and _sample.reply_code(data) == pb.CODE_RATE_LIMITED
+
+
+#: The most bytes ends_sampler reads: a status reply's code and message
+#: (which names the table and the wait) with room to spare.
+_STATUS_REPLY_BYTES = 4096
 
 
 def parse_status_reply(cls: Any, data: bytes, what: str) -> Any:
