@@ -1623,7 +1623,8 @@ func (p *Producer) SetPolicyVersion(version int64) {
 // (publishing its items failed: ctx ended while it waited for room in the
 // window, or the producer closed): the actor must call EndEpisode again,
 // with a context that allows the wait, before it appends the next
-// episode's first step, which would otherwise continue this episode. Any
+// episode's first step, which would otherwise continue this episode; that
+// call reports the item over the max payload this one went past, if any. Any
 // other error came after the episode ended, from the wait for its items,
 // as Flush's would: an item over the max payload is dropped, as Flush
 // drops it, and reported with them. Calling EndEpisode again after any
@@ -1654,11 +1655,17 @@ func (p *Producer) endEpisode(ctx context.Context) (ended bool, err error) {
 	}
 	open := !ended && p.step > 0
 	p.mu.Unlock()
+	if open {
+		// What this call went past (an item over the max payload) is left
+		// for the call made again, as Python's end_episode leaves it.
+		return false, fmt.Errorf("%w: %w", ErrEpisodeNotEnded, err)
+	}
 	if err != nil {
-		if open {
-			err = fmt.Errorf("%w: %w", ErrEpisodeNotEnded, err)
-		}
-		return ended, err
+		// The episode ended (or had no steps) and its last message found
+		// no room: the call ends as a Flush whose wait ended, with what it
+		// went past and what it saw lost, not leaving them to the next
+		// call.
+		return ended, p.flow.withLost(errors.Join(p.flow.takeErrors(), err), mark)
 	}
 	// Everything is published: this only waits.
 	return ended, p.flush(ctx, mark)

@@ -2093,3 +2093,50 @@ func TestFlushAndEndEpisodeGoPastAnItemOverTheMaxPayload(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestEndEpisodeThatEndedReportsWhatItWentPast: an EndEpisode that went
+// past an item over the max payload, ended the episode and then found no
+// room in the window for the episode's last message returns the item's
+// error with its ErrNotApplied, as a Flush whose wait ended does and as
+// the README says ("reported with them"). It returned ErrNotApplied
+// alone and left the item's error to whichever call came next.
+func TestEndEpisodeThatEndedReportsWhatItWentPast(t *testing.T) {
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 10), tables.QueueConfig("q", 1)}, testutil.StartEmbedded(t, 16<<10))
+	ctx := testutil.Context(t)
+	// A linger keeps the small item staged past EndEpisode's first
+	// advance, so that the episode ends before its last message waits for
+	// room; WithMaxUnapplied(1) leaves no room while the queue holds one.
+	p := d.producer(WithLinger(20*time.Millisecond), WithChunkLength(2), WithCompression(wire.Uncompressed), WithMaxUnapplied(1))
+	holdInQueue(t, d, p, "q", "id")
+	big := Tensor{DType: "uint8", Shape: []int64{20 << 10}, Data: make([]byte, 20<<10)}
+	if err := p.Append(ctx, Step{"big": big, "id": Int64s(nil, []int64{2})}); err != nil {
+		t.Fatal(err)
+	}
+	// Their chunks stay open: both items are still pending at EndEpisode.
+	if err := p.CreateItem(ctx, "t", 1, LastStep("big")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateItem(ctx, "t", 1, LastStep("id")); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	err := p.EndEpisode(short)
+	p.mu.Lock()
+	steps := p.step
+	p.mu.Unlock()
+	if steps != 0 {
+		t.Fatalf("the episode has %d steps after EndEpisode, want 0 (the scenario needs one that ends): %v", steps, err)
+	}
+	if !errors.Is(err, ErrNotApplied) || errors.Is(err, ErrEpisodeNotEnded) || !errors.Is(err, ErrInvalidMessage) {
+		t.Fatalf("EndEpisode that ended the episode, then found no room: %v, want ErrNotApplied and the item's ErrInvalidMessage, not ErrEpisodeNotEnded", err)
+	}
+	for range 2 {
+		if _, err := d.client().Sample(ctx, "q", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("Flush after the EndEpisode reported the item: %v, want nil (reported once)", err)
+	}
+}
