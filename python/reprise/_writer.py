@@ -614,19 +614,13 @@ class _Blocked(Exception):
     """Internal: the window is full; wait for it to change and try again."""
 
 
-_REJECTED_CLASSES: dict[type[errors.RepriseError], type[errors.RejectedError]] = {}
-
-
 def rejection_error(r: Any, what: str = "") -> errors.RejectedError:
     """A Rejection message as an exception that is both a RejectedError and
     the class of its status code (so ``except SignatureMismatchError`` works
     for a rejected item too). ``what`` says what was refused, when not a
     writer's message or item."""
     base = type(errors.error_for_code(r.code, ""))
-    cls = _REJECTED_CLASSES.get(base)
-    if cls is None:
-        cls = type("Rejected" + base.__name__, (errors.RejectedError, base), {})
-        _REJECTED_CLASSES[base] = cls
+    cls = errors.compound_class("Rejected" + base.__name__, (errors.RejectedError, base))
     if not what:
         item = f"item {r.item_key} for table {r.table!r}" if r.item_key else "message"
         what = f"rejected by the table service: {item} of message {r.sequence}"
@@ -639,9 +633,6 @@ def rejection_error(r: Any, what: str = "") -> errors.RejectedError:
         item_key=r.item_key,
         table=r.table,
     )
-
-
-_NOT_STORED_CLASSES: dict[type[errors.RepriseError], type[errors.NotStoredError]] = {}
 
 
 def not_stored_error(err: errors.RepriseError, seq: int, items: int) -> errors.NotStoredError:
@@ -659,14 +650,7 @@ def denied_not_stored_error(err: errors.PermissionDeniedError, seq: int, items: 
 
 
 def _not_stored_class(base: type[errors.RepriseError]) -> type[errors.NotStoredError]:
-    cls = _NOT_STORED_CLASSES.get(base)
-    if cls is None:
-        cls = type("NotStored" + base.__name__, (errors.NotStoredError, base), {})
-        _NOT_STORED_CLASSES[base] = cls
-    return cls
-
-
-_OUTCOME_UNKNOWN_CLASSES: dict[type[errors.RepriseError], type[errors.OutcomeUnknownError]] = {}
+    return errors.compound_class("NotStored" + base.__name__, (errors.NotStoredError, base))
 
 
 def outcome_unknown_error(err: errors.RepriseError, seq: int, items: int) -> errors.OutcomeUnknownError:
@@ -675,10 +659,7 @@ def outcome_unknown_error(err: errors.RepriseError, seq: int, items: int) -> err
     of its last failure, with that failure's fields (a
     PermissionDeniedError's operation and subject too)."""
     base = type(err)
-    cls = _OUTCOME_UNKNOWN_CLASSES.get(base)
-    if cls is None:
-        cls = type("OutcomeUnknown" + base.__name__, (errors.OutcomeUnknownError, base), {})
-        _OUTCOME_UNKNOWN_CLASSES[base] = cls
+    cls = errors.compound_class("OutcomeUnknown" + base.__name__, (errors.OutcomeUnknownError, base))
     message = (f"message {seq} ({items} items) may be stored, its items applied: an attempt went unanswered; "
                f"given up on: {err.message}")
     return _loss_of(cls, err, message, seq, items)
@@ -698,28 +679,19 @@ def closed_while_retrying(err: errors.RepriseError) -> errors.ClosedError:
     return _also(errors.ClosedError, err, f"the writer closed while retrying: {err.message}")
 
 
-_ALSO_CLASSES: dict[tuple[type[errors.RepriseError], type[errors.RepriseError]], type[errors.RepriseError]] = {}
-
-
 def _also(kind: type[_E], err: errors.RepriseError, message: str) -> _E:
     """A copy of err that says message, caused by err, with its fields, of
     a class that is both kind and err's class."""
     base = type(err)
-    cls = _ALSO_CLASSES.get((kind, base))
-    if cls is None:
-        cls = type(kind.__name__.removesuffix("Error") + base.__name__, (kind, base), {})
-        _ALSO_CLASSES[kind, base] = cls
-    out = with_message(err, message)
-    out.__class__ = cls
-    return cast(_E, out)
+    cls = errors.compound_class(kind.__name__.removesuffix("Error") + base.__name__, (kind, base))
+    return cast(_E, with_message(err, message, cls))
 
 
 def _loss_of(cls: type[_E], err: errors.RepriseError, message: str, seq: int, items: int) -> _E:
     """An error of cls (a subclass of err's class) with err's fields, which
     says message of message seq and its items, caused by err."""
-    out = cls.__new__(cls, message)
+    out = cast(_E, errors.bare(cls, message))
     out.__dict__.update(err.__dict__)
-    out.args = (message,)
     out.message = message
     out.__dict__.update(sequence=seq, items=items)
     out.__cause__ = err
@@ -732,15 +704,8 @@ def with_message(e: _E, message: str, cls: type[errors.RepriseError] | None = No
     the class's __init__, whose arguments differ from class to class
     (PermissionDeniedError's operation and subject, NotStoredError's
     sequence and items)."""
-    cls = cls or type(e)
-    # The __new__ of the builtin base that lays instances out: that of a
-    # class of LookupError and TimeoutError (a rejection joined with a
-    # timeout) is OSError's, and its MRO finds LookupError's first, which
-    # refuses to make one.
-    new = OSError.__new__ if issubclass(cls, OSError) else cls.__new__
-    out = cast(_E, new(cls, message))
+    out = cast(_E, errors.bare(cls or type(e), message))
     out.__dict__.update(e.__dict__)
-    out.args = (message,)  # OSError's subclasses leave args to __init__
     out.message = message
     out.__cause__ = e
     return out
@@ -760,17 +725,9 @@ _LOSS_KINDS: tuple[type[errors.RepriseError], ...] = (
 #: timeout (as Go's errors.Is finds ErrClosed or the context's deadline).
 _END_KINDS: tuple[type[errors.RepriseError], ...] = (errors.ClosedError, errors.DeadlineExceededError)
 
-_JOINED_CLASSES: dict[tuple[type[errors.RepriseError], ...], type[errors.RepriseError]] = {}
-
-
 def _joined_class(base: type[errors.RepriseError], extra: tuple[type[errors.RepriseError], ...]) -> type[errors.RepriseError]:
     """base, also of the kinds of loss in extra."""
-    bases = (base, *extra)
-    cls = _JOINED_CLASSES.get(bases)
-    if cls is None:
-        cls = type(base.__name__, bases, {})
-        _JOINED_CLASSES[bases] = cls
-    return cls
+    return errors.compound_class(base.__name__, (base, *extra))
 
 
 def _join(errs: list[errors.RepriseError]) -> errors.RepriseError:

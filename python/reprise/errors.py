@@ -11,7 +11,7 @@ Several classes also derive from the matching builtin (``TimeoutError``,
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, cast
 
 
 class Code(enum.IntEnum):
@@ -47,6 +47,15 @@ class RepriseError(Exception):
                 self.code = Code(code)
             except ValueError:
                 self.code = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (multiprocessing sends what a worker raised so) and
+        # copied without the class's __init__, whose arguments differ from
+        # class to class (PermissionDeniedError's are keyword-only and
+        # required), and a class of several kinds (compound_class) by its
+        # name and bases: pickle finds no such class by its name, and
+        # another process has not made it yet.
+        return _restore, (_spec(type(self)), self.args), self.__dict__
 
 
 class InvalidArgumentError(RepriseError, ValueError):
@@ -241,6 +250,62 @@ class DuplicateIdError(NotStoredError, RejectedError):
     def __init__(self, message: str, *, sequence: int = 0, items: int = 0) -> None:
         RejectedError.__init__(self, message, sequence=sequence)
         self.items = items
+
+
+#: A class of several kinds: its name and bases, as compound_class made it.
+_Spec = tuple[str, tuple[Any, ...]]
+
+_COMPOUND: dict[tuple[str, tuple[type[RepriseError], ...]], type[RepriseError]] = {}
+_COMPOUND_SPEC: dict[type[RepriseError], _Spec] = {}
+
+
+def compound_class(name: str, bases: tuple[type[RepriseError], ...]) -> type[Any]:
+    """The class name of bases, an error of several kinds (a rejection of
+    its code's class, a loss of its last failure's...), made once per
+    process: one class for each, so that ``type(a) is type(b)`` for errors
+    of the same kinds, and pickled by its name and bases (see
+    RepriseError.__reduce__)."""
+    key = (name, bases)
+    cls = _COMPOUND.get(key)
+    if cls is None:
+        # setdefault keeps one class where two threads make it at once.
+        cls = _COMPOUND.setdefault(key, type(name, bases, {}))
+        _COMPOUND_SPEC[cls] = (name, tuple(_spec(b) for b in bases))
+    return cls
+
+
+def _spec(cls: type[RepriseError]) -> type[RepriseError] | _Spec:
+    """cls as pickled: itself, which pickle finds by its name, or a class
+    of several kinds by its name and bases."""
+    return _COMPOUND_SPEC.get(cls, cls)
+
+
+def _class(spec: type[RepriseError] | _Spec) -> type[RepriseError]:
+    if isinstance(spec, type):
+        return spec
+    name, bases = spec
+    return compound_class(name, tuple(_class(b) for b in bases))
+
+
+def bare(cls: type[RepriseError], message: str) -> Any:
+    """An instance of cls that says message, made without cls's __init__:
+    the caller sets its fields."""
+    # The __new__ of the builtin base that lays instances out: that of a
+    # class of LookupError and TimeoutError (a rejection joined with a
+    # timeout) is OSError's, and its MRO finds LookupError's first, which
+    # refuses to make one.
+    new = OSError.__new__ if issubclass(cls, OSError) else cls.__new__
+    out = new(cls, message)
+    out.args = (message,)  # OSError's subclasses leave args to __init__
+    return out
+
+
+def _restore(spec: type[RepriseError] | _Spec, args: tuple[Any, ...]) -> RepriseError:
+    """An error unpickled: of the class spec names, with args; pickle then
+    sets its fields."""
+    out = bare(_class(spec), args[0] if args else "")
+    out.args = args
+    return cast(RepriseError, out)
 
 
 _BY_CODE: dict[Code, type[RepriseError]] = {

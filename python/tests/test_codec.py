@@ -619,6 +619,28 @@ def test_joined_errors_keep_every_loss_and_message() -> None:
 
 
 
+def test_every_writer_error_pickles_and_copies() -> None:
+    """Errors of several kinds (a loss of its last failure's class, a close
+    that gave up on a resend, errors joined) and a PermissionDeniedError,
+    whose __init__ takes required keyword-only fields, pickle and copy
+    with their class and fields: they raised PicklingError or TypeError."""
+    import copy
+    import pickle
+
+    from reprise._writer import _join, closed_while_retrying, episode_not_ended_error, not_stored_error
+
+    denied = reprise.PermissionDeniedError("publish denied", operation="publish", subject="r.data.insert")
+    lost = not_stored_error(reprise.DeadlineExceededError("no ack"), 3, 64)
+    rej = reprise.RejectedError("item 7 refused", code=reprise.Code.NOT_FOUND, sequence=4, item_key=7, table="t")
+    for e in (denied, lost, _join([denied, lost, rej]), _join([rej, reprise.ClosedError("closed")]),
+              closed_while_retrying(reprise.UnavailableError("no stream")),
+              episode_not_ended_error(reprise.DeadlineExceededError("no room"))):
+        for again in (copy.copy(e), pickle.loads(pickle.dumps(e))):
+            assert type(again) is type(e) and str(again) == str(e) and again.args == e.args
+            assert {k: v for k, v in vars(again).items() if k != "rejections"} == \
+                {k: v for k, v in vars(e).items() if k != "rejections"}
+
+
 def test_a_waiting_call_reports_items_lost_to_another_calls_errors() -> None:
     """A call that waited for messages (flush, end_episode, close) reports
     the items lost meanwhile even where another call took their errors;

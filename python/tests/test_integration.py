@@ -916,6 +916,65 @@ def test_end_episode_ends_it_even_when_the_wait_fails(reprised_factory: Any) -> 
         w.close()
 
 
+def test_a_writers_errors_pickle_and_copy(reprised_factory: Any) -> None:
+    """The errors a writer raises pickle, as multiprocessing sends what a
+    worker raised, into a process that never made their classes, and
+    copy, keeping their kinds and fields: an EpisodeNotEndedError that is
+    a DeadlineExceededError too, a rejection of its code's class. Their
+    classes, made with type() when first raised, were found by no name:
+    pickle raised PicklingError, and a pool's worker reported that in
+    place of the error."""
+    import copy
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    r = reprised_factory("tables:\n  - {name: held, max_size: 1, rate_limiter: {preset: queue}}\n  - {name: t, max_size: 10}\n")
+    raised: list[reprise.RepriseError] = []
+    with reprise.Client(r.url) as c:
+        w = c.trajectory_writer(3, linger=0.0, max_unapplied=1, validate_signatures=False)
+        w.append({"id": np.int64(0)})
+        w.create_item("held", 1.0, {"id": w.history["id"][-1]})
+        w.flush(timeout=30)  # the queue is full
+        w.append({"id": np.int64(1)})
+        w.create_item("held", 1.0, {"id": w.history["id"][-1]})  # held: the window stays full
+        w.create_item("t", 1.0, {"id": w.history["id"][-1]})
+        with pytest.raises(reprise.EpisodeNotEndedError) as e:
+            w.end_episode(timeout=0.3)
+        raised.append(e.value)
+        assert [int(s.data["id"]) for s in c.sample("held", 1, timeout=30)] == [0]  # makes room
+        w.end_episode(timeout=30)
+        w.append({"id": np.int64(2)})
+        w.create_item("nosuch", 1.0, {"id": w.history["id"][-1]})
+        with pytest.raises(reprise.RejectedError) as e:
+            w.flush(timeout=30)
+        raised.append(e.value)
+        w.close()
+
+    kinds = [k for k in vars(reprise).values() if isinstance(k, type) and issubclass(k, BaseException)]
+
+    def described(errs: list[Any]) -> list[Any]:
+        return [(type(e).__name__, sorted(k.__name__ for k in kinds if isinstance(e, k)), e.message,
+                 {k: v for k, v in vars(e).items() if k != "rejections"}) for e in errs]
+
+    want = described(raised)
+    assert "EpisodeNotEndedError" in want[0][1] and "DeadlineExceededError" in want[0][1], want[0]
+    assert "RejectedError" in want[1][1] and "NotFoundError" in want[1][1], want[1]
+    assert described([copy.copy(e) for e in raised]) == want
+    again = pickle.loads(pickle.dumps(raised))
+    assert described(again) == want and [type(e) for e in again] == [type(e) for e in raised]
+    # Another process, as multiprocessing's parent, makes the classes anew.
+    script = ("import pickle, sys, reprise\n"
+              "errs = pickle.loads(sys.stdin.buffer.read())\n"
+              "kinds = [k for k in vars(reprise).values() if isinstance(k, type) and issubclass(k, BaseException)]\n"
+              "print(repr([(type(e).__name__, sorted(k.__name__ for k in kinds if isinstance(e, k)), e.message,"
+              " {k: v for k, v in vars(e).items() if k != 'rejections'}) for e in errs]))\n")
+    out = subprocess.run([sys.executable, "-c", script], input=pickle.dumps(raised), capture_output=True, check=True,
+                         env={**os.environ, "PYTHONPATH": ":".join(sys.path)})
+    assert out.stdout.decode().strip() == repr(want)
+
+
 def test_an_end_episode_error_says_whether_the_episode_ended(reprised_factory: Any) -> None:
     """An end_episode that times out waiting for room in the window, before
     it published the episode's items, has not ended the episode and raises
