@@ -1026,13 +1026,19 @@ class AsyncShardedTrajectoryWriter:
         """Runs the calls on the shards' writers at once and, once all are
         done, raises their errors as one, each naming its shard (a
         writer's call took its errors: one left out would never be
-        raised)."""
-        errs: list[errors.RepriseError] = []
-        for i, r in enumerate(await asyncio.gather(*calls, return_exceptions=True)):
-            if isinstance(r, errors.RepriseError):
-                errs.append(on_shard(r, i, self._c.prefixes[i]))
-            elif isinstance(r, BaseException):
-                raise r
+        raised), or an exception that is no RepriseError as it is."""
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        bug = next((r for r in results if isinstance(r, BaseException) and not isinstance(r, errors.RepriseError)), None)
+        if bug is not None:
+            # Raised as it is (a cancellation, say): the errors the other
+            # calls took go back to their writers, for the next call.
+            for i, r in enumerate(results):
+                if isinstance(r, errors.RepriseError):
+                    p = self._writers[i]._p
+                    assert p is not None
+                    p.on_error(r)
+            raise bug
+        errs = [on_shard(r, i, self._c.prefixes[i]) for i, r in enumerate(results) if isinstance(r, errors.RepriseError)]
         if errs:
             raise _join(errs)
 

@@ -1298,30 +1298,63 @@ class ShardedTrajectoryWriter:
         gave up on messages whose acks were on their way). Once all are
         done, raises their errors as one, each naming its shard (a
         writer's call took its errors: one left out would never be
-        raised)."""
+        raised). A KeyboardInterrupt (or SystemExit) in this thread leaves
+        at once, as it would a writer's own call, and an exception that is
+        no RepriseError is raised as it is: the errors the shards' calls
+        took then go back to their writers, for the next call to raise."""
         outcome: list[BaseException | None] = [None] * len(self._writers)
+        lock = threading.Lock()
+        left = False  # this thread left: the calls still running give back what they raise
 
         def run(i: int) -> None:
             try:
                 call(self._writers[i])
             except BaseException as e:  # noqa: BLE001 - raised by the caller's thread
-                outcome[i] = e
+                with lock:
+                    if not left:
+                        outcome[i] = e
+                        return
+                self._give_back(i, e)
 
         others = [threading.Thread(target=run, args=(i,), name=f"sharded-writer-{i}", daemon=True)
                   for i in range(1, len(self._writers))]
         for th in others:
             th.start()
-        run(0)
-        for th in others:
-            th.join()
-        errs: list[errors.RepriseError] = []
-        for i, e in enumerate(outcome):
-            if isinstance(e, errors.RepriseError):
-                errs.append(_sharded.on_shard(e, i, self._c.prefixes[i]))
-            elif e is not None:
-                raise e
+        try:
+            try:
+                call(self._writers[0])
+            except Exception as first:  # noqa: BLE001 - raised once the others are done
+                outcome[0] = first
+            for th in others:
+                th.join()
+        except BaseException:
+            # The other shards' calls run on to their deadlines: their
+            # waits cannot be cut short from here.
+            with lock:
+                left = True
+                done = list(enumerate(outcome))
+            for i, taken in done:
+                self._give_back(i, taken)
+            raise
+        bug = next((e for e in outcome if e is not None and not isinstance(e, errors.RepriseError)), None)
+        if bug is not None:
+            for i, taken in enumerate(outcome):
+                if isinstance(taken, errors.RepriseError):
+                    self._give_back(i, taken)
+            raise bug
+        errs = [_sharded.on_shard(e, i, self._c.prefixes[i])
+                for i, e in enumerate(outcome) if isinstance(e, errors.RepriseError)]
         if errs:
             raise _join(errs)
+
+    def _give_back(self, i: int, e: BaseException | None) -> None:
+        """Hands e, which shard i's writer's call raised and no caller
+        will, back to that writer, whose next call raises it; one that is
+        no RepriseError is logged."""
+        if isinstance(e, errors.RepriseError):
+            self._writers[i]._p.on_error(e)
+        elif e is not None:
+            log.error("reprise sharded writer: shard %d's call raised, its caller gone", i, exc_info=e)
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None, *, timeout: float | None = None) -> None:
         """Flushes every shard's writer (see :meth:`TrajectoryWriter.flush`;

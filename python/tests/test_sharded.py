@@ -400,6 +400,78 @@ def test_writer_raises_every_shards_loss(sc: reprise.ShardedClient, shards: list
     asyncio.run(main())
 
 
+def test_an_interrupted_flush_leaves_at_once_and_loses_no_shards_error(sc: reprise.ShardedClient, shards: list[Reprised]) -> None:
+    """A KeyboardInterrupt in the thread that calls a sync sharded writer's
+    flush (which runs shard 0's) leaves the call at once, and the errors
+    that the other shards' calls, running on, took from their writers are
+    raised by the next call. The call waited for every other shard's wait
+    to end (with no timeout, for ever) before it raised the interrupt,
+    then dropped their errors: shard 1's loss was never raised. So do
+    exceptions that are no RepriseError leave the shards' errors to the
+    next call, in the async writer too, which dropped them as well."""
+    w = sc.trajectory_writer(1, linger=0.0)
+    give_up_on_shards(w.writers)
+    first, second = w.writers
+    release, done = threading.Event(), threading.Event()
+    flush = second.flush
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    def slow(*args: Any, **kwargs: Any) -> None:
+        try:
+            release.wait(10)
+            flush(*args, **kwargs)
+        finally:
+            done.set()
+
+    first.flush, second.flush = interrupted, slow  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        w.flush(timeout=30)
+    assert not done.is_set(), "the interrupted flush waited for shard 1's"
+    release.set()
+    wait_for("shard 1's flush to end", done.is_set)
+    del first.flush, second.flush
+    with pytest.raises(reprise.RepriseError) as e:
+        w.flush(timeout=30)
+    check_both_shards_lost(e.value)
+
+    give_up_on_shards(w.writers)
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug")
+
+    first.flush = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        w.flush(timeout=30)
+    del first.flush
+    with pytest.raises(reprise.RepriseError) as e:
+        w.flush(timeout=30)
+    check_both_shards_lost(e.value)
+    w.flush(timeout=30)  # each loss reported once
+    w.close()
+
+    async def main() -> None:
+        async with reprise.aio.ShardedClient(shards[0].url, PREFIXES) as c:
+            aw = await c.trajectory_writer(1, linger=0.0)
+            give_up_on_shards(aw.writers)
+
+            async def abroken(*args: Any, **kwargs: Any) -> None:
+                raise RuntimeError("a bug")
+
+            aw.writers[0].flush = abroken  # type: ignore[method-assign]
+            with pytest.raises(RuntimeError):
+                await aw.flush(timeout=30)
+            del aw.writers[0].flush
+            with pytest.raises(reprise.RepriseError) as e:
+                await aw.flush(timeout=30)
+            check_both_shards_lost(e.value)
+            await aw.flush(timeout=30)
+            await aw.close()
+
+    asyncio.run(main())
+
+
 def test_insert_goes_to_one_random_shard(sc: reprise.ShardedClient) -> None:
     sc.reset("replay")
     for x in range(24):
