@@ -167,7 +167,10 @@ class EpisodeNotEndedError(RepriseError):
     timeout, say). The episode is still open, and steps appended next
     would continue it: the next episode's items could reference its
     steps, and the service would keep holding its chunks. Call
-    ``end_episode`` again before the next episode's first step. It is
+    ``end_episode`` again before the next episode's first step, unless it
+    is a :class:`ClosedError` too (the writer's close gave up while it
+    waited for room): no call ends it then. The call made again raises
+    the errors this one left (losses, rejections). It is
     also of the class of the failure (``DeadlineExceededError``...), as
     the Go producer's ``ErrEpisodeNotEnded`` wraps it. Any other error of
     ``end_episode`` came once the episode had ended, from the wait for its
