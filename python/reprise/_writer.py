@@ -1601,11 +1601,11 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 def check_policy_version(version: Any) -> int:
     """version as an int, once checked to be an int64, which a policy
     version is on the wire and in the Go producer and client: one out of
-    range would go out wrapped, another version."""
-    try:
-        v = int(version)
-    except (TypeError, ValueError, OverflowError):
-        raise errors.InvalidArgumentError(f"policy version {version!r} is not an integer") from None
+    range would go out wrapped, another version, and int() of a float or a
+    string would make a version of what is none (2.7 went out as 2)."""
+    if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
+        raise errors.InvalidArgumentError(f"policy version {version!r} is not an integer")
+    v = int(version)
     if not _INT64_MIN <= v <= _INT64_MAX:
         raise errors.InvalidArgumentError(f"policy version {version!r} is out of int64's range")
     return v

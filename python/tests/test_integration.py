@@ -1214,8 +1214,9 @@ def test_a_policy_version_out_of_int64_is_refused(server: Reprised) -> None:
     client: one out of its range raises InvalidArgumentError, and the
     writer keeps the version it had. The writer wrapped it (2**63 went out
     as -2**63, which a staleness bound finds the stalest of all), and the
-    client's set_policy_version raised protobuf's bare ValueError."""
-    versions = [1 << 63, -(1 << 63) - 1, 1 << 64, float("inf"), "v"]
+    client's set_policy_version raised protobuf's bare ValueError. Nor is
+    what is no integer taken (2.7 went out as 2, "5" as 5)."""
+    versions = [1 << 63, -(1 << 63) - 1, 1 << 64, float("inf"), "v", 2.7, "5", True]
     with reprise.Client(server.url) as c:
         w = c.trajectory_writer(1)
         w.set_policy_version(7)
@@ -1225,6 +1226,8 @@ def test_a_policy_version_out_of_int64_is_refused(server: Reprised) -> None:
             with pytest.raises(reprise.InvalidArgumentError, match="policy version"):
                 c.set_policy_version("replay", v, timeout=5)  # type: ignore[arg-type]
         assert w._p.policy_version == 7
+        w.set_policy_version(np.int64(8))
+        assert w._p.policy_version == 8 and type(w._p.policy_version) is int
         w.set_policy_version(-(1 << 63))
         w.close()
 
