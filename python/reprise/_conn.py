@@ -235,7 +235,7 @@ class Denials:
 
 
 class _Call:
-    __slots__ = ("future", "parts", "want", "subject", "withdrawal")
+    __slots__ = ("future", "parts", "want", "subject", "withdrawal", "lost")
 
     def __init__(
         self, future: asyncio.Future[list[bytes]], subject: str, withdrawal: Callable[[str], bytes] | None = None
@@ -247,6 +247,9 @@ class _Call:
         # What withdraws the request, given its reply subject (a sample
         # request's), or None.
         self.withdrawal = withdrawal
+        # Failed by a lost connection: the request may still wait at the
+        # service, which has a connection of its own.
+        self.lost = False
 
 
 class Requester:
@@ -279,12 +282,16 @@ class Requester:
                 pass
         self.fail_all(errors.ClosedError("client closed"))
 
-    def fail_all(self, err: errors.RepriseError) -> None:
+    def fail_all(self, err: errors.RepriseError, *, lost: bool = False) -> None:
         """Fails every call waiting for a reply (the connection was lost:
-        their replies will not come)."""
+        their replies will not come). With ``lost`` (the connection is
+        being restored), the calls that can be withdrawn are, by their
+        callers: the publish waits in the connection's buffer until it
+        reconnects."""
         calls, self._pending = self._pending, {}
         for c in calls.values():
             if not c.future.done():
+                c.lost = lost
                 c.future.set_exception(err)
 
     def on_denied(self, err: errors.PermissionDeniedError) -> None:
@@ -363,8 +370,9 @@ class Requester:
         as nearly all are, costs the loop no more than its reply.
         With ``withdrawal`` (what withdraws the request, given its reply
         subject), a call that ends without its reply (cancelled, timed
-        out, failed by watch, or by :meth:`stop`) publishes it, so that the
-        service takes nothing more for a caller that stopped waiting."""
+        out, failed by watch or by a lost connection, or by :meth:`stop`)
+        publishes it, so that the service takes nothing more for a caller
+        that stopped waiting."""
         if self._denied is not None:
             raise self._denied
         # The service acts on a request whatever becomes of its caller: a
@@ -410,9 +418,10 @@ class Requester:
         except nats.errors.OutboundBufferLimitError:
             raise errors.UnavailableError(f"not connected to NATS; cannot send to {subject}") from None
         finally:
-            # Still pending: no reply came, and nothing else (a lost
-            # connection, stop) ended the call.
-            abandoned = self._pending.pop(token, None) is not None and sent
+            # Still pending: no reply came, and nothing else (stop) ended
+            # the call; or a lost connection ended it, while the service
+            # may still hold the request.
+            abandoned = (self._pending.pop(token, None) is not None or call.lost) and sent
             for t in timers:
                 t.cancel()
             for task in watcher:

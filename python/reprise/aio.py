@@ -442,7 +442,8 @@ class Client:
             self._req.fail_all(
                 errors.UnavailableError(
                     "connection to NATS lost while waiting for a reply; the request may or may not have been served"
-                )
+                ),
+                lost=True,
             )
 
     async def _on_reconnected(self) -> None:

@@ -132,6 +132,33 @@ def test_async_withdrawals(reprised_factory: Any) -> None:
         insert_and_read(r.url, c)
 
 
+def test_a_request_the_lost_connection_failed_is_withdrawn(reprised_factory: Any) -> None:
+    """A sample call that a lost connection fails (UnavailableError) is
+    withdrawn once the client reconnects: the service, on a connection of
+    its own, still held the request, which took the next item for
+    nobody."""
+    r = reprised_factory(QUEUE)
+
+    async def main() -> None:
+        async with raio.Client(r.url) as c:
+            task = asyncio.ensure_future(c.sample_batch("q", 1))
+            while (await c.server_info())["q"].sample_waits < 1:
+                await asyncio.sleep(0.01)
+            await c.nats.force_reconnect()
+            with pytest.raises(reprise.UnavailableError):
+                await task
+            deadline = asyncio.get_running_loop().time() + 30
+            while not c.nats.is_connected:
+                assert asyncio.get_running_loop().time() < deadline, "the client did not reconnect"
+                await asyncio.sleep(0.01)
+            with pytest.raises(reprise.RateLimitedError):
+                await c.sample_batch("q", 1, timeout=0.2)  # the barrier
+
+    asyncio.run(main())
+    with reprise.Client(r.url) as c:
+        insert_and_read(r.url, c)
+
+
 def test_withdrawal_bytes() -> None:
     """The withdrawal is a SampleRequest with withdraw set and nothing
     else (golden vectors check its bytes against Go's)."""
