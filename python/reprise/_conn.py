@@ -271,15 +271,20 @@ class Requester:
 
     async def stop(self) -> None:
         # The calls a closing client ends are withdrawn before the
-        # connection drains: nobody will read their replies.
-        for token, call in list(self._pending.items()):
-            if call.withdrawal is not None and not call.future.done():
+        # connection drains: nobody will read their replies. So are those
+        # cancelled whose callers have not run since (a sampler's aclose
+        # right before): their futures are done, and their callers, which
+        # would withdraw them, find them gone once they run.
+        calls, self._pending = self._pending, {}
+        for token, call in calls.items():
+            if call.withdrawal is not None and (not call.future.done() or call.future.cancelled()):
                 await self._withdraw(call, token)
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
             except Exception:  # noqa: BLE001 - the connection may be gone
                 pass
+        self._pending.update(calls)
         self.fail_all(errors.ClosedError("client closed"))
 
     def fail_all(self, err: errors.RepriseError, *, lost: bool = False) -> None:

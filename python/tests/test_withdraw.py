@@ -159,6 +159,29 @@ def test_a_request_the_lost_connection_failed_is_withdrawn(reprised_factory: Any
         insert_and_read(r.url, c)
 
 
+def test_an_async_sampler_closed_with_its_client_withdraws(reprised_factory: Any) -> None:
+    """A sampler's ``async with`` inside its client's: aclose cancels the
+    requests, and the client's close follows before the cancelled calls
+    ran. The close withdraws them too: it skipped them (cancelled, their
+    futures were done) and then dropped them, and the four requests took
+    the next four items for nobody."""
+    r = reprised_factory(QUEUE)
+
+    async def main() -> None:
+        async with raio.Client(r.url) as c:
+            async with c.sampler("q", 1, prefetch=4) as s:
+                first = asyncio.ensure_future(s.__anext__())
+                while (await c.server_info())["q"].sample_waits < 4:
+                    await asyncio.sleep(0.01)
+        with pytest.raises(StopAsyncIteration):
+            await first
+
+    asyncio.run(main())
+    with reprise.Client(r.url) as watch:
+        wait_for("the service takes the withdrawals", lambda: sample_messages(watch) >= 8)
+        insert_and_read(r.url, watch)
+
+
 def test_withdrawal_bytes() -> None:
     """The withdrawal is a SampleRequest with withdraw set and nothing
     else (golden vectors check its bytes against Go's)."""
