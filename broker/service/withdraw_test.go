@@ -161,6 +161,34 @@ func TestClientCloseWithdraws(t *testing.T) {
 	insertAndRead(t, d, 4)
 }
 
+// TestWithdrawnPartialBatch: a request for more items than the queue
+// holds takes those it can and waits for the rest; withdrawn then, it
+// ends with what it took, answered to nobody, and the queue lost them (as
+// Reverb's sampler loses the items it streamed). Only a request that took
+// nothing takes nothing.
+func TestWithdrawnPartialBatch(t *testing.T) {
+	d := deploy(t, []tables.Config{tables.QueueConfig("q", 100)}, deployOptions{})
+	c := d.client()
+	p := d.producer()
+	insertStepsInto(t, p, "q", 0, 2, 4)
+	ctx, cancel := context.WithTimeout(testutil.Context(t), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Sample(ctx, "q", 4)
+		done <- err
+	}()
+	testutil.WaitUntil(t, "the sample waits for the rest", func() bool { return queueInfo(t, c).SampleWaits == 1 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled sample: %v, want context.Canceled", err)
+	}
+	barrier(t, c)
+	if ti := queueInfo(t, c); ti.Samples != 2 || ti.Size != 0 {
+		t.Errorf("the queue counts %d samples and holds %d items; want the 2 items taken", ti.Samples, ti.Size)
+	}
+}
+
 // TestHostileWithdrawals: withdrawals of subjects nobody waits on, of
 // malformed bytes, with reply subjects, and withdrawals racing their
 // requests (before and after them) leave the service serving, and its
