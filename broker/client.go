@@ -75,6 +75,9 @@ type call struct {
 	// withdraw: a sample request, which the service withdraws on a
 	// SampleRequest.withdraw naming its reply subject.
 	withdraw bool
+	// sent: its request went out (set under Client.mu), so that Close
+	// withdraws only requests its withdrawal follows on the connection.
+	sent bool
 }
 
 // NewClient connects a client through nc.
@@ -149,16 +152,20 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
+	// Ended here, and their withdrawals collected, at once: a call whose
+	// ctx ends meanwhile finds itself ended, and withdraws nothing more.
+	// A sample call that has not sent its request yet withdraws it itself
+	// once it has (sent), so that the withdrawal follows the request.
 	var withdraw []string
 	for id, cl := range c.pending {
-		if cl.withdraw {
+		if cl.withdraw && cl.sent {
 			withdraw = append(withdraw, id)
 		}
 	}
+	c.failPendingLocked(ErrClosed)
 	c.mu.Unlock()
 	err := errors.Join(c.sub.Unsubscribe(), c.progressSub.Unsubscribe(), c.noticeSub.Unsubscribe())
 	c.applied.close(ErrClosed)
-	c.failPending(ErrClosed)
 	// Published before Close returns, so that a connection closed next
 	// still sends them.
 	for _, id := range withdraw {
@@ -171,6 +178,10 @@ func (c *Client) Close() error {
 func (c *Client) failPending(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.failPendingLocked(err)
+}
+
+func (c *Client) failPendingLocked(err error) {
 	for id, cl := range c.pending {
 		cl.err = err
 		close(cl.done)
@@ -248,6 +259,9 @@ func (c *Client) call(ctx context.Context, subject string, req proto.Message, wi
 		c.forget(id)
 		return nil, fmt.Errorf("broker: sending request to %s: %w", subject, err)
 	}
+	if withdraw && c.sent(cl) {
+		c.withdraw(id)
+	}
 	select {
 	case <-cl.done:
 	case <-ctx.Done():
@@ -271,6 +285,16 @@ func (c *Client) call(ctx context.Context, subject string, req proto.Message, wi
 		whole = append(whole, p...)
 	}
 	return whole, nil
+}
+
+// sent records that cl's request went out, and says whether Close came
+// first: it ended the call without withdrawing it, which is then the
+// caller's to do.
+func (c *Client) sent(cl *call) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl.sent = true
+	return c.closed
 }
 
 // forget drops the call id, and says whether it was still waiting for its

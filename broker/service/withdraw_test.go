@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -159,6 +160,43 @@ func TestClientCloseWithdraws(t *testing.T) {
 	defer c2.Close()
 	barrier(t, c2)
 	insertAndRead(t, d, 4)
+}
+
+// TestClientCloseRacingSamples: a Close that ends a Sample between the
+// registration of its call and the publish of its request withdraws it
+// after the request. Close withdrew it first, then the request went out
+// and waited for the limiter, to take the next item for nobody. The
+// moment is short: Closes land anywhere in the calls, many times.
+func TestClientCloseRacingSamples(t *testing.T) {
+	// Longer than WaitUntil waits: a request left waiting fails the test.
+	d := deploy(t, []tables.Config{tables.QueueConfig("q", 100)}, deployOptions{service: []Option{WithMaxSampleWait(5 * time.Minute)}})
+	nc := d.connect()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 300 {
+		c, err := broker.NewClient(nc, broker.WithPrefix(d.prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Sample(testutil.Context(t), "q", 1)
+			done <- err
+		}()
+		for range rng.IntN(2000) {
+			runtime.Gosched()
+		}
+		c.Close()
+		if err := <-done; !errors.Is(err, broker.ErrClosed) {
+			t.Fatalf("sample of a closed client: %v, want ErrClosed", err)
+		}
+	}
+	c, err := broker.NewClient(nc, broker.WithPrefix(d.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	barrier(t, c)
+	testutil.WaitUntil(t, "no request waits", func() bool { return d.svc.waits.len() == 0 })
 }
 
 // TestWithdrawnPartialBatch: a request for more items than the queue
