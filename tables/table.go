@@ -2,6 +2,7 @@ package tables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -651,8 +652,9 @@ func (t *Table) AppendSamples(ctx context.Context, dst []Sample, least, most int
 // them under: a request that waited for the rate limiter is held to the
 // items that came meanwhile, which may be larger than any it was measured
 // against when it arrived. Samples taken before such a failure stay taken
-// and are returned with it. A wait that ends as ctx ends takes nothing
-// more, even when an insert woke it at the same time.
+// and are returned with it. A wait that ends as ctx is cancelled takes
+// nothing more, even when an insert woke it at the same time; one woken
+// as its deadline passed takes what the insert allows.
 func (t *Table) AppendSamplesWithin(ctx context.Context, dst []Sample, least, most int, fits func(largestBytes, largestParts int64) bool) ([]Sample, State, error) {
 	if least < 1 || most < least {
 		return dst, State{}, fmt.Errorf("%w: table %q: sample counts must be 1 <= least <= most, got %d and %d", ErrInvalidArgument, t.name, least, most)
@@ -670,10 +672,15 @@ func (t *Table) AppendSamplesWithin(ctx context.Context, dst []Sample, least, mo
 			t.mu.Unlock()
 			return out, state, fmt.Errorf("%w: table %q: %d items", ErrTooMany, t.name, most)
 		}
-		if waited && ctx.Err() != nil {
-			// Woken by a change as ctx ended (select picks either): the
-			// caller stopped waiting, and a request withdrawn by its
-			// learner must take nothing more (a queue would lose it).
+		if waited && errors.Is(ctx.Err(), context.Canceled) {
+			// Woken by a change as ctx was cancelled (select picks
+			// either): the caller stopped waiting, and a request withdrawn
+			// by its learner must take nothing more (a queue would lose
+			// it). A deadline that passed meanwhile is no such end: the
+			// caller still listens, and Reverb samples on a signalled wait.
+			// Asked only after a wait: the service's ctx makes its timer
+			// when first asked, which a request let through at once
+			// never is.
 			t.mu.Unlock()
 			return out, state, fmt.Errorf("%w: table %q: sample: %w", limiter.ErrRateLimited, t.name, ctx.Err())
 		}

@@ -434,6 +434,38 @@ func TestSampleTakesNothingOnceCtxEnded(t *testing.T) {
 	}
 }
 
+// passedOnWake is a context whose deadline passes as its waiter wakes:
+// Done never closes, and Err says the deadline passed by then.
+type passedOnWake struct{ context.Context }
+
+func (passedOnWake) Err() error { return context.DeadlineExceeded }
+
+// TestSampleWokenAtItsDeadlineTakesTheItem: a sample woken by an insert
+// whose deadline passed meanwhile (the lock it wakes to was held) takes
+// the item, as Reverb's does (a signalled wait is no timeout): its caller
+// still listens, which a learner's margin past its timeout_ms is for. It
+// got ErrRateLimited, which ends a Python sampler with a timeout though
+// the item came in time.
+func TestSampleWokenAtItsDeadlineTakesTheItem(t *testing.T) {
+	s := NewChunkStore()
+	putChunk(s, 1, 1, 1)
+	tb := mustNew(t, QueueConfig("q", 4), s)
+	type result struct {
+		ss  []Sample
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ss, err := tb.Sample(passedOnWake{context.Background()}, 1)
+		done <- result{ss, err}
+	}()
+	waitFor(t, "the sampler to wait", func() bool { return tb.Info().Counters.SampleWaits == 1 })
+	mustInsert(t, tb, newItem(1, 1, 1))
+	if r := <-done; r.err != nil || len(r.ss) != 1 || r.ss[0].Info.Key != 1 {
+		t.Fatalf("sampled %d items (%v), want the item", len(r.ss), r.err)
+	}
+}
+
 func TestSampleFlexible(t *testing.T) {
 	s := NewChunkStore()
 	putChunk(s, 1, 1, 1)
