@@ -8,8 +8,8 @@ from TD errors.
 
 The learner evaluates the greedy policy every --eval-every seconds (20
 episodes) and stops once the mean return reaches --target (450) or after
---minutes. It writes the learning curve to --out (CSV, and a PNG when
-matplotlib is installed). ``--smoke`` runs a few seconds of everything and
+--minutes. It writes the learning curve to --out as CSV (plot.py draws
+it). ``--smoke`` runs a few seconds of everything and
 exits 0 when data moved both ways (what CI runs).
 """
 
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import reprise
-from dqn_common import TABLE, Greedy, evaluate, parser, play, stop_actors, write_curve
+from dqn_common import TABLE, Greedy, Progress, parser, play, stop_actors
 
 HIDDEN = 128
 
@@ -97,15 +97,10 @@ def learner(args: argparse.Namespace) -> int:
     for p in procs:
         p.start()
 
-    start = time.monotonic()
-    deadline = start + args.minutes * 60
-    next_eval = start + args.eval_every
-    curve: list[tuple[float, int, int, float]] = []
-    updates = 0
-    reached = False
+    progress = Progress(args, client, steps)
     beta = args.beta
     try:
-        for batch in batches(client, args, procs, deadline):
+        for batch in batches(client, args, procs, progress.deadline):
             d = batch.data
             obs = torch.from_numpy(d["obs"])  # [B, n+1, 4]: s_t .. s_t+n
             s, sn = obs[:, 0], obs[:, -1]
@@ -129,7 +124,6 @@ def learner(args: argparse.Namespace) -> int:
             loss.backward()
             nn.utils.clip_grad_norm_(net.parameters(), 10.0)
             opt.step()
-            updates += 1
             # Actors insert at priority 1 (they cannot know the largest TD
             # error so far): clipping at 1 keeps fresh transitions at the
             # top priority, as "new items get the max priority" does.
@@ -137,38 +131,17 @@ def learner(args: argparse.Namespace) -> int:
             with torch.no_grad():  # a slowly moving target network
                 for pt, pn in zip(target.parameters(), net.parameters()):
                     pt.lerp_(pn, args.tau)
-            if updates % 50 == 0:
+            done = progress.updated(lambda: greedy_of(net))
+            if progress.updates % 50 == 0:
                 save_weights(net, weights)
-            now = time.monotonic()
-            if args.smoke and updates >= args.smoke_updates:
-                ret = evaluate(greedy_of(net), 2, args.seed)
-                curve.append((now - start, steps.value, updates, ret))
-                print(f"smoke: {updates} updates on {steps.value} actor steps; greedy return {ret:.1f}")
-                reached = steps.value > 0 and updates > 0
-                break
-            if now >= next_eval:
-                ret = evaluate(greedy_of(net), args.eval_episodes, args.seed)
-                curve.append((now - start, steps.value, updates, ret))
-                info = client.server_info()[TABLE]
-                print(f"{now - start:6.0f}s  steps {steps.value:8d}  updates {updates:7d}  table {info.current_size:6d}  "
-                      f"greedy return {ret:6.1f}", flush=True)
-                next_eval = time.monotonic() + args.eval_every
-                if ret >= args.target:
-                    reached = True
-                    break
-            if now >= deadline:
+            if done:
                 break
     finally:
         stop_actors(stop, procs)
         client.close()
         # The actors read the weights from here; they have all stopped.
         shutil.rmtree(weights.parent, ignore_errors=True)
-    write_curve(out, args.seed, curve)
-    if args.smoke:
-        return 0 if reached else 1
-    print(f"seed {args.seed}: {'reached' if reached else 'did not reach'} {args.target} "
-          f"in {time.monotonic() - start:.0f}s ({steps.value} actor steps, {updates} updates)")
-    return 0 if reached else 2
+    return progress.finish(out)
 
 
 def batches(client: reprise.Client, args: argparse.Namespace, procs: list, deadline: float):  # type: ignore[no-untyped-def]

@@ -1,6 +1,7 @@
 """What dqn.py (PyTorch) and dqn_jax.py (JAX) share: the actor loop that
 plays CartPole and writes n-step transitions, the greedy evaluation, the
-learning curve CSV and the command line. It imports neither framework:
+learner's progress (evaluations, learning curve CSV, when to stop) and the
+command line. It imports neither framework:
 each learner hands in its own greedy policy, so the PyTorch example does
 not need JAX, nor the JAX one PyTorch.
 """
@@ -12,6 +13,7 @@ import csv
 import logging
 import multiprocessing as mp
 import sys
+import time
 from collections.abc import Callable, Sequence
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
@@ -120,13 +122,60 @@ def evaluate(greedy: Greedy, episodes: int, seed: int) -> float:
     return total / episodes
 
 
-def write_curve(out: Path, seed: int, curve: list[tuple[float, int, int, float]]) -> None:
-    path = out / f"curve-seed{seed}.csv"
-    with open(path, "w", newline="") as f:
-        wr = csv.writer(f)
-        wr.writerow(["seconds", "actor_steps", "updates", "greedy_return"])
-        wr.writerows(curve)
-    print(f"learning curve: {path}")
+class Progress:
+    """A learner's progress: it counts the updates, evaluates the greedy
+    policy every --eval-every seconds into a learning curve, and says when
+    to stop (the target reached, --minutes passed, or --smoke's updates
+    done)."""
+
+    def __init__(self, args: argparse.Namespace, client: reprise.Client, steps: Synchronized) -> None:  # type: ignore[type-arg]
+        self.args, self.client, self.steps = args, client, steps
+        self.start = time.monotonic()
+        self.deadline = self.start + args.minutes * 60
+        self.next_eval = self.start + args.eval_every
+        self.curve: list[tuple[float, int, int, float]] = []
+        self.updates = 0
+        self.reached = False
+
+    def updated(self, greedy: Callable[[], Greedy]) -> bool:
+        """Counts an update; evaluates ``greedy()`` (made only when due)
+        if it is time; says whether the learner should stop."""
+        args, steps = self.args, self.steps.value
+        self.updates += 1
+        now = time.monotonic()
+        if args.smoke and self.updates >= args.smoke_updates:
+            ret = evaluate(greedy(), 2, args.seed)
+            self.curve.append((now - self.start, steps, self.updates, ret))
+            print(f"smoke: {self.updates} updates on {steps} actor steps; greedy return {ret:.1f}")
+            self.reached = steps > 0
+            return True
+        if now >= self.next_eval:
+            ret = evaluate(greedy(), args.eval_episodes, args.seed)
+            self.curve.append((now - self.start, steps, self.updates, ret))
+            info = self.client.server_info()[TABLE]
+            print(f"{now - self.start:6.0f}s  steps {steps:8d}  updates {self.updates:7d}  table {info.current_size:6d}  "
+                  f"greedy return {ret:6.1f}", flush=True)
+            self.next_eval = time.monotonic() + args.eval_every
+            if ret >= args.target:
+                self.reached = True
+                return True
+        return now >= self.deadline
+
+    def finish(self, out: Path) -> int:
+        """Writes the learning curve; the exit status (0: reached, or data
+        moved in a smoke run)."""
+        args = self.args
+        path = out / f"curve-seed{args.seed}.csv"
+        with open(path, "w", newline="") as f:
+            wr = csv.writer(f)
+            wr.writerow(["seconds", "actor_steps", "updates", "greedy_return"])
+            wr.writerows(self.curve)
+        print(f"learning curve: {path}")
+        if args.smoke:
+            return 0 if self.reached else 1
+        print(f"seed {args.seed}: {'reached' if self.reached else 'did not reach'} {args.target} "
+              f"in {time.monotonic() - self.start:.0f}s ({self.steps.value} actor steps, {self.updates} updates)")
+        return 0 if self.reached else 2
 
 
 def parser(doc: str | None, out: str) -> argparse.ArgumentParser:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import reprise
-from dqn_common import TABLE, Greedy, evaluate, parser, play, stop_actors, write_curve
+from dqn_common import TABLE, Greedy, Progress, parser, play, stop_actors
 
 if TYPE_CHECKING:
     import reprise.jax
@@ -175,50 +175,23 @@ def learner(args: argparse.Namespace) -> int:
     for p in procs:
         p.start()
 
-    start = time.monotonic()
-    deadline = start + args.minutes * 60
-    next_eval = start + args.eval_every
-    curve: list[tuple[float, int, int, float]] = []
-    updates = 0
-    reached = False
+    progress = Progress(args, client, steps)
     try:
-        with contextlib.closing(batches(client, args, procs, deadline)) as stream:
+        with contextlib.closing(batches(client, args, procs, progress.deadline)) as stream:
             for it, batch in stream:
                 state, prio = train_step(state, batch.data, batch.info["probability"], batch.info["table_size"])
-                updates += 1
                 it.update_priorities(batch.info_numpy.key, prio)
-                if updates % 50 == 0:
+                done = progress.updated(lambda: greedy_of(jax.device_get(state[0])))
+                if progress.updates % 50 == 0:
                     save_weights(jax.device_get(state[0]), weights)
-                now = time.monotonic()
-                if args.smoke and updates >= args.smoke_updates:
-                    ret = evaluate(greedy_of(jax.device_get(state[0])), 2, args.seed)
-                    curve.append((now - start, steps.value, updates, ret))
-                    print(f"smoke: {updates} updates on {steps.value} actor steps; greedy return {ret:.1f}")
-                    reached = steps.value > 0 and updates > 0
-                    break
-                if now >= next_eval:
-                    ret = evaluate(greedy_of(jax.device_get(state[0])), args.eval_episodes, args.seed)
-                    curve.append((now - start, steps.value, updates, ret))
-                    info = client.server_info()[TABLE]
-                    print(f"{now - start:6.0f}s  steps {steps.value:8d}  updates {updates:7d}  table {info.current_size:6d}  "
-                          f"greedy return {ret:6.1f}", flush=True)
-                    next_eval = time.monotonic() + args.eval_every
-                    if ret >= args.target:
-                        reached = True
-                        break
-                if now >= deadline:
+                if done:
                     break
     finally:
         stop_actors(stop, procs)
         client.close()
         # The actors read the weights from here; they have all stopped.
         shutil.rmtree(weights.parent, ignore_errors=True)
-    write_curve(out, args.seed, curve)
-    if args.smoke:
-        return 0 if reached else 1
-    print(f"seed {args.seed}: {'reached' if reached else 'did not reach'} {args.target} "
-          f"in {time.monotonic() - start:.0f}s ({steps.value} actor steps, {updates} updates)")
-    return 0 if reached else 2
+    return progress.finish(out)
 
 
 def batches(client: reprise.Client, args: argparse.Namespace, procs: Sequence[mp.process.BaseProcess],
