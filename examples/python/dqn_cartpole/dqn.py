@@ -16,7 +16,6 @@ exits 0 when data moved both ways (what CI runs).
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import reprise
-from dqn_common import TABLE, Greedy, Progress, parser, play, stop_actors
+from dqn_common import TABLE, Greedy, Progress, parser, play, start_actors, stop_actors
 
 HIDDEN = 128
 
@@ -90,12 +89,7 @@ def learner(args: argparse.Namespace) -> int:
     # Start from an empty table (a fresh reprised): a reset would queue
     # behind inserts that the rate limiter holds from an earlier run.
     client = reprise.Client(args.nats, prefix=args.prefix)
-    ctx = mp.get_context("spawn")
-    stop = ctx.Event()
-    steps = ctx.Value("q", 0)
-    procs = [ctx.Process(target=actor, args=(i, args, weights, stop, steps), daemon=True) for i in range(args.actors)]
-    for p in procs:
-        p.start()
+    stop, steps, procs = start_actors(args, actor, weights)
 
     progress = Progress(args, client, steps)
     beta = args.beta

@@ -97,6 +97,22 @@ def play(index: int, args: argparse.Namespace, greedy: Greedy, reload: Callable[
         client.close()
 
 
+def start_actors(args: argparse.Namespace, actor: Callable[..., None], weights: Path) -> tuple[Event, Synchronized, list[mp.process.BaseProcess]]:  # type: ignore[type-arg]
+    """Starts --actors processes running ``actor(index, args, weights,
+    stop, steps)``, spawned (not forked: the learner's threads and
+    framework stay out of them); returns the event that stops them, their
+    shared step count and the processes."""
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    steps = ctx.Value("q", 0)
+    procs: list[mp.process.BaseProcess] = [
+        ctx.Process(target=actor, args=(i, args, weights, stop, steps), daemon=True) for i in range(args.actors)
+    ]
+    for p in procs:
+        p.start()
+    return stop, steps, procs
+
+
 def stop_actors(stop: Event, procs: Sequence[mp.process.BaseProcess]) -> None:
     """Tells the actors to stop and waits for them."""
     stop.set()

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import reprise
-from dqn_common import TABLE, Greedy, Progress, parser, play, stop_actors
+from dqn_common import TABLE, Greedy, Progress, parser, play, start_actors, stop_actors
 
 if TYPE_CHECKING:
     import reprise.jax
@@ -168,12 +168,7 @@ def learner(args: argparse.Namespace) -> int:
     # Start from an empty table (a fresh reprised): a reset would queue
     # behind inserts that the rate limiter holds from an earlier run.
     client = reprise.Client(args.nats, prefix=args.prefix)
-    ctx = mp.get_context("spawn")
-    stop = ctx.Event()
-    steps = ctx.Value("q", 0)
-    procs = [ctx.Process(target=actor, args=(i, args, weights, stop, steps), daemon=True) for i in range(args.actors)]
-    for p in procs:
-        p.start()
+    stop, steps, procs = start_actors(args, actor, weights)
 
     progress = Progress(args, client, steps)
     try:
