@@ -399,19 +399,26 @@ func (s *Service) handleSample(ctx context.Context, r micro.Request, req *wire.S
 		}
 		rctx, cancel := context.WithDeadline(ctx, start.Add(roomWait))
 		defer cancel()
+		rctx, unbind := wctx.whileListened(rctx)
+		defer unbind()
 		taken, roomErr = s.replyBudget.take(rctx, n)
 		return roomErr
 	}
 	buf := responseBuffers.Get().(*[]byte)
-	// A reply that found no room before the service stopped or its wait
-	// for room ended. Its samples stay taken, as those of any reply the
-	// learner stopped waiting for.
+	// A reply that found no room before the service stopped, its wait
+	// for room ended or its learner withdrew it. Its samples stay taken,
+	// as those of any reply the learner stopped waiting for.
 	noRoom := func() {
 		s.putResponseBuffer(buf)
 		items = 0
 		if ctx.Err() != nil {
 			code = protocol.CodeUnavailable
 			s.respondStatus(r, code, "service shutting down")
+			return
+		}
+		if wctx.isWithdrawn() {
+			// Nobody listens: no answer, nothing observed.
+			observe = false
 			return
 		}
 		code = protocol.CodeRateLimited

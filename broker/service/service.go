@@ -100,7 +100,8 @@ type serviceOptions struct {
 // must not block.
 type Observer interface {
 	// SampleServed is called once per sample request answered (not for
-	// one its client withdrew before it sampled, which is not answered).
+	// one its client withdrew while it waited, for the rate limiter with
+	// nothing sampled or for room for its reply, which is not answered).
 	SampleServed(table string, items int, latency time.Duration, code Code)
 	// ItemInserted is called per item applied to a table; age is the time
 	// from the stream storing the message to the item being sampleable.

@@ -92,6 +92,8 @@ type lazyDeadline struct {
 	ctx       context.Context
 	cancel    context.CancelFunc
 	withdrawn bool
+	// onWithdraw ends a wait past the deadline (whileListened).
+	onWithdraw context.CancelFunc
 }
 
 func (l *lazyDeadline) made() context.Context {
@@ -118,6 +120,30 @@ func (l *lazyDeadline) withdraw() {
 	l.withdrawn = true
 	if l.cancel != nil {
 		l.cancel()
+	}
+	if l.onWithdraw != nil {
+		l.onWithdraw()
+	}
+}
+
+// whileListened is ctx, ended too when l is withdrawn (at once if it
+// was): a reply whose samples were taken waits for room in the reply
+// budget past l's deadline, while its learner may still listen, but not
+// once it withdrew.
+func (l *lazyDeadline) whileListened(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.withdrawn {
+		cancel()
+	} else {
+		l.onWithdraw = cancel
+	}
+	return ctx, func() {
+		l.mu.Lock()
+		l.onWithdraw = nil
+		l.mu.Unlock()
+		cancel()
 	}
 }
 

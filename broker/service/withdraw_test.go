@@ -326,3 +326,58 @@ func TestHostileWithdrawals(t *testing.T) {
 	}
 	insertAndRead(t, d, 4)
 }
+
+// TestWithdrawnReplyLeavesTheBudgetsLine: a request that sampled and waits
+// for room in limits.max_reply_bytes_in_flight stops waiting once its
+// learner withdraws it, and leaves the line and its slot. It waited on to
+// its timeout and the grace past it (a minute and more by default),
+// holding its slot, and once room came took bytes that learners still
+// listening waited for, for a reply nobody read.
+func TestWithdrawnReplyLeavesTheBudgetsLine(t *testing.T) {
+	limits := DefaultLimits()
+	limits.MaxItemBytes, limits.MaxReplyBytes, limits.MaxReplyBytesInFlight = 100_000, 100_000, 100_000
+	d := deploy(t, []tables.Config{testutil.UniformTable("t", 100)}, deployOptions{service: []Option{WithLimits(limits)}})
+	insertSteps(t, d.producer(), 0, 10, 4)
+	b := d.svc.replyBudget
+	// Another learner's reply holds the whole budget, as one a slow
+	// connection has not yet copied would.
+	held, err := b.take(testutil.Context(t), b.size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.give(held)
+	waiting := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.waiting)
+	}
+	slotsInUse := func() int {
+		d.svc.slots.mu.Lock()
+		defer d.svc.slots.mu.Unlock()
+		return d.svc.slots.inUse
+	}
+
+	ctx, cancel := context.WithTimeout(testutil.Context(t), 50*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.client().Sample(ctx, "t", 2)
+		done <- err
+	}()
+	testutil.WaitUntil(t, "the reply waits for room", func() bool { return waiting() == 1 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled sample: %v, want context.Canceled", err)
+	}
+	// Well within the request's timeout of about 45 s.
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for waiting() != 0 || slotsInUse() != 0 || d.svc.waits.len() != 0 {
+		select {
+		case <-deadline:
+			t.Fatalf("10 s after its withdrawal: %d replies wait for room, %d slots in use, %d requests registered; want none", waiting(), slotsInUse(), d.svc.waits.len())
+		case <-tick.C:
+		}
+	}
+}
