@@ -62,7 +62,13 @@ class _LoopThread:
         self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         self.loop.close()
 
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *, interruptible: bool = False) -> T:
+        """Runs coro on the loop and returns its result. With
+        ``interruptible`` (a sample), a KeyboardInterrupt or SystemExit
+        that leaves the call cancels coro too: a sample's request is then
+        withdrawn, where it would wait on for the rate limiter and take
+        items for nobody. Other calls run on to their end (a writer's
+        close still flushes what it holds)."""
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("reprise: a blocking call from the client's own event loop thread would deadlock")
@@ -74,6 +80,10 @@ class _LoopThread:
                 raise  # the coroutine's own error (DeadlineExceededError is a TimeoutError)
             fut.cancel()
             raise errors.DeadlineExceededError(f"no result within {timeout}s") from None
+        except (KeyboardInterrupt, SystemExit):
+            if interruptible:
+                fut.cancel()
+            raise
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -155,11 +165,11 @@ class Client:
     def prefix(self) -> str:
         return self._aclient.options.prefix
 
-    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *, interruptible: bool = False) -> T:
         if self._closed:
             coro.close()
             raise errors.ClosedError("client closed")
-        return self._lt.call(coro, timeout)
+        return self._lt.call(coro, timeout, interruptible=interruptible)
 
     def close(self) -> None:
         """Flushes and closes the writers this client made, then the
@@ -206,7 +216,7 @@ class Client:
         raises RateLimitedError; when the limiter allowed only some items,
         the error's ``partial`` holds them. With ``flexible`` the reply may
         hold fewer items, as soon as at least one is allowed."""
-        data = self._call(self._aclient.sample_raw(table, num_samples, timeout, flexible))
+        data = self._call(self._aclient.sample_raw(table, num_samples, timeout, flexible), interruptible=True)
         return iter(_aio.decode_samples(data))
 
     def sample_batch(
@@ -218,7 +228,7 @@ class Client:
         ``probability``, ``priority``, ``table_size``, ``times_sampled``.
         The items must share their layout (a table with a signature
         guarantees it). Errors as in :meth:`sample`."""
-        return _aio.decode_batch(self._call(self._aclient.sample_raw(table, batch_size, timeout, flexible)))
+        return _aio.decode_batch(self._call(self._aclient.sample_raw(table, batch_size, timeout, flexible), interruptible=True))
 
     def sampler(
         self,
@@ -441,6 +451,9 @@ class Sampler:
                 time.sleep(backoff)
                 backoff = min(2 * backoff, 1.0)
                 continue
+            except (KeyboardInterrupt, SystemExit):
+                self._keep(fut)
+                raise
             finally:
                 with self._lock:
                     self._waiting = False
@@ -506,6 +519,17 @@ class Sampler:
                     raise StopIteration from None
             except (errors.UnavailableError, errors.DeadlineExceededError):
                 pass  # the next reply may be in
+
+    def _keep(self, fut: concurrent.futures.Future[bytes]) -> None:
+        """Puts back fut, whose reply a KeyboardInterrupt (or SystemExit)
+        kept the caller from, first in line: the next call takes it, and
+        close withdraws it. Dropped, its request waited on for nobody, and
+        the next call sent another."""
+        with self._lock:
+            if self._closed:
+                fut.cancel()
+            else:
+                self._futs.appendleft(fut)
 
     def close(self) -> None:
         """Cancels the requests in flight, the one an iterating thread waits
@@ -935,11 +959,11 @@ class ShardedClient:
         writers make keys of shard i. Closed with this client."""
         return self._shards[i]
 
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _call(self, coro: Coroutine[Any, Any, T], *, interruptible: bool = False) -> T:
         if self._closed:
             coro.close()
             raise errors.ClosedError("client closed")
-        return self._lt.call(coro)
+        return self._lt.call(coro, interruptible=interruptible)
 
     def close(self) -> None:
         """Closes every shard's client: its writers (flushing them), then its
@@ -978,14 +1002,14 @@ class ShardedClient:
         (a failure before a rate limit), whose ``partial`` holds the items
         the others returned; with ``flexible`` a rate limit is no error
         once some items came."""
-        return iter(_sharded.merge_samples(self._call(self._aclient._draw(table, num_samples, timeout, flexible))))
+        return iter(_sharded.merge_samples(self._call(self._aclient._draw(table, num_samples, timeout, flexible), interruptible=True)))
 
     def sample_batch(
         self, table: str, batch_size: int, *, timeout: float | None = None, flexible: bool = False
     ) -> SampleBatch:
         """One stacked batch, as :meth:`Client.sample_batch`, of the items
         :meth:`sample` would return."""
-        return _sharded.merge_batch(self._call(self._aclient._draw(table, batch_size, timeout, flexible)))
+        return _sharded.merge_batch(self._call(self._aclient._draw(table, batch_size, timeout, flexible), interruptible=True))
 
     def sampler(
         self,
@@ -1149,6 +1173,14 @@ class ShardedSampler:
                     time.sleep(backoff)
                     backoff = min(2 * backoff, 1.0)
                     continue
+            except (KeyboardInterrupt, SystemExit):
+                # As Sampler's: the call stays first in line.
+                with self._lock:
+                    if self._closed:
+                        fut.cancel()
+                    else:
+                        self._futs.appendleft(fut)
+                raise
             finally:
                 with self._lock:
                     self._current = None

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+import signal
+import threading
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -42,9 +44,10 @@ def sample_messages(c: reprise.Client) -> int:
     return sum(e["num_requests"] for e in json.loads(m.data)["endpoints"] if e["name"] == "sample")
 
 
-def insert_and_read(url: str, c: reprise.Client) -> None:
+def insert_and_read(url: str, c: reprise.Client, sampled_before: int = 0) -> None:
     """Inserts N items into the empty queue and reads them with a fresh
-    client: every one arrives, once, and the table counts N samples."""
+    client: every one arrives, once, and the table counts N samples more
+    than the sampled_before it counted."""
     for i in range(N):
         c.insert({"x": np.float32(i)}, {"q": 1.0})
     got: list[int] = []
@@ -59,7 +62,8 @@ def insert_and_read(url: str, c: reprise.Client) -> None:
         info = reader.server_info()["q"]
     assert sorted(got) == list(range(N))
     # The withdrawn requests counted no sample, with the table or its limiter.
-    assert (info.num_samples, info.rate_limiter_info.samples, info.current_size) == (N, N, 0)
+    n = sampled_before + N
+    assert (info.num_samples, info.rate_limiter_info.samples, info.current_size) == (n, n, 0)
 
 
 @pytest.mark.parametrize("prefetch", [1, 2, 4])
@@ -201,6 +205,85 @@ def test_a_closed_sharded_sampler_withdraws_its_requests(reprised_factory: Any) 
             assert s._next_ready() is None
             wait_for("2 requests wait", lambda: c.server_info()["limited"].sample_waits == 2)
             s.close()
+            # On the connection the shard's requests went out on.
+            with pytest.raises(reprise.RateLimitedError):
+                sc.shard(0).sample_batch("limited", 1, timeout=0.2)
+            for i in range(1, 5):
+                c.insert({"x": np.float32(i)}, {"limited": 1.0})
+            c.sample_batch("limited", 1, timeout=5)
+            info = c.server_info()["limited"]
+    assert (info.num_samples, info.rate_limiter_info.samples) == (1, 1)
+
+
+def interrupt_when(cond: Callable[[], bool]) -> threading.Thread:
+    """Sends SIGINT to the main thread (a Ctrl-C: KeyboardInterrupt where it
+    waits) once cond holds, from a thread the caller joins."""
+    main = threading.main_thread().ident
+    assert main is not None and threading.current_thread() is threading.main_thread()
+
+    def run() -> None:
+        wait_for("the request waits", cond)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th
+
+
+def test_a_sample_interrupted_by_ctrl_c_is_withdrawn(reprised_factory: Any) -> None:
+    """A KeyboardInterrupt while a sync sample_batch waits withdraws its
+    request. The call on the client's loop ran on: the request waited for
+    the rate limiter and took the next item for nobody."""
+    r = reprised_factory(QUEUE)
+    with reprise.Client(r.url) as c, reprise.Client(r.url) as watch:
+        th = interrupt_when(lambda: watch.server_info()["q"].sample_waits == 1)
+        with pytest.raises(KeyboardInterrupt):
+            c.sample_batch("q", 1)
+        th.join()
+        barrier(c)
+        insert_and_read(r.url, c)
+
+
+def test_a_sampler_interrupted_by_ctrl_c_keeps_its_request(reprised_factory: Any) -> None:
+    """A KeyboardInterrupt while a sync Sampler's next waits leaves the
+    request it waited on the sampler's: the next call takes its reply, and
+    close withdraws it. The sampler dropped it: the next call sent another,
+    and close left the dropped one waiting, to take an item for nobody."""
+    r = reprised_factory(QUEUE)
+    with reprise.Client(r.url) as c, reprise.Client(r.url) as watch:
+        with c.sampler("q", 1, prefetch=1, timeout=10) as s:
+            th = interrupt_when(lambda: watch.server_info()["q"].sample_waits == 1)
+            with pytest.raises(KeyboardInterrupt):
+                next(s)
+            th.join()
+            c.insert({"x": np.float32(-1)}, {"q": 1.0})
+            assert next(s).data["x"].tolist() == [-1]
+            th = interrupt_when(lambda: watch.server_info()["q"].sample_waits == 2)
+            with pytest.raises(KeyboardInterrupt):
+                next(s)
+            th.join()
+        barrier(c)
+        insert_and_read(r.url, c, sampled_before=1)
+
+
+def test_sharded_samples_interrupted_by_ctrl_c_are_withdrawn(reprised_factory: Any) -> None:
+    """A KeyboardInterrupt while a sync ShardedClient's sample_batch, or a
+    ShardedSampler's next, waits leaves no request waiting once the
+    sampler closes: a min_size limiter that then lets samples through
+    counts only the reader's."""
+    r = reprised_factory(extra=["--shard", "0/1"])
+    with reprise.Client(r.url) as c:
+        c.insert({"x": np.float32(0)}, {"limited": 1.0})  # below min_size 5: samples wait
+        with reprise.ShardedClient(r.url, ["reprise"]) as sc:
+            th = interrupt_when(lambda: c.server_info()["limited"].sample_waits == 1)
+            with pytest.raises(KeyboardInterrupt):
+                sc.sample_batch("limited", 1)
+            th.join()
+            with sc.sampler("limited", 1, prefetch=1) as s:
+                th = interrupt_when(lambda: c.server_info()["limited"].sample_waits == 2)
+                with pytest.raises(KeyboardInterrupt):
+                    next(s)
+                th.join()
             # On the connection the shard's requests went out on.
             with pytest.raises(reprise.RateLimitedError):
                 sc.shard(0).sample_batch("limited", 1, timeout=0.2)
