@@ -361,7 +361,46 @@ class Client:
                         log.warning("reprise: closing the writer of earlier inserts: %s", e)
 
 
-class Sampler:
+class _InFlight:
+    """The line of calls in flight that Sampler and ShardedSampler keep:
+    what both do with it, apart from sending and decoding."""
+
+    _c: Any  # the Client or ShardedClient
+    _lock: threading.Lock
+    _closed: bool
+    _futs: collections.deque[concurrent.futures.Future[Any]]
+
+    def _fill(self) -> None:
+        raise NotImplementedError
+
+    def _pop_ready(self, replace: Callable[[concurrent.futures.Future[Any]], bool]) -> concurrent.futures.Future[Any] | None:
+        """The first call if it is done, taken from the line (and another
+        sent in its place where ``replace`` says), or None while it is not
+        done; StopIteration once the sampler or its client is closed."""
+        with self._lock:
+            if self._closed or self._c._closed:
+                raise StopIteration
+            self._fill()
+            if not self._futs or not self._futs[0].done():
+                return None
+            fut = self._futs.popleft()
+            if replace(fut):
+                self._fill()
+        return fut
+
+    def _keep(self, fut: concurrent.futures.Future[Any]) -> None:
+        """Puts back fut, whose reply a KeyboardInterrupt (or SystemExit)
+        kept the caller from, first in line: the next call takes it, and
+        close withdraws it. Dropped, its request waited on for nobody, and
+        the next call sent another."""
+        with self._lock:
+            if self._closed:
+                fut.cancel()
+            else:
+                self._futs.appendleft(fut)
+
+
+class Sampler(_InFlight):
     """Iterator of :class:`SampleBatch` with requests kept in flight; made
     by :meth:`Client.sampler`. Replies are decoded in the iterating
     thread."""
@@ -492,16 +531,13 @@ class Sampler:
         reply next() waits past (the limiter allowed nothing, without a
         timeout; the service unavailable) is dropped as next() drops it,
         and the end raises StopIteration as next() does."""
+        timeout = self._args[2]
         while True:
-            with self._lock:
-                if self._closed or self._c._closed:
-                    raise StopIteration
-                self._fill()
-                if not self._futs or not self._futs[0].done():
-                    return None
-                fut = self._futs.popleft()
-                if fut.cancelled() or fut.exception() is not None or not _aio.ends_sampler(fut.result(), self._args[2]):
-                    self._fill()
+            fut = self._pop_ready(
+                lambda f: f.cancelled() or f.exception() is not None or not _aio.ends_sampler(f.result(), timeout)
+            )
+            if fut is None:
+                return None
             try:
                 return _aio.decode_batch(fut.result())
             except (concurrent.futures.CancelledError, errors.ClosedError):
@@ -519,17 +555,6 @@ class Sampler:
                     raise StopIteration from None
             except (errors.UnavailableError, errors.DeadlineExceededError):
                 pass  # the next reply may be in
-
-    def _keep(self, fut: concurrent.futures.Future[bytes]) -> None:
-        """Puts back fut, whose reply a KeyboardInterrupt (or SystemExit)
-        kept the caller from, first in line: the next call takes it, and
-        close withdraws it. Dropped, its request waited on for nobody, and
-        the next call sent another."""
-        with self._lock:
-            if self._closed:
-                fut.cancel()
-            else:
-                self._futs.appendleft(fut)
 
     def close(self) -> None:
         """Cancels the requests in flight, the one an iterating thread waits
@@ -1089,7 +1114,7 @@ class ShardedClient:
         self._call(self._aclient.insert(data, priorities, timeout=timeout))
 
 
-class ShardedSampler:
+class ShardedSampler(_InFlight):
     """Iterator of :class:`SampleBatch` from a sharded table with calls kept
     in flight; made by :meth:`ShardedClient.sampler`. Replies are decoded
     in the iterating thread."""
@@ -1174,12 +1199,7 @@ class ShardedSampler:
                     backoff = min(2 * backoff, 1.0)
                     continue
             except (KeyboardInterrupt, SystemExit):
-                # As Sampler's: the call stays first in line.
-                with self._lock:
-                    if self._closed:
-                        fut.cancel()
-                    else:
-                        self._futs.appendleft(fut)
+                self._keep(fut)
                 raise
             finally:
                 with self._lock:
@@ -1196,14 +1216,9 @@ class ShardedSampler:
         :meth:`Sampler._next_ready`, never waiting on the shards."""
         timeout = self._args[2]
         while True:
-            with self._lock:
-                if self._closed or self._c._closed:
-                    raise StopIteration
-                self._fill()
-                if not self._futs or not self._futs[0].done():
-                    return None
-                fut = self._futs.popleft()
-                self._fill()
+            fut = self._pop_ready(lambda f: True)
+            if fut is None:
+                return None
             try:
                 batch = _sharded.merge_batch(fut.result())
                 self._short_since = None
