@@ -33,6 +33,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import Any, TypeAlias
 
 import jax
@@ -153,7 +154,8 @@ class ReplayIterator:
     several JAX processes it must not place the same rows on devices of
     more than one, as PartitionSpec() or an axis within each process does
     (ValueError): each process samples a batch of its own, which JAX would
-    take to be the same in each. A batch
+    take to be the same in each; nor give the processes it spans unequal
+    shares of the batch, or this process none (ValueError). A batch
     the rate limiter cut short (see :meth:`reprise.Client.sampler`) is
     handed out as it is, a new shape for a jitted step to trace, except
     with a sharding, where it is dropped: it may not split, and every
@@ -183,6 +185,7 @@ class ReplayIterator:
             raise ValueError("give a device or a sharding, not both")
         if sharding is not None:
             splits = _local_splits(sharding)
+            _refuse_unequal_shares(sharding)
             if batch_size % splits:
                 raise ValueError(
                     f"batch_size {batch_size} does not split evenly over the {splits} devices"
@@ -334,6 +337,30 @@ def _local_splits(sharding: jax.sharding.Sharding) -> int:
     except Exception as e:  # noqa: BLE001 - JAX's error for a sharding of another rank varies (ValueError, IndexError)
         raise ValueError(f"{refused} ({type(e).__name__}: {e})") from None
     return len({idx[0].indices(n)[:2] if idx else (0, n) for idx in indices})
+
+
+def _refuse_unequal_shares(sharding: jax.sharding.Sharding) -> None:
+    """Refuses a sharding that gives the JAX processes it spans unequal
+    shares of a batch's leading axis, or this process none (a mesh of
+    some other process's devices): each process samples batch_size items
+    and places them on its own devices, which
+    make_array_from_process_local_data fails to do (once the batch is
+    sampled) where the shares differ. A sharding of this process's devices
+    alone gives it the whole, its arrays its own."""
+    n = len(sharding.device_set)
+    rows_of: dict[int, set[tuple[int, int]]] = {}
+    for device, index in sharding.devices_indices_map((n,)).items():
+        rows = index[0].indices(n)[:2] if index else (0, n)
+        rows_of.setdefault(device.process_index, set()).add(rows)  # type: ignore[attr-defined]  # jaxlib's Device has no stub
+    shares = {p: Fraction(sum(stop - start for start, stop in rows), n) for p, rows in sorted(rows_of.items())}
+    here = jax.process_index()
+    if any(share != shares.get(here) for share in shares.values()):
+        raise ValueError(
+            f"the sharding {sharding} gives the JAX processes unequal shares of a batch's leading axis"
+            f" ({', '.join(f'process {p} {share}' for p, share in shares.items())}"
+            f"{'' if here in shares else f', process {here} none'}), but each samples batch_size items for its own"
+            " devices: split the leading axis over a mesh of every process's devices, or of this process's alone"
+        )
 
 
 def _refuse_rows_of_several_processes(sharding: jax.sharding.Sharding) -> None:

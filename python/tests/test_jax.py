@@ -629,6 +629,41 @@ def test_a_sharding_that_gives_processes_the_same_rows_is_refused(server: Repris
     assert [result(out) for out in run_processes(code, server.url, repr(sorted(t_of.items())))] == ["ok", "ok"]
 
 
+def test_a_sharding_that_gives_processes_unequal_shares_is_refused(server: Reprised) -> None:
+    """With two JAX processes, a sharding whose global array spans both
+    but gives them unequal shares of the batch (a mesh of three of the
+    four devices), or gives this process none (a mesh of process 0's
+    devices, or process 0's first device, as process 1 sees them), is
+    refused at construction with a ValueError: each process samples
+    batch_size items for its own devices. Process 1 raised
+    ZeroDivisionError where it had no device, and the three devices were
+    taken, to fail in JAX's make_array_from_process_local_data at next()
+    with the first batch already sampled. Process 0 takes a mesh of its
+    own devices, its arrays its own."""
+    code = """
+    import json
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding, PartitionSpec as P
+    import reprise.jax as rj
+    pid, url = int(sys.argv[1]), sys.argv[4]
+    devices = np.array(jax.devices())
+    assert [d.process_index for d in devices] == [0, 0, 1, 1]
+    for name, sh, here in (
+        ("three devices", NamedSharding(Mesh(devices[:3], ("batch",)), P("batch")), False),
+        ("process 0's devices", NamedSharding(Mesh(devices[:2], ("batch",)), P("batch")), pid == 1),
+        ("process 0's first device", SingleDeviceSharding(devices[0]), pid == 1),
+    ):
+        try:
+            rj.ReplayIterator(url, "dtypes", 4, sharding=sh).close()
+            assert pid == 0 and name != "three devices", f"{name} accepted"
+        except ValueError as e:
+            assert "unequal shares" in str(e) and (f"process {pid} none" in str(e)) == here, (name, e)
+            assert name != "three devices" or "process 0 2/3, process 1 1/3" in str(e), e
+    print("RESULT " + json.dumps("ok"), flush=True)
+    """
+    assert [result(out) for out in run_processes(code, server.url)] == ["ok", "ok"]
+
+
 @pytest.mark.parametrize("layout", ["replicated", "interleaved", "finer"])
 def test_priorities_laid_out_otherwise_than_the_batch(server: Reprised, layout: str) -> None:
     """Two JAX processes; a step's priorities for a batch come out laid
