@@ -148,7 +148,8 @@ class ReplayIterator:
     without, it waits.
 
     ``device`` or ``sharding`` (not both) say where the batches go, as
-    :func:`batch_to_jax` has it. ``batch_size`` is this process's batch, so
+    :func:`batch_to_jax` has it; the device must be this process's
+    (ValueError otherwise). ``batch_size`` is this process's batch, so
     a sharding must split it evenly over the devices it splits the leading
     axis over here, and name no other axis (ValueError otherwise); with
     several JAX processes it must not place the same rows on devices of
@@ -183,6 +184,15 @@ class ReplayIterator:
             raise ValueError(f"device_prefetch must be >= 0, got {device_prefetch}")
         if device is not None and sharding is not None:
             raise ValueError("give a device or a sharding, not both")
+        if isinstance(device, jax.Device) and device.process_index != jax.process_index():
+            # JAX places an array on another process's device without a
+            # word, one this process cannot read: its batches would be
+            # sampled for nobody. (A sharding passed as the device, which
+            # to_jax places as a sharding, is left to JAX.)
+            raise ValueError(
+                f"device {device} is process {device.process_index}'s, not this one's ({jax.process_index()}):"
+                " each JAX process samples a batch of its own for its own devices (jax.local_devices())"
+            )
         if sharding is not None:
             splits = _local_splits(sharding)
             _refuse_unequal_shares(sharding)

@@ -664,6 +664,32 @@ def test_a_sharding_that_gives_processes_unequal_shares_is_refused(server: Repri
     assert [result(out) for out in run_processes(code, server.url)] == ["ok", "ok"]
 
 
+def test_a_device_of_another_process_is_refused(server: Reprised) -> None:
+    """With two JAX processes, device=jax.devices()[0] in each (as code
+    written for one process has it) is refused in process 1 with a
+    ValueError: the device is process 0's. JAX placed process 1's batches
+    there without a word, arrays it could not read, each batch sampled for
+    nobody. Process 0 takes it, its batches on the device."""
+    t_of = fill(server.url, 40)
+    code = """
+    import json
+    import numpy as np
+    import reprise.jax as rj
+    pid, url, t_of = int(sys.argv[1]), sys.argv[4], dict(eval(sys.argv[5]))
+    device = jax.devices()[0]
+    try:
+        with rj.ReplayIterator(url, "dtypes", 4, device=device, timeout=30) as it:
+            assert pid == 0, "process 0's device accepted in process 1"
+            b = next(it)
+            assert b.data["a"].devices() == {device} and b.data["a"].is_fully_addressable
+            assert np.asarray(b.data["a"]).tolist() == [t_of[k] for k in b.info_numpy.key.tolist()]
+    except ValueError as e:
+        assert pid == 1 and "process 0's" in str(e), e
+    print("RESULT " + json.dumps("ok"), flush=True)
+    """
+    assert [result(out) for out in run_processes(code, server.url, repr(sorted(t_of.items())))] == ["ok", "ok"]
+
+
 @pytest.mark.parametrize("layout", ["replicated", "interleaved", "finer"])
 def test_priorities_laid_out_otherwise_than_the_batch(server: Reprised, layout: str) -> None:
     """Two JAX processes; a step's priorities for a batch come out laid
