@@ -1212,3 +1212,91 @@ func (c cancelingReader) Read([]byte) (int, error) {
 	c()
 	return 0, io.EOF
 }
+
+// cutSaves is a checkpoint store whose saves, once cut is set, end as a
+// save whose context ends partway does: after some of the checkpoint is
+// written, with the context's error.
+type cutSaves struct {
+	*FileCheckpoints
+	cut atomic.Bool
+}
+
+func (c *cutSaves) Save(ctx context.Context, name string, r io.Reader) error {
+	if !c.cut.Load() {
+		return c.FileCheckpoints.Save(ctx, name, r)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	return c.FileCheckpoints.Save(ctx, name, io.MultiReader(io.LimitReader(r, 64<<10), cancelingReader(cancel), r))
+}
+
+// TestFinalCheckpointCutShortRecoversFromThePreviousOne: a shutdown whose
+// final checkpoint its budget cuts short (a slow disk, a large state)
+// leaves no part of it, and says so; the next start recovers from the
+// previous checkpoint and the stream, which was trimmed only below that
+// one, with every item.
+func TestFinalCheckpointCutShortRecoversFromThePreviousOne(t *testing.T) {
+	dir := t.TempDir()
+	fc, err := NewFileCheckpoints(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &cutSaves{FileCheckpoints: fc}
+	cfgs := checkpointTables(1000)
+	d := &deployment{t: t, url: testutil.StartEmbedded(t, 0), prefix: "test"}
+	d.connect = func() *nats.Conn {
+		nc, err := nats.Connect(d.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	svc, err := New(d.connect(), cfgs, WithPrefix(d.prefix), WithLogger(testutil.QuietLogger()), WithCheckpoints(cs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(testutil.Context(t))
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	c := d.client()
+	testutil.WaitUntil(t, "service answers info", func() bool {
+		ictx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := c.Info(ictx, "")
+		return err == nil
+	})
+	p := d.producer(broker.WithLinger(0))
+	fill(t, p, 0, 100, "uniform")
+	previous, err := svc.Checkpoint(testutil.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, p, 100, 50, "uniform")
+
+	cs.cut.Store(true)
+	stop()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run whose final checkpoint was cut short = %v, want its context.Canceled", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if !slices.Equal(left, []string{previous.Name}) {
+		t.Fatalf("the directory holds %v, want only the previous checkpoint %s", left, previous.Name)
+	}
+
+	var rep RecoveryResult
+	svc2, _ := d.startService(cfgs, WithCheckpoints(fc), WithRecoveryReport(func(r RecoveryResult) { rep = r }))
+	if rep.Checkpoint != previous.Name || len(rep.Skipped) != 0 {
+		t.Fatalf("recovery %+v, want %s", rep, previous.Name)
+	}
+	tb, _ := svc2.Table("uniform")
+	testutil.WaitUntil(t, "the stream after the previous checkpoint is replayed", func() bool { return tb.Size() == 150 })
+}
