@@ -322,7 +322,7 @@ func (f *FileCheckpoints) Save(ctx context.Context, name string, r io.Reader) er
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("broker: saving checkpoint %s: %w", name, err)
 	}
-	tmp, err := os.CreateTemp(f.dir, ".tmp-"+name+"-*")
+	tmp, err := os.CreateTemp(f.dir, tempPrefix+name+"-*")
 	if err != nil {
 		return fmt.Errorf("broker: saving checkpoint %s: %w", name, err)
 	}
@@ -406,34 +406,52 @@ const listBatch = 256
 
 // List names the checkpoint files, oldest first.
 func (f *FileCheckpoints) List(ctx context.Context) ([]string, error) {
-	d, err := os.Open(f.dir)
+	var names []string
+	err := f.readDir(ctx, func(e os.DirEntry) {
+		if strings.HasPrefix(e.Name(), checkpointPrefix) && e.Type().IsRegular() {
+			names = append(names, e.Name())
+		}
+	})
 	if err != nil {
 		return nil, fmt.Errorf("broker: listing checkpoints: %w", err)
-	}
-	defer d.Close()
-	var names []string
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("broker: listing checkpoints: %w", err)
-		}
-		entries, err := d.ReadDir(listBatch)
-		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), checkpointPrefix) && e.Type().IsRegular() {
-				names = append(names, e.Name())
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("broker: listing checkpoints: %w", err)
-		}
 	}
 	slices.Sort(names)
 	return names, nil
 }
 
-// Delete removes a checkpoint file, unless ctx has ended.
+// readDir calls each with the directory's entries, listBatch at a time,
+// until ctx ends.
+func (f *FileCheckpoints) readDir(ctx context.Context, each func(os.DirEntry)) error {
+	d, err := os.Open(f.dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		entries, err := d.ReadDir(listBatch)
+		for _, e := range entries {
+			each(e)
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// Delete removes a checkpoint file, unless ctx has ended, and what saves
+// of it or of older checkpoints left: a save that never returned (its
+// process killed, as one whose final checkpoint outlasts its SIGTERM
+// grace period is) leaves its temporary file, as large as the checkpoint,
+// which nothing else removes, and every such stop left another. Saves are
+// made one at a time, in order, and a checkpoint is deleted only once a
+// newer one was written, so none of those is still being written but one
+// of a service that lost its lease, which a newer epoch's outranks anyway.
 func (f *FileCheckpoints) Delete(ctx context.Context, name string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("broker: deleting checkpoint %s: %w", name, err)
@@ -441,5 +459,30 @@ func (f *FileCheckpoints) Delete(ctx context.Context, name string) error {
 	if err := os.Remove(filepath.Join(f.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("broker: deleting checkpoint %s: %w", name, err)
 	}
+	// The checkpoint is gone: what is left here is found by a later delete.
+	_ = f.readDir(ctx, func(e os.DirEntry) {
+		if of, ok := savingOf(e.Name()); ok && of <= name {
+			os.Remove(filepath.Join(f.dir, e.Name()))
+		}
+	})
 	return nil
+}
+
+// tempPrefix begins the names of the files Save writes before renaming
+// them into place.
+const tempPrefix = ".tmp-"
+
+// savingOf names the checkpoint whose save wrote the temporary file
+// named file (tempPrefix, the checkpoint's name, "-" and CreateTemp's
+// random digits).
+func savingOf(file string) (string, bool) {
+	rest, ok := strings.CutPrefix(file, tempPrefix)
+	if !ok {
+		return "", false
+	}
+	i := strings.LastIndexByte(rest, '-')
+	if i < 0 {
+		return "", false
+	}
+	return rest[:i], strings.HasPrefix(rest[:i], checkpointPrefix)
 }

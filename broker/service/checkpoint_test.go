@@ -1300,3 +1300,47 @@ func TestFinalCheckpointCutShortRecoversFromThePreviousOne(t *testing.T) {
 	tb, _ := svc2.Table("uniform")
 	testutil.WaitUntil(t, "the stream after the previous checkpoint is replayed", func() bool { return tb.Size() == 150 })
 }
+
+// TestFileCheckpointsDeleteRemovesWhatKilledSavesLeft: a save that never
+// returned (reprised killed while it wrote, as one whose final checkpoint
+// outlasts its SIGTERM grace period is) leaves its temporary file, as
+// large as the checkpoint; nothing removed them, and every such stop left
+// another until the disk filled. Deleting a checkpoint removes those of
+// its save and older ones, and keeps a newer one's, which may be writing.
+func TestFileCheckpointsDeleteRemovesWhatKilledSavesLeft(t *testing.T) {
+	dir := t.TempDir()
+	fc, err := NewFileCheckpoints(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testutil.Context(t)
+	old, older, deleted, newer := checkpointName(0, 100), checkpointName(1, 5), checkpointName(1, 7), checkpointName(1, 9)
+	for _, name := range []string{older, deleted, newer} {
+		if err := fc.Save(ctx, name, strings.NewReader(name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	killed := []string{".tmp-" + old + "-1", ".tmp-" + older + "-22", ".tmp-" + deleted + "-333"}
+	kept := []string{".tmp-" + newer + "-4444", ".tmp-notes-5", "prefix"}
+	for _, file := range slices.Concat(killed, kept) {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte("part of a checkpoint"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fc.Delete(ctx, deleted); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	want := slices.Concat([]string{older, newer}, kept)
+	slices.Sort(want)
+	if !slices.Equal(left, want) {
+		t.Fatalf("after deleting %s the directory holds %v, want %v", deleted, left, want)
+	}
+}
