@@ -314,3 +314,62 @@ func TestReplyTakenAtTheDeadlineWaitsForRoom(t *testing.T) {
 		return b.free == b.size
 	})
 }
+
+// TestWithdrawnReplyWaitGivesItsRoomBackOnce: a reply waiting in line for
+// room (whileListened) whose request is withdrawn as the room comes, in
+// either order, takes the bytes and gives them back, leaves the line with
+// none, or is granted them as it leaves and gives them back: every byte is
+// free at the end, and the line is empty. One that begins after the
+// withdrawal does not wait.
+func TestWithdrawnReplyWaitGivesItsRoomBackOnce(t *testing.T) {
+	ctx := testutil.Context(t)
+	b := newReplyBudget(100)
+	inLine := func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.waiting) == 1
+	}
+	for i := range 300 {
+		held, err := b.take(ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := &lazyDeadline{parent: ctx, at: time.Now().Add(time.Hour)}
+		waited := make(chan struct{})
+		go func() {
+			defer close(waited)
+			rctx, unbind := l.whileListened(ctx)
+			defer unbind()
+			taken, _ := b.take(rctx, 60)
+			b.give(taken)
+		}()
+		testutil.WaitUntil(t, "the reply waits in line", inLine)
+		switch i % 3 {
+		case 0:
+			b.give(held)
+			l.withdraw()
+		case 1:
+			l.withdraw()
+			b.give(held)
+		case 2:
+			l.withdraw()
+			<-waited
+			b.give(held)
+		}
+		<-waited
+		l.stop()
+		b.mu.Lock()
+		free, waiting := b.free, len(b.waiting)
+		b.mu.Unlock()
+		if free != b.size || waiting != 0 {
+			t.Fatalf("%d of %d bytes free and %d waiting, want all free and none", free, b.size, waiting)
+		}
+	}
+	l := &lazyDeadline{parent: ctx, at: time.Now().Add(time.Hour)}
+	l.withdraw()
+	rctx, unbind := l.whileListened(ctx)
+	defer unbind()
+	if rctx.Err() == nil {
+		t.Fatal("a wait that began after its withdrawal has not ended")
+	}
+}
