@@ -2,6 +2,7 @@ package tables
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"reflect"
 	"slices"
@@ -463,6 +464,63 @@ func TestSampleWokenAtItsDeadlineTakesTheItem(t *testing.T) {
 	mustInsert(t, tb, newItem(1, 1, 1))
 	if r := <-done; r.err != nil || len(r.ss) != 1 || r.ss[0].Info.Key != 1 {
 		t.Fatalf("sampled %d items (%v), want the item", len(r.ss), r.err)
+	}
+}
+
+// TestSampleWakeCountsOnlyWhatItTakes: on both ways a table takes samples
+// (one at a time, for max_times_sampled; all at once, without), a wait
+// woken by an insert as its context was cancelled leaves the item, the
+// limiter and the counters as they were; one woken as its deadline passed
+// takes the item and counts it once, as rate limited.
+func TestSampleWakeCountsOnlyWhatItTakes(t *testing.T) {
+	uniform := Config{
+		Name: "u", Sampler: selectors.Options{Kind: selectors.KindUniform}, Remover: selectors.Options{Kind: selectors.KindFifo},
+		MaxSize: 4, Limiter: limiter.MinSize(1),
+	}
+	for _, cfg := range []Config{QueueConfig("q", 4), uniform} {
+		for _, ctx := range []context.Context{endedOnWake{context.Background()}, passedOnWake{context.Background()}} {
+			takes := ctx.Err() == context.DeadlineExceeded
+			t.Run(fmt.Sprintf("%s/%v", cfg.Name, ctx.Err()), func(t *testing.T) {
+				s := NewChunkStore()
+				putChunk(s, 1, 1, 1)
+				tb := mustNew(t, cfg, s)
+				type result struct {
+					ss  []Sample
+					err error
+				}
+				done := make(chan result, 1)
+				go func() {
+					ss, err := tb.Sample(ctx, 1)
+					done <- result{ss, err}
+				}()
+				waitFor(t, "the sampler to wait", func() bool { return tb.Info().Counters.SampleWaits == 1 })
+				mustInsert(t, tb, newItem(1, 1, 1))
+				r := <-done
+				info := tb.Info()
+				var want int64
+				if takes {
+					want = 1
+					if r.err != nil || len(r.ss) != 1 || r.ss[0].Info.Key != 1 || r.ss[0].Info.TimesSampled != 1 || !r.ss[0].Info.RateLimited {
+						t.Fatalf("sampled %+v (%v), want the item, sampled once after a wait", r.ss, r.err)
+					}
+				} else if r.err == nil || len(r.ss) != 0 {
+					t.Fatalf("sampled %d items (%v), want none and an error", len(r.ss), r.err)
+				}
+				c := info.Counters
+				if c.Samples != want || c.UniqueSamples != want || info.Limiter.Samples != want || c.SampleWaits != 1 {
+					t.Fatalf("samples %d, unique %d, limiter's %d, waits %d; want %d, %d, %d, 1", c.Samples, c.UniqueSamples, info.Limiter.Samples, c.SampleWaits, want, want, want)
+				}
+				items := tb.Get(1)
+				switch {
+				case cfg.MaxTimesSampled == 1 && takes:
+					if len(items) != 0 {
+						t.Fatalf("the queue still holds %+v after its sample", items)
+					}
+				case len(items) != 1 || int64(items[0].TimesSampled) != want:
+					t.Fatalf("the table holds %+v, want the item sampled %d times", items, want)
+				}
+			})
+		}
 	}
 }
 
