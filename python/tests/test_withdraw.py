@@ -7,9 +7,11 @@ nobody."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import numpy as np
@@ -215,19 +217,36 @@ def test_a_closed_sharded_sampler_withdraws_its_requests(reprised_factory: Any) 
     assert (info.num_samples, info.rate_limiter_info.samples) == (1, 1)
 
 
-def interrupt_when(cond: Callable[[], bool]) -> threading.Thread:
-    """Sends SIGINT to the main thread (a Ctrl-C: KeyboardInterrupt where it
-    waits) once cond holds, from a thread the caller joins."""
+@contextlib.contextmanager
+def ctrl_c_when(cond: Callable[[], bool]) -> Iterator[None]:
+    """Expects the block to raise KeyboardInterrupt: sends SIGINT to the
+    main thread (a Ctrl-C) once cond holds, from a thread of its own. The
+    default handler is installed meanwhile, whatever the process inherited
+    (SIGINT ignored, say), and what kept the signal from going out fails the
+    test rather than the block's wait running to its end."""
     main = threading.main_thread().ident
     assert main is not None and threading.current_thread() is threading.main_thread()
+    failed: list[BaseException] = []
 
     def run() -> None:
-        wait_for("the request waits", cond)
-        signal.pthread_kill(main, signal.SIGINT)
+        try:
+            wait_for("the request waits", cond)
+            signal.pthread_kill(main, signal.SIGINT)
+        except BaseException as e:  # noqa: BLE001 - raised in the test's thread
+            failed.append(e)
+            signal.pthread_kill(main, signal.SIGINT)  # ends the block's wait
 
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     th = threading.Thread(target=run, daemon=True)
     th.start()
-    return th
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        th.join()
+        signal.signal(signal.SIGINT, previous)
+        if failed:
+            raise failed[0]
 
 
 def test_a_sample_interrupted_by_ctrl_c_is_withdrawn(reprised_factory: Any) -> None:
@@ -236,10 +255,8 @@ def test_a_sample_interrupted_by_ctrl_c_is_withdrawn(reprised_factory: Any) -> N
     the rate limiter and took the next item for nobody."""
     r = reprised_factory(QUEUE)
     with reprise.Client(r.url) as c, reprise.Client(r.url) as watch:
-        th = interrupt_when(lambda: watch.server_info()["q"].sample_waits == 1)
-        with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_when(lambda: watch.server_info()["q"].sample_waits >= 1):
             c.sample_batch("q", 1)
-        th.join()
         barrier(c)
         insert_and_read(r.url, c)
 
@@ -252,16 +269,12 @@ def test_a_sampler_interrupted_by_ctrl_c_keeps_its_request(reprised_factory: Any
     r = reprised_factory(QUEUE)
     with reprise.Client(r.url) as c, reprise.Client(r.url) as watch:
         with c.sampler("q", 1, prefetch=1, timeout=10) as s:
-            th = interrupt_when(lambda: watch.server_info()["q"].sample_waits == 1)
-            with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_when(lambda: watch.server_info()["q"].sample_waits >= 1):
                 next(s)
-            th.join()
             c.insert({"x": np.float32(-1)}, {"q": 1.0})
             assert next(s).data["x"].tolist() == [-1]
-            th = interrupt_when(lambda: watch.server_info()["q"].sample_waits == 2)
-            with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_when(lambda: watch.server_info()["q"].sample_waits >= 2):
                 next(s)
-            th.join()
         barrier(c)
         insert_and_read(r.url, c, sampled_before=1)
 
@@ -275,15 +288,11 @@ def test_sharded_samples_interrupted_by_ctrl_c_are_withdrawn(reprised_factory: A
     with reprise.Client(r.url) as c:
         c.insert({"x": np.float32(0)}, {"limited": 1.0})  # below min_size 5: samples wait
         with reprise.ShardedClient(r.url, ["reprise"]) as sc:
-            th = interrupt_when(lambda: c.server_info()["limited"].sample_waits == 1)
-            with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_when(lambda: c.server_info()["limited"].sample_waits >= 1):
                 sc.sample_batch("limited", 1)
-            th.join()
             with sc.sampler("limited", 1, prefetch=1) as s:
-                th = interrupt_when(lambda: c.server_info()["limited"].sample_waits == 2)
-                with pytest.raises(KeyboardInterrupt):
+                with ctrl_c_when(lambda: c.server_info()["limited"].sample_waits >= 2):
                     next(s)
-                th.join()
             # On the connection the shard's requests went out on.
             with pytest.raises(reprise.RateLimitedError):
                 sc.shard(0).sample_batch("limited", 1, timeout=0.2)
