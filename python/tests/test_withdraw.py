@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -36,7 +37,7 @@ def barrier(c: reprise.Client) -> None:
     subject before: a request of the empty queue that cannot wait is
     answered only after the withdrawals before it were taken."""
     with pytest.raises(reprise.RateLimitedError):
-        c.sample_batch("q", 1, timeout=0.2)
+        c.sample_batch("q", 1, timeout=1.0)
 
 
 def sample_messages(c: reprise.Client) -> int:
@@ -131,7 +132,7 @@ def test_async_withdrawals(reprised_factory: Any) -> None:
             with pytest.raises(asyncio.CancelledError):
                 await task
             with pytest.raises(reprise.RateLimitedError):
-                await c.sample_batch("q", 1, timeout=0.2)  # the barrier
+                await c.sample_batch("q", 1, timeout=1.0)  # the barrier
 
     asyncio.run(main())
     with reprise.Client(r.url) as c:
@@ -158,7 +159,7 @@ def test_a_request_the_lost_connection_failed_is_withdrawn(reprised_factory: Any
                 assert asyncio.get_running_loop().time() < deadline, "the client did not reconnect"
                 await asyncio.sleep(0.01)
             with pytest.raises(reprise.RateLimitedError):
-                await c.sample_batch("q", 1, timeout=0.2)  # the barrier
+                await c.sample_batch("q", 1, timeout=1.0)  # the barrier
 
     asyncio.run(main())
     with reprise.Client(r.url) as c:
@@ -209,7 +210,7 @@ def test_a_closed_sharded_sampler_withdraws_its_requests(reprised_factory: Any) 
             s.close()
             # On the connection the shard's requests went out on.
             with pytest.raises(reprise.RateLimitedError):
-                sc.shard(0).sample_batch("limited", 1, timeout=0.2)
+                sc.shard(0).sample_batch("limited", 1, timeout=1.0)
             for i in range(1, 5):
                 c.insert({"x": np.float32(i)}, {"limited": 1.0})
             c.sample_batch("limited", 1, timeout=5)
@@ -222,26 +223,48 @@ def ctrl_c_when(cond: Callable[[], bool]) -> Iterator[None]:
     """Expects the block to raise KeyboardInterrupt: sends SIGINT to the
     main thread (a Ctrl-C) once cond holds, from a thread of its own. The
     default handler is installed meanwhile, whatever the process inherited
-    (SIGINT ignored, say), and what kept the signal from going out fails the
-    test rather than the block's wait running to its end."""
+    (SIGINT ignored, say). The signal goes out only once the block's call
+    waits and while the block runs: one that landed before it would be
+    raised in here, and one after it pytest would take for the user's and
+    stop the session. What kept it from going out fails the test."""
     main = threading.main_thread().ident
     assert main is not None and threading.current_thread() is threading.main_thread()
     failed: list[BaseException] = []
+    lock = threading.Lock()
+    running = True
+
+    def blocked() -> bool:
+        """Whether the main thread waits in threading's wait: in the
+        block's call (a signal sent sooner, as cond already holds, would
+        land before the block)."""
+        f = sys._current_frames().get(main)
+        while f is not None:
+            if f.f_code.co_name == "wait" and f.f_code.co_filename == threading.__file__:
+                return True
+            f = f.f_back
+        return False
 
     def run() -> None:
         try:
-            wait_for("the request waits", cond)
-            signal.pthread_kill(main, signal.SIGINT)
+            wait_for("the request waits, and the block's call for it", lambda: cond() and blocked())
         except BaseException as e:  # noqa: BLE001 - raised in the test's thread
-            failed.append(e)
-            signal.pthread_kill(main, signal.SIGINT)  # ends the block's wait
+            failed.append(e)  # and the signal ends the block's wait
+        with lock:
+            if running:
+                signal.pthread_kill(main, signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     th = threading.Thread(target=run, daemon=True)
-    th.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            yield
+            try:
+                th.start()
+                yield
+            finally:
+                # A signal sent as this waits for the lock interrupts the
+                # wait, here, inside the block.
+                with lock:
+                    running = False
     finally:
         th.join()
         signal.signal(signal.SIGINT, previous)
@@ -295,7 +318,7 @@ def test_sharded_samples_interrupted_by_ctrl_c_are_withdrawn(reprised_factory: A
                     next(s)
             # On the connection the shard's requests went out on.
             with pytest.raises(reprise.RateLimitedError):
-                sc.shard(0).sample_batch("limited", 1, timeout=0.2)
+                sc.shard(0).sample_batch("limited", 1, timeout=1.0)
             for i in range(1, 5):
                 c.insert({"x": np.float32(i)}, {"limited": 1.0})
             c.sample_batch("limited", 1, timeout=5)
