@@ -127,6 +127,28 @@ func TestFlushWaitingAtCloseEndsWithIt(t *testing.T) {
 	}
 }
 
+// holdInQueueFlushed is holdInQueue for a producer whose batches linger:
+// each of the two items of queue "q" is flushed, the first until it is
+// applied, the second until the queue's rate limiter holds it. appendItem
+// appends item i's steps (column "id").
+func holdInQueueFlushed(t *testing.T, d *deployment, p *Producer, appendItem func(i int64)) {
+	t.Helper()
+	ctx := testutil.Context(t)
+	for i := range int64(2) {
+		appendItem(i)
+		if err := p.CreateItem(ctx, "q", 1, LastStep("id")); err != nil {
+			t.Fatal(err)
+		}
+		fctx, cancel := context.WithTimeout(ctx, map[int64]time.Duration{0: 10 * time.Second, 1: 300 * time.Millisecond}[i])
+		if err := p.Flush(fctx); (i == 0) != (err == nil) {
+			t.Fatalf("flush %d: %v", i, err) // the second waits for the held item
+		}
+		cancel()
+	}
+	q, _ := d.svc.Table("q")
+	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+}
+
 // stageBehindHeldItem stages item i for "queue" in a batch that waits for
 // room in the window, which holdInQueue filled (WithMaxUnapplied(1)).
 func stageBehindHeldItem(t *testing.T, p *Producer, i int64) {
@@ -1623,23 +1645,13 @@ func TestFlushPublishesAnItemAnotherCallGaveUpAdding(t *testing.T) {
 	ctx := testutil.Context(t)
 	p := d.producer(WithLinger(time.Hour), WithMaxUnapplied(1), WithChunkLength(2), WithCompression(wire.Uncompressed), WithDelta(false))
 	// The queue holds its second item, so the window (one item) stays full.
-	for i := range int64(2) {
+	holdInQueueFlushed(t, d, p, func(i int64) {
 		for j := range int64(2) {
 			if err := p.Append(ctx, Step{"id": Int64s(nil, []int64{2*i + j})}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := p.CreateItem(ctx, "q", 1, LastStep("id")); err != nil {
-			t.Fatal(err)
-		}
-		fctx, cancel := context.WithTimeout(ctx, map[int64]time.Duration{0: 10 * time.Second, 1: 300 * time.Millisecond}[i])
-		if err := p.Flush(fctx); (i == 0) != (err == nil) {
-			t.Fatalf("flush %d: %v", i, err) // the second waits for the held item
-		}
-		cancel()
-	}
-	q, _ := d.svc.Table("q")
-	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	})
 	// W staged in the batch (linger: an hour); X created, its chunk open.
 	x := stageBatchAndItem(t, ctx, p)
 	// Another call seals X's chunk, and leaves X pending: W has to go
@@ -1725,21 +1737,11 @@ func TestAppendPublishesAFullBatchOnceTheWindowMoves(t *testing.T) {
 	p := d.producer(WithLinger(time.Hour), WithBatch(2, 1<<20), WithMaxUnapplied(1), WithChunkLength(2))
 	id := func(i int64) Step { return Step{"id": Int64s(nil, []int64{i})} }
 	// The queue holds its second item, so the window (one item) is full.
-	for i := range int64(2) {
+	holdInQueueFlushed(t, d, p, func(i int64) {
 		if err := p.Append(ctx, id(i)); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.CreateItem(ctx, "q", 1, LastStep("id")); err != nil {
-			t.Fatal(err)
-		}
-		fctx, cancel := context.WithTimeout(ctx, map[int64]time.Duration{0: 10 * time.Second, 1: 300 * time.Millisecond}[i])
-		if err := p.Flush(fctx); (i == 0) != (err == nil) {
-			t.Fatalf("flush %d: %v", i, err) // the second waits for the held item
-		}
-		cancel()
-	}
-	q, _ := d.svc.Table("q")
-	testutil.WaitUntil(t, "an insert is held", func() bool { return q.Info().Counters.InsertWaits > 0 })
+	})
 	// Two items, each completed by the Append that seals its chunk: the
 	// first arms the linger timer, the second fills the batch.
 	for i := int64(2); i < 5; i++ {
