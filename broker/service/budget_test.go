@@ -20,6 +20,20 @@ import (
 // behind it wait too even where they would fit, so a large reply is not
 // passed over for ever by small ones; one larger than the budget takes all
 // of it; a taker whose ctx ends leaves the line to the next.
+// waiters is how many takers wait in the budget's line.
+func (b *replyBudget) waiters() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.waiting)
+}
+
+// used is how many request slots are taken.
+func (rs *requestSlots) used() int {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.inUse
+}
+
 func TestReplyBudgetServesInOrder(t *testing.T) {
 	ctx := testutil.Context(t)
 	b := newReplyBudget(100)
@@ -166,16 +180,6 @@ func TestReplyWaitEndsWithTheRequest(t *testing.T) {
 		}
 	}
 	defer release()
-	waiting := func() int {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.waiting)
-	}
-	slotsInUse := func() int {
-		d.svc.slots.mu.Lock()
-		defer d.svc.slots.mu.Unlock()
-		return d.svc.slots.inUse
-	}
 
 	const timeout = 200 * time.Millisecond
 	nc := d.connect()
@@ -183,7 +187,7 @@ func TestReplyWaitEndsWithTheRequest(t *testing.T) {
 	// The learner waits well past the request's timeout.
 	m, err := nc.Request(d.svc.subj.Sample(), mustMarshal(t, &wire.SampleRequest{Table: "t", NumSamples: 2, Packed: true, TimeoutMs: timeout.Milliseconds()}), 20*time.Second)
 	if err != nil {
-		t.Fatalf("no answer while another reply held the budget: %v (%d wait for it)", err, waiting())
+		t.Fatalf("no answer while another reply held the budget: %v (%d wait for it)", err, b.waiters())
 	}
 	elapsed := time.Since(start)
 	var resp wire.SampleResponse
@@ -196,7 +200,7 @@ func TestReplyWaitEndsWithTheRequest(t *testing.T) {
 	if elapsed < timeout {
 		t.Fatalf("answered after %v, before the request's timeout of %v", elapsed, timeout)
 	}
-	testutil.WaitUntil(t, "the request leaves the budget's line and its slot", func() bool { return waiting() == 0 && slotsInUse() == 0 })
+	testutil.WaitUntil(t, "the request leaves the budget's line and its slot", func() bool { return b.waiters() == 0 && d.svc.slots.used() == 0 })
 
 	// The Go client's deadline reaches the service as the request's
 	// timeout: it is told the table is rate limited, not left to its own
@@ -206,7 +210,7 @@ func TestReplyWaitEndsWithTheRequest(t *testing.T) {
 	if _, err := d.client().Sample(sctx, "t", 2); !errors.Is(err, broker.ErrRateLimited) || sctx.Err() != nil {
 		t.Fatalf("Sample with a deadline while the budget was held: %v, want ErrRateLimited before the deadline", err)
 	}
-	testutil.WaitUntil(t, "the client's request leaves the budget's line", func() bool { return waiting() == 0 && slotsInUse() == 0 })
+	testutil.WaitUntil(t, "the client's request leaves the budget's line", func() bool { return b.waiters() == 0 && d.svc.slots.used() == 0 })
 
 	release()
 	if _, err := d.client().Sample(ctx, "t", 2); err != nil {
@@ -233,7 +237,7 @@ func TestReplyWaitEndsWithTheRequest(t *testing.T) {
 	if err := nc.PublishRequest(d.svc.subj.Sample(), inbox, mustMarshal(t, &wire.SampleRequest{Table: "t", NumSamples: 2, Packed: true, TimeoutMs: 60_000})); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitUntil(t, "a reply waits for room", func() bool { return waiting() == 1 })
+	testutil.WaitUntil(t, "a reply waits for room", func() bool { return b.waiters() == 1 })
 	d.stop()
 	if m, err = sub.NextMsg(20 * time.Second); err != nil {
 		t.Fatalf("no answer as the service stopped: %v", err)

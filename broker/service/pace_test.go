@@ -383,16 +383,11 @@ func TestRefusedSamplesAreNoLearners(t *testing.T) {
 	insertSteps(t, d.producer(), 0, 10, 4)
 	nc := d.connect()
 	subj := d.svc.subj.Sample()
-	slotsInUse := func() int {
-		d.svc.slots.mu.Lock()
-		defer d.svc.slots.mu.Unlock()
-		return d.svc.slots.inUse
-	}
 	// ask sends data once the last request's slot is given back, which it
 	// is only after its reply went out, and returns the reply's code.
 	ask := func(data []byte) wire.Code {
 		t.Helper()
-		testutil.WaitUntil(t, "no request holds a slot", func() bool { return slotsInUse() == 0 })
+		testutil.WaitUntil(t, "no request holds a slot", func() bool { return d.svc.slots.used() == 0 })
 		m, err := nc.RequestWithContext(testutil.Context(t), subj, data)
 		if err != nil {
 			t.Fatal(err)
@@ -440,7 +435,7 @@ func TestRefusedSamplesAreNoLearners(t *testing.T) {
 	}
 	defer sub.Unsubscribe()
 	waits := d.svc.limiterWaits()
-	testutil.WaitUntil(t, "no request holds a slot", func() bool { return slotsInUse() == 0 })
+	testutil.WaitUntil(t, "no request holds a slot", func() bool { return d.svc.slots.used() == 0 })
 	if err := nc.PublishRequest(subj, inbox, mustMarshal(t, &wire.SampleRequest{Table: "empty", NumSamples: 1, TimeoutMs: 600_000})); err != nil {
 		t.Fatal(err)
 	}

@@ -122,11 +122,7 @@ func TestSampleWithoutReplyTakesNothing(t *testing.T) {
 	if _, err := nc.RequestWithContext(ctx, d.svc.subj.Sample(), mustMarshal(t, &wire.SampleRequest{Table: "t", NumSamples: 1, Packed: true})); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitUntil(t, "every request served", func() bool {
-		d.svc.slots.mu.Lock()
-		defer d.svc.slots.mu.Unlock()
-		return d.svc.slots.inUse == 0
-	})
+	testutil.WaitUntil(t, "every request served", func() bool { return d.svc.slots.used() == 0 })
 	if got := tableSize(t, d.client(), "q"); got != 2 {
 		t.Fatalf("queue q holds %d items, want its 2: a sample request with no reply subject took them", got)
 	}

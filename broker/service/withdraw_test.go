@@ -346,16 +346,6 @@ func TestWithdrawnReplyLeavesTheBudgetsLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.give(held)
-	waiting := func() int {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.waiting)
-	}
-	slotsInUse := func() int {
-		d.svc.slots.mu.Lock()
-		defer d.svc.slots.mu.Unlock()
-		return d.svc.slots.inUse
-	}
 
 	ctx, cancel := context.WithTimeout(testutil.Context(t), 50*time.Second)
 	defer cancel()
@@ -364,7 +354,7 @@ func TestWithdrawnReplyLeavesTheBudgetsLine(t *testing.T) {
 		_, err := d.client().Sample(ctx, "t", 2)
 		done <- err
 	}()
-	testutil.WaitUntil(t, "the reply waits for room", func() bool { return waiting() == 1 })
+	testutil.WaitUntil(t, "the reply waits for room", func() bool { return b.waiters() == 1 })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled sample: %v, want context.Canceled", err)
@@ -373,10 +363,10 @@ func TestWithdrawnReplyLeavesTheBudgetsLine(t *testing.T) {
 	deadline := time.After(10 * time.Second)
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for waiting() != 0 || slotsInUse() != 0 || d.svc.waits.len() != 0 {
+	for b.waiters() != 0 || d.svc.slots.used() != 0 || d.svc.waits.len() != 0 {
 		select {
 		case <-deadline:
-			t.Fatalf("10 s after its withdrawal: %d replies wait for room, %d slots in use, %d requests registered; want none", waiting(), slotsInUse(), d.svc.waits.len())
+			t.Fatalf("10 s after its withdrawal: %d replies wait for room, %d slots in use, %d requests registered; want none", b.waiters(), d.svc.slots.used(), d.svc.waits.len())
 		case <-tick.C:
 		}
 	}
